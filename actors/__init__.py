@@ -1,0 +1,1 @@
+"""The node's actors: Elector, Heartbeat, Ingestor and CursorWriter, and the supervisor wiring them."""

@@ -1,0 +1,100 @@
+"""The source interface: what the Ingestor reads records from.
+
+A source is resumable from a cursor: ``source.stream(cursor)`` is an async context manager that
+yields a receive channel of :class:`Batch` values, each holding records strictly after the previous
+batch's last paging token, the first strictly after ``cursor``. Implementations write it as an async
+generator decorated with ``@trio.as_safe_channel`` so that no ``yield`` crosses a nursery or cancel
+scope. The channel closes when the source has nothing more to say (a finite source); a source that
+cannot go on raises :class:`SourceFatalError` (retrying cannot fix it) out of ``receive``.
+
+``cursor`` is the last committed paging token, or the job's start cursor when nothing is committed
+yet: ``"now"`` (only new records), ``"0"`` (everything the source has), or a paging token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
+
+import attrs
+import trio
+
+from ingestion.paging import is_after, toid
+
+
+@attrs.frozen
+class Record:
+    """One source record: its paging token and its JSON exactly as the source sent it."""
+
+    paging_token: str
+    body: str
+
+
+@attrs.frozen
+class Batch:
+    """Consecutive records, in source order. ``cursor`` is the last record's paging token."""
+
+    records: tuple[Record, ...]
+
+    @property
+    def cursor(self) -> str:
+        return self.records[-1].paging_token
+
+    def __attrs_post_init__(self) -> None:
+        if not self.records:
+            raise ValueError("a Batch holds at least one record")
+
+
+class SourceFatalError(Exception):
+    """The source cannot go on and retrying will not help; the message says what to fix."""
+
+
+class Source(Protocol):
+    def stream(self, cursor: str) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[Batch]]:
+        """Batches of records strictly after ``cursor``, in order."""
+        ...
+
+
+@attrs.frozen
+class SyntheticSource:
+    """A deterministic local source: record ``i`` (1-based) has TOID paging token ``toid(i, 1, 1)``.
+
+    ``total`` records exist in all (None: unbounded); ``available`` is a callable giving how many
+    exist right now (for a source that grows over time), defaulting to all of them. Used by the
+    election-core tests and for running a node without Horizon.
+    """
+
+    total: int | None = 1000
+    batch_size: int = 50
+    interval: float = 0.0  # seconds to wait between batches: a slow, live-looking source
+
+    @staticmethod
+    def token_of(index: int) -> str:
+        return str(toid(index, 1, 1))
+
+    @staticmethod
+    def index_of(token: str) -> int:
+        return int(token) >> 32
+
+    def record(self, index: int) -> Record:
+        token = self.token_of(index)
+        body = json.dumps({"id": token, "paging_token": token, "seq": index}, separators=(",", ":"))
+        return Record(paging_token=token, body=body)
+
+    @trio.as_safe_channel
+    async def stream(self, cursor: str) -> AsyncGenerator[Batch, None]:
+        if cursor == "now":
+            raise SourceFatalError("SyntheticSource has no notion of 'now'; start from '0'")
+        nxt = 1 if cursor == "0" else self.index_of(cursor) + 1
+        if cursor != "0" and not is_after(self.token_of(nxt), cursor):
+            raise SourceFatalError(f"cursor {cursor!r} is not a SyntheticSource token")
+        while self.total is None or nxt <= self.total:
+            end = nxt + self.batch_size
+            if self.total is not None:
+                end = min(end, self.total + 1)
+            yield Batch(tuple(self.record(i) for i in range(nxt, end)))
+            nxt = end
+            if self.interval:
+                await trio.sleep(self.interval)
