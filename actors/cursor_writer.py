@@ -1,0 +1,93 @@
+"""The CursorWriter: the only actor that writes to Redis on the data path.
+
+Every commit reaches it as a :class:`CommitCursor` message carrying the fencing token. It refuses
+locally a token it already knows to be stale, then runs the fenced commit script, and answers on the
+message's reply channel. When Redis rejects a token it logs ``fencing-token-rejected`` and tells the
+Elector, which steps the node down.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import trio
+
+from actors.messages import (
+    CommitCursor,
+    CommitOutcome,
+    CommitRefused,
+    CommitUnknown,
+    CursorCommitted,
+    ElectorInput,
+    FencingTokenRejected,
+)
+from ingestion.lease_store import Committed, LeaseStore, RedisUnavailable
+from ingestion.observe import NodeObserver
+
+# Rejections that mean "this writer is no longer the leader", as opposed to a bad batch.
+FENCING_REASONS = frozenset({"stale-token", "lease-lost"})
+
+
+@attrs.define
+class CursorWriter:
+    store: LeaseStore
+    node: str
+    inbox: trio.MemoryReceiveChannel[CommitCursor]
+    elector: trio.MemorySendChannel[ElectorInput]
+    log: Any
+    observer: NodeObserver
+    highest_token_seen: int = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with self.inbox, self.elector:
+            task_status.started()
+            async for msg in self.inbox:
+                outcome = await self._commit(msg)
+                try:
+                    msg.reply.send_nowait(outcome)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+                    pass  # the term that asked is already over; its successor re-reads Redis
+
+    async def _commit(self, msg: CommitCursor) -> CommitOutcome:
+        if msg.token < self.highest_token_seen:
+            return await self._fenced(msg, "stale-token", self.highest_token_seen, local=True)
+        started = trio.current_time()
+        try:
+            result = await self.store.commit(self.node, msg.token, msg.previous_cursor, msg.records)
+        except RedisUnavailable as exc:
+            self.log.warning(
+                "commit-outcome-unknown", token=msg.token, cursor=msg.cursor, error=str(exc)
+            )
+            return CommitUnknown(msg.token, str(exc))
+        if isinstance(result, Committed):
+            self.highest_token_seen = max(self.highest_token_seen, msg.token)
+            self.observer.committed(len(msg.records), msg.cursor, trio.current_time() - started)
+            return CursorCommitted(msg.token, result.cursor, result.count)
+        self.highest_token_seen = max(self.highest_token_seen, result.current_token)
+        if result.reason in FENCING_REASONS:
+            return await self._fenced(msg, result.reason, result.current_token, local=False)
+        self.log.error(
+            "commit-rejected",
+            token=msg.token,
+            reason=result.reason,
+            cursor=msg.cursor,
+            previous_cursor=msg.previous_cursor,
+            stored_cursor=result.stored_cursor,
+        )
+        return CommitRefused(msg.token, result.reason, result.current_token)
+
+    async def _fenced(
+        self, msg: CommitCursor, reason: str, current: int, *, local: bool
+    ) -> CommitRefused:
+        self.log.warning(
+            "fencing-token-rejected",
+            token=msg.token,
+            current_token=current,
+            cursor=msg.cursor,
+            rejection=reason,
+            checked_by="writer" if local else "redis",
+        )
+        self.observer.fencing_rejected()
+        await self.elector.send(FencingTokenRejected(msg.token, current, msg.cursor))
+        return CommitRefused(msg.token, reason, current)

@@ -1,0 +1,249 @@
+"""The Elector: campaigns for the lease, owns the lease machine, and starts and ends terms.
+
+While standby it sleeps until the current lease would expire (the remaining TTL from the acquire
+answer) or until a release notice arrives, whichever is first, plus a small jitter: never a busy
+poll. While leading it feeds renewals, commit rejections and term endings to the pure
+:class:`~ingestion.lease.LeaseMachine` and carries out what it decides. Every election event is
+logged here and only here.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import attrs
+import trio
+
+from actors.messages import (
+    ElectorInput,
+    FencingTokenRejected,
+    HeartbeatInput,
+    IngestorInput,
+    LeaseExtended,
+    LeaseGranted,
+    LeaseRevoked,
+    RenewFailed,
+    RenewRejected,
+    RenewSucceeded,
+    ShutdownRequested,
+    StartRenewing,
+    StopRenewing,
+    TermEnded,
+)
+from ingestion.lease import Extended, LeaseMachine, LeaseTiming, Lost, LostReason, standby_wait
+from ingestion.lease_store import Acquired, Held, LeaseStore, RedisUnavailable
+from ingestion.observe import NodeObserver
+
+RELEASE_CLEANUP_TIMEOUT = 1.0  # seconds: bounded, shielded lease release at the end of a term
+
+# Why the Ingestor ended a term, mapped to the reason the node reports for losing leadership.
+_TERM_REASONS = {
+    "fenced": LostReason.FENCED,
+    "commit-unknown": LostReason.REDIS_UNAVAILABLE,
+    "commit-refused": LostReason.RELEASED,
+    "source-fatal": LostReason.RELEASED,
+}
+
+
+@attrs.frozen
+class ReleaseNoticed:
+    """A standby heard that the leader released the lease (from the release listener)."""
+
+
+class IngestionFatal(Exception):
+    """The source failed in a way retrying cannot fix; the node stops with exit status 1."""
+
+
+@attrs.define
+class Elector:
+    store: LeaseStore
+    node: str
+    ttl_ms: int
+    timing: LeaseTiming
+    jitter: float  # seconds, the upper bound of the random standby jitter
+    start_cursor: str
+    inbox: trio.MemoryReceiveChannel[ElectorInput | ReleaseNoticed]
+    heartbeat: trio.MemorySendChannel[HeartbeatInput]
+    ingestor: trio.MemorySendChannel[IngestorInput]
+    log: Any
+    observer: NodeObserver
+    retry_cap: float = 2.0
+    _stopping: bool = False
+    _last_standby: tuple[str, int] | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        machine = LeaseMachine(self.timing)
+        with self.inbox, self.heartbeat, self.ingestor:
+            task_status.started()
+            failures = 0
+            while not self._stopping:
+                sent_at = trio.current_time()
+                try:
+                    answer = await self.store.acquire(self.node, self.ttl_ms)
+                except RedisUnavailable as exc:
+                    failures += 1
+                    delay = min(self.retry_cap, 0.1 * 2 ** min(failures, 10))
+                    self.log.warning(
+                        "redis-unavailable", error=str(exc), attempt=failures, retry_in=delay
+                    )
+                    self.observer.election_event("redis-unavailable", error=str(exc))
+                    await self._standby_until(trio.current_time() + delay * random.uniform(0.5, 1))
+                    continue
+                failures = 0
+                if isinstance(answer, Held):
+                    await self._stand_by(answer)
+                else:
+                    await self._lead(machine, answer, sent_at)
+            self.observer.election_event("stopped")
+
+    async def _stand_by(self, held: Held) -> None:
+        if held.holder == self.node:
+            # Our own lease from an earlier life (a restart under the same node id): no term of ours
+            # is running, so free it now rather than wait out its TTL.
+            self.log.info("releasing-orphaned-lease", token=held.token)
+            try:
+                await self.store.release(self.node, held.token)
+            except RedisUnavailable:
+                pass
+            return
+        if self._last_standby != (held.holder, held.token):
+            self._last_standby = (held.holder, held.token)
+            self.log.info("standby", leader=held.holder, token=held.token)
+            self.observer.election_event("standby", leader=held.holder, token=held.token)
+        wait = standby_wait(held.ttl_left_ms, self.ttl_ms, random.uniform(0, self.jitter))
+        await self._standby_until(trio.current_time() + wait)
+
+    async def _standby_until(self, deadline: float) -> None:
+        """Wait until ``deadline``, a release notice or a shutdown request."""
+        while not self._stopping:
+            with trio.move_on_at(deadline):
+                msg = await self.inbox.receive()
+                if isinstance(msg, ShutdownRequested):
+                    self._stopping = True
+                elif isinstance(msg, ReleaseNoticed):
+                    await trio.sleep(random.uniform(0, self.jitter / 4))
+                    return
+                continue  # a late message about a finished term
+            return
+
+    async def _lead(self, machine: LeaseMachine, grant: Acquired, sent_at: float) -> None:
+        term = machine.granted(grant.token, sent_at)
+        self._last_standby = None
+        cursor = grant.cursor or self.start_cursor
+        self.log.info(
+            "became-leader",
+            token=grant.token,
+            lease_ttl_ms=self.ttl_ms,
+            cursor=cursor,
+            previous_node=grant.previous_node,
+            previous_token=grant.previous_token,
+            takeover_ms=grant.takeover_ms,
+        )
+        self.observer.election_event(
+            "became-leader",
+            token=grant.token,
+            cursor=cursor,
+            previous_node=grant.previous_node,
+            previous_token=grant.previous_token,
+            takeover_ms=grant.takeover_ms,
+        )
+        self.observer.deadline(term.ingest_deadline)
+        released = False
+        try:
+            term_ended = await self._run_term(machine, grant, sent_at, cursor)
+            released = True
+        finally:
+            if not released:
+                # Cancelled from outside (the node is being torn down): still hand the lease back,
+                # so a standby need not wait out the TTL. Ingestion is being cancelled with us, and a
+                # commit still in flight in Redis is rejected once the lease is gone.
+                await self._release(grant.token)
+        if term_ended is not None and term_ended.reason == "source-fatal":
+            raise IngestionFatal(term_ended.detail)
+
+    async def _run_term(
+        self, machine: LeaseMachine, grant: Acquired, sent_at: float, cursor: str
+    ) -> TermEnded | None:
+        term = machine.term
+        assert term is not None
+        await self.heartbeat.send(StartRenewing(grant.token, sent_at))
+        await self.ingestor.send(
+            LeaseGranted(grant.token, term.ingest_deadline, cursor, grant.cursor)
+        )
+        term_ended: TermEnded | None = None
+        lost: Lost | None = None
+        while lost is None:
+            deadline = machine.term.ingest_deadline if machine.term else trio.current_time()
+            with trio.move_on_at(deadline):
+                msg = await self.inbox.receive()
+                lost, term_ended = await self._on_leader_input(machine, grant.token, msg)
+                continue
+            lost = machine.deadline_passed(grant.token, trio.current_time())
+        self.log.info("lost-leadership", token=lost.token, reason=lost.reason.value)
+        self.observer.election_event("lost-leadership", token=lost.token, reason=lost.reason.value)
+        await self.heartbeat.send(StopRenewing(grant.token))
+        if term_ended is None:
+            graceful = lost.reason is LostReason.SHUTDOWN
+            await self.ingestor.send(LeaseRevoked(grant.token, lost.reason.value, graceful))
+            term_ended = await self._await_term_end(grant.token, sent_at)
+        if lost.reason not in (LostReason.FENCED, LostReason.RENEW_REJECTED):
+            await self._release(grant.token)
+        return term_ended
+
+    async def _on_leader_input(
+        self, machine: LeaseMachine, token: int, msg: ElectorInput | ReleaseNoticed
+    ) -> tuple[Lost | None, TermEnded | None]:
+        now = trio.current_time()
+        if isinstance(msg, RenewSucceeded):
+            effect = machine.renewed(msg.token, msg.sent_at, now)
+            if isinstance(effect, Extended):
+                self.observer.deadline(effect.ingest_deadline)
+                await self.ingestor.send(LeaseExtended(effect.token, effect.ingest_deadline))
+                return None, None
+            return effect, None
+        if isinstance(msg, RenewFailed):
+            return machine.renew_failed(msg.token, now), None
+        if isinstance(msg, RenewRejected):
+            return machine.renew_rejected(msg.token), None
+        if isinstance(msg, FencingTokenRejected):
+            return machine.fenced(msg.token), None
+        if isinstance(msg, ShutdownRequested):
+            self._stopping = True
+            return machine.shutdown(), None
+        if isinstance(msg, TermEnded) and msg.token == token:
+            if msg.reason == "source-fatal":
+                self.log.error("ingestion-fatal", token=token, error=msg.detail)
+            elif msg.reason not in ("deadline", "revoked"):
+                self.log.warning("term-ended", token=token, reason=msg.reason, detail=msg.detail)
+            if msg.reason == "deadline":
+                # The Ingestor's scope fired at the ingest deadline, on the same clock as ours.
+                term = machine.term
+                lost = machine.deadline_passed(token, max(now, term.ingest_deadline if term else now))
+            else:
+                lost = machine.ended(token, _TERM_REASONS.get(msg.reason, LostReason.RELEASED))
+            return lost, msg
+        return None, None  # a release notice, or news about an older term
+
+    async def _await_term_end(self, token: int, sent_at: float) -> TermEnded | None:
+        """Wait for the Ingestor to finish the term (its in-flight commit included)."""
+        # Bounded: the Ingestor's own lease scope fires by the lease deadline at the latest.
+        with trio.move_on_at(self.timing.lease_deadline(trio.current_time())):
+            while True:
+                msg = await self.inbox.receive()
+                if isinstance(msg, TermEnded) and msg.token == token:
+                    return msg
+                if isinstance(msg, ShutdownRequested):
+                    self._stopping = True
+        self.log.error("term-did-not-end", token=token)
+        return None
+
+    async def _release(self, token: int) -> None:
+        with trio.move_on_after(RELEASE_CLEANUP_TIMEOUT, shield=True):
+            try:
+                released = await self.store.release(self.node, token)
+            except RedisUnavailable as exc:
+                self.log.warning("release-failed", token=token, error=str(exc))
+            else:
+                if released:
+                    self.log.info("lease-released", token=token)

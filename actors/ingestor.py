@@ -1,0 +1,136 @@
+"""The Ingestor: runs the source during each granted term, inside the lease's cancel scope.
+
+Each term runs in ``trio.CancelScope(deadline=ingest_deadline)``; every renewal moves
+``scope.deadline`` forward. If renewals stop, the scope fires by itself before the lease can expire
+in Redis: no message is needed for ingestion to stop. A graceful revoke (shutdown) stops reading the
+source but lets the in-flight commit finish; any other revoke cancels at once.
+
+Each batch is committed through the CursorWriter with the term's fencing token, one at a time, so the
+cursor the next commit continues from is always the one Redis confirmed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import trio
+
+from actors.messages import (
+    CommitCursor,
+    CommitOutcome,
+    CommitRefused,
+    CommitUnknown,
+    CursorCommitted,
+    ElectorInput,
+    IngestorInput,
+    LeaseExtended,
+    LeaseGranted,
+    LeaseRevoked,
+    TermEnded,
+)
+from actors.cursor_writer import FENCING_REASONS
+from ingestion.source import Source, SourceFatalError
+
+
+@attrs.define
+class _Term:
+    grant: LeaseGranted
+    scope: trio.CancelScope
+    stopping: bool = False
+    revoked: bool = False
+    reading: trio.CancelScope | None = None
+
+    def stop_gracefully(self) -> None:
+        self.stopping = self.revoked = True
+        if self.reading is not None:
+            self.reading.cancel("graceful stop")
+
+    def stop_now(self, reason: str) -> None:
+        self.revoked = True
+        self.scope.cancel(reason)
+
+
+@attrs.define
+class Ingestor:
+    source: Source
+    node: str
+    control: trio.MemoryReceiveChannel[IngestorInput]
+    writer: trio.MemorySendChannel[CommitCursor]
+    elector: trio.MemorySendChannel[ElectorInput]
+    log: Any
+    term: _Term | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with self.control, self.writer, self.elector:
+            async with trio.open_nursery() as nursery:
+                task_status.started()
+                async for msg in self.control:
+                    term = self.term
+                    if isinstance(msg, LeaseGranted):
+                        if term is not None:
+                            raise RuntimeError("LeaseGranted while a term is still running")
+                        self.term = _Term(msg, trio.CancelScope(deadline=msg.ingest_deadline))
+                        nursery.start_soon(self._run_term, self.term)
+                    elif term is None or term.grant.token != msg.token:
+                        continue  # about a term that is already over
+                    elif isinstance(msg, LeaseExtended):
+                        term.scope.deadline = msg.ingest_deadline
+                    elif isinstance(msg, LeaseRevoked):
+                        if msg.graceful:
+                            term.stop_gracefully()
+                        else:
+                            term.stop_now(msg.reason)
+                nursery.cancel_scope.cancel()
+
+    async def _run_term(self, term: _Term) -> None:
+        reason, detail = "revoked", ""
+        try:
+            with term.scope:
+                reason, detail = await self._ingest(term)
+        except SourceFatalError as exc:
+            reason, detail = "source-fatal", str(exc)
+        if term.scope.cancelled_caught:
+            reason = "revoked" if term.revoked else "deadline"
+            if reason == "deadline":
+                self.log.warning(
+                    "ingestion-stopped-at-deadline",
+                    token=term.grant.token,
+                    ingest_deadline=round(term.scope.deadline, 3),
+                )
+        self.term = None
+        await self.elector.send(TermEnded(term.grant.token, reason, detail))
+
+    async def _ingest(self, term: _Term) -> tuple[str, str]:
+        grant = term.grant
+        committed = grant.committed_cursor
+        reply_send, reply_recv = trio.open_memory_channel[CommitOutcome](1)
+        with reply_send, reply_recv:
+            async with self.source.stream(grant.cursor) as batches:
+                while True:
+                    with trio.CancelScope() as reading:
+                        term.reading = reading
+                        if term.stopping:
+                            reading.cancel()
+                        try:
+                            batch = await batches.receive()
+                        except trio.EndOfChannel:
+                            self.log.info("source-exhausted", token=grant.token, cursor=committed)
+                            await trio.sleep_forever()
+                    term.reading = None
+                    if reading.cancelled_caught:
+                        return "revoked", ""
+                    await self.writer.send(
+                        CommitCursor(grant.token, committed, batch.records, reply_send)
+                    )
+                    outcome = await reply_recv.receive()
+                    if isinstance(outcome, CursorCommitted):
+                        committed = outcome.cursor
+                    elif isinstance(outcome, CommitUnknown):
+                        return "commit-unknown", outcome.error
+                    elif isinstance(outcome, CommitRefused):
+                        if outcome.reason in FENCING_REASONS:
+                            return "fenced", outcome.reason
+                        return "commit-refused", outcome.reason
+                    if term.stopping:
+                        return "revoked", ""

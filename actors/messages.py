@@ -1,0 +1,149 @@
+"""The messages the actors exchange: frozen values, a closed set.
+
+Elector -> Heartbeat:     StartRenewing, StopRenewing
+Elector -> Ingestor:      LeaseGranted, LeaseExtended, LeaseRevoked
+Heartbeat -> Elector:     RenewSucceeded, RenewFailed, RenewRejected
+Ingestor -> CursorWriter: CommitCursor (carrying the fencing token and a reply channel)
+CursorWriter -> Ingestor: CursorCommitted, CommitRefused, CommitUnknown (on the reply channel)
+CursorWriter -> Elector:  FencingTokenRejected
+Ingestor -> Elector:      TermEnded
+supervisor -> Elector:    ShutdownRequested
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import attrs
+import trio
+
+from ingestion.source import Record
+
+# --- Elector -> Heartbeat ---
+
+
+@attrs.frozen
+class StartRenewing:
+    token: int
+    granted_at: float  # monotonic time the acquire request was sent
+
+
+@attrs.frozen
+class StopRenewing:
+    token: int
+
+
+# --- Elector -> Ingestor ---
+
+
+@attrs.frozen
+class LeaseGranted:
+    token: int
+    ingest_deadline: float  # absolute trio time; ingestion must be over by then
+    cursor: str  # where ingestion resumes: the committed cursor, else the job's start cursor
+    committed_cursor: str | None  # the cursor in Redis (None before the first commit)
+
+
+@attrs.frozen
+class LeaseExtended:
+    token: int
+    ingest_deadline: float
+
+
+@attrs.frozen
+class LeaseRevoked:
+    token: int
+    reason: str
+    graceful: bool  # True: let the in-flight commit finish; False: cancel at once
+
+
+# --- to the Elector ---
+
+
+@attrs.frozen
+class RenewSucceeded:
+    token: int
+    sent_at: float
+
+
+@attrs.frozen
+class RenewFailed:
+    token: int
+    error: str
+
+
+@attrs.frozen
+class RenewRejected:
+    token: int
+
+
+@attrs.frozen
+class FencingTokenRejected:
+    token: int
+    current_token: int
+    cursor: str
+
+
+@attrs.frozen
+class TermEnded:
+    """The Ingestor's term is over. ``reason``: ``deadline``, ``revoked``, ``fenced``,
+    ``commit-unknown`` (Redis did not answer a commit), ``source-exhausted``, ``source-fatal``."""
+
+    token: int
+    reason: str
+    detail: str = ""
+
+
+@attrs.frozen
+class ShutdownRequested:
+    signal: str
+
+
+ElectorInput = Union[
+    RenewSucceeded, RenewFailed, RenewRejected, FencingTokenRejected, TermEnded, ShutdownRequested
+]
+HeartbeatInput = Union[StartRenewing, StopRenewing]
+IngestorInput = Union[LeaseGranted, LeaseExtended, LeaseRevoked]
+
+# --- Ingestor <-> CursorWriter ---
+
+
+@attrs.frozen
+class CursorCommitted:
+    token: int
+    cursor: str
+    count: int
+
+
+@attrs.frozen
+class CommitRefused:
+    """Nothing was written: a stale token, a lost lease, or records that do not follow the cursor."""
+
+    token: int
+    reason: str
+    current_token: int
+
+
+@attrs.frozen
+class CommitUnknown:
+    """Redis did not answer; the commit may or may not have been applied."""
+
+    token: int
+    error: str
+
+
+CommitOutcome = Union[CursorCommitted, CommitRefused, CommitUnknown]
+
+
+@attrs.frozen
+class CommitCursor:
+    """Commit ``records`` (strictly after ``previous_cursor``) under fencing ``token``."""
+
+    token: int
+    previous_cursor: str | None
+    records: tuple[Record, ...]
+    reply: trio.MemorySendChannel[CommitOutcome] = attrs.field(eq=False, repr=False)
+
+    @property
+    def cursor(self) -> str:
+        return self.records[-1].paging_token

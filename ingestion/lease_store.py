@@ -1,0 +1,408 @@
+"""The Redis lease store: the one module that talks to Redis.
+
+It owns the key layout (CONTRACT.md), the Lua scripts that make every election step and every commit
+atomic, and the bridge from trio to redis-py's synchronous client (a worker thread per call, with
+``abandon_on_cancel`` so a cancelled caller never waits on a socket).
+
+Every call is bounded by the client's socket and connect timeouts, which the configuration keeps well
+below the lease safety margin, and redis-py's own retries are switched off: a retry would stretch a
+call past the margin. A call that fails or times out raises :class:`RedisUnavailable`, and the caller
+must treat it as *ambiguous*: the command may or may not have been applied.
+
+The fencing rule lives here, inside Redis: a commit is applied only if its token equals the job's
+token counter *and* the lease still holds exactly this holder and token, *and* its records follow the
+stored cursor strictly. Local checks elsewhere are an optimisation; this one is the guarantee.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import attrs
+import redis
+import trio
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ingestion.paging import token_key
+from ingestion.source import Record
+
+T = TypeVar("T")
+
+AUDIT_MAXLEN = 10_000
+
+# Shared Lua helpers. Paging tokens are compared as decimal strings by (length, text), which equals
+# numeric order for canonical decimals; Redis's Lua numbers are doubles and cannot hold every int64.
+_LUA_HELPERS = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function canonical(s)
+  return s == '0' or string.match(s, '^[1-9][0-9]*$') ~= nil
+end
+local function split_token(t)
+  local dash = string.find(t, '-', 1, true)
+  local a, b = t, '0'
+  if dash then a, b = string.sub(t, 1, dash - 1), string.sub(t, dash + 1) end
+  if not (canonical(a) and canonical(b)) then return nil end
+  return a, b
+end
+local function num_lt(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+-- true when paging token t sorts strictly after paging token prev
+local function is_after(t, prev)
+  local ta, na = split_token(t)
+  local pa, pn = split_token(prev)
+  if ta == pa then return num_lt(pn, na) end
+  return num_lt(pa, ta)
+end
+"""
+
+# KEYS: lease, token, leader, audit, cursor   ARGV: node, ttl_ms, audit_maxlen
+_ACQUIRE = """
+local held = redis.call('GET', KEYS[1])
+if held then
+  return {0, held, redis.call('PTTL', KEYS[1])}
+end
+local now = now_ms()
+-- The counter only ever increases; if it was lost (an empty Redis that kept the cursor), never
+-- reissue a token at or below one already used for a committed write.
+local floor = tonumber(redis.call('HGET', KEYS[5], 'token') or '0')
+if tonumber(redis.call('GET', KEYS[2]) or '0') < floor then
+  redis.call('SET', KEYS[2], floor)
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], token .. '|' .. ARGV[1], 'PX', ARGV[2])
+local prev = redis.call('HMGET', KEYS[3], 'node', 'token', 'expires_at_ms')
+local takeover = ''
+if prev[3] then takeover = math.max(0, now - tonumber(prev[3])) end
+redis.call('HSET', KEYS[3], 'node', ARGV[1], 'token', token,
+  'acquired_at_ms', now, 'expires_at_ms', now + tonumber(ARGV[2]))
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*',
+  'event', 'became-leader', 'node', ARGV[1], 'token', token,
+  'previous_node', prev[1] or '', 'previous_token', prev[2] or '', 'takeover_ms', takeover)
+return {1, token, prev[1] or '', prev[2] or '', takeover,
+  redis.call('HGET', KEYS[5], 'cursor') or ''}
+"""
+
+# KEYS: lease, leader   ARGV: node, token, ttl_ms
+_RENEW = """
+if redis.call('GET', KEYS[1]) ~= ARGV[2] .. '|' .. ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('HSET', KEYS[2], 'expires_at_ms', now_ms() + tonumber(ARGV[3]))
+return 1
+"""
+
+# KEYS: lease, leader, audit   ARGV: node, token, channel, audit_maxlen
+_RELEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[2] .. '|' .. ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[2], 'expires_at_ms', now_ms())
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*',
+  'event', 'released', 'node', ARGV[1], 'token', ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[2] .. '|' .. ARGV[1])
+return 1
+"""
+
+# KEYS: token, lease, cursor, events
+# ARGV: node, token, expected previous cursor ('' for none), then paging_token, record pairs
+_COMMIT = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+local stored = redis.call('HGET', KEYS[3], 'cursor') or ''
+if current ~= tonumber(ARGV[2]) then return {0, 'stale-token', current, stored} end
+if redis.call('GET', KEYS[2]) ~= ARGV[2] .. '|' .. ARGV[1] then
+  return {0, 'lease-lost', current, stored}
+end
+if stored ~= ARGV[3] then return {0, 'cursor-moved', current, stored} end
+local last = stored
+for i = 4, #ARGV, 2 do
+  if not split_token(ARGV[i]) then return {0, 'bad-paging-token', current, stored} end
+  if last ~= '' and not is_after(ARGV[i], last) then
+    return {0, 'not-after-cursor', current, stored}
+  end
+  last = ARGV[i]
+end
+for i = 4, #ARGV, 2 do
+  redis.call('XADD', KEYS[4], '*', 'paging_token', ARGV[i], 'token', ARGV[2],
+    'node', ARGV[1], 'record', ARGV[i + 1])
+end
+redis.call('HSET', KEYS[3], 'cursor', last, 'token', ARGV[2], 'node', ARGV[1])
+return {1, (#ARGV - 3) / 2, last}
+"""
+
+
+class RedisUnavailable(Exception):
+    """A Redis call failed or timed out. Its effect is unknown: it may have been applied."""
+
+
+@attrs.frozen
+class Acquired:
+    """This node now holds the lease under ``token``."""
+
+    token: int
+    previous_node: str | None
+    previous_token: int | None
+    takeover_ms: int | None  # how long the job was leaderless (None: first leader ever)
+    cursor: str | None  # the last committed paging token
+
+
+@attrs.frozen
+class Held:
+    """Someone holds the lease; it has ``ttl_left_ms`` to live unless renewed."""
+
+    holder: str
+    token: int
+    ttl_left_ms: int
+
+
+@attrs.frozen
+class Committed:
+    token: int
+    cursor: str
+    count: int
+
+
+@attrs.frozen
+class CommitRejected:
+    """Redis refused the commit and changed nothing.
+
+    ``reason`` is one of ``stale-token``, ``lease-lost``, ``cursor-moved``, ``not-after-cursor``,
+    ``bad-paging-token``; ``current_token`` is the job's token counter when Redis checked.
+    """
+
+    token: int
+    reason: str
+    current_token: int
+    stored_cursor: str | None
+
+
+@attrs.frozen
+class LeaderInfo:
+    node: str | None
+    token: int | None
+    lease_ttl_ms_left: int | None
+
+
+@attrs.frozen
+class JobState:
+    """A read-only snapshot for ``inspect`` and the tests."""
+
+    job: str
+    leader: str | None
+    token: int
+    lease_ttl_ms_left: int | None
+    cursor: str | None
+    cursor_token: int | None
+    events: int
+    audit: list[dict[str, str]]
+
+
+def job_keys(job: str) -> dict[str, str]:
+    """The Redis keys of one job; the ``{job}`` hash tag keeps them in one cluster slot."""
+    prefix = f"ingestion:{{{job}}}"
+    return {
+        name: f"{prefix}:{name}"
+        for name in ("lease", "token", "cursor", "events", "audit", "leader", "released")
+    }
+
+
+def parse_lease_value(value: str) -> tuple[int, str]:
+    token, _, node = value.partition("|")
+    return int(token), node
+
+
+def connect(url: str, *, timeout: float, connect_timeout: float | None = None) -> redis.Redis:
+    """A redis-py client whose every call is bounded by ``timeout`` and never retried."""
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=timeout,
+        socket_connect_timeout=connect_timeout if connect_timeout is not None else timeout,
+        retry=Retry(NoBackoff(), 0),
+        decode_responses=True,
+        health_check_interval=0,
+    )
+
+
+class LeaseStore:
+    """Lease, fencing-token and cursor operations for one job, each one atomic in Redis."""
+
+    def __init__(self, client: redis.Redis, job: str) -> None:
+        self.client = client
+        self.job = job
+        self.keys = job_keys(job)
+        self._acquire = client.register_script(_LUA_HELPERS + _ACQUIRE)
+        self._renew = client.register_script(_LUA_HELPERS + _RENEW)
+        self._release = client.register_script(_LUA_HELPERS + _RELEASE)
+        self._commit = client.register_script(_LUA_HELPERS + _COMMIT)
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        try:
+            return await trio.to_thread.run_sync(
+                functools.partial(fn, *args, **kwargs), abandon_on_cancel=True
+            )
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        except OSError as exc:
+            raise RedisUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+    async def acquire(self, node: str, ttl_ms: int) -> Acquired | Held:
+        k = self.keys
+        res = await self._call(
+            self._acquire,
+            keys=[k["lease"], k["token"], k["leader"], k["audit"], k["cursor"]],
+            args=[node, ttl_ms, AUDIT_MAXLEN],
+        )
+        if int(res[0]) == 0:
+            token, holder = parse_lease_value(res[1])
+            return Held(holder=holder, token=token, ttl_left_ms=int(res[2]))
+        _, token, prev_node, prev_token, takeover, cursor = res
+        return Acquired(
+            token=int(token),
+            previous_node=prev_node or None,
+            previous_token=int(prev_token) if prev_token else None,
+            takeover_ms=int(takeover) if takeover != "" else None,
+            cursor=cursor or None,
+        )
+
+    async def renew(self, node: str, token: int, ttl_ms: int) -> bool:
+        """Extend the lease if it still holds exactly ``node`` and ``token``; False if lost."""
+        k = self.keys
+        res = await self._call(self._renew, keys=[k["lease"], k["leader"]], args=[node, token, ttl_ms])
+        return bool(int(res))
+
+    async def release(self, node: str, token: int) -> bool:
+        """Give the lease up (if still ours) and wake the standbys; False if it was not ours."""
+        k = self.keys
+        res = await self._call(
+            self._release,
+            keys=[k["lease"], k["leader"], k["audit"]],
+            args=[node, token, k["released"], AUDIT_MAXLEN],
+        )
+        return bool(int(res))
+
+    async def commit(
+        self, node: str, token: int, previous_cursor: str | None, records: Sequence[Record]
+    ) -> Committed | CommitRejected:
+        """Append ``records`` to the events stream and advance the cursor, fenced by ``token``.
+
+        ``previous_cursor`` is the cursor the writer believes is committed; a commit that does not
+        continue exactly from it is rejected, so a batch can neither be replayed nor leave a gap.
+
+        Raises:
+            ValueError: a record's paging token is malformed or the batch is out of order.
+            RedisUnavailable: the outcome is unknown; re-read the cursor before going on.
+        """
+        if not records:
+            raise ValueError("a commit needs at least one record")
+        previous = None
+        for r in records:
+            key = token_key(r.paging_token)
+            if previous is not None and key <= previous:
+                raise ValueError(f"batch out of order at paging token {r.paging_token!r}")
+            previous = key
+        args: list[str | int] = [node, token, previous_cursor or ""]
+        for r in records:
+            args.append(r.paging_token)
+            args.append(r.body)
+        k = self.keys
+        res = await self._call(
+            self._commit, keys=[k["token"], k["lease"], k["cursor"], k["events"]], args=args
+        )
+        if int(res[0]) == 1:
+            return Committed(token=token, count=int(res[1]), cursor=res[2])
+        return CommitRejected(
+            token=token, reason=res[1], current_token=int(res[2]), stored_cursor=res[3] or None
+        )
+
+    async def committed_cursor(self) -> str | None:
+        return await self._call(self.client.hget, self.keys["cursor"], "cursor")
+
+    async def leader(self) -> LeaderInfo:
+        def read() -> LeaderInfo:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(self.keys["lease"])
+            pipe.pttl(self.keys["lease"])
+            value, ttl = pipe.execute()
+            if value is None:
+                return LeaderInfo(None, None, None)
+            token, node = parse_lease_value(value)
+            return LeaderInfo(node, token, int(ttl) if int(ttl) >= 0 else None)
+
+        return await self._call(read)
+
+    async def state(self, audit_count: int = 10) -> JobState:
+        k = self.keys
+
+        def read() -> JobState:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(k["lease"])
+            pipe.pttl(k["lease"])
+            pipe.get(k["token"])
+            pipe.hgetall(k["cursor"])
+            pipe.xlen(k["events"])
+            pipe.xrevrange(k["audit"], count=audit_count)
+            lease, ttl, token, cursor, events, audit = pipe.execute()
+            leader = parse_lease_value(lease)[1] if lease else None
+            return JobState(
+                job=self.job,
+                leader=leader,
+                token=int(token or 0),
+                lease_ttl_ms_left=int(ttl) if lease and int(ttl) >= 0 else None,
+                cursor=cursor.get("cursor"),
+                cursor_token=int(cursor["token"]) if "token" in cursor else None,
+                events=int(events),
+                audit=[{"id": entry_id, **fields} for entry_id, fields in reversed(audit)],
+            )
+
+        return await self._call(read)
+
+    def release_notices(self) -> ReleaseNotices:
+        return ReleaseNotices(self)
+
+
+class ReleaseNotices:
+    """A subscription to the job's release channel, for standbys that must react at once.
+
+    ``wait(timeout)`` returns True when a release notice arrived within ``timeout`` seconds, False
+    otherwise. Connection trouble is reported as False after the wait (the caller campaigns anyway,
+    so a lost notice costs at most one standby interval). One waiter at a time.
+    """
+
+    def __init__(self, store: LeaseStore) -> None:
+        self._store = store
+        self._pubsub: Any = None
+
+    def _wait(self, timeout: float) -> bool:
+        import time  # noqa: PLC0415 - runs in a worker thread, never in a trio task
+
+        end = time.monotonic() + timeout
+        try:
+            if self._pubsub is None:
+                self._pubsub = self._store.client.pubsub(ignore_subscribe_messages=True)
+                self._pubsub.subscribe(self._store.keys["released"])
+            while (left := end - time.monotonic()) > 0:
+                msg = self._pubsub.get_message(timeout=left)
+                if msg is not None and msg.get("type") == "message":
+                    return True
+        except (redis.RedisError, OSError):
+            self.close()
+            left = end - time.monotonic()
+            if left > 0:
+                time.sleep(left)
+        return False
+
+    async def wait(self, timeout: float) -> bool:
+        return await trio.to_thread.run_sync(self._wait, timeout, abandon_on_cancel=True)
+
+    def close(self) -> None:
+        if self._pubsub is not None:
+            try:
+                self._pubsub.close()
+            except (redis.RedisError, OSError):
+                pass
+            self._pubsub = None
