@@ -1,0 +1,434 @@
+"""The Horizon source: the one module that talks HTTP to Horizon.
+
+:class:`HorizonSource` follows a Horizon collection (``/operations``, ``/accounts/G.../payments``,
+...) from a cursor: it catches up with ``order=asc`` pages, then follows the Server-Sent Event
+stream, across reconnects, retries and failover between several Horizon URLs. Every decision
+(which request next, validation, backoff, failover, giving up) is made by the I/O-free
+:class:`~ingestion.horizon_core.HorizonFollower`; this module only carries the requests out, bounds
+every wait, and logs.
+
+Shape of ``stream(cursor)``: one pump task owns the follower and the HTTP client and sends
+:class:`Batch` values into a small buffer, so the next page is fetched while the consumer commits
+the previous one. While streaming, a reader task feeds validated records to a batcher that gathers
+whatever arrives within a few milliseconds (up to a page) into one batch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
+
+import attrs
+import httpx
+import structlog
+import trio
+from httpx_sse import SSEError, aconnect_sse
+
+from ingestion.horizon_core import (
+    MAX_PAGE_LIMIT,
+    Failure,
+    HorizonFollower,
+    Malformed,
+    Mode,
+    PageRequest,
+    RetryPolicy,
+    StreamRequest,
+    StreamSignal,
+    check_resource,
+    parse_retry_after,
+    problem_detail,
+)
+from ingestion.source import Batch, Record, SourceFatalError
+
+log = structlog.get_logger()
+
+# An error body is only read for its problem detail; a misbehaving server cannot make us read more.
+_MAX_ERROR_BODY = 64 * 1024
+
+
+def _check_url(url: str) -> str:
+    parsed = httpx.URL(url)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"Horizon URL {url!r} must be an http:// or https:// URL with a host")
+    return url
+
+
+def _urls(value: Sequence[str] | str) -> tuple[str, ...]:
+    urls = (value,) if isinstance(value, str) else tuple(value)
+    if not urls:
+        raise ValueError("at least one Horizon URL is needed")
+    return tuple(_check_url(u) for u in urls)
+
+
+def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{attribute.name} must be > 0, got {value!r}")
+
+
+@attrs.frozen
+class HorizonSource:
+    """A :class:`~ingestion.source.Source` reading one Horizon collection.
+
+    Args:
+        urls: Horizon base URLs (a single string is accepted). The source sticks to the first
+            that works and moves to the next after ``attempts_per_url`` consecutive failures.
+        resource: the collection path: ``/ledgers``, ``/transactions``, ``/operations``,
+            ``/payments``, ``/effects`` or a scoped one such as ``/accounts/G.../payments``.
+        connect_timeout: seconds to establish a connection.
+        read_timeout: seconds a page request may sit without receiving data; a whole page
+            request is bounded by ``connect_timeout + 2 * read_timeout``.
+        stream_idle_timeout: seconds an open SSE stream may stay silent before we reconnect.
+            Horizon sends no heartbeats and closes streams itself after about 55 s, so keep this
+            above a ledger interval; an idle stream is reconnected, not counted as a failure.
+        retry_base, retry_cap: backoff for the n-th consecutive failure is jittered within
+            ``[e/2, e]``, ``e = min(retry_cap, retry_base * 2**(n-1))``.
+        attempts_per_url: consecutive failures on one URL before moving to the next.
+        malformed_retries: refetches of the same malformed data before giving up.
+        retry_after_cap: the longest ``Retry-After`` (429) we honour, in seconds.
+        page_limit: records per page (``limit``), at most 200.
+        stream_batch_window: seconds the streaming batcher waits for more records to join a
+            batch once one arrived.
+        prefetch: batches fetched ahead of the consumer.
+
+    Raises:
+        ValueError: a bad URL, resource or setting (a configuration error).
+    """
+
+    urls: tuple[str, ...] = attrs.field(converter=_urls)
+    resource: str = attrs.field(
+        default="/operations", validator=lambda _i, _a, v: check_resource(v)
+    )
+    connect_timeout: float = attrs.field(default=5.0, validator=_positive)
+    read_timeout: float = attrs.field(default=30.0, validator=_positive)
+    stream_idle_timeout: float = attrs.field(default=65.0, validator=_positive)
+    retry_base: float = attrs.field(default=0.25, validator=_positive)
+    retry_cap: float = attrs.field(default=30.0, validator=_positive)
+    attempts_per_url: int = 3
+    malformed_retries: int = 5
+    retry_after_cap: float = attrs.field(default=120.0, validator=_positive)
+    page_limit: int = MAX_PAGE_LIMIT
+    stream_batch_window: float = 0.005
+    prefetch: int = 2
+
+    def __attrs_post_init__(self) -> None:
+        self.policy  # noqa: B018 -- validates the retry settings now, not on first stream
+        if not 1 <= self.page_limit <= MAX_PAGE_LIMIT:
+            raise ValueError(f"page_limit {self.page_limit} must be within 1..{MAX_PAGE_LIMIT}")
+        if self.prefetch < 0 or self.stream_batch_window < 0:
+            raise ValueError("prefetch and stream_batch_window must be >= 0")
+
+    @property
+    def policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            base=self.retry_base,
+            cap=self.retry_cap,
+            attempts_per_url=self.attempts_per_url,
+            malformed_retries=self.malformed_retries,
+            retry_after_cap=self.retry_after_cap,
+        )
+
+    def follower(self, cursor: str) -> HorizonFollower:
+        """A fresh follower for ``cursor`` (raises SourceFatalError for a bad cursor)."""
+        return HorizonFollower(
+            self.urls, self.resource, cursor, self.policy, page_limit=self.page_limit
+        )
+
+    @trio.as_safe_channel
+    async def stream(self, cursor: str) -> AsyncGenerator[Batch, None]:
+        """Batches of records strictly after ``cursor`` (``"now"``, ``"0"`` or a paging token).
+
+        Runs until cancelled; raises SourceFatalError when Horizon rejects the request for good
+        (bad cursor, unknown account or path) or keeps sending the same malformed data.
+        """
+        follower = self.follower(cursor)
+        log.info(
+            "horizon-follow",
+            url=follower.base_url,
+            resource=self.resource,
+            cursor=cursor,
+            mode=follower.mode.value,
+        )
+        fatal: list[SourceFatalError] = []
+        send, receive = trio.open_memory_channel[Batch](self.prefetch)
+        timeout = httpx.Timeout(
+            connect=self.connect_timeout,
+            read=self.read_timeout,
+            write=self.read_timeout,
+            pool=self.connect_timeout,
+        )
+        async with (
+            httpx.AsyncClient(timeout=timeout, follow_redirects=True) as client,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(self._pump, client, follower, send, fatal)
+            with receive:
+                async for batch in receive:
+                    yield batch
+        if fatal:
+            raise fatal[0]
+
+    # -- the pump: owns the follower
+
+    async def _pump(
+        self,
+        client: httpx.AsyncClient,
+        follower: HorizonFollower,
+        out: trio.MemorySendChannel[Batch],
+        fatal: list[SourceFatalError],
+    ) -> None:
+        with out:
+            try:
+                while True:
+                    attempt = follower.next_attempt()
+                    if attempt.delay > 0:
+                        await trio.sleep(attempt.delay)
+                    if isinstance(attempt.request, PageRequest):
+                        await self._fetch_page(client, follower, attempt.request, out)
+                    else:
+                        await self._follow_stream(client, follower, attempt.request, out)
+            except* SourceFatalError as group:
+                exc = _leaves(group)[0]
+                log.error("horizon-fatal", error=str(exc), cursor=follower.cursor)
+                fatal.append(exc)
+            except* trio.BrokenResourceError:
+                pass  # the consumer went away
+
+    async def _fetch_page(
+        self,
+        client: httpx.AsyncClient,
+        follower: HorizonFollower,
+        request: PageRequest,
+        out: trio.MemorySendChannel[Batch],
+    ) -> None:
+        failure: Failure | None = None
+        response: httpx.Response | None = None
+        with trio.move_on_after(self.connect_timeout + 2 * self.read_timeout) as scope:
+            try:
+                response = await client.get(request.url, params=request.params)
+            except httpx.TransportError as exc:
+                failure = Failure(None, _describe(exc))
+        if scope.cancelled_caught:
+            failure = Failure(None, "page request timed out")
+        elif response is not None and response.status_code != 200:
+            failure = _failure_of(response, response.content[:_MAX_ERROR_BODY])
+        if failure is not None or response is None:
+            self._failed(follower, failure or Failure(None, "no response"), request)
+            return
+        outcome = follower.on_page(response.content)
+        if outcome.records:
+            await out.send(Batch(outcome.records))
+        if outcome.malformed is not None:
+            self._malformed(follower, outcome.malformed, request)
+        elif follower.mode is Mode.STREAMING:
+            log.info("horizon-caught-up", cursor=follower.cursor, url=request.base_url)
+
+    # -- streaming
+
+    async def _follow_stream(
+        self,
+        client: httpx.AsyncClient,
+        follower: HorizonFollower,
+        request: StreamRequest,
+        out: trio.MemorySendChannel[Batch],
+    ) -> None:
+        send, receive = trio.open_memory_channel[Record](follower.page_limit)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._read_stream, client, follower, request, send)
+            await self._batch_stream(receive, out)
+
+    async def _batch_stream(
+        self, receive: trio.MemoryReceiveChannel[Record], out: trio.MemorySendChannel[Batch]
+    ) -> None:
+        """Gather records that arrive together (within the batch window, up to a page)."""
+        limit = self.page_limit
+        with receive:
+            while True:
+                try:
+                    batch = [await receive.receive()]
+                except trio.EndOfChannel:
+                    return
+                with trio.move_on_after(self.stream_batch_window):
+                    while len(batch) < limit:
+                        try:
+                            batch.append(await receive.receive())
+                        except trio.EndOfChannel:
+                            break
+                await out.send(Batch(tuple(batch)))
+
+    async def _read_stream(
+        self,
+        client: httpx.AsyncClient,
+        follower: HorizonFollower,
+        request: StreamRequest,
+        records: trio.MemorySendChannel[Record],
+    ) -> None:
+        """One SSE connection: validated records go to ``records``; the end goes to the follower."""
+        got = 0
+        opened = False
+        idle = self.stream_idle_timeout
+        # httpx's own read timeout is only a backstop; the idle deadline below is the real one.
+        timeout = httpx.Timeout(
+            connect=self.connect_timeout,
+            read=idle + self.read_timeout,
+            write=self.read_timeout,
+            pool=self.connect_timeout,
+        )
+        with records:
+            try:
+                # Until the response head arrives: the connect and read timeouts.
+                with trio.CancelScope(
+                    deadline=trio.current_time() + self.connect_timeout + self.read_timeout
+                ) as scope:
+                    async with aconnect_sse(
+                        client,
+                        "GET",
+                        request.url,
+                        params=request.params,
+                        headers=request.headers,
+                        timeout=timeout,
+                    ) as source:
+                        response = source.response
+                        if response.status_code != 200:
+                            body = await _read_bounded(response)
+                            self._failed(follower, _failure_of(response, body), request)
+                            return
+                        follower.on_stream_open()
+                        opened = True
+                        log.debug(
+                            "horizon-stream-open", url=request.base_url, cursor=request.cursor
+                        )
+                        scope.deadline = trio.current_time() + idle
+                        async with aclosing(source.aiter_sse()) as events:
+                            async for sse in events:
+                                result = follower.on_stream_event(sse.event, sse.id, sse.data)
+                                if isinstance(result, Record):
+                                    got += 1
+                                    try:
+                                        records.send_nowait(result)
+                                    except trio.WouldBlock:
+                                        # Waiting for our own consumer is not Horizon idling.
+                                        scope.deadline = math.inf
+                                        await records.send(result)
+                                elif result is StreamSignal.CLOSED:
+                                    break
+                                elif result is StreamSignal.ERROR:
+                                    error = f"stream error event: {sse.data[:200]}"
+                                    self._failed(follower, Failure(None, error), request)
+                                    return
+                                elif isinstance(result, Malformed):
+                                    self._malformed(follower, result, request)
+                                    return
+                                scope.deadline = trio.current_time() + idle
+                if scope.cancelled_caught and not opened:
+                    self._failed(follower, Failure(None, "stream request timed out"), request)
+                    return
+                reason = "idle" if scope.cancelled_caught else "closed"
+            except (httpx.TransportError, SSEError) as exc:
+                if got == 0:
+                    self._failed(follower, Failure(None, _describe(exc)), request)
+                    return
+                # The records so far were good: reopen from the last one, like a clean close.
+                reason = f"dropped: {_describe(exc)}"
+            delay = follower.on_stream_end(got_records=got > 0)
+            log.info(
+                "horizon-stream-reconnect",
+                reason=reason,
+                records=got,
+                cursor=follower.cursor,
+                delay=round(delay, 3),
+                url=request.base_url,
+            )
+
+    # -- logging the follower's decisions
+
+    def _failed(self, follower: HorizonFollower, failure: Failure, request: object) -> None:
+        url = _request_url(request)
+        retry = follower.on_failure(failure, url=url)
+        log.warning(
+            "horizon-retry",
+            attempt=retry.attempt,
+            delay=round(retry.delay, 3),
+            status=failure.status,
+            error=failure.error,
+            url=url,
+            cursor=follower.cursor,
+        )
+        if retry.failover_to is not None:
+            log.warning(
+                "horizon-failover",
+                from_url=retry.failover_from,
+                to_url=retry.failover_to,
+                cursor=follower.cursor,
+            )
+
+    def _malformed(self, follower: HorizonFollower, bad: Malformed, request: object) -> None:
+        log.warning(
+            "horizon-malformed-record",
+            reason=bad.reason,
+            value=bad.value,
+            url=_request_url(request),
+            cursor=follower.cursor,
+        )
+        retry = follower.last_retry
+        if retry is not None:
+            log.warning(
+                "horizon-retry",
+                attempt=retry.attempt,
+                delay=round(retry.delay, 3),
+                status=200,
+                error=f"malformed: {bad.reason}",
+                cursor=follower.cursor,
+            )
+            if retry.failover_to is not None:
+                log.warning(
+                    "horizon-failover",
+                    from_url=retry.failover_from,
+                    to_url=retry.failover_to,
+                    cursor=follower.cursor,
+                )
+
+
+# -- helpers
+
+
+def _leaves(group: BaseExceptionGroup[SourceFatalError]) -> list[SourceFatalError]:
+    out: list[SourceFatalError] = []
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            out.extend(_leaves(exc))
+        else:
+            out.append(exc)
+    return out
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _request_url(request: object) -> str:
+    if isinstance(request, PageRequest | StreamRequest):
+        query = "&".join(f"{k}={v}" for k, v in request.params.items())
+        return f"{request.url}?{query}"
+    return str(request)
+
+
+def _failure_of(response: httpx.Response, body: bytes) -> Failure:
+    status = response.status_code
+    retry_after = None
+    if status == 429:
+        retry_after = parse_retry_after(response.headers.get("Retry-After"), time.time())
+    return Failure(status, problem_detail(body), retry_after)
+
+
+async def _read_bounded(response: httpx.Response) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size >= _MAX_ERROR_BODY:
+            break
+    return b"".join(chunks)[:_MAX_ERROR_BODY]

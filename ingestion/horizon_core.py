@@ -1,0 +1,530 @@
+"""The I/O-free core of the Horizon source: paging/streaming decisions, validation and backoff.
+
+:class:`HorizonFollower` is the whole state of following one Horizon collection from a cursor. The
+wrapper (``ingestion/horizon.py``) asks it for the next :class:`Attempt` (which URL, page or
+stream, from which cursor, after what delay), carries the request out, and feeds back what happened:
+a page body, a stream event, the end of a stream, or a :class:`Failure`. The follower validates
+every record against the last good paging token, so what it hands back is strictly increasing
+across the whole run, and it decides retries, failover and when to give up. It never sleeps,
+reads a clock or logs: delays are returned as numbers and jitter comes from the ``rng`` given.
+
+Phases: catch up with ``order=asc`` pages while they come back full, then follow the SSE stream from
+the last paging token. A stream that ends cleanly (``event: close``, EOF, idle) is reopened from the
+last token; a stream that fails falls back to paging, which is cheaper for whatever backlog piled up
+meanwhile and switches straight back to streaming when the first page is not full.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import enum
+import json
+import random
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from ingestion.paging import InvalidPagingToken, token_key
+from ingestion.source import Record, SourceFatalError
+
+#: Horizon's largest page.
+MAX_PAGE_LIMIT = 200
+
+# One encoder, built once: json.dumps(..., separators=...) builds a new encoder on every call.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+_COLLECTIONS = ("ledgers", "transactions", "operations", "payments", "effects")
+_RESOURCE = re.compile(r"/(?:[A-Za-z_]+/[A-Za-z0-9_-]+/)?(?:" + "|".join(_COLLECTIONS) + r")")
+
+
+def compact_json(record: Any) -> str:
+    """A record's body as the simulator and Horizon stream it: compact JSON, non-ASCII kept as is.
+
+    A paged record is parsed and re-serialized here; a streamed record's body is the SSE ``data``
+    text untouched. The two are byte-identical only while the server streams compact JSON of the
+    same object with the same escaping (true of our simulator, checked in the tests). Real Horizon
+    escapes ``&``, ``<`` and ``>`` as ``\\u0026`` etc. (Go's encoding/json) in its stream, so
+    against real Horizon a record's paged and streamed bodies can differ in those escapes only.
+    """
+    return _COMPACT.encode(record)
+
+
+def check_resource(resource: str) -> str:
+    """Return ``resource`` if it is a Horizon collection path we can follow.
+
+    Raises:
+        ValueError: not ``/ledgers``, ``/transactions``, ``/operations``, ``/payments``,
+            ``/effects`` or a scoped one such as ``/accounts/G.../payments``.
+    """
+    if not _RESOURCE.fullmatch(resource):
+        raise ValueError(
+            f"resource {resource!r} is not a Horizon collection path: use one of "
+            + ", ".join("/" + c for c in _COLLECTIONS)
+            + " or a scoped one such as /accounts/G.../payments"
+        )
+    return resource
+
+
+def check_cursor(cursor: str) -> str:
+    """Return ``cursor`` if it is ``"now"`` or a paging token, else raise SourceFatalError."""
+    if cursor != "now":
+        try:
+            token_key(cursor)
+        except InvalidPagingToken:
+            raise SourceFatalError(
+                f"cursor {cursor!r} is neither 'now' nor a Horizon paging token; "
+                "fix the start cursor (or the committed cursor)"
+            ) from None
+    return cursor
+
+
+# --- backoff -------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class RetryPolicy:
+    """Bounded exponential backoff with jitter, Retry-After handling, and failover pacing.
+
+    ``delay(n)`` for the n-th consecutive failure (1-based) lies in ``[e/2, e]`` where
+    ``e = min(cap, base * 2**(n-1))``: jittered so that several nodes do not retry in lockstep,
+    never more than ``cap``. After ``attempts_per_url`` consecutive failures on one URL the
+    follower moves to the next; ``malformed_retries`` bounds refetches of the same bad data.
+    """
+
+    base: float = 0.25
+    cap: float = 30.0
+    attempts_per_url: int = 3
+    malformed_retries: int = 5
+    retry_after_cap: float = 120.0
+
+    def __attrs_post_init__(self) -> None:
+        if not (0 < self.base <= self.cap):
+            raise ValueError(f"retry base {self.base} must be > 0 and <= cap {self.cap}")
+        if self.attempts_per_url < 1:
+            raise ValueError("attempts per URL must be at least 1")
+        if self.malformed_retries < 0:
+            raise ValueError("malformed retries must be >= 0")
+        if self.retry_after_cap <= 0:
+            raise ValueError("retry-after cap must be > 0")
+
+    def delay(self, attempt: int, u: float) -> float:
+        """Seconds to wait before retry number ``attempt`` (>= 1); ``u`` is uniform in [0, 1)."""
+        exponent = min(max(attempt, 1) - 1, 62)  # 2**62 * base overflows nothing and exceeds cap
+        ceiling = min(self.cap, self.base * 2.0**exponent)
+        return ceiling * (0.5 + 0.5 * u)
+
+
+def parse_retry_after(value: str | None, now: float) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header: delta-seconds or an HTTP date.
+
+    ``now`` is the current Unix time (only used for the date form). Returns None when the header
+    is absent or unparseable, and never a negative number.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # RFC 9110 dates are GMT; a naive result means a sloppy header
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+# --- failures ------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Failure:
+    """A request that did not produce records: the HTTP status (None for a transport error),
+    a short description, and for 429 the parsed Retry-After."""
+
+    status: int | None
+    error: str
+    retry_after: float | None = None
+
+
+def problem_detail(content: bytes) -> str:
+    """The useful part of a Horizon problem+json body: ``detail`` and the ``extras`` reason."""
+    try:
+        doc = json.loads(content)
+    except (ValueError, UnicodeDecodeError):
+        return content[:200].decode("utf-8", "replace").strip()
+    if not isinstance(doc, dict):
+        return str(doc)[:200]
+    parts = [str(doc.get("title") or ""), str(doc.get("detail") or "")]
+    extras = doc.get("extras")
+    if isinstance(extras, dict):
+        for key in ("invalid_field", "reason"):
+            if extras.get(key):
+                parts.append(f"{key}={extras[key]}")
+    return " ".join(p for p in parts if p) or str(doc)[:200]
+
+
+def is_retryable_status(status: int) -> bool:
+    """True for statuses that another try can fix: 5xx, 408, 425, 429 (and anything odd < 400)."""
+    return status >= 500 or status in (408, 425, 429) or status < 400
+
+
+def fatal_message(status: int, url: str, detail: str) -> str:
+    """What to tell the operator when Horizon rejects a request for good."""
+    if status == 400:
+        fix = "check the start cursor / committed cursor and the resource path"
+    elif status == 404:
+        fix = (
+            "check --resource (unknown path, or the account/ledger does not exist on this "
+            "network) and the Horizon URL"
+        )
+    elif status in (401, 403):
+        fix = "check access to this Horizon (API key, IP allow-list)"
+    elif status == 410:
+        fix = "the cursor is older than this Horizon's retained history; choose a newer cursor"
+    else:
+        fix = "check the resource path and Horizon URL"
+    return f"Horizon rejected {url} with HTTP {status}: {detail or '(no detail)'}; {fix}"
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Malformed:
+    """Input that breaks the rules: ``reason`` is a kebab-case tag, ``value`` the offending text."""
+
+    reason: str
+    value: str
+
+
+@attrs.frozen
+class PageOutcome:
+    """The good records of a page, in order, and what stopped validation if something did."""
+
+    records: tuple[Record, ...]
+    malformed: Malformed | None
+    full: bool
+
+
+def _excerpt(value: Any, limit: int = 300) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def validate_page(
+    content: bytes | str, after: str | None, limit: int = MAX_PAGE_LIMIT
+) -> PageOutcome:
+    """Parse a Horizon page and return its records strictly after ``after``.
+
+    Validation stops at the first bad record (broken JSON, no paging token, a token that is not
+    after the previous one): it and everything after it are dropped, the records before it kept.
+    ``full`` says the page held ``limit`` records, i.e. there may be more to page through.
+    """
+    try:
+        doc = json.loads(content)
+        raw = doc["_embedded"]["records"]
+    except (ValueError, UnicodeDecodeError) as exc:
+        return PageOutcome((), Malformed("broken-json", f"{exc}: {_excerpt(content)}"), False)
+    except (KeyError, TypeError):
+        return PageOutcome((), Malformed("not-a-page", _excerpt(content)), False)
+    if not isinstance(raw, list):
+        return PageOutcome((), Malformed("not-a-page", _excerpt(raw)), False)
+    records: list[Record] = []
+    last_key = None if after is None else token_key(after)
+    encode = _COMPACT.encode
+    for rec in raw:
+        bad = _check_record(rec, last_key)
+        if isinstance(bad, Malformed):
+            return PageOutcome(tuple(records), bad, False)
+        token, last_key = bad
+        records.append(Record(token, encode(rec)))
+    return PageOutcome(tuple(records), None, len(raw) >= limit)
+
+
+def _check_record(
+    rec: Any, last_key: tuple[int, int] | None
+) -> tuple[str, tuple[int, int]] | Malformed:
+    if not isinstance(rec, dict):
+        return Malformed("not-an-object", _excerpt(rec))
+    token = rec.get("paging_token")
+    if not isinstance(token, str):
+        return Malformed("missing-paging-token", _excerpt(rec))
+    try:
+        key = token_key(token)
+    except InvalidPagingToken:
+        return Malformed("invalid-paging-token", token)
+    if last_key is not None and key <= last_key:
+        return Malformed(
+            "duplicate-paging-token" if key == last_key else "paging-token-out-of-order", token
+        )
+    return token, key
+
+
+def validate_stream_record(event_id: str, data: str, after: str | None) -> Record | Malformed:
+    """Check one SSE record frame; the body is ``data`` exactly as sent.
+
+    The frame's ``id`` (if any) must equal the record's ``paging_token``, which must sort strictly
+    after ``after``.
+    """
+    try:
+        rec = json.loads(data)
+    except ValueError as exc:
+        return Malformed("broken-json", f"{exc}: {_excerpt(data)}")
+    checked = _check_record(rec, None if after is None else token_key(after))
+    if isinstance(checked, Malformed):
+        return checked
+    token = checked[0]
+    if event_id and event_id != token:
+        return Malformed("id-mismatch", f"id {event_id!r} != paging_token {token!r}")
+    return Record(token, data)
+
+
+# --- the follower --------------------------------------------------------------------------------
+
+
+class Mode(enum.Enum):
+    CATCH_UP = "catch-up"
+    STREAMING = "streaming"
+
+
+@attrs.frozen
+class PageRequest:
+    """GET ``url`` with ``params`` (``order=asc&limit=...&cursor=...``) for a JSON page."""
+
+    base_url: str
+    url: str
+    cursor: str
+    limit: int
+
+    @property
+    def params(self) -> dict[str, str]:
+        return {"order": "asc", "limit": str(self.limit), "cursor": self.cursor}
+
+
+@attrs.frozen
+class StreamRequest:
+    """GET ``url`` as ``text/event-stream`` from ``cursor`` (also sent as Last-Event-ID)."""
+
+    base_url: str
+    url: str
+    cursor: str
+
+    @property
+    def params(self) -> dict[str, str]:
+        return {"order": "asc", "cursor": self.cursor}
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {} if self.cursor == "now" else {"Last-Event-ID": self.cursor}
+
+
+@attrs.frozen
+class Attempt:
+    """The next request and how long to wait before sending it."""
+
+    request: PageRequest | StreamRequest
+    delay: float
+
+
+@attrs.frozen
+class Retry:
+    """The follower's answer to a failure: ``attempt`` is the consecutive-failure count, ``delay``
+    the wait before the next request, ``failover_to`` the next URL when it switched."""
+
+    attempt: int
+    delay: float
+    failover_from: str | None = None
+    failover_to: str | None = None
+
+
+class StreamSignal(enum.Enum):
+    """What a non-record SSE frame means to the follower."""
+
+    IGNORE = "ignore"  # open, comments, unknown events
+    CLOSED = "closed"  # Horizon said byebye: reconnect from the last token
+    ERROR = "error"  # Horizon sent `event: error`
+
+
+class HorizonFollower:
+    """The state of following one Horizon collection from a cursor; see the module docstring.
+
+    Args:
+        urls: Horizon base URLs, tried in order; the follower sticks to the one that works.
+        resource: the collection path, e.g. ``/operations``.
+        cursor: ``"now"``, ``"0"`` or a paging token; records strictly after it are returned.
+        policy: retry and failover settings.
+        page_limit: records per page (Horizon allows at most 200).
+        rng: returns uniform floats in [0, 1) for jitter.
+
+    Raises:
+        SourceFatalError: the cursor is not ``"now"`` or a paging token.
+        ValueError: no URL, or a page limit outside 1..200.
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        resource: str,
+        cursor: str,
+        policy: RetryPolicy,
+        *,
+        page_limit: int = MAX_PAGE_LIMIT,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        if not urls:
+            raise ValueError("at least one Horizon URL is needed")
+        if not 1 <= page_limit <= MAX_PAGE_LIMIT:
+            raise ValueError(f"page limit {page_limit} must be within 1..{MAX_PAGE_LIMIT}")
+        self.urls = tuple(u.rstrip("/") for u in urls)
+        self.resource = check_resource(resource)
+        self.cursor = check_cursor(cursor)
+        self.policy = policy
+        self.page_limit = page_limit
+        self._rng = rng
+        # "now" has nothing to page through: the first page would be empty by definition.
+        self.mode = Mode.STREAMING if cursor == "now" else Mode.CATCH_UP
+        self.url_index = 0
+        self.failures_on_url = 0
+        self.consecutive_failures = 0
+        self.quiet_closes = 0
+        self.malformed_strikes = 0
+        self._delay = 0.0
+        #: The decision taken on the latest failure or malformed input, for the wrapper to log.
+        self.last_retry: Retry | None = None
+
+    # -- what to do next
+
+    @property
+    def base_url(self) -> str:
+        return self.urls[self.url_index]
+
+    @property
+    def last_token(self) -> str | None:
+        """The last paging token handed out (or the start cursor); None while at ``now``."""
+        return None if self.cursor == "now" else self.cursor
+
+    def next_attempt(self) -> Attempt:
+        """The request to send next, and the delay to wait before it."""
+        base = self.base_url
+        url = base + self.resource
+        request: PageRequest | StreamRequest
+        if self.mode is Mode.CATCH_UP:
+            request = PageRequest(base, url, self.cursor, self.page_limit)
+        else:
+            request = StreamRequest(base, url, self.cursor)
+        delay, self._delay = self._delay, 0.0
+        return Attempt(request, delay)
+
+    # -- outcomes
+
+    def on_page(self, content: bytes | str) -> PageOutcome:
+        """A 200 page arrived: validate it, advance the cursor, decide paging vs streaming."""
+        outcome = validate_page(content, self.last_token, self.page_limit)
+        if outcome.records:
+            self._progress(outcome.records[-1].paging_token)
+        if outcome.malformed is not None:
+            self._malformed(outcome.malformed)
+        else:
+            self._succeeded()
+            if not outcome.full:
+                self.mode = Mode.STREAMING
+        return outcome
+
+    def on_stream_open(self) -> None:
+        """The stream answered 200 with an event stream: the URL works."""
+        self.failures_on_url = 0
+        self.consecutive_failures = 0
+
+    def on_stream_event(
+        self, event: str, event_id: str, data: str
+    ) -> Record | Malformed | StreamSignal:
+        """One SSE frame. A Malformed answer means: drop the connection (the follower has already
+        scheduled a reconnect from the last good token, or raised SourceFatalError)."""
+        if event == "message":
+            result = validate_stream_record(event_id, data, self.last_token)
+            if isinstance(result, Record):
+                self._progress(result.paging_token)
+                self.quiet_closes = 0
+            else:
+                self._malformed(result)
+            return result
+        if event == "close":
+            return StreamSignal.CLOSED
+        if event == "error":
+            return StreamSignal.ERROR
+        return StreamSignal.IGNORE
+
+    def on_stream_end(self, got_records: bool) -> float:
+        """The stream ended cleanly (``event: close``, EOF or idle): reopen it from the last token.
+
+        Reconnects at once after a stream that delivered records; a run of streams that deliver
+        nothing backs off so that a server that closes at once is not hammered. Returns the delay.
+        """
+        self.mode = Mode.STREAMING
+        if got_records:
+            self._delay = 0.0
+        else:
+            self.quiet_closes += 1
+            self._delay = self.policy.delay(self.quiet_closes, self._rng())
+        return self._delay
+
+    def on_failure(self, failure: Failure, *, url: str) -> Retry:
+        """A request failed (transport error, timeout, bad status, ``event: error``).
+
+        Retryable failures back off and, after ``attempts_per_url`` in a row on one URL, move to
+        the next URL; a failed stream falls back to paging from the last token.
+
+        Raises:
+            SourceFatalError: Horizon rejected the request in a way retrying cannot fix.
+        """
+        if failure.status is not None and not is_retryable_status(failure.status):
+            raise SourceFatalError(fatal_message(failure.status, url, failure.error))
+        return self._retry(failure.retry_after)
+
+    # -- internals
+
+    def _progress(self, token: str) -> None:
+        self.cursor = token
+        self.malformed_strikes = 0
+
+    def _succeeded(self) -> None:
+        self.failures_on_url = 0
+        self.consecutive_failures = 0
+
+    def _malformed(self, malformed: Malformed) -> None:
+        self.malformed_strikes += 1
+        if self.malformed_strikes > self.policy.malformed_retries:
+            raise SourceFatalError(
+                f"Horizon keeps sending malformed data after paging token {self.cursor!r} "
+                f"({malformed.reason}: {malformed.value}); {self.malformed_strikes} tries on "
+                f"{', '.join(self.urls)}; check the Horizon servers"
+            )
+        self._retry(None)
+
+    def _retry(self, retry_after: float | None) -> Retry:
+        if self.mode is Mode.STREAMING and self.cursor != "now":
+            self.mode = Mode.CATCH_UP
+        self.consecutive_failures += 1
+        self.failures_on_url += 1
+        attempt = self.consecutive_failures
+        if self.failures_on_url >= self.policy.attempts_per_url and len(self.urls) > 1:
+            old = self.base_url
+            self.url_index = (self.url_index + 1) % len(self.urls)
+            self.failures_on_url = 0
+            # The first lap over the other URLs is immediate: a dead URL should cost no sleep.
+            first_lap = attempt < self.policy.attempts_per_url * len(self.urls)
+            delay = 0.0 if first_lap else self.policy.delay(attempt, self._rng())
+            if retry_after is not None and not first_lap:
+                delay = max(delay, min(retry_after, self.policy.retry_after_cap))
+            self._delay = delay
+            self.last_retry = Retry(attempt, delay, old, self.base_url)
+            return self.last_retry
+        delay = self.policy.delay(attempt, self._rng())
+        if retry_after is not None:
+            delay = min(retry_after, self.policy.retry_after_cap)
+        self._delay = delay
+        self.last_retry = Retry(attempt, delay)
+        return self.last_retry
