@@ -524,7 +524,8 @@ class HorizonFollower:
             return self.last_retry
         delay = self.policy.delay(attempt, self._rng())
         if retry_after is not None:
-            delay = min(retry_after, self.policy.retry_after_cap)
+            # Honour the server's wait, but a `Retry-After: 0` storm still backs off.
+            delay = max(delay, min(retry_after, self.policy.retry_after_cap))
         self._delay = delay
         self.last_retry = Retry(attempt, delay)
         return self.last_retry
