@@ -1,0 +1,589 @@
+"""The simulator's ASGI application: Horizon's routes, paging, streaming, and the control endpoint.
+
+Horizon routes (GET; ``Accept: text/event-stream`` streams the collections):
+``/``, ``/ledgers``, ``/transactions``, ``/operations``, ``/payments``, ``/effects``,
+``/ledgers/{seq}[/transactions|operations|payments|effects]``,
+``/accounts/{id}/transactions|operations|payments|effects``,
+``/transactions/{hash}[/operations|payments|effects]``, ``/operations/{id}[/effects]``.
+
+Control endpoint (JSON in and out; not part of Horizon):
+
+- ``GET /_simulator/faults``: the armed faults (:meth:`Faults.snapshot`).
+- ``POST /_simulator/faults`` with any of
+  ``{"fail": {"status": 429|500|502|503|504, "count": N | "seconds": T, "retry_after": S},
+  "close_stream_after": {"events": N, "streams": M}, "malformed": {"kind": "broken_json" |
+  "missing_paging_token" | "token_regression" | "duplicate"}, "stall": {"seconds": T},
+  "down": {"seconds": T}}``: arm them (``down`` stops listening right after answering and listens
+  again, same port and chain, ``T`` seconds later). Answers 200 with the snapshot, or a 400 problem.
+- ``DELETE /_simulator/faults``: disarm everything.
+- ``POST /_simulator/ledgers`` with optional ``{"count": N}``: close N ledgers now; answers
+  ``{"latest_ledger": seq}``. ``GET /_simulator/ledgers`` answers the same without closing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
+
+import attrs
+import trio
+
+from ingestion.paging import toid
+from ingestion.simulator import render
+from ingestion.simulator.chain import (
+    KEY_SHIFT,
+    NETWORK_PASSPHRASE,
+    PROTOCOL_VERSION,
+    key_of,
+    timestamp,
+    token_of,
+)
+from ingestion.simulator.faults import MalformedKind
+from ingestion.simulator.strkey import is_valid_account
+
+if TYPE_CHECKING:
+    from ingestion.simulator.server import Simulator
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+MAX_LIMIT = 200
+DEFAULT_LIMIT = 10
+RATE_LIMIT = 3600  # requests per hour, as horizon.stellar.org advertises
+_SUB = "(transactions|operations|payments|effects)"
+_ROUTES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("collection", re.compile(r"/(ledgers|transactions|operations|payments|effects)")),
+    ("ledger", re.compile(r"/ledgers/([^/]+)")),
+    ("ledger_sub", re.compile(rf"/ledgers/([^/]+)/{_SUB}")),
+    ("account_sub", re.compile(rf"/accounts/([^/]+)/{_SUB}")),
+    ("transaction", re.compile(r"/transactions/([^/]+)")),
+    ("transaction_sub", re.compile(r"/transactions/([^/]+)/(operations|payments|effects)")),
+    ("operation", re.compile(r"/operations/([^/]+)")),
+    ("operation_sub", re.compile(r"/operations/([^/]+)/(effects)")),
+)
+_EXTRA_PARAMS = ("include_failed", "join")
+
+
+class Problem(Exception):
+    """Answer the request with this problem (and status)."""
+
+    def __init__(self, status: int, body: bytes):
+        super().__init__(status)
+        self.status = status
+        self.body = body
+
+
+@attrs.frozen
+class CollectionQuery:
+    """A collection to page or stream: all of ``collection`` in ``[low, high)``, or an account's."""
+
+    collection: str
+    path: str
+    low: int = 0
+    high: int | None = None
+    account: str | None = None
+
+
+def _int_param(text: str, field: str) -> int:
+    if not re.fullmatch(r"[0-9]{1,19}", text):
+        raise Problem(400, render.bad_request(field, f"{field} must be a non-negative integer"))
+    return int(text)
+
+
+def resolve(path: str, sim: Simulator) -> CollectionQuery | int | None:
+    """Map a path to a collection query, a single record's key, or None (not found).
+
+    Raises:
+        Problem: a malformed id in the path.
+    """
+    chain = sim.chain
+    for name, pattern in _ROUTES:
+        m = pattern.fullmatch(path)
+        if m is None:
+            continue
+        if name == "collection":
+            return CollectionQuery(m.group(1), path)
+        if name in ("ledger", "ledger_sub"):
+            seq = _int_param(m.group(1), "ledger_id")
+            low, high = (
+                key_of(toid(seq)) if seq < 1 << 31 else 0,
+                key_of(toid(min(seq + 1, 1 << 30))),
+            )
+            if name == "ledger":
+                return key_of(toid(seq)) if chain.first <= seq <= chain.latest else None
+            return CollectionQuery(m.group(2), path, low=low, high=high)
+        if name == "account_sub":
+            if not is_valid_account(m.group(1)):
+                raise Problem(400, render.bad_request("account_id", "invalid address"))
+            return CollectionQuery(m.group(2), path, account=m.group(1))
+        if name in ("transaction", "transaction_sub"):
+            tx_hash = m.group(1).lower()
+            if not re.fullmatch(r"[0-9a-f]{64}", tx_hash):
+                raise Problem(400, render.bad_request("tx_id", "tx_id must be a 64 character hex"))
+            tx_key = chain.transaction_key(tx_hash)
+            if name == "transaction":
+                return tx_key
+            if tx_key is None:
+                return None
+            return CollectionQuery(m.group(2), path, low=tx_key, high=tx_key + key_of(1 << 12))
+        if name in ("operation", "operation_sub"):
+            op_key = key_of(_int_param(m.group(1), "id"))
+            if not chain.has_record(op_key) or chain.record(op_key).get("type_i") is None:
+                return None
+            if name == "operation":
+                return op_key
+            return CollectionQuery("effects", path, low=op_key, high=op_key + key_of(1))
+    return None
+
+
+def parse_cursor(text: str, collection: str, latest: int, descending: bool) -> int | None:
+    """The exclusive cursor key of a ``cursor`` value (None: from the start, or from the end).
+
+    Raises:
+        Problem: not a paging token of this collection.
+    """
+    if text == "":
+        return None
+    if text == "now":
+        after_latest = key_of(toid(latest + 1))
+        return after_latest if descending else after_latest - 1
+    m = re.fullmatch(r"(-?[0-9]{1,19})(?:-([0-9]{1,10}))?", text)
+    if m is None or (m.group(2) is not None and collection != "effects"):
+        raise Problem(400, render.bad_request("cursor", "cursor must be a valid paging token"))
+    value = int(m.group(1))
+    if value < 0:
+        raise Problem(
+            400, render.bad_request("cursor", f"the cursor {value} is a negative number: ")
+        )
+    if value >= 1 << 63:
+        raise Problem(400, render.bad_request("cursor", "cursor is out of range"))
+    n = int(m.group(2) or 0)
+    if n > 0xFFFF:
+        raise Problem(400, render.bad_request("cursor", "cursor is out of range"))
+    return key_of(value, n)
+
+
+@attrs.frozen
+class PageParams:
+    cursor: str
+    order: str
+    limit: int
+    limit_given: bool
+    extras: dict[str, str]
+
+
+def parse_page_params(query: dict[str, str]) -> PageParams:
+    """``cursor``, ``order`` and ``limit``, validated as Horizon does.
+
+    Raises:
+        Problem: 400 with ``invalid_field`` naming the bad parameter.
+    """
+    order = query.get("order", "") or "asc"
+    if order not in ("asc", "desc"):
+        raise Problem(400, render.bad_request("order", "order: invalid value"))
+    limit_text = query.get("limit", "")
+    if limit_text == "":
+        limit = DEFAULT_LIMIT
+    else:
+        if not re.fullmatch(r"-?[0-9]{1,19}", limit_text):
+            raise Problem(400, render.bad_request("limit", "unparseable value"))
+        limit = int(limit_text)
+        if limit <= 0 or limit > MAX_LIMIT:
+            raise Problem(
+                400,
+                render.bad_request("limit", f"limit must be between 1 and {MAX_LIMIT}"),
+            )
+    extras = {name: query[name] for name in _EXTRA_PARAMS if name in query}
+    return PageParams(query.get("cursor", ""), order, limit, limit_text != "", extras)
+
+
+class HorizonApp:
+    """The ASGI callable. One instance per :class:`Simulator`, reused across restarts."""
+
+    def __init__(self, sim: Simulator):
+        self.sim = sim
+        self._window_start = time.monotonic()
+        self._window_used = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        try:
+            if path.startswith("/_simulator/"):
+                await self._control(scope, receive, send)
+                return
+            await self._horizon(scope, receive, send)
+        except Problem as p:
+            await self._respond(send, p.status, render.PROBLEM_JSON, p.body)
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _rate_headers(self, exhausted: bool = False) -> list[tuple[bytes, bytes]]:
+        now = time.monotonic()
+        if now - self._window_start >= 3600:
+            self._window_start, self._window_used = now, 0
+        self._window_used += 1
+        remaining = 0 if exhausted else max(0, RATE_LIMIT - self._window_used)
+        reset = int(3600 - (now - self._window_start))
+        return [
+            (b"x-ratelimit-limit", str(RATE_LIMIT).encode()),
+            (b"x-ratelimit-remaining", str(remaining).encode()),
+            (b"x-ratelimit-reset", str(reset).encode()),
+        ]
+
+    async def _respond(
+        self,
+        send: Send,
+        status: int,
+        content_type: bytes,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        all_headers = [
+            (b"content-type", content_type),
+            (b"content-length", str(len(body)).encode()),
+            *(headers or ()),
+        ]
+        await send({"type": "http.response.start", "status": status, "headers": all_headers})
+        await send({"type": "http.response.body", "body": body})
+
+    @staticmethod
+    def _header(scope: Scope, name: bytes) -> str | None:
+        for key, value in scope["headers"]:
+            if key.lower() == name:
+                return bytes(value).decode("latin-1")
+        return None
+
+    def _base(self, scope: Scope) -> str:
+        host = self._header(scope, b"host")
+        if not host:
+            return self.sim.url
+        proto = self._header(scope, b"x-forwarded-proto") or scope.get("scheme", "http")
+        return f"{proto}://{host}"
+
+    # -- Horizon --------------------------------------------------------------------------------
+
+    async def _horizon(self, scope: Scope, receive: Receive, send: Send) -> None:
+        failure = self.sim.faults.take_request_failure()
+        if failure is not None:
+            headers = self._rate_headers(exhausted=failure.status == 429)
+            if failure.status in (429, 503):
+                headers.append((b"retry-after", str(failure.retry_after).encode()))
+            await self._respond(
+                send, failure.status, render.PROBLEM_JSON, render.failure(failure.status), headers
+            )
+            return
+        rate_headers = self._rate_headers()
+        if scope["method"] not in ("GET", "HEAD"):
+            raise Problem(404, render.not_found())
+        path: str = scope["path"]
+        base = self._base(scope)
+        if path == "/":
+            await self._respond(send, 200, render.HAL_JSON, self._root(base), rate_headers)
+            return
+        target = resolve(path, self.sim)
+        if target is None:
+            raise Problem(404, render.not_found())
+        if isinstance(target, int):
+            content = self.sim.chain.content(target >> (KEY_SHIFT + 32))
+            record = render.go_json(content.records[target])
+            body = render.with_base(record, base.encode())
+            await self._respond(send, 200, render.HAL_JSON, body, rate_headers)
+            return
+        query = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
+        params = parse_page_params(query)
+        accept = self._header(scope, b"accept") or ""
+        if "text/event-stream" in accept:
+            last_event_id = self._header(scope, b"last-event-id")
+            if last_event_id:
+                params = attrs.evolve(params, cursor=last_event_id)
+            await self._stream(target, params, base, receive, send)
+            return
+        body = self._page(target, params, base)
+        await self._respond(send, 200, render.HAL_JSON, body, rate_headers)
+
+    def _root(self, base: str) -> bytes:
+        chain = self.sim.chain
+        t = "{?cursor,limit,order}"
+        links = {
+            "account": {"href": f"{base}/accounts/{{account_id}}", "templated": True},
+            "accounts": {
+                "href": f"{base}/accounts{{?signer,sponsor,asset,liquidity_pool,cursor,limit,order}}",
+                "templated": True,
+            },
+            "account_transactions": {
+                "href": f"{base}/accounts/{{account_id}}/transactions{t}",
+                "templated": True,
+            },
+            "effects": {"href": f"{base}/effects{t}", "templated": True},
+            "fee_stats": {"href": f"{base}/fee_stats"},
+            "ledger": {"href": f"{base}/ledgers/{{sequence}}", "templated": True},
+            "ledgers": {"href": f"{base}/ledgers{t}", "templated": True},
+            "operation": {"href": f"{base}/operations/{{id}}", "templated": True},
+            "operations": {
+                "href": f"{base}/operations{{?cursor,limit,order,include_failed}}",
+                "templated": True,
+            },
+            "payments": {
+                "href": f"{base}/payments{{?cursor,limit,order,include_failed}}",
+                "templated": True,
+            },
+            "self": {"href": f"{base}/"},
+            "transaction": {"href": f"{base}/transactions/{{hash}}", "templated": True},
+            "transactions": {
+                "href": f"{base}/transactions{{?cursor,limit,order,include_failed}}",
+                "templated": True,
+            },
+        }
+        root = {
+            "_links": links,
+            "horizon_version": "23.0.0-simulator",
+            "core_version": "stellar-core 23.0.1 (simulator)",
+            "ingest_latest_ledger": chain.latest,
+            "history_latest_ledger": chain.latest,
+            "history_latest_ledger_closed_at": timestamp(chain.spec.closed_at(chain.latest)),
+            "history_elder_ledger": chain.first,
+            "core_latest_ledger": chain.latest,
+            "network_passphrase": NETWORK_PASSPHRASE,
+            "current_protocol_version": PROTOCOL_VERSION,
+            "supported_protocol_version": PROTOCOL_VERSION,
+            "core_supported_protocol_version": PROTOCOL_VERSION,
+        }
+        return render.go_json(root)
+
+    def _keys(
+        self, query: CollectionQuery, after: int | None, descending: bool, limit: int
+    ) -> list[int]:
+        return self.sim.chain.page(
+            query.collection,
+            after=after,
+            descending=descending,
+            limit=limit,
+            low=query.low,
+            high=query.high,
+            account=query.account,
+        )
+
+    def _page(self, query: CollectionQuery, params: PageParams, base: str) -> bytes:
+        chain = self.sim.chain
+        descending = params.order == "desc"
+        after = parse_cursor(params.cursor, query.collection, chain.latest, descending)
+        keys = self._keys(query, after, descending, params.limit)
+        records = [
+            render.record_forms(chain.content(key >> (KEY_SHIFT + 32)), key)[1] for key in keys
+        ]
+        body = render.page(
+            base,
+            query.path,
+            params.extras,
+            order=params.order,
+            limit=params.limit,
+            cursor=params.cursor,
+            tokens=[token_of(key) for key in keys],
+            records=records,
+        )
+        return render.with_base(body, base.encode())
+
+    async def _stream(
+        self,
+        query: CollectionQuery,
+        params: PageParams,
+        base: str,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        chain = self.sim.chain
+        after = parse_cursor(params.cursor, query.collection, chain.latest, descending=False)
+        headers = [
+            (b"content-type", render.EVENT_STREAM),
+            (b"cache-control", b"no-cache"),
+            (b"access-control-allow-origin", b"*"),
+            *self._rate_headers(),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        stream = _Stream(self.sim, query, params, after, base.encode(), send, self._keys)
+        async with trio.open_nursery() as nursery:
+
+            async def watch_disconnect() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                nursery.cancel_scope.cancel("client disconnected")
+
+            nursery.start_soon(watch_disconnect)
+            with trio.move_on_after(self.sim.config.stream_timeout):
+                await stream.run()
+            nursery.cancel_scope.cancel("stream over")
+        if stream.ended_cleanly is not None:
+            await send({"type": "http.response.body", "body": stream.ended_cleanly})
+        else:
+            # connection timeout: Horizon says goodbye too
+            await send({"type": "http.response.body", "body": render.SSE_BYEBYE})
+
+    # -- control --------------------------------------------------------------------------------
+
+    async def _control(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        method, path, faults = scope["method"], scope["path"], self.sim.faults
+        try:
+            data = json.loads(body) if body.strip() else {}
+            if not isinstance(data, dict):
+                raise ValueError("the body must be a JSON object")
+            if path == "/_simulator/faults" and method == "GET":
+                result: dict[str, Any] = faults.snapshot()
+            elif path == "/_simulator/faults" and method == "DELETE":
+                faults.clear()
+                result = faults.snapshot()
+            elif path == "/_simulator/faults" and method == "POST":
+                down = self._arm(data)
+                result = faults.snapshot()
+                if down is not None:
+                    result["down"] = {"seconds": down}
+                    await self._json(send, 200, result)
+                    self.sim.schedule_down(down)
+                    return
+            elif path == "/_simulator/ledgers" and method in ("GET", "POST"):
+                for _ in range(int(data.get("count", 1)) if method == "POST" else 0):
+                    self.sim.close_ledger()
+                result = {"latest_ledger": self.sim.chain.latest}
+            else:
+                raise Problem(404, render.not_found())
+        except (ValueError, TypeError, KeyError) as exc:
+            raise Problem(400, render.bad_request("body", str(exc))) from exc
+        await self._json(send, 200, result)
+
+    def _arm(self, data: dict[str, Any]) -> float | None:
+        known = {"fail", "close_stream_after", "malformed", "stall", "down"}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown fault(s) {sorted(unknown)}; known: {sorted(known)}")
+        faults = self.sim.faults
+        if "fail" in data:
+            spec = data["fail"]
+            faults.fail_requests(
+                int(spec.get("status", 429)),
+                count=None if spec.get("count") is None else int(spec["count"]),
+                seconds=None if spec.get("seconds") is None else float(spec["seconds"]),
+                retry_after=int(spec.get("retry_after", 1)),
+            )
+        if "close_stream_after" in data:
+            spec = data["close_stream_after"]
+            faults.close_streams_after(int(spec["events"]), streams=int(spec.get("streams", 1)))
+        if "malformed" in data:
+            faults.send_malformed(MalformedKind(data["malformed"]["kind"]))
+        if "stall" in data:
+            faults.stall_streams(float(data["stall"]["seconds"]))
+        if "down" in data:
+            return float(data["down"]["seconds"])
+        return None
+
+    async def _json(self, send: Send, status: int, value: Any) -> None:
+        await self._respond(send, status, b"application/json", json.dumps(value).encode())
+
+
+class _Stream:
+    """One SSE stream: existing records after the cursor, then new ones as ledgers close."""
+
+    def __init__(
+        self,
+        sim: Simulator,
+        query: CollectionQuery,
+        params: PageParams,
+        after: int | None,
+        base: bytes,
+        send: Send,
+        keys: Callable[[CollectionQuery, int | None, bool, int], list[int]],
+    ):
+        self.sim = sim
+        self.query = query
+        self.limit = params.limit if params.limit_given else None
+        self.after = after
+        self.base = base
+        self.send = send
+        self.keys = keys
+        self.sent = 0
+        self.previous: tuple[int, bytes] | None = None  # last record event: key, frame
+        self.ended_cleanly: bytes | None = None  # the last bytes to send, once over
+
+    async def _write(self, data: bytes) -> None:
+        stall = self.sim.faults.stall_remaining()
+        if stall > 0:
+            await trio.sleep(stall)
+        await self.send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def run(self) -> None:
+        chain, faults = self.sim.chain, self.sim.faults
+        cutoff = faults.claim_stream_cutoff()
+        await self._write(render.SSE_HELLO)
+        while True:
+            if cutoff is not None and self.sent >= cutoff:
+                self.ended_cleanly = b""  # dropped: no byebye
+                return
+            want = 200 if self.limit is None else min(200, self.limit - self.sent)
+            seen = chain.latest
+            keys = self.keys(self.query, self.after, False, want)
+            for key in keys:
+                if cutoff is not None and self.sent >= cutoff:
+                    break
+                await self._event(key)
+                if self.limit is not None and self.sent >= self.limit:
+                    self.ended_cleanly = render.SSE_BYEBYE
+                    return
+            if not keys:
+                await self.sim.wait_for_ledger(seen)
+
+    async def _event(self, key: int) -> None:
+        chain, faults = self.sim.chain, self.sim.faults
+        compact = render.record_forms(chain.content(key >> (KEY_SHIFT + 32)), key)[0]
+        data = render.with_base(compact, self.base)
+        token = token_of(key)
+        frame = render.sse_record(token, data)
+        kind = faults.take_malformed(have_previous=self.previous is not None)
+        if kind is not None:
+            await self._write(self._malformed(kind, key, token, data))
+        await self._write(frame)
+        self.previous = (key, frame)
+        self.after = key
+        self.sent += 1
+
+    def _malformed(self, kind: MalformedKind, key: int, token: str, data: bytes) -> bytes:
+        if kind is MalformedKind.BROKEN_JSON:
+            return render.sse_record(token, data[: max(1, len(data) // 2)])
+        if kind is MalformedKind.MISSING_PAGING_TOKEN:
+            record = json.loads(data)
+            del record["paging_token"]
+            return render.sse_record(None, render.go_json(record, indent=False))
+        assert self.previous is not None
+        previous_key, previous_frame = self.previous
+        if kind is MalformedKind.DUPLICATE:
+            return previous_frame
+        # TOKEN_REGRESSION: the record before the previous one, or the previous one again
+        earlier = self.keys(self.query, previous_key, True, 1)
+        if not earlier:
+            return previous_frame
+        chain = self.sim.chain
+        compact = render.record_forms(chain.content(earlier[0] >> (KEY_SHIFT + 32)), earlier[0])[0]
+        return render.sse_record(token_of(earlier[0]), render.with_base(compact, self.base))

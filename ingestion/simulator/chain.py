@@ -1,0 +1,749 @@
+"""The simulated ledger chain: deterministic, joined Horizon records and their paging indexes. Pure.
+
+Every ledger's content is a function of ``(seed, sequence)`` only, so the chain is the same in every
+process with the same seed and can be rebuilt on demand. Closing a ledger builds it once to index it
+(paging keys per collection, per account, per transaction hash); full records are then rebuilt lazily
+and kept in a small LRU of recent ledgers, so a chain of millions of operations costs a few list
+entries per record in memory.
+
+Paging keys: every record has an integer key ``toid << 16 | n`` where ``n`` is 0 except for effects
+(``"<op toid>-<n>"``). Keys sort exactly as Horizon orders paging tokens, and one ledger's records of
+all kinds share one key space (ledger ``toid(seq)``, transactions ``toid(seq, t)``, operations
+``toid(seq, t, o)``, effects ``toid(seq, t, o) << 16 | n``), so one dict per ledger finds any of them.
+
+Links inside records use :data:`PLACEHOLDER_BASE`; the server swaps in the base URL of the request.
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import hashlib
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from ingestion.paging import toid
+from ingestion.simulator import strkey
+
+PLACEHOLDER_BASE = "http://horizon.invalid"
+KEY_SHIFT = 16
+COLLECTIONS = ("ledgers", "transactions", "operations", "payments", "effects")
+ACCOUNT_COLLECTIONS = ("transactions", "operations", "payments", "effects")
+PAYMENT_TYPES = frozenset(
+    {"create_account", "payment", "path_payment_strict_receive", "path_payment_strict_send"}
+)
+NETWORK_PASSPHRASE = "Standalone Network ; February 2017"
+PROTOCOL_VERSION = 23
+# Operation mix: (type, weight).
+OPERATION_MIX: tuple[tuple[str, int], ...] = (
+    ("payment", 34),
+    ("create_account", 8),
+    ("path_payment_strict_send", 8),
+    ("path_payment_strict_receive", 6),
+    ("manage_sell_offer", 12),
+    ("manage_buy_offer", 6),
+    ("change_trust", 8),
+    ("invoke_host_function", 10),
+    ("set_options", 8),
+)
+OPERATION_TYPE_I = {
+    "create_account": 0,
+    "payment": 1,
+    "path_payment_strict_receive": 2,
+    "manage_sell_offer": 3,
+    "set_options": 5,
+    "change_trust": 6,
+    "manage_buy_offer": 12,
+    "path_payment_strict_send": 13,
+    "invoke_host_function": 24,
+}
+EFFECT_TYPE_I = {
+    "account_created": 0,
+    "account_credited": 2,
+    "account_debited": 3,
+    "account_thresholds_updated": 4,
+    "account_home_domain_updated": 5,
+    "signer_created": 10,
+    "trustline_created": 20,
+    "trade": 33,
+    "contract_credited": 96,
+    "contract_debited": 97,
+}
+_OPERATION_TABLE = tuple(t for t, weight in OPERATION_MIX for _ in range(weight))
+_CREDIT_ASSETS = (("USDC", 0), ("EURC", 1), ("BTC", 2), ("AQUA", 3), ("yUSDC", 4), ("SHX", 5))
+_MAX_LIMIT = "922337203685.4775807"
+
+
+def key_of(toid_value: int, n: int = 0) -> int:
+    """The paging key of a TOID (``n`` = 0) or of effect ``n`` of an operation."""
+    return toid_value << KEY_SHIFT | n
+
+
+def token_of(key: int) -> str:
+    """The Horizon paging token of a key: ``"<toid>"`` or ``"<toid>-<n>"`` for effects."""
+    n = key & 0xFFFF
+    return str(key >> KEY_SHIFT) if n == 0 else f"{key >> KEY_SHIFT}-{n}"
+
+
+def amount(stroops: int) -> str:
+    """Horizon's amount format: 7 decimals."""
+    return f"{stroops // 10_000_000}.{stroops % 10_000_000:07d}"
+
+
+def timestamp(epoch: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+@attrs.frozen
+class ChainSpec:
+    """What determines the chain. Two chains with equal specs hold identical records."""
+
+    seed: int = 1
+    ops_per_ledger: int = 20
+    first_ledger: int = 50_000_000
+    genesis_time: int = 1_735_689_600  # 2025-01-01T00:00:00Z, closed_at of the first ledger
+    close_seconds: int = 5  # closed_at advances this much per ledger, whatever the real interval
+
+    def closed_at(self, sequence: int) -> int:
+        return self.genesis_time + (sequence - self.first_ledger) * self.close_seconds
+
+
+Asset = tuple[str, str, str] | None  # (asset_type, code, issuer); None is native
+
+
+@attrs.define
+class LedgerContent:
+    """One ledger's records (with placeholder links), keyed by paging key, plus index facts."""
+
+    sequence: int
+    records: dict[int, dict[str, Any]]
+    kinds: dict[str, list[int]]  # collection -> keys in order (ledgers, transactions, ...)
+    participants: dict[int, frozenset[str]]  # tx/op key -> accounts involved
+    tx_hashes: dict[str, int]
+    rendered: dict[int, tuple[bytes, bytes]] = attrs.Factory(
+        dict
+    )  # key -> (compact, page-indented)
+
+    @property
+    def size(self) -> int:
+        return len(self.records)
+
+
+class _LedgerBuilder:
+    """Builds one ledger's records. All randomness comes from ``random.Random(seed, seq)``."""
+
+    def __init__(
+        self, spec: ChainSpec, accounts: Sequence[str], contracts: Sequence[str], seq: int
+    ):
+        self.spec = spec
+        self.accounts = accounts
+        self.contracts = contracts
+        self.seq = seq
+        self.rng = random.Random(f"horizon-simulator:{spec.seed}:{seq}")
+        self.random = self.rng.random
+        self.created_at = timestamp(spec.closed_at(seq))
+        self.assets: list[Asset] = [None] + [
+            ("credit_alphanum4" if len(code) <= 4 else "credit_alphanum12", code, accounts[i])
+            for code, i in _CREDIT_ASSETS
+        ]
+        self.records: dict[int, dict[str, Any]] = {}
+        self.kinds: dict[str, list[int]] = {c: [] for c in COLLECTIONS}
+        self.participants: dict[int, frozenset[str]] = {}
+        self.tx_hashes: dict[str, int] = {}
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def account(self) -> str:
+        # The first accounts issue the credit assets; the rest are ordinary holders.
+        return self.accounts[6 + int(self.random() * (len(self.accounts) - 6))]
+
+    def asset(self) -> Asset:
+        return self.assets[int(self.random() * len(self.assets))]
+
+    def stroops(self, low: int = 1_000_000, high: int = 50_000_000_000) -> int:
+        return low + int(self.random() * (high - low))
+
+    def b64(self, n: int) -> str:
+        return base64.b64encode(self.rng.randbytes(n)).decode("ascii")
+
+    @staticmethod
+    def asset_fields(prefix: str, asset: Asset) -> dict[str, str]:
+        if asset is None:
+            return {f"{prefix}asset_type": "native"}
+        kind, code, issuer = asset
+        return {
+            f"{prefix}asset_type": kind,
+            f"{prefix}asset_code": code,
+            f"{prefix}asset_issuer": issuer,
+        }
+
+    # -- records --------------------------------------------------------------------------------
+
+    def build(self) -> LedgerContent:
+        seq = self.seq
+        remaining = self.spec.ops_per_ledger
+        tx_order = 0
+        op_total = 0
+        while remaining > 0:
+            tx_order += 1
+            n_ops = min(remaining, self.rng.choice((1, 1, 1, 1, 2, 2, 3, 5)))
+            remaining -= n_ops
+            op_total += n_ops
+            self.transaction(tx_order, n_ops)
+        ledger_key = key_of(toid(seq))
+        base = PLACEHOLDER_BASE
+        ledger_hash = ledger_hash_of(self.spec.seed, seq)
+        self.records[ledger_key] = {
+            "_links": {
+                "self": {"href": f"{base}/ledgers/{seq}"},
+                **{
+                    name: {
+                        "href": f"{base}/ledgers/{seq}/{name}{{?cursor,limit,order}}",
+                        "templated": True,
+                    }
+                    for name in ("transactions", "operations", "payments", "effects")
+                },
+            },
+            "id": ledger_hash,
+            "paging_token": str(toid(seq)),
+            "hash": ledger_hash,
+            "prev_hash": ledger_hash_of(self.spec.seed, seq - 1),
+            "sequence": seq,
+            "successful_transaction_count": tx_order,
+            "failed_transaction_count": 0,
+            "operation_count": op_total,
+            "tx_set_operation_count": op_total,
+            "closed_at": self.created_at,
+            "total_coins": "105443902087.3472865",
+            "fee_pool": amount(
+                47_610_684_157_944 + (seq - self.spec.first_ledger) * 100 * op_total
+            ),
+            "base_fee_in_stroops": 100,
+            "base_reserve_in_stroops": 5_000_000,
+            "max_tx_set_size": 1000,
+            "protocol_version": PROTOCOL_VERSION,
+            "header_xdr": self.b64(336),
+        }
+        self.kinds["ledgers"].append(ledger_key)
+        return LedgerContent(seq, self.records, self.kinds, self.participants, self.tx_hashes)
+
+    def transaction(self, tx_order: int, n_ops: int) -> None:
+        seq, base = self.seq, PLACEHOLDER_BASE
+        tx_toid = toid(seq, tx_order)
+        tx_key = key_of(tx_toid)
+        tx_hash = hashlib.sha256(f"tx:{self.spec.seed}:{seq}:{tx_order}".encode()).hexdigest()
+        source = self.account()
+        involved = {source}
+        for op_index in range(1, n_ops + 1):
+            involved |= self.operation(tx_toid, op_index, tx_hash, source)
+        fee = 100 * n_ops
+        record: dict[str, Any] = {}
+        memo_roll = self.rng.random()
+        if memo_roll < 0.3:
+            memo = f"ref-{self.rng.randrange(10**6):06d}"
+            record["memo"] = memo
+            record["memo_bytes"] = base64.b64encode(memo.encode()).decode("ascii")
+            memo_type = "text"
+        elif memo_roll < 0.4:
+            record["memo"] = str(self.rng.randrange(1, 10**12))
+            memo_type = "id"
+        else:
+            memo_type = "none"
+        tx_path = f"{base}/transactions/{tx_hash}"
+        record["_links"] = {
+            "self": {"href": tx_path},
+            "account": {"href": f"{base}/accounts/{source}"},
+            "ledger": {"href": f"{base}/ledgers/{seq}"},
+            "operations": {
+                "href": f"{tx_path}/operations{{?cursor,limit,order}}",
+                "templated": True,
+            },
+            "effects": {"href": f"{tx_path}/effects{{?cursor,limit,order}}", "templated": True},
+            "precedes": {"href": f"{base}/transactions?order=asc&cursor={tx_toid}"},
+            "succeeds": {"href": f"{base}/transactions?order=desc&cursor={tx_toid}"},
+            "transaction": {"href": tx_path},
+        }
+        record.update(
+            {
+                "id": tx_hash,
+                "paging_token": str(tx_toid),
+                "successful": True,
+                "hash": tx_hash,
+                "ledger": seq,
+                "created_at": self.created_at,
+                "source_account": source,
+                "source_account_sequence": str(self.rng.randrange(1 << 40, 1 << 57)),
+                "fee_account": source,
+                "fee_charged": str(fee),
+                "max_fee": str(fee * self.rng.choice((1, 1, 2, 10))),
+                "operation_count": n_ops,
+                "envelope_xdr": self.b64(96 + 72 * n_ops),
+                "result_xdr": self.b64(12 + 12 * n_ops),
+                "fee_meta_xdr": self.b64(204),
+                "memo_type": memo_type,
+                "signatures": [self.b64(64)],
+                "preconditions": {
+                    "timebounds": {
+                        "min_time": "0",
+                        "max_time": str(self.spec.closed_at(seq) + 300),
+                    }
+                },
+            }
+        )
+        self.records[tx_key] = record
+        self.kinds["transactions"].append(tx_key)
+        self.participants[tx_key] = frozenset(involved)
+        self.tx_hashes[tx_hash] = tx_key
+
+    def operation(self, tx_toid: int, op_index: int, tx_hash: str, source: str) -> set[str]:
+        base = PLACEHOLDER_BASE
+        op_toid = tx_toid + op_index
+        op_key = key_of(op_toid)
+        op_type = _OPERATION_TABLE[int(self.random() * len(_OPERATION_TABLE))]
+        record: dict[str, Any] = {
+            "_links": {
+                "self": {"href": f"{base}/operations/{op_toid}"},
+                "transaction": {"href": f"{base}/transactions/{tx_hash}"},
+                "effects": {"href": f"{base}/operations/{op_toid}/effects"},
+                "succeeds": {"href": f"{base}/effects?order=desc&cursor={op_toid}"},
+                "precedes": {"href": f"{base}/effects?order=asc&cursor={op_toid}"},
+            },
+            "id": str(op_toid),
+            "paging_token": str(op_toid),
+            "transaction_successful": True,
+            "source_account": source,
+            "type": op_type,
+            "type_i": OPERATION_TYPE_I[op_type],
+            "created_at": self.created_at,
+            "transaction_hash": tx_hash,
+        }
+        effects: list[tuple[str, str, dict[str, Any]]] = []
+        involved = {source}
+        getattr(self, f"op_{op_type}")(record, effects, involved, source)
+        self.records[op_key] = record
+        self.kinds["operations"].append(op_key)
+        if op_type in PAYMENT_TYPES:
+            self.kinds["payments"].append(op_key)
+        self.participants[op_key] = frozenset(involved)
+        for n, (effect_type, account, details) in enumerate(effects, start=1):
+            key = key_of(op_toid, n)
+            token = f"{op_toid}-{n}"
+            self.records[key] = {
+                "_links": {
+                    "operation": {"href": f"{base}/operations/{op_toid}"},
+                    "succeeds": {"href": f"{base}/effects?order=desc&cursor={token}"},
+                    "precedes": {"href": f"{base}/effects?order=asc&cursor={token}"},
+                },
+                "id": f"{op_toid:019d}-{n:010d}",
+                "paging_token": token,
+                "account": account,
+                "type": effect_type,
+                "type_i": EFFECT_TYPE_I[effect_type],
+                "created_at": self.created_at,
+                **details,
+            }
+            self.kinds["effects"].append(key)
+        return involved
+
+    # -- one method per operation type: fill the record, list the effects, add participants ----
+
+    def op_create_account(self, rec: dict, effects: list, involved: set, source: str) -> None:
+        new = strkey.encode_account(self.rng.randbytes(32))
+        balance = amount(self.stroops(10_000_000, 1_000_000_000))
+        rec.update(starting_balance=balance, funder=source, account=new)
+        effects.append(("account_created", new, {"starting_balance": balance}))
+        effects.append(("account_debited", source, {"asset_type": "native", "amount": balance}))
+        effects.append(("signer_created", new, {"weight": 1, "public_key": new}))
+        involved.add(new)
+
+    def op_payment(self, rec: dict, effects: list, involved: set, source: str) -> None:
+        asset, to, value = self.asset(), self.account(), amount(self.stroops())
+        rec.update(self.asset_fields("", asset))
+        rec.update({"from": source, "to": to, "amount": value})
+        effects.append(("account_credited", to, {**self.asset_fields("", asset), "amount": value}))
+        effects.append(
+            ("account_debited", source, {**self.asset_fields("", asset), "amount": value})
+        )
+        involved.add(to)
+
+    def _path_payment(
+        self, rec: dict, effects: list, involved: set, source: str, strict_send: bool
+    ) -> None:
+        dest_asset, source_asset = self.asset(), self.asset()
+        to = self.account()
+        dest_amount, source_amount = self.stroops(), self.stroops()
+        path = [
+            self.asset_fields("", a)
+            for a in self.rng.sample(self.assets[1:], self.rng.randrange(3))
+        ]
+        rec.update(self.asset_fields("", dest_asset))
+        rec.update({"from": source, "to": to, "amount": amount(dest_amount), "path": path})
+        rec["source_amount"] = amount(source_amount)
+        if strict_send:
+            rec["destination_min"] = amount(dest_amount * 99 // 100)
+        else:
+            rec["source_max"] = amount(source_amount * 101 // 100)
+        rec.update(self.asset_fields("source_", source_asset))
+        effects.append(
+            (
+                "account_credited",
+                to,
+                {**self.asset_fields("", dest_asset), "amount": amount(dest_amount)},
+            )
+        )
+        effects.append(
+            (
+                "account_debited",
+                source,
+                {**self.asset_fields("", source_asset), "amount": amount(source_amount)},
+            )
+        )
+        involved.add(to)
+        if source_asset != dest_asset:
+            self.trade(
+                effects, involved, source, source_asset, source_amount, dest_asset, dest_amount
+            )
+
+    def op_path_payment_strict_send(
+        self, rec: dict, effects: list, involved: set, source: str
+    ) -> None:
+        self._path_payment(rec, effects, involved, source, strict_send=True)
+
+    def op_path_payment_strict_receive(
+        self, rec: dict, effects: list, involved: set, source: str
+    ) -> None:
+        self._path_payment(rec, effects, involved, source, strict_send=False)
+
+    def trade(
+        self,
+        effects: list,
+        involved: set,
+        buyer: str,
+        sold: Asset,
+        sold_amount: int,
+        bought: Asset,
+        bought_amount: int,
+    ) -> None:
+        """Two trade effects, as Horizon writes them: the taker's and the offer owner's."""
+        seller = self.account()
+        offer_id = str(self.rng.randrange(1, 1_700_000_000))
+        effects.append(
+            (
+                "trade",
+                buyer,
+                {
+                    "seller": seller,
+                    "offer_id": offer_id,
+                    "sold_amount": amount(sold_amount),
+                    **self.asset_fields("sold_", sold),
+                    "bought_amount": amount(bought_amount),
+                    **self.asset_fields("bought_", bought),
+                },
+            )
+        )
+        effects.append(
+            (
+                "trade",
+                seller,
+                {
+                    "seller": buyer,
+                    "offer_id": offer_id,
+                    "sold_amount": amount(bought_amount),
+                    **self.asset_fields("sold_", bought),
+                    "bought_amount": amount(sold_amount),
+                    **self.asset_fields("bought_", sold),
+                },
+            )
+        )
+        involved.add(seller)
+
+    def _offer(self, rec: dict, effects: list, involved: set, source: str) -> None:
+        selling = self.asset()
+        buying = self.rng.choice([a for a in self.assets if a != selling])
+        n, d = self.rng.randrange(1, 10**9), self.rng.choice((1, 100, 10_000, 10_000_000))
+        offered = self.stroops()
+        rec.update(
+            {
+                "amount": amount(offered),
+                "price": amount((n * 10_000_000 * 2 + d) // (2 * d)),
+                "price_r": {"n": n, "d": d},
+                **self.asset_fields("buying_", buying),
+                **self.asset_fields("selling_", selling),
+                "offer_id": "0",
+            }
+        )
+        if self.rng.random() < 0.4:
+            got = max(1, offered * n // d)
+            self.trade(effects, involved, source, selling, offered, buying, got)
+
+    def op_manage_sell_offer(self, rec: dict, effects: list, involved: set, source: str) -> None:
+        self._offer(rec, effects, involved, source)
+
+    def op_manage_buy_offer(self, rec: dict, effects: list, involved: set, source: str) -> None:
+        self._offer(rec, effects, involved, source)
+
+    def op_change_trust(self, rec: dict, effects: list, involved: set, source: str) -> None:
+        asset = self.rng.choice(self.assets[1:])
+        assert asset is not None
+        fields = self.asset_fields("", asset)
+        rec.update({**fields, "limit": _MAX_LIMIT, "trustee": asset[2], "trustor": source})
+        effects.append(("trustline_created", source, {**fields, "limit": _MAX_LIMIT}))
+
+    def op_invoke_host_function(self, rec: dict, effects: list, involved: set, source: str) -> None:
+        contract = self.rng.choice(self.contracts)
+        asset = self.asset()
+        value = amount(self.stroops())
+        rec.update(
+            {
+                "function": "HostFunctionTypeHostFunctionTypeInvokeContract",
+                "parameters": [
+                    {"value": self.b64(40), "type": "Address"},
+                    {"value": "AAAADwAAAAh0cmFuc2Zlcg==", "type": "Sym"},
+                    {"value": self.b64(40), "type": "Address"},
+                    {"value": self.b64(40), "type": "Address"},
+                    {"value": self.b64(20), "type": "I128"},
+                ],
+                "address": "",
+                "salt": "",
+                "asset_balance_changes": [
+                    {
+                        **self.asset_fields("", asset),
+                        "type": "transfer",
+                        "from": source,
+                        "to": contract,
+                        "amount": value,
+                    }
+                ],
+            }
+        )
+        effects.append(
+            ("account_debited", source, {**self.asset_fields("", asset), "amount": value})
+        )
+        effects.append(
+            (
+                "contract_credited",
+                source,
+                {**self.asset_fields("", asset), "contract": contract, "amount": value},
+            )
+        )
+
+    def op_set_options(self, rec: dict, effects: list, involved: set, source: str) -> None:
+        variant = self.rng.randrange(3)
+        if variant == 0:
+            domain = f"anchor{self.rng.randrange(1000)}.example.com"
+            rec["home_domain"] = domain
+            effects.append(("account_home_domain_updated", source, {"home_domain": domain}))
+        elif variant == 1:
+            signer, weight = self.account(), self.rng.randrange(1, 256)
+            rec.update(signer_key=signer, signer_weight=weight)
+            effects.append(("signer_created", source, {"weight": weight, "public_key": signer}))
+        else:
+            low, med, high = sorted(self.rng.randrange(0, 256) for _ in range(3))
+            rec.update(low_threshold=low, med_threshold=med, high_threshold=high)
+            effects.append(
+                (
+                    "account_thresholds_updated",
+                    source,
+                    {"low_threshold": low, "med_threshold": med, "high_threshold": high},
+                )
+            )
+
+
+def ledger_hash_of(seed: int, sequence: int) -> str:
+    return hashlib.sha256(f"ledger:{seed}:{sequence}".encode()).hexdigest()
+
+
+class Chain:
+    """The ledger chain: closed ledgers ``first .. latest`` and the ways to page through them.
+
+    Ledger contents are rebuilt on demand (an LRU keeps about ``cache_records`` records built), so
+    the chain's memory does not grow with its length, except for the per-account and per-hash
+    indexes, which are built on first use. Not thread-safe: the server uses it from trio tasks.
+
+    Args:
+        spec: what the chain contains.
+        history_ledgers: ledgers already closed at start (at least 1: Horizon always has a latest).
+        cache_records: about how many built records to keep in memory.
+    """
+
+    def __init__(self, spec: ChainSpec, history_ledgers: int = 1, cache_records: int = 60_000):
+        if not 0 <= spec.ops_per_ledger <= 4000:
+            raise ValueError("ops_per_ledger must be between 0 and 4000")
+        if not 1 <= spec.first_ledger < (1 << 31) - 10_000_000:
+            raise ValueError("first_ledger must be a positive ledger sequence")
+        self.spec = spec
+        self.accounts = [
+            strkey.encode_account(hashlib.sha256(f"account:{spec.seed}:{i}".encode()).digest())
+            for i in range(96)
+        ]
+        self.contracts = [
+            strkey.encode_contract(hashlib.sha256(f"contract:{spec.seed}:{i}".encode()).digest())
+            for i in range(8)
+        ]
+        self.latest = spec.first_ledger - 1 + max(1, history_ledgers)
+        self._cache: OrderedDict[int, LedgerContent] = OrderedDict()
+        self._cache_size = 0
+        self._cache_records = cache_records
+        # Secondary indexes, built on first use up to _indexed, then kept up to date.
+        self._indexed = spec.first_ledger - 1
+        self._secondary_wanted = False
+        self._by_account: dict[str, dict[str, list[int]]] = {}
+        self._tx_by_hash: dict[str, int] = {}
+
+    @property
+    def first(self) -> int:
+        return self.spec.first_ledger
+
+    def close_ledger(self) -> int:
+        """Close the next ledger and return its sequence."""
+        self.latest += 1
+        content = self.content(self.latest)
+        if self._secondary_wanted:
+            self._index_secondary()
+        return content.sequence
+
+    # -- lookups --------------------------------------------------------------------------------
+
+    def record(self, key: int) -> dict[str, Any]:
+        """The record with this paging key (links use :data:`PLACEHOLDER_BASE`). Do not mutate.
+
+        Raises:
+            KeyError: no such record.
+        """
+        return self.content(key >> (KEY_SHIFT + 32)).records[key]
+
+    def has_record(self, key: int) -> bool:
+        seq = key >> (KEY_SHIFT + 32)
+        return self.first <= seq <= self.latest and key in self.content(seq).records
+
+    def content(self, seq: int) -> LedgerContent:
+        """A closed ledger's content, from the LRU or rebuilt.
+
+        Raises:
+            KeyError: the ledger is not closed (or before the first one).
+        """
+        content = self._cache.get(seq)
+        if content is not None:
+            self._cache.move_to_end(seq)
+            return content
+        if not self.first <= seq <= self.latest:
+            raise KeyError(seq)
+        content = _LedgerBuilder(self.spec, self.accounts, self.contracts, seq).build()
+        self._cache[seq] = content
+        self._cache_size += content.size
+        while self._cache_size > self._cache_records and len(self._cache) > 1:
+            _, old = self._cache.popitem(last=False)
+            self._cache_size -= old.size
+        return content
+
+    def transaction_key(self, tx_hash: str) -> int | None:
+        """The paging key of the transaction with this hash, if it exists."""
+        self._index_secondary()
+        return self._tx_by_hash.get(tx_hash)
+
+    def account_keys(self, account: str, collection: str) -> Sequence[int]:
+        """The paging keys of one account's transactions, operations, payments or effects."""
+        self._index_secondary()
+        per_account = self._by_account.get(account)
+        return () if per_account is None else per_account[collection]
+
+    def page(
+        self,
+        collection: str,
+        *,
+        after: int | None,
+        descending: bool,
+        limit: int,
+        low: int = 0,
+        high: int | None = None,
+        account: str | None = None,
+    ) -> list[int]:
+        """Up to ``limit`` paging keys of ``collection``, strictly beyond the cursor key ``after``.
+
+        Ascending gives keys > ``after``, descending keys < ``after`` (None: from the start, or
+        from the end). Only keys in ``[low, high)`` count: a ledger's or a transaction's slice.
+        ``account`` restricts to the records that involve that account.
+        """
+        if high is None:
+            high = key_of(toid(self.latest + 1))
+        low = max(low, key_of(toid(self.first)))
+        if account is not None:
+            return _page_sorted(
+                self.account_keys(account, collection), after, descending, limit, low, high
+            )
+        if collection == "ledgers":
+            return self._page_ledgers(after, descending, limit, low, high)
+        if self.spec.ops_per_ledger == 0 or limit <= 0:
+            return []
+        out: list[int] = []
+        if not descending:
+            start = low if after is None else max(low, after + 1)
+            seq = start >> (KEY_SHIFT + 32)
+            last = min(self.latest, (high - 1) >> (KEY_SHIFT + 32))
+            while len(out) < limit and seq <= last:
+                keys = self.content(seq).kinds[collection]
+                i = bisect.bisect_left(keys, start)
+                j = bisect.bisect_left(keys, high, i)
+                out.extend(keys[i : min(j, i + limit - len(out))])
+                seq += 1
+        else:
+            end = high if after is None else min(high, after)  # exclusive
+            seq = min(self.latest, (end - 1) >> (KEY_SHIFT + 32))
+            stop = low >> (KEY_SHIFT + 32)
+            while len(out) < limit and seq >= stop and end > low:
+                keys = self.content(seq).kinds[collection]
+                j = bisect.bisect_left(keys, end)
+                i = bisect.bisect_left(keys, low, 0, j)
+                out.extend(reversed(keys[max(i, j - (limit - len(out))) : j]))
+                seq -= 1
+        return out
+
+    def _page_ledgers(
+        self, after: int | None, descending: bool, limit: int, low: int, high: int
+    ) -> list[int]:
+        shift = KEY_SHIFT + 32
+        first_seq = -(-low >> shift)  # ceiling: the first ledger whose key is >= low
+        last_seq = min(self.latest, (high - 1) >> shift)
+        if not descending:
+            seq = first_seq if after is None else max(first_seq, (after >> shift) + 1)
+            return [key_of(toid(s)) for s in range(seq, min(last_seq, seq + limit - 1) + 1)]
+        seq = last_seq if after is None else min(last_seq, ((after - 1) >> shift))
+        return [key_of(toid(s)) for s in range(seq, max(first_seq, seq - limit + 1) - 1, -1)]
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _index_secondary(self) -> None:
+        self._secondary_wanted = True
+        for seq in range(self._indexed + 1, self.latest + 1):
+            content = self.content(seq)
+            for collection in ACCOUNT_COLLECTIONS:
+                for key in content.kinds[collection]:
+                    if collection == "effects":
+                        accounts: frozenset[str] = frozenset((content.records[key]["account"],))
+                    else:
+                        accounts = content.participants[key]
+                    for account in accounts:
+                        per_account = self._by_account.get(account)
+                        if per_account is None:
+                            per_account = {c: [] for c in ACCOUNT_COLLECTIONS}
+                            self._by_account[account] = per_account
+                        per_account[collection].append(key)
+            self._tx_by_hash.update(content.tx_hashes)
+            self._indexed = seq
+
+
+def _page_sorted(
+    keys: Sequence[int], after: int | None, descending: bool, limit: int, low: int, high: int
+) -> list[int]:
+    lo = bisect.bisect_left(keys, low)
+    hi = bisect.bisect_left(keys, high, lo)
+    if not descending:
+        start = lo if after is None else max(lo, bisect.bisect_right(keys, after, lo, hi))
+        return list(keys[start : min(hi, start + limit)])
+    end = hi if after is None else min(hi, bisect.bisect_left(keys, after, lo, hi))
+    return list(reversed(keys[max(lo, end - limit) : end]))

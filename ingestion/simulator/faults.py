@@ -1,0 +1,187 @@
+"""Fault knobs: the ways the simulator can misbehave on demand. Pure state, no I/O, no trio.
+
+Each knob is armed by a method and consumed by the server at the point where a real Horizon (or the
+network in front of it) would fail: ``take_request_failure`` when a request arrives,
+``claim_stream_cutoff`` when a stream opens, ``take_malformed`` before each stream event,
+``stall_remaining`` before each stream frame. Time comes from the ``clock`` given at construction
+(the server passes ``trio.current_time``), so the knobs can be unit-tested with a fake clock.
+Going down and coming back is not a knob here: the :class:`~ingestion.simulator.Simulator` does it,
+because it means stopping the listener.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+FAILURE_STATUSES = (429, 500, 502, 503, 504)
+
+
+class MalformedKind(enum.Enum):
+    """A bad stream event, sent once in place of (or before) the next good one."""
+
+    BROKEN_JSON = "broken_json"  # data: a record cut off in the middle; id: the next token
+    MISSING_PAGING_TOKEN = "missing_paging_token"  # the next record without paging_token, no id:
+    TOKEN_REGRESSION = "token_regression"  # a record whose paging token is before the previous one
+    DUPLICATE = "duplicate"  # the previous event again, byte for byte
+
+
+@attrs.frozen
+class RequestFailure:
+    """Answer requests with ``status`` while ``remaining`` (a count) or ``until`` (a clock time)."""
+
+    status: int
+    remaining: int | None
+    until: float | None
+    retry_after: int
+
+
+@attrs.define
+class Faults:
+    """The armed faults. Arm with the verbs, read with :meth:`snapshot`, disarm with :meth:`clear`.
+
+    Args:
+        clock: returns the current time in seconds (monotonic); the server passes
+            ``trio.current_time``.
+    """
+
+    clock: Callable[[], float]
+    _failure: RequestFailure | None = None
+    _cutoff_events: int | None = None
+    _cutoff_streams: int = 0
+    _malformed: list[MalformedKind] = attrs.Factory(list)
+    _stall_until: float | None = None
+
+    # -- arming ---------------------------------------------------------------------------------
+
+    def fail_requests(
+        self,
+        status: int = 429,
+        *,
+        count: int | None = None,
+        seconds: float | None = None,
+        retry_after: int = 1,
+    ) -> None:
+        """Answer the next ``count`` requests, or all requests for ``seconds``, with ``status``.
+
+        429 comes with ``Retry-After`` and ``X-Ratelimit-*`` headers and the ``rate_limit_exceeded``
+        problem; 500 with the ``server_error`` problem (502/503/504 with their Horizon problems).
+        Streams fail before their hello frame. Neither ``count`` nor ``seconds``: one request.
+
+        Raises:
+            ValueError: an unsupported status, both ``count`` and ``seconds``, or a negative one.
+        """
+        if status not in FAILURE_STATUSES:
+            raise ValueError(f"status must be one of {FAILURE_STATUSES}, got {status}")
+        if count is not None and seconds is not None:
+            raise ValueError("give count or seconds, not both")
+        if (count is not None and count < 0) or (seconds is not None and seconds < 0):
+            raise ValueError("count and seconds must not be negative")
+        if count is None and seconds is None:
+            count = 1
+        until = None if seconds is None else self.clock() + seconds
+        self._failure = RequestFailure(status, count, until, retry_after)
+
+    def close_streams_after(self, events: int, *, streams: int = 1) -> None:
+        """End each of the next ``streams`` streams after ``events`` record events, without byebye.
+
+        The response simply ends, as when a proxy or the network drops the connection.
+        """
+        if events < 0 or streams < 1:
+            raise ValueError("events must be >= 0 and streams >= 1")
+        self._cutoff_events = events
+        self._cutoff_streams = streams
+
+    def send_malformed(self, kind: MalformedKind | str) -> None:
+        """Send one malformed event of ``kind`` on the next stream that sends a record."""
+        self._malformed.append(MalformedKind(kind))
+
+    def stall_streams(self, seconds: float) -> None:
+        """Send nothing on any stream (open or new) for ``seconds``; connections stay open."""
+        if seconds < 0:
+            raise ValueError("seconds must not be negative")
+        self._stall_until = self.clock() + seconds
+
+    def clear(self) -> None:
+        """Disarm every knob."""
+        self._failure = None
+        self._cutoff_events = None
+        self._cutoff_streams = 0
+        self._malformed.clear()
+        self._stall_until = None
+
+    # -- consuming (the server) -----------------------------------------------------------------
+
+    def take_request_failure(self) -> RequestFailure | None:
+        """Called once per request: the failure to answer with, or None to serve it normally."""
+        failure = self._failure
+        if failure is None:
+            return None
+        if failure.until is not None:
+            if self.clock() >= failure.until:
+                self._failure = None
+                return None
+            return failure
+        assert failure.remaining is not None
+        if failure.remaining <= 0:
+            self._failure = None
+            return None
+        self._failure = attrs.evolve(failure, remaining=failure.remaining - 1)
+        return failure
+
+    def claim_stream_cutoff(self) -> int | None:
+        """Called when a stream opens: end it after this many record events, or None."""
+        if self._cutoff_events is None or self._cutoff_streams <= 0:
+            return None
+        self._cutoff_streams -= 1
+        events = self._cutoff_events
+        if self._cutoff_streams == 0:
+            self._cutoff_events = None
+        return events
+
+    def take_malformed(self, *, have_previous: bool) -> MalformedKind | None:
+        """Called before each record event: the malformed event to send first, if one is armed.
+
+        DUPLICATE and TOKEN_REGRESSION need an earlier event on the same stream; they wait for one.
+        """
+        for i, kind in enumerate(self._malformed):
+            needs_previous = kind in (MalformedKind.DUPLICATE, MalformedKind.TOKEN_REGRESSION)
+            if have_previous or not needs_previous:
+                del self._malformed[i]
+                return kind
+        return None
+
+    def stall_remaining(self) -> float:
+        """Seconds a stream must stay silent from now (0 when not stalled)."""
+        if self._stall_until is None:
+            return 0.0
+        left = self._stall_until - self.clock()
+        if left <= 0:
+            self._stall_until = None
+            return 0.0
+        return left
+
+    def snapshot(self) -> dict[str, Any]:
+        """The armed knobs as JSON-ready data (what ``GET /_simulator/faults`` returns)."""
+        failure = self._failure
+        now = self.clock()
+        return {
+            "fail": None
+            if failure is None
+            else {
+                "status": failure.status,
+                "count": failure.remaining,
+                "seconds": None if failure.until is None else max(0.0, failure.until - now),
+                "retry_after": failure.retry_after,
+            },
+            "close_stream_after": None
+            if self._cutoff_events is None
+            else {"events": self._cutoff_events, "streams": self._cutoff_streams},
+            "malformed": [kind.value for kind in self._malformed],
+            "stall": None
+            if self._stall_until is None
+            else {"seconds": max(0.0, self._stall_until - now)},
+        }

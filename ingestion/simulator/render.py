@@ -1,0 +1,202 @@
+"""Horizon's bytes on the wire: HAL pages, problems, SSE frames. Pure, no I/O.
+
+Horizon serializes with Go ``encoding/json``: pages and problems indented by two spaces
+(``MarshalIndent``), stream events compact (``Marshal``), and ``&``, ``<``, ``>``, U+2028 and U+2029
+escaped as ``\\u0026`` and so on. Records are rendered once per built ledger (both forms) and cached.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+from ingestion.simulator.chain import PLACEHOLDER_BASE, LedgerContent
+
+PLACEHOLDER = PLACEHOLDER_BASE.encode("ascii")
+PROBLEM_BASE = "https://stellar.org/horizon-errors/"
+HAL_JSON = b"application/hal+json; charset=utf-8"
+PROBLEM_JSON = b"application/problem+json; charset=utf-8"
+EVENT_STREAM = b"text/event-stream; charset=utf-8"
+_RECORD_INDENT = "\n      "  # a record sits three levels deep in a page
+_GO_ESCAPES = (
+    (b"&", b"\\u0026"),
+    (b"<", b"\\u003c"),
+    (b">", b"\\u003e"),
+    ("\u2028".encode(), b"\\u2028"),
+    ("\u2029".encode(), b"\\u2029"),
+)
+
+SSE_HELLO = b'retry: 1000\nevent: open\ndata: "hello"\n\n'
+SSE_BYEBYE = b'retry: 10\nevent: close\ndata: "byebye"\n\n'
+
+
+def go_escape(data: bytes) -> bytes:
+    """Escape as Go's encoding/json does. Safe on whole documents: these bytes occur only in strings."""
+    for raw, escaped in _GO_ESCAPES:
+        if raw in data:
+            data = data.replace(raw, escaped)
+    return data
+
+
+def go_json(value: Any, *, indent: bool = True) -> bytes:
+    """``json.MarshalIndent(value, "", "  ")`` (or ``json.Marshal`` when not ``indent``)."""
+    if indent:
+        text = json.dumps(value, ensure_ascii=False, indent=2)
+    else:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return go_escape(text.encode("utf-8"))
+
+
+def record_forms(content: LedgerContent, key: int) -> tuple[bytes, bytes]:
+    """A record's compact bytes (stream events) and its indented bytes as embedded in a page.
+
+    Links still carry :data:`PLACEHOLDER`; swap the base in with :func:`with_base`.
+    """
+    forms = content.rendered.get(key)
+    if forms is None:
+        record = content.records[key]
+        compact = go_json(record, indent=False)
+        pretty = json.dumps(record, ensure_ascii=False, indent=2).replace("\n", _RECORD_INDENT)
+        forms = (compact, go_escape(("      " + pretty).encode("utf-8")))
+        content.rendered[key] = forms
+    return forms
+
+
+def with_base(data: bytes, base: bytes) -> bytes:
+    return data.replace(PLACEHOLDER, base)
+
+
+def page_link(base: str, path: str, params: Mapping[str, str]) -> str:
+    """A page link as Horizon writes it: query parameters sorted by name (Go's url.Values)."""
+    query = "&".join(f"{name}={quote(params[name], safe='')}" for name in sorted(params))
+    return f"{base}{path}?{query}"
+
+
+def page(
+    base: str,
+    path: str,
+    params: Mapping[str, str],
+    *,
+    order: str,
+    limit: int,
+    cursor: str,
+    tokens: Sequence[str],
+    records: Sequence[bytes],
+) -> bytes:
+    """A HAL page: self/next/prev links and the embedded, already indented, records.
+
+    ``params`` are the extra (non-paging) query parameters to repeat in the links.
+    """
+
+    def link(link_order: str, link_cursor: str) -> str:
+        return page_link(
+            base, path, {**params, "order": link_order, "limit": str(limit), "cursor": link_cursor}
+        )
+
+    inverted = "asc" if order == "desc" else "desc"
+    first, last = (tokens[0], tokens[-1]) if tokens else (cursor, cursor)
+    links = {
+        "self": {"href": link(order, cursor)},
+        "next": {"href": link(order, last)},
+        "prev": {"href": link(inverted, first)},
+    }
+    head = json.dumps({"_links": links}, ensure_ascii=False, indent=2)[:-2]
+    if records:
+        body = (
+            b',\n  "_embedded": {\n    "records": [\n' + b",\n".join(records) + b"\n    ]\n  }\n}"
+        )
+    else:
+        body = b',\n  "_embedded": {\n    "records": []\n  }\n}'
+    return go_escape(head.encode("utf-8")) + body
+
+
+def problem(
+    kind: str, title: str, status: int, detail: str, extras: Mapping[str, Any] | None = None
+) -> bytes:
+    """An RFC 7807 problem as Horizon renders it (type prefixed with the horizon-errors URL)."""
+    value: dict[str, Any] = {
+        "type": PROBLEM_BASE + kind,
+        "title": title,
+        "status": status,
+        "detail": detail,
+    }
+    if extras:
+        value["extras"] = dict(sorted(extras.items()))
+    return go_json(value)
+
+
+NOT_FOUND_DETAIL = (
+    "The resource at the url requested was not found.  This usually occurs for one of two "
+    "reasons:  The url requested is not valid, or no data in our database could be found with "
+    "the parameters provided."
+)
+
+
+def not_found() -> bytes:
+    return problem("not_found", "Resource Missing", 404, NOT_FOUND_DETAIL)
+
+
+def bad_request(field: str, reason: str) -> bytes:
+    return problem(
+        "bad_request",
+        "Bad Request",
+        400,
+        "The request you sent was invalid in some way.",
+        {"invalid_field": field, "reason": reason},
+    )
+
+
+FAILURE_PROBLEMS: dict[int, tuple[str, str, str]] = {
+    429: (
+        "rate_limit_exceeded",
+        "Rate Limit Exceeded",
+        "The rate limit for the requesting IP address is over its alloted limit.  The allowed "
+        "limit and requests left per time period are communicated to clients via the http "
+        "response headers 'X-RateLimit-*' headers.",
+    ),
+    500: (
+        "server_error",
+        "Internal Server Error",
+        "An error occurred while processing this request.  This is usually due to a bug within "
+        "the server software.  Trying this request again may succeed if the bug is transient. "
+        "Otherwise, please contact the system administrator.",
+    ),
+    502: (
+        "bad_gateway",
+        "Bad Gateway",
+        "The server, while acting as a gateway or proxy, received an invalid response from the "
+        "upstream server.",
+    ),
+    503: (
+        "server_over_capacity",
+        "Server Over Capacity",
+        "This horizon server is currently overloaded.  Please wait for several minutes before "
+        "trying your request again.",
+    ),
+    504: (
+        "timeout",
+        "Timeout",
+        "Your request timed out before completing.  Please try your request again. If you are "
+        "submitting a transaction make sure you are sending exactly the same transaction (with "
+        "the same sequence number).",
+    ),
+}
+
+
+def failure(status: int) -> bytes:
+    kind, title, detail = FAILURE_PROBLEMS[status]
+    return problem(kind, title, status, detail)
+
+
+def sse_record(token: str | None, data: bytes) -> bytes:
+    """One record event: ``id: <paging token>`` (omitted when None) and the compact record."""
+    if token is None:
+        return b"data: " + data + b"\n\n"
+    return b"id: " + token.encode("ascii") + b"\ndata: " + data + b"\n\n"
+
+
+def sse_error(message: str) -> bytes:
+    """An error after the hello frame; Horizon then ends the stream without byebye."""
+    return b"event: error\ndata: " + message.encode("utf-8") + b"\n\n"

@@ -1,0 +1,253 @@
+"""The simulator process-in-a-task: the chain, the ledger clock, and hypercorn serving the app.
+
+:func:`serve_simulator` runs until cancelled and hands a :class:`Simulator` to ``task_status`` once
+the listener is really up; :func:`open_simulator` wraps it as an async context manager.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, cast
+
+import attrs
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+
+from ingestion.simulator.app import CollectionQuery, HorizonApp, resolve
+from ingestion.simulator.chain import KEY_SHIFT, Chain, ChainSpec
+from ingestion.simulator.faults import Faults
+from ingestion.simulator.render import record_forms, with_base
+
+
+@attrs.frozen
+class SimulatorConfig:
+    """How to run a simulator. Built from CLI flags by :mod:`ingestion.simulator.cli`.
+
+    Attributes:
+        host, port: where to listen; port 0 picks a free port (kept across restarts).
+        seed: the chain's content is a function of the seed (and the ledger sequence) only.
+        ledger_interval: seconds between ledger closes; 0 or None: no live ledgers (close them
+            with :meth:`Simulator.close_ledger` or ``POST /_simulator/ledgers``).
+        ops_per_ledger: operations in each ledger (0 to 4000), in transactions of 1 to 5.
+        history_ledgers: ledgers already closed at start (at least 1).
+        stream_timeout: seconds after which a stream ends with byebye (Horizon's 55 s).
+        first_ledger: sequence of the oldest ledger (realistic default: TOIDs above 2**53).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    seed: int = 1
+    ledger_interval: float | None = 5.0
+    ops_per_ledger: int = 20
+    history_ledgers: int = 100
+    stream_timeout: float = 55.0
+    first_ledger: int = 50_000_000
+
+    def chain_spec(self) -> ChainSpec:
+        return ChainSpec(
+            seed=self.seed, ops_per_ledger=self.ops_per_ledger, first_ledger=self.first_ledger
+        )
+
+
+class Simulator:
+    """A running simulator. Made by :func:`serve_simulator`; use it only from trio tasks.
+
+    Attributes:
+        url: ``http://host:port``, fixed for the simulator's life (restarts reuse the port).
+        chain: the :class:`Chain`; ``chain.latest`` is the latest closed ledger.
+        faults: the :class:`Faults` knobs.
+        config: the :class:`SimulatorConfig`.
+    """
+
+    def __init__(self, config: SimulatorConfig, nursery: trio.Nursery):
+        self.config = config
+        self.chain = _build_without_gc(lambda: Chain(config.chain_spec(), config.history_ledgers))
+        self.faults = Faults(clock=trio.current_time)
+        self.url = ""
+        self._nursery = nursery
+        self._app = HorizonApp(self)
+        self._port = config.port
+        self._ledger_closed = trio.Event()
+        self._shutdown: trio.Event | None = None
+        self._stopped: trio.Event | None = None
+        self._restart_scope: trio.CancelScope | None = None
+
+    # -- the chain ------------------------------------------------------------------------------
+
+    def close_ledger(self) -> int:
+        """Close one ledger now (wakes streams waiting for it); returns its sequence."""
+        seq = _build_without_gc(self.chain.close_ledger)
+        self._ledger_closed.set()
+        self._ledger_closed = trio.Event()
+        return seq
+
+    async def wait_for_ledger(self, seen: int) -> None:
+        """Return once a ledger after ``seen`` has closed."""
+        while self.chain.latest <= seen:
+            await self._ledger_closed.wait()
+
+    def records(self, resource: str) -> list[dict[str, Any]]:
+        """Every record of a collection path, ascending, exactly as the server sends them.
+
+        ``resource`` is a Horizon collection path: ``/operations``, ``/effects``,
+        ``/accounts/G.../payments``, ``/ledgers/123/transactions`` and so on.
+
+        Raises:
+            ValueError: not a collection path.
+        """
+        import json
+
+        query = resolve(resource, self)
+        if not isinstance(query, CollectionQuery):
+            raise ValueError(f"not a Horizon collection path: {resource!r}")
+        out: list[dict[str, Any]] = []
+        after: int | None = None
+        base = self.url.encode()
+        while True:
+            keys = self.chain.page(
+                query.collection,
+                after=after,
+                descending=False,
+                limit=1000,
+                low=query.low,
+                high=query.high,
+                account=query.account,
+            )
+            if not keys:
+                return out
+            for key in keys:
+                compact = record_forms(self.chain.content(key >> (KEY_SHIFT + 32)), key)[0]
+                out.append(json.loads(with_base(compact, base)))
+            after = keys[-1]
+
+    # -- the HTTP server ------------------------------------------------------------------------
+
+    @property
+    def is_up(self) -> bool:
+        return self._stopped is not None and not self._stopped.is_set()
+
+    async def go_down(self, seconds: float | None = None) -> None:
+        """Stop listening and drop every connection; return once down.
+
+        The chain and the ledger clock keep going. After ``seconds`` (None: only on
+        :meth:`come_up`) the server listens again on the same port.
+        """
+        if self._restart_scope is not None:
+            self._restart_scope.cancel("superseded by go_down")
+            self._restart_scope = None
+        if self.is_up:
+            assert self._shutdown is not None and self._stopped is not None
+            self._shutdown.set()
+            await self._stopped.wait()
+        if seconds is not None:
+            self._nursery.start_soon(self._come_up_later, seconds)
+
+    def schedule_down(self, seconds: float) -> None:
+        """Go down for ``seconds`` from a task of our own (used by the control endpoint)."""
+        self._nursery.start_soon(self.go_down, seconds)
+
+    async def come_up(self) -> None:
+        """Listen again (same host, port and chain); return once listening. No-op when up."""
+        if self._restart_scope is not None:
+            self._restart_scope.cancel("superseded by come_up")
+            self._restart_scope = None
+        if not self.is_up:
+            await self._nursery.start(self._serve)
+
+    async def restart(self) -> None:
+        """Drop every connection and listen again at once."""
+        await self.go_down()
+        await self.come_up()
+
+    async def _come_up_later(self, seconds: float) -> None:
+        with trio.CancelScope() as scope:
+            self._restart_scope = scope
+            await trio.sleep(seconds)
+            self._restart_scope = None
+            await self.come_up()
+
+    async def _serve(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        config = HypercornConfig()
+        config.bind = [f"{self.config.host}:{self._port}"]
+        config.graceful_timeout = 0.0  # going down drops streams at once, as a crash would
+        config.include_server_header = False
+        config.loglevel = "WARNING"
+        config.accesslog = None
+        shutdown, stopped = trio.Event(), trio.Event()
+        self._shutdown, self._stopped = shutdown, stopped
+        try:
+
+            async def run(*, task_status: trio.TaskStatus[list[str]]) -> None:
+                await serve(
+                    cast(Any, self._app),
+                    config,
+                    shutdown_trigger=shutdown.wait,
+                    task_status=task_status,
+                )
+
+            async with trio.open_nursery() as nursery:
+                binds: list[str] = await nursery.start(run)
+                url = binds[0]
+                self._port = int(url.rsplit(":", 1)[1])
+                self.url = url
+                task_status.started()
+        finally:
+            stopped.set()
+
+    async def _close_ledgers(self, interval: float) -> None:
+        start = trio.current_time()
+        k = 1
+        while True:
+            await trio.sleep_until(start + k * interval)  # no drift: the trio-util way
+            self.close_ledger()
+            k += 1
+
+
+def _build_without_gc(build: Callable[[], Any]) -> Any:
+    # Records hold no reference cycles; the cyclic GC would only re-scan the cache while building.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return build()
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+async def serve_simulator(
+    config: SimulatorConfig,
+    *,
+    task_status: trio.TaskStatus[Simulator] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a simulator until cancelled.
+
+    Builds the chain (``history_ledgers`` closed ledgers), starts listening, then calls
+    ``task_status.started(simulator)``; ledgers then close every ``ledger_interval`` seconds.
+    Cancel the enclosing scope to stop it: the listener closes and open streams are dropped.
+
+    Raises:
+        OSError: the address cannot be bound.
+        ValueError: a bad setting (for example ``ops_per_ledger`` out of range).
+    """
+    async with trio.open_nursery() as nursery:
+        sim = Simulator(config, nursery)
+        await nursery.start(sim._serve)
+        if config.ledger_interval:
+            nursery.start_soon(sim._close_ledgers, config.ledger_interval)
+        task_status.started(sim)
+
+
+@asynccontextmanager
+async def open_simulator(config: SimulatorConfig | None = None) -> AsyncIterator[Simulator]:
+    """``async with open_simulator(cfg) as sim:`` runs a simulator for the block, then stops it."""
+    async with trio.open_nursery() as nursery:
+        sim: Simulator = await nursery.start(serve_simulator, config or SimulatorConfig())
+        try:
+            yield sim
+        finally:
+            nursery.cancel_scope.cancel("simulator closed")
