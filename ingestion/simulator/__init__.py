@@ -1,9 +1,10 @@
 """A bundled Horizon simulator: an HTTP server that Horizon clients cannot tell apart from Horizon.
 
-It serves a deterministic, joined ledger chain (ledgers, transactions, operations, payments, effects,
-and their account- and ledger-scoped lists) as paged HAL JSON and as Server-Sent Event streams, with
-Horizon's exact wire formats, and it can misbehave on demand (rate limits, server errors, dropped,
-stalled or malformed streams, downtime) so that clients can be tested against real failure modes.
+It serves a deterministic, joined ledger chain (ledgers, transactions, operations, payments,
+effects, and their account- and ledger-scoped lists) as paged HAL JSON and as Server-Sent Event
+streams, with Horizon's exact wire formats, and it can misbehave on demand (rate limits, server
+errors, dropped, stalled or malformed streams, downtime) so that clients can be tested against real
+failure modes.
 
 In-process use (tests)::
 

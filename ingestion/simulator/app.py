@@ -327,7 +327,7 @@ class HorizonApp:
         links = {
             "account": {"href": f"{base}/accounts/{{account_id}}", "templated": True},
             "accounts": {
-                "href": f"{base}/accounts{{?signer,sponsor,asset,liquidity_pool,cursor,limit,order}}",
+                "href": f"{base}/accounts{{?signer,sponsor,asset,liquidity_pool{t[2:]}",
                 "templated": True,
             },
             "account_transactions": {

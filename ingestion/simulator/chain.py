@@ -1,15 +1,15 @@
 """The simulated ledger chain: deterministic, joined Horizon records and their paging indexes. Pure.
 
-Every ledger's content is a function of ``(seed, sequence)`` only, so the chain is the same in every
-process with the same seed and can be rebuilt on demand. Closing a ledger builds it once to index it
-(paging keys per collection, per account, per transaction hash); full records are then rebuilt lazily
-and kept in a small LRU of recent ledgers, so a chain of millions of operations costs a few list
-entries per record in memory.
+Every ledger's content is a function of ``(seed, sequence)`` only, so the chain is the same in
+every process with the same seed and any ledger can be rebuilt on demand. Ledgers are built when
+first needed and kept in an LRU, so the chain's memory does not grow with its length; only the
+per-account and per-transaction-hash indexes do, and only once someone asks for them.
 
-Paging keys: every record has an integer key ``toid << 16 | n`` where ``n`` is 0 except for effects
-(``"<op toid>-<n>"``). Keys sort exactly as Horizon orders paging tokens, and one ledger's records of
-all kinds share one key space (ledger ``toid(seq)``, transactions ``toid(seq, t)``, operations
-``toid(seq, t, o)``, effects ``toid(seq, t, o) << 16 | n``), so one dict per ledger finds any of them.
+Paging keys: every record has an integer key ``toid << 16 | n`` where ``n`` is 0 except for
+effects (``"<op toid>-<n>"``). Keys sort exactly as Horizon orders paging tokens, and one ledger's
+records of all kinds share one key space (ledger ``toid(seq)``, transactions ``toid(seq, t)``,
+operations ``toid(seq, t, o)``, effects ``toid(seq, t, o) << 16 | n``), so one dict per ledger
+finds any of them.
 
 Links inside records use :data:`PLACEHOLDER_BASE`; the server swaps in the base URL of the request.
 """

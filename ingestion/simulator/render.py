@@ -1,8 +1,9 @@
 """Horizon's bytes on the wire: HAL pages, problems, SSE frames. Pure, no I/O.
 
 Horizon serializes with Go ``encoding/json``: pages and problems indented by two spaces
-(``MarshalIndent``), stream events compact (``Marshal``), and ``&``, ``<``, ``>``, U+2028 and U+2029
-escaped as ``\\u0026`` and so on. Records are rendered once per built ledger (both forms) and cached.
+(``MarshalIndent``), stream events compact (``Marshal``), and ``&``, ``<``, ``>``, U+2028 and
+U+2029 escaped as ``\\u0026`` and so on. Records are rendered once per built ledger (both forms)
+and cached with it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ SSE_BYEBYE = b'retry: 10\nevent: close\ndata: "byebye"\n\n'
 
 
 def go_escape(data: bytes) -> bytes:
-    """Escape as Go's encoding/json does. Safe on whole documents: these bytes occur only in strings."""
+    """Escape as Go's encoding/json does; safe on whole documents (these occur only in strings)."""
     for raw, escaped in _GO_ESCAPES:
         if raw in data:
             data = data.replace(raw, escaped)

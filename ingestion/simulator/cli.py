@@ -1,0 +1,90 @@
+"""``python -m ingestion simulate``: run the Horizon simulator until SIGINT or SIGTERM.
+
+Prints one JSON line on stdout once listening, ``{"event": "simulator-listening", "url": ...}``,
+so that harnesses can read the URL (``--port 0`` picks a free port). Exit status: 0 after a signal,
+2 for a bad flag, 1 when it cannot run (for example the port is taken).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+
+import trio
+
+from ingestion.simulator.server import SimulatorConfig, serve_simulator
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    defaults = SimulatorConfig()
+    p = argparse.ArgumentParser(
+        prog="python -m ingestion simulate", description="Run the bundled Horizon simulator."
+    )
+    p.add_argument("--host", default=defaults.host)
+    p.add_argument("--port", type=int, default=defaults.port, help="0 picks a free port")
+    p.add_argument(
+        "--ledger-interval",
+        type=_non_negative_float,
+        default=defaults.ledger_interval,
+        help="seconds between ledger closes; 0: no live ledgers",
+    )
+    p.add_argument("--ops-per-ledger", type=int, default=defaults.ops_per_ledger)
+    p.add_argument("--history-ledgers", type=int, default=defaults.history_ledgers)
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--stream-timeout", type=_non_negative_float, default=defaults.stream_timeout)
+    p.add_argument("--first-ledger", type=int, default=defaults.first_ledger)
+    return p
+
+
+def config_from_args(argv: list[str]) -> SimulatorConfig:
+    """Parse the flags into a config. Raises SystemExit(2) with a usage line on bad flags."""
+    args = _parser().parse_args(argv)
+    return SimulatorConfig(
+        host=args.host,
+        port=args.port,
+        seed=args.seed,
+        ledger_interval=args.ledger_interval or None,
+        ops_per_ledger=args.ops_per_ledger,
+        history_ledgers=args.history_ledgers,
+        stream_timeout=args.stream_timeout,
+        first_ledger=args.first_ledger,
+    )
+
+
+async def _run(config: SimulatorConfig) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            sim = await nursery.start(serve_simulator, config)
+            print(json.dumps({"event": "simulator-listening", "url": sim.url}), flush=True)
+            async for _ in signals:
+                nursery.cancel_scope.cancel("signal received")
+                break
+
+
+def main(argv: list[str]) -> int:
+    """Run the simulator with these flags (no ``simulate`` word); return the exit status."""
+    try:
+        config = config_from_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    status = 0
+    try:
+        trio.run(_run, config)
+    except* (OSError, ValueError) as group:
+        for error in group.exceptions:
+            print(f"simulator: {error}", file=sys.stderr)
+        status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
