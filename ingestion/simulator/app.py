@@ -421,6 +421,13 @@ class HorizonApp:
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         stream = _Stream(self.sim, query, params, after, base.encode(), send, self._keys)
+        self.sim.active_streams += 1
+        try:
+            await self._run_stream(stream, receive, send)
+        finally:
+            self.sim.active_streams -= 1
+
+    async def _run_stream(self, stream: _Stream, receive: Receive, send: Send) -> None:
         async with trio.open_nursery() as nursery:
 
             async def watch_disconnect() -> None:

@@ -59,6 +59,7 @@ class Simulator:
         url: ``http://host:port``, fixed for the simulator's life (restarts reuse the port).
         chain: the :class:`Chain`; ``chain.latest`` is the latest closed ledger.
         faults: the :class:`Faults` knobs.
+        active_streams: how many SSE responses are open right now.
         config: the :class:`SimulatorConfig`.
     """
 
@@ -67,6 +68,7 @@ class Simulator:
         self.chain = _build_without_gc(lambda: Chain(config.chain_spec(), config.history_ledgers))
         self.faults = Faults(clock=trio.current_time)
         self.url = ""
+        self.active_streams = 0  # open SSE responses, for tests and status
         self._nursery = nursery
         self._app = HorizonApp(self)
         self._port = config.port
@@ -240,6 +242,7 @@ async def serve_simulator(
         if config.ledger_interval:
             nursery.start_soon(sim._close_ledgers, config.ledger_interval)
         task_status.started(sim)
+        await trio.sleep_forever()  # keep the nursery open while the server is down
 
 
 @asynccontextmanager

@@ -1,0 +1,416 @@
+"""The simulator over real sockets: paging, streaming and fault knobs behave as Horizon's would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import attrs
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from ingestion.paging import toid_parts, token_key
+from ingestion.simulator import Faults, MalformedKind, Simulator
+from ingestion.simulator.chain import Chain, ChainSpec
+from tests.simulator_fixtures import SMALL, read_stream, running
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[Simulator]:
+    async for s in running():
+        yield s
+
+
+async def get(url: str, **kwargs: object) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=5) as client:
+        return await client.get(url, **kwargs)  # type: ignore[arg-type]
+
+
+def tokens(response: httpx.Response) -> list[str]:
+    return [r["paging_token"] for r in response.json()["_embedded"]["records"]]
+
+
+# -- paging --------------------------------------------------------------------------------------
+
+
+async def test_page_is_hal_json_with_go_escaped_links(sim: Simulator) -> None:
+    r = await get(f"{sim.url}/operations?limit=3")
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "application/hal+json; charset=utf-8"
+    assert b"cursor=\\u0026limit=3\\u0026order=asc" in r.content
+    assert b"&" not in r.content
+    assert r.content.startswith(b'{\n  "_links": {\n    "self": {\n      "href": ')
+    body = r.json()
+    assert body["_links"]["self"]["href"] == f"{sim.url}/operations?cursor=&limit=3&order=asc"
+    last = body["_embedded"]["records"][-1]["paging_token"]
+    assert body["_links"]["next"]["href"] == f"{sim.url}/operations?cursor={last}&limit=3&order=asc"
+    assert r.headers["x-ratelimit-limit"] == "3600"
+
+
+async def test_cursor_is_exclusive_and_next_link_continues(sim: Simulator) -> None:
+    everything = tokens(await get(f"{sim.url}/operations?limit=200"))
+    assert len(everything) == 4 * 6
+    first = await get(f"{sim.url}/operations?limit=5")
+    second = await get(first.json()["_links"]["next"]["href"])
+    assert tokens(first) + tokens(second) == everything[:10]
+    after = await get(f"{sim.url}/operations?cursor={everything[3]}&limit=2")
+    assert tokens(after) == everything[4:6]
+
+
+async def test_tokens_sort_as_numbers_and_default_limit_is_10(sim: Simulator) -> None:
+    for resource in ("/ledgers", "/transactions", "/operations", "/effects", "/payments"):
+        got = tokens(await get(f"{sim.url}{resource}"))
+        assert got == sorted(got, key=token_key)
+        assert len(got) == min(10, len(sim.records(resource)))
+
+
+@pytest.mark.parametrize("limit", ["0", "201", "-1", "ten"])
+async def test_limit_out_of_bounds_is_a_400_problem(sim: Simulator, limit: str) -> None:
+    r = await get(f"{sim.url}/operations?limit={limit}")
+    assert r.status_code == 400
+    assert r.headers["content-type"] == "application/problem+json; charset=utf-8"
+    problem = r.json()
+    assert problem["type"] == "https://stellar.org/horizon-errors/bad_request"
+    assert problem["status"] == 400
+    assert problem["extras"]["invalid_field"] == "limit"
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        ("/operations?cursor=abc", "cursor"),
+        ("/operations?cursor=12-1", "cursor"),
+        ("/effects?cursor=-5", "cursor"),
+        ("/operations?order=up", "order"),
+        ("/accounts/GNOTANACCOUNT/operations", "account_id"),
+    ],
+)
+async def test_bad_parameters_are_400_problems(sim: Simulator, path: str, field: str) -> None:
+    r = await get(f"{sim.url}{path}")
+    assert r.status_code == 400
+    assert r.json()["extras"]["invalid_field"] == field
+
+
+@pytest.mark.parametrize(
+    "path", ["/nope", "/ledgers/1", "/operations/5", "/transactions/" + "0" * 64]
+)
+async def test_unknown_paths_and_records_are_404_not_found(sim: Simulator, path: str) -> None:
+    r = await get(f"{sim.url}{path}")
+    assert r.status_code == 404
+    assert r.json()["type"] == "https://stellar.org/horizon-errors/not_found"
+
+
+async def test_desc_order_is_the_reverse_and_prev_link_flips_order(sim: Simulator) -> None:
+    asc = [r["paging_token"] for r in sim.records("/effects")]
+    r = await get(f"{sim.url}/effects?order=desc&limit=200")
+    assert tokens(r) == asc[::-1]
+    r = await get(f"{sim.url}/effects?order=desc&limit=3&cursor={asc[5]}")
+    assert tokens(r) == [asc[4], asc[3], asc[2]]
+    assert "order=asc" in r.json()["_links"]["prev"]["href"]
+
+
+async def test_cursor_now_pages_nothing_newer(sim: Simulator) -> None:
+    assert tokens(await get(f"{sim.url}/operations?cursor=now")) == []
+    assert len(tokens(await get(f"{sim.url}/operations?cursor=now&order=desc&limit=200"))) == 24
+
+
+async def test_scoped_lists_agree_with_the_records(sim: Simulator) -> None:
+    ops = sim.records("/operations")
+    op = ops[7]
+    ledger = int(op["paging_token"]) >> 32
+    by_ledger = [o for o in ops if int(o["paging_token"]) >> 32 == ledger]
+    r = await get(f"{sim.url}/ledgers/{ledger}/operations?limit=200")
+    assert tokens(r) == [o["paging_token"] for o in by_ledger]
+    r = await get(f"{sim.url}/transactions/{op['transaction_hash']}/operations")
+    assert op["paging_token"] in tokens(r)
+    r = await get(f"{sim.url}/accounts/{op['source_account']}/operations?limit=200")
+    assert op["paging_token"] in tokens(r)
+    r = await get(f"{sim.url}/operations/{op['id']}")
+    assert r.json() == op
+    r = await get(f"{sim.url}/operations/{op['id']}/effects")
+    assert all(t.startswith(op["id"] + "-") for t in tokens(r))
+
+
+async def test_records_are_joined_consistently(sim: Simulator) -> None:
+    ledgers = {lg["sequence"]: lg for lg in sim.records("/ledgers")}
+    txs = {tx["hash"]: tx for tx in sim.records("/transactions")}
+    ops = sim.records("/operations")
+    for lg in ledgers.values():
+        assert toid_parts(int(lg["paging_token"])) == (lg["sequence"], 0, 0)
+        assert ledgers.get(lg["sequence"] - 1, {"hash": lg["prev_hash"]})["hash"] == lg["prev_hash"]
+    for tx in txs.values():
+        ledger, order, index = toid_parts(int(tx["paging_token"]))
+        assert (ledger, index) == (tx["ledger"], 0) and order >= 1
+        assert tx["created_at"] == ledgers[ledger]["closed_at"]
+    for op in ops:
+        tx = txs[op["transaction_hash"]]
+        ledger, order, index = toid_parts(int(op["id"]))
+        assert int(op["id"]) >> 12 << 12 == int(tx["paging_token"])
+        assert 1 <= index <= tx["operation_count"]
+        assert op["created_at"] == tx["created_at"]
+        assert op["_links"]["transaction"]["href"].endswith(tx["hash"])
+    op_ids = {op["id"] for op in ops}
+    for effect in sim.records("/effects"):
+        op_id, n = effect["paging_token"].split("-")
+        assert op_id in op_ids and int(n) >= 1
+        assert effect["id"] == f"{int(op_id):019d}-{int(n):010d}"
+    assert sum(lg["operation_count"] for lg in ledgers.values()) == len(ops)
+
+
+def test_chain_is_deterministic_under_a_seed() -> None:
+    spec = ChainSpec(seed=3, ops_per_ledger=25)
+    a, b, c = Chain(spec, 3), Chain(spec, 3), Chain(attrs.evolve(spec, seed=4), 3)
+    key = a.page("operations", after=None, descending=False, limit=30)[-1]
+    assert a.record(key) == b.record(key)
+    assert a.record(key) != c.record(key)
+
+
+def test_chain_rebuilds_evicted_ledgers_identically() -> None:
+    chain = Chain(ChainSpec(ops_per_ledger=50), history_ledgers=20, cache_records=100)
+    keys = chain.page("effects", after=None, descending=False, limit=5)
+    before = [dict(chain.record(k)) for k in keys]
+    for seq in range(chain.first, chain.latest + 1):
+        chain.content(seq)  # push the first ledger out of the LRU
+    assert [chain.record(k) for k in keys] == before
+
+
+# -- streaming -----------------------------------------------------------------------------------
+
+
+async def test_stream_says_hello_then_records_then_byebye_after_limit(sim: Simulator) -> None:
+    response, frames, ended = await read_stream(f"{sim.url}/operations?cursor=0&limit=3")
+    assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
+    assert frames[0].fields == (("retry", "1000"), ("event", "open"), ("data", '"hello"'))
+    expected = sim.records("/operations")[:3]
+    for frame, record in zip(frames[1:4], expected, strict=True):
+        assert frame.get("id") == record["paging_token"]
+        assert json.loads(frame.get("data") or "") == record
+    assert frames[4].fields == (("retry", "10"), ("event", "close"), ("data", '"byebye"'))
+    assert ended and len(frames) == 5
+
+
+async def test_stream_events_are_compact_go_json(sim: Simulator) -> None:
+    _, frames, _ = await read_stream(f"{sim.url}/effects?limit=1", frames=2)
+    data = frames[1].get("data") or ""
+    assert "\\u0026cursor=" in data and ": " not in data.split('"created_at"')[0][:50]
+
+
+async def test_last_event_id_overrides_cursor(sim: Simulator) -> None:
+    ops = sim.records("/operations")
+    _, frames, _ = await read_stream(
+        f"{sim.url}/operations?cursor=0&limit=2",
+        headers={"Last-Event-ID": ops[10]["paging_token"]},
+    )
+    assert [f.get("id") for f in frames[1:3]] == [ops[11]["paging_token"], ops[12]["paging_token"]]
+
+
+async def test_stream_sends_new_records_as_ledgers_close(sim: Simulator) -> None:
+    async with trio.open_nursery() as nursery:
+        result: list = []
+
+        async def reader() -> None:
+            result.append(await read_stream(f"{sim.url}/ledgers?cursor=now&limit=2"))
+
+        nursery.start_soon(reader)
+        await trio.sleep(0.2)
+        assert sim.active_streams == 1
+        first = sim.close_ledger()
+        second = sim.close_ledger()
+    _, frames, ended = result[0]
+    assert [f.get("id") for f in frames[1:3]] == [str(first << 32), str(second << 32)]
+    assert ended and frames[-1].get("event") == "close"
+
+
+async def test_stream_ends_with_byebye_at_the_connection_timeout() -> None:
+    async for s in running(attrs.evolve(SMALL, stream_timeout=0.3)):
+        _, frames, ended = await read_stream(f"{s.url}/operations?cursor=now")
+        assert ended
+        assert [f.get("event") for f in frames] == ["open", "close"]
+
+
+async def test_client_disconnect_ends_the_stream_task(sim: Simulator) -> None:
+    _, frames, ended = await read_stream(f"{sim.url}/operations?cursor=now", frames=1)
+    assert not ended and frames[0].get("event") == "open"
+    with trio.fail_after(2):
+        while sim.active_streams:
+            await trio.sleep(0.01)
+
+
+async def test_stream_with_a_bad_cursor_fails_before_hello_with_a_problem(sim: Simulator) -> None:
+    response, frames, _ = await read_stream(f"{sim.url}/operations?cursor=x")
+    assert response.status_code == 400 and frames == []
+    assert response.headers["content-type"].startswith("application/problem+json")
+
+
+# -- faults --------------------------------------------------------------------------------------
+
+
+async def test_rate_limit_fault_answers_429_with_headers_for_n_requests(sim: Simulator) -> None:
+    sim.faults.fail_requests(429, count=2, retry_after=3)
+    for _ in range(2):
+        r = await get(f"{sim.url}/operations")
+        assert r.status_code == 429
+        assert r.headers["retry-after"] == "3"
+        assert r.headers["x-ratelimit-remaining"] == "0"
+        assert {"x-ratelimit-limit", "x-ratelimit-reset"} <= set(r.headers)
+        assert r.json()["type"] == "https://stellar.org/horizon-errors/rate_limit_exceeded"
+    assert (await get(f"{sim.url}/operations")).status_code == 200
+
+
+async def test_server_error_fault_lasts_for_its_seconds(sim: Simulator) -> None:
+    sim.faults.fail_requests(500, seconds=0.3)
+    r = await get(f"{sim.url}/ledgers")
+    assert r.status_code == 500 and r.json()["type"].endswith("/server_error")
+    response, _, _ = await read_stream(f"{sim.url}/ledgers")
+    assert response.status_code == 500
+    await trio.sleep(0.35)
+    assert (await get(f"{sim.url}/ledgers")).status_code == 200
+
+
+async def test_close_stream_after_n_events_drops_it_without_byebye(sim: Simulator) -> None:
+    sim.faults.close_streams_after(2)
+    _, frames, ended = await read_stream(f"{sim.url}/operations?cursor=0")
+    assert ended and [f.get("event") for f in frames] == ["open", None, None]
+    _, frames, _ = await read_stream(f"{sim.url}/operations?cursor=0&limit=3")
+    assert frames[-1].get("event") == "close"  # only the next stream was cut
+
+
+@pytest.mark.parametrize("kind", list(MalformedKind))
+async def test_malformed_event_is_sent_once(sim: Simulator, kind: MalformedKind) -> None:
+    ops = [r["paging_token"] for r in sim.records("/operations")]
+    _, first, _ = await read_stream(f"{sim.url}/operations?cursor=0&limit=1")
+    sim.faults.send_malformed(kind)
+    _, frames, _ = await read_stream(f"{sim.url}/operations?cursor={ops[2]}&limit=3")
+    events = frames[1:-1]
+    assert len(events) == 4  # three good ones and the bad one
+    ids = [e.get("id") for e in events]
+    if kind is MalformedKind.BROKEN_JSON:
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(events[0].get("data") or "")
+    elif kind is MalformedKind.MISSING_PAGING_TOKEN:
+        assert ids[0] is None and "paging_token" not in json.loads(events[0].get("data") or "")
+    elif kind is MalformedKind.DUPLICATE:
+        assert ids == [ops[3], ops[3], ops[4], ops[5]]
+        assert events[0] == events[1]
+    else:
+        assert ids == [ops[3], ops[2], ops[4], ops[5]]
+    assert [i for i in ids if i is not None][-1] == ops[5]
+    assert first  # the first stream had no previous event and was left alone
+
+
+async def test_stall_silences_streams_for_its_seconds(sim: Simulator) -> None:
+    sim.faults.stall_streams(0.5)
+    start = trio.current_time()
+    _, frames, _ = await read_stream(f"{sim.url}/operations?cursor=0&limit=1")
+    assert trio.current_time() - start >= 0.45
+    assert [f.get("event") for f in frames] == ["open", None, "close"]
+
+
+async def test_go_down_refuses_connections_then_comes_back_with_the_same_chain(
+    sim: Simulator,
+) -> None:
+    before = (await get(f"{sim.url}/operations?limit=200")).content
+    await sim.go_down(0.3)
+    with pytest.raises(httpx.ConnectError):
+        await get(f"{sim.url}/")
+    with trio.fail_after(3):
+        while not sim.is_up:
+            await trio.sleep(0.02)
+    assert (await get(f"{sim.url}/operations?limit=200")).content == before
+
+
+async def test_going_down_drops_open_streams(sim: Simulator) -> None:
+    async with trio.open_nursery() as nursery:
+        result: list = []
+
+        async def reader() -> None:
+            result.append(await read_stream(f"{sim.url}/operations?cursor=now"))
+
+        nursery.start_soon(reader)
+        await trio.sleep(0.2)
+        await sim.restart()
+    _, frames, ended = result[0]
+    assert ended and [f.get("event") for f in frames] == ["open"]
+    assert (await get(f"{sim.url}/")).status_code == 200
+
+
+async def test_control_endpoint_arms_and_clears_faults(sim: Simulator) -> None:
+    async with httpx.AsyncClient(base_url=sim.url) as client:
+        r = await client.post("/_simulator/faults", json={"fail": {"status": 500, "count": 1}})
+        assert r.json()["fail"]["count"] == 1
+        assert (await client.get("/ledgers")).status_code == 500
+        assert (await client.get("/ledgers")).status_code == 200
+        await client.post("/_simulator/faults", json={"malformed": {"kind": "duplicate"}})
+        assert (await client.get("/_simulator/faults")).json()["malformed"] == ["duplicate"]
+        await client.delete("/_simulator/faults")
+        assert (await client.get("/_simulator/faults")).json()["malformed"] == []
+        bad = await client.post("/_simulator/faults", json={"explode": {}})
+        assert bad.status_code == 400
+        latest = (await client.get("/_simulator/ledgers")).json()["latest_ledger"]
+        r = await client.post("/_simulator/ledgers", json={"count": 2})
+        assert r.json()["latest_ledger"] == latest + 2
+        r = await client.post("/_simulator/faults", json={"down": {"seconds": 0.3}})
+        assert r.status_code == 200
+        await trio.sleep(0.1)
+        with pytest.raises(httpx.ConnectError):
+            await client.get("/")
+        await trio.sleep(0.5)
+        assert (await client.get("/")).status_code == 200
+
+
+def test_fault_knobs_are_pure_state_with_an_injected_clock() -> None:
+    now = [0.0]
+    faults = Faults(clock=lambda: now[0])
+    faults.fail_requests(503, seconds=10)
+    assert faults.take_request_failure() is not None
+    now[0] = 10.0
+    assert faults.take_request_failure() is None
+    faults.send_malformed("duplicate")
+    assert faults.take_malformed(have_previous=False) is None
+    assert faults.take_malformed(have_previous=True) is MalformedKind.DUPLICATE
+    with pytest.raises(ValueError, match="status"):
+        faults.fail_requests(404)
+
+
+async def test_ledgers_close_on_the_interval() -> None:
+    async for s in running(attrs.evolve(SMALL, ledger_interval=0.05)):
+        start = s.chain.latest
+        await trio.sleep(0.3)
+        assert s.chain.latest >= start + 3
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+async def test_cli_prints_its_url_and_exits_0_on_sigint() -> None:
+    repo = Path(__file__).resolve().parents[1]
+    code = "import sys; from ingestion.simulator.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-c", code, "--port", "0", "--history-ledgers", "2"],
+        stdout=subprocess.PIPE,
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
+    try:
+        assert proc.stdout is not None
+        with trio.fail_after(15):
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await proc.stdout.receive_some(1)
+        announced = json.loads(line)
+        assert announced["event"] == "simulator-listening"
+        assert (await get(announced["url"] + "/")).json()["history_latest_ledger"] > 0
+        proc.send_signal(signal.SIGINT)
+        with trio.fail_after(10):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
