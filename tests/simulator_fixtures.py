@@ -10,6 +10,7 @@ import trio
 
 from ingestion.simulator import Simulator, SimulatorConfig, open_simulator
 
+SAFETY_SECONDS = 5.0  # no test stream should take this long; fail rather than hang
 SMALL = SimulatorConfig(ledger_interval=None, history_ledgers=4, ops_per_ledger=6, seed=7)
 
 
@@ -44,7 +45,6 @@ async def read_stream(
     *,
     headers: dict[str, str] | None = None,
     frames: int | None = None,
-    timeout: float = 5.0,
 ) -> tuple[httpx.Response, list[Frame], bool]:
     """Read an SSE response until it ends (or ``frames`` frames arrived).
 
@@ -52,14 +52,14 @@ async def read_stream(
     """
     raw = b""
     ended = False
-    async with httpx.AsyncClient(timeout=timeout) as client:
+    async with httpx.AsyncClient(timeout=SAFETY_SECONDS) as client:
         async with client.stream(
             "GET", url, headers={"Accept": "text/event-stream", **(headers or {})}
         ) as response:
             if response.status_code != 200:
                 await response.aread()
                 return response, [], True
-            with trio.fail_after(timeout):
+            with trio.fail_after(SAFETY_SECONDS):
                 iterator = response.aiter_raw()
                 while True:
                     try:

@@ -21,6 +21,8 @@ from ingestion.simulator import Faults, MalformedKind, Simulator
 from ingestion.simulator.chain import Chain, ChainSpec
 from tests.simulator_fixtures import SMALL, read_stream, running
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 @pytest.fixture
 async def sim() -> AsyncIterator[Simulator]:
@@ -239,7 +241,7 @@ async def test_client_disconnect_ends_the_stream_task(sim: Simulator) -> None:
     _, frames, ended = await read_stream(f"{sim.url}/operations?cursor=now", frames=1)
     assert not ended and frames[0].get("event") == "open"
     with trio.fail_after(2):
-        while sim.active_streams:
+        while sim.active_streams:  # noqa: ASYNC110 - polling a counter is fine in a test
             await trio.sleep(0.01)
 
 
@@ -321,7 +323,7 @@ async def test_go_down_refuses_connections_then_comes_back_with_the_same_chain(
     with pytest.raises(httpx.ConnectError):
         await get(f"{sim.url}/")
     with trio.fail_after(3):
-        while not sim.is_up:
+        while not sim.is_up:  # noqa: ASYNC110 - polling a flag is fine in a test
             await trio.sleep(0.02)
     assert (await get(f"{sim.url}/operations?limit=200")).content == before
 
@@ -390,7 +392,7 @@ async def test_ledgers_close_on_the_interval() -> None:
 
 
 async def test_cli_prints_its_url_and_exits_0_on_sigint() -> None:
-    repo = Path(__file__).resolve().parents[1]
+    repo = REPO
     code = "import sys; from ingestion.simulator.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = await trio.lowlevel.open_process(
         [sys.executable, "-c", code, "--port", "0", "--history-ledgers", "2"],
