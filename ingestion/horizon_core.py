@@ -34,21 +34,38 @@ MAX_PAGE_LIMIT = 200
 
 # One encoder, built once: json.dumps(..., separators=...) builds a new encoder on every call.
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_GO_ESCAPES = (
+    ("&", "\\u0026"),
+    ("<", "\\u003c"),
+    (">", "\\u003e"),
+    ("\u2028", "\\u2028"),
+    ("\u2029", "\\u2029"),
+)
+# The C scanner behind json.loads: scan_once(text, i) -> (value, end) for the value at offset i.
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_WHITESPACE = re.compile(r"[ \t\n\r]*").match
 
 _COLLECTIONS = ("ledgers", "transactions", "operations", "payments", "effects")
 _RESOURCE = re.compile(r"/(?:[A-Za-z_]+/[A-Za-z0-9_-]+/)?(?:" + "|".join(_COLLECTIONS) + r")")
 
 
 def compact_json(record: Any) -> str:
-    """A record's body as the simulator and Horizon stream it: compact JSON, non-ASCII kept as is.
+    """A record's JSON as Horizon streams it: Go's ``json.Marshal`` of the record.
 
-    A paged record is parsed and re-serialized here; a streamed record's body is the SSE ``data``
-    text untouched. The two are byte-identical only while the server streams compact JSON of the
-    same object with the same escaping (true of our simulator, checked in the tests). Real Horizon
-    escapes ``&``, ``<`` and ``>`` as ``\\u0026`` etc. (Go's encoding/json) in its stream, so
-    against real Horizon a record's paged and streamed bodies can differ in those escapes only.
+    That is compact JSON, non-ASCII left as is, and ``&``, ``<``, ``>``, U+2028 and U+2029
+    escaped as ``\\u0026`` and so on (Go's HTML-safe escaping; these characters can only occur
+    inside strings, so replacing them in the whole text is exact). Horizon indents its pages but
+    streams compact records, so a paged record is re-serialized with this to make its body
+    byte-identical to the same record's SSE ``data`` (checked against the simulator, which renders
+    both forms as Horizon does). Differences that remain possible against real Horizon: number
+    formatting Python and Go disagree on (records carry amounts as strings) and escapes of rare
+    control characters.
     """
-    return _COMPACT.encode(record)
+    text = _COMPACT.encode(record)
+    for raw, escaped in _GO_ESCAPES:
+        if raw in text:
+            text = text.replace(raw, escaped)
+    return text
 
 
 def check_resource(resource: str) -> str:
@@ -214,6 +231,96 @@ def _excerpt(value: Any, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+class NotAPage(ValueError):
+    """Valid JSON so far, but not a HAL page with an ``_embedded.records`` array."""
+
+
+def split_page(text: str) -> list[tuple[Any, str]]:
+    """Parse a HAL page and return each record of ``_embedded.records`` with its exact text.
+
+    Uses the json module's C scanner value by value, so it costs about one ``json.loads`` of the
+    page and spares re-serializing every record. The whole document is parsed, so truncated or
+    broken JSON anywhere is caught.
+
+    Raises:
+        NotAPage: the JSON is not an object with an ``_embedded.records`` array.
+        ValueError: broken JSON.
+    """
+    records: list[tuple[Any, str]] | None = None
+    i = _ws(text, 0)
+    if not text.startswith("{", i):
+        raise NotAPage(f"expected an object at offset {i}")
+    key, i = _next_member(text, i + 1, first=True)
+    while key is not None:
+        if key == "_embedded" and text.startswith("{", i):
+            inner, i = _next_member(text, i + 1, first=True)
+            while inner is not None:
+                if inner == "records" and text.startswith("[", i):
+                    records, i = _array_with_text(text, i)
+                else:
+                    i = _skip_value(text, i)
+                inner, i = _next_member(text, i, first=False)
+        else:
+            i = _skip_value(text, i)
+        key, i = _next_member(text, i, first=False)
+    if _ws(text, i) != len(text):
+        raise ValueError(f"extra data after the page at offset {i}")
+    if records is None:
+        raise NotAPage("no _embedded.records array")
+    return records
+
+
+def _ws(text: str, i: int) -> int:
+    m = _WHITESPACE(text, i)
+    return m.end() if m else i
+
+
+def _next_member(text: str, i: int, *, first: bool) -> tuple[str | None, int]:
+    """After ``{`` or a member's value: (next key, offset of its value), or (None, offset just
+    past the closing ``}``)."""
+    i = _ws(text, i)
+    if text.startswith("}", i):
+        return None, i + 1
+    if not first:
+        if not text.startswith(",", i):
+            raise ValueError(f"expected ',' or '}}' at offset {i}")
+        i = _ws(text, i + 1)
+    if not text.startswith('"', i):
+        raise ValueError(f"expected a key at offset {i}")
+    key, i = _scan(text, i)
+    i = _ws(text, i)
+    if not text.startswith(":", i):
+        raise ValueError(f"expected ':' at offset {i}")
+    return key, _ws(text, i + 1)
+
+
+def _skip_value(text: str, i: int) -> int:
+    try:
+        return _scan(text, i)[1]
+    except StopIteration as exc:
+        raise ValueError(f"expected a value at offset {exc.value}") from None
+
+
+def _array_with_text(text: str, i: int) -> tuple[list[tuple[Any, str]], int]:
+    out: list[tuple[Any, str]] = []
+    i = _ws(text, i + 1)
+    if text.startswith("]", i):
+        return out, i + 1
+    while True:
+        try:
+            value, end = _scan(text, i)
+        except StopIteration as exc:
+            raise ValueError(f"expected a value at offset {exc.value}") from None
+        out.append((value, text[i:end]))
+        i = _ws(text, end)
+        if text.startswith(",", i):
+            i = _ws(text, i + 1)
+        elif text.startswith("]", i):
+            return out, i + 1
+        else:
+            raise ValueError(f"expected ',' or ']' at offset {i}")
+
+
 def validate_page(
     content: bytes | str, after: str | None, limit: int = MAX_PAGE_LIMIT
 ) -> PageOutcome:
@@ -222,25 +329,29 @@ def validate_page(
     Validation stops at the first bad record (broken JSON, no paging token, a token that is not
     after the previous one): it and everything after it are dropped, the records before it kept.
     ``full`` says the page held ``limit`` records, i.e. there may be more to page through.
+
+    A record's body is :func:`compact_json` of the record when the page is indented (Horizon's
+    and the simulator's are), which is what Horizon streams for it; a record already on one line
+    (a compact page) is kept as the exact text the server sent.
     """
     try:
-        doc = json.loads(content)
-        raw = doc["_embedded"]["records"]
-    except (ValueError, UnicodeDecodeError) as exc:
+        text = content if isinstance(content, str) else content.decode("utf-8")
+        raw = split_page(text)
+    except UnicodeDecodeError as exc:
         return PageOutcome((), Malformed("broken-json", f"{exc}: {_excerpt(content)}"), False)
-    except (KeyError, TypeError):
-        return PageOutcome((), Malformed("not-a-page", _excerpt(content)), False)
-    if not isinstance(raw, list):
-        return PageOutcome((), Malformed("not-a-page", _excerpt(raw)), False)
+    except NotAPage as exc:
+        return PageOutcome((), Malformed("not-a-page", f"{exc}: {_excerpt(content)}"), False)
+    except ValueError as exc:
+        return PageOutcome((), Malformed("broken-json", f"{exc}: {_excerpt(content)}"), False)
     records: list[Record] = []
     last_key = None if after is None else token_key(after)
-    encode = _COMPACT.encode
-    for rec in raw:
+    encode = compact_json
+    for rec, rec_text in raw:
         bad = _check_record(rec, last_key)
         if isinstance(bad, Malformed):
             return PageOutcome(tuple(records), bad, False)
         token, last_key = bad
-        records.append(Record(token, encode(rec)))
+        records.append(Record(token, encode(rec) if "\n" in rec_text else rec_text))
     return PageOutcome(tuple(records), None, len(raw) >= limit)
 
 

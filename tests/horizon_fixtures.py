@@ -55,7 +55,9 @@ def problem(status: int, title: str, detail: str, **extras: str) -> Reply:
 
 
 def page_reply(records: list[dict[str, object]]) -> Reply:
-    return Reply(200, json.dumps({"_links": {}, "_embedded": {"records": records}}).encode())
+    """A compact page, the way the simulator writes them."""
+    doc = {"_links": {}, "_embedded": {"records": records}}
+    return Reply(200, json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode())
 
 
 def sse_frame(data: str, *, event: str | None = None, id: str | None = None) -> bytes:

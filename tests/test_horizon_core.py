@@ -119,8 +119,9 @@ def test_real_horizon_page_validates_and_bodies_are_compact_json_of_each_record(
     assert all(token_key(a) < token_key(b) for a, b in itertools.pairwise(tokens))
     for record, original in zip(outcome.records, originals, strict=True):
         assert json.loads(record.body) == original
-        assert record.body == json.dumps(original, separators=(",", ":"), ensure_ascii=False)
         assert "\n" not in record.body and ", " not in record.body[:40]
+    # Horizon's own escaping survives the round trip: its hrefs carry \u0026, never a bare &.
+    assert "\\u0026" in outcome.records[0].body and "&" not in outcome.records[0].body
 
 
 def test_real_effects_page_validates_with_effect_tokens() -> None:
@@ -162,6 +163,28 @@ def test_page_keeps_records_before_the_first_bad_one_and_nothing_after(
     assert not outcome.full
 
 
+def test_compact_page_bodies_are_the_exact_record_text_and_pretty_ones_are_compacted() -> None:
+    recs = [{"paging_token": tok(1), "memo": "caf\u00e9 & <b>", "n": [1, 2.50]}]
+    compact = json.dumps({"_embedded": {"records": recs}}, separators=(",", ":"))  # \u00e9 kept
+    spaced = json.dumps({"_links": {"a": "}"}, "_embedded": {"x": [1], "records": recs}})
+    pretty = json.dumps({"_embedded": {"records": recs}}, indent=2, ensure_ascii=False)
+    exact = [json.dumps(recs[0], separators=(",", ":")), json.dumps(recs[0]), compact_json(recs[0])]
+    for content, body in zip((compact, spaced, pretty), exact, strict=True):
+        outcome = validate_page(content.encode(), None)
+        assert outcome.malformed is None
+        assert [r.body for r in outcome.records] == [body]
+        assert body in content or content is pretty
+
+
+def test_every_truncation_of_a_page_is_broken_json() -> None:
+    content = page(ops(1, 2, 3)).decode()
+    for end in range(len(content)):
+        outcome = validate_page(content[:end], None)
+        assert outcome.records == () and outcome.malformed is not None, end
+    for junk in (content + "x", content.replace(",", ",,", 1), content.replace(":", "", 1)):
+        assert validate_page(junk, None).malformed is not None
+
+
 def test_broken_or_non_page_json_yields_nothing() -> None:
     broken = validate_page(b'{"_embedded": {"records": [{"paging_token": "1', None)
     assert broken.records == () and broken.malformed is not None
@@ -196,9 +219,14 @@ def test_bad_stream_records_are_detected(
     assert isinstance(result, Malformed) and result.reason == reason
 
 
-def test_compact_json_matches_the_documented_serialization() -> None:
-    rec = {"a": [1, 2], "memo": "\u00e9\u2028", "n": None}
-    assert compact_json(rec) == json.dumps(rec, separators=(",", ":"), ensure_ascii=False)
+def test_compact_json_is_go_json_marshal() -> None:
+    rec = {"a": [1, 2], "memo": "caf\u00e9 <b>&</b> \u2028\u2029", "n": None}
+    assert compact_json(rec) == (
+        '{"a":[1,2],"memo":"caf\u00e9 \\u003cb\\u003e\\u0026\\u003c/b\\u003e '
+        '\\u2028\\u2029","n":null}'
+    )
+    plain = {"x": "caf\u00e9"}
+    assert compact_json(plain) == json.dumps(plain, separators=(",", ":"), ensure_ascii=False)
 
 
 # --- next-request logic --------------------------------------------------------------------------

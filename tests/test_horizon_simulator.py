@@ -1,0 +1,299 @@
+"""HorizonSource against the Horizon simulator over real HTTP on 127.0.0.1, one test per fault.
+
+Each test checks the records the source yields against ``sim.records(resource)`` record by record:
+same paging tokens in the same order, no gap, no duplicate, and bodies byte-identical to what the
+simulator streams (``compact_json`` of the record is exactly the simulator's compact rendering).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+import structlog
+import trio
+import trio.lowlevel
+from httpx_sse import aconnect_sse
+
+from ingestion.horizon import HorizonSource
+from ingestion.horizon_core import compact_json
+from ingestion.paging import token_key
+from ingestion.simulator import MalformedKind, Simulator, SimulatorConfig, open_simulator
+from ingestion.source import Batch, Record, SourceFatalError
+from tests.horizon_fixtures import closed_port_url
+
+SMALL = SimulatorConfig(ledger_interval=None, history_ledgers=20, ops_per_ledger=10)
+
+
+def source_for(urls: str | list[str], **settings: Any) -> HorizonSource:
+    defaults: dict[str, Any] = {
+        "connect_timeout": 2.0,
+        "read_timeout": 2.0,
+        "stream_idle_timeout": 5.0,
+        "retry_base": 0.02,
+        "retry_cap": 0.2,
+        "retry_after_cap": 0.2,
+    }
+    defaults.update(settings)
+    return HorizonSource(urls, **defaults)
+
+
+class Follower:
+    """Runs ``source.stream(cursor)`` in the background and records every batch."""
+
+    def __init__(self) -> None:
+        self.batches: list[Batch] = []
+        self.records: list[Record] = []
+        self.error: BaseException | None = None
+        self._changed = trio.Event()
+
+    async def run(self, source: HorizonSource, cursor: str) -> None:
+        try:
+            async with source.stream(cursor) as batches:
+                async for batch in batches:
+                    self.batches.append(batch)
+                    self.records.extend(batch.records)
+                    self._changed.set()
+                    self._changed = trio.Event()
+        except SourceFatalError as exc:
+            self.error = exc
+            self._changed.set()
+
+    async def wait_for(self, count: int, within: float = 15.0) -> None:
+        with trio.fail_after(within):
+            while len(self.records) < count and self.error is None:
+                await self._changed.wait()
+
+
+@asynccontextmanager
+async def following(
+    source: HorizonSource, cursor: str
+) -> AsyncIterator[tuple[Follower, trio.Nursery]]:
+    follower = Follower()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(follower.run, source, cursor)
+        yield follower, nursery
+        nursery.cancel_scope.cancel()
+
+
+def check_exact(got: list[Record], expected: list[dict[str, Any]]) -> None:
+    """Same records in the same order; bodies exactly as the simulator streams them."""
+    assert [r.paging_token for r in got] == [e["paging_token"] for e in expected]
+    for record, want in zip(got, expected, strict=True):
+        assert record.body == compact_json(want), record.paging_token
+    keys = [token_key(r.paging_token) for r in got]
+    assert all(a < b for a, b in itertools.pairwise(keys))
+
+
+def after(sim: Simulator, resource: str, cursor: str) -> list[dict[str, Any]]:
+    key = token_key(cursor)
+    return [r for r in sim.records(resource) if token_key(r["paging_token"]) > key]
+
+
+async def close_ledgers(sim: Simulator, n: int) -> None:
+    for _ in range(n):
+        sim.close_ledger()
+        await trio.lowlevel.checkpoint()
+
+
+# --- catch-up and live -----------------------------------------------------------------------
+
+
+async def test_catch_up_of_50k_operations_then_live_ledgers_record_by_record() -> None:
+    config = SimulatorConfig(ledger_interval=None, history_ledgers=250, ops_per_ledger=200)
+    async with open_simulator(config) as sim:
+        history = sim.records("/operations")
+        assert len(history) == 50_000
+        async with following(source_for(sim.url, prefetch=2), "0") as (f, _):
+            await f.wait_for(len(history), within=60)
+            check_exact(f.records, history)
+            assert all(len(b.records) == 200 for b in f.batches[:-1])  # a batch per full page
+            live = [sim.close_ledger() for _ in range(3)]
+            await f.wait_for(len(history) + 600)
+        # Only the new ledgers: sim.records("/operations") again would cost the simulator seconds.
+        new = [r for seq in live for r in sim.records(f"/ledgers/{seq}/operations")]
+        assert len(new) == 600
+        check_exact(f.records, history + new)
+
+
+async def test_scoped_resources_are_followed_exactly() -> None:
+    async with open_simulator(SMALL) as sim:
+        account = sim.records("/payments")[0]["from"]
+        for resource in ("/effects", f"/accounts/{account}/payments", "/ledgers", "/transactions"):
+            expected = sim.records(resource)
+            source = source_for(sim.url, resource=resource, page_limit=7)
+            async with following(source, "0") as (f, _):
+                await f.wait_for(len(expected))
+            check_exact(f.records[: len(expected)], expected)
+
+
+async def test_cursor_now_yields_only_new_records() -> None:
+    async with open_simulator(SMALL) as sim:
+        before = len(sim.records("/operations"))
+        async with following(source_for(sim.url), "now") as (f, _):
+            await trio.sleep(0.3)  # the stream is open
+            await close_ledgers(sim, 2)
+            await f.wait_for(20)
+        check_exact(f.records, sim.records("/operations")[before:])
+
+
+async def test_paged_and_streamed_bodies_are_byte_identical_on_the_wire() -> None:
+    async with open_simulator(SMALL) as sim:
+        async with following(source_for(sim.url, page_limit=50), "0") as (f, _):
+            await f.wait_for(200)
+        paged = {r.paging_token: r.body for r in f.records[:150]}
+        streamed: dict[str, str] = {}
+        async with (
+            httpx.AsyncClient(timeout=5) as client,
+            aconnect_sse(client, "GET", sim.url + "/operations", params={"cursor": "0"}) as es,
+        ):
+            async for sse in es.aiter_sse():
+                if sse.event == "message":
+                    streamed[sse.id] = sse.data
+                    if len(streamed) == 150:
+                        break
+        assert paged == streamed
+
+
+# --- faults ----------------------------------------------------------------------------------
+
+
+async def test_streams_cut_after_n_events_resume_without_gap_or_duplicate() -> None:
+    async with open_simulator(SMALL) as sim:
+        start = sim.records("/operations")[-5]["paging_token"]
+        sim.faults.close_streams_after(3, streams=6)
+        with structlog.testing.capture_logs() as logs:
+            async with following(source_for(sim.url), start) as (f, _):
+                await f.wait_for(4)
+                await close_ledgers(sim, 3)
+                await f.wait_for(34)
+        check_exact(f.records, after(sim, "/operations", start))
+        assert sum(e["event"] == "horizon-stream-reconnect" for e in logs) >= 6
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+async def test_bursts_of_failures_are_retried_to_the_exact_same_records(status: int) -> None:
+    async with open_simulator(SMALL) as sim:
+        sim.faults.fail_requests(status, count=4, retry_after=0)
+        with structlog.testing.capture_logs() as logs:
+            async with following(source_for(sim.url, page_limit=30), "0") as (f, _):
+                await f.wait_for(100)
+                sim.faults.fail_requests(status, count=3, retry_after=0)
+                await close_ledgers(sim, 2)
+                await f.wait_for(220)
+        check_exact(f.records, sim.records("/operations"))
+        retries = [e for e in logs if e["event"] == "horizon-retry"]
+        assert len(retries) >= 7 and all(e["status"] == status for e in retries)
+        assert all(0 < e["delay"] <= 0.2 for e in retries)
+
+
+@pytest.mark.parametrize("kind", list(MalformedKind))
+async def test_malformed_stream_events_are_dropped_and_refetched(kind: MalformedKind) -> None:
+    async with open_simulator(SMALL) as sim:
+        start = sim.records("/operations")[-3]["paging_token"]
+        with structlog.testing.capture_logs() as logs:
+            async with following(source_for(sim.url), start) as (f, _):
+                await f.wait_for(2)
+                sim.faults.send_malformed(kind)
+                await close_ledgers(sim, 1)
+                await f.wait_for(12)
+                await close_ledgers(sim, 1)
+                await f.wait_for(22)
+        check_exact(f.records, after(sim, "/operations", start))
+        bad = [e for e in logs if e["event"] == "horizon-malformed-record"]
+        assert len(bad) == 1 and bad[0]["value"]
+
+
+async def test_stalled_stream_is_reconnected_and_nothing_is_lost() -> None:
+    async with open_simulator(SMALL) as sim:
+        start = sim.records("/operations")[-1]["paging_token"]
+        with structlog.testing.capture_logs() as logs:
+            source = source_for(sim.url, stream_idle_timeout=0.3)
+            async with following(source, start) as (f, _):
+                await trio.sleep(0.1)
+                sim.faults.stall_streams(1.0)
+                await close_ledgers(sim, 2)
+                await f.wait_for(20)
+        check_exact(f.records, after(sim, "/operations", start))
+        assert any(e.get("reason") == "idle" for e in logs)
+
+
+async def test_server_going_down_and_coming_back_loses_nothing() -> None:
+    async with open_simulator(SMALL) as sim:
+        async with following(source_for(sim.url), "0") as (f, _):
+            await f.wait_for(200)
+            await sim.go_down()
+            await close_ledgers(sim, 2)  # the chain goes on while the server is down
+            await trio.sleep(0.5)
+            await sim.come_up()
+            await f.wait_for(220)
+            await close_ledgers(sim, 1)
+            await f.wait_for(230)
+        check_exact(f.records, sim.records("/operations"))
+
+
+async def test_fails_over_from_a_closed_port_to_the_simulator() -> None:
+    async with open_simulator(SMALL) as sim:
+        dead = await closed_port_url()
+        with structlog.testing.capture_logs() as logs:
+            async with following(source_for([dead, sim.url], attempts_per_url=2), "0") as (f, _):
+                await f.wait_for(200)
+                await close_ledgers(sim, 1)
+                await f.wait_for(210)
+        check_exact(f.records, sim.records("/operations"))
+        switch = [e for e in logs if e["event"] == "horizon-failover"]
+        assert switch[0]["from_url"] == dead and switch[0]["to_url"] == sim.url
+
+
+async def test_fails_over_between_two_simulators_when_the_first_dies() -> None:
+    async with open_simulator(SMALL) as one, open_simulator(SMALL) as two:
+        source = source_for([one.url, two.url], attempts_per_url=2)
+        with structlog.testing.capture_logs() as logs:
+            async with following(source, "0") as (f, _):
+                await f.wait_for(200)
+                served_by_one = len(f.records)
+                await one.go_down()
+                for sim in (one, two):
+                    await close_ledgers(sim, 2)
+                await f.wait_for(220)
+        # Same seed, same chain; only the hosts in the records' links differ.
+        expected_one, expected_two = one.records("/operations"), two.records("/operations")
+        assert [r["paging_token"] for r in expected_one] == [
+            r["paging_token"] for r in expected_two
+        ]
+        check_exact(f.records[:served_by_one], expected_one[:served_by_one])
+        check_exact(f.records[served_by_one:], expected_two[served_by_one:])
+        assert any(e["event"] == "horizon-failover" and e["to_url"] == two.url for e in logs)
+
+
+@pytest.mark.parametrize(
+    ("resource", "cursor", "words"),
+    [
+        ("/operations", "12-1", ["400", "invalid_field=cursor", "cursor=12-1"]),
+        ("/accounts/GNOTANACCOUNT/payments", "0", ["400", "account_id", "GNOTANACCOUNT"]),
+        ("/transactions/" + "ab" * 32 + "/operations", "0", ["404", "not found", "--resource"]),
+    ],
+)
+async def test_requests_horizon_rejects_raise_source_fatal_error(
+    resource: str, cursor: str, words: list[str]
+) -> None:
+    async with open_simulator(SMALL) as sim:
+        follower = Follower()
+        with trio.fail_after(5):
+            await follower.run(source_for(sim.url, resource=resource), cursor)
+        assert follower.error is not None and not follower.records
+        for word in words:
+            assert word in str(follower.error)
+
+
+async def test_streamed_live_records_are_batched_together() -> None:
+    async with open_simulator(SMALL) as sim:
+        async with following(source_for(sim.url, stream_batch_window=0.05), "now") as (f, _):
+            await trio.sleep(0.3)
+            sim.close_ledger()
+            await f.wait_for(10)
+        assert len(f.batches) <= 2 and len(f.records) == 10
