@@ -388,9 +388,7 @@ class HorizonApp:
         descending = params.order == "desc"
         after = parse_cursor(params.cursor, query.collection, chain.latest, descending)
         keys = self._keys(query, after, descending, params.limit)
-        records = [
-            render.record_forms(chain.content(key >> (KEY_SHIFT + 32)), key)[1] for key in keys
-        ]
+        records = [render.page_form(chain.content(key >> (KEY_SHIFT + 32)), key) for key in keys]
         body = render.page(
             base,
             query.path,
@@ -564,7 +562,7 @@ class _Stream:
 
     async def _event(self, key: int) -> None:
         chain, faults = self.sim.chain, self.sim.faults
-        compact = render.record_forms(chain.content(key >> (KEY_SHIFT + 32)), key)[0]
+        compact = render.compact_form(chain.content(key >> (KEY_SHIFT + 32)), key)
         data = render.with_base(compact, self.base)
         token = token_of(key)
         frame = render.sse_record(token, data)
@@ -592,5 +590,5 @@ class _Stream:
         if not earlier:
             return previous_frame
         chain = self.sim.chain
-        compact = render.record_forms(chain.content(earlier[0] >> (KEY_SHIFT + 32)), earlier[0])[0]
+        compact = render.compact_form(chain.content(earlier[0] >> (KEY_SHIFT + 32)), earlier[0])
         return render.sse_record(token_of(earlier[0]), render.with_base(compact, self.base))

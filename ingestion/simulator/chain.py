@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import bisect
+import gc
 import hashlib
 import random
 import time
@@ -125,9 +126,8 @@ class LedgerContent:
     kinds: dict[str, list[int]]  # collection -> keys in order (ledgers, transactions, ...)
     participants: dict[int, frozenset[str]]  # tx/op key -> accounts involved
     tx_hashes: dict[str, int]
-    rendered: dict[int, tuple[bytes, bytes]] = attrs.Factory(
-        dict
-    )  # key -> (compact, page-indented)
+    compact: dict[int, bytes] = attrs.Factory(dict)  # key -> stream form (render.compact_form)
+    pretty: dict[int, bytes] = attrs.Factory(dict)  # key -> page form (render.page_form)
 
     @property
     def size(self) -> int:
@@ -633,7 +633,14 @@ class Chain:
             return content
         if not self.first <= seq <= self.latest:
             raise KeyError(seq)
-        content = _LedgerBuilder(self.spec, self.accounts, self.contracts, seq).build()
+        # Records hold no reference cycles: keep the cyclic GC from re-scanning the cache meanwhile.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            content = _LedgerBuilder(self.spec, self.accounts, self.contracts, seq).build()
+        finally:
+            if gc_was_enabled:
+                gc.enable()
         self._cache[seq] = content
         self._cache_size += content.size
         while self._cache_size > self._cache_records and len(self._cache) > 1:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from json.encoder import encode_basestring as _encode_string  # the C escaper, non-ASCII kept
 from typing import Any
 from urllib.parse import quote
 
@@ -50,19 +51,76 @@ def go_json(value: Any, *, indent: bool = True) -> bytes:
     return go_escape(text.encode("utf-8"))
 
 
-def record_forms(content: LedgerContent, key: int) -> tuple[bytes, bytes]:
-    """A record's compact bytes (stream events) and its indented bytes as embedded in a page.
+def compact_form(content: LedgerContent, key: int) -> bytes:
+    """A record as a stream event sends it (``json.Marshal``), cached with its ledger.
 
     Links still carry :data:`PLACEHOLDER`; swap the base in with :func:`with_base`.
     """
-    forms = content.rendered.get(key)
-    if forms is None:
-        record = content.records[key]
-        compact = go_json(record, indent=False)
-        pretty = json.dumps(record, ensure_ascii=False, indent=2).replace("\n", _RECORD_INDENT)
-        forms = (compact, go_escape(("      " + pretty).encode("utf-8")))
-        content.rendered[key] = forms
-    return forms
+    data = content.compact.get(key)
+    if data is None:
+        data = content.compact[key] = go_json(content.records[key], indent=False)
+    return data
+
+
+def page_form(content: LedgerContent, key: int) -> bytes:
+    """A record as a page embeds it: indented, three levels deep, cached with its ledger."""
+    data = content.pretty.get(key)
+    if data is None:
+        out = [_RECORD_INDENT[1:]]
+        _pretty(content.records[key], _RECORD_INDENT[1:], out)
+        data = content.pretty[key] = go_escape("".join(out).encode("utf-8"))
+    return data
+
+
+def _pretty(value: dict[str, Any] | list[Any], indent: str, out: list[str]) -> None:
+    """``MarshalIndent`` of a dict or list, much faster than ``json.dumps(indent=2)``.
+
+    Scalars are written inline (strings by the C escaper); only containers recurse.
+    """
+    inner = indent + "  "
+    if isinstance(value, dict):
+        if not value:
+            out.append("{}")
+            return
+        out.append("{")
+        sep = "\n"
+        for k, v in value.items():
+            head = f"{sep}{inner}{_encode_string(k)}: "
+            sep = ",\n"
+            t = type(v)
+            if t is str:
+                out.append(head + _encode_string(v))
+            elif t is bool:
+                out.append(head + ("true" if v else "false"))
+            elif t is int:
+                out.append(f"{head}{v}")
+            elif v is None:
+                out.append(head + "null")
+            else:
+                out.append(head)
+                _pretty(v, inner, out)
+        out.append(f"\n{indent}}}")
+        return
+    if not value:
+        out.append("[]")
+        return
+    out.append("[")
+    sep = "\n"
+    for v in value:
+        t = type(v)
+        if t is str:
+            out.append(f"{sep}{inner}{_encode_string(v)}")
+        elif t is bool:
+            out.append(f"{sep}{inner}{'true' if v else 'false'}")
+        elif t is int:
+            out.append(f"{sep}{inner}{v}")
+        elif v is None:
+            out.append(f"{sep}{inner}null")
+        else:
+            out.append(sep + inner)
+            _pretty(v, inner, out)
+        sep = ",\n"
+    out.append(f"\n{indent}]")
 
 
 def with_base(data: bytes, base: bytes) -> bytes:

@@ -19,7 +19,7 @@ from hypercorn.trio import serve
 from ingestion.simulator.app import CollectionQuery, HorizonApp, resolve
 from ingestion.simulator.chain import KEY_SHIFT, Chain, ChainSpec
 from ingestion.simulator.faults import Faults
-from ingestion.simulator.render import record_forms, with_base
+from ingestion.simulator.render import compact_form, with_base
 
 
 @attrs.frozen
@@ -121,7 +121,7 @@ class Simulator:
             if not keys:
                 return out
             for key in keys:
-                compact = record_forms(self.chain.content(key >> (KEY_SHIFT + 32)), key)[0]
+                compact = compact_form(self.chain.content(key >> (KEY_SHIFT + 32)), key)
                 out.append(json.loads(with_base(compact, base)))
             after = keys[-1]
 
