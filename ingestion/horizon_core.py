@@ -330,9 +330,8 @@ def validate_page(
     after the previous one): it and everything after it are dropped, the records before it kept.
     ``full`` says the page held ``limit`` records, i.e. there may be more to page through.
 
-    A record's body is :func:`compact_json` of the record when the page is indented (Horizon's
-    and the simulator's are), which is what Horizon streams for it; a record already on one line
-    (a compact page) is kept as the exact text the server sent.
+    A record's body is the record's text as the page carries it, compacted (see
+    :func:`compact_record_text`): what Horizon streams for the same record.
     """
     try:
         text = content if isinstance(content, str) else content.decode("utf-8")
@@ -345,14 +344,33 @@ def validate_page(
         return PageOutcome((), Malformed("broken-json", f"{exc}: {_excerpt(content)}"), False)
     records: list[Record] = []
     last_key = None if after is None else token_key(after)
-    encode = compact_json
     for rec, rec_text in raw:
         bad = _check_record(rec, last_key)
         if isinstance(bad, Malformed):
             return PageOutcome(tuple(records), bad, False)
         token, last_key = bad
-        records.append(Record(token, encode(rec) if "\n" in rec_text else rec_text))
+        records.append(Record(token, compact_record_text(rec, rec_text)))
     return PageOutcome(tuple(records), None, len(raw) >= limit)
+
+
+def compact_record_text(record: Any, text: str) -> str:
+    """The compact form of a record's text from a page, as Horizon would stream it.
+
+    Horizon writes pages with Go's ``json.MarshalIndent`` and stream events with ``json.Marshal``;
+    the two differ only in whitespace: a newline plus indentation before each member or element,
+    and a space after each key's colon. ``text`` parsed as valid JSON, so it has no raw newline
+    inside a string: every newline and the spaces after it are indentation, and ``": "`` can be
+    inside a string only as ``\\": ``. Undoing those gives Go's ``json.Compact``, byte for byte
+    what the stream sends (Go's escapes and number formats kept as the server wrote them). When
+    ``\\": `` occurs, :func:`compact_json` re-serializes the record instead. A record already on
+    one line is kept as is.
+    """
+    if "\n" not in text:
+        return text
+    if '\\": ' in text:
+        return compact_json(record)
+    # str.lstrip() may strip more than spaces, but a line never starts with a string's inside.
+    return "".join(map(str.lstrip, text.split("\n"))).replace('": ', '":')
 
 
 def _check_record(
