@@ -240,3 +240,46 @@ def test_bad_settings_are_configuration_errors() -> None:
     with pytest.raises(ValueError, match="at least one"):
         HorizonSource([])
     assert HorizonSource("http://x").urls == ("http://x",)
+
+
+async def test_next_pages_are_fetched_while_the_consumer_holds_a_batch() -> None:
+    cursors: list[str] = []
+
+    async def handler(request: Request) -> Reply:
+        cursors.append(request.query["cursor"])
+        first = 1 if request.query["cursor"] == "0" else (int(request.query["cursor"]) >> 32) + 1
+        return page_reply([rec(i) for i in range(first, first + 3)])
+
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_script, handler)
+        with trio.fail_after(5):
+            async with fast(url, prefetch=2).stream("0") as batches:
+                first = await batches.receive()
+                while len(cursors) < 4:  # page 1 taken; pages 2, 3 buffered; page 4 in flight
+                    await trio.sleep(0.01)
+                await trio.sleep(0.1)
+                assert len(cursors) == 4  # and no further: the buffer is bounded
+                second = await batches.receive()
+        nursery.cancel_scope.cancel()
+    assert first.cursor == tok(3) and second.records[0].paging_token == tok(4)
+
+
+async def test_429_waits_as_long_as_retry_after_says() -> None:
+    calls: list[float] = []
+
+    async def handler(request: Request) -> Reply:
+        calls.append(trio.current_time())
+        if len(calls) == 1:
+            reply = problem(429, "Rate Limit Exceeded", "The rate limit ... is over.")
+            return Reply(429, reply.body, {**reply.headers, "Retry-After": "1"})
+        return page_reply([rec(1)])
+
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_script, handler)
+        with structlog.testing.capture_logs() as logs:
+            got = await collect(fast(url, retry_after_cap=5.0), "0", 1)
+        nursery.cancel_scope.cancel()
+    assert [r.paging_token for r in got] == [tok(1)]
+    assert calls[1] - calls[0] >= 1.0
+    (retry,) = [e for e in logs if e["event"] == "horizon-retry"]
+    assert retry["status"] == 429 and retry["delay"] == 1.0 and "Rate Limit" in retry["error"]
