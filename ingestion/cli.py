@@ -1,0 +1,141 @@
+"""The command line: ``python -m ingestion [run|simulate|inspect|watch|demo] ...`` (CONTRACT.md).
+
+Exit status: 0 after a clean shutdown, 2 for a usage or configuration error (one line per problem on
+stderr, naming the setting), 1 for a fatal runtime error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ingestion.config import ConfigError, Settings, load
+
+COMMANDS = ("run", "simulate", "inspect", "watch", "demo")
+
+
+class UsageError(Exception):
+    pass
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m ingestion [run]",
+        description="Run one ingestion node: join the election and ingest Horizon while leader.",
+    )
+    p.add_argument("--config", type=Path, help="TOML file (default: ./config.toml if present)")
+    p.add_argument("--node-id", help="this node's id (default: <hostname>-<pid>)")
+    p.add_argument("--job", help="the singleton job to compete for (default: horizon)")
+    p.add_argument("--horizon", action="append", metavar="URL", help="Horizon base URL (repeatable)")
+    p.add_argument("--resource", help="Horizon collection path, e.g. /operations (default)")
+    p.add_argument("--start-cursor", help="now (default), 0 or a paging token")
+    p.add_argument("--redis", metavar="URL", help="redis:// or rediss:// URL")
+    p.add_argument("--lease-ttl-ms", type=int, metavar="N", help="lease TTL in milliseconds")
+    p.add_argument("--metrics-port", type=int, metavar="N", help="Prometheus /metrics port")
+    p.add_argument("--status-port", type=int, metavar="N", help="WebSocket status port")
+    p.add_argument("--log-level", help="debug, info, warning or error")
+    p.add_argument("--log-format", choices=("json", "console", "auto"), help="log rendering")
+    return p
+
+
+def _flags_layer(ns: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    pairs = {
+        ("node", "id"): ns.node_id,
+        ("node", "job"): ns.job,
+        ("horizon", "urls"): ns.horizon,
+        ("horizon", "resource"): ns.resource,
+        ("horizon", "start_cursor"): ns.start_cursor,
+        ("redis", "url"): ns.redis,
+        ("lease", "ttl_ms"): ns.lease_ttl_ms,
+        ("observe", "metrics_port"): getattr(ns, "metrics_port", None),
+        ("observe", "status_port"): getattr(ns, "status_port", None),
+        ("log", "level"): getattr(ns, "log_level", None),
+        ("log", "format"): getattr(ns, "log_format", None),
+    }
+    layer: dict[str, dict[str, Any]] = {}
+    for (section, key), value in pairs.items():
+        if value is not None:
+            layer.setdefault(section, {})[key] = value
+    return layer
+
+
+def load_settings(ns: argparse.Namespace) -> Settings:
+    return load(ns.config, os.environ, _flags_layer(ns))
+
+
+def cmd_run(argv: Sequence[str]) -> int:
+    ns = _run_parser().parse_args(argv)
+    settings = load_settings(ns)
+    from ingestion.node import run_node_process  # noqa: PLC0415 - keep `--help` fast
+
+    return trio.run(run_node_process, settings)
+
+
+def _inspect_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ingestion inspect", description="Show a job's state.")
+    p.add_argument("--config", type=Path)
+    p.add_argument("--redis", metavar="URL")
+    p.add_argument("--job")
+    p.add_argument("--json", action="store_true", help="print one JSON object (CONTRACT.md)")
+    p.add_argument("--audit", type=int, default=10, metavar="N", help="audit entries to show")
+    return p
+
+
+def cmd_inspect(argv: Sequence[str]) -> int:
+    ns = _inspect_parser().parse_args(argv)
+    for name in ("node_id", "horizon", "resource", "start_cursor", "lease_ttl_ms"):
+        setattr(ns, name, None)
+    settings = load_settings(ns)
+    from ingestion.inspect import inspect_job  # noqa: PLC0415
+
+    return trio.run(inspect_job, settings, ns.json, ns.audit)
+
+
+def cmd_simulate(argv: Sequence[str]) -> int:
+    from ingestion.simulator.cli import main  # noqa: PLC0415
+
+    return main(list(argv))
+
+
+def cmd_watch(argv: Sequence[str]) -> int:
+    from ingestion.watch import main  # noqa: PLC0415
+
+    return main(list(argv))
+
+
+def cmd_demo(argv: Sequence[str]) -> int:
+    from ingestion.demo import main  # noqa: PLC0415
+
+    return main(list(argv))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = "run"
+    if args and args[0] in COMMANDS:
+        command = args.pop(0)
+    handlers = {
+        "run": cmd_run,
+        "simulate": cmd_simulate,
+        "inspect": cmd_inspect,
+        "watch": cmd_watch,
+        "demo": cmd_demo,
+    }
+    try:
+        return handlers[command](args)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"ingestion: configuration error: {problem}", file=sys.stderr)
+        return 2
+    except UsageError as exc:
+        print(f"ingestion: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+

@@ -1,0 +1,381 @@
+"""Configuration: built-in defaults < ``config.toml`` < ``INGESTION_<SECTION>_<KEY>`` < flags.
+
+Parsed into frozen attrs values. Every problem is reported as one line naming the setting
+(``lease.ttl_ms: ...``) and all problems are reported together; the CLI exits with status 2.
+Settings whose default is ``0`` marked *auto* are derived from the lease TTL, so that changing only
+the TTL always gives a consistent configuration.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import socket
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import attrs
+
+from ingestion.lease import LeaseTiming
+
+
+class ConfigError(Exception):
+    """One or more settings are wrong; ``problems`` holds one line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def default_node_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ``***``, for logs and errors."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+# The schema: section -> key -> (type, default, help). Types: int, float, str, list[str], bool.
+SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
+    "node": {
+        "id": (str, "", "this node's id in logs and in Redis; empty: <hostname>-<pid>"),
+        "job": (str, "horizon", "the singleton job this node competes for"),
+    },
+    "redis": {
+        "url": (str, "redis://127.0.0.1:6379/0", "redis:// or rediss:// URL (user:password@ ok)"),
+        "timeout_ms": (int, 0, "bound on every Redis call; 0: auto = min(500, margin / 2)"),
+        "tls_ca_file": (str, "", "CA bundle to verify a rediss:// server (empty: system store)"),
+    },
+    "lease": {
+        "ttl_ms": (int, 5000, "lease time-to-live in Redis"),
+        "renew_interval_ms": (int, 0, "time between renewals; 0: auto = ttl / 5"),
+        "safety_margin_ms": (int, 0, "ingestion stops this long before the lease could end; 0: auto = ttl / 5"),
+        "clock_drift": (float, 0.01, "allowed relative clock-rate difference between node and Redis"),
+        "standby_jitter_ms": (int, 25, "random delay added to a standby's wake-up"),
+    },
+    "horizon": {
+        "urls": ("list[str]", ["http://127.0.0.1:8000"], "Horizon base URLs, tried in order"),
+        "resource": (str, "/operations", "collection to ingest, e.g. /payments or /accounts/G.../effects"),
+        "start_cursor": (str, "now", "where a job starts when nothing is committed: now, 0 or a paging token"),
+        "connect_timeout_ms": (int, 2000, "HTTP connect timeout"),
+        "read_timeout_ms": (int, 30000, "HTTP read timeout for a page request"),
+        "stream_idle_timeout_ms": (int, 65000, "reconnect a stream silent this long (Horizon closes its own after 55 s)"),
+        "retry_base_ms": (int, 200, "first retry delay after a connection error or 5xx"),
+        "retry_cap_ms": (int, 10000, "longest retry delay"),
+        "failover_after": (int, 3, "consecutive failures before moving to the next URL"),
+    },
+    "observe": {
+        "listen_host": (str, "127.0.0.1", "address the status and metrics endpoints listen on"),
+        "metrics_port": (int, 0, "Prometheus /metrics and /healthz port; 0: off"),
+        "status_port": (int, 0, "WebSocket status port; 0: off"),
+    },
+    "log": {
+        "level": (str, "info", "debug, info, warning or error"),
+        "format": (str, "auto", "json, console, or auto (console on a terminal, else json)"),
+    },
+}
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@attrs.frozen
+class NodeSettings:
+    id: str
+    job: str
+
+
+@attrs.frozen
+class RedisSettings:
+    url: str
+    timeout_ms: int
+    tls_ca_file: str
+
+
+@attrs.frozen
+class LeaseSettings:
+    ttl_ms: int
+    renew_interval_ms: int
+    safety_margin_ms: int
+    clock_drift: float
+    standby_jitter_ms: int
+
+    @property
+    def timing(self) -> LeaseTiming:
+        return LeaseTiming(
+            ttl=self.ttl_ms / 1000,
+            renew_interval=self.renew_interval_ms / 1000,
+            margin=self.safety_margin_ms / 1000,
+            drift=self.clock_drift,
+        )
+
+
+@attrs.frozen
+class HorizonSettings:
+    urls: tuple[str, ...]
+    resource: str
+    start_cursor: str
+    connect_timeout_ms: int
+    read_timeout_ms: int
+    stream_idle_timeout_ms: int
+    retry_base_ms: int
+    retry_cap_ms: int
+    failover_after: int
+
+
+@attrs.frozen
+class ObserveSettings:
+    listen_host: str
+    metrics_port: int
+    status_port: int
+
+
+@attrs.frozen
+class LogSettings:
+    level: str
+    format: str
+
+
+@attrs.frozen
+class Settings:
+    node: NodeSettings
+    redis: RedisSettings
+    lease: LeaseSettings
+    horizon: HorizonSettings
+    observe: ObserveSettings
+    log: LogSettings
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> Settings:
+        """Validate a nested mapping (missing keys take defaults) into Settings.
+
+        Raises:
+            ConfigError: with one line per problem.
+        """
+        problems: list[str] = []
+        values: dict[str, dict[str, Any]] = {}
+        for section, value in raw.items():
+            if section not in SCHEMA:
+                problems.append(f"{section}: unknown section{_did_you_mean(section, SCHEMA)}")
+            elif not isinstance(value, Mapping):
+                problems.append(f"{section}: must be a table of settings")
+        for section, keys in SCHEMA.items():
+            given = raw.get(section, {})
+            given = given if isinstance(given, Mapping) else {}
+            values[section] = {}
+            for key in given:
+                if key not in keys:
+                    problems.append(f"{section}.{key}: unknown setting{_did_you_mean(key, keys)}")
+            for key, (kind, default, _help) in keys.items():
+                value = given.get(key, default)
+                checked = _check_type(f"{section}.{key}", kind, value, problems)
+                values[section][key] = checked if checked is not None else default
+        _derive(values)
+        _check_values(values, problems)
+        if problems:
+            raise ConfigError(problems)
+        v = values
+        return cls(
+            node=NodeSettings(**v["node"]),
+            redis=RedisSettings(**v["redis"]),
+            lease=LeaseSettings(**v["lease"]),
+            horizon=HorizonSettings(**{**v["horizon"], "urls": tuple(v["horizon"]["urls"])}),
+            observe=ObserveSettings(**v["observe"]),
+            log=LogSettings(**v["log"]),
+        )
+
+
+def _did_you_mean(name: str, options: Mapping[str, Any]) -> str:
+    close = difflib.get_close_matches(name, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _check_type(name: str, kind: type | str, value: Any, problems: list[str]) -> Any:
+    if kind == "list[str]":
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list) and all(isinstance(x, str) for x in value):
+            return value
+        problems.append(f"{name}: must be a list of strings, got {value!r}")
+        return None
+    if kind is int and isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            pass
+    if kind is float and isinstance(value, str | int) and not isinstance(value, bool):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(kind, type) and isinstance(value, kind) and not isinstance(value, bool):
+        return value
+    type_name = kind if isinstance(kind, str) else kind.__name__
+    problems.append(f"{name}: must be {type_name}, got {value!r}")
+    return None
+
+
+def _derive(v: dict[str, dict[str, Any]]) -> None:
+    lease = v["lease"]
+    ttl = lease["ttl_ms"]
+    if not lease["renew_interval_ms"]:
+        lease["renew_interval_ms"] = ttl // 5
+    if not lease["safety_margin_ms"]:
+        lease["safety_margin_ms"] = ttl // 5
+    if not v["redis"]["timeout_ms"]:
+        v["redis"]["timeout_ms"] = max(1, min(500, lease["safety_margin_ms"] // 2))
+    if not v["node"]["id"]:
+        v["node"]["id"] = default_node_id()
+
+
+def _check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
+    lease, redis_, horizon, observe, log = v["lease"], v["redis"], v["horizon"], v["observe"], v["log"]
+    if not 100 <= lease["ttl_ms"] <= 3_600_000:
+        problems.append(f"lease.ttl_ms: must be between 100 and 3600000, got {lease['ttl_ms']}")
+    for key in ("renew_interval_ms", "safety_margin_ms", "standby_jitter_ms"):
+        if lease[key] < 0 or (key != "standby_jitter_ms" and lease[key] == 0):
+            problems.append(f"lease.{key}: must be positive, got {lease[key]}")
+    if not 0 <= lease["clock_drift"] < 0.5:
+        problems.append(f"lease.clock_drift: must be in [0, 0.5), got {lease['clock_drift']}")
+    usable = lease["ttl_ms"] * (1 - lease["clock_drift"]) - lease["safety_margin_ms"]
+    if lease["renew_interval_ms"] >= usable:
+        problems.append(
+            f"lease.renew_interval_ms: {lease['renew_interval_ms']} leaves no room to renew inside "
+            f"the lease: it must be below ttl_ms * (1 - clock_drift) - safety_margin_ms = {usable:.0f}"
+        )
+    if redis_["timeout_ms"] >= lease["safety_margin_ms"]:
+        problems.append(
+            f"redis.timeout_ms: {redis_['timeout_ms']} must be below lease.safety_margin_ms "
+            f"({lease['safety_margin_ms']}) so that no Redis call can outlive the lease"
+        )
+    scheme = urlsplit(redis_["url"]).scheme
+    if scheme not in ("redis", "rediss", "unix"):
+        problems.append(
+            f"redis.url: must start with redis://, rediss:// or unix://, got {redact_url(redis_['url'])!r}"
+        )
+    if redis_["tls_ca_file"] and not Path(redis_["tls_ca_file"]).is_file():
+        problems.append(f"redis.tls_ca_file: no such file {redis_['tls_ca_file']!r}")
+    if not horizon["urls"]:
+        problems.append("horizon.urls: at least one Horizon URL is needed")
+    for url in horizon["urls"]:
+        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+            problems.append(f"horizon.urls: not an http(s) URL: {url!r}")
+    if not horizon["resource"].startswith("/"):
+        problems.append(f"horizon.resource: must be a path such as /operations, got {horizon['resource']!r}")
+    start = horizon["start_cursor"]
+    if start not in ("now", "0"):
+        from ingestion.paging import InvalidPagingToken, token_key  # noqa: PLC0415
+
+        try:
+            token_key(start)
+        except InvalidPagingToken:
+            problems.append(f"horizon.start_cursor: must be now, 0 or a paging token, got {start!r}")
+    for key in (
+        "connect_timeout_ms",
+        "read_timeout_ms",
+        "stream_idle_timeout_ms",
+        "retry_base_ms",
+        "retry_cap_ms",
+        "failover_after",
+    ):
+        if horizon[key] <= 0:
+            problems.append(f"horizon.{key}: must be positive, got {horizon[key]}")
+    if horizon["retry_cap_ms"] < horizon["retry_base_ms"]:
+        problems.append("horizon.retry_cap_ms: must not be below horizon.retry_base_ms")
+    for key in ("metrics_port", "status_port"):
+        if not 0 <= observe[key] <= 65535:
+            problems.append(f"observe.{key}: must be a port number 0..65535 (0: off), got {observe[key]}")
+    if log["level"].lower() not in LOG_LEVELS:
+        problems.append(f"log.level: must be one of {', '.join(LOG_LEVELS)}, got {log['level']!r}")
+    else:
+        log["level"] = log["level"].lower()
+    if log["format"] not in ("json", "console", "auto"):
+        problems.append(f"log.format: must be json, console or auto, got {log['format']!r}")
+    if not v["node"]["job"] or any(c in v["node"]["job"] for c in "{}"):
+        problems.append(f"node.job: must be non-empty and free of braces, got {v['node']['job']!r}")
+    if "|" in v["node"]["id"]:
+        problems.append(f"node.id: must not contain '|', got {v['node']['id']!r}")
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError([f"--config: cannot read {path}: {exc.strerror}"]) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"--config: {path} is not valid TOML: {exc}"]) from exc
+
+
+def from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """``INGESTION_<SECTION>_<KEY>`` variables as a nested mapping (lists are comma-separated)."""
+    out: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    for name, value in environ.items():
+        if not name.startswith("INGESTION_"):
+            continue
+        rest = name[len("INGESTION_") :].lower()
+        section, _, key = rest.partition("_")
+        if section not in SCHEMA or key not in SCHEMA[section]:
+            hint = _did_you_mean(rest, {f"{s}_{k}": 1 for s in SCHEMA for k in SCHEMA[s]})
+            problems.append(f"{name}: unknown setting{hint}")
+            continue
+        kind = SCHEMA[section][key][0]
+        parsed: Any = [u.strip() for u in value.split(",") if u.strip()] if kind == "list[str]" else value
+        out.setdefault(section, {})[key] = parsed
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def merge(*layers: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    merged: dict[str, dict[str, Any]] = {}
+    for layer in layers:
+        for section, values in layer.items():
+            if isinstance(values, Mapping):
+                merged.setdefault(section, {}).update(values)
+            else:
+                merged[section] = values  # type: ignore[assignment]  # reported by from_mapping
+    return merged
+
+
+def load(
+    config_path: Path | None,
+    environ: Mapping[str, str],
+    flags: Mapping[str, Mapping[str, Any]],
+) -> Settings:
+    """Defaults < config file < environment < flags. ``config_path`` None: ./config.toml if any."""
+    if config_path is None:
+        candidate = Path("config.toml")
+        file_layer = read_toml(candidate) if candidate.is_file() else {}
+    else:
+        file_layer = read_toml(config_path)
+    return Settings.from_mapping(merge(file_layer, from_environment(environ), flags))
+
+
+def sample_toml() -> str:
+    """A config.toml documenting every setting with its default."""
+    lines = ["# ingestion node configuration: every setting, with its default.", ""]
+    for section, keys in SCHEMA.items():
+        lines.append(f"[{section}]")
+        for key, (_kind, default, help_) in keys.items():
+            lines.append(f"# {help_}")
+            if isinstance(default, str):
+                rendered = f'"{default}"'
+            elif isinstance(default, list):
+                rendered = "[" + ", ".join(f'"{x}"' for x in default) + "]"
+            else:
+                rendered = str(default)
+            lines.append(f"{key} = {rendered}")
+        lines.append("")
+    return "\n".join(lines)

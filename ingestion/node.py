@@ -1,0 +1,124 @@
+"""One node process: settings in, a running node out, until SIGINT/SIGTERM.
+
+Builds the Redis lease store and the Horizon source from the settings, starts the supervisor (and
+the metrics and status endpoints when configured), and turns the first SIGINT or SIGTERM into a
+graceful shutdown: ingestion stops, the in-flight commit finishes, the lease is released so a
+standby takes over at once, and the process exits 0. A second signal cancels at once (the lease is
+still released, under a short shielded scope).
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import structlog
+import trio
+
+from actors.elector import IngestionFatal
+from actors.supervisor import NodeSpec, run_node
+from ingestion.config import Settings, redact_url
+from ingestion.horizon import HorizonSource
+from ingestion.lease_store import LeaseStore, connect
+from ingestion.logs import configure_logging, node_logger
+from ingestion.observe import NodeObserver
+
+
+def build_source(settings: Settings) -> HorizonSource:
+    h = settings.horizon
+    return HorizonSource(
+        urls=h.urls,
+        resource=h.resource,
+        connect_timeout=h.connect_timeout_ms / 1000,
+        read_timeout=h.read_timeout_ms / 1000,
+        stream_idle_timeout=h.stream_idle_timeout_ms / 1000,
+        retry_base=h.retry_base_ms / 1000,
+        retry_cap=h.retry_cap_ms / 1000,
+        attempts_per_url=h.failover_after,
+    )
+
+
+def build_store(settings: Settings) -> LeaseStore:
+    r = settings.redis
+    extra: dict[str, Any] = {}
+    if r.tls_ca_file:
+        extra["ssl_ca_certs"] = r.tls_ca_file
+    client = connect(r.url, timeout=r.timeout_ms / 1000, **extra)
+    return LeaseStore(client, settings.node.job)
+
+
+def node_spec(settings: Settings) -> NodeSpec:
+    return NodeSpec(
+        node=settings.node.id,
+        job=settings.node.job,
+        ttl_ms=settings.lease.ttl_ms,
+        timing=settings.lease.timing,
+        jitter=settings.lease.standby_jitter_ms / 1000,
+        start_cursor=settings.horizon.start_cursor,
+    )
+
+
+async def run_node_process(settings: Settings) -> int:
+    configure_logging(settings.log.level, settings.log.format)
+    # Bound in the context too, so that every task's log lines (the Horizon source's included)
+    # carry the node and the job.
+    structlog.contextvars.bind_contextvars(node=settings.node.id, job=settings.node.job)
+    log = node_logger(settings.node.id, settings.node.job)
+    spec = node_spec(settings)
+    observer = NodeObserver(spec.node, spec.job)
+    log.info(
+        "node-starting",
+        redis=redact_url(settings.redis.url),
+        horizon=list(settings.horizon.urls),
+        resource=settings.horizon.resource,
+        lease_ttl_ms=spec.ttl_ms,
+        renew_interval_ms=settings.lease.renew_interval_ms,
+        safety_margin_ms=settings.lease.safety_margin_ms,
+        redis_timeout_ms=settings.redis.timeout_ms,
+    )
+    store = build_store(settings)
+    source = build_source(settings)
+    try:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+
+                async def node_then_stop(*, task_status: trio.TaskStatus[Any]) -> None:
+                    try:
+                        await run_node(store, source, spec, log, observer, task_status=task_status)
+                    finally:
+                        nursery.cancel_scope.cancel()
+
+                handle = await nursery.start(node_then_stop)
+                await _start_endpoints(nursery, settings, observer, log)
+                shutting_down = False
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if shutting_down:
+                        log.warning("shutdown-forced", signal=name)
+                        nursery.cancel_scope.cancel()
+                        break
+                    shutting_down = True
+                    log.info("shutdown-requested", signal=name)
+                    await handle.shutdown(name)
+    except IngestionFatal as exc:
+        log.error("node-stopped", reason="ingestion-fatal", error=str(exc))
+        return 1
+    finally:
+        store.client.close()
+    log.info("node-stopped", reason="shutdown")
+    return 0
+
+
+async def _start_endpoints(
+    nursery: trio.Nursery, settings: Settings, observer: NodeObserver, log: Any
+) -> None:
+    """Start the metrics and status endpoints when configured (see ingestion.metrics/status)."""
+    o = settings.observe
+    if o.metrics_port:
+        from ingestion.metrics import serve_metrics  # noqa: PLC0415
+
+        await nursery.start(serve_metrics, o.listen_host, o.metrics_port, observer, log)
+    if o.status_port:
+        from ingestion.status import serve_status  # noqa: PLC0415
+
+        await nursery.start(serve_status, o.listen_host, o.status_port, observer, log)
