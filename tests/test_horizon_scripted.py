@@ -282,3 +282,24 @@ async def test_429_waits_as_long_as_retry_after_says() -> None:
     assert calls[1] - calls[0] >= 1.0
     (retry,) = [e for e in logs if e["event"] == "horizon-retry"]
     assert retry["status"] == 429 and retry["delay"] == 1.0 and "Rate Limit" in retry["error"]
+
+
+async def test_a_page_request_that_never_answers_is_timed_out_and_retried() -> None:
+    calls = 0
+
+    async def handler(request: Request) -> Reply:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await trio.sleep_forever()  # accepted, never answered
+        return page_reply([rec(1)])
+
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_script, handler)
+        source = fast(url, connect_timeout=0.2, read_timeout=0.2)
+        with structlog.testing.capture_logs() as logs:
+            got = await collect(source, "0", 1)
+        nursery.cancel_scope.cancel()
+    assert [r.paging_token for r in got] == [tok(1)]
+    (retry,) = [e for e in logs if e["event"] == "horizon-retry"]
+    assert retry["status"] is None and "Timeout" in retry["error"]
