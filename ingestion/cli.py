@@ -72,8 +72,12 @@ def load_settings(ns: argparse.Namespace) -> Settings:
 def cmd_run(argv: Sequence[str]) -> int:
     ns = _run_parser().parse_args(argv)
     settings = load_settings(ns)
-    from ingestion.node import run_node_process  # noqa: PLC0415 - keep `--help` fast
+    from ingestion.node import build_source, run_node_process  # noqa: PLC0415 - keep --help fast
 
+    try:
+        build_source(settings)
+    except ValueError as exc:
+        raise ConfigError([f"horizon: {exc}"]) from exc
     return trio.run(run_node_process, settings)
 
 
