@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 import trio
 
+from actors.cursor_writer import FENCING_REASONS
 from actors.messages import (
     CommitCursor,
     CommitOutcome,
@@ -29,7 +30,6 @@ from actors.messages import (
     LeaseRevoked,
     TermEnded,
 )
-from actors.cursor_writer import FENCING_REASONS
 from ingestion.source import Source, SourceFatalError
 
 

@@ -12,8 +12,6 @@ supervisor -> Elector:    ShutdownRequested
 
 from __future__ import annotations
 
-from typing import Union
-
 import attrs
 import trio
 
@@ -99,11 +97,11 @@ class ShutdownRequested:
     signal: str
 
 
-ElectorInput = Union[
-    RenewSucceeded, RenewFailed, RenewRejected, FencingTokenRejected, TermEnded, ShutdownRequested
-]
-HeartbeatInput = Union[StartRenewing, StopRenewing]
-IngestorInput = Union[LeaseGranted, LeaseExtended, LeaseRevoked]
+ElectorInput = (
+    RenewSucceeded | RenewFailed | RenewRejected | FencingTokenRejected | TermEnded | ShutdownRequested
+)
+HeartbeatInput = StartRenewing | StopRenewing
+IngestorInput = LeaseGranted | LeaseExtended | LeaseRevoked
 
 # --- Ingestor <-> CursorWriter ---
 
@@ -132,7 +130,7 @@ class CommitUnknown:
     error: str
 
 
-CommitOutcome = Union[CursorCommitted, CommitRefused, CommitUnknown]
+CommitOutcome = CursorCommitted | CommitRefused | CommitUnknown
 
 
 @attrs.frozen

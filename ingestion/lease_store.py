@@ -320,7 +320,8 @@ class LeaseStore:
         )
 
     async def committed_cursor(self) -> str | None:
-        return await self._call(self.client.hget, self.keys["cursor"], "cursor")
+        cursor: str | None = await self._call(self.client.hget, self.keys["cursor"], "cursor")  # type: ignore[arg-type]
+        return cursor
 
     async def leader(self) -> LeaderInfo:
         def read() -> LeaderInfo:
@@ -368,7 +369,7 @@ class LeaseStore:
 class ReleaseNotices:
     """A subscription to the job's release channel, for standbys that must react at once.
 
-    ``wait(timeout)`` returns True when a release notice arrived within ``timeout`` seconds, False
+    ``wait(seconds)`` returns True when a release notice arrived within that many seconds, False
     otherwise. Connection trouble is reported as False after the wait (the caller campaigns anyway,
     so a lost notice costs at most one standby interval). One waiter at a time.
     """
@@ -378,7 +379,7 @@ class ReleaseNotices:
         self._pubsub: Any = None
 
     def _wait(self, timeout: float) -> bool:
-        import time  # noqa: PLC0415 - runs in a worker thread, never in a trio task
+        import time
 
         end = time.monotonic() + timeout
         try:
@@ -396,8 +397,8 @@ class ReleaseNotices:
                 time.sleep(left)
         return False
 
-    async def wait(self, timeout: float) -> bool:
-        return await trio.to_thread.run_sync(self._wait, timeout, abandon_on_cancel=True)
+    async def wait(self, seconds: float) -> bool:
+        return await trio.to_thread.run_sync(self._wait, seconds, abandon_on_cancel=True)
 
     def close(self) -> None:
         if self._pubsub is not None:

@@ -45,9 +45,9 @@ class Recorder:
         return [e for e in self.events if e.event == event and (node is None or e.node == node)]
 
     async def wait_for(self, event: str, node: str | None = None, *, count: int = 1,
-                       timeout: float = 10.0, **fields: Any) -> Event:
+                       within: float = 10.0, **fields: Any) -> Event:
         """The ``count``-th matching event, waiting (bounded) until it has happened."""
-        with trio.fail_after(timeout):
+        with trio.fail_after(within):
             while True:
                 found = [
                     e for e in self.of(event, node)

@@ -95,7 +95,7 @@ async def test_partitioned_leader_stops_before_its_lease_expires_and_standby_tak
         assert takeover[-1]["previous_token"] == "1" and takeover[-1]["token"] == "2"
 
         proxy.set_mode("forward")
-        await rec.wait_for("standby", "a", leader="b", token=2, timeout=10)
+        await rec.wait_for("standby", "a", leader="b", token=2, within=10)
         await rec.wait_for("committed", "b", count=3)
         await b.shutdown()
         await a.shutdown()
@@ -118,7 +118,7 @@ async def test_refused_connection_makes_leader_step_down_and_campaign_again(
         await rec.wait_for("redis-unavailable", "a")
         proxy.set_mode("forward")
         # Alone in the cluster: once Redis is back (and its old lease gone) it leads again.
-        again = await rec.wait_for("became-leader", "a", count=2, timeout=10)
+        again = await rec.wait_for("became-leader", "a", count=2, within=10)
         assert again.fields["token"] == 2
         await rec.wait_for("committed", "a", count=len(rec.of("committed", "a")) + 2)
         await a.shutdown()
@@ -148,7 +148,7 @@ async def test_stale_leader_write_is_rejected_after_takeover(
             assert taken.fields["token"] == 2
             before = redis_client.hgetall(keys["cursor"])
             events_before = redis_client.xlen(keys["events"])
-            lost = await rec.wait_for("lost-leadership", "a", timeout=5)
+            lost = await rec.wait_for("lost-leadership", "a", within=5)
             assert lost.fields == {"token": 1, "reason": "fenced"}
             # a's rejected write changed nothing: every entry after the takeover is b's.
             tokens_after = [t for _i, t, _n in events_in_stream(redis_client, job)[events_before:]]
@@ -177,7 +177,7 @@ async def test_graceful_shutdown_releases_lease_and_standby_leads_within_millise
         await rec.wait_for("committed", "a", count=3)
         asked = trio.current_time()
         await a.shutdown("SIGTERM")
-        taken = await rec.wait_for("became-leader", "b", timeout=timing.ttl)
+        taken = await rec.wait_for("became-leader", "b", within=timing.ttl)
         handoff = taken.at - asked
         assert handoff < 0.5, f"handoff took {handoff:.3f}s, not a few hundred ms (TTL is 5 s)"
         lost = rec.of("lost-leadership", "a")
