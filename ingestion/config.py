@@ -4,18 +4,31 @@ Parsed into frozen attrs values. Every problem is reported as one line naming th
 (``lease.ttl_ms: ...``) and all problems are reported together; the CLI exits with status 2.
 Settings whose default is ``0`` marked *auto* are derived from the lease TTL, so that changing only
 the TTL always gives a consistent configuration.
+
+Relations checked between settings, and why:
+
+- ``lease.renew_interval_ms < lease.ttl_ms * (1 - clock_drift) - safety_margin_ms``: a renewal must
+  be possible before the ingest deadline, or every term ends at its first deadline.
+- ``redis.timeout_ms < lease.safety_margin_ms``: the commit (the only write on the data path) is
+  the one call that may still be in flight at the ingest deadline; bounding it by the margin means it
+  is answered or abandoned before the lease could expire.
+- Horizon HTTP timeouts are *not* bound by the margin, on purpose: every HTTP call runs inside the
+  lease's cancel scope and is cancelled at the ingest deadline whatever its timeout, and nothing it
+  does is visible outside the node until a fenced commit. Its timeouts only decide how fast a
+  healthy leader gives up on a dead Horizon URL; the only check is ``retry_cap_ms >= retry_base_ms``.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
+import re
 import socket
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -34,16 +47,23 @@ def default_node_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+_SECRET_QUERY = re.compile(r"(?i)([?&](?:password|pass|auth)=)[^&#]*")
+
+
 def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***``, for logs and errors."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    """The URL with any password (``user:password@`` or ``?password=``) replaced by ``***``.
+
+    Never raises, whatever the text: it is used on settings that failed validation too.
+    """
+    scheme, sep, rest = url.partition("://")
+    if sep:
+        netloc, slash, path = rest.partition("/")
+        userinfo, at, hostport = netloc.rpartition("@")
+        if at and ":" in userinfo:
+            user = userinfo.split(":", 1)[0]
+            netloc = f"{user}:***@{hostport}"
+        url = f"{scheme}{sep}{netloc}{slash}{path}"
+    return _SECRET_QUERY.sub(r"\1***", url)
 
 
 # The schema: section -> key -> (type, default, help). Types: int, float, str, list[str], bool.
@@ -53,32 +73,74 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
         "job": (str, "horizon", "the singleton job this node competes for"),
     },
     "redis": {
-        "url": (str, "redis://127.0.0.1:6379/0", "redis:// or rediss:// URL (user:password@ ok)"),
-        "timeout_ms": (int, 0, "bound on every Redis call; 0: auto = min(500, margin / 2)"),
-        "tls_ca_file": (str, "", "CA bundle to verify a rediss:// server (empty: system store)"),
+        "url": (
+            str,
+            "redis://127.0.0.1:6379/0",
+            "redis:// or rediss:// (TLS) URL; user:password@ for an ACL user, :password@ for requirepass",
+        ),
+        "timeout_ms": (
+            int,
+            0,
+            "ms, bound on every Redis call; 0: auto = min(500, safety_margin_ms / 2)",
+        ),
+        "tls_ca_file": (
+            str,
+            "",
+            "CA bundle (PEM) to verify a rediss:// server; empty: system store",
+        ),
+        "tls_cert_file": (str, "", "client certificate (PEM) for a server with tls-auth-clients"),
+        "tls_key_file": (str, "", "private key (PEM) of tls_cert_file"),
     },
     "lease": {
-        "ttl_ms": (int, 5000, "lease time-to-live in Redis"),
-        "renew_interval_ms": (int, 0, "time between renewals; 0: auto = ttl / 5"),
-        "safety_margin_ms": (int, 0, "ingestion stops this long before the lease could end; 0: auto = ttl / 5"),
-        "clock_drift": (float, 0.01, "allowed relative clock-rate difference between node and Redis"),
-        "standby_jitter_ms": (int, 25, "random delay added to a standby's wake-up"),
+        "ttl_ms": (int, 5000, "ms, lease time-to-live in Redis (100 .. 3600000)"),
+        "renew_interval_ms": (int, 0, "ms between renewals; 0: auto = ttl_ms / 5"),
+        "safety_margin_ms": (
+            int,
+            0,
+            "ms, ingestion stops this long before the lease could end; 0: auto = ttl_ms / 5",
+        ),
+        "clock_drift": (
+            float,
+            0.01,
+            "fraction, allowed clock-rate difference between node and Redis (0 .. 0.5)",
+        ),
+        "standby_jitter_ms": (
+            int,
+            25,
+            "ms, upper bound of the random delay added to a standby's wake-up",
+        ),
     },
     "horizon": {
         "urls": ("list[str]", ["http://127.0.0.1:8000"], "Horizon base URLs, tried in order"),
-        "resource": (str, "/operations", "collection to ingest, e.g. /payments or /accounts/G.../effects"),
-        "start_cursor": (str, "now", "where a job starts when nothing is committed: now, 0 or a paging token"),
-        "connect_timeout_ms": (int, 2000, "HTTP connect timeout"),
-        "read_timeout_ms": (int, 30000, "HTTP read timeout for a page request"),
-        "stream_idle_timeout_ms": (int, 65000, "reconnect a stream silent this long (Horizon closes its own after 55 s)"),
-        "retry_base_ms": (int, 200, "first retry delay after a connection error or 5xx"),
-        "retry_cap_ms": (int, 10000, "longest retry delay"),
-        "failover_after": (int, 3, "consecutive failures before moving to the next URL"),
+        "resource": (
+            str,
+            "/operations",
+            "collection to ingest, e.g. /payments or /accounts/G.../effects",
+        ),
+        "start_cursor": (
+            str,
+            "now",
+            "where a job starts when nothing is committed: now, 0 or a paging token",
+        ),
+        "connect_timeout_ms": (int, 2000, "ms, HTTP connect timeout"),
+        "read_timeout_ms": (int, 30000, "ms, HTTP read timeout for a page request"),
+        "stream_idle_timeout_ms": (
+            int,
+            65000,
+            "ms, reconnect a stream silent this long (Horizon closes its own after 55 s)",
+        ),
+        "retry_base_ms": (int, 200, "ms, first retry delay after a connection error or 5xx"),
+        "retry_cap_ms": (int, 10000, "ms, longest retry delay"),
+        "failover_after": (int, 3, "count, consecutive failures before moving to the next URL"),
     },
     "observe": {
         "listen_host": (str, "127.0.0.1", "address the status and metrics endpoints listen on"),
-        "metrics_port": (int, 0, "Prometheus /metrics and /healthz port; 0: off"),
-        "status_port": (int, 0, "WebSocket status port; 0: off"),
+        "metrics_port": (int, 0, "Prometheus /metrics and /healthz HTTP port; 0: off"),
+        "status_port": (
+            int,
+            0,
+            "WebSocket status port (python -m ingestion watch ws://host:port); 0: off",
+        ),
     },
     "log": {
         "level": (str, "info", "debug, info, warning or error"),
@@ -100,6 +162,8 @@ class RedisSettings:
     url: str
     timeout_ms: int
     tls_ca_file: str
+    tls_cert_file: str
+    tls_key_file: str
 
 
 @attrs.frozen
@@ -253,7 +317,9 @@ def _check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
             f"lease.renew_interval_ms: {lease['renew_interval_ms']} leaves no room to renew inside "
             f"the lease: it must be below ttl_ms * (1 - clock_drift) - safety_margin_ms = {usable:.0f}"
         )
-    if redis_["timeout_ms"] >= lease["safety_margin_ms"]:
+    if redis_["timeout_ms"] <= 0:
+        problems.append(f"redis.timeout_ms: must be positive (0: auto), got {redis_['timeout_ms']}")
+    elif redis_["timeout_ms"] >= lease["safety_margin_ms"]:
         problems.append(
             f"redis.timeout_ms: {redis_['timeout_ms']} must be below lease.safety_margin_ms "
             f"({lease['safety_margin_ms']}) so that no Redis call can outlive the lease"
@@ -263,8 +329,17 @@ def _check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
         problems.append(
             f"redis.url: must start with redis://, rediss:// or unix://, got {redact_url(redis_['url'])!r}"
         )
-    if redis_["tls_ca_file"] and not Path(redis_["tls_ca_file"]).is_file():
-        problems.append(f"redis.tls_ca_file: no such file {redis_['tls_ca_file']!r}")
+    for key in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+        if not redis_[key]:
+            continue
+        if scheme != "rediss":
+            problems.append(f"redis.{key}: only used with a rediss:// URL (redis.url is {scheme}://)")
+        elif not Path(redis_[key]).is_file():
+            problems.append(f"redis.{key}: no such file {redis_[key]!r}")
+    if bool(redis_["tls_cert_file"]) != bool(redis_["tls_key_file"]):
+        problems.append("redis.tls_cert_file: a client certificate needs both tls_cert_file and tls_key_file")
+    if scheme in ("redis", "rediss") and not urlsplit(redis_["url"]).hostname:
+        problems.append(f"redis.url: no host in {redact_url(redis_['url'])!r}")
     if not horizon["urls"]:
         problems.append("horizon.urls: at least one Horizon URL is needed")
     for url in horizon["urls"]:
@@ -274,7 +349,7 @@ def _check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
         problems.append(f"horizon.resource: must be a path such as /operations, got {horizon['resource']!r}")
     start = horizon["start_cursor"]
     if start not in ("now", "0"):
-        from ingestion.paging import InvalidPagingToken, token_key  # noqa: PLC0415
+        from ingestion.paging import InvalidPagingToken, token_key
 
         try:
             token_key(start)
@@ -295,6 +370,10 @@ def _check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
     for key in ("metrics_port", "status_port"):
         if not 0 <= observe[key] <= 65535:
             problems.append(f"observe.{key}: must be a port number 0..65535 (0: off), got {observe[key]}")
+    if observe["metrics_port"] and observe["metrics_port"] == observe["status_port"]:
+        problems.append("observe.status_port: must differ from observe.metrics_port")
+    if not observe["listen_host"]:
+        problems.append("observe.listen_host: must be an address such as 127.0.0.1")
     if log["level"].lower() not in LOG_LEVELS:
         problems.append(f"log.level: must be one of {', '.join(LOG_LEVELS)}, got {log['level']!r}")
     else:
@@ -354,22 +433,67 @@ def load(
     environ: Mapping[str, str],
     flags: Mapping[str, Mapping[str, Any]],
 ) -> Settings:
-    """Defaults < config file < environment < flags. ``config_path`` None: ./config.toml if any."""
+    """Defaults < config file < environment < flags. ``config_path`` None: ./config.toml if any.
+
+    Raises:
+        ConfigError: every problem found, one line each (a bad environment variable and a bad
+            value in the file are reported together).
+    """
     if config_path is None:
         candidate = Path("config.toml")
         file_layer = read_toml(candidate) if candidate.is_file() else {}
     else:
         file_layer = read_toml(config_path)
-    return Settings.from_mapping(merge(file_layer, from_environment(environ), flags))
+    problems: list[str] = []
+    try:
+        env_layer = from_environment(environ)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+        env_layer = {}
+    try:
+        settings = Settings.from_mapping(merge(file_layer, env_layer, flags))
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems)
+    return settings
+
+
+# The command-line flag of a setting, where there is one (documentation; tests keep it true).
+FLAGS = {
+    ("node", "id"): "--node-id",
+    ("node", "job"): "--job",
+    ("redis", "url"): "--redis",
+    ("lease", "ttl_ms"): "--lease-ttl-ms",
+    ("horizon", "urls"): "--horizon",
+    ("horizon", "resource"): "--resource",
+    ("horizon", "start_cursor"): "--start-cursor",
+    ("observe", "metrics_port"): "--metrics-port",
+    ("observe", "status_port"): "--status-port",
+    ("log", "level"): "--log-level",
+    ("log", "format"): "--log-format",
+}
 
 
 def sample_toml() -> str:
-    """A config.toml documenting every setting with its default."""
-    lines = ["# ingestion node configuration: every setting, with its default.", ""]
+    """The repo-root ``config.toml``: every setting with its default, unit, variable and flag."""
+    lines = [
+        "# Ingestion node configuration: every setting, with its default (generated by",
+        "# ingestion.config.sample_toml(); tests/test_config.py keeps this file equal to it).",
+        "#",
+        "# Precedence, lowest to highest: built-in defaults, this file (./config.toml or --config),",
+        "# environment variables INGESTION_<SECTION>_<KEY>, then command-line flags.",
+        "# Settings whose default is 0 and marked auto are derived from lease.ttl_ms.",
+        "",
+    ]
     for section, keys in SCHEMA.items():
         lines.append(f"[{section}]")
         for key, (_kind, default, help_) in keys.items():
             lines.append(f"# {help_}")
+            where = f"INGESTION_{section.upper()}_{key.upper()}"
+            if (section, key) in FLAGS:
+                where += f", {FLAGS[section, key]}"
+            lines.append(f"# ({where})")
             if isinstance(default, str):
                 rendered = f'"{default}"'
             elif isinstance(default, list):
