@@ -213,6 +213,13 @@ async def test_last_event_id_overrides_cursor(sim: Simulator) -> None:
     assert [f.get("id") for f in frames[1:3]] == [ops[11]["paging_token"], ops[12]["paging_token"]]
 
 
+async def until_streams(sim: Simulator, count: int) -> None:
+    """Wait (bounded) until ``count`` streams are open: no guessing with sleeps under load."""
+    with trio.fail_after(5):
+        while sim.active_streams < count:  # noqa: ASYNC110 - polling a counter is fine in a test
+            await trio.sleep(0.01)
+
+
 async def test_stream_sends_new_records_as_ledgers_close(sim: Simulator) -> None:
     async with trio.open_nursery() as nursery:
         result: list = []
@@ -221,8 +228,7 @@ async def test_stream_sends_new_records_as_ledgers_close(sim: Simulator) -> None
             result.append(await read_stream(f"{sim.url}/ledgers?cursor=now&limit=2"))
 
         nursery.start_soon(reader)
-        await trio.sleep(0.2)
-        assert sim.active_streams == 1
+        await until_streams(sim, 1)
         first = sim.close_ledger()
         second = sim.close_ledger()
     _, frames, ended = result[0]
@@ -336,7 +342,7 @@ async def test_going_down_drops_open_streams(sim: Simulator) -> None:
             result.append(await read_stream(f"{sim.url}/operations?cursor=now"))
 
         nursery.start_soon(reader)
-        await trio.sleep(0.2)
+        await until_streams(sim, 1)
         await sim.restart()
     _, frames, ended = result[0]
     assert ended and [f.get("event") for f in frames] == ["open"]
