@@ -1,0 +1,275 @@
+"""Checking a job's events stream against the source's own record: the proof behind "exactly once".
+
+Three questions, answered from evidence the nodes cannot fake:
+
+1. Is every source record in the stream exactly once, in source order? The source's truth is read
+   from Horizon itself (paged ``order=asc`` from the job's start cursor), never from our stream.
+2. Is every entry byte-for-byte the record Horizon serves? (Compared as parsed JSON.)
+3. Was every entry written under the fencing token that was current? Fencing tokens must never go
+   backwards along the stream, and each token's entries must carry the node that the audit stream
+   says was granted that token and lie, by Redis's own clock (stream IDs), between that grant and
+   the next one: a leader that lost its lease wrote nothing after its successor was elected.
+
+:func:`check_stream` is the pure core (plain values in, a :class:`Verification` out);
+:func:`verify_job` gathers the evidence from Redis and Horizon and runs it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import httpx
+import redis
+import trio
+
+from ingestion.lease_store import connect, job_keys
+from ingestion.paging import token_key
+
+PAGE_LIMIT = 200  # Horizon's largest page
+HTTP_TIMEOUT = 10.0  # seconds, each page request
+MAX_PROBLEMS = 12  # a broken stream is described by its first few problems, not all of them
+
+
+@attrs.frozen
+class StreamEntry:
+    """One entry of the ``events`` stream."""
+
+    entry_id: str  # Redis stream id "<ms>-<seq>", assigned by Redis's clock
+    paging_token: str
+    token: int
+    node: str
+    record: str
+
+    @property
+    def written_ms(self) -> int:
+        return int(self.entry_id.partition("-")[0])
+
+
+@attrs.frozen
+class Grant:
+    """A ``became-leader`` entry of the ``audit`` stream: ``node`` was granted ``token``."""
+
+    entry_id: str
+    node: str
+    token: int
+
+    @property
+    def granted_ms(self) -> int:
+        return int(self.entry_id.partition("-")[0])
+
+
+@attrs.frozen
+class SourceRecord:
+    paging_token: str
+    record: Any  # the parsed JSON
+
+
+@attrs.frozen
+class Verification:
+    """The outcome of a check. ``ok`` when ``problems`` is empty."""
+
+    count: int
+    first: str | None
+    last: str | None
+    tokens: tuple[int, ...]  # the distinct fencing tokens along the stream, in stream order
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        head = (
+            f"{self.count} records, paging tokens {self.first} .. {self.last}, "
+            f"fencing tokens {_ranges(self.tokens)}"
+        )
+        if self.ok:
+            return f"{head}: exactly once, in order: OK"
+        return f"{head}: FAILED\n  " + "\n  ".join(self.problems)
+
+
+def _ranges(tokens: Sequence[int]) -> str:
+    if not tokens:
+        return "none"
+    if list(tokens) == list(range(tokens[0], tokens[0] + len(tokens))):
+        return f"{tokens[0]}..{tokens[-1]}" if len(tokens) > 1 else str(tokens[0])
+    return ",".join(map(str, tokens))
+
+
+def check_stream(
+    entries: Sequence[StreamEntry],
+    source: Sequence[SourceRecord],
+    grants: Sequence[Grant] | None = None,
+) -> Verification:
+    """Check ``entries`` against ``source`` (the source's records from the start cursor, in order,
+    at least as far as the last entry) and, when given, against the audit stream's ``grants``.
+    """
+    problems: list[str] = []
+
+    def problem(text: str) -> None:
+        if len(problems) < MAX_PROBLEMS:
+            problems.append(text)
+
+    # 1 and 2: the same sequence of records as the source, from its start.
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        if entry.paging_token in seen:
+            problem(
+                f"entry {i} ({entry.entry_id}): paging token {entry.paging_token} duplicates "
+                f"entry {seen[entry.paging_token]}"
+            )
+        seen.setdefault(entry.paging_token, i)
+        if i >= len(source):
+            problem(f"entry {i}: paging token {entry.paging_token} is beyond the source's records")
+            continue
+        expected = source[i]
+        if entry.paging_token != expected.paging_token:
+            kind = "gap or reordering"
+            if entry.paging_token in seen and seen[entry.paging_token] != i:
+                kind = "duplicate"
+            problem(
+                f"entry {i}: paging token {entry.paging_token}, the source has "
+                f"{expected.paging_token} there ({kind})"
+            )
+            continue
+        try:
+            body = json.loads(entry.record)
+        except ValueError:
+            problem(f"entry {i}: paging token {entry.paging_token}: the record is not JSON")
+            continue
+        if body != expected.record:
+            problem(f"entry {i}: paging token {entry.paging_token}: the record differs from Horizon's")
+
+    # 3: tokens never go backwards, and each was written by its holder while it held the lease.
+    distinct: list[int] = []
+    for i, entry in enumerate(entries):
+        if distinct and entry.token < distinct[-1]:
+            problem(
+                f"entry {i}: fencing token {entry.token} after {distinct[-1]}: the token went "
+                "backwards"
+            )
+        if not distinct or entry.token != distinct[-1]:
+            distinct.append(entry.token)
+    if grants is not None:
+        problems_before = len(problems)
+        by_token = {g.token: g for g in grants}
+        ordered = sorted(grants, key=lambda g: g.token)
+        next_grant = {g.token: n for g, n in itertools.pairwise(ordered)}
+        for i, entry in enumerate(entries):
+            grant = by_token.get(entry.token)
+            if grant is None:
+                problem(f"entry {i}: fencing token {entry.token} was never granted (no audit entry)")
+                continue
+            if entry.node != grant.node:
+                problem(
+                    f"entry {i}: written by {entry.node} under token {entry.token}, which was "
+                    f"granted to {grant.node}"
+                )
+            if entry.written_ms < grant.granted_ms:
+                problem(f"entry {i}: written before token {entry.token} was granted")
+            successor = next_grant.get(entry.token)
+            if successor is not None and entry.written_ms > successor.granted_ms:
+                problem(
+                    f"entry {i}: written under token {entry.token} by {entry.node} at "
+                    f"{entry.written_ms} ms, after token {successor.token} was granted to "
+                    f"{successor.node} at {successor.granted_ms} ms (a stale leader's write)"
+                )
+            if len(problems) - problems_before >= MAX_PROBLEMS // 2:
+                break
+    return Verification(
+        count=len(entries),
+        first=entries[0].paging_token if entries else None,
+        last=entries[-1].paging_token if entries else None,
+        tokens=tuple(distinct),
+        problems=tuple(problems),
+    )
+
+
+def read_entries(client: redis.Redis, job: str, batch: int = 2000) -> list[StreamEntry]:
+    """Every entry of the job's events stream, oldest first (blocking: run it in a thread)."""
+    key = job_keys(job)["events"]
+    out: list[StreamEntry] = []
+    start = "-"
+    while True:
+        chunk: Any = client.xrange(key, min=start, count=batch)
+        for entry_id, f in chunk:
+            out.append(
+                StreamEntry(entry_id, f["paging_token"], int(f["token"]), f["node"], f["record"])
+            )
+        if len(chunk) < batch:
+            return out
+        start = "(" + chunk[-1][0]
+
+
+def read_grants(client: redis.Redis, job: str) -> list[Grant]:
+    """The ``became-leader`` entries of the job's audit stream (blocking: run it in a thread)."""
+    entries: Any = client.xrange(job_keys(job)["audit"])
+    return [
+        Grant(entry_id, f["node"], int(f["token"]))
+        for entry_id, f in entries
+        if f.get("event") == "became-leader"
+    ]
+
+
+async def fetch_source(
+    horizon: str,
+    resource: str = "/operations",
+    start_cursor: str = "0",
+    *,
+    through: str | None,
+) -> list[SourceRecord]:
+    """The source's records after ``start_cursor``, in order, up to and including ``through``.
+
+    Pages ``resource`` with ``order=asc&limit=200``; stops at the first page that reaches
+    ``through`` (``None``: fetch nothing) or comes back empty.
+
+    Raises:
+        httpx.HTTPError: Horizon could not be read.
+    """
+    if through is None:
+        return []
+    goal = token_key(through)
+    out: list[SourceRecord] = []
+    cursor = start_cursor
+    async with httpx.AsyncClient(base_url=horizon.rstrip("/"), timeout=HTTP_TIMEOUT) as http:
+        while True:
+            response = await http.get(
+                resource, params={"order": "asc", "limit": PAGE_LIMIT, "cursor": cursor}
+            )
+            response.raise_for_status()
+            records = response.json()["_embedded"]["records"]
+            if not records:
+                return out
+            for record in records:
+                out.append(SourceRecord(record["paging_token"], record))
+            cursor = records[-1]["paging_token"]
+            if token_key(cursor) >= goal:
+                return out
+
+
+async def verify_job(
+    redis_url: str,
+    job: str,
+    horizon: str,
+    resource: str = "/operations",
+    start_cursor: str = "0",
+) -> Verification:
+    """Read the job's events and audit streams and check them against Horizon.
+
+    Raises:
+        redis.RedisError: Redis could not be read.
+        httpx.HTTPError: Horizon could not be read.
+    """
+    client = connect(redis_url, timeout=5.0)
+    try:
+        entries = await trio.to_thread.run_sync(read_entries, client, job)
+        grants = await trio.to_thread.run_sync(read_grants, client, job)
+    finally:
+        client.close()
+    through = entries[-1].paging_token if entries else None
+    source = await fetch_source(horizon, resource, start_cursor, through=through)
+    return check_stream(entries, source, grants)

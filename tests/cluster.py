@@ -1,0 +1,444 @@
+"""A failover test harness with real processes: redis-server, the Horizon simulator and N nodes.
+
+Everything runs on 127.0.0.1. Each child's stdout is read continuously by a trio task; every JSON log
+line becomes a :class:`LogLine` stamped with the harness's monotonic receive time, so timings are
+measured on one clock, whatever the nodes' own (possibly faked) wall clocks say. Faults: signals
+(SIGKILL, SIGSTOP/SIGCONT, SIGTERM), a :class:`~tests.tcp_proxy.TcpProxy` between a node and Redis,
+and Redis restarts. :meth:`Cluster.verify` checks the events stream against the simulator's own
+records with :mod:`ingestion.verify`.
+
+Every child is killed when :func:`open_cluster` exits, however it exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import redis
+import trio
+
+from ingestion.lease_store import connect, job_keys
+from ingestion.local_redis import LocalRedis
+from ingestion.verify import Verification, verify_job
+
+PYTHON = sys.executable
+CLEANUP_TIMEOUT = 10.0  # seconds for the whole teardown
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+
+@attrs.frozen
+class LogLine:
+    at: float  # harness monotonic time (trio.current_time()) when the line was read
+    node: str  # the process's name in the harness
+    event: str
+    fields: dict[str, Any]
+
+
+class EventLog:
+    """Every process's log lines, in the order the harness read them."""
+
+    def __init__(self) -> None:
+        self.lines: list[LogLine] = []
+        self.raw: list[tuple[str, str]] = []  # (process, line) for lines that are not JSON
+        self._changed = trio.Event()
+        self.echo: Callable[[LogLine], None] | None = None
+
+    def add(self, line: LogLine) -> None:
+        self.lines.append(line)
+        if self.echo is not None:
+            self.echo(line)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def of(
+        self, event: str, node: str | None = None, *, since: float | None = None, **fields: Any
+    ) -> list[LogLine]:
+        return [
+            e
+            for e in self.lines
+            if e.event == event
+            and (node is None or e.node == node)
+            and (since is None or e.at >= since)
+            and all(e.fields.get(k) == v for k, v in fields.items())
+        ]
+
+    async def wait_for(
+        self,
+        event: str,
+        node: str | None = None,
+        *,
+        since: float | None = None,
+        count: int = 1,
+        within: float = 10.0,
+        **fields: Any,
+    ) -> LogLine:
+        """The ``count``-th matching line, waiting for it (at most ``timeout`` seconds)."""
+        try:
+            with trio.fail_after(within):
+                while True:
+                    found = self.of(event, node, since=since, **fields)
+                    if len(found) >= count:
+                        return found[count - 1]
+                    await self._changed.wait()
+        except trio.TooSlowError:
+            raise AssertionError(
+                f"no {event!r} from {node or 'any node'} {fields or ''} within {within}s; "
+                f"log tail:\n{self.tail()}"
+            ) from None
+
+    async def changed(self) -> None:
+        await self._changed.wait()
+
+    def tail(self, n: int = 40) -> str:
+        lines = [
+            f"  {e.at:10.3f} {e.node:>8} {e.event} "
+            + " ".join(f"{k}={v}" for k, v in e.fields.items() if k not in _NOISE)
+            for e in self.lines[-n:]
+        ]
+        raw = [f"  [raw {p}] {text}" for p, text in self.raw[-10:]]
+        return "\n".join(lines + raw)
+
+
+_NOISE = frozenset({"timestamp", "level", "node", "job", "event"})
+
+
+@attrs.define
+class Child:
+    """One child process and what the harness knows about it."""
+
+    name: str
+    process: trio.Process
+    started_at: float
+    paused: bool = False
+
+    @property
+    def alive(self) -> bool:
+        return self.process.returncode is None
+
+    def send(self, sig: signal.Signals) -> None:
+        if self.alive:
+            self.process.send_signal(sig)
+            if sig is signal.SIGSTOP:
+                self.paused = True
+            elif sig is signal.SIGCONT:
+                self.paused = False
+
+
+async def _read_lines(child: Child, log: EventLog) -> None:
+    stream = child.process.stdout
+    assert stream is not None
+    buffer = b""
+    while True:
+        try:
+            data = await stream.receive_some(65536)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            data = b""
+        at = trio.current_time()
+        if not data:
+            break
+        buffer += data
+        *complete, buffer = buffer.split(b"\n")
+        for raw in complete:
+            _record(child.name, raw, at, log)
+    if buffer:
+        _record(child.name, buffer, trio.current_time(), log)
+    await child.process.wait()
+    log.add(LogLine(trio.current_time(), child.name, "process-exited",
+                    {"returncode": child.process.returncode}))  # fmt: skip
+
+
+def _record(name: str, raw: bytes, at: float, log: EventLog) -> None:
+    text = raw.decode(errors="replace").strip()
+    if not text:
+        return
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        log.raw.append((name, text))
+        return
+    if not isinstance(obj, dict) or "event" not in obj:
+        log.raw.append((name, text))
+        return
+    log.add(LogLine(at, name, str(obj.pop("event")), obj))
+
+
+@attrs.frozen
+class ClockFake:
+    """Run a node under libfaketime. ``spec`` is FAKETIME (e.g. ``"+3d"``, ``"@2030-01-01 00:00:00
+    x2"``); with ``timestamp_file`` the spec is read from that file on every call, so a test can
+    make the wall clock jump while the node runs. ``fake_monotonic=False`` (the realistic case)
+    sets DONT_FAKE_MONOTONIC=1: the wall clock lies, the monotonic clock does not.
+    """
+
+    spec: str = ""
+    timestamp_file: str | None = None
+    fake_monotonic: bool = False
+
+    def env(self) -> dict[str, str]:
+        env = {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME_DONT_RESET": "1"}
+        if self.timestamp_file:
+            env["FAKETIME_TIMESTAMP_FILE"] = self.timestamp_file
+            env["FAKETIME_NO_CACHE"] = "1"
+        else:
+            env["FAKETIME"] = self.spec
+        if not self.fake_monotonic:
+            env["DONT_FAKE_MONOTONIC"] = "1"
+        return env
+
+
+def faketime_available() -> bool:
+    return os.path.exists(FAKETIME_LIB)
+
+
+class Cluster:
+    """The running system of one test. Made by :func:`open_cluster`."""
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        redis_server: LocalRedis,
+        job: str,
+        ttl_ms: int,
+        log: EventLog,
+    ) -> None:
+        self.nursery = nursery
+        self.redis = redis_server
+        self.job = job
+        self.ttl_ms = ttl_ms
+        self.log = log
+        self.keys = job_keys(job)
+        self.horizon = ""
+        self.children: dict[str, Child] = {}
+        self.history: list[Child] = []  # every child ever started, for cleanup
+        self.client = connect(redis_server.url, timeout=2.0)
+
+    # -- processes ------------------------------------------------------------------------------
+
+    async def _spawn(self, name: str, args: Sequence[str], env: dict[str, str] | None = None) -> Child:
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        process = await trio.lowlevel.open_process(
+            list(args),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+        )
+        child = Child(name, process, trio.current_time())
+        self.children[name] = child
+        self.history.append(child)
+        self.nursery.start_soon(_read_lines, child, self.log)
+        return child
+
+    async def start_simulator(
+        self,
+        *,
+        ledger_interval: float = 0.1,
+        ops_per_ledger: int = 10,
+        history_ledgers: int = 10,
+    ) -> str:
+        await self._spawn(
+            "simulator",
+            [
+                PYTHON, "-m", "ingestion", "simulate", "--port", "0",
+                "--ledger-interval", str(ledger_interval),
+                "--ops-per-ledger", str(ops_per_ledger),
+                "--history-ledgers", str(history_ledgers),
+            ],
+        )  # fmt: skip
+        listening = await self.log.wait_for("simulator-listening", "simulator", within=30)
+        self.horizon = str(listening.fields["url"])
+        return self.horizon
+
+    def node_args(self, name: str, *, redis_url: str | None = None, extra: Sequence[str] = ()) -> list[str]:
+        return [
+            PYTHON, "-m", "ingestion",
+            "--node-id", name,
+            "--job", self.job,
+            "--redis", redis_url or self.redis.url,
+            "--horizon", self.horizon,
+            "--start-cursor", "0",
+            "--lease-ttl-ms", str(self.ttl_ms),
+            "--log-format", "json",
+            *extra,
+        ]  # fmt: skip
+
+    async def start_node(
+        self,
+        name: str,
+        *,
+        redis_url: str | None = None,
+        clock: ClockFake | None = None,
+        env: dict[str, str] | None = None,
+        extra: Sequence[str] = (),
+        wait: bool = True,
+    ) -> Child:
+        """Start node ``name``; with ``wait``, return once it has joined (led or stood by)."""
+        since = trio.current_time()
+        child = await self._spawn(
+            name,
+            self.node_args(name, redis_url=redis_url, extra=extra),
+            {**(clock.env() if clock else {}), **(env or {})},
+        )
+        if wait:
+            await self.joined(name, since=since)
+        return child
+
+    async def joined(self, name: str, *, since: float, within: float = 20.0) -> LogLine:
+        """The node's first ``became-leader`` or ``standby`` line after ``since``."""
+        with trio.fail_after(within):
+            while True:
+                for e in self.log.lines:
+                    if e.node == name and e.at >= since and e.event in ("became-leader", "standby"):
+                        return e
+                    if e.node == name and e.at >= since and e.event == "process-exited":
+                        raise AssertionError(f"{name} exited before joining:\n{self.log.tail()}")
+                await self.log.changed()
+
+    def signal(self, name: str, sig: signal.Signals) -> float:
+        """Send ``sig`` to ``name``; returns the harness time it was sent at."""
+        at = trio.current_time()
+        self.children[name].send(sig)
+        return at
+
+    async def kill(self, name: str) -> float:
+        """SIGKILL ``name`` and wait until it is gone; returns when the signal was sent."""
+        child = self.children[name]
+        at = self.signal(name, signal.SIGKILL)
+        with trio.fail_after(5):
+            await child.process.wait()
+        return at
+
+    async def terminate(self, name: str, within: float = 10.0) -> int:
+        """SIGTERM ``name``; its exit status once it is gone."""
+        self.children[name].send(signal.SIGTERM)
+        return await self.exited(name, within)
+
+    async def exited(self, name: str, within: float = 10.0) -> int:
+        """``name``'s exit status once it is gone (no signal sent)."""
+        with trio.fail_after(within):
+            return await self.children[name].process.wait()
+
+    # -- Redis ----------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Lease holder, token counter, cursor hash and stream length, read now."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(self.keys["lease"])
+        pipe.get(self.keys["token"])
+        pipe.hgetall(self.keys["cursor"])
+        pipe.xlen(self.keys["events"])
+        lease, token, cursor, events = pipe.execute()
+        return {
+            "lease": lease,
+            "token": int(token) if token is not None else None,
+            "cursor": cursor.get("cursor"),
+            "cursor_token": int(cursor["token"]) if "token" in cursor else None,
+            "events": int(events),
+        }
+
+    async def wait_for_events(self, count: int, within: float = 20.0) -> int:
+        """Wait until the events stream holds at least ``count`` entries (polled: no log line
+        marks a commit)."""
+        with trio.fail_after(within):
+            while True:
+                n = int(self.client.xlen(self.keys["events"]))
+                if n >= count:
+                    return n
+                await trio.sleep(0.05)
+
+    async def wait_for_progress(self, more: int = 50, within: float = 20.0) -> int:
+        """Wait until ``more`` entries were added to the events stream after now."""
+        return await self.wait_for_events(int(self.client.xlen(self.keys["events"])) + more, within)
+
+    async def restart_redis(self, *, down_for: float = 0.0) -> None:
+        """Kill redis-server (SIGKILL: no shutdown save) and start it again on the same port."""
+        self.client.close()
+        await trio.to_thread.run_sync(self.redis.kill)
+        if down_for:
+            await trio.sleep(down_for)
+        await trio.to_thread.run_sync(self.redis.start)
+        self.client = connect(self.redis.url, timeout=2.0)
+
+    async def verify(self) -> Verification:
+        return await verify_job(self.redis.url, self.job, self.horizon)
+
+    def leaders(self) -> list[LogLine]:
+        return self.log.of("became-leader")
+
+    # -- teardown -------------------------------------------------------------------------------
+
+    async def stop_all(self) -> None:
+        """SIGTERM every node still running (SIGCONT first if paused), then SIGKILL stragglers."""
+        nodes = [c for c in self.history if c.alive and c.name != "simulator"]
+        for c in nodes:
+            if c.paused:
+                c.send(signal.SIGCONT)
+            c.send(signal.SIGTERM)
+        with trio.move_on_after(5):
+            for c in nodes:
+                await c.process.wait()
+        for c in self.history:
+            if c.alive:
+                c.process.kill()
+
+
+@asynccontextmanager
+async def open_cluster(
+    job: str,
+    *,
+    ttl_ms: int = 1500,
+    persistence: bool = False,
+    ledger_interval: float = 0.1,
+    ops_per_ledger: int = 10,
+    echo: bool = False,
+) -> AsyncIterator[Cluster]:
+    """Start redis-server and the simulator; yield a :class:`Cluster` to start nodes in.
+
+    On exit, however it happens, every child is stopped (SIGKILL if it does not stop by itself) and
+    redis-server is killed.
+    """
+    log = EventLog()
+    if echo:
+        log.echo = lambda e: print(f"{e.at:9.3f} {e.node:>9} {e.event} {_fields(e)}", flush=True)
+    server = LocalRedis(persistence=persistence)
+    await trio.to_thread.run_sync(server.start)
+    try:
+        async with trio.open_nursery() as nursery:
+            cluster = Cluster(nursery, server, job, ttl_ms, log)
+            try:
+                await cluster.start_simulator(
+                    ledger_interval=ledger_interval, ops_per_ledger=ops_per_ledger
+                )
+                yield cluster
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT):
+                    await cluster.stop_all()
+                for c in cluster.history:
+                    if c.alive:
+                        c.process.kill()
+                cluster.client.close()
+                nursery.cancel_scope.cancel()
+    finally:
+        server.kill()
+
+
+def _fields(e: LogLine) -> str:
+    return " ".join(f"{k}={v}" for k, v in e.fields.items() if k not in _NOISE)
+
+
+def figure(name: str, **values: Any) -> None:
+    """Print a measured figure (run pytest with ``-s`` to see them)."""
+    text = " ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+    print(f"\nFAILOVER-FIGURE {name}: {text}", flush=True)
+
+
+def redis_client(url: str) -> redis.Redis:
+    return connect(url, timeout=2.0)
