@@ -1,16 +1,23 @@
 """What a node knows about itself, for metrics, the status endpoint and tests.
 
 The actors report into one :class:`NodeObserver`; readers take :meth:`NodeObserver.snapshot` or
-subscribe to the stream of election events. Pure bookkeeping: no I/O, no trio.
+subscribe to the stream of events (``listener(event, fields)``: every election event, plus
+``committed`` after each commit). Pure bookkeeping: no I/O, no trio. The one clock read here is the
+injectable ``wall_clock``, used to turn a committed record's ``created_at`` into a source lag.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections import deque
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import attrs
+
+Listener = Callable[[str, dict[str, Any]], None]
 
 
 @attrs.frozen
@@ -27,6 +34,38 @@ class NodeStatus:
     fencing_rejections: int
     elections: int
     losses: dict[str, int]
+    redis_errors: int = 0
+    source_lag_seconds: float | None = None  # while leading, when the records carry a time
+    leaderless_seconds: float = 0.0  # sum of the leaderless gaps this node's takeovers ended
+
+
+def record_time(body: str) -> float | None:
+    """The epoch seconds of a Horizon record's ``created_at`` (``closed_at`` for a ledger)."""
+    try:
+        doc = json.loads(body)
+        stamp = doc.get("created_at") or doc.get("closed_at")
+        if not isinstance(stamp, str):
+            return None
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except (ValueError, AttributeError):
+        return None
+
+
+@attrs.define
+class RateMeter:
+    """Events per second over a sliding window, from ``(now, running total)`` samples."""
+
+    window: float = 5.0
+    samples: deque[tuple[float, int]] = attrs.Factory(deque)
+
+    def sample(self, now: float, total: int) -> float:
+        self.samples.append((now, total))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= self.window:
+            self.samples.popleft()
+        first_at, first_total = self.samples[0]
+        if now - first_at <= 0:
+            return 0.0
+        return (total - first_total) / (now - first_at)
 
 
 @attrs.define
@@ -42,36 +81,69 @@ class NodeObserver:
     commits: int = 0
     fencing_rejections: int = 0
     elections: int = 0
+    redis_errors: int = 0
+    source_lag_seconds: float | None = None
+    leaderless_seconds: float = 0.0
     losses: dict[str, int] = attrs.Factory(dict)
     recent_commit_latencies: deque[float] = attrs.Factory(lambda: deque(maxlen=1024))
-    listeners: list[Callable[[str, dict[str, Any]], None]] = attrs.Factory(list)
+    listeners: list[Listener] = attrs.Factory(list)
+    wall_clock: Callable[[], float] = time.time
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Add a listener; returns the function that removes it."""
+        self.listeners.append(listener)
+
+        def unsubscribe() -> None:
+            if listener in self.listeners:
+                self.listeners.remove(listener)
+
+        return unsubscribe
+
+    def _tell(self, event: str, fields: dict[str, Any]) -> None:
+        for listener in list(self.listeners):
+            listener(event, fields)
 
     def election_event(self, event: str, **fields: Any) -> None:
         """Record an election event (``became-leader``, ``lost-leadership``, ``standby``, ...)."""
         if event == "became-leader":
             self.role, self.token, self.leader = "leader", fields.get("token"), self.node
             self.elections += 1
+            self.source_lag_seconds = None
+            if fields.get("takeover_ms") is not None:
+                self.leaderless_seconds += int(fields["takeover_ms"]) / 1000
         elif event == "lost-leadership":
             self.role, self.ingest_deadline = "standby", None
+            if self.leader == self.node:
+                self.leader = None
+            self.source_lag_seconds = None
             reason = str(fields.get("reason"))
             self.losses[reason] = self.losses.get(reason, 0) + 1
         elif event == "standby":
             self.role, self.leader, self.token = "standby", fields.get("leader"), fields.get("token")
+        elif event == "redis-unavailable":
+            self.redis_errors += 1
+            if self.role == "starting":
+                self.role = "standby"
         elif event == "stopped":
             self.role = "stopped"
-        for listener in list(self.listeners):
-            listener(event, fields)
+        self._tell(event, fields)
 
     def deadline(self, ingest_deadline: float | None) -> None:
         self.ingest_deadline = ingest_deadline
 
-    def committed(self, count: int, cursor: str, latency: float) -> None:
+    def committed(
+        self, count: int, cursor: str, latency: float, *, newest_record: str | None = None
+    ) -> None:
+        """A commit succeeded. ``newest_record``: the body of its last record, for the lag."""
         self.events_ingested += count
         self.commits += 1
         self.cursor = cursor
         self.recent_commit_latencies.append(latency)
-        for listener in list(self.listeners):
-            listener("committed", {"count": count, "cursor": cursor, "latency": latency})
+        if newest_record is not None:
+            created = record_time(newest_record)
+            if created is not None:
+                self.source_lag_seconds = max(0.0, self.wall_clock() - created)
+        self._tell("committed", {"count": count, "cursor": cursor, "latency": latency})
 
     def fencing_rejected(self) -> None:
         self.fencing_rejections += 1
@@ -90,4 +162,7 @@ class NodeObserver:
             fencing_rejections=self.fencing_rejections,
             elections=self.elections,
             losses=dict(self.losses),
+            redis_errors=self.redis_errors,
+            source_lag_seconds=self.source_lag_seconds,
+            leaderless_seconds=self.leaderless_seconds,
         )

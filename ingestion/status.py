@@ -1,0 +1,203 @@
+"""The node's live status over WebSocket (trio-websocket): its status, and every election event.
+
+Every client gets, as JSON text messages:
+
+- on connecting, one ``status`` message;
+- each election event as it happens (``event`` message), followed by a fresh ``status``;
+- a ``status`` every ``interval`` seconds otherwise (so a silent node can be told from a dead one).
+
+``status``::
+
+    {"type": "status", "node": "a", "job": "horizon", "role": "leader",    # starting|standby|leader|stopped
+     "leader": "a", "token": 7, "lease_ms_left": 812, "cursor": "123-1",
+     "events_ingested": 1200, "commits": 40, "ingest_rate": 118.5, "lag_seconds": 1.2,
+     "elections": 2, "losses": {"lease-expired": 1}, "fencing_rejections": 0,
+     "redis_errors": 0, "leaderless_seconds": 0.8, "time": "2025-01-01T00:00:00.000Z"}
+
+``event`` (the election event's fields as in the logs, CONTRACT.md)::
+
+    {"type": "event", "event": "became-leader", "node": "a", "job": "horizon",
+     "time": "...", "token": 7, "previous_node": "b", "takeover_ms": 812, ...}
+
+The actors are never slowed down by a client: each connection has a small bounded queue, and a
+client too slow to keep up is disconnected (it reconnects and starts from a fresh status).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import attrs
+import trio
+from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
+
+from ingestion.observe import NodeObserver, RateMeter
+
+STATUS_INTERVAL = 1.0  # seconds between unprompted status messages
+QUEUE_SIZE = 64  # events a connection may have pending before it is dropped as too slow
+SEND_TIMEOUT = 5.0  # seconds one message may take to send before the client is dropped
+HANDSHAKE_TIMEOUT = 5.0
+
+
+def wall_time(now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    millis = int(now * 1000) % 1000
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{millis:03d}Z"
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return str(value)
+
+
+@attrs.define
+class StatusHub:
+    """Builds status messages and fans the observer's election events out to connections."""
+
+    observer: NodeObserver
+    meter: RateMeter = attrs.Factory(RateMeter)
+    queues: dict[int, tuple[trio.MemorySendChannel[dict[str, Any]], trio.CancelScope]] = (
+        attrs.Factory(dict)
+    )
+    _next_id: int = 0
+
+    def status(self) -> dict[str, Any]:
+        s = self.observer.snapshot()
+        now = trio.current_time()
+        rate = self.meter.sample(now, s.events_ingested)
+        left = None
+        if s.ingest_deadline is not None:
+            left = max(0, round((s.ingest_deadline - now) * 1000))
+        return {
+            "type": "status",
+            "node": s.node,
+            "job": s.job,
+            "role": s.role,
+            "leader": s.leader,
+            "token": s.token,
+            "lease_ms_left": left,
+            "cursor": s.cursor,
+            "events_ingested": s.events_ingested,
+            "commits": s.commits,
+            "ingest_rate": round(rate, 1) if s.role == "leader" else 0.0,
+            "lag_seconds": (
+                round(s.source_lag_seconds, 3) if s.source_lag_seconds is not None else None
+            ),
+            "elections": s.elections,
+            "losses": s.losses,
+            "fencing_rejections": s.fencing_rejections,
+            "redis_errors": s.redis_errors,
+            "leaderless_seconds": round(s.leaderless_seconds, 3),
+            "time": wall_time(),
+        }
+
+    def on_event(self, event: str, fields: dict[str, Any]) -> None:
+        """Observer listener: runs synchronously inside an actor, so it must never block."""
+        if event == "committed":
+            return  # folded into the periodic status (rate, cursor), not pushed one by one
+        message = {
+            "type": "event",
+            "event": event,
+            "node": self.observer.node,
+            "job": self.observer.job,
+            "time": wall_time(),
+            **{k: _jsonable(v) for k, v in fields.items() if k not in ("type", "event")},
+        }
+        for key, (queue, scope) in list(self.queues.items()):
+            try:
+                queue.send_nowait(message)
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                scope.cancel("status client too slow")
+                del self.queues[key]
+
+    def add(
+        self, queue: trio.MemorySendChannel[dict[str, Any]], scope: trio.CancelScope
+    ) -> int:
+        self._next_id += 1
+        self.queues[self._next_id] = (queue, scope)
+        return self._next_id
+
+    def remove(self, key: int) -> None:
+        self.queues.pop(key, None)
+
+
+async def _send(ws: Any, message: dict[str, Any]) -> None:
+    with trio.fail_after(SEND_TIMEOUT):
+        await ws.send_message(json.dumps(message, separators=(",", ":")))
+
+
+async def _serve_client(
+    hub: StatusHub, request: WebSocketRequest, interval: float, log: Any
+) -> None:
+    ws = await request.accept()
+    send, receive = trio.open_memory_channel[dict[str, Any]](QUEUE_SIZE)
+    with trio.CancelScope() as scope:
+        key = hub.add(send, scope)
+        try:
+            with send, receive:
+                await _send(ws, hub.status())
+                while True:
+                    with trio.move_on_after(interval):
+                        message = await receive.receive()
+                        await _send(ws, message)
+                        await _send(ws, hub.status())
+                        continue
+                    await _send(ws, hub.status())
+        except (ConnectionClosed, trio.TooSlowError):
+            pass
+        finally:
+            hub.remove(key)
+    if scope.cancelled_caught:
+        log.warning("status-client-dropped", reason="too slow")
+    with trio.move_on_after(1, shield=True):
+        await ws.aclose(code=1013, reason="too slow or shutting down")
+
+
+async def serve_status(
+    host: str,
+    port: int,
+    observer: NodeObserver,
+    log: Any,
+    *,
+    interval: float = STATUS_INTERVAL,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the status WebSocket on ``host:port`` (any path) until cancelled.
+
+    ``port`` 0 picks a free port; ``task_status.started(port)`` reports the bound port once the
+    listener is up.
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    hub = StatusHub(observer)
+    unsubscribe = observer.subscribe(hub.on_event)
+
+    async def handler(request: WebSocketRequest) -> None:
+        await _serve_client(hub, request, interval, log)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(
+                lambda *, task_status: serve_websocket(
+                    handler,
+                    host,
+                    port,
+                    ssl_context=None,
+                    connect_timeout=HANDSHAKE_TIMEOUT,
+                    disconnect_timeout=1.0,
+                    task_status=task_status,
+                )
+            )
+            bound_port = int(server.port)
+            log.info("status-listening", host=host, port=bound_port)
+            task_status.started(bound_port)
+    finally:
+        unsubscribe()

@@ -1,0 +1,125 @@
+"""Prometheus metrics and the health probe, scraped over loopback with a real HTTP client from
+in-process nodes running against a real redis-server."""
+
+from __future__ import annotations
+
+import httpx
+import structlog
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from ingestion.local_redis import LocalRedis
+from ingestion.metrics import NodeMetrics, serve_metrics
+from ingestion.observe import NodeObserver
+from ingestion.source import SyntheticSource
+from tests.nodes import Recorder, start_node
+
+LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)
+LOG = structlog.get_logger()
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """{(sample name, sorted labels): value} of an exposition."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(text: str, name: str, **labels: str) -> float | None:
+    return samples(text).get((name, tuple(sorted(labels.items()))))
+
+
+async def scrape(port: int, path: str = "/metrics") -> httpx.Response:
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        return await client.get(f"http://127.0.0.1:{port}{path}")
+
+
+async def test_each_node_exposes_its_role_token_elections_and_commits(
+    redis_server: LocalRedis, job: str
+) -> None:
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        a = await start_node(nursery, rec, redis_server.url, job, "a", LIVE)
+        await rec.wait_for("became-leader", "a")
+        b = await start_node(nursery, rec, redis_server.url, job, "b", LIVE)
+        await rec.wait_for("standby", "b")
+        port_a = await nursery.start(serve_metrics, "127.0.0.1", 0, a.observer, LOG)
+        port_b = await nursery.start(serve_metrics, "127.0.0.1", 0, b.observer, LOG)
+        await rec.wait_for("committed", "a", count=3)
+
+        text_a, text_b = (await scrape(port_a)).text, (await scrape(port_b)).text
+        assert value(text_a, "ingestion_leader") == 1
+        assert value(text_b, "ingestion_leader") == 0
+        assert value(text_a, "ingestion_fencing_token") == 1
+        assert value(text_b, "ingestion_fencing_token") == 1  # the leader it saw
+        assert value(text_a, "ingestion_elections_total") == 1
+        assert value(text_b, "ingestion_elections_total") == 0
+        assert value(text_a, "ingestion_node_info", node="a", job=job) == 1
+        assert (value(text_a, "ingestion_events_ingested_total") or 0) >= 15
+        assert (value(text_a, "ingestion_commit_latency_seconds_count") or 0) >= 1
+        assert value(text_a, "ingestion_commit_latency_seconds_bucket", le="+Inf") == value(
+            text_a, "ingestion_commit_latency_seconds_count"
+        )
+        assert 0 < (value(text_a, "ingestion_lease_remaining_seconds") or 0) < 1.5
+        assert value(text_b, "ingestion_lease_remaining_seconds") is None
+        assert value(text_a, "ingestion_fencing_rejections_total") == 0
+
+        await a.shutdown()
+        await rec.wait_for("became-leader", "b")
+        await rec.wait_for("committed", "b")
+        text_a, text_b = (await scrape(port_a)).text, (await scrape(port_b)).text
+        assert value(text_a, "ingestion_leader") == 0
+        assert value(text_a, "ingestion_leadership_losses_total", reason="shutdown") == 1
+        assert value(text_b, "ingestion_leader") == 1
+        assert value(text_b, "ingestion_fencing_token") == 2
+        # b ended a leaderless gap (a released at once, so it is short but measured).
+        assert value(text_b, "ingestion_leaderless_seconds_total") is not None
+        await b.shutdown()
+        nursery.cancel_scope.cancel()
+
+
+async def test_healthz_is_ok_while_running_and_503_once_stopped() -> None:
+    observer = NodeObserver("n", "j")
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_metrics, "127.0.0.1", 0, observer, LOG)
+        response = await scrape(port, "/healthz")
+        assert response.status_code == 200
+        assert response.json() == {"status": "ok", "node": "n", "job": "j", "role": "starting"}
+        observer.election_event("stopped")
+        response = await scrape(port, "/healthz")
+        assert response.status_code == 503
+        assert response.json()["status"] == "stopped"
+        assert (await scrape(port, "/nope")).status_code == 404
+        nursery.cancel_scope.cancel()
+
+
+async def test_source_lag_is_the_age_of_the_newest_committed_record_while_leading() -> None:
+    observer = NodeObserver("n", "j", wall_clock=lambda: 1_735_689_610.5)
+    metrics = NodeMetrics(observer)
+    observer.election_event("became-leader", token=3, takeover_ms=1500)
+    assert value(metrics.exposition().decode(), "ingestion_source_lag_seconds") is None
+    body = '{"id":"1","paging_token":"1","created_at":"2025-01-01T00:00:00Z"}'
+    observer.committed(1, "1", 0.002, newest_record=body)
+    text = metrics.exposition().decode()
+    assert value(text, "ingestion_source_lag_seconds") == 10.5
+    assert value(text, "ingestion_leaderless_seconds_total") == 1.5
+    assert value(text, "ingestion_commit_latency_seconds_bucket", le="0.0025") == 1
+    observer.election_event("lost-leadership", token=3, reason="lease-expired")
+    text = metrics.exposition().decode()
+    assert value(text, "ingestion_source_lag_seconds") is None  # only the leader lags
+    assert value(text, "ingestion_leadership_losses_total", reason="lease-expired") == 1
+
+
+async def test_two_nodes_in_one_process_have_separate_registries() -> None:
+    first, second = NodeObserver("a", "j"), NodeObserver("b", "j")
+    ma, mb = NodeMetrics(first), NodeMetrics(second)
+    first.committed(4, "4", 0.01)
+    assert value(ma.exposition().decode(), "ingestion_events_ingested_total") == 4
+    assert value(mb.exposition().decode(), "ingestion_events_ingested_total") == 0
+    ma.close()
+    first.committed(1, "5", 0.01)
+    assert value(ma.exposition().decode(), "ingestion_commit_latency_seconds_count") == 1
+
+
