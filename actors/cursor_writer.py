@@ -62,7 +62,10 @@ class CursorWriter:
             return CommitUnknown(msg.token, str(exc))
         if isinstance(result, Committed):
             self.highest_token_seen = max(self.highest_token_seen, msg.token)
-            self.observer.committed(len(msg.records), msg.cursor, trio.current_time() - started)
+            self.observer.committed(
+                len(msg.records), msg.cursor, trio.current_time() - started,
+                newest_record=msg.records[-1].body,
+            )
             return CursorCommitted(msg.token, result.cursor, result.count)
         self.highest_token_seen = max(self.highest_token_seen, result.current_token)
         if result.reason in FENCING_REASONS:

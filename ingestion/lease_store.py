@@ -17,6 +17,7 @@ stored cursor strictly. Local checks elsewhere are an optimisation; this one is 
 from __future__ import annotations
 
 import functools
+import ssl
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -216,8 +217,31 @@ def parse_lease_value(value: str) -> tuple[int, str]:
     return int(token), node
 
 
-def connect(url: str, *, timeout: float, connect_timeout: float | None = None) -> redis.Redis:
-    """A redis-py client whose every call is bounded by ``timeout`` and never retried."""
+def connect(
+    url: str,
+    *,
+    timeout: float,
+    connect_timeout: float | None = None,
+    tls_ca_file: str | None = None,
+    tls_cert_file: str | None = None,
+    tls_key_file: str | None = None,
+) -> redis.Redis:
+    """A redis-py client whose every call is bounded by ``timeout`` and never retried.
+
+    ``redis://`` and ``rediss://`` URLs may carry ``user:password@`` (an ACL user) or ``:password@``
+    (``requirepass``). For ``rediss://`` the server certificate is verified against ``tls_ca_file``
+    (else the system store); ``tls_cert_file``/``tls_key_file`` are the client certificate for a
+    server that sets ``tls-auth-clients``.
+    """
+    tls: dict[str, Any] = {}
+    if url.startswith("rediss://"):
+        tls["ssl_cert_reqs"] = "required"
+        if tls_ca_file:
+            tls["ssl_ca_certs"] = tls_ca_file
+        if tls_cert_file:
+            tls["ssl_certfile"] = tls_cert_file
+        if tls_key_file:
+            tls["ssl_keyfile"] = tls_key_file
     return redis.Redis.from_url(
         url,
         socket_timeout=timeout,
@@ -225,7 +249,57 @@ def connect(url: str, *, timeout: float, connect_timeout: float | None = None) -
         retry=Retry(NoBackoff(), 0),
         decode_responses=True,
         health_check_interval=0,
+        **tls,
     )
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def classify_redis_error(exc: BaseException) -> str:
+    """What went wrong, in an operator's words: ``authentication failed``, ``TLS handshake
+    failed``, ``connection refused``, ``timed out``, ..."""
+    chain = _chain(exc)
+    text = " ".join(str(e) for e in chain)
+    if any(isinstance(e, redis.AuthenticationError) for e in chain) or "WRONGPASS" in text:
+        return "authentication failed (check the user and password in redis.url)"
+    if any(isinstance(e, redis.exceptions.NoPermissionError) for e in chain) or "NOPERM" in text:
+        return "permission denied by the Redis ACL (the user needs the ingestion:* keys and scripting)"
+    if any(isinstance(e, ssl.SSLError) for e in chain) or "SSL" in text:
+        return "TLS handshake failed (check rediss://, redis.tls_ca_file and the server certificate)"
+    if any(isinstance(e, ConnectionRefusedError) for e in chain) or "refused" in text.lower():
+        return "connection refused"
+    if any(isinstance(e, redis.TimeoutError | TimeoutError) for e in chain):
+        return "timed out"
+    if "closed by server" in text.lower():
+        return "connection closed by the server (a TLS port needs rediss://)"
+    return "unavailable"
+
+
+def describe_redis_error(exc: BaseException, *, where: str, secret: str | None = None) -> str:
+    """One line naming the setting, what went wrong, and redis-py's text with any password blanked."""
+    detail = f"{type(exc).__name__}: {exc}"
+    if secret:
+        detail = detail.replace(secret, "***")
+    return f"redis.url {where}: {classify_redis_error(exc)}: {detail}"
+
+
+def _endpoint(client: redis.Redis) -> tuple[str, str | None]:
+    """(``scheme://[user@]host:port/db`` without the password, the password) of a client."""
+    kw = client.connection_pool.connection_kwargs
+    tls = issubclass(client.connection_pool.connection_class, redis.SSLConnection)
+    if "path" in kw:
+        return f"unix://{kw['path']}", kw.get("password")
+    user = f"{kw['username']}@" if kw.get("username") else ""
+    scheme = "rediss" if tls else "redis"
+    where = f"{scheme}://{user}{kw.get('host')}:{kw.get('port')}/{kw.get('db', 0)}"
+    return where, kw.get("password")
 
 
 class LeaseStore:
@@ -235,6 +309,7 @@ class LeaseStore:
         self.client = client
         self.job = job
         self.keys = job_keys(job)
+        self._where, self._secret = _endpoint(client)
         self._acquire = client.register_script(_LUA_HELPERS + _ACQUIRE)
         self._renew = client.register_script(_LUA_HELPERS + _RENEW)
         self._release = client.register_script(_LUA_HELPERS + _RELEASE)
@@ -245,10 +320,10 @@ class LeaseStore:
             return await trio.to_thread.run_sync(
                 functools.partial(fn, *args, **kwargs), abandon_on_cancel=True
             )
-        except redis.RedisError as exc:
-            raise RedisUnavailable(f"{type(exc).__name__}: {exc}") from exc
-        except OSError as exc:
-            raise RedisUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        except (redis.RedisError, OSError) as exc:
+            raise RedisUnavailable(
+                describe_redis_error(exc, where=self._where, secret=self._secret)
+            ) from exc
 
     async def acquire(self, node: str, ttl_ms: int) -> Acquired | Held:
         k = self.keys

@@ -40,10 +40,13 @@ def build_source(settings: Settings) -> HorizonSource:
 
 def build_store(settings: Settings) -> LeaseStore:
     r = settings.redis
-    extra: dict[str, Any] = {}
-    if r.tls_ca_file:
-        extra["ssl_ca_certs"] = r.tls_ca_file
-    client = connect(r.url, timeout=r.timeout_ms / 1000, **extra)
+    client = connect(
+        r.url,
+        timeout=r.timeout_ms / 1000,
+        tls_ca_file=r.tls_ca_file or None,
+        tls_cert_file=r.tls_cert_file or None,
+        tls_key_file=r.tls_key_file or None,
+    )
     return LeaseStore(client, settings.node.job)
 
 
@@ -115,10 +118,10 @@ async def _start_endpoints(
     """Start the metrics and status endpoints when configured (see ingestion.metrics/status)."""
     o = settings.observe
     if o.metrics_port:
-        from ingestion.metrics import serve_metrics  # noqa: PLC0415
+        from ingestion.metrics import serve_metrics
 
         await nursery.start(serve_metrics, o.listen_host, o.metrics_port, observer, log)
     if o.status_port:
-        from ingestion.status import serve_status  # noqa: PLC0415
+        from ingestion.status import serve_status
 
         await nursery.start(serve_status, o.listen_host, o.status_port, observer, log)
