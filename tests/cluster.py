@@ -152,7 +152,7 @@ async def _read_lines(child: Child, log: EventLog) -> None:
         _record(child.name, buffer, trio.current_time(), log)
     await child.process.wait()
     log.add(LogLine(trio.current_time(), child.name, "process-exited",
-                    {"returncode": child.process.returncode}))  # fmt: skip
+                    {"returncode": child.process.returncode, "pid": child.process.pid}))  # fmt: skip
 
 
 def _record(name: str, raw: bytes, at: float, log: EventLog) -> None:
@@ -293,12 +293,13 @@ class Cluster:
 
     async def joined(self, name: str, *, since: float, within: float = 20.0) -> LogLine:
         """The node's first ``became-leader`` or ``standby`` line after ``since``."""
+        pid = self.children[name].process.pid
         with trio.fail_after(within):
             while True:
                 for e in self.log.lines:
                     if e.node == name and e.at >= since and e.event in ("became-leader", "standby"):
                         return e
-                    if e.node == name and e.at >= since and e.event == "process-exited":
+                    if e.node == name and e.event == "process-exited" and e.fields["pid"] == pid:
                         raise AssertionError(f"{name} exited before joining:\n{self.log.tail()}")
                 await self.log.changed()
 

@@ -11,9 +11,14 @@ Settings unless a test says otherwise: lease TTL 1500 ms, so renew interval 300 
 
 from __future__ import annotations
 
+import random
 import signal
 
+import trio
+
+from ingestion.verify import read_entries
 from tests.cluster import Cluster, figure, open_cluster
+from tests.tcp_proxy import TcpProxy
 
 TTL_MS = 1500
 TTL = TTL_MS / 1000
@@ -93,3 +98,173 @@ async def test_graceful_handoff_takes_under_500_ms(job: str) -> None:
             leader = taken.node
         await c.wait_for_progress(50)
         await assert_verified(c, 300)
+
+
+def entries_with_token(cluster: Cluster, token: int) -> int:
+    return sum(1 for e in read_entries(cluster.client, cluster.job) if e.token == token)
+
+
+async def test_slow_holder_paused_past_its_ttl_writes_nothing_and_rejoins_as_standby(
+    job: str,
+) -> None:
+    """SIGSTOP the leader for longer than the TTL: a standby takes over. After SIGCONT the old
+    leader's lease scope has already fired (or Redis fences it): it writes nothing more, logs
+    lost-leadership and stands by behind the new leader."""
+    async with open_cluster(job, ttl_ms=TTL_MS) as c:
+        await c.start_node("n1")
+        first = await c.log.wait_for("became-leader", "n1")
+        await c.start_node("n2")
+        await c.wait_for_progress(100)
+        stopped_at = c.signal("n1", signal.SIGSTOP)
+        taken = await c.log.wait_for("became-leader", "n2", since=stopped_at, within=TTL + 2)
+        old, new = first.fields["token"], taken.fields["token"]
+        assert taken.fields["previous_token"] == old and new > old
+        figure("slow-holder", failover_ms=(taken.at - stopped_at) * 1000, lease_ttl_ms=TTL_MS)
+        await c.wait_for_progress(50)
+        await trio.sleep(TTL)  # paused well past the TTL (nothing to await: n1 is frozen)
+        written_by_old = entries_with_token(c, old)
+
+        resumed_at = c.signal("n1", signal.SIGCONT)
+        lost = await c.log.wait_for("lost-leadership", "n1", since=resumed_at, within=5)
+        assert lost.fields["token"] == old
+        assert lost.fields["reason"] in ("lease-expired", "fenced", "renew-rejected")
+        await c.log.wait_for("standby", "n1", since=resumed_at, leader="n2", token=new, within=5)
+        await c.wait_for_progress(100)
+        assert entries_with_token(c, old) == written_by_old, "the paused leader wrote after SIGCONT"
+        assert not c.log.of("became-leader", "n1", since=resumed_at)
+        print(f"\nslow holder on SIGCONT: lost-leadership reason={lost.fields['reason']}, "
+              f"fencing rejections={len(c.log.of('fencing-token-rejected', 'n1'))}")
+        await assert_verified(c, 300)
+
+
+async def test_partitioned_leader_stops_before_its_lease_expires_and_rejoins_after_heal(
+    job: str,
+) -> None:
+    """Cut the leader off from Redis (every packet dropped): it stops ingesting by its ingest
+    deadline, last renewal + ttl * (1 - drift) - margin, which is before the lease can expire in
+    Redis; only then does the standby take over. Healed, the old leader stands by."""
+    async with open_cluster(job, ttl_ms=TTL_MS) as c, trio.open_nursery() as nursery:
+        proxy: TcpProxy = await nursery.start(TcpProxy(c.redis.port).serve)
+        await c.start_node("n1", redis_url=f"redis://127.0.0.1:{proxy.port}/0")
+        first = await c.log.wait_for("became-leader", "n1")
+        await c.start_node("n2")
+        await c.wait_for_progress(100)
+
+        cut_at = trio.current_time()
+        proxy.set_mode("blackhole")
+        lost = await c.log.wait_for("lost-leadership", "n1", since=cut_at, within=TTL + 2)
+        taken = await c.log.wait_for("became-leader", "n2", since=cut_at, within=TTL + 2)
+        stopped = c.log.of("ingestion-stopped-at-deadline", "n1", since=cut_at)
+        stop_at = min([lost.at] + [e.at for e in stopped])
+        assert lost.fields["token"] == first.fields["token"]
+        assert lost.fields["reason"] in ("redis-unavailable", "lease-expired")
+        # The last renewal that could have reached Redis was sent before the cut.
+        assert stop_at - cut_at <= TTL * (1 - DRIFT) - MARGIN + 0.1
+        # Redis keeps the lease at least `margin` longer than the leader's own deadline.
+        assert taken.at - stop_at >= MARGIN / 2
+        figure(
+            "partition",
+            leader_stopped_after_cut_ms=(stop_at - cut_at) * 1000,
+            stopped_before_takeover_ms=(taken.at - stop_at) * 1000,
+            failover_ms=(taken.at - cut_at) * 1000,
+            lease_ttl_ms=TTL_MS,
+            margin_ms=MARGIN * 1000,
+        )
+        await c.wait_for_progress(100)
+
+        healed_at = trio.current_time()
+        proxy.set_mode("forward")
+        await c.log.wait_for(
+            "standby", "n1", since=healed_at, leader="n2", token=taken.fields["token"], within=10
+        )
+        await c.wait_for_progress(100)
+        assert not c.log.of("became-leader", "n1", since=cut_at)
+        await assert_verified(c, 300)
+        nursery.cancel_scope.cancel()
+
+
+async def test_six_nodes_started_in_the_same_instant_elect_exactly_one_leader(job: str) -> None:
+    names = [f"n{i}" for i in range(1, 7)]
+    async with open_cluster(job, ttl_ms=TTL_MS) as c:
+        since = trio.current_time()
+        for name in names:
+            await c.start_node(name, wait=False)
+        joined = [await c.joined(name, since=since) for name in names]
+        leaders = [e for e in joined if e.event == "became-leader"]
+        assert len(leaders) == 1, c.log.tail()
+        leader = leaders[0]
+        for e in joined:
+            if e is not leader:
+                assert e.fields["leader"] == leader.node
+                assert e.fields["token"] == leader.fields["token"]
+        await c.wait_for_progress(300)  # several lease lifetimes: still exactly one leader
+        assert len(c.log.of("became-leader")) == 1
+        assert not c.log.of("lost-leadership")
+        assert c.state()["lease"] == f"{leader.fields['token']}|{leader.node}"
+        await assert_verified(c, 300)
+
+
+async def test_restarted_node_rejoins_under_the_same_id(job: str) -> None:
+    """A killed leader restarted at once finds its orphaned lease and releases it, so the job
+    does not wait out the TTL; a killed standby restarted rejoins as standby."""
+    ttl_ms = 6000  # long enough that a lead well inside it cannot be an expiry
+    async with open_cluster(job, ttl_ms=ttl_ms) as c:
+        await c.start_node("n1")
+        first = await c.log.wait_for("became-leader", "n1")
+        await c.start_node("n2")
+        await c.wait_for_progress(100)
+
+        killed_at = await c.kill("n1")
+        await c.start_node("n1", wait=False)
+        orphan = await c.log.wait_for("releasing-orphaned-lease", "n1", since=killed_at, within=10)
+        assert orphan.fields["token"] == first.fields["token"]
+        taken = await c.log.wait_for("became-leader", since=killed_at, within=10)
+        assert taken.at - killed_at < ttl_ms / 1000 / 2, "waited for the TTL, not the release"
+        assert taken.fields["previous_token"] == first.fields["token"]
+        figure("restart-orphaned-lease", kill_to_leader_ms=(taken.at - killed_at) * 1000,
+               lease_ttl_ms=ttl_ms, new_leader=taken.node)
+        other = "n2" if taken.node == "n1" else "n1"
+        await c.log.wait_for("standby", other, since=killed_at, leader=taken.node, within=10)
+        await c.wait_for_progress(100)
+
+        await c.kill(other)
+        restarted_at = trio.current_time()
+        again = await c.start_node(other)
+        assert again.alive
+        standby = await c.log.wait_for("standby", other, since=restarted_at)
+        assert standby.fields["leader"] == taken.node
+        assert standby.fields["token"] == taken.fields["token"]
+        await c.wait_for_progress(100)
+        assert len(c.log.of("became-leader")) == 2
+        await assert_verified(c, 300)
+
+
+async def test_flapping_kills_and_restarts_lose_and_duplicate_nothing(job: str) -> None:
+    """About 30 s of SIGKILLs, SIGTERMs and restarts of leaders and standbys."""
+    rng = random.Random(4)
+    names = ["n1", "n2", "n3"]
+    async with open_cluster(job, ttl_ms=TTL_MS) as c:
+        for name in names:
+            await c.start_node(name)
+        started = trio.current_time()
+        rounds = 0
+        while trio.current_time() - started < 30:
+            rounds += 1
+            state = c.state()
+            leader = state["lease"].partition("|")[2] if state["lease"] else None
+            victim = leader if leader and rng.random() < 0.7 else rng.choice(names)
+            sig = signal.SIGKILL if rng.random() < 0.7 else signal.SIGTERM
+            at = trio.current_time()
+            if sig is signal.SIGKILL:
+                await c.kill(victim)
+            else:
+                await c.terminate(victim)
+            await trio.sleep(rng.uniform(0, TTL))  # the node stays down a while (nothing to await)
+            await c.start_node(victim)
+            if victim == leader:
+                await c.log.wait_for("became-leader", since=at, within=TTL + 5)
+            await c.wait_for_progress(rng.randint(10, 60))
+        await c.wait_for_progress(100)
+        leaders = c.log.of("became-leader")
+        print(f"\nflapping: {rounds} rounds, {len(leaders)} terms")
+        await assert_verified(c, 1000)
