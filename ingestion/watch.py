@@ -1,0 +1,300 @@
+"""``python -m ingestion watch URL...``: one live view of a cluster, from the nodes' status sockets.
+
+It connects to every node's ``--status-port`` WebSocket (``ws://host:port``, or just ``host:port``),
+keeps each node's latest status, and prints:
+
+- every election event as it happens, one line each (who became leader after whom and how long
+  the job was leaderless; who lost leadership and why; who stands by);
+- a cluster line whenever the shape changes: who leads, who stands by, who is unreachable;
+- with ``--table`` (the default on a terminal), a redrawn table of all nodes every second.
+
+A node that goes away is shown as down and reconnected with backoff; when it comes back its fresh
+status is shown. :class:`ClusterView` is the I/O-free core (messages in, lines out); the trio part
+only moves messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+import attrs
+import trio
+from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
+
+CONNECT_TIMEOUT = 2.0
+SILENCE_TIMEOUT = 5.0  # a node sends a status every second; this much silence means it is gone
+RETRY_BASE, RETRY_CAP = 0.2, 2.0
+
+
+def _clock(at: str | None = None) -> str:
+    """``HH:MM:SS.mmm`` of a status message's ISO time, or of now."""
+    if at and "T" in at:
+        return at.split("T", 1)[1].rstrip("Z")[:12]
+    now = time.time()
+    return time.strftime("%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}"
+
+
+@attrs.define
+class NodeView:
+    url: str
+    connected: bool = False
+    ever_connected: bool = False
+    error: str | None = None
+    status: dict[str, Any] = attrs.Factory(dict)
+
+    @property
+    def name(self) -> str:
+        return str(self.status.get("node") or self.url)
+
+
+@attrs.define
+class ClusterView:
+    """The cluster as the watcher sees it. Every method returns the lines to print."""
+
+    nodes: dict[str, NodeView]
+    _shape: str = ""
+
+    @classmethod
+    def of(cls, urls: Sequence[str]) -> ClusterView:
+        return cls({u: NodeView(u) for u in urls})
+
+    def connected(self, url: str) -> list[str]:
+        node = self.nodes[url]
+        lines = []
+        if node.ever_connected and not node.connected:
+            lines.append(f"{_clock()}  {node.name}: reachable again ({url})")
+        node.connected, node.ever_connected, node.error = True, True, None
+        return lines
+
+    def disconnected(self, url: str, error: str) -> list[str]:
+        node = self.nodes[url]
+        was = node.connected or (not node.ever_connected and node.error is None)
+        node.connected, node.error = False, error
+        lines = [f"{_clock()}  {node.name}: unreachable ({error}); retrying"] if was else []
+        return lines + self._shape_line()
+
+    def message(self, url: str, msg: dict[str, Any]) -> list[str]:
+        node = self.nodes[url]
+        if msg.get("type") == "status":
+            node.status = msg
+            return self._shape_line()
+        if msg.get("type") == "event":
+            return [f"{_clock(msg.get('time'))}  {describe_event(msg)}"]
+        return []
+
+    def leaders(self) -> list[NodeView]:
+        return [n for n in self.nodes.values() if n.connected and n.status.get("role") == "leader"]
+
+    def summary(self) -> str:
+        leaders = self.leaders()
+        if not leaders:
+            lead = "leader: none"
+        else:
+            lead = ("LEADERS: " if len(leaders) > 1 else "leader: ") + ", ".join(
+                f"{n.name} (token {n.status.get('token')})" for n in leaders
+            )
+        standby = sorted(
+            n.name for n in self.nodes.values()
+            if n.connected and n.status.get("role") in ("standby", "starting")
+        )  # fmt: skip
+        down = sorted(n.name for n in self.nodes.values() if not n.connected)
+        stopped = sorted(
+            n.name for n in self.nodes.values() if n.connected and n.status.get("role") == "stopped"
+        )
+        parts = [lead, "standby: " + (", ".join(standby) or "none")]
+        if stopped:
+            parts.append("stopped: " + ", ".join(stopped))
+        if down:
+            parts.append("down: " + ", ".join(down))
+        return "cluster  " + " | ".join(parts)
+
+    def _shape_line(self) -> list[str]:
+        shape = self.summary()
+        if shape == self._shape:
+            return []
+        self._shape = shape
+        return [f"{_clock()}  {shape}"]
+
+    def table(self) -> str:
+        header = f"{'node':<20} {'role':<9} {'token':>6} {'lease ms':>9} {'events':>9} "
+        header += f"{'ev/s':>7} {'lag s':>7}  cursor"
+        rows = [header]
+        for n in self.nodes.values():
+            s = n.status
+            if not n.connected:
+                rows.append(f"{n.name:<20} {'DOWN':<9} {'':>6} {'':>9} {'':>9} {'':>7} {'':>7}  "
+                            f"{n.error or 'connecting'}")  # fmt: skip
+                continue
+            lag = s.get("lag_seconds")
+            rows.append(
+                f"{n.name:<20} {s.get('role', '?'):<9} {_dash(s.get('token')):>6} "
+                f"{_dash(s.get('lease_ms_left')):>9} {_dash(s.get('events_ingested')):>9} "
+                f"{s.get('ingest_rate', 0):>7} {_dash(lag):>7}  {_dash(s.get('cursor'))}"
+            )
+        return "\n".join([self.summary(), "", *rows])
+
+
+def _dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def describe_event(msg: dict[str, Any]) -> str:
+    """One readable line for an election event message."""
+    node, event = msg.get("node", "?"), msg.get("event", "?")
+    if event == "became-leader":
+        text = f"{node} became leader with token {msg.get('token')}"
+        if msg.get("previous_node"):
+            text += f", taking over from {msg['previous_node']} (token {msg.get('previous_token')})"
+            if msg.get("takeover_ms") is not None:
+                text += f" after {msg['takeover_ms']} ms leaderless"
+        else:
+            text += " (first leader of the job)"
+        return text + f"; resumes at cursor {msg.get('cursor')}"
+    if event == "lost-leadership":
+        return f"{node} lost leadership (token {msg.get('token')}): {msg.get('reason')}"
+    if event == "standby":
+        return f"{node} stands by; leader {msg.get('leader')} (token {msg.get('token')})"
+    if event == "fencing-token-rejected":
+        return f"{node} was fenced: token {msg.get('token')} is stale"
+    if event == "redis-unavailable":
+        return f"{node} cannot reach Redis: {msg.get('error')}"
+    if event == "stopped":
+        return f"{node} stopped"
+    extra = ", ".join(f"{k}={v}" for k, v in msg.items() if k not in ("type", "event", "node",
+                                                                      "job", "time"))  # fmt: skip
+    return f"{node} {event} {extra}".rstrip()
+
+
+def _error_text(exc: BaseException) -> str:
+    """The most specific reason in an exception, its causes and groups: "connection refused"."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(sorted({_error_text(e) for e in exc.exceptions}))
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    if isinstance(exc, trio.TooSlowError):
+        return f"silent for {SILENCE_TIMEOUT:g} s"
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and cause is not exc:
+        return _error_text(cause)
+    return str(exc) or type(exc).__name__
+
+
+def _only_connection_errors(group: BaseExceptionGroup[Any]) -> bool:
+    expected = (OSError, HandshakeError, ConnectionClosed, trio.TooSlowError, ValueError)
+    return all(
+        _only_connection_errors(e) if isinstance(e, BaseExceptionGroup) else isinstance(e, expected)
+        for e in group.exceptions
+    )
+
+
+async def follow(
+    url: str, view: ClusterView, emit: Callable[[list[str]], None], *,
+    retry_base: float = RETRY_BASE, retry_cap: float = RETRY_CAP,
+) -> None:  # fmt: skip
+    """Follow one node forever: connect, feed its messages to ``view``, reconnect with backoff."""
+    failures = 0
+    while True:
+        error: BaseException | None = None
+        try:
+            async with open_websocket_url(
+                url, connect_timeout=CONNECT_TIMEOUT, disconnect_timeout=1.0
+            ) as ws:
+                failures = 0
+                emit(view.connected(url))
+                while True:
+                    with trio.fail_after(SILENCE_TIMEOUT):
+                        text = await ws.get_message()
+                    emit(view.message(url, json.loads(text)))
+        except (OSError, HandshakeError, ConnectionClosed, trio.TooSlowError, ValueError) as exc:
+            error = exc
+        except BaseExceptionGroup as group:
+            if not _only_connection_errors(group):
+                raise
+            error = group
+        emit(view.disconnected(url, _error_text(error)))
+        failures += 1
+        await trio.sleep(min(retry_cap, retry_base * 2 ** min(failures - 1, 10)))
+
+
+def normalise_url(text: str) -> str:
+    if "://" not in text:
+        text = f"ws://{text}"
+    if text.count("/") < 3:
+        text += "/"
+    return text
+
+
+async def watch(
+    urls: Sequence[str],
+    out: TextIO,
+    *,
+    table: bool = False,
+    duration: float = math.inf,
+    task_status: trio.TaskStatus[ClusterView] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Watch ``urls`` until cancelled (or for ``duration`` seconds), writing to ``out``."""
+    view = ClusterView.of(urls)
+
+    def emit(lines: list[str]) -> None:
+        if not table:
+            for line in lines:
+                print(line, file=out, flush=True)
+
+    with trio.move_on_after(duration):
+        async with trio.open_nursery() as nursery:
+            for url in urls:
+                nursery.start_soon(follow, url, view, emit)
+            task_status.started(view)
+            if table:
+                while True:
+                    out.write("\x1b[H\x1b[2J" + view.table() + "\n")
+                    out.flush()
+                    await trio.sleep(1.0)
+
+
+async def _main(urls: list[str], table: bool, duration: float) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch_then_stop() -> None:
+                await watch(urls, sys.stdout, table=table, duration=duration)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch_then_stop)
+            async for _ in signals:
+                nursery.cancel_scope.cancel()
+                break
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m ingestion watch",
+        description="Show several nodes' status sockets (--status-port) as one live cluster view.",
+    )
+    p.add_argument("urls", nargs="+", metavar="URL", help="ws://host:port of a node (or host:port)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--table", action="store_true", default=None,
+                      help="redraw a table every second (default on a terminal)")  # fmt: skip
+    mode.add_argument("--lines", dest="table", action="store_false",
+                      help="print events and cluster changes as lines (default otherwise)")  # fmt: skip
+    p.add_argument("--duration", type=float, default=math.inf, metavar="SECONDS",
+                   help="stop after this long (default: until Ctrl-C)")  # fmt: skip
+    return p
+
+
+def main(argv: list[str]) -> int:
+    try:
+        ns = _parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    table = sys.stdout.isatty() if ns.table is None else ns.table
+    urls = [normalise_url(u) for u in ns.urls]
+    trio.run(_main, urls, table, ns.duration)
+    return 0

@@ -1,0 +1,127 @@
+"""``python -m ingestion watch``: driven against real nodes (in-process, real Redis, real status
+sockets), checking what it prints; and its I/O-free view."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import structlog
+import trio
+
+from actors.supervisor import NodeHandle, NodeSpec, run_node
+from ingestion.local_redis import LocalRedis, free_port
+from ingestion.observe import NodeObserver
+from ingestion.source import SyntheticSource
+from ingestion.status import serve_status
+from ingestion.watch import ClusterView, describe_event, normalise_url, watch
+from tests.nodes import FAST_TIMING, Recorder, store_for
+
+LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)
+
+
+class Screen(io.StringIO):
+    """What watch prints, with a way to wait (bounded) for a line without polling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changed = trio.Event()
+
+    def write(self, text: str) -> int:
+        self.changed.set()
+        self.changed = trio.Event()
+        return super().write(text)
+
+
+async def wait_for_line(out: Screen, text: str, within: float = 10.0) -> str:
+    with trio.fail_after(within):
+        while True:
+            for line in out.getvalue().splitlines():
+                if text in line:
+                    return line
+            await out.changed.wait()
+
+
+async def start_node_with_status(
+    nursery: trio.Nursery, rec: Recorder, url: str, job: str, name: str, port: int
+) -> tuple[NodeHandle, trio.CancelScope]:
+    """A node and its status socket, in a scope the test can cancel to make the node vanish."""
+    observer = NodeObserver(name, job)
+    observer.listeners.append(rec.listener(name))
+    log = structlog.get_logger().bind(node=name, job=job)
+    spec = NodeSpec(name, job, int(FAST_TIMING.ttl * 1000), FAST_TIMING, 0.01, "0")
+
+    async def node(*, task_status: trio.TaskStatus[tuple[NodeHandle, trio.CancelScope]]) -> None:
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as inner:
+                await inner.start(serve_status, "127.0.0.1", port, observer, log)
+                handle = await inner.start(run_node, store_for(url, job), LIVE, spec, log, observer)
+                task_status.started((handle, scope))
+
+    result: tuple[NodeHandle, trio.CancelScope] = await nursery.start(node)
+    return result
+
+
+async def test_watch_shows_the_leader_the_standby_a_failover_and_a_node_coming_back(
+    redis_server: LocalRedis, job: str
+) -> None:
+    rec = Recorder()
+    ports = {"a": free_port(), "b": free_port()}
+    out = Screen()
+    async with trio.open_nursery() as nursery:
+        urls = [f"ws://127.0.0.1:{ports[n]}/" for n in ("a", "b")]
+        await nursery.start(lambda *, task_status: watch(urls, out, task_status=task_status))
+        await wait_for_line(out, "unreachable")  # nothing listens yet: shown, and retried
+
+        _, kill_a = await start_node_with_status(nursery, rec, redis_server.url, job, "a", ports["a"])
+        await rec.wait_for("became-leader", "a")
+        await start_node_with_status(nursery, rec, redis_server.url, job, "b", ports["b"])
+        await rec.wait_for("standby", "b")
+        await wait_for_line(out, "cluster  leader: a (token 1) | standby: b")
+        kill_a.cancel()  # node a vanishes (its process dies; the lease is released on the way out)
+        took = await wait_for_line(out, "b became leader with token 2, taking over from a (token 1)")
+        assert "ms leaderless" in took
+        await wait_for_line(out, "a: unreachable")
+        await wait_for_line(out, "cluster  leader: b (token 2) | standby: none | down: a")
+
+        await start_node_with_status(nursery, rec, redis_server.url, job, "a", ports["a"])
+        await wait_for_line(out, "a: reachable again")
+        await wait_for_line(out, "cluster  leader: b (token 2) | standby: a")
+        nursery.cancel_scope.cancel()
+    text = out.getvalue()
+    assert "LEADERS" not in text  # never two leaders at once, as far as the nodes reported
+
+
+def test_view_flags_two_nodes_that_both_claim_to_lead() -> None:
+    view = ClusterView.of(["ws://x/", "ws://y/"])
+    for url, node, token in (("ws://x/", "x", 1), ("ws://y/", "y", 2)):
+        view.connected(url)
+        view.message(url, {"type": "status", "node": node, "role": "leader", "token": token})
+    assert view.summary().startswith("cluster  LEADERS: x (token 1), y (token 2)")
+    table = view.table()
+    assert "x" in table and "leader" in table
+
+
+def test_event_lines_are_readable() -> None:
+    assert describe_event(
+        {"event": "lost-leadership", "node": "a", "token": 3, "reason": "lease-expired"}
+    ) == "a lost leadership (token 3): lease-expired"
+    assert describe_event(
+        {"event": "became-leader", "node": "a", "token": 1, "previous_node": None, "cursor": "0"}
+    ) == "a became leader with token 1 (first leader of the job); resumes at cursor 0"
+    assert normalise_url("127.0.0.1:9000") == "ws://127.0.0.1:9000/"
+
+
+def test_watch_cli_needs_a_url_and_exits_cleanly_after_duration() -> None:
+    cmd = [sys.executable, "-m", "ingestion", "watch"]
+    no_url = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert no_url.returncode == 2 and "URL" in no_url.stderr
+    port = free_port()
+    timed = subprocess.run(
+        [*cmd, "--lines", "--duration", "0.5", f"127.0.0.1:{port}"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert timed.returncode == 0, timed.stderr
+    assert f"ws://127.0.0.1:{port}/: unreachable (" in timed.stdout
+    assert "connection refused); retrying" in timed.stdout
