@@ -1,53 +1,192 @@
-"""``python -m ingestion inspect``: the job's state as read from Redis, as a table or JSON."""
+"""``python -m ingestion inspect``: the job's state as read from Redis, as a table or JSON.
+
+``--json`` prints the object of CONTRACT.md (``job``, ``leader``, ``token``, ``lease_ttl_ms_left``,
+``cursor``, ``events``, ``audit``) plus one extra key, ``lag``: null unless ``--horizon URL`` is
+given, in which case inspect asks that Horizon for the newest record of the job's resource and
+reports how far the committed cursor is behind it::
+
+    "lag": {"horizon": "http://...", "head": "<newest paging token>",
+            "ledgers": 3,           # head ledger - cursor ledger (from the TOID paging tokens)
+            "seconds": 15.0,        # head created_at - created_at of the first uncommitted record
+            "error": null}          # or what went wrong asking Horizon (the rest is then null)
+
+No password ever appears in the output: errors name ``redis.url`` with the password blanked.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import attrs
+import httpx
+import trio
 
-from ingestion.config import Settings, redact_url
-from ingestion.lease_store import LeaseStore, RedisUnavailable, connect
+from ingestion.config import Settings, load
+from ingestion.lease_store import JobState, LeaseStore, RedisUnavailable, connect
+from ingestion.observe import record_time
+from ingestion.paging import InvalidPagingToken, toid_parts, token_key
+
+HORIZON_TIMEOUT = 5.0  # seconds, the whole lag query
 
 
-async def inspect_job(settings: Settings, as_json: bool, audit_count: int = 10) -> int:
-    client = connect(settings.redis.url, timeout=max(settings.redis.timeout_ms / 1000, 2.0))
+def ledger_of(paging_token: str) -> int | None:
+    try:
+        return toid_parts(token_key(paging_token)[0])[0]
+    except (InvalidPagingToken, ValueError):
+        return None
+
+
+async def _edge_record(
+    client: httpx.AsyncClient, url: str, params: dict[str, str]
+) -> dict[str, Any] | None:
+    response = await client.get(url, params=params, headers={"Accept": "application/hal+json"})
+    response.raise_for_status()
+    records = response.json().get("_embedded", {}).get("records", [])
+    return records[0] if records else None
+
+
+async def source_lag(horizon: str, resource: str, cursor: str | None) -> dict[str, Any]:
+    """How far ``cursor`` is behind the newest record of ``resource`` on ``horizon``."""
+    lag: dict[str, Any] = {"horizon": horizon, "head": None, "ledgers": None, "seconds": None,
+                           "error": None}  # fmt: skip
+    url = horizon.rstrip("/") + resource
+    try:
+        with trio.fail_after(HORIZON_TIMEOUT):
+            async with httpx.AsyncClient(timeout=HORIZON_TIMEOUT, follow_redirects=True) as client:
+                head = await _edge_record(client, url, {"order": "desc", "limit": "1"})
+                if head is None:
+                    lag.update(ledgers=0, seconds=0.0)
+                    return lag
+                lag["head"] = head.get("paging_token")
+                if cursor is None:
+                    return lag
+                following = await _edge_record(
+                    client, url, {"order": "asc", "limit": "1", "cursor": cursor}
+                )
+    except trio.TooSlowError:
+        lag["error"] = f"no answer from Horizon within {HORIZON_TIMEOUT:g} s"
+        return lag
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        lag["error"] = f"{type(exc).__name__}: {exc}"
+        return lag
+    head_ledger, cursor_ledger = ledger_of(str(lag["head"])), ledger_of(cursor)
+    if head_ledger is not None and cursor_ledger is not None:
+        lag["ledgers"] = max(0, head_ledger - cursor_ledger)
+    if following is None:
+        lag["seconds"] = 0.0
+    else:
+        newest, oldest = record_time(json.dumps(head)), record_time(json.dumps(following))
+        if newest is not None and oldest is not None:
+            lag["seconds"] = max(0.0, newest - oldest)
+    return lag
+
+
+async def inspect_job(
+    settings: Settings, as_json: bool, audit_count: int = 10, horizon: str | None = None
+) -> int:
+    r = settings.redis
+    client = connect(
+        r.url,
+        timeout=max(r.timeout_ms / 1000, 2.0),
+        tls_ca_file=r.tls_ca_file or None,
+        tls_cert_file=r.tls_cert_file or None,
+        tls_key_file=r.tls_key_file or None,
+    )
     try:
         state = await LeaseStore(client, settings.node.job).state(audit_count)
     except RedisUnavailable as exc:
-        print(
-            f"ingestion: cannot read job {settings.node.job!r} from redis.url "
-            f"{redact_url(settings.redis.url)}: {exc}",
-            file=sys.stderr,
-        )
+        print(f"ingestion: cannot read job {settings.node.job!r}: {exc}", file=sys.stderr)
         return 1
     finally:
         client.close()
-    doc = attrs.asdict(state)
-    doc.pop("cursor_token")
+    lag = await source_lag(horizon, settings.horizon.resource, state.cursor) if horizon else None
     if as_json:
+        doc = attrs.asdict(state)
+        doc.pop("cursor_token")
+        doc["lag"] = lag
         print(json.dumps(doc))
-        return 0
+    else:
+        print(render_table(state, lag))
+    return 0
+
+
+def _lag_text(lag: dict[str, Any] | None) -> str:
+    if lag is None:
+        return "- (give --horizon URL to compare with the source)"
+    if lag["error"]:
+        return f"unknown: {lag['error']}"
+    parts = []
+    if lag["ledgers"] is not None:
+        parts.append(f"{lag['ledgers']} ledgers")
+    if lag["seconds"] is not None:
+        parts.append(f"{lag['seconds']:.1f} s")
+    return (", ".join(parts) or "unknown") + f" behind head {lag['head'] or '(empty)'}"
+
+
+def render_table(state: JobState, lag: dict[str, Any] | None) -> str:
+    ttl = state.lease_ttl_ms_left
     rows = [
         ("job", state.job),
         ("leader", state.leader or "(none)"),
         ("token", str(state.token)),
-        ("lease ttl left", f"{state.lease_ttl_ms_left} ms" if state.lease_ttl_ms_left is not None else "-"),
+        ("lease ttl left", f"{ttl} ms" if ttl is not None else "-"),
         ("cursor", state.cursor or "(nothing committed)"),
         ("written by token", str(state.cursor_token) if state.cursor_token is not None else "-"),
         ("events", str(state.events)),
+        ("lag", _lag_text(lag)),
     ]
     width = max(len(k) for k, _ in rows)
-    for key, value in rows:
-        print(f"{key:<{width}}  {value}")
-    print("\naudit (oldest first):")
+    lines = [f"{key:<{width}}  {value}" for key, value in rows]
+    lines.append("")
+    lines.append("audit (oldest first):")
     for entry in state.audit:
-        extra = ""
-        if entry.get("event") == "became-leader" and entry.get("previous_node"):
-            extra = (
+        event = entry.get("event", "?")
+        text = f"  {entry['id']}  {event:<14} {entry.get('node', '')} token {entry.get('token', '')}"
+        if event == "became-leader" and entry.get("previous_node"):
+            text += (
                 f" after {entry['previous_node']} (token {entry['previous_token']}),"
                 f" leaderless {entry['takeover_ms']} ms"
             )
-        print(f"  {entry['id']}  {entry.get('event', '?'):<14} {entry.get('node', '')} token {entry.get('token', '')}{extra}")
-    return 0
+        lines.append(text)
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ingestion inspect", description="Show a job's state.")
+    p.add_argument("--config", type=Path, help="TOML file (default: ./config.toml if present)")
+    p.add_argument("--redis", metavar="URL", help="redis:// or rediss:// URL")
+    p.add_argument("--job", help="the job to show (default: horizon)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (CONTRACT.md)")
+    p.add_argument("--audit", type=int, default=10, metavar="N", help="audit entries to show")
+    p.add_argument("--horizon", metavar="URL", help="also report the lag behind this Horizon")
+    p.add_argument("--resource", help="the job's Horizon collection (default: from the config)")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``inspect`` with these flags; returns the exit status.
+
+    Raises:
+        ConfigError: a bad setting (the CLI prints it and exits 2).
+    """
+    ns = _parser().parse_args(list(argv))
+    flags: dict[str, dict[str, Any]] = {}
+    for (section, key), value in {
+        ("redis", "url"): ns.redis,
+        ("node", "job"): ns.job,
+        ("horizon", "resource"): ns.resource,
+    }.items():
+        if value is not None:
+            flags.setdefault(section, {})[key] = value
+    settings = load(ns.config, os.environ, flags)
+    return trio.run(inspect_job, settings, ns.json, ns.audit, ns.horizon)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

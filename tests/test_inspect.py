@@ -1,0 +1,116 @@
+"""``python -m ingestion inspect`` as a subprocess against a real redis-server, and against a real
+(simulated) Horizon for the lag."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import httpx
+import trio
+
+from ingestion.lease_store import Acquired, LeaseStore, connect
+from ingestion.local_redis import LocalRedis
+from ingestion.paging import toid_parts, token_key
+from ingestion.simulator.server import SimulatorConfig, open_simulator
+from ingestion.source import Record
+
+CONTRACT_KEYS = {"job", "leader", "token", "lease_ttl_ms_left", "cursor", "events", "audit"}
+
+
+async def run_inspect(*args: str) -> trio.CompletedProcess[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INGESTION_")}
+    with trio.fail_after(30):
+        return await trio.run_process(
+            [sys.executable, "-m", "ingestion", "inspect", *args],
+            capture_stdout=True, capture_stderr=True, check=False, env=env,
+        )  # fmt: skip
+
+
+async def test_inspect_json_of_an_empty_job_has_the_contract_keys(
+    redis_server: LocalRedis, job: str
+) -> None:
+    done = await run_inspect("--redis", redis_server.url, "--job", job, "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert set(doc) == CONTRACT_KEYS | {"lag"}
+    assert doc == {"job": job, "leader": None, "token": 0, "lease_ttl_ms_left": None,
+                   "cursor": None, "events": 0, "audit": [], "lag": None}  # fmt: skip
+
+
+async def test_inspect_shows_leader_cursor_takeover_audit_and_lag_behind_horizon(
+    redis_server: LocalRedis, job: str
+) -> None:
+    config = SimulatorConfig(ledger_interval=None, history_ledgers=6, ops_per_ledger=4)
+    async with open_simulator(config) as sim:
+        async with httpx.AsyncClient(timeout=5) as http:
+            page = (await http.get(f"{sim.url}/operations", params={"limit": "6"})).json()
+        records = [
+            Record(paging_token=r["paging_token"], body=json.dumps(r))
+            for r in page["_embedded"]["records"]
+        ]
+        store = LeaseStore(connect(redis_server.url, timeout=2.0), job)
+        grant = await store.acquire("node-a", 60_000)
+        assert isinstance(grant, Acquired)
+        await store.commit("node-a", grant.token, None, records)
+        await store.release("node-a", grant.token)
+        second = await store.acquire("node-b", 60_000)
+        assert isinstance(second, Acquired)
+        store.client.close()
+
+        done = await run_inspect(
+            "--redis", redis_server.url, "--job", job, "--json", "--horizon", sim.url
+        )
+        assert done.returncode == 0, done.stderr
+        doc: dict[str, Any] = json.loads(done.stdout)
+        assert set(doc) >= CONTRACT_KEYS
+        assert (doc["leader"], doc["token"], doc["events"]) == ("node-b", 2, 6)
+        assert doc["cursor"] == records[-1].paging_token
+        assert 0 < doc["lease_ttl_ms_left"] <= 60_000
+        takeover = doc["audit"][-1]  # newest last
+        assert takeover["event"] == "became-leader" and takeover["node"] == "node-b"
+        assert takeover["previous_node"] == "node-a" and takeover["previous_token"] == "1"
+        assert [e["event"] for e in doc["audit"]] == ["became-leader", "released", "became-leader"]
+
+        lag = doc["lag"]
+        head_ledger = toid_parts(token_key(lag["head"])[0])[0]
+        cursor_ledger = toid_parts(token_key(doc["cursor"])[0])[0]
+        assert lag["error"] is None and lag["horizon"] == sim.url
+        assert lag["ledgers"] == head_ledger - cursor_ledger > 0
+        assert lag["seconds"] > 0  # the simulator's ledgers close 5 s apart in its own clock
+
+        table = await run_inspect("--redis", redis_server.url, "--job", job, "--horizon", sim.url)
+        text = table.stdout.decode()
+        assert table.returncode == 0
+        for expected in ("leader", "node-b", "events", f"{lag['ledgers']} ledgers",
+                         "became-leader  node-b token 2 after node-a (token 1), leaderless"):  # fmt: skip
+            assert expected in text, text
+
+
+async def test_inspect_reports_an_unreachable_horizon_as_unknown_lag(
+    redis_server: LocalRedis, job: str
+) -> None:
+    from ingestion.local_redis import free_port
+
+    done = await run_inspect("--redis", redis_server.url, "--job", job, "--json",
+                             "--horizon", f"http://127.0.0.1:{free_port()}")  # fmt: skip
+    assert done.returncode == 0
+    assert json.loads(done.stdout)["lag"]["error"].startswith("ConnectError")
+
+
+async def test_inspect_with_an_unreachable_redis_exits_1_naming_the_setting() -> None:
+    from ingestion.local_redis import free_port
+
+    done = await run_inspect("--redis", f"redis://u:hunter2@127.0.0.1:{free_port()}/0", "--json")
+    err = done.stderr.decode()
+    assert done.returncode == 1
+    assert "redis.url redis://u@127.0.0.1:" in err and "connection refused" in err
+    assert "hunter2" not in err and not done.stdout
+
+
+async def test_inspect_bad_setting_exits_2() -> None:
+    done = await run_inspect("--redis", "http://nope", "--json")
+    assert done.returncode == 2
+    assert b"redis.url: must start with redis://" in done.stderr
