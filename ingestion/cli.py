@@ -72,7 +72,7 @@ def load_settings(ns: argparse.Namespace) -> Settings:
 def cmd_run(argv: Sequence[str]) -> int:
     ns = _run_parser().parse_args(argv)
     settings = load_settings(ns)
-    from ingestion.node import build_source, run_node_process  # noqa: PLC0415 - keep --help fast
+    from ingestion.node import build_source, run_node_process
 
     try:
         build_source(settings)
@@ -92,29 +92,25 @@ def _inspect_parser() -> argparse.ArgumentParser:
 
 
 def cmd_inspect(argv: Sequence[str]) -> int:
-    ns = _inspect_parser().parse_args(argv)
-    for name in ("node_id", "horizon", "resource", "start_cursor", "lease_ttl_ms"):
-        setattr(ns, name, None)
-    settings = load_settings(ns)
-    from ingestion.inspect import inspect_job  # noqa: PLC0415
+    from ingestion.inspect import main
 
-    return trio.run(inspect_job, settings, ns.json, ns.audit)
+    return main(list(argv))
 
 
 def cmd_simulate(argv: Sequence[str]) -> int:
-    from ingestion.simulator.cli import main  # noqa: PLC0415
+    from ingestion.simulator.cli import main
 
     return main(list(argv))
 
 
 def cmd_watch(argv: Sequence[str]) -> int:
-    from ingestion.watch import main  # noqa: PLC0415
+    from ingestion.watch import main
 
     return main(list(argv))
 
 
 def cmd_demo(argv: Sequence[str]) -> int:
-    from ingestion.demo import main  # noqa: PLC0415
+    from ingestion.demo import main
 
     return main(list(argv))
 
