@@ -7,10 +7,34 @@ bound by the caller. Wall-clock time appears here and nowhere else.
 from __future__ import annotations
 
 import logging
+import re
 import sys
+from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
+
+# ``scheme://user:password@`` anywhere in a string, and ``password=...`` query parameters.
+_URL_SECRET = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^\s/:@]*:)[^\s/@]+@", re.IGNORECASE)
+_QUERY_SECRET = re.compile(r"(?i)([?&](?:password|pass|auth)=)[^&#\s]*")
+
+
+def redact(text: str) -> str:
+    """``text`` with every URL password replaced by ``***``."""
+    if "://" not in text and "=" not in text:
+        return text
+    return _QUERY_SECRET.sub(r"\1***", _URL_SECRET.sub(r"\1***@", text))
+
+
+def redact_secrets(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> Any:
+    """structlog processor: no password in a URL survives into a log line (exceptions included)."""
+    for key, value in event.items():
+        if isinstance(value, str):
+            event[key] = redact(value)
+        elif isinstance(value, list | tuple):
+            event[key] = [redact(v) if isinstance(v, str) else v for v in value]
+    return event
+
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -31,6 +55,7 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream: Any = None
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
             structlog.processors.format_exc_info,
+            redact_secrets,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
