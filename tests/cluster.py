@@ -31,7 +31,7 @@ from ingestion.verify import Verification, verify_job
 
 PYTHON = sys.executable
 CLEANUP_TIMEOUT = 10.0  # seconds for the whole teardown
-FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
 
 
 @attrs.frozen
@@ -173,9 +173,9 @@ def _record(name: str, raw: bytes, at: float, log: EventLog) -> None:
 @attrs.frozen
 class ClockFake:
     """Run a node under libfaketime. ``spec`` is FAKETIME (e.g. ``"+3d"``, ``"@2030-01-01 00:00:00
-    x2"``); with ``timestamp_file`` the spec is read from that file on every call, so a test can
-    make the wall clock jump while the node runs. ``fake_monotonic=False`` (the realistic case)
-    sets DONT_FAKE_MONOTONIC=1: the wall clock lies, the monotonic clock does not.
+    x2"``); with ``timestamp_file`` the spec is re-read from that file every second, so a test can
+    make the wall clock jump while the node runs. ``fake_monotonic=False`` (the realistic case) sets
+    DONT_FAKE_MONOTONIC=1: the wall clock lies, the monotonic clock does not.
     """
 
     spec: str = ""
@@ -186,7 +186,9 @@ class ClockFake:
         env = {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME_DONT_RESET": "1"}
         if self.timestamp_file:
             env["FAKETIME_TIMESTAMP_FILE"] = self.timestamp_file
-            env["FAKETIME_NO_CACHE"] = "1"
+            # Re-read at most every second: FAKETIME_NO_CACHE=1 reads the file on every clock call,
+            # which slows the process so much that a lease round trip outlives the ingest deadline.
+            env["FAKETIME_CACHE_DURATION"] = "1"
         else:
             env["FAKETIME"] = self.spec
         if not self.fake_monotonic:

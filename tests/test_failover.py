@@ -11,13 +11,17 @@ Settings unless a test says otherwise: lease TTL 1500 ms, so renew interval 300 
 
 from __future__ import annotations
 
+import os
 import random
 import signal
+import sys
+from pathlib import Path
 
+import pytest
 import trio
 
 from ingestion.verify import read_entries
-from tests.cluster import Cluster, figure, open_cluster
+from tests.cluster import ClockFake, Cluster, faketime_available, figure, open_cluster
 from tests.tcp_proxy import TcpProxy
 
 TTL_MS = 1500
@@ -268,3 +272,60 @@ async def test_flapping_kills_and_restarts_lose_and_duplicate_nothing(job: str) 
         leaders = c.log.of("became-leader")
         print(f"\nflapping: {rounds} rounds, {len(leaders)} terms")
         await assert_verified(c, 1000)
+
+
+@pytest.mark.skipif(not faketime_available(), reason="libfaketime is not installed")
+async def test_wrong_and_jumping_wall_clocks_change_nothing(job: str, tmp_path: Path) -> None:
+    """Nodes whose wall clocks are days or years off, run at double speed, or jump back and forth
+    while leading (libfaketime, monotonic clock honest) fail over exactly like the others: every
+    deadline comes from the monotonic clock and Redis's TTL, never from wall time."""
+    jumping = tmp_path / "faketime"
+    jumping.write_text("-730d\n")
+    clocks = {
+        "n1": ClockFake(timestamp_file=str(jumping)),
+        "n2": ClockFake("+3d"),
+        "n3": ClockFake("@2030-01-01 00:00:00 x2"),
+    }
+    # The fake is real: the same environment makes a process see the file's jumps.
+    years = []
+    for spec in ("-730d", "+3650d"):
+        jumping.write_text(spec + "\n")
+        done = await trio.run_process(
+            [sys.executable, "-c", "import time; print(time.gmtime().tm_year)"],
+            env={**os.environ, **clocks["n1"].env()},
+            capture_stdout=True,
+        )
+        years.append(int(done.stdout))
+    assert years[1] - years[0] >= 11, years
+    jumping.write_text("-730d\n")
+
+    async with open_cluster(job, ttl_ms=TTL_MS) as c:
+        await c.start_node("n1", clock=clocks["n1"])
+        await c.log.wait_for("became-leader", "n1")
+        await c.start_node("n2", clock=clocks["n2"])
+        await c.start_node("n3", clock=clocks["n3"])
+        years = {e.node: e.fields["timestamp"][:4] for e in c.log.of("node-starting")}
+        assert years["n1"] != years["n2"] or years["n2"] != years["n3"], years
+
+        # The leader's wall clock jumps ten years forward and back, many times, across several
+        # renewals: it keeps the lease and keeps ingesting.
+        for spec in ["+3650d", "-730d", "+3650d", "-3650d", "+1d", "-730d"]:
+            jumping.write_text(spec + "\n")
+            await c.wait_for_progress(120)  # > 1 s: the node re-reads the file every second
+        assert not c.log.of("lost-leadership"), c.log.tail()
+        assert len(c.log.of("became-leader")) == 1
+
+        killed_at = await c.kill("n1")
+        taken = await c.log.wait_for("became-leader", since=killed_at, within=TTL + 2)
+        failover = taken.at - killed_at
+        figure("clock-skew-kill-switch", failover_ms=failover * 1000, new_leader=taken.node)
+        assert failover <= TTL + JITTER + ALLOWANCE
+        await c.wait_for_progress(100)
+
+        asked = c.signal(taken.node, signal.SIGTERM)
+        handed = await c.log.wait_for("became-leader", since=asked, within=TTL + 2)
+        figure("clock-skew-graceful", handoff_ms=(handed.at - asked) * 1000, new_leader=handed.node)
+        assert handed.at - asked < 0.5
+        await c.wait_for_progress(100)
+        assert not [e for e in c.log.of("process-exited") if e.fields["returncode"] not in (0, -9)]
+        await assert_verified(c, 300)
