@@ -42,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--stream-timeout", type=_non_negative_float, default=defaults.stream_timeout)
     p.add_argument("--first-ledger", type=int, default=defaults.first_ledger)
+    p.add_argument(
+        "--cache-records",
+        type=int,
+        default=defaults.cache_records,
+        help="about how many built records to keep in memory",
+    )
     return p
 
 
@@ -57,6 +63,7 @@ def config_from_args(argv: list[str]) -> SimulatorConfig:
         history_ledgers=args.history_ledgers,
         stream_timeout=args.stream_timeout,
         first_ledger=args.first_ledger,
+        cache_records=args.cache_records,
     )
 
 

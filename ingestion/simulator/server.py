@@ -35,6 +35,9 @@ class SimulatorConfig:
         history_ledgers: ledgers already closed at start (at least 1).
         stream_timeout: seconds after which a stream ends with byebye (Horizon's 55 s).
         first_ledger: sequence of the oldest ledger (realistic default: TOIDs above 2**53).
+        cache_records: about how many built records (with their rendered forms) to keep in
+            memory; a benchmark that pages through a long history more than once raises it so
+            that every pass after the first is served from memory.
     """
 
     host: str = "127.0.0.1"
@@ -45,6 +48,7 @@ class SimulatorConfig:
     history_ledgers: int = 100
     stream_timeout: float = 55.0
     first_ledger: int = 50_000_000
+    cache_records: int = 60_000
 
     def chain_spec(self) -> ChainSpec:
         return ChainSpec(
@@ -65,7 +69,9 @@ class Simulator:
 
     def __init__(self, config: SimulatorConfig, nursery: trio.Nursery):
         self.config = config
-        self.chain = _build_without_gc(lambda: Chain(config.chain_spec(), config.history_ledgers))
+        self.chain = _build_without_gc(
+            lambda: Chain(config.chain_spec(), config.history_ledgers, config.cache_records)
+        )
         self.faults = Faults(clock=trio.current_time)
         self.url = ""
         self.active_streams = 0  # open SSE responses, for tests and status

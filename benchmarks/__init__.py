@@ -1,0 +1,1 @@
+"""Benchmarks: throughput, commit latency, failover distribution, standby cost. See run.py."""

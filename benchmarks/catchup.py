@@ -1,0 +1,95 @@
+"""Catch-up throughput (and a node's memory while catching up), side by side with two references.
+
+One simulator process serves a history of ``count`` operations, warmed first so that every measured
+pass is served from its cache. Then, in each round: a bare paged fetch (the practical ceiling), the
+official SDK's streaming client, and a real node process ingesting into a fresh Redis job with fenced
+commits, timed from its ``became-leader`` line until the events stream holds ``count`` entries.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from benchmarks.procs import NodeProcess, Simulator, memory_kib
+
+OPS_PER_LEDGER = 100
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _reference(kind: str, url: str, count: int, limit: float) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.references", kind, url, str(count), str(limit)],
+        capture_output=True,
+        cwd=ROOT,
+        timeout=limit + 60,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"reference {kind} failed: {out.stderr.decode()[-2000:]}")
+    result = json.loads(out.stdout.decode().strip().splitlines()[-1])
+    return {"records": result["records"], "seconds": result["seconds"]}
+
+
+def _node_run(sim_url: str, redis_url: str, count: int, job: str, limit: float) -> dict[str, Any]:
+    client = redis.Redis.from_url(redis_url)
+    events = f"ingestion:{{{job}}}:events"
+    node = NodeProcess.start(f"catchup-{job}", redis_url=redis_url, horizon=sim_url, ttl_ms=5000, job=job)
+    try:
+        leader = node.event("became-leader", timeout=30)
+        end = leader.at + limit
+        n = 0
+        while time.monotonic() < end:
+            n = int(client.xlen(events))
+            if n >= count:
+                break
+            time.sleep(0.005)
+        done = time.monotonic()
+        peak = memory_kib(node.pid)["VmHWM"]
+        time.sleep(2.0)  # caught up: following the (idle) stream
+        idle = memory_kib(node.pid)["VmRSS"]
+        return {
+            "records": n,
+            "seconds": done - leader.at,
+            "peak_rss_kib": peak,
+            "idle_rss_kib": idle,
+        }
+    finally:
+        node.stop()
+        client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease")))
+        client.close()
+
+
+def run(redis_url: str, *, count: int, rounds: int, log: Any = print) -> dict[str, Any]:
+    ledgers = -(-count // OPS_PER_LEDGER)
+    sim = Simulator.start(
+        history_ledgers=ledgers,
+        ops_per_ledger=OPS_PER_LEDGER,
+        cache_records=int(count * 1.3) + 10_000,
+    )
+    limit = max(60.0, count / 1000)
+    try:
+        started = time.monotonic()
+        _reference("paged", sim.url, count, limit)
+        _reference("sse-warm", sim.url, count, limit)
+        log(f"  simulator warmed in {time.monotonic() - started:.1f}s")
+        runs: dict[str, list[dict[str, Any]]] = {"paged": [], "sdk": [], "node": []}
+        for r in range(rounds):
+            runs["paged"].append(_reference("paged", sim.url, count, limit))
+            runs["sdk"].append(_reference("sdk", sim.url, count, limit))
+            runs["node"].append(_node_run(sim.url, redis_url, count, f"catchup{r}", limit))
+            for kind, results in runs.items():
+                res = results[-1]
+                log(f"  round {r + 1} {kind}: {res['records'] / res['seconds']:,.0f} records/s")
+    finally:
+        sim.stop()
+    out: dict[str, Any] = {"count": count, "rounds": rounds}
+    for kind, results in runs.items():
+        best = max(results, key=lambda x: x["records"] / x["seconds"])
+        out[kind] = {**best, "rate": best["records"] / best["seconds"]}
+    return out

@@ -1,0 +1,228 @@
+"""Run every benchmark side by side and write the table to ``docs/BENCHMARKS.md``.
+
+``python -m benchmarks [--quick] [--only SECTION ...] [--output PATH] [--json PATH]``
+
+Sections: ``catchup`` (throughput and memory), ``latency``, ``commit``, ``failover``, ``standby``.
+``--quick`` is a smoke run (smaller history, fewer trials, one TTL) that takes about two minutes;
+the full run takes about ten. A throwaway ``redis-server`` is started on a free loopback port; the
+simulator runs as its own process. Results also go to a JSON file; when
+``benchmarks/baseline.json`` exists (an earlier run's JSON) its figures appear as a "before" column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import catchup, commit_cost, failover, latency, standby
+from ingestion.local_redis import LocalRedis
+
+ROOT = Path(__file__).resolve().parent.parent
+SECTIONS = ("catchup", "latency", "commit", "failover", "standby")
+
+
+def machine() -> dict[str, str]:
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    redis_version = subprocess.run(
+        ["redis-server", "--version"], capture_output=True, text=True, timeout=10
+    ).stdout.strip()
+    return {
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "python": platform.python_version(),
+        "redis": redis_version.split(" sha=")[0],
+        "os": f"{platform.system()} {platform.release()}",
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def measure(quick: bool, only: tuple[str, ...]) -> dict[str, Any]:
+    results: dict[str, Any] = {"machine": machine(), "quick": quick}
+    redis_server = LocalRedis().start()
+    try:
+        url = redis_server.url
+        for section in only:
+            print(f"{section}:", flush=True)
+            started = time.monotonic()
+            if section == "catchup":
+                results[section] = catchup.run(
+                    url, count=20_000 if quick else 100_000, rounds=1 if quick else 2
+                )
+            elif section == "latency":
+                results[section] = latency.run(url, trials=20 if quick else 100)
+            elif section == "commit":
+                results[section] = commit_cost.run(url, seconds=1.0 if quick else 3.0)
+            elif section == "failover":
+                results[section] = failover.run(
+                    url,
+                    ttls_ms=(1000,) if quick else (1000, 2000, 5000),
+                    trials=5 if quick else 20,
+                )
+            elif section == "standby":
+                results[section] = standby.run(url, standbys=3, seconds=10.0 if quick else 30.0)
+            print(f"  ({time.monotonic() - started:.0f} s)", flush=True)
+    finally:
+        redis_server.stop()
+    return results
+
+
+# --- the table -----------------------------------------------------------------------------------
+
+
+def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
+    """(metric, value, target, verdict) rows; verdict None when there is no target."""
+    rows: list[tuple[str, str, str, str | None]] = []
+    c = r.get("catchup")
+    if c:
+        node, sdk, paged = c["node"]["rate"], c["sdk"]["rate"], c["paged"]["rate"]
+        n = f"{c['count']:,} ops"
+        rows += [
+            (f"catch-up, our node (fenced commits), {n}", f"{node:,.0f} records/s", "", None),
+            (f"catch-up, stellar_sdk stream(), {n}", f"{sdk:,.0f} records/s", "", None),
+            (f"catch-up, bare paged fetch (limit=200), {n}", f"{paged:,.0f} records/s", "", None),
+            ("node / SDK", f"{node / sdk:.2f}x", ">= 5x", _ok(node / sdk >= 5)),
+            ("node / bare paged fetch", f"{node / paged:.2f}", ">= 0.5", _ok(node / paged >= 0.5)),
+            ("node peak RSS during catch-up (VmHWM)", _mib(c["node"]["peak_rss_kib"]), "", None),
+            ("node RSS idle after catch-up", _mib(c["node"]["idle_rss_kib"]), "", None),
+        ]
+    lat = r.get("latency")
+    if lat:
+        rows.append(
+            (
+                f"live: ledger close -> all {lat['ops_per_ledger']} records committed, p50 / p99",
+                f"{lat['last_p50_ms']:.1f} / {lat['last_p99_ms']:.1f} ms",
+                "",
+                None,
+            )
+        )
+    cc = r.get("commit")
+    if cc:
+        for size, v in cc.items():
+            rows.append(
+                (
+                    f"commit, batch {size}: commits/s (records/s), p50 / p99",
+                    f"{v['commits_per_s']:,.0f} ({v['records_per_s']:,.0f}), "
+                    f"{v['p50_ms']:.2f} / {v['p99_ms']:.2f} ms",
+                    "",
+                    None,
+                )
+            )
+    fo = r.get("failover")
+    if fo:
+        for v in fo.values():
+            if v["signal"] == "SIGKILL":
+                target = v["ttl_ms"] + 150
+                label, verdict = f"p99 <= {target} ms", _ok(v["p99_ms"] <= target)
+            else:
+                label, verdict = "p99 <= 50 ms", _ok(v["p99_ms"] <= 50)
+            rows.append(
+                (
+                    f"failover {v['signal']}, ttl {v['ttl_ms']} ms, {v['trials']} trials: p50 / p99 / max",
+                    f"{v['p50_ms']:.0f} / {v['p99_ms']:.0f} / {v['max_ms']:.0f} ms",
+                    label,
+                    verdict,
+                )
+            )
+    sb = r.get("standby")
+    if sb:
+        cps = sb["commands_per_s_per_standby"]
+        rows += [
+            (
+                f"idle standby, ttl {sb['ttl_ms']} ms: Redis commands/s each",
+                f"{cps:.2f}",
+                "< 1",
+                _ok(cps < 1),
+            ),
+            ("idle standby: CPU each", f"{sb['cpu_percent_per_standby']:.2f}% of a core", "", None),
+            ("idle standby: RSS each", _mib(sb["rss_kib_per_standby"]), "", None),
+        ]
+    return rows
+
+
+def _ok(flag: bool) -> str:
+    return "met" if flag else "NOT met"
+
+
+def _mib(kib: float) -> str:
+    return f"{kib / 1024:.0f} MiB"
+
+
+def table(results: dict[str, Any], baseline: dict[str, Any] | None) -> str:
+    rows = _rows(results)
+    before = {metric: value for metric, value, _t, _v in _rows(baseline)} if baseline else {}
+    if before:
+        lines = ["| metric | before | after | target | |", "| --- | --- | --- | --- | --- |"]
+        for metric, value, target, verdict in rows:
+            lines.append(f"| {metric} | {before.get(metric, '')} | {value} | {target} | {verdict or ''} |")
+    else:
+        lines = ["| metric | value | target | |", "| --- | --- | --- | --- |"]
+        for metric, value, target, verdict in rows:
+            lines.append(f"| {metric} | {value} | {target} | {verdict or ''} |")
+    return "\n".join(lines)
+
+
+def machine_line(m: dict[str, str]) -> str:
+    return f"{m['cpu']}, {m['cores']} cores, {m['os']}; Python {m['python']}; {m['redis']}; {m['date']}"
+
+
+def render(results: dict[str, Any], baseline: dict[str, Any] | None, notes: str) -> str:
+    mode = "quick smoke run" if results["quick"] else "full run"
+    parts = [
+        "# Benchmarks",
+        "",
+        "Produced by `python -m benchmarks` (" + mode + "); regenerate with `python -m benchmarks`"
+        " (`--quick` for a smoke run). Everything runs on one machine over loopback: a throwaway"
+        " redis-server, the Horizon simulator as its own process, node processes as started by"
+        " operators (`python -m ingestion ...`).",
+        "",
+        f"Machine: {machine_line(results['machine'])}.",
+    ]
+    if baseline:
+        parts.append(f"Before: {machine_line(baseline['machine'])}.")
+    parts += ["", table(results, baseline), ""]
+    if notes:
+        parts += [notes.rstrip(), ""]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="a fast smoke run")
+    p.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    p.add_argument("--output", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
+    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.add_argument("--baseline", type=Path, default=ROOT / "benchmarks" / "baseline.json")
+    ns = p.parse_args(argv)
+    os.chdir(ROOT)
+    results = measure(ns.quick, tuple(ns.only))
+    baseline = json.loads(ns.baseline.read_text()) if ns.baseline.exists() else None
+    notes_file = ROOT / "benchmarks" / "NOTES.md"
+    notes = notes_file.read_text() if notes_file.exists() else ""
+    print()
+    print(table(results, baseline))
+    ns.output.parent.mkdir(parents=True, exist_ok=True)
+    ns.output.write_text(render(results, baseline, notes))
+    json_path = ns.json or ns.output.with_suffix(".json")
+    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {ns.output} and {json_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
