@@ -32,7 +32,7 @@ from actors.messages import (
     TermEnded,
 )
 from ingestion.lease import Extended, LeaseMachine, LeaseTiming, Lost, LostReason, standby_wait
-from ingestion.lease_store import Acquired, Held, LeaseStore, RedisUnavailable
+from ingestion.lease_store import Acquired, Held, LeaseStore, RedisUnavailable, StateLost
 from ingestion.observe import NodeObserver
 
 RELEASE_CLEANUP_TIMEOUT = 1.0  # seconds: bounded, shielded lease release at the end of a term
@@ -71,6 +71,9 @@ class Elector:
     retry_cap: float = 2.0
     _stopping: bool = False
     _last_standby: tuple[str, int] | None = None
+    # The highest fencing token this node has seen (granted or held by anyone). Redis's counter
+    # can only be below it if Redis lost state; then this node refuses to lead (redis-state-lost).
+    known_token: int = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         machine = LeaseMachine(self.timing)
@@ -80,7 +83,7 @@ class Elector:
             while not self._stopping:
                 sent_at = trio.current_time()
                 try:
-                    answer = await self.store.acquire(self.node, self.ttl_ms)
+                    answer = await self.store.acquire(self.node, self.ttl_ms, self.known_token)
                 except RedisUnavailable as exc:
                     failures += 1
                     delay = min(self.retry_cap, 0.1 * 2 ** min(failures, 10))
@@ -91,11 +94,32 @@ class Elector:
                     await self._standby_until(trio.current_time() + delay * random.uniform(0.5, 1))
                     continue
                 failures = 0
-                if isinstance(answer, Held):
+                if isinstance(answer, StateLost):
+                    await self._state_lost(answer.counter, answer.cursor, holder=None)
+                elif isinstance(answer, Held) and answer.token < self.known_token:
+                    await self._state_lost(answer.token, None, holder=answer.holder)
+                elif isinstance(answer, Held):
+                    self.known_token = max(self.known_token, answer.token)
                     await self._stand_by(answer)
                 else:
+                    self.known_token = max(self.known_token, answer.token)
                     await self._lead(machine, answer, sent_at)
             self.observer.election_event("stopped")
+
+    async def _state_lost(self, counter: int, cursor: str | None, holder: str | None) -> None:
+        """Redis's token counter went backwards: it lost state. Leading now would reissue fencing
+        tokens and re-ingest from an older cursor, so stay standby (and say so, loudly) until an
+        operator restores Redis or restarts this node to accept the new state."""
+        self.log.error(
+            "redis-state-lost",
+            redis_token=counter,
+            known_token=self.known_token,
+            cursor=cursor,
+            holder=holder,
+        )
+        self.observer.election_event("redis-state-lost", redis_token=counter)
+        wait = self.ttl_ms / 1000 + random.uniform(0, self.jitter)
+        await self._standby_until(trio.current_time() + wait)
 
     async def _stand_by(self, held: Held) -> None:
         if held.holder == self.node:

@@ -64,17 +64,23 @@ local function is_after(t, prev)
 end
 """
 
-# KEYS: lease, token, leader, audit, cursor   ARGV: node, ttl_ms, audit_maxlen
+# KEYS: lease, token, leader, audit, cursor   ARGV: node, ttl_ms, audit_maxlen, known_token
 _ACQUIRE = """
 local held = redis.call('GET', KEYS[1])
 if held then
   return {0, held, redis.call('PTTL', KEYS[1])}
 end
+-- The caller has seen fencing token known_token; a counter below it means Redis lost its state
+-- (restarted empty, failed over to a stale replica, restored from an old backup). Issue nothing.
+local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+if counter < tonumber(ARGV[4] or '0') then
+  return {2, counter, redis.call('HGET', KEYS[5], 'cursor') or ''}
+end
 local now = now_ms()
 -- The counter only ever increases; if it was lost (an empty Redis that kept the cursor), never
 -- reissue a token at or below one already used for a committed write.
 local floor = tonumber(redis.call('HGET', KEYS[5], 'token') or '0')
-if tonumber(redis.call('GET', KEYS[2]) or '0') < floor then
+if counter < floor then
   redis.call('SET', KEYS[2], floor)
 end
 local token = redis.call('INCR', KEYS[2])
@@ -159,6 +165,15 @@ class Held:
     holder: str
     token: int
     ttl_left_ms: int
+
+
+@attrs.frozen
+class StateLost:
+    """Redis's token counter is below a token the caller has seen: Redis lost state. Nothing was
+    issued; the job must not run from this state (it would re-ingest, or reuse fencing tokens)."""
+
+    counter: int
+    cursor: str | None
 
 
 @attrs.frozen
@@ -325,13 +340,17 @@ class LeaseStore:
                 describe_redis_error(exc, where=self._where, secret=self._secret)
             ) from exc
 
-    async def acquire(self, node: str, ttl_ms: int) -> Acquired | Held:
+    async def acquire(self, node: str, ttl_ms: int, known_token: int = 0) -> Acquired | Held | StateLost:
+        """Take the lease if it is free. ``known_token``: the highest fencing token the caller has
+        seen; if Redis's counter is below it, Redis lost state and nothing is issued."""
         k = self.keys
         res = await self._call(
             self._acquire,
             keys=[k["lease"], k["token"], k["leader"], k["audit"], k["cursor"]],
-            args=[node, ttl_ms, AUDIT_MAXLEN],
+            args=[node, ttl_ms, AUDIT_MAXLEN, known_token],
         )
+        if int(res[0]) == 2:
+            return StateLost(counter=int(res[1]), cursor=res[2] or None)
         if int(res[0]) == 0:
             token, holder = parse_lease_value(res[1])
             return Held(holder=holder, token=token, ttl_left_ms=int(res[2]))

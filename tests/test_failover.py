@@ -20,8 +20,11 @@ from pathlib import Path
 import pytest
 import trio
 
+from ingestion.lease_store import Acquired, StateLost
+from ingestion.local_redis import LocalRedis
 from ingestion.verify import read_entries
 from tests.cluster import ClockFake, Cluster, faketime_available, figure, open_cluster
+from tests.conftest import make_store
 from tests.tcp_proxy import TcpProxy
 
 TTL_MS = 1500
@@ -329,3 +332,80 @@ async def test_wrong_and_jumping_wall_clocks_change_nothing(job: str, tmp_path: 
         await c.wait_for_progress(100)
         assert not [e for e in c.log.of("process-exited") if e.fields["returncode"] not in (0, -9)]
         await assert_verified(c, 300)
+
+
+async def test_redis_restart_with_persistence_loses_and_duplicates_nothing(job: str) -> None:
+    """redis-server is killed (SIGKILL) and restarted with its append-only file while the nodes
+    run: every committed record, the cursor and the fencing counter survive; the counter keeps
+    going up; ingestion resumes exactly where it stopped."""
+    async with open_cluster(job, ttl_ms=TTL_MS, persistence=True) as c:
+        for name in ("n1", "n2", "n3"):
+            await c.start_node(name)
+        await c.wait_for_events(300)
+        before = c.state()
+        restarted_at = trio.current_time()
+        await c.restart_redis(down_for=0.5)
+        after = c.state()
+        assert after["events"] >= before["events"]
+        assert after["token"] is not None and after["token"] >= before["token"]
+        assert after["cursor_token"] is not None and after["cursor_token"] >= before["cursor_token"]
+        await c.wait_for_progress(200, within=30)
+        tokens = [e.fields["token"] for e in c.log.of("became-leader")]
+        assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+        assert not c.log.of("redis-state-lost")
+        print(f"\nredis restart (AOF): leaders after restart "
+              f"{[(e.node, e.fields['token']) for e in c.log.of('became-leader', since=restarted_at)]}")
+        await assert_verified(c, 500)
+
+
+async def test_redis_restart_without_persistence_stops_the_job_instead_of_reingesting(
+    job: str,
+) -> None:
+    """redis-server restarts empty: the cursor, the events and the fencing counter are gone.
+    Leading now would reissue tokens 1, 2, ... and re-ingest from the start cursor, so every node
+    that has seen a higher token refuses (redis-state-lost, error level) and nothing is written.
+    Restarting the nodes is the operator's explicit decision to accept the empty Redis."""
+    async with open_cluster(job, ttl_ms=TTL_MS, persistence=False) as c:
+        for name in ("n1", "n2"):
+            await c.start_node(name)
+        await c.wait_for_events(300)
+        before = c.state()
+        assert before["token"] is not None
+        restarted_at = trio.current_time()
+        await c.restart_redis(down_for=0.2)
+        for name in ("n1", "n2"):
+            lost = await c.log.wait_for("redis-state-lost", name, since=restarted_at, within=10)
+            assert lost.fields["level"] == "error"
+            assert lost.fields["known_token"] >= 1 and lost.fields["redis_token"] == 0
+        # Several lease lifetimes later: still nobody leads, nothing was written, no token issued.
+        await c.log.wait_for("redis-state-lost", since=restarted_at, count=6, within=15)
+        assert not c.log.of("became-leader", since=restarted_at)
+        assert c.state() == {
+            "lease": None, "token": None, "cursor": None, "cursor_token": None, "events": 0
+        }
+
+        # The operator accepts the loss: restarted nodes start from the start cursor, afresh.
+        for name in ("n1", "n2"):
+            assert await c.terminate(name) == 0
+        accepted_at = trio.current_time()
+        await c.start_node("n1")
+        await c.start_node("n2")
+        fresh = await c.log.wait_for("became-leader", since=accepted_at)
+        assert fresh.fields["token"] == 1 and fresh.fields["cursor"] == "0"
+        await c.wait_for_progress(200)
+        await assert_verified(c, 200)
+
+
+async def test_acquire_refuses_to_issue_a_token_below_one_the_caller_has_seen(
+    redis_server: LocalRedis, job: str
+) -> None:
+    store = make_store(redis_server.url, job)
+    grant = await store.acquire("a", 60_000)
+    assert isinstance(grant, Acquired) and grant.token == 1
+    assert await store.release("a", 1)
+    lost = await store.acquire("b", 60_000, known_token=5)
+    assert lost == StateLost(counter=1, cursor=None)
+    state = await store.state()
+    assert state.token == 1 and state.leader is None  # nothing issued, no lease taken
+    again = await store.acquire("b", 60_000, known_token=1)
+    assert isinstance(again, Acquired) and again.token == 2
