@@ -292,7 +292,9 @@ def classify_redis_error(exc: BaseException) -> str:
         return "connection refused"
     if any(isinstance(e, redis.TimeoutError | TimeoutError) for e in chain):
         return "timed out"
-    if "closed by server" in text.lower():
+    if any(isinstance(e, ConnectionResetError) for e in chain) or any(
+        phrase in text.lower() for phrase in ("closed by server", "reset by peer")
+    ):
         return "connection closed by the server (a TLS port needs rediss://)"
     return "unavailable"
 

@@ -1,0 +1,210 @@
+"""Redis as people run it: requirepass, ACL users and TLS, each against a real redis-server started
+for the test (certificates made by trustme); clear errors naming the setting; no password leaks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+import trio
+import trustme
+from structlog.testing import capture_logs
+
+from actors.supervisor import NodeSpec, run_node
+from ingestion.config import Settings
+from ingestion.lease_store import RedisUnavailable
+from ingestion.local_redis import LocalRedis, free_port
+from ingestion.node import build_store
+from ingestion.observe import NodeObserver
+from ingestion.source import SyntheticSource
+from tests.nodes import FAST_TIMING, Recorder
+
+PASSWORD = "Sup3r-S3cret-pw"
+ACL_PASSWORD = "acl-Pa55-word"
+LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)
+
+
+@pytest.fixture(scope="module")
+def password_redis() -> Iterator[LocalRedis]:
+    server = LocalRedis(extra_args=("--requirepass", PASSWORD)).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def acl_redis() -> Iterator[LocalRedis]:
+    server = LocalRedis(extra_args=(
+        "--user", "default", "off",
+        "--user", "ingest", "on", f">{ACL_PASSWORD}", "~ingestion:*", "&*", "+@all",
+    )).start()  # fmt: skip
+    yield server
+    server.stop()
+
+
+class TlsRedis:
+    def __init__(self, server: LocalRedis, tls_port: int, files: dict[str, str]) -> None:
+        self.server, self.tls_port, self.files = server, tls_port, files
+
+    def url(self, scheme: str = "rediss", auth: str = f":{PASSWORD}@") -> str:
+        return f"{scheme}://{auth}127.0.0.1:{self.tls_port}/0"
+
+
+@pytest.fixture(scope="module")
+def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedis]:
+    """TLS on its own port (client certificates required), with a password; plus an unrelated CA."""
+    d = tmp_path_factory.mktemp("tls")
+    ca, other_ca = trustme.CA(), trustme.CA()
+    server_cert, client_cert = ca.issue_cert("127.0.0.1"), ca.issue_cert("ingestion-client")
+    files = {name: str(d / f"{name}.pem") for name in
+             ("ca", "other_ca", "server_cert", "server_key", "client_cert", "client_key")}  # fmt: skip
+    ca.cert_pem.write_to_path(files["ca"])
+    other_ca.cert_pem.write_to_path(files["other_ca"])
+    server_cert.cert_chain_pems[0].write_to_path(files["server_cert"])
+    server_cert.private_key_pem.write_to_path(files["server_key"])
+    client_cert.cert_chain_pems[0].write_to_path(files["client_cert"])
+    client_cert.private_key_pem.write_to_path(files["client_key"])
+    tls_port = free_port()
+    server = LocalRedis(extra_args=(
+        "--requirepass", PASSWORD,
+        "--tls-port", str(tls_port),
+        "--tls-cert-file", files["server_cert"],
+        "--tls-key-file", files["server_key"],
+        "--tls-ca-cert-file", files["ca"],
+        "--tls-auth-clients", "yes",
+    )).start()  # fmt: skip
+    yield TlsRedis(server, tls_port, files)
+    server.stop()
+
+
+def settings_for(url: str, **redis: str) -> Settings:
+    return Settings.from_mapping({"redis": {"url": url, **redis}, "lease": {"ttl_ms": 1500}})
+
+
+async def leads_and_commits(settings: Settings, job: str) -> None:
+    """A node with the store built from ``settings`` becomes leader and commits."""
+    rec = Recorder()
+    observer = NodeObserver("secure", job)
+    observer.listeners.append(rec.listener("secure"))
+    spec = NodeSpec("secure", job, 1500, FAST_TIMING, 0.01, "0")
+    store = build_store(settings)
+    try:
+        async with trio.open_nursery() as nursery:
+            log = structlog.get_logger().bind(node="secure", job=job)
+            handle = await nursery.start(run_node, store, LIVE, spec, log, observer)
+            await rec.wait_for("committed", "secure", count=2, within=5)
+            await handle.shutdown()
+    finally:
+        store.client.close()
+
+
+async def test_requirepass_password_in_the_url_works(password_redis: LocalRedis, job: str) -> None:
+    await leads_and_commits(settings_for(f"redis://:{PASSWORD}@127.0.0.1:{password_redis.port}/0"), job)
+
+
+async def test_acl_user_and_password_in_the_url_work(acl_redis: LocalRedis, job: str) -> None:
+    url = f"redis://ingest:{ACL_PASSWORD}@127.0.0.1:{acl_redis.port}/0"
+    await leads_and_commits(settings_for(url), job)
+
+
+async def test_rediss_verifies_the_server_and_presents_a_client_certificate(
+    tls_redis: TlsRedis, job: str
+) -> None:
+    f = tls_redis.files
+    settings = settings_for(
+        tls_redis.url(), tls_ca_file=f["ca"], tls_cert_file=f["client_cert"],
+        tls_key_file=f["client_key"],
+    )  # fmt: skip
+    await leads_and_commits(settings, job)
+
+
+def _cases(tls: TlsRedis, password: LocalRedis, acl: LocalRedis) -> list[tuple[Settings, str, str]]:
+    f = tls.files
+    client = {"tls_cert_file": f["client_cert"], "tls_key_file": f["client_key"]}
+    return [
+        (settings_for(f"redis://:wrong-{PASSWORD}@127.0.0.1:{password.port}/0"),
+         "authentication failed", f"redis://127.0.0.1:{password.port}/0"),
+        (settings_for(f"redis://ingest:wrong-{ACL_PASSWORD}@127.0.0.1:{acl.port}/0"),
+         "authentication failed", f"redis://ingest@127.0.0.1:{acl.port}/0"),
+        (settings_for(tls.url(), tls_ca_file=f["other_ca"], **client),
+         "TLS handshake failed", f"rediss://127.0.0.1:{tls.tls_port}/0"),
+        (settings_for(tls.url("redis")),
+         "connection closed by the server", f"redis://127.0.0.1:{tls.tls_port}/0"),
+        (settings_for(f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0"),
+         "connection refused", "redis://127.0.0.1:"),
+    ]  # fmt: skip
+
+
+async def test_each_failure_names_the_setting_and_the_cause_but_never_the_password(
+    tls_redis: TlsRedis, password_redis: LocalRedis, acl_redis: LocalRedis, job: str
+) -> None:
+    for settings, cause, where in _cases(tls_redis, password_redis, acl_redis):
+        store = build_store(settings)
+        try:
+            with pytest.raises(RedisUnavailable) as caught:
+                await store.acquire("n", 1500)
+        finally:
+            store.client.close()
+        message = str(caught.value)
+        assert message.startswith(f"redis.url {where}"), message
+        assert cause in message, message
+        assert PASSWORD not in message and ACL_PASSWORD not in message
+
+
+async def test_a_node_that_cannot_authenticate_retries_with_backoff_and_never_leads(
+    password_redis: LocalRedis, job: str
+) -> None:
+    settings = settings_for(f"redis://:nope-{PASSWORD}@127.0.0.1:{password_redis.port}/0")
+    rec = Recorder()
+    observer = NodeObserver("locked-out", job)
+    observer.listeners.append(rec.listener("locked-out"))
+    spec = NodeSpec("locked-out", job, 1500, FAST_TIMING, 0.01, "0")
+    store = build_store(settings)
+    with capture_logs() as logs:
+        log = structlog.get_logger().bind(node="locked-out", job=job)
+        async with trio.open_nursery() as nursery:
+            handle = await nursery.start(run_node, store, LIVE, spec, log, observer)
+            third = await rec.wait_for("redis-unavailable", "locked-out", count=3, within=5)
+            first = rec.of("redis-unavailable")[0]
+            assert third.at - first.at >= 0.1  # backed off, not a busy loop
+            await handle.shutdown()
+    store.client.close()
+    assert not rec.of("became-leader")
+    failures = [e for e in logs if e["event"] == "redis-unavailable"]
+    assert [e["attempt"] for e in failures[:3]] == [1, 2, 3]
+    assert "authentication failed" in failures[0]["error"]
+    assert PASSWORD not in repr(logs)
+
+
+def test_node_process_logs_never_show_the_password(password_redis: LocalRedis, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INGESTION_")}
+    url = f"redis://:wrong-{PASSWORD}@127.0.0.1:{password_redis.port}/0"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ingestion", "--redis", url, "--horizon", f"http://127.0.0.1:{free_port()}",
+         "--node-id", "leaky", "--lease-ttl-ms", "1500", "--log-format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    lines: list[dict[str, Any]] = []
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        lines.append(json.loads(raw))
+        if sum(1 for x in lines if x["event"] == "redis-unavailable") >= 2:
+            break
+    proc.send_signal(signal.SIGTERM)
+    rest, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    text = json.dumps(lines) + rest + err
+    assert PASSWORD not in text
+    starting = next(x for x in lines if x["event"] == "node-starting")
+    assert starting["redis"] == f"redis://:***@127.0.0.1:{password_redis.port}/0"
+    failure = next(x for x in lines if x["event"] == "redis-unavailable")
+    assert failure["error"].startswith(f"redis.url redis://127.0.0.1:{password_redis.port}/0: "
+                                       "authentication failed")  # fmt: skip
+    assert all({"event", "timestamp", "level", "node", "job"} <= set(x) for x in lines)
