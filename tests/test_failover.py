@@ -307,8 +307,8 @@ async def test_wrong_and_jumping_wall_clocks_change_nothing(job: str, tmp_path: 
         await c.log.wait_for("became-leader", "n1")
         await c.start_node("n2", clock=clocks["n2"])
         await c.start_node("n3", clock=clocks["n3"])
-        years = {e.node: e.fields["timestamp"][:4] for e in c.log.of("node-starting")}
-        assert years["n1"] != years["n2"] or years["n2"] != years["n3"], years
+        stamps = {e.node: e.fields["timestamp"][:4] for e in c.log.of("node-starting")}
+        assert len(set(stamps.values())) > 1, stamps  # the nodes' wall clocks disagree
 
         # The leader's wall clock jumps ten years forward and back, many times, across several
         # renewals: it keeps the lease and keeps ingesting.
