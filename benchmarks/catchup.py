@@ -70,7 +70,7 @@ def run(redis_url: str, *, count: int, rounds: int, log: Any = print) -> dict[st
     sim = Simulator.start(
         history_ledgers=ledgers,
         ops_per_ledger=OPS_PER_LEDGER,
-        cache_records=int(count * 1.3) + 10_000,
+        cache_records=count * 4 + 10_000,  # ~3.4 records of all kinds per operation
     )
     limit = max(60.0, count / 1000)
     try:

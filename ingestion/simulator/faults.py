@@ -154,6 +154,11 @@ class Faults:
                 return kind
         return None
 
+    def streams_quiet(self) -> bool:
+        """True when no malformed event is armed and streams are not stalled: record events
+        can go out several to a write."""
+        return not self._malformed and self.stall_remaining() == 0.0
+
     def stall_remaining(self) -> float:
         """Seconds a stream must stay silent from now (0 when not stalled)."""
         if self._stall_until is None:
