@@ -81,16 +81,6 @@ def cmd_run(argv: Sequence[str]) -> int:
     return trio.run(run_node_process, settings)
 
 
-def _inspect_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ingestion inspect", description="Show a job's state.")
-    p.add_argument("--config", type=Path)
-    p.add_argument("--redis", metavar="URL")
-    p.add_argument("--job")
-    p.add_argument("--json", action="store_true", help="print one JSON object (CONTRACT.md)")
-    p.add_argument("--audit", type=int, default=10, metavar="N", help="audit entries to show")
-    return p
-
-
 def cmd_inspect(argv: Sequence[str]) -> int:
     from ingestion.inspect import main
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import attrs
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 
 class RedisServerMissing(RuntimeError):
@@ -59,7 +61,9 @@ class LocalRedis:
             *self.extra_args,
         ]  # fmt: skip
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5)
+        client = redis.Redis(
+            host="127.0.0.1", port=self.port, socket_timeout=0.5, retry=Retry(NoBackoff(), 0)
+        )
         end = time.monotonic() + timeout
         while True:
             try:
