@@ -54,7 +54,9 @@ class CursorWriter:
             return await self._fenced(msg, "stale-token", self.highest_token_seen, local=True)
         started = trio.current_time()
         try:
-            result = await self.store.commit(self.node, msg.token, msg.previous_cursor, msg.records)
+            result = await self.store.commit(
+                self.node, msg.token, msg.previous_cursor, msg.records, anchor=msg.anchor
+            )
         except RedisUnavailable as exc:
             self.log.warning(
                 "commit-outcome-unknown", token=msg.token, cursor=msg.cursor, error=str(exc)
@@ -62,6 +64,9 @@ class CursorWriter:
             return CommitUnknown(msg.token, str(exc))
         if isinstance(result, Committed):
             self.highest_token_seen = max(self.highest_token_seen, msg.token)
+            if msg.anchor is not None:
+                self.log.info("cursor-anchored", token=msg.token, cursor=msg.anchor)
+                return CursorCommitted(msg.token, result.cursor, 0)
             self.observer.committed(
                 len(msg.records), msg.cursor, trio.current_time() - started,
                 newest_record=msg.records[-1].body,

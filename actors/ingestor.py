@@ -104,9 +104,19 @@ class Ingestor:
     async def _ingest(self, term: _Term) -> tuple[str, str]:
         grant = term.grant
         committed = grant.committed_cursor
+        cursor = grant.cursor
         reply_send, reply_recv = trio.open_memory_channel[CommitOutcome](1)
         with reply_send, reply_recv:
-            async with self.source.stream(grant.cursor) as batches:
+            if committed is None and cursor == "now":
+                # Pin "now" once, durably: a leader that died before its first record must not
+                # let its successor start at a later "now" and skip what came in between.
+                cursor = await self.source.resolve_start(cursor)
+                await self.writer.send(CommitCursor(grant.token, None, (), reply_send, cursor))
+                outcome = await reply_recv.receive()
+                if not isinstance(outcome, CursorCommitted):
+                    return self._refused(outcome)
+                committed = cursor
+            async with self.source.stream(cursor) as batches:
                 while True:
                     with trio.CancelScope() as reading:
                         term.reading = reading
@@ -124,13 +134,18 @@ class Ingestor:
                         CommitCursor(grant.token, committed, batch.records, reply_send)
                     )
                     outcome = await reply_recv.receive()
-                    if isinstance(outcome, CursorCommitted):
-                        committed = outcome.cursor
-                    elif isinstance(outcome, CommitUnknown):
-                        return "commit-unknown", outcome.error
-                    elif isinstance(outcome, CommitRefused):
-                        if outcome.reason in FENCING_REASONS:
-                            return "fenced", outcome.reason
-                        return "commit-refused", outcome.reason
+                    if not isinstance(outcome, CursorCommitted):
+                        return self._refused(outcome)
+                    committed = outcome.cursor
                     if term.stopping:
                         return "revoked", ""
+
+    @staticmethod
+    def _refused(outcome: CommitOutcome) -> tuple[str, str]:
+        """Why a term ends after a commit that did not succeed."""
+        if isinstance(outcome, CommitUnknown):
+            return "commit-unknown", outcome.error
+        if isinstance(outcome, CommitRefused) and outcome.reason in FENCING_REASONS:
+            return "fenced", outcome.reason
+        assert isinstance(outcome, CommitRefused)
+        return "commit-refused", outcome.reason

@@ -135,13 +135,15 @@ CommitOutcome = CursorCommitted | CommitRefused | CommitUnknown
 
 @attrs.frozen
 class CommitCursor:
-    """Commit ``records`` (strictly after ``previous_cursor``) under fencing ``token``."""
+    """Commit ``records`` (strictly after ``previous_cursor``) under fencing ``token``; with no
+    records, move the cursor to ``anchor`` (pinning where a job that starts at "now" begins)."""
 
     token: int
     previous_cursor: str | None
     records: tuple[Record, ...]
     reply: trio.MemorySendChannel[CommitOutcome] = attrs.field(eq=False, repr=False)
+    anchor: str | None = None
 
     @property
     def cursor(self) -> str:
-        return self.records[-1].paging_token
+        return self.anchor if self.anchor is not None else self.records[-1].paging_token

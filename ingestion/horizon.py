@@ -16,7 +16,9 @@ whatever arrives within a few milliseconds (up to a page) into one batch.
 from __future__ import annotations
 
 import functools
+import json
 import math
+import random
 import ssl
 import time
 from collections.abc import AsyncGenerator, Sequence
@@ -39,9 +41,12 @@ from ingestion.horizon_core import (
     StreamRequest,
     StreamSignal,
     check_resource,
+    fatal_message,
+    is_retryable_status,
     parse_retry_after,
     problem_detail,
 )
+from ingestion.paging import token_key
 from ingestion.source import Batch, Record, SourceFatalError
 
 log = structlog.get_logger()
@@ -161,6 +166,54 @@ class HorizonSource:
         return HorizonFollower(
             self.urls, self.resource, cursor, self.policy, page_limit=self.page_limit
         )
+
+    async def resolve_start(self, cursor: str) -> str:
+        """``"now"`` as a concrete paging token: the collection's newest record (``"0"`` when it is
+        empty), asked of the URLs in turn with the source's backoff; other cursors unchanged.
+
+        Raises:
+            SourceFatalError: Horizon rejects the request for good (e.g. an unknown account).
+        """
+        if cursor != "now":
+            return cursor
+        policy = self.policy
+        timeout = httpx.Timeout(self.read_timeout, connect=self.connect_timeout)
+        attempt = 0
+        async with httpx.AsyncClient(
+            timeout=timeout, follow_redirects=True, verify=_ssl_context()
+        ) as client:
+            while True:
+                base = self.urls[(attempt // policy.attempts_per_url) % len(self.urls)]
+                url = f"{base.rstrip('/')}{self.resource}"
+                params = {"order": "desc", "limit": "1"}
+                retry_after = None
+                try:
+                    with trio.fail_after(self.connect_timeout + 2 * self.read_timeout):
+                        response = await client.get(url, params=params)
+                        body = await _read_bounded(response)
+                    if response.status_code == 200:
+                        records = json.loads(body)["_embedded"]["records"]
+                        token = str(records[0]["paging_token"]) if records else "0"
+                        if token != "0":
+                            token_key(token)
+                        log.info("horizon-now-resolved", url=base, resource=self.resource, cursor=token)
+                        return token
+                    failure = _failure_of(response, body)
+                    if not is_retryable_status(response.status_code):
+                        message = fatal_message(response.status_code, url, failure.error)
+                        log.error("horizon-fatal", error=message)
+                        raise SourceFatalError(message)
+                    error, retry_after = f"HTTP {response.status_code}: {failure.error}", failure.retry_after
+                except (httpx.HTTPError, trio.TooSlowError) as exc:
+                    error = _describe(exc)
+                except (ValueError, LookupError, TypeError) as exc:
+                    error = f"malformed page: {_describe(exc)}"
+                attempt += 1
+                delay = policy.delay(attempt, random.random())
+                if retry_after is not None:
+                    delay = max(delay, min(retry_after, policy.retry_after_cap))
+                log.warning("horizon-retry", attempt=attempt, delay=round(delay, 3), error=error, url=url)
+                await trio.sleep(delay)
 
     @trio.as_safe_channel
     async def stream(self, cursor: str) -> AsyncGenerator[Batch, None]:

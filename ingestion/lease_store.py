@@ -117,7 +117,9 @@ return 1
 """
 
 # KEYS: token, lease, cursor, events
-# ARGV: node, token, expected previous cursor ('' for none), then paging_token, record pairs
+# ARGV: node, token, expected previous cursor ('' for none), anchor ('' for none), then
+# paging_token, record pairs. With no records, the anchor alone becomes the cursor: how a job that
+# starts at "now" pins that position durably before its first record arrives.
 _COMMIT = """
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 local stored = redis.call('HGET', KEYS[3], 'cursor') or ''
@@ -127,19 +129,26 @@ if redis.call('GET', KEYS[2]) ~= ARGV[2] .. '|' .. ARGV[1] then
 end
 if stored ~= ARGV[3] then return {0, 'cursor-moved', current, stored} end
 local last = stored
-for i = 4, #ARGV, 2 do
+if #ARGV == 4 then
+  if not split_token(ARGV[4]) then return {0, 'bad-paging-token', current, stored} end
+  if last ~= '' and not is_after(ARGV[4], last) then
+    return {0, 'not-after-cursor', current, stored}
+  end
+  last = ARGV[4]
+end
+for i = 5, #ARGV, 2 do
   if not split_token(ARGV[i]) then return {0, 'bad-paging-token', current, stored} end
   if last ~= '' and not is_after(ARGV[i], last) then
     return {0, 'not-after-cursor', current, stored}
   end
   last = ARGV[i]
 end
-for i = 4, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   redis.call('XADD', KEYS[4], '*', 'paging_token', ARGV[i], 'token', ARGV[2],
     'node', ARGV[1], 'record', ARGV[i + 1])
 end
 redis.call('HSET', KEYS[3], 'cursor', last, 'token', ARGV[2], 'node', ARGV[1])
-return {1, (#ARGV - 3) / 2, last}
+return {1, (#ARGV - 4) / 2, last}
 """
 
 
@@ -382,26 +391,32 @@ class LeaseStore:
         return bool(int(res))
 
     async def commit(
-        self, node: str, token: int, previous_cursor: str | None, records: Sequence[Record]
+        self,
+        node: str,
+        token: int,
+        previous_cursor: str | None,
+        records: Sequence[Record],
+        anchor: str | None = None,
     ) -> Committed | CommitRejected:
         """Append ``records`` to the events stream and advance the cursor, fenced by ``token``.
 
         ``previous_cursor`` is the cursor the writer believes is committed; a commit that does not
         continue exactly from it is rejected, so a batch can neither be replayed nor leave a gap.
+        With no records, ``anchor`` (a paging token after the stored cursor) becomes the cursor.
 
         Raises:
             ValueError: a record's paging token is malformed or the batch is out of order.
             RedisUnavailable: the outcome is unknown; re-read the cursor before going on.
         """
-        if not records:
-            raise ValueError("a commit needs at least one record")
+        if bool(records) == (anchor is not None):
+            raise ValueError("a commit carries either records or an anchor cursor")
         previous = None
-        for r in records:
-            key = token_key(r.paging_token)
+        for token_text in [anchor] if anchor is not None else [r.paging_token for r in records]:
+            key = token_key(token_text)
             if previous is not None and key <= previous:
-                raise ValueError(f"batch out of order at paging token {r.paging_token!r}")
+                raise ValueError(f"batch out of order at paging token {token_text!r}")
             previous = key
-        args: list[str | int] = [node, token, previous_cursor or ""]
+        args: list[str | int] = [node, token, previous_cursor or "", anchor or ""]
         for r in records:
             args.append(r.paging_token)
             args.append(r.body)

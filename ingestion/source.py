@@ -56,6 +56,15 @@ class Source(Protocol):
         """Batches of records strictly after ``cursor``, in order."""
         ...
 
+    async def resolve_start(self, cursor: str) -> str:
+        """A concrete cursor for a job's start cursor: ``"now"`` becomes the paging token of the
+        source's newest record (``"0"`` when it has none); anything else is returned unchanged.
+
+        The Ingestor commits the answer as the job's cursor before the first record, so that a job
+        told to start at "now" starts at one moment, not again at every failover.
+        """
+        ...
+
 
 @attrs.frozen
 class SyntheticSource:
@@ -82,6 +91,13 @@ class SyntheticSource:
         token = self.token_of(index)
         body = json.dumps({"id": token, "paging_token": token, "seq": index}, separators=(",", ":"))
         return Record(paging_token=token, body=body)
+
+    async def resolve_start(self, cursor: str) -> str:
+        if cursor != "now":
+            return cursor
+        if self.total is None:
+            raise SourceFatalError("an unbounded SyntheticSource has no newest record; start from '0'")
+        return self.token_of(self.total) if self.total else "0"
 
     @trio.as_safe_channel
     async def stream(self, cursor: str) -> AsyncGenerator[Batch, None]:

@@ -168,3 +168,16 @@ def test_one_jobs_keys_share_a_cluster_hash_tag() -> None:
     keys = job_keys("payments")
     assert all("{payments}" in k for k in keys.values())
     assert keys["lease"] == "ingestion:{payments}:lease"
+
+
+async def test_an_anchor_pins_the_cursor_without_events_and_only_once(
+    store: LeaseStore, redis_client: redis.Redis
+) -> None:
+    await store.acquire("a", 5000)
+    assert await store.commit("a", 1, None, [], anchor="77") == Committed(1, "77", 0)
+    assert redis_client.xlen(store.keys["events"]) == 0
+    again = await store.commit("a", 1, None, [], anchor="78")
+    assert isinstance(again, CommitRejected) and again.reason == "cursor-moved"
+    assert await store.commit("a", 1, "77", recs("78")) == Committed(1, "78", 1)
+    with pytest.raises(ValueError):
+        await store.commit("a", 1, "78", recs("79"), anchor="80")
