@@ -30,7 +30,7 @@ from actors.messages import (
     LeaseRevoked,
     TermEnded,
 )
-from ingestion.source import Source, SourceFatalError
+from ingestion.source import Source, SourceFatalError, TermContext, current_term
 
 
 @attrs.define
@@ -116,6 +116,7 @@ class Ingestor:
                 if not isinstance(outcome, CursorCommitted):
                     return self._refused(outcome)
                 committed = cursor
+            current_term.set(TermContext(self.node, grant.token))  # this term task's own context
             async with self.source.stream(cursor) as batches:
                 while True:
                     with trio.CancelScope() as reading:

@@ -152,6 +152,20 @@ return {1, (#ARGV - 4) / 2, last}
 """
 
 
+# KEYS: token, lease, target hash   ARGV: node, token, then field, value pairs
+# A singleton job's side effect, fenced exactly like a commit: applied only for the current token
+# while its holder still holds the lease.
+_FENCED_HSET = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if current ~= tonumber(ARGV[2]) then return {0, 'stale-token', current} end
+if redis.call('GET', KEYS[2]) ~= ARGV[2] .. '|' .. ARGV[1] then
+  return {0, 'lease-lost', current}
+end
+for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+return {1, 'ok', current}
+"""
+
+
 class RedisUnavailable(Exception):
     """A Redis call failed or timed out. Its effect is unknown: it may have been applied."""
 
@@ -340,6 +354,7 @@ class LeaseStore:
         self._renew = client.register_script(_LUA_HELPERS + _RENEW)
         self._release = client.register_script(_LUA_HELPERS + _RELEASE)
         self._commit = client.register_script(_LUA_HELPERS + _COMMIT)
+        self._fenced_hset = client.register_script(_FENCED_HSET)
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         try:
@@ -429,6 +444,26 @@ class LeaseStore:
         return CommitRejected(
             token=token, reason=res[1], current_token=int(res[2]), stored_cursor=res[3] or None
         )
+
+    async def fenced_hset(
+        self, node: str, token: int, key: str, mapping: dict[str, str]
+    ) -> CommitRejected | None:
+        """Set fields of the hash ``key`` only if ``token`` is current and ``node`` holds the lease.
+
+        For singleton jobs' own side effects (beyond the events stream): returns None when applied,
+        else the rejection. ``key`` should carry the job's hash tag (``job_keys``) on a cluster.
+
+        Raises:
+            RedisUnavailable: the outcome is unknown.
+        """
+        args: list[str | int] = [node, token]
+        for field, value in mapping.items():
+            args += [field, value]
+        k = self.keys
+        res = await self._call(self._fenced_hset, keys=[k["token"], k["lease"], key], args=args)
+        if int(res[0]) == 1:
+            return None
+        return CommitRejected(token=token, reason=res[1], current_token=int(res[2]), stored_cursor=None)
 
     async def committed_cursor(self) -> str | None:
         cursor: str | None = await self._call(self.client.hget, self.keys["cursor"], "cursor")  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ yet: ``"now"`` (only new records), ``"0"`` (everything the source has), or a pag
 
 from __future__ import annotations
 
+import contextvars
 import json
 from collections.abc import AsyncGenerator
 from contextlib import AbstractAsyncContextManager
@@ -45,6 +46,18 @@ class Batch:
     def __attrs_post_init__(self) -> None:
         if not self.records:
             raise ValueError("a Batch holds at least one record")
+
+
+@attrs.frozen
+class TermContext:
+    """The leadership term a source runs in: job code uses ``token`` to fence its own writes."""
+
+    node: str
+    token: int
+
+
+# Set by the Ingestor for the duration of each term; a source's tasks inherit it.
+current_term: contextvars.ContextVar[TermContext] = contextvars.ContextVar("current_term")
 
 
 class SourceFatalError(Exception):
