@@ -73,13 +73,23 @@ def _trials(
     nodes: dict[str, NodeProcess],
     job: str,
     log: Any,
+    failures: list[str],
 ) -> list[float]:
     events = f"ingestion:{{{job}}}:events"
     ttl = ttl_ms / 1000
     renew = ttl / 5
     out: list[float] = []
     for _ in range(trials):
-        token, leader_id = _wait_leader_committing(client, job, ttl * 3 + 10)
+        try:
+            token, leader_id = _wait_leader_committing(client, job, ttl * 3 + 10)
+        except TimeoutError:
+            # Report, and go on with the next trial: the others still measure something.
+            log(f"  no committing leader; lease {_leader(client, job)}; last log lines:")
+            for node in nodes.values():
+                for line in node.lines[-5:]:
+                    log(f"    {node.node_id}: {line.fields}")
+            failures.append(sig.name)
+            continue
         # Everyone else standing by (a restarted node logs `standby` once it has seen the lease).
         time.sleep(random.uniform(0.05, 0.05 + renew))
         last = client.xrevrange(events, count=1)
@@ -95,7 +105,13 @@ def _trials(
             old.process.wait()
         restarted = NodeProcess.start(leader_id, redis_url=redis_url, horizon=sim_url, ttl_ms=ttl_ms, job=job)
         nodes[leader_id] = restarted
-        restarted.event("standby", timeout=30)
+        try:
+            restarted.event("standby", timeout=30)
+        except TimeoutError as exc:
+            log(f"  {exc}; its last log lines:")
+            for line in restarted.lines[-8:]:
+                log(f"    {line.fields}")
+            failures.append(f"restart of {leader_id}")
     log(
         f"  {sig.name} ttl {ttl_ms} ms: p50 {percentile(out, 50):.0f} ms, "
         f"p99 {percentile(out, 99):.0f} ms, max {max(out):.0f} ms ({trials} trials)"
@@ -119,11 +135,15 @@ def run(redis_url: str, *, ttls_ms: tuple[int, ...], trials: int, log: Any = pri
                         job=job, start_cursor="now",
                     )  # fmt: skip
                 for sig in (signal.SIGKILL, signal.SIGTERM):
-                    times = _trials(client, sim.url, redis_url, ttl_ms, sig, trials, nodes, job, log)
+                    failures: list[str] = []
+                    times = _trials(
+                        client, sim.url, redis_url, ttl_ms, sig, trials, nodes, job, log, failures
+                    )
                     results[f"{sig.name}-{ttl_ms}"] = {
                         "ttl_ms": ttl_ms,
                         "signal": sig.name,
                         "trials": len(times),
+                        "failed_trials": len(failures),
                         "p50_ms": percentile(times, 50),
                         "p99_ms": percentile(times, 99),
                         "max_ms": max(times),

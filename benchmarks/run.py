@@ -52,7 +52,7 @@ def machine() -> dict[str, str]:
     }
 
 
-def measure(quick: bool, only: tuple[str, ...]) -> dict[str, Any]:
+def measure(quick: bool, only: tuple[str, ...], partial: Path | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {"machine": machine(), "quick": quick}
     redis_server = LocalRedis().start()
     try:
@@ -77,6 +77,8 @@ def measure(quick: bool, only: tuple[str, ...]) -> dict[str, Any]:
             elif section == "standby":
                 results[section] = standby.run(url, standbys=3, seconds=10.0 if quick else 30.0)
             print(f"  ({time.monotonic() - started:.0f} s)", flush=True)
+            if partial is not None:  # a later section's crash keeps the earlier ones
+                partial.write_text(json.dumps(results, indent=2) + "\n")
     finally:
         redis_server.stop()
     return results
@@ -208,9 +210,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--baseline", type=Path, default=ROOT / "benchmarks" / "baseline.json")
+    p.add_argument(
+        "--from-json", type=Path, default=None, help="re-render an earlier run's JSON, measure nothing"
+    )
     ns = p.parse_args(argv)
     os.chdir(ROOT)
-    results = measure(ns.quick, tuple(ns.only))
+    if ns.from_json is not None:
+        results = json.loads(ns.from_json.read_text())
+    else:
+        results = measure(ns.quick, tuple(ns.only), ns.json or ns.output.with_suffix(".json"))
     baseline = json.loads(ns.baseline.read_text()) if ns.baseline.exists() else None
     notes_file = ROOT / "benchmarks" / "NOTES.md"
     notes = notes_file.read_text() if notes_file.exists() else ""
@@ -219,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     ns.output.parent.mkdir(parents=True, exist_ok=True)
     ns.output.write_text(render(results, baseline, notes))
     json_path = ns.json or ns.output.with_suffix(".json")
-    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    if ns.from_json is None or json_path.resolve() != ns.from_json.resolve():
+        json_path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwrote {ns.output} and {json_path}")
     return 0
 
