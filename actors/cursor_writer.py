@@ -88,14 +88,14 @@ class CursorWriter:
     async def _fenced(
         self, msg: CommitCursor, reason: str, current: int, *, local: bool
     ) -> CommitRefused:
-        self.log.warning(
-            "fencing-token-rejected",
-            token=msg.token,
-            current_token=current,
-            cursor=msg.cursor,
-            rejection=reason,
-            checked_by="writer" if local else "redis",
-        )
-        self.observer.fencing_rejected()
+        fields = {
+            "token": msg.token,
+            "current_token": current,
+            "cursor": msg.cursor,
+            "rejection": reason,
+            "checked_by": "writer" if local else "redis",
+        }
+        self.log.warning("fencing-token-rejected", **fields)
+        self.observer.fencing_rejected(**fields)
         await self.elector.send(FencingTokenRejected(msg.token, current, msg.cursor))
         return CommitRefused(msg.token, reason, current)

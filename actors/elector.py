@@ -48,7 +48,9 @@ _TERM_REASONS = {
 
 @attrs.frozen
 class ReleaseNoticed:
-    """A standby heard that the leader released the lease (from the release listener)."""
+    """A standby heard that ``holder`` released the lease (from the release listener)."""
+
+    holder: str
 
 
 class IngestionFatal(Exception):
@@ -145,7 +147,7 @@ class Elector:
                 msg = await self.inbox.receive()
                 if isinstance(msg, ShutdownRequested):
                     self._stopping = True
-                elif isinstance(msg, ReleaseNoticed):
+                elif isinstance(msg, ReleaseNoticed) and msg.holder != self.node:
                     await trio.sleep(random.uniform(0, self.jitter / 4))
                     return
                 continue  # a late message about a finished term
@@ -167,6 +169,7 @@ class Elector:
         self.observer.election_event(
             "became-leader",
             token=grant.token,
+            lease_ttl_ms=self.ttl_ms,
             cursor=cursor,
             previous_node=grant.previous_node,
             previous_token=grant.previous_token,
@@ -185,6 +188,10 @@ class Elector:
                 await self._release(grant.token)
         if term_ended is not None and term_ended.reason == "source-fatal":
             raise IngestionFatal(term_ended.detail)
+        if term_ended is not None and term_ended.reason == "commit-refused":
+            # The same batch would be refused again at once: let a lease lifetime pass (another
+            # node may do better) instead of spinning through elections, a token each.
+            await self._standby_until(trio.current_time() + self.ttl_ms / 1000)
 
     async def _run_term(
         self, machine: LeaseMachine, grant: Acquired, sent_at: float, cursor: str
@@ -210,7 +217,7 @@ class Elector:
         if term_ended is None:
             graceful = lost.reason is LostReason.SHUTDOWN
             await self.ingestor.send(LeaseRevoked(grant.token, lost.reason.value, graceful))
-            term_ended = await self._await_term_end(grant.token, sent_at)
+            term_ended = await self._await_term_end(grant.token)
         if lost.reason not in (LostReason.FENCED, LostReason.RENEW_REJECTED):
             await self._release(grant.token)
         return term_ended
@@ -249,18 +256,23 @@ class Elector:
             return lost, msg
         return None, None  # a release notice, or news about an older term
 
-    async def _await_term_end(self, token: int, sent_at: float) -> TermEnded | None:
-        """Wait for the Ingestor to finish the term (its in-flight commit included)."""
-        # Bounded: the Ingestor's own lease scope fires by the lease deadline at the latest.
-        with trio.move_on_at(self.timing.lease_deadline(trio.current_time())):
-            while True:
+    async def _await_term_end(self, token: int) -> TermEnded:
+        """Wait for the Ingestor to finish the term (its in-flight commit included).
+
+        It always does, by the term's lease deadline and one bounded commit at the latest; a new
+        term must not start before, so there is no giving up here, only a loud log line.
+        """
+        overdue = trio.current_time() + self.timing.ttl
+        while True:
+            with trio.move_on_at(overdue):
                 msg = await self.inbox.receive()
                 if isinstance(msg, TermEnded) and msg.token == token:
                     return msg
                 if isinstance(msg, ShutdownRequested):
                     self._stopping = True
-        self.log.error("term-did-not-end", token=token)
-        return None
+                continue
+            self.log.error("term-not-ended", token=token, waited_s=round(self.timing.ttl, 3))
+            overdue = trio.current_time() + self.timing.ttl
 
     async def _release(self, token: int) -> None:
         with trio.move_on_after(RELEASE_CLEANUP_TIMEOUT, shield=True):

@@ -11,6 +11,8 @@ cursor the next commit continues from is always the one Redis confirmed.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -40,6 +42,19 @@ class _Term:
     stopping: bool = False
     revoked: bool = False
     reading: trio.CancelScope | None = None
+    commit_in_flight: bool = False
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[trio.CancelScope]:
+        """A scope for waiting on the source (never a commit): a graceful stop cancels it."""
+        with trio.CancelScope() as scope:
+            self.reading = scope
+            if self.stopping:
+                scope.cancel("graceful stop")
+            try:
+                yield scope
+            finally:
+                self.reading = None
 
     def stop_gracefully(self) -> None:
         self.stopping = self.revoked = True
@@ -60,6 +75,7 @@ class Ingestor:
     elector: trio.MemorySendChannel[ElectorInput]
     log: Any
     term: _Term | None = None
+    commit_drain: float = 1.0  # seconds: the longest wait for an in-flight commit at term end
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with self.control, self.writer, self.elector:
@@ -85,11 +101,18 @@ class Ingestor:
 
     async def _run_term(self, term: _Term) -> None:
         reason, detail = "revoked", ""
-        try:
-            with term.scope:
-                reason, detail = await self._ingest(term)
-        except SourceFatalError as exc:
-            reason, detail = "source-fatal", str(exc)
+        reply_send, reply_recv = trio.open_memory_channel[CommitOutcome](1)
+        with reply_send, reply_recv:
+            try:
+                with term.scope:
+                    reason, detail = await self._ingest(term, reply_send, reply_recv)
+            except SourceFatalError as exc:
+                reason, detail = "source-fatal", str(exc)
+            if term.commit_in_flight:
+                # Stopped while the CursorWriter was committing: wait (bounded) for its answer, so
+                # that the Elector hands the lease back only once no commit of ours is in flight.
+                with trio.move_on_after(self.commit_drain, shield=True):
+                    await reply_recv.receive()
         if term.scope.cancelled_caught:
             reason = "revoked" if term.revoked else "deadline"
             if reason == "deadline":
@@ -101,45 +124,59 @@ class Ingestor:
         self.term = None
         await self.elector.send(TermEnded(term.grant.token, reason, detail))
 
-    async def _ingest(self, term: _Term) -> tuple[str, str]:
+    async def _ingest(
+        self,
+        term: _Term,
+        reply_send: trio.MemorySendChannel[CommitOutcome],
+        reply_recv: trio.MemoryReceiveChannel[CommitOutcome],
+    ) -> tuple[str, str]:
         grant = term.grant
         committed = grant.committed_cursor
         cursor = grant.cursor
-        reply_send, reply_recv = trio.open_memory_channel[CommitOutcome](1)
-        with reply_send, reply_recv:
-            if committed is None and cursor == "now":
-                # Pin "now" once, durably: a leader that died before its first record must not
-                # let its successor start at a later "now" and skip what came in between.
+        if committed is None and cursor == "now":
+            # Pin "now" once, durably: a leader that died before its first record must not let
+            # its successor start at a later "now" and skip what came in between.
+            with term.interruptible() as preparing:
                 cursor = await self.source.resolve_start(cursor)
-                await self.writer.send(CommitCursor(grant.token, None, (), reply_send, cursor))
-                outcome = await reply_recv.receive()
+            if preparing.cancelled_caught:
+                return "revoked", ""
+            msg = CommitCursor(grant.token, None, (), reply_send, cursor)
+            outcome = await self._commit(term, msg, reply_recv)
+            if not isinstance(outcome, CursorCommitted):
+                return self._refused(outcome)
+            committed = cursor
+        current_term.set(TermContext(self.node, grant.token))  # this term task's own context
+        async with self.source.stream(cursor) as batches:
+            while True:
+                with term.interruptible() as reading:
+                    try:
+                        batch = await batches.receive()
+                    except trio.EndOfChannel:
+                        break  # leaves the stream: a source that failed raises from its exit
+                if reading.cancelled_caught:
+                    return "revoked", ""
+                msg = CommitCursor(grant.token, committed, batch.records, reply_send)
+                outcome = await self._commit(term, msg, reply_recv)
                 if not isinstance(outcome, CursorCommitted):
                     return self._refused(outcome)
-                committed = cursor
-            current_term.set(TermContext(self.node, grant.token))  # this term task's own context
-            async with self.source.stream(cursor) as batches:
-                while True:
-                    with trio.CancelScope() as reading:
-                        term.reading = reading
-                        if term.stopping:
-                            reading.cancel()
-                        try:
-                            batch = await batches.receive()
-                        except trio.EndOfChannel:
-                            self.log.info("source-exhausted", token=grant.token, cursor=committed)
-                            await trio.sleep_forever()
-                    term.reading = None
-                    if reading.cancelled_caught:
-                        return "revoked", ""
-                    await self.writer.send(
-                        CommitCursor(grant.token, committed, batch.records, reply_send)
-                    )
-                    outcome = await reply_recv.receive()
-                    if not isinstance(outcome, CursorCommitted):
-                        return self._refused(outcome)
-                    committed = outcome.cursor
-                    if term.stopping:
-                        return "revoked", ""
+                committed = outcome.cursor
+                if term.stopping:
+                    return "revoked", ""
+        self.log.info("source-exhausted", token=grant.token, cursor=committed)
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def _commit(
+        self,
+        term: _Term,
+        msg: CommitCursor,
+        reply_recv: trio.MemoryReceiveChannel[CommitOutcome],
+    ) -> CommitOutcome:
+        await self.writer.send(msg)  # delivered once this returns (unbuffered channel)
+        term.commit_in_flight = True
+        outcome = await reply_recv.receive()
+        term.commit_in_flight = False
+        return outcome
 
     @staticmethod
     def _refused(outcome: CommitOutcome) -> tuple[str, str]:

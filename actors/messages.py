@@ -84,8 +84,9 @@ class FencingTokenRejected:
 
 @attrs.frozen
 class TermEnded:
-    """The Ingestor's term is over. ``reason``: ``deadline``, ``revoked``, ``fenced``,
-    ``commit-unknown`` (Redis did not answer a commit), ``source-exhausted``, ``source-fatal``."""
+    """The Ingestor's term is over. ``reason``: ``deadline`` (the lease scope fired), ``revoked``,
+    ``fenced``, ``commit-unknown`` (Redis did not answer a commit), ``commit-refused`` (a batch
+    that does not follow the cursor), ``source-fatal``."""
 
     token: int
     reason: str

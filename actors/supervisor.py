@@ -70,8 +70,9 @@ async def listen_for_releases(
     with out:
         try:
             while True:
-                if await notices.wait(RELEASE_POLL):
-                    await out.send(ReleaseNoticed())
+                holder = await notices.wait(RELEASE_POLL)
+                if holder is not None:
+                    await out.send(ReleaseNoticed(holder))
         finally:
             notices.close()
 

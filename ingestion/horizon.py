@@ -289,7 +289,7 @@ class HorizonSource:
         with trio.move_on_after(self.connect_timeout + 2 * self.read_timeout) as scope:
             try:
                 response = await client.get(request.url, params=request.params)
-            except httpx.TransportError as exc:
+            except httpx.HTTPError as exc:  # transport, decoding, too many redirects
                 failure = Failure(None, _describe(exc))
         if scope.cancelled_caught:
             failure = Failure(None, "page request timed out")
@@ -407,7 +407,7 @@ class HorizonSource:
                     self._failed(follower, Failure(None, "stream request timed out"), request)
                     return
                 reason = "idle" if scope.cancelled_caught else "closed"
-            except (httpx.TransportError, SSEError) as exc:
+            except (httpx.HTTPError, SSEError) as exc:
                 if got == 0:
                     self._failed(follower, Failure(None, _describe(exc)), request)
                     return

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import functools
 import ssl
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -54,6 +56,14 @@ end
 local function num_lt(a, b)
   if #a ~= #b then return #a < #b end
   return a < b
+end
+-- nil when (token, node) may write: the token is the counter and the lease holds exactly it;
+-- else {reason, current counter}
+local function fencing_refusal(token_key, lease_key, node, token)
+  local current = tonumber(redis.call('GET', token_key) or '0')
+  if current ~= tonumber(token) then return {'stale-token', current} end
+  if redis.call('GET', lease_key) ~= token .. '|' .. node then return {'lease-lost', current} end
+  return nil
 end
 -- true when paging token t sorts strictly after paging token prev
 local function is_after(t, prev)
@@ -121,12 +131,10 @@ return 1
 # paging_token, record pairs. With no records, the anchor alone becomes the cursor: how a job that
 # starts at "now" pins that position durably before its first record arrives.
 _COMMIT = """
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 local stored = redis.call('HGET', KEYS[3], 'cursor') or ''
-if current ~= tonumber(ARGV[2]) then return {0, 'stale-token', current, stored} end
-if redis.call('GET', KEYS[2]) ~= ARGV[2] .. '|' .. ARGV[1] then
-  return {0, 'lease-lost', current, stored}
-end
+local refusal = fencing_refusal(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
+if refusal then return {0, refusal[1], refusal[2], stored} end
+local current = tonumber(ARGV[2])
 if stored ~= ARGV[3] then return {0, 'cursor-moved', current, stored} end
 local last = stored
 if #ARGV == 4 then
@@ -156,13 +164,10 @@ return {1, (#ARGV - 4) / 2, last}
 # A singleton job's side effect, fenced exactly like a commit: applied only for the current token
 # while its holder still holds the lease.
 _FENCED_HSET = """
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-if current ~= tonumber(ARGV[2]) then return {0, 'stale-token', current} end
-if redis.call('GET', KEYS[2]) ~= ARGV[2] .. '|' .. ARGV[1] then
-  return {0, 'lease-lost', current}
-end
+local refusal = fencing_refusal(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
+if refusal then return {0, refusal[1], refusal[2]} end
 for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
-return {1, 'ok', current}
+return {1, 'ok', tonumber(ARGV[2])}
 """
 
 
@@ -345,22 +350,34 @@ def _endpoint(client: redis.Redis) -> tuple[str, str | None]:
 class LeaseStore:
     """Lease, fencing-token and cursor operations for one job, each one atomic in Redis."""
 
-    def __init__(self, client: redis.Redis, job: str) -> None:
+    def __init__(self, client: redis.Redis, job: str, call_timeout: float | None = None) -> None:
         self.client = client
         self.job = job
+        # Every call, whole, is bounded by this (default: the client's socket timeout).
+        self.call_timeout = call_timeout or client.connection_pool.connection_kwargs.get(
+            "socket_timeout"
+        ) or 1.0
         self.keys = job_keys(job)
         self._where, self._secret = _endpoint(client)
         self._acquire = client.register_script(_LUA_HELPERS + _ACQUIRE)
         self._renew = client.register_script(_LUA_HELPERS + _RENEW)
         self._release = client.register_script(_LUA_HELPERS + _RELEASE)
         self._commit = client.register_script(_LUA_HELPERS + _COMMIT)
-        self._fenced_hset = client.register_script(_FENCED_HSET)
+        self._fenced_hset = client.register_script(_LUA_HELPERS + _FENCED_HSET)
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        # The socket timeouts bound each read, write and connect, not the whole call (a fresh
+        # connection may handshake, and a script may need loading); this bounds the whole call.
+        # An abandoned worker finishes on its own; its connection is not reused before it does.
         try:
-            return await trio.to_thread.run_sync(
-                functools.partial(fn, *args, **kwargs), abandon_on_cancel=True
-            )
+            with trio.fail_after(self.call_timeout):
+                return await trio.to_thread.run_sync(
+                    functools.partial(fn, *args, **kwargs), abandon_on_cancel=True
+                )
+        except trio.TooSlowError as exc:
+            raise RedisUnavailable(
+                f"{self._where}: timed out: no answer within {self.call_timeout * 1000:.0f} ms"
+            ) from exc
         except (redis.RedisError, OSError) as exc:
             raise RedisUnavailable(
                 describe_redis_error(exc, where=self._where, secret=self._secret)
@@ -515,41 +532,66 @@ class LeaseStore:
 class ReleaseNotices:
     """A subscription to the job's release channel, for standbys that must react at once.
 
-    ``wait(seconds)`` returns True when a release notice arrived within that many seconds, False
-    otherwise. Connection trouble is reported as False after the wait (the caller campaigns anyway,
-    so a lost notice costs at most one standby interval). One waiter at a time.
+    ``wait(seconds)`` returns the releasing holder's node id when a release notice arrived within
+    that many seconds, else None. Connection trouble is reported as None after the wait (the
+    caller campaigns anyway, so a lost notice costs at most one standby interval). The subscription
+    is renewed every ``RESUBSCRIBE_EVERY`` waits, so a half-open connection (a partition that sent
+    no reset) cannot silence notices for longer than that. One waiter at a time; the pub/sub
+    connection is only ever touched by the worker thread of the current wait (``close`` from the
+    trio side defers to that thread when one is still running, e.g. after a cancelled wait).
     """
+
+    RESUBSCRIBE_EVERY = 30
 
     def __init__(self, store: LeaseStore) -> None:
         self._store = store
         self._pubsub: Any = None
+        self._waits = 0
+        self._lock = threading.Lock()
+        self._busy = False
+        self._close_requested = False
 
-    def _wait(self, timeout: float) -> bool:
-        import time
-
-        end = time.monotonic() + timeout
+    def _wait(self, seconds: float) -> str | None:
+        end = time.monotonic() + seconds
         try:
-            if self._pubsub is None:
+            if self._pubsub is None or self._waits >= self.RESUBSCRIBE_EVERY:
+                self._reset()
                 self._pubsub = self._store.client.pubsub(ignore_subscribe_messages=True)
                 self._pubsub.subscribe(self._store.keys["released"])
+            self._waits += 1
             while (left := end - time.monotonic()) > 0:
                 msg = self._pubsub.get_message(timeout=left)
                 if msg is not None and msg.get("type") == "message":
-                    return True
+                    return str(msg.get("data", "")).partition("|")[2]
         except (redis.RedisError, OSError):
-            self.close()
+            self._reset()
             left = end - time.monotonic()
             if left > 0:
                 time.sleep(left)
-        return False
+        finally:
+            with self._lock:
+                self._busy = False
+                if self._close_requested:
+                    self._reset()
+        return None
 
-    async def wait(self, seconds: float) -> bool:
+    async def wait(self, seconds: float) -> str | None:
+        with self._lock:
+            self._busy = True
         return await trio.to_thread.run_sync(self._wait, seconds, abandon_on_cancel=True)
 
-    def close(self) -> None:
+    def _reset(self) -> None:
         if self._pubsub is not None:
             try:
                 self._pubsub.close()
             except (redis.RedisError, OSError):
                 pass
             self._pubsub = None
+        self._waits = 0
+
+    def close(self) -> None:
+        with self._lock:
+            if self._busy:
+                self._close_requested = True  # the running worker closes it when it returns
+                return
+        self._reset()

@@ -81,6 +81,7 @@ async def run_node_process(settings: Settings) -> int:
     )
     store = build_store(settings)
     source = build_source(settings)
+    fatal: BaseException | None = None
     try:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
@@ -103,11 +104,13 @@ async def run_node_process(settings: Settings) -> int:
                     shutting_down = True
                     log.info("shutdown-requested", signal=name)
                     await handle.shutdown(name)
-    except IngestionFatal as exc:
-        log.error("node-stopped", reason="ingestion-fatal", error=str(exc))
-        return 1
+    except* IngestionFatal as group:
+        fatal = group.exceptions[0]  # raised through the supervisor's and this nursery
     finally:
         store.client.close()
+    if fatal is not None:
+        log.error("node-stopped", reason="ingestion-fatal", error=str(fatal))
+        return 1
     log.info("node-stopped", reason="shutdown")
     return 0
 

@@ -145,8 +145,10 @@ class NodeObserver:
                 self.source_lag_seconds = max(0.0, self.wall_clock() - created)
         self._tell("committed", {"count": count, "cursor": cursor, "latency": latency})
 
-    def fencing_rejected(self) -> None:
+    def fencing_rejected(self, **fields: Any) -> None:
+        """A stale write was refused (``token``, ``current_token``, ``cursor``, ...)."""
         self.fencing_rejections += 1
+        self._tell("fencing-token-rejected", fields)
 
     def snapshot(self) -> NodeStatus:
         return NodeStatus(

@@ -99,17 +99,36 @@ async def test_a_graceful_revoke_lets_the_in_flight_commit_finish(
         nursery.cancel_scope.cancel()
 
 
-async def test_a_hard_revoke_cancels_at_once(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_hard_revoke_stops_at_once_but_reports_only_after_the_in_flight_commit(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The term ends the moment it is revoked; its end is reported (so the Elector releases the
+    lease) only once the commit already handed to the CursorWriter has its answer."""
     async with trio.open_nursery() as nursery:
-        h = Harness(nursery, commit_time=1.0)
+        h = Harness(nursery, commit_time=0.8)
         await h.start()
         start = trio.current_time()
         await h.control_send.send(LeaseGranted(1, start + 60.0, "0", None))
-        await trio.sleep(0.5)
+        await trio.sleep(0.5)  # the first commit is in flight now
         await h.control_send.send(LeaseRevoked(1, "fenced", graceful=False))
         ended = await h.elector_recv.receive()
         assert ended.reason == "revoked"
-        assert trio.current_time() == start + 0.5
+        assert trio.current_time() == start + 0.8
+        assert len(h.commits) == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_waiting_for_an_unanswered_commit_is_bounded(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        h = Harness(nursery, commit_time=1000.0)
+        await h.start()
+        start = trio.current_time()
+        await h.control_send.send(LeaseGranted(1, start + 4.0, "0", None))
+        ended = await h.elector_recv.receive()
+        assert ended.reason == "deadline"
+        assert trio.current_time() == start + 4.0 + h.ingestor.commit_drain
         nursery.cancel_scope.cancel()
 
 

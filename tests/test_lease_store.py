@@ -18,6 +18,7 @@ from ingestion.lease_store import (
 )
 from ingestion.local_redis import LocalRedis
 from ingestion.source import Record
+from tests.tcp_proxy import TcpProxy
 
 
 def recs(*tokens: str) -> list[Record]:
@@ -162,6 +163,23 @@ async def test_an_unreachable_redis_is_reported_as_unavailable_within_the_timeou
     with trio.fail_after(1):
         with pytest.raises(RedisUnavailable):
             await store.acquire("a", 5000)
+
+
+async def test_a_silent_redis_is_unavailable_within_the_bound_of_the_whole_call(
+    redis_server: LocalRedis, job: str
+) -> None:
+    """Every packet dropped: each call, whole (connect, handshake, script load, command), ends
+    within the store's call timeout, never a multiple of it."""
+    async with trio.open_nursery() as nursery:
+        proxy: TcpProxy = await nursery.start(TcpProxy(redis_server.port).serve)
+        proxy.set_mode("blackhole")
+        store = LeaseStore(connect(f"redis://127.0.0.1:{proxy.port}/0", timeout=0.2), job)
+        for call in (store.acquire("a", 5000), store.commit("a", 1, None, recs("1"))):
+            started = trio.current_time()
+            with pytest.raises(RedisUnavailable, match="timed out"):
+                await call
+            assert trio.current_time() - started < 0.2 + 0.1
+        nursery.cancel_scope.cancel()
 
 
 def test_one_jobs_keys_share_a_cluster_hash_tag() -> None:
