@@ -144,11 +144,13 @@ async def _serve_client(
             with send, receive:
                 await _send(ws, hub.status())
                 while True:
+                    message: dict[str, Any] | None = None
                     with trio.move_on_after(interval):
                         message = await receive.receive()
+                    # Sends stay outside the timed scope: a send cut off halfway would leave the
+                    # connection in an unknown state.
+                    if message is not None:
                         await _send(ws, message)
-                        await _send(ws, hub.status())
-                        continue
                     await _send(ws, hub.status())
         except (ConnectionClosed, trio.TooSlowError):
             pass
