@@ -18,18 +18,21 @@ from ingestion.horizon_core import (
     RetryPolicy,
     StreamRequest,
     StreamSignal,
+    _split_indented_page,
     check_resource,
     compact_json,
+    compact_record_text,
     fatal_message,
     parse_retry_after,
     problem_detail,
+    split_page,
     validate_page,
     validate_stream_record,
 )
 from ingestion.paging import toid, token_key
 from ingestion.source import Record, SourceFatalError
 
-DATA = Path("/work/shared/data/horizon")
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "horizon"  # ../shared beside the repo
 AURORA = DATA / "aurora-rs_stellar-horizon-rs"
 URL_A = "http://a.example"
 URL_B = "http://b.example"
@@ -194,6 +197,30 @@ def test_a_quote_colon_inside_a_string_falls_back_to_reserializing() -> None:
     pretty = json.dumps({"_embedded": {"records": [rec]}}, indent=2, ensure_ascii=False)
     (record,) = validate_page(pretty, None).records
     assert record.body == compact_json(rec) and json.loads(record.body) == rec
+
+
+def test_the_fast_split_of_indented_pages_agrees_with_the_general_one() -> None:
+    """Pages in Go's indented layout take a fast path; it must give exactly the general path's
+    records and bodies, and step aside (None) for anything else."""
+    for name in (
+        "pubnet_operations_asc_200__all_operations@2f77f0c.json",
+        "pubnet_effects_asc_200__all_effects@2f77f0c.json",
+        "pubnet_transactions_asc_200__all_transactions.json",
+    ):
+        text = real_page(name).decode()
+        slow = [(r, compact_record_text(r, t)) for r, t in split_page(text)]
+        assert _split_indented_page(text) == slow, name  # real Horizon pages take the fast path
+    recs = ops(1, 2, 3)
+    go_layout = json.dumps({"_links": {}, "_embedded": {"records": recs}}, indent=2)
+    fast = _split_indented_page(go_layout)
+    assert fast is not None and [t for _, t in fast] == [compact_json(r) for r in recs]
+    # not the layout, a nested separator look-alike, a quote-colon inside a string: general path
+    assert _split_indented_page(page(recs).decode()) is None
+    tricky = [{**recs[0], "x": [{"a": 1}, {"b": 2}]}, recs[1]]
+    text = json.dumps({"_links": {}, "_embedded": {"records": tricky}}, indent=2)
+    assert _split_indented_page(text) == [(r, compact_json(r)) for r in tricky]
+    quoted = [{**recs[0], "memo": 'he said \\": hi'}]
+    assert _split_indented_page(json.dumps({"_embedded": {"records": quoted}}, indent=2)) is None
 
 
 def test_every_truncation_of_a_page_is_broken_json() -> None:
