@@ -262,14 +262,21 @@ class HorizonSource:
     ) -> None:
         with out:
             try:
-                while True:
-                    attempt = follower.next_attempt()
-                    if attempt.delay > 0:
-                        await trio.sleep(attempt.delay)
-                    if isinstance(attempt.request, PageRequest):
-                        await self._fetch_page(client, follower, attempt.request, out)
-                    else:
-                        await self._follow_stream(client, follower, attempt.request, out)
+                async with trio.open_nursery() as nursery:
+                    ahead: _PageAhead | None = None
+                    while True:
+                        attempt = follower.next_attempt()
+                        if attempt.delay > 0:
+                            await trio.sleep(attempt.delay)
+                        if ahead is not None and ahead.request != attempt.request:
+                            ahead.scope.cancel()  # speculation missed: nothing of it is used
+                            ahead = None
+                        if isinstance(attempt.request, PageRequest):
+                            ahead = await self._fetch_page(
+                                client, follower, attempt.request, out, ahead, nursery
+                            )
+                        else:
+                            await self._follow_stream(client, follower, attempt.request, out)
             except* SourceFatalError as group:
                 exc = _leaves(group)[0]
                 log.error("horizon-fatal", error=str(exc), cursor=follower.cursor)
@@ -277,13 +284,10 @@ class HorizonSource:
             except* trio.BrokenResourceError:
                 pass  # the consumer went away
 
-    async def _fetch_page(
-        self,
-        client: httpx.AsyncClient,
-        follower: HorizonFollower,
-        request: PageRequest,
-        out: trio.MemorySendChannel[Batch],
-    ) -> None:
+    async def _get_page(
+        self, client: httpx.AsyncClient, request: PageRequest
+    ) -> tuple[httpx.Response | None, Failure | None]:
+        """One page request, bounded as a whole: (the 200 response, None) or (None, why not)."""
         failure: Failure | None = None
         response: httpx.Response | None = None
         with trio.move_on_after(self.connect_timeout + 2 * self.read_timeout) as scope:
@@ -296,15 +300,59 @@ class HorizonSource:
         elif response is not None and response.status_code != 200:
             failure = _failure_of(response, response.content[:_MAX_ERROR_BODY])
         if failure is not None or response is None:
+            return None, failure or Failure(None, "no response")
+        return response, None
+
+    async def _fetch_page(
+        self,
+        client: httpx.AsyncClient,
+        follower: HorizonFollower,
+        request: PageRequest,
+        out: trio.MemorySendChannel[Batch],
+        ahead: _PageAhead | None,
+        nursery: trio.Nursery,
+    ) -> _PageAhead | None:
+        """Fetch (or take the speculatively fetched) page, hand its records on; return the
+        speculative request for the page after it, already on its way, if this page was full."""
+        if ahead is not None:
+            await ahead.done.wait()
+            response, failure = ahead.response, ahead.failure
+        else:
+            response, failure = await self._get_page(client, request)
+        if response is None:
             self._failed(follower, failure or Failure(None, "no response"), request)
-            return
-        outcome = follower.on_page(response.content)
+            return None
+        content = response.content
+        nxt = self._speculate(request, content)
+        if nxt is not None:
+            nursery.start_soon(self._fetch_ahead, client, nxt)
+        outcome = follower.on_page(content)
         if outcome.records:
             await out.send(Batch(outcome.records))
         if outcome.malformed is not None:
             self._malformed(follower, outcome.malformed, request)
         elif follower.mode is Mode.STREAMING:
             log.info("horizon-caught-up", cursor=follower.cursor, url=request.base_url)
+        return nxt
+
+    def _speculate(self, request: PageRequest, content: bytes) -> _PageAhead | None:
+        """While this page is parsed and committed, Horizon can already render the next one: if
+        the page looks full, guess the next request from its last paging token (a text search).
+        The guess is used only if it equals the request the follower then decides on."""
+        if content.count(b'"paging_token"') < request.limit:
+            return None
+        at = content.rfind(b'"paging_token": "')
+        if at < 0:
+            return None
+        start = at + len(b'"paging_token": "')
+        end = content.find(b'"', start)
+        token = content[start:end].decode("ascii", "replace")
+        return _PageAhead(attrs.evolve(request, cursor=token))
+
+    async def _fetch_ahead(self, client: httpx.AsyncClient, ahead: _PageAhead) -> None:
+        with ahead.scope:
+            ahead.response, ahead.failure = await self._get_page(client, ahead.request)
+        ahead.done.set()
 
     # -- streaming
 
@@ -473,6 +521,17 @@ class HorizonSource:
 
 
 # -- helpers
+
+
+@attrs.define(eq=False)
+class _PageAhead:
+    """A page request sent before the follower asked for it (pipelining during catch-up)."""
+
+    request: PageRequest
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    done: trio.Event = attrs.Factory(trio.Event)
+    response: httpx.Response | None = None
+    failure: Failure | None = None
 
 
 def _leaves(group: BaseExceptionGroup[SourceFatalError]) -> list[SourceFatalError]:

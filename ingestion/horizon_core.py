@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
+import orjson
 
 from ingestion.paging import InvalidPagingToken, token_key
 from ingestion.source import Record, SourceFatalError
@@ -364,7 +365,7 @@ _RECORD_SEPARATOR = "\n      },\n      {"
 def _split_indented_page(text: str) -> list[tuple[Any, str]] | None:
     """The fast path of :func:`split_page` for pages laid out as Horizon writes them.
 
-    The whole page is parsed with ``json.loads`` (so broken JSON anywhere is still caught); the
+    The whole page is parsed (orjson: so broken JSON anywhere is still caught); the
     records' texts are cut at the record separators of Go's indented layout (records sit at depth
     three, so ``"\n      },\n      {"`` occurs only between two of them) and compacted all at
     once, which is what costs most when done record by record. Each piece must then carry its
@@ -376,7 +377,7 @@ def _split_indented_page(text: str) -> list[tuple[Any, str]] | None:
     if start < 0 or end < start or '\\": ' in text or "\x00" in text:
         return None
     try:
-        doc = json.loads(text)
+        doc = orjson.loads(text)  # strict JSON; anything it refuses goes the general way
         records = doc["_embedded"]["records"]
     except (ValueError, KeyError, TypeError):
         return None
@@ -441,9 +442,12 @@ def validate_stream_record(event_id: str, data: str, after: str | None) -> Recor
     after ``after``.
     """
     try:
-        rec = json.loads(data)
-    except ValueError as exc:
-        return Malformed("broken-json", f"{exc}: {_excerpt(data)}")
+        rec = orjson.loads(data)
+    except ValueError:
+        try:
+            rec = json.loads(data)  # what orjson refuses but is JSON (integers beyond 64 bits)
+        except ValueError as exc:
+            return Malformed("broken-json", f"{exc}: {_excerpt(data)}")
     checked = _check_record(rec, None if after is None else token_key(after))
     if isinstance(checked, Malformed):
         return checked
