@@ -157,24 +157,16 @@ class Elector:
         term = machine.granted(grant.token, sent_at)
         self._last_standby = None
         cursor = grant.cursor or self.start_cursor
-        self.log.info(
-            "became-leader",
-            token=grant.token,
-            lease_ttl_ms=self.ttl_ms,
-            cursor=cursor,
-            previous_node=grant.previous_node,
-            previous_token=grant.previous_token,
-            takeover_ms=grant.takeover_ms,
-        )
-        self.observer.election_event(
-            "became-leader",
-            token=grant.token,
-            lease_ttl_ms=self.ttl_ms,
-            cursor=cursor,
-            previous_node=grant.previous_node,
-            previous_token=grant.previous_token,
-            takeover_ms=grant.takeover_ms,
-        )
+        fields = {
+            "token": grant.token,
+            "lease_ttl_ms": self.ttl_ms,
+            "cursor": cursor,
+            "previous_node": grant.previous_node,
+            "previous_token": grant.previous_token,
+            "takeover_ms": grant.takeover_ms,
+        }
+        self.log.info("became-leader", **fields)
+        self.observer.election_event("became-leader", **fields)
         self.observer.deadline(term.ingest_deadline)
         released = False
         try:

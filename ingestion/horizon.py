@@ -37,6 +37,7 @@ from ingestion.horizon_core import (
     Malformed,
     Mode,
     PageRequest,
+    Retry,
     RetryPolicy,
     StreamRequest,
     StreamSignal,
@@ -476,48 +477,41 @@ class HorizonSource:
     def _failed(self, follower: HorizonFollower, failure: Failure, request: object) -> None:
         url = _request_url(request)
         retry = follower.on_failure(failure, url=url)
-        log.warning(
-            "horizon-retry",
-            attempt=retry.attempt,
-            delay=round(retry.delay, 3),
-            status=failure.status,
-            error=failure.error,
-            url=url,
-            cursor=follower.cursor,
-        )
-        if retry.failover_to is not None:
-            log.warning(
-                "horizon-failover",
-                from_url=retry.failover_from,
-                to_url=retry.failover_to,
-                cursor=follower.cursor,
-            )
+        _log_retry(follower, retry, status=failure.status, error=failure.error, url=url)
 
     def _malformed(self, follower: HorizonFollower, bad: Malformed, request: object) -> None:
+        url = _request_url(request)
         log.warning(
             "horizon-malformed-record",
             reason=bad.reason,
             value=bad.value,
-            url=_request_url(request),
+            url=url,
             cursor=follower.cursor,
         )
         retry = follower.last_retry
         if retry is not None:
-            log.warning(
-                "horizon-retry",
-                attempt=retry.attempt,
-                delay=round(retry.delay, 3),
-                status=200,
-                error=f"malformed: {bad.reason}",
-                cursor=follower.cursor,
-            )
-            if retry.failover_to is not None:
-                log.warning(
-                    "horizon-failover",
-                    from_url=retry.failover_from,
-                    to_url=retry.failover_to,
-                    cursor=follower.cursor,
-                )
+            _log_retry(follower, retry, status=200, error=f"malformed: {bad.reason}", url=url)
+
+
+def _log_retry(
+    follower: HorizonFollower, retry: Retry, *, status: int | None, error: str, url: str
+) -> None:
+    log.warning(
+        "horizon-retry",
+        attempt=retry.attempt,
+        delay=round(retry.delay, 3),
+        status=status,
+        error=error,
+        url=url,
+        cursor=follower.cursor,
+    )
+    if retry.failover_to is not None:
+        log.warning(
+            "horizon-failover",
+            from_url=retry.failover_from,
+            to_url=retry.failover_to,
+            cursor=follower.cursor,
+        )
 
 
 # -- helpers

@@ -32,6 +32,7 @@ from urllib.parse import parse_qsl
 import attrs
 import trio
 
+from ingestion.asgi import serve_lifespan
 from ingestion.paging import toid
 from ingestion.simulator import render
 from ingestion.simulator.chain import (
@@ -213,7 +214,7 @@ class HorizonApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await serve_lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
@@ -227,15 +228,6 @@ class HorizonApp:
             await self._respond(send, p.status, render.PROBLEM_JSON, p.body)
 
     # -- plumbing -------------------------------------------------------------------------------
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
 
     def _rate_headers(self, exhausted: bool = False) -> list[tuple[bytes, bytes]]:
         now = time.monotonic()
