@@ -140,14 +140,16 @@ class Elector:
         wait = standby_wait(held.ttl_left_ms, self.ttl_ms, random.uniform(0, self.jitter))
         await self._standby_until(trio.current_time() + wait)
 
-    async def _standby_until(self, deadline: float) -> None:
-        """Wait until ``deadline``, a release notice or a shutdown request."""
+    async def _standby_until(self, deadline: float, *, wake_on_release: bool = True) -> None:
+        """Wait until ``deadline``, a shutdown request or (unless told not to) a release notice."""
         while not self._stopping:
             with trio.move_on_at(deadline):
                 msg = await self.inbox.receive()
                 if isinstance(msg, ShutdownRequested):
                     self._stopping = True
-                elif isinstance(msg, ReleaseNoticed) and msg.holder != self.node:
+                elif (
+                    wake_on_release and isinstance(msg, ReleaseNoticed) and msg.holder != self.node
+                ):
                     await trio.sleep(random.uniform(0, self.jitter / 4))
                     return
                 continue  # a late message about a finished term
@@ -183,7 +185,9 @@ class Elector:
         if term_ended is not None and term_ended.reason == "commit-refused":
             # The same batch would be refused again at once: let a lease lifetime pass (another
             # node may do better) instead of spinning through elections, a token each.
-            await self._standby_until(trio.current_time() + self.ttl_ms / 1000)
+            await self._standby_until(
+                trio.current_time() + self.ttl_ms / 1000, wake_on_release=False
+            )
 
     async def _run_term(
         self, machine: LeaseMachine, grant: Acquired, sent_at: float, cursor: str

@@ -145,6 +145,8 @@ class Ingestor:
             if not isinstance(outcome, CursorCommitted):
                 return self._refused(outcome)
             committed = cursor
+            if term.stopping:
+                return "revoked", ""
         current_term.set(TermContext(self.node, grant.token))  # this term task's own context
         async with self.source.stream(cursor) as batches:
             while True:
@@ -163,8 +165,9 @@ class Ingestor:
                 if term.stopping:
                     return "revoked", ""
         self.log.info("source-exhausted", token=grant.token, cursor=committed)
-        await trio.sleep_forever()
-        raise AssertionError("unreachable")
+        with term.interruptible():  # idle, but a graceful stop must still end the term at once
+            await trio.sleep_forever()
+        return "revoked", ""
 
     async def _commit(
         self,

@@ -110,11 +110,10 @@ async def run_node(
                 log,
             ).run
         )
-        await nursery.start(
-            Ingestor(
-                source, spec.node, ingestor_recv, writer_send, elector_send.clone(), log
-            ).run
-        )
+        ingestor = Ingestor(source, spec.node, ingestor_recv, writer_send, elector_send.clone(), log)
+        # An in-flight commit is answered within the store's call bound: wait that long for it.
+        ingestor.commit_drain = store.call_timeout + 0.25
+        await nursery.start(ingestor.run)
         nursery.start_soon(listen_for_releases, store, elector_send.clone())
         handle = NodeHandle(spec, observer, elector_send.clone())
         elector = Elector(

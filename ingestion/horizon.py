@@ -191,7 +191,7 @@ class HorizonSource:
                 try:
                     with trio.fail_after(self.connect_timeout + 2 * self.read_timeout):
                         response = await client.get(url, params=params)
-                        body = await _read_bounded(response)
+                    body = response.content
                     if response.status_code == 200:
                         records = json.loads(body)["_embedded"]["records"]
                         token = str(records[0]["paging_token"]) if records else "0"
@@ -199,7 +199,7 @@ class HorizonSource:
                             token_key(token)
                         log.info("horizon-now-resolved", url=base, resource=self.resource, cursor=token)
                         return token
-                    failure = _failure_of(response, body)
+                    failure = _failure_of(response, body[:_MAX_ERROR_BODY])
                     if not is_retryable_status(response.status_code):
                         message = fatal_message(response.status_code, url, failure.error)
                         log.error("horizon-fatal", error=message)

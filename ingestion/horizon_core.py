@@ -368,9 +368,9 @@ def _split_indented_page(text: str) -> list[tuple[Any, str]] | None:
     The whole page is parsed (orjson: so broken JSON anywhere is still caught); the
     records' texts are cut at the record separators of Go's indented layout (records sit at depth
     three, so ``"\n      },\n      {"`` occurs only between two of them) and compacted all at
-    once, which is what costs most when done record by record. Each piece must then carry its
-    parsed record's paging token, or the page is left to :func:`split_page`: returns None whenever
-    the layout is not exactly the expected one, never a wrong split.
+    once, which is what costs most when done record by record. The pieces, parsed again, must equal
+    the parsed records, or the page is left to :func:`split_page`: returns None whenever the layout
+    is not exactly the expected one, never a wrong split.
     """
     start = text.find(_RECORDS_OPEN)
     end = text.rfind(_RECORDS_CLOSE)
@@ -389,10 +389,13 @@ def _split_indented_page(text: str) -> list[tuple[Any, str]] | None:
     pieces = compact.split("\x00")
     if len(pieces) != len(records):
         return None
-    for rec, piece in zip(records, pieces, strict=True):
-        token = rec.get("paging_token") if isinstance(rec, dict) else None
-        if not isinstance(token, str) or f'"paging_token":"{token}"' not in piece:
+    # The pieces must be exactly the records: a second (compact, fast) parse proves it, whatever
+    # the server put around or inside the records array.
+    try:
+        if orjson.loads("[" + ",".join(pieces) + "]") != records:
             return None
+    except ValueError:
+        return None
     return list(zip(records, pieces, strict=True))
 
 

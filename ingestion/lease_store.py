@@ -549,9 +549,13 @@ class ReleaseNotices:
         self._waits = 0
         self._lock = threading.Lock()
         self._busy = False
-        self._close_requested = False
+        self._closed = False
 
     def _wait(self, seconds: float) -> str | None:
+        with self._lock:
+            if self._closed:
+                return None
+            self._busy = True
         end = time.monotonic() + seconds
         try:
             if self._pubsub is None or self._waits >= self.RESUBSCRIBE_EVERY:
@@ -571,13 +575,11 @@ class ReleaseNotices:
         finally:
             with self._lock:
                 self._busy = False
-                if self._close_requested:
+                if self._closed:
                     self._reset()
         return None
 
     async def wait(self, seconds: float) -> str | None:
-        with self._lock:
-            self._busy = True
         return await trio.to_thread.run_sync(self._wait, seconds, abandon_on_cancel=True)
 
     def _reset(self) -> None:
@@ -591,7 +593,7 @@ class ReleaseNotices:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._busy:
-                self._close_requested = True  # the running worker closes it when it returns
-                return
+                return  # the running worker closes it when it returns
         self._reset()

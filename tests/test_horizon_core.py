@@ -219,6 +219,18 @@ def test_the_fast_split_of_indented_pages_agrees_with_the_general_one() -> None:
     tricky = [{**recs[0], "x": [{"a": 1}, {"b": 2}]}, recs[1]]
     text = json.dumps({"_links": {}, "_embedded": {"records": tricky}}, indent=2)
     assert _split_indented_page(text) == [(r, compact_json(r)) for r in tricky]
+    # whatever a server puts around the records, a wrong split is never taken
+    extra = {"_links": {}, "_embedded": {"records": recs, "other": [{"k": "v"}]}}
+    text = json.dumps(extra, indent=2)
+    assert _split_indented_page(text) in (None, [(r, compact_json(r)) for r in recs])
+    assert [r.body for r in validate_page(text, None).records] == [compact_json(r) for r in recs]
+    decoy = {"_embedded": {"records": [{"paging_token": "1", "evil": 1}]}}
+    compact_page = json.dumps(
+        {"_links": {"x": "DECOY"}, "_embedded": {"records": [{"paging_token": "1"}]}},
+        separators=(",", ":"),
+    ).replace('"DECOY"', json.dumps(decoy, indent=2))
+    assert _split_indented_page(compact_page) is None
+    assert [r.body for r in validate_page(compact_page, None).records] == ['{"paging_token":"1"}']
     quoted = [{**recs[0], "memo": 'he said \\": hi'}]
     assert _split_indented_page(json.dumps({"_embedded": {"records": quoted}}, indent=2)) is None
 

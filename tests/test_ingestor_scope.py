@@ -24,14 +24,16 @@ from ingestion.source import SyntheticSource
 class Harness:
     """The Ingestor wired to a writer that takes ``commit_time`` per commit and always succeeds."""
 
-    def __init__(self, nursery: trio.Nursery, commit_time: float = 0.05) -> None:
+    def __init__(
+        self, nursery: trio.Nursery, commit_time: float = 0.05, total: int | None = None
+    ) -> None:
         self.control_send, control_recv = trio.open_memory_channel[IngestorInput](4)
         writer_send, self.writer_recv = trio.open_memory_channel[CommitCursor](0)
         elector_send, self.elector_recv = trio.open_memory_channel[ElectorInput](4)
         self.commits: list[tuple[float, str]] = []
         self.commit_time = commit_time
         self.ingestor = Ingestor(
-            SyntheticSource(total=None, batch_size=2, interval=0.1),
+            SyntheticSource(total=total, batch_size=2, interval=0.1),
             "n",
             control_recv,
             writer_send,
@@ -143,4 +145,23 @@ async def test_messages_about_another_term_are_ignored(autojump_clock: trio.test
         ended = await h.elector_recv.receive()
         assert ended == TermEnded(2, "deadline", "")
         assert trio.current_time() == start + 4.0
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_graceful_stop_ends_an_idle_term_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A finite source that has run out leaves the term idle; stopping it must not wait for the
+    lease deadline."""
+    async with trio.open_nursery() as nursery:
+        h = Harness(nursery, total=4)
+        await h.start()
+        start = trio.current_time()
+        await h.control_send.send(LeaseGranted(1, start + 60.0, "0", None))
+        await trio.sleep(1.0)
+        assert len(h.commits) == 2  # everything there was
+        await h.control_send.send(LeaseRevoked(1, "shutdown", graceful=True))
+        ended = await h.elector_recv.receive()
+        assert ended.reason == "revoked"
+        assert trio.current_time() == start + 1.0
         nursery.cancel_scope.cancel()
