@@ -197,15 +197,16 @@ async def test_restarting_every_node_resumes_from_the_committed_cursor(
     total = 400
     source = SyntheticSource(total=total, batch_size=7, interval=0.01)
     keys = job_keys(job)
+    elections = 0
     for generation in range(3):
         rec = Recorder()
+        committed_before = redis_client.hget(keys["cursor"], "cursor")  # nobody runs now
         async with trio.open_nursery() as nursery:
             handles = [
                 await start_node(nursery, rec, redis_server.url, job, name, source)
                 for name in ("a", "b")
             ]
             leader = await rec.wait_for("became-leader")
-            committed_before = redis_client.hget(keys["cursor"], "cursor")
             assert leader.fields["cursor"] == (committed_before or "0")
             if generation < 2:
                 await rec.wait_for("committed", count=10)
@@ -214,6 +215,7 @@ async def test_restarting_every_node_resumes_from_the_committed_cursor(
                     await rec.wait_for("committed", count=len(rec.of("committed")) + 1)
             for h in handles:
                 await h.shutdown()
+        elections += len(rec.of("became-leader"))  # 1 a generation, more if starved CI stepped down
     assert assert_exactly_once_in_order(redis_client, job) == total
     tokens = [int(t) for _i, t, _n in events_in_stream(redis_client, job)]
-    assert tokens == sorted(tokens) and tokens[-1] == 3
+    assert tokens == sorted(tokens) and 3 <= tokens[-1] <= elections
