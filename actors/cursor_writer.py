@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 import trio
 
+from actors.lease_store import Committed, LeaseStore, RedisUnavailable
 from actors.messages import (
     CommitCursor,
     CommitOutcome,
@@ -22,8 +23,7 @@ from actors.messages import (
     ElectorInput,
     FencingTokenRejected,
 )
-from ingestion.lease_store import Committed, LeaseStore, RedisUnavailable
-from ingestion.observe import NodeObserver
+from actors.observe import NodeObserver
 
 # Rejections that mean "this writer is no longer the leader", as opposed to a bad batch.
 FENCING_REASONS = frozenset({"stale-token", "lease-lost"})

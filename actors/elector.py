@@ -3,7 +3,7 @@
 While standby it sleeps until the current lease would expire (the remaining TTL from the acquire
 answer) or until a release notice arrives, whichever is first, plus a small jitter: never a busy
 poll. While leading it feeds renewals, commit rejections and term endings to the pure
-:class:`~ingestion.lease.LeaseMachine` and carries out what it decides. Every election event is
+:class:`~actors.lease.LeaseMachine` and carries out what it decides. Every election event is
 logged here and only here.
 """
 
@@ -15,6 +15,8 @@ from typing import Any
 import attrs
 import trio
 
+from actors.lease import Extended, LeaseMachine, LeaseTiming, Lost, LostReason, standby_wait
+from actors.lease_store import Acquired, Held, LeaseStore, RedisUnavailable, StateLost
 from actors.messages import (
     ElectorInput,
     FencingTokenRejected,
@@ -31,9 +33,7 @@ from actors.messages import (
     StopRenewing,
     TermEnded,
 )
-from ingestion.lease import Extended, LeaseMachine, LeaseTiming, Lost, LostReason, standby_wait
-from ingestion.lease_store import Acquired, Held, LeaseStore, RedisUnavailable, StateLost
-from ingestion.observe import NodeObserver
+from actors.observe import NodeObserver
 
 RELEASE_CLEANUP_TIMEOUT = 1.0  # seconds: bounded, shielded lease release at the end of a term
 

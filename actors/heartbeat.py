@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 import trio
 
+from actors.lease_store import LeaseStore, RedisUnavailable
 from actors.messages import (
     ElectorInput,
     HeartbeatInput,
@@ -23,7 +24,6 @@ from actors.messages import (
     StartRenewing,
     StopRenewing,
 )
-from ingestion.lease_store import LeaseStore, RedisUnavailable
 
 
 @attrs.define

@@ -32,7 +32,7 @@ from actors.messages import (
     LeaseRevoked,
     TermEnded,
 )
-from ingestion.source import Source, SourceFatalError, TermContext, current_term
+from actors.source import Source, SourceFatalError, TermContext, current_term
 
 
 @attrs.define

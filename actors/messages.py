@@ -15,7 +15,7 @@ from __future__ import annotations
 import attrs
 import trio
 
-from ingestion.source import Record
+from actors.source import Record
 
 # --- Elector -> Heartbeat ---
 

@@ -22,6 +22,8 @@ from actors.cursor_writer import CursorWriter
 from actors.elector import Elector, ReleaseNoticed
 from actors.heartbeat import Heartbeat
 from actors.ingestor import Ingestor
+from actors.lease import LeaseTiming
+from actors.lease_store import LeaseStore
 from actors.messages import (
     CommitCursor,
     ElectorInput,
@@ -29,10 +31,8 @@ from actors.messages import (
     IngestorInput,
     ShutdownRequested,
 )
-from ingestion.lease import LeaseTiming
-from ingestion.lease_store import LeaseStore
-from ingestion.observe import NodeObserver
-from ingestion.source import Source
+from actors.observe import NodeObserver
+from actors.source import Source
 
 RELEASE_POLL = 1.0  # seconds a release-listener wait lasts before it is re-armed
 

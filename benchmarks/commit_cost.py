@@ -12,10 +12,10 @@ from typing import Any
 
 import trio
 
+from actors.lease_store import Acquired, Committed, LeaseStore, connect
+from actors.source import Record
 from benchmarks.procs import percentile
-from ingestion.lease_store import Acquired, Committed, LeaseStore, connect
 from ingestion.paging import toid
-from ingestion.source import Record
 
 _BODY = {
     "_links": {

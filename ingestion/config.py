@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from ingestion.lease import LeaseTiming
+from actors.lease import LeaseTiming
 
 
 class ConfigError(Exception):

@@ -24,7 +24,7 @@ import attrs
 import redis
 import trio
 
-from ingestion.lease_store import connect, job_keys
+from actors.lease_store import connect, job_keys
 from ingestion.local_redis import LocalRedis, RedisServerMissing
 from ingestion.verify import verify_job
 

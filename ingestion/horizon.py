@@ -30,6 +30,7 @@ import structlog
 import trio
 from httpx_sse import SSEError, aconnect_sse
 
+from actors.source import Batch, Record, SourceFatalError
 from ingestion.horizon_core import (
     MAX_PAGE_LIMIT,
     Failure,
@@ -48,7 +49,6 @@ from ingestion.horizon_core import (
     problem_detail,
 )
 from ingestion.paging import token_key
-from ingestion.source import Batch, Record, SourceFatalError
 
 log = structlog.get_logger()
 
@@ -101,7 +101,7 @@ def _positive(instance: object, attribute: attrs.Attribute[float], value: float)
 
 @attrs.frozen
 class HorizonSource:
-    """A :class:`~ingestion.source.Source` reading one Horizon collection.
+    """A :class:`~actors.source.Source` reading one Horizon collection.
 
     Args:
         urls: Horizon base URLs (a single string is accepted). The source sticks to the first

@@ -27,8 +27,8 @@ from typing import Any
 import attrs
 import orjson
 
+from actors.source import Record, SourceFatalError
 from ingestion.paging import InvalidPagingToken, token_key
-from ingestion.source import Record, SourceFatalError
 
 #: Horizon's largest page.
 MAX_PAGE_LIMIT = 200

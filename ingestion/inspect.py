@@ -27,9 +27,9 @@ import attrs
 import httpx
 import trio
 
+from actors.lease_store import JobState, LeaseStore, RedisUnavailable, connect
+from actors.observe import record_time
 from ingestion.config import Settings, load
-from ingestion.lease_store import JobState, LeaseStore, RedisUnavailable, connect
-from ingestion.observe import record_time
 from ingestion.paging import InvalidPagingToken, toid_parts, token_key
 
 HORIZON_TIMEOUT = 5.0  # seconds, the whole lag query

@@ -2,7 +2,7 @@
 
 Each node has its own :class:`prometheus_client.CollectorRegistry` (never the global one), so that
 several in-process nodes can be scraped side by side. Gauges and counters are read from the
-:class:`~ingestion.observe.NodeObserver` at scrape time; only the commit-latency histogram keeps
+:class:`~actors.observe.NodeObserver` at scrape time; only the commit-latency histogram keeps
 state of its own, fed by the observer's ``committed`` notifications.
 
 Endpoints (both GET):
@@ -28,8 +28,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from actors.observe import NodeObserver
 from ingestion.asgi import Receive, Scope, Send, serve_lifespan
-from ingestion.observe import NodeObserver
 
 COMMIT_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, math.inf)
 

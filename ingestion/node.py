@@ -16,12 +16,12 @@ import structlog
 import trio
 
 from actors.elector import IngestionFatal
+from actors.lease_store import LeaseStore, connect
+from actors.observe import NodeObserver
 from actors.supervisor import NodeSpec, run_node
 from ingestion.config import Settings, redact_url
 from ingestion.horizon import HorizonSource
-from ingestion.lease_store import LeaseStore, connect
 from ingestion.logs import configure_logging, node_logger
-from ingestion.observe import NodeObserver
 
 
 def build_source(settings: Settings) -> HorizonSource:

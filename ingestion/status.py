@@ -33,7 +33,7 @@ import attrs
 import trio
 from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
 
-from ingestion.observe import NodeObserver, RateMeter
+from actors.observe import NodeObserver, RateMeter
 
 STATUS_INTERVAL = 1.0  # seconds between unprompted status messages
 QUEUE_SIZE = 64  # events a connection may have pending before it is dropped as too slow

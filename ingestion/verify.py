@@ -26,7 +26,7 @@ import httpx
 import redis
 import trio
 
-from ingestion.lease_store import connect, job_keys
+from actors.lease_store import connect, job_keys
 from ingestion.paging import token_key
 
 PAGE_LIMIT = 200  # Horizon's largest page

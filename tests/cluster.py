@@ -25,7 +25,7 @@ import attrs
 import redis
 import trio
 
-from ingestion.lease_store import connect, job_keys
+from actors.lease_store import connect, job_keys
 from ingestion.local_redis import LocalRedis
 from ingestion.verify import Verification, verify_job
 

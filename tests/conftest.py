@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from ingestion.lease_store import LeaseStore, connect
+from actors.lease_store import LeaseStore, connect
 from ingestion.local_redis import LocalRedis
 
 _jobs = itertools.count(1)

@@ -9,10 +9,10 @@ import attrs
 import structlog
 import trio
 
+from actors.lease import LeaseTiming
+from actors.lease_store import LeaseStore, connect
+from actors.source import Source
 from actors.supervisor import NodeHandle, NodeSpec, run_node
-from ingestion.lease import LeaseTiming
-from ingestion.lease_store import LeaseStore, connect
-from ingestion.source import Source
 
 FAST_TIMING = LeaseTiming(ttl=1.5, renew_interval=0.3, margin=0.4, drift=0.01)
 REDIS_TIMEOUT = 0.15
@@ -76,7 +76,7 @@ async def start_node(
 ) -> NodeHandle:
     spec = NodeSpec(node, job, int(timing.ttl * 1000), timing, jitter, start_cursor)
     log = structlog.get_logger().bind(node=node, job=job)
-    from ingestion.observe import NodeObserver
+    from actors.observe import NodeObserver
 
     observer = NodeObserver(node, job)
     observer.listeners.append(recorder.listener(node))

@@ -6,10 +6,10 @@ import redis
 import structlog
 import trio
 
-from ingestion.lease import LeaseTiming
-from ingestion.lease_store import job_keys
+from actors.lease import LeaseTiming
+from actors.lease_store import job_keys
+from actors.source import SyntheticSource
 from ingestion.local_redis import LocalRedis
-from ingestion.source import SyntheticSource
 from tests.cluster import most_leaders_at_once
 from tests.nodes import FAST_TIMING, Recorder, start_node
 from tests.tcp_proxy import TcpProxy

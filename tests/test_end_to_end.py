@@ -7,10 +7,10 @@ from __future__ import annotations
 import redis
 import trio
 
+from actors.lease import LeaseTiming
+from actors.lease_store import job_keys
 from ingestion.horizon import HorizonSource
 from ingestion.horizon_core import compact_json
-from ingestion.lease import LeaseTiming
-from ingestion.lease_store import job_keys
 from ingestion.local_redis import LocalRedis
 from ingestion.simulator import SimulatorConfig, open_simulator
 from tests.nodes import Recorder, start_node

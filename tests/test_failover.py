@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from ingestion.lease_store import Acquired, StateLost
+from actors.lease_store import Acquired, StateLost
 from ingestion.local_redis import LocalRedis
 from ingestion.verify import read_entries
 from tests.cluster import (

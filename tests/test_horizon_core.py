@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from actors.source import Record, SourceFatalError
 from ingestion.horizon_core import (
     Failure,
     HorizonFollower,
@@ -30,7 +31,6 @@ from ingestion.horizon_core import (
     validate_stream_record,
 )
 from ingestion.paging import toid, token_key
-from ingestion.source import Record, SourceFatalError
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "horizon"  # ../shared beside the repo
 AURORA = DATA / "aurora-rs_stellar-horizon-rs"

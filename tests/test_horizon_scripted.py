@@ -9,9 +9,9 @@ import pytest
 import structlog
 import trio
 
+from actors.source import Record, SourceFatalError
 from ingestion.horizon import HorizonSource
 from ingestion.paging import toid
-from ingestion.source import Record, SourceFatalError
 from tests.horizon_fixtures import (
     Reply,
     Request,

@@ -19,11 +19,11 @@ import trio
 import trio.lowlevel
 from httpx_sse import aconnect_sse
 
+from actors.source import Batch, Record, SourceFatalError
 from ingestion.horizon import HorizonSource
 from ingestion.horizon_core import compact_json
 from ingestion.paging import token_key
 from ingestion.simulator import MalformedKind, Simulator, SimulatorConfig, open_simulator
-from ingestion.source import Batch, Record, SourceFatalError
 from tests.horizon_fixtures import closed_port_url
 
 SMALL = SimulatorConfig(ledger_interval=None, history_ledgers=20, ops_per_ledger=10)

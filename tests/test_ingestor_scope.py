@@ -18,7 +18,7 @@ from actors.messages import (
     LeaseRevoked,
     TermEnded,
 )
-from ingestion.source import SyntheticSource
+from actors.source import SyntheticSource
 
 
 class Harness:

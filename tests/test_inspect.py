@@ -11,11 +11,11 @@ from typing import Any
 import httpx
 import trio
 
-from ingestion.lease_store import Acquired, LeaseStore, connect
+from actors.lease_store import Acquired, LeaseStore, connect
+from actors.source import Record
 from ingestion.local_redis import LocalRedis
 from ingestion.paging import toid_parts, token_key
 from ingestion.simulator.server import SimulatorConfig, open_simulator
-from ingestion.source import Record
 
 CONTRACT_KEYS = {"job", "leader", "token", "lease_ttl_ms_left", "cursor", "events", "audit"}
 

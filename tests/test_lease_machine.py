@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ingestion.lease import (
+from actors.lease import (
     Extended,
     LeaseMachine,
     LeaseProtocolError,

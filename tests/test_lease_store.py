@@ -6,7 +6,7 @@ import pytest
 import redis
 import trio
 
-from ingestion.lease_store import (
+from actors.lease_store import (
     Acquired,
     CommitRejected,
     Committed,
@@ -16,8 +16,8 @@ from ingestion.lease_store import (
     connect,
     job_keys,
 )
+from actors.source import Record
 from ingestion.local_redis import LocalRedis
-from ingestion.source import Record
 from tests.tcp_proxy import TcpProxy
 
 

@@ -8,10 +8,10 @@ import structlog
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from actors.observe import NodeObserver
+from actors.source import SyntheticSource
 from ingestion.local_redis import LocalRedis
 from ingestion.metrics import NodeMetrics, serve_metrics
-from ingestion.observe import NodeObserver
-from ingestion.source import SyntheticSource
 from tests.nodes import Recorder, start_node
 
 LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)

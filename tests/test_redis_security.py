@@ -18,13 +18,13 @@ import trio
 import trustme
 from structlog.testing import capture_logs
 
+from actors.lease_store import RedisUnavailable
+from actors.observe import NodeObserver
+from actors.source import SyntheticSource
 from actors.supervisor import NodeSpec, run_node
 from ingestion.config import Settings
-from ingestion.lease_store import RedisUnavailable
 from ingestion.local_redis import LocalRedis, free_port
 from ingestion.node import build_store
-from ingestion.observe import NodeObserver
-from ingestion.source import SyntheticSource
 from tests.nodes import FAST_TIMING, Recorder
 
 PASSWORD = "Sup3r-S3cret-pw"

@@ -8,10 +8,10 @@ from typing import Any
 import redis
 import trio
 
-from ingestion.lease_store import CommitRejected, LeaseStore, job_keys
+from actors.lease_store import CommitRejected, LeaseStore, job_keys
+from actors.scheduled import ScheduledJob
+from actors.source import SyntheticSource, TermContext
 from ingestion.local_redis import LocalRedis
-from ingestion.scheduled import ScheduledJob
-from ingestion.source import SyntheticSource, TermContext
 from tests.nodes import Recorder, start_node, store_for
 
 

@@ -11,9 +11,9 @@ import trio
 import trio.lowlevel
 from trio_websocket import open_websocket_url
 
+from actors.observe import NodeObserver
+from actors.source import SyntheticSource
 from ingestion.local_redis import LocalRedis
-from ingestion.observe import NodeObserver
-from ingestion.source import SyntheticSource
 from ingestion.status import QUEUE_SIZE, serve_status
 from tests.nodes import Recorder, start_node
 

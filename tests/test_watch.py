@@ -10,10 +10,10 @@ import sys
 import structlog
 import trio
 
+from actors.observe import NodeObserver
+from actors.source import SyntheticSource
 from actors.supervisor import NodeHandle, NodeSpec, run_node
 from ingestion.local_redis import LocalRedis, free_port
-from ingestion.observe import NodeObserver
-from ingestion.source import SyntheticSource
 from ingestion.status import serve_status
 from ingestion.watch import ClusterView, describe_event, normalise_url, watch
 from tests.nodes import FAST_TIMING, Recorder, store_for

@@ -22,7 +22,7 @@ from typing import Protocol
 import attrs
 import trio
 
-from ingestion.paging import is_after, toid
+from actors.cursor_order import is_after
 
 
 @attrs.frozen
@@ -81,7 +81,8 @@ class Source(Protocol):
 
 @attrs.frozen
 class SyntheticSource:
-    """A deterministic local source: record ``i`` (1-based) has TOID paging token ``toid(i, 1, 1)``.
+    """A deterministic local source: record ``i`` (1-based) has paging token ``i << 32 | 1 << 12 | 1``
+    (shaped like a Horizon TOID: ledger ``i``, transaction 1, operation 1).
 
     ``total`` records exist in all (None: unbounded); ``available`` is a callable giving how many
     exist right now (for a source that grows over time), defaulting to all of them. Used by the
@@ -94,7 +95,7 @@ class SyntheticSource:
 
     @staticmethod
     def token_of(index: int) -> str:
-        return str(toid(index, 1, 1))
+        return str(index << 32 | 1 << 12 | 1)
 
     @staticmethod
     def index_of(token: str) -> int:

@@ -1,7 +1,7 @@
 """Singleton jobs beyond ingestion: a periodic job (retention, reconciliation, a scheduler) run
 under the same election, lease scope and fencing as Horizon ingestion.
 
-A :class:`ScheduledJob` is a :class:`~ingestion.source.Source` whose records are *runs*: run ``k``
+A :class:`ScheduledJob` is a :class:`~actors.source.Source` whose records are *runs*: run ``k``
 (1-based) has paging token ``str(k)`` and its body is the JSON result of ``action(k, term)``. The
 Ingestor commits each run with the term's fencing token, so the events stream records every run
 exactly once, in order, each under the token of the leader that ran it, and after a failover the
@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import trio
 
-from ingestion.source import Batch, Record, TermContext, current_term
+from actors.source import Batch, Record, TermContext, current_term
 
 Action = Callable[[int, TermContext], Awaitable[dict[str, Any]]]
 

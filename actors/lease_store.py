@@ -29,8 +29,8 @@ import trio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ingestion.paging import token_key
-from ingestion.source import Record
+from actors.cursor_order import token_key
+from actors.source import Record
 
 T = TypeVar("T")
 
