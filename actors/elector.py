@@ -34,6 +34,7 @@ from actors.messages import (
     TermEnded,
 )
 from actors.observe import NodeObserver
+from actors.token_memory import TokenMemory
 
 RELEASE_CLEANUP_TIMEOUT = 1.0  # seconds: bounded, shielded lease release at the end of a term
 
@@ -73,12 +74,51 @@ class Elector:
     retry_cap: float = 2.0
     _stopping: bool = False
     _last_standby: tuple[str, int] | None = None
-    # The highest fencing token this node has seen (granted or held by anyone). Redis's counter
-    # can only be below it if Redis lost state; then this node refuses to lead (redis-state-lost).
+    # The highest fencing token this node has seen (granted, held by anyone, or named by a
+    # rejection), durable when ``memory`` has a state directory. Every campaign sends it: Redis
+    # floors the next token above it, so no token this node has seen is ever issued again, even
+    # by a Redis that went back in time.
     known_token: int = 0
+    memory: TokenMemory | None = None
+    _replid: str | None = None  # the primary's replication id at the last answer
+
+    async def _see(self, token: int) -> None:
+        if token <= self.known_token:
+            return
+        self.known_token = token
+        if self.memory is not None and self.memory.path is not None:
+            try:
+                await trio.to_thread.run_sync(self.memory.raise_to, token)
+            except (OSError, ValueError) as exc:
+                self.log.warning("token-memory-failed", token=token, error=str(exc))
+        elif self.memory is not None:
+            self.memory.raise_to(token)
+
+    def _check_primary(self, replid: str | None, rolled_back_from: int | None, cursor: str | None) -> None:
+        """Log ``redis-failover-detected`` when the primary changed (its replication id) or Redis
+        went back in time (a counter below the known token)."""
+        previous, self._replid = self._replid, replid or self._replid
+        changed = replid is not None and previous is not None and replid != previous
+        if not changed and rolled_back_from is None:
+            return
+        fields = {
+            "previous_replid": previous,
+            "replid": replid,
+            "rolled_back": rolled_back_from is not None,
+            "redis_token": rolled_back_from,
+            "known_token": self.known_token,
+            "cursor": cursor,
+        }
+        if rolled_back_from is not None:
+            self.log.warning("redis-failover-detected", **fields)
+        else:
+            self.log.info("redis-failover-detected", **fields)
+        self.observer.election_event("redis-failover-detected", **fields)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         machine = LeaseMachine(self.timing)
+        if self.memory is not None:
+            self.known_token = max(self.known_token, self.memory.value)
         with self.inbox, self.heartbeat, self.ingestor:
             task_status.started()
             failures = 0
@@ -98,20 +138,23 @@ class Elector:
                 failures = 0
                 if isinstance(answer, StateLost):
                     await self._state_lost(answer.counter, answer.cursor, holder=None)
-                elif isinstance(answer, Held) and answer.token < self.known_token:
-                    await self._state_lost(answer.token, None, holder=answer.holder)
                 elif isinstance(answer, Held):
-                    self.known_token = max(self.known_token, answer.token)
+                    # A holder below the known token is legitimate after a rollback (it was
+                    # granted by the current primary); fencing keeps an older holder harmless.
+                    self._check_primary(answer.replid, None, None)
+                    await self._see(answer.token)
                     await self._stand_by(answer)
                 else:
-                    self.known_token = max(self.known_token, answer.token)
+                    self._check_primary(answer.replid, answer.rolled_back_from, answer.cursor)
+                    await self._see(answer.token)
                     await self._lead(machine, answer, sent_at)
             self.observer.election_event("stopped")
 
     async def _state_lost(self, counter: int, cursor: str | None, holder: str | None) -> None:
-        """Redis's token counter went backwards: it lost state. Leading now would reissue fencing
-        tokens and re-ingest from an older cursor, so stay standby (and say so, loudly) until an
-        operator restores Redis or restarts this node to accept the new state."""
+        """Redis's token counter went backwards *and* the job's cursor is gone: Redis lost the job.
+        Leading now would restart it from the start cursor, so stay standby (and say so, loudly)
+        until an operator restores Redis or accepts the loss (restarts the nodes without their
+        token memory). A rollback that kept a cursor is not this: see ``_check_primary``."""
         self.log.error(
             "redis-state-lost",
             redis_token=counter,
@@ -182,9 +225,15 @@ class Elector:
                 await self._release(grant.token)
         if term_ended is not None and term_ended.reason == "source-fatal":
             raise IngestionFatal(term_ended.detail)
-        if term_ended is not None and term_ended.reason == "commit-refused":
+        if (
+            term_ended is not None
+            and term_ended.reason == "commit-refused"
+            and term_ended.detail != "cursor-moved"
+        ):
             # The same batch would be refused again at once: let a lease lifetime pass (another
-            # node may do better) instead of spinning through elections, a token each.
+            # node may do better) instead of spinning through elections, a token each. Not for
+            # cursor-moved: Redis's cursor is not where this term believed (Redis went back in
+            # time), and a new term starts from the cursor Redis has.
             await self._standby_until(
                 trio.current_time() + self.ttl_ms / 1000, wake_on_release=False
             )
@@ -234,6 +283,7 @@ class Elector:
         if isinstance(msg, RenewRejected):
             return machine.renew_rejected(msg.token), None
         if isinstance(msg, FencingTokenRejected):
+            await self._see(msg.current_token)
             return machine.fenced(msg.token), None
         if isinstance(msg, ShutdownRequested):
             self._stopping = True

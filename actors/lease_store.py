@@ -22,12 +22,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 import attrs
 import redis
 import trio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from redis.sentinel import MasterNotFoundError, Sentinel
 
 from actors.cursor_order import token_key
 from actors.source import Record
@@ -80,16 +82,21 @@ local held = redis.call('GET', KEYS[1])
 if held then
   return {0, held, redis.call('PTTL', KEYS[1])}
 end
--- The caller has seen fencing token known_token; a counter below it means Redis lost its state
--- (restarted empty, failed over to a stale replica, restored from an old backup). Issue nothing.
+-- The caller has seen fencing token known_token. A counter below it means Redis went back in time:
+-- a failover to a replica that missed the newest writes, a restart from an old file, a restore.
 local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
-if counter < tonumber(ARGV[4] or '0') then
-  return {2, counter, redis.call('HGET', KEYS[5], 'cursor') or ''}
+local known = tonumber(ARGV[4] or '0')
+local cursor = redis.call('HGET', KEYS[5], 'cursor') or ''
+if counter < known and cursor == '' then
+  -- Not a rollback but a loss: the job's cursor is gone too. Leading would restart the job from
+  -- its start cursor; that is an operator's decision, so issue nothing.
+  return {2, counter, cursor}
 end
 local now = now_ms()
--- The counter only ever increases; if it was lost (an empty Redis that kept the cursor), never
--- reissue a token at or below one already used for a committed write.
-local floor = tonumber(redis.call('HGET', KEYS[5], 'token') or '0')
+-- The counter only ever increases. Floor it at every token known to be used: the caller's, and
+-- the committed cursor's (the counter can be lost while the cursor survives). The new token is then
+-- above every token this node has seen and every token on a surviving commit.
+local floor = math.max(known, tonumber(redis.call('HGET', KEYS[5], 'token') or '0'))
 if counter < floor then
   redis.call('SET', KEYS[2], floor)
 end
@@ -98,13 +105,18 @@ redis.call('SET', KEYS[1], token .. '|' .. ARGV[1], 'PX', ARGV[2])
 local prev = redis.call('HMGET', KEYS[3], 'node', 'token', 'expires_at_ms')
 local takeover = ''
 if prev[3] then takeover = math.max(0, now - tonumber(prev[3])) end
+local rolled_back = ''
+if counter < known then rolled_back = counter end
 redis.call('HSET', KEYS[3], 'node', ARGV[1], 'token', token,
   'acquired_at_ms', now, 'expires_at_ms', now + tonumber(ARGV[2]))
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*',
-  'event', 'became-leader', 'node', ARGV[1], 'token', token,
-  'previous_node', prev[1] or '', 'previous_token', prev[2] or '', 'takeover_ms', takeover)
-return {1, token, prev[1] or '', prev[2] or '', takeover,
-  redis.call('HGET', KEYS[5], 'cursor') or ''}
+local entry = {'event', 'became-leader', 'node', ARGV[1], 'token', token,
+  'previous_node', prev[1] or '', 'previous_token', prev[2] or '', 'takeover_ms', takeover}
+if rolled_back ~= '' then
+  table.insert(entry, 'rolled_back_from')
+  table.insert(entry, rolled_back)
+end
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', unpack(entry))
+return {1, token, prev[1] or '', prev[2] or '', takeover, cursor, rolled_back}
 """
 
 # KEYS: lease, leader   ARGV: node, token, ttl_ms
@@ -175,6 +187,16 @@ class RedisUnavailable(Exception):
     """A Redis call failed or timed out. Its effect is unknown: it may have been applied."""
 
 
+class ReplicationUnconfirmed(RedisUnavailable):
+    """The primary applied the write but fewer replicas than asked acknowledged it in time
+    (``WAIT``): a failover may still lose it, so its outcome is as unknown as a timed-out call's."""
+
+    def __init__(self, message: str, acked: int, wanted: int) -> None:
+        super().__init__(message)
+        self.acked = acked
+        self.wanted = wanted
+
+
 @attrs.frozen
 class Acquired:
     """This node now holds the lease under ``token``."""
@@ -184,6 +206,11 @@ class Acquired:
     previous_token: int | None
     takeover_ms: int | None  # how long the job was leaderless (None: first leader ever)
     cursor: str | None  # the last committed paging token
+    # Redis's token counter when it was below the caller's known token (Redis went back in time,
+    # e.g. a failover to a replica that missed writes); None when it was not.
+    rolled_back_from: int | None = None
+    # The primary's replication id (changes when a replica is promoted); not part of equality.
+    replid: str | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen
@@ -193,15 +220,18 @@ class Held:
     holder: str
     token: int
     ttl_left_ms: int
+    replid: str | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen
 class StateLost:
-    """Redis's token counter is below a token the caller has seen: Redis lost state. Nothing was
-    issued; the job must not run from this state (it would re-ingest, or reuse fencing tokens)."""
+    """Redis's token counter is below a token the caller has seen *and* the job's cursor is gone:
+    Redis lost the job's state (restarted empty, an empty replica promoted). Nothing was issued:
+    leading would restart the job from its start cursor, which is an operator's decision."""
 
     counter: int
     cursor: str | None
+    replid: str | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen
@@ -260,6 +290,80 @@ def parse_lease_value(value: str) -> tuple[int, str]:
     return int(token), node
 
 
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+
+
+@attrs.frozen
+class SentinelTarget:
+    """A parsed ``redis+sentinel://[user:pass@]H:P[,H:P...]/SERVICE[/DB]`` URL."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int
+    username: str | None
+    password: str | None
+    tls: bool
+
+    @property
+    def addresses(self) -> str:
+        """``H:P,H:P``: the sentinels, for logs (no credentials)."""
+        return ",".join(f"{h}:{p}" for h, p in self.sentinels)
+
+
+class BadRedisUrl(ValueError):
+    """A Redis URL that cannot name a server; the message says what is wrong."""
+
+
+def is_sentinel_url(url: str) -> bool:
+    return url.partition("://")[0].lower() in SENTINEL_SCHEMES
+
+
+def parse_sentinel_url(url: str) -> SentinelTarget:
+    """Parse a Sentinel URL.
+
+    Raises:
+        BadRedisUrl: no sentinel, no service, a bad port or database number.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in SENTINEL_SCHEMES:
+        raise BadRedisUrl("a Sentinel URL starts with redis+sentinel:// or rediss+sentinel://")
+    netloc, _, path = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon else None
+        if not colon:  # redis://secret@host: a bare word is the password (as redis-py reads it)
+            username, password = None, unquote(user) or None
+    sentinels: list[tuple[str, int]] = []
+    for part in (p.strip() for p in hosts.split(",")):
+        if not part:
+            continue
+        host, colon, port_text = part.rpartition(":")
+        if not colon:
+            host, port_text = part, "26379"
+        host = host.strip("[]")
+        if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise BadRedisUrl(f"sentinel address {part!r} is not HOST:PORT")
+        sentinels.append((host, int(port_text)))
+    if not sentinels:
+        raise BadRedisUrl("names no sentinel (expected redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE)")
+    segments = [seg for seg in path.split("?")[0].split("/") if seg]
+    if not segments:
+        raise BadRedisUrl("names no service (expected .../SERVICE[/DB] after the sentinel addresses)")
+    if len(segments) > 2 or (len(segments) == 2 and not segments[1].isdigit()):
+        raise BadRedisUrl(f"path {path!r} is not SERVICE[/DB]")
+    return SentinelTarget(
+        sentinels=tuple(sentinels),
+        service=unquote(segments[0]),
+        db=int(segments[1]) if len(segments) == 2 else 0,
+        username=username,
+        password=password,
+        tls=scheme.lower() == "rediss+sentinel",
+    )
+
+
 def connect(
     url: str,
     *,
@@ -275,9 +379,15 @@ def connect(
     (``requirepass``). For ``rediss://`` the server certificate is verified against ``tls_ca_file``
     (else the system store); ``tls_cert_file``/``tls_key_file`` are the client certificate for a
     server that sets ``tls-auth-clients``.
+
+    ``redis+sentinel://`` (``rediss+sentinel://``) URLs give a client of the service's current
+    primary (redis-py's ``Sentinel.master_for``): each new connection asks the sentinels where the
+    primary is, and a ``READONLY`` answer from a demoted primary drops the connection so the next
+    call finds the new one. The URL's credentials are the Redis servers'; the sentinels are reached
+    without (and over TLS too with ``rediss+sentinel://``).
     """
     tls: dict[str, Any] = {}
-    if url.startswith("rediss://"):
+    if url.startswith(("rediss://", "rediss+sentinel://")):
         tls["ssl_cert_reqs"] = "required"
         if tls_ca_file:
             tls["ssl_ca_certs"] = tls_ca_file
@@ -285,15 +395,56 @@ def connect(
             tls["ssl_certfile"] = tls_cert_file
         if tls_key_file:
             tls["ssl_keyfile"] = tls_key_file
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=timeout,
-        socket_connect_timeout=connect_timeout if connect_timeout is not None else timeout,
-        retry=Retry(NoBackoff(), 0),
-        decode_responses=True,
-        health_check_interval=0,
-        **tls,
-    )
+    common: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": connect_timeout if connect_timeout is not None else timeout,
+        "retry": Retry(NoBackoff(), 0),
+        "health_check_interval": 0,
+    }
+    if is_sentinel_url(url):
+        target = parse_sentinel_url(url)
+        if target.tls:
+            tls["ssl"] = True
+        sentinel = Sentinel(
+            list(target.sentinels),
+            sentinel_kwargs={**common, "decode_responses": True, **tls},
+        )
+        client = sentinel.master_for(
+            target.service,
+            redis_class=redis.Redis,
+            db=target.db,
+            username=target.username,
+            password=target.password,
+            decode_responses=True,
+            **common,
+            **tls,
+        )
+        client.sentinel_target = target  # type: ignore[attr-defined]
+        return client
+    return redis.Redis.from_url(url, decode_responses=True, **common, **tls)
+
+
+def sentinel_services(target: SentinelTarget, timeout: float) -> tuple[list[str], dict[str, list[str]]]:
+    """Ask every sentinel which services it monitors: (unreachable addresses, {address: services}).
+
+    For start-up checks: a service that no answering sentinel knows is a configuration error,
+    while no answer at all is an outage to wait out.
+    """
+    unreachable: list[str] = []
+    known: dict[str, list[str]] = {}
+    for host, port in target.sentinels:
+        client = redis.Redis(
+            host=host, port=port, socket_timeout=timeout, socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0), decode_responses=True, ssl=target.tls,
+        )  # fmt: skip
+        try:
+            masters: Any = client.sentinel_masters()
+            known[f"{host}:{port}"] = sorted(masters)
+        except (redis.RedisError, OSError):
+            unreachable.append(f"{host}:{port}")
+        finally:
+            client.close()
+    return unreachable, known
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -310,7 +461,17 @@ def classify_redis_error(exc: BaseException) -> str:
     failed``, ``connection refused``, ``timed out``, ..."""
     chain = _chain(exc)
     text = " ".join(str(e) for e in chain)
-    if any(isinstance(e, redis.AuthenticationError) for e in chain) or "WRONGPASS" in text:
+    if any(isinstance(e, MasterNotFoundError) for e in chain):
+        return "no sentinel named a primary for the service (sentinels unreachable, or the primary down)"
+    if "NOREPLICAS" in text:
+        return "the primary refused the write: not enough replicas (min-replicas-to-write)"
+    if "READONLY" in text or "now a slave" in text:
+        return "the server is a replica now (a failover): reconnecting to the new primary"
+    if (
+        any(isinstance(e, redis.AuthenticationError) for e in chain)
+        or "WRONGPASS" in text
+        or "invalid username-password pair" in text
+    ):
         return "authentication failed (check the user and password in redis.url)"
     if any(isinstance(e, redis.exceptions.NoPermissionError) for e in chain) or "NOPERM" in text:
         return "permission denied by the Redis ACL (the user needs the ingestion:* keys and scripting)"
@@ -339,6 +500,11 @@ def _endpoint(client: redis.Redis) -> tuple[str, str | None]:
     """(``scheme://[user@]host:port/db`` without the password, the password) of a client."""
     kw = client.connection_pool.connection_kwargs
     tls = issubclass(client.connection_pool.connection_class, redis.SSLConnection)
+    target: SentinelTarget | None = getattr(client, "sentinel_target", None)
+    if target is not None:
+        scheme = "rediss+sentinel" if target.tls else "redis+sentinel"
+        user = f"{target.username}@" if target.username else ""
+        return f"{scheme}://{user}{target.addresses}/{target.service}/{target.db}", target.password
     if "path" in kw:
         return f"unix://{kw['path']}", kw.get("password")
     user = f"{kw['username']}@" if kw.get("username") else ""
@@ -350,13 +516,28 @@ def _endpoint(client: redis.Redis) -> tuple[str, str | None]:
 class LeaseStore:
     """Lease, fencing-token and cursor operations for one job, each one atomic in Redis."""
 
-    def __init__(self, client: redis.Redis, job: str, call_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        job: str,
+        call_timeout: float | None = None,
+        *,
+        min_replicas_acked: int = 0,
+        replication_wait: float | None = None,
+    ) -> None:
         self.client = client
         self.job = job
         # Every call, whole, is bounded by this (default: the client's socket timeout).
         self.call_timeout = call_timeout or client.connection_pool.connection_kwargs.get(
             "socket_timeout"
         ) or 1.0
+        # After each acquire and commit, wait (WAIT, same connection) for this many replicas to
+        # acknowledge it, at most ``replication_wait`` seconds (default: half the call bound, so
+        # the script and the WAIT fit in one bounded call).
+        self.min_replicas_acked = min_replicas_acked
+        self.replication_wait_ms = max(
+            1, round(1000 * (replication_wait if replication_wait is not None else self.call_timeout / 2))
+        )
         self.keys = job_keys(job)
         self._where, self._secret = _endpoint(client)
         self._acquire = client.register_script(_LUA_HELPERS + _ACQUIRE)
@@ -383,27 +564,76 @@ class LeaseStore:
                 describe_redis_error(exc, where=self._where, secret=self._secret)
             ) from exc
 
+    def _script_then_wait(
+        self, script: Any, keys: list[str], args: list[Any], *, replid: bool = False
+    ) -> tuple[Any, int | None, str | None]:
+        """Run ``script`` and, on the same connection right after it, ``WAIT`` for the replicas
+        (when asked for) and ``INFO replication`` (when ``replid``): one round trip, in a worker
+        thread. Returns (the script's answer, replicas that acknowledged or None, the replid)."""
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            if self.min_replicas_acked:
+                pipe.execute_command("WAIT", self.min_replicas_acked, self.replication_wait_ms)
+            if replid:
+                pipe.info("replication")
+            out = pipe.execute(raise_on_error=False)
+            if isinstance(out[0], redis.exceptions.NoScriptError) and attempt == 1:
+                # A primary that never saw the script (a fresh or newly promoted one): NOSCRIPT
+                # means nothing ran, so loading it and running again is safe.
+                self.client.script_load(script.script)
+                continue
+            for item in out:
+                if isinstance(item, Exception):
+                    raise item
+            acked = int(out[1]) if self.min_replicas_acked else None
+            info = out[-1] if replid else None
+            return out[0], acked, (info or {}).get("master_replid") if info is not None else None
+        raise AssertionError("unreachable")
+
+    def _check_acked(self, what: str, acked: int | None) -> None:
+        if acked is not None and acked < self.min_replicas_acked:
+            raise ReplicationUnconfirmed(
+                f"{self._where}: {what} applied by the primary but acknowledged by {acked} of the "
+                f"{self.min_replicas_acked} replicas asked for within {self.replication_wait_ms} ms "
+                "(redis.min_replicas_acked): a failover may lose it",
+                acked,
+                self.min_replicas_acked,
+            )
+
     async def acquire(self, node: str, ttl_ms: int, known_token: int = 0) -> Acquired | Held | StateLost:
         """Take the lease if it is free. ``known_token``: the highest fencing token the caller has
-        seen; if Redis's counter is below it, Redis lost state and nothing is issued."""
+        seen. If Redis's counter is below it (Redis went back in time) the new token is floored
+        above it and ``rolled_back_from`` says so; if the job's cursor is gone as well, Redis lost
+        the job and nothing is issued (:class:`StateLost`).
+
+        Raises:
+            RedisUnavailable: the outcome is unknown (a lease may have been granted);
+                :class:`ReplicationUnconfirmed` when granted but not replicated as asked.
+        """
         k = self.keys
-        res = await self._call(
+        res, acked, replid = await self._call(
+            self._script_then_wait,
             self._acquire,
-            keys=[k["lease"], k["token"], k["leader"], k["audit"], k["cursor"]],
-            args=[node, ttl_ms, AUDIT_MAXLEN, known_token],
+            [k["lease"], k["token"], k["leader"], k["audit"], k["cursor"]],
+            [node, ttl_ms, AUDIT_MAXLEN, known_token],
+            replid=True,
         )
         if int(res[0]) == 2:
-            return StateLost(counter=int(res[1]), cursor=res[2] or None)
+            return StateLost(counter=int(res[1]), cursor=res[2] or None, replid=replid)
         if int(res[0]) == 0:
             token, holder = parse_lease_value(res[1])
-            return Held(holder=holder, token=token, ttl_left_ms=int(res[2]))
-        _, token, prev_node, prev_token, takeover, cursor = res
+            return Held(holder=holder, token=token, ttl_left_ms=int(res[2]), replid=replid)
+        self._check_acked("the lease grant", acked)
+        _, token, prev_node, prev_token, takeover, cursor, rolled_back = res
         return Acquired(
             token=int(token),
             previous_node=prev_node or None,
             previous_token=int(prev_token) if prev_token else None,
             takeover_ms=int(takeover) if takeover != "" else None,
             cursor=cursor or None,
+            rolled_back_from=int(rolled_back) if rolled_back != "" else None,
+            replid=replid,
         )
 
     async def renew(self, node: str, token: int, ttl_ms: int) -> bool:
@@ -438,7 +668,8 @@ class LeaseStore:
 
         Raises:
             ValueError: a record's paging token is malformed or the batch is out of order.
-            RedisUnavailable: the outcome is unknown; re-read the cursor before going on.
+            RedisUnavailable: the outcome is unknown; re-read the cursor before going on
+                (:class:`ReplicationUnconfirmed`: applied by the primary, not replicated as asked).
         """
         if bool(records) == (anchor is not None):
             raise ValueError("a commit carries either records or an anchor cursor")
@@ -453,10 +684,11 @@ class LeaseStore:
             args.append(r.paging_token)
             args.append(r.body)
         k = self.keys
-        res = await self._call(
-            self._commit, keys=[k["token"], k["lease"], k["cursor"], k["events"]], args=args
+        res, acked, _ = await self._call(
+            self._script_then_wait, self._commit, [k["token"], k["lease"], k["cursor"], k["events"]], args
         )
         if int(res[0]) == 1:
+            self._check_acked("the commit", acked)
             return Committed(token=token, count=int(res[1]), cursor=res[2])
         return CommitRejected(
             token=token, reason=res[1], current_token=int(res[2]), stored_cursor=res[3] or None

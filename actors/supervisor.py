@@ -33,6 +33,7 @@ from actors.messages import (
 )
 from actors.observe import NodeObserver
 from actors.source import Source
+from actors.token_memory import TokenMemory
 
 RELEASE_POLL = 1.0  # seconds a release-listener wait lasts before it is re-armed
 
@@ -45,6 +46,7 @@ class NodeSpec:
     timing: LeaseTiming
     jitter: float
     start_cursor: str
+    state_dir: str | None = None  # where the node keeps the highest token it has seen (None: memory)
 
 
 @attrs.define
@@ -128,6 +130,7 @@ async def run_node(
             ingestor_send,
             log,
             observer,
+            memory=TokenMemory(spec.job, spec.state_dir),
         )
         elector_send.close()
 

@@ -72,12 +72,13 @@ def load_settings(ns: argparse.Namespace) -> Settings:
 def cmd_run(argv: Sequence[str]) -> int:
     ns = _run_parser().parse_args(argv)
     settings = load_settings(ns)
-    from ingestion.node import build_source, run_node_process
+    from ingestion.node import build_source, preflight, run_node_process
 
     try:
         build_source(settings)
     except ValueError as exc:
         raise ConfigError([f"horizon: {exc}"]) from exc
+    preflight(settings)
     return trio.run(run_node_process, settings)
 
 

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from actors.lease import LeaseTiming
+from actors.lease_store import SENTINEL_SCHEMES, BadRedisUrl, is_sentinel_url, parse_sentinel_url
 
 
 class ConfigError(Exception):
@@ -71,12 +72,26 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
     "node": {
         "id": (str, "", "this node's id in logs and in Redis; empty: <hostname>-<pid>"),
         "job": (str, "horizon", "the singleton job this node competes for"),
+        "state_dir": (
+            str,
+            "",
+            "directory for the highest fencing token seen, kept across restarts (a file per job; "
+            "nodes may share it); empty: memory only",
+        ),
     },
     "redis": {
         "url": (
             str,
             "redis://127.0.0.1:6379/0",
-            "redis:// or rediss:// (TLS) URL; user:password@ for an ACL user, :password@ for requirepass",
+            "redis:// or rediss:// (TLS) URL; user:password@ for an ACL user, :password@ for "
+            "requirepass; redis+sentinel://[user:pass@]H:P[,H:P...]/SERVICE[/DB] (rediss+sentinel:// "
+            "for TLS) to follow Sentinel's primary",
+        ),
+        "min_replicas_acked": (
+            int,
+            -1,
+            "replicas that must acknowledge (WAIT) each acquire and commit, else it counts as "
+            "unknown and the term ends; -1: auto = 1 with Sentinel, 0 otherwise",
         ),
         "timeout_ms": (
             int,
@@ -155,12 +170,14 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 class NodeSettings:
     id: str
     job: str
+    state_dir: str
 
 
 @attrs.frozen
 class RedisSettings:
     url: str
     timeout_ms: int
+    min_replicas_acked: int
     tls_ca_file: str
     tls_cert_file: str
     tls_key_file: str
@@ -298,8 +315,30 @@ def _derive(v: dict[str, dict[str, Any]]) -> None:
         lease["safety_margin_ms"] = ttl // 5
     if not v["redis"]["timeout_ms"]:
         v["redis"]["timeout_ms"] = max(1, min(500, lease["safety_margin_ms"] // 2))
+    if v["redis"]["min_replicas_acked"] == -1:
+        v["redis"]["min_replicas_acked"] = 1 if is_sentinel_url(v["redis"]["url"]) else 0
     if not v["node"]["id"]:
         v["node"]["id"] = default_node_id()
+
+
+def _check_redis_url(redis_: dict[str, Any], problems: list[str]) -> None:
+    url = redis_["url"]
+    scheme = urlsplit(url).scheme
+    if scheme not in ("redis", "rediss", "unix", *SENTINEL_SCHEMES):
+        problems.append(
+            "redis.url: must start with redis://, rediss://, unix://, redis+sentinel:// or "
+            f"rediss+sentinel://, got {redact_url(url)!r}"
+        )
+    elif scheme in SENTINEL_SCHEMES:
+        try:
+            parse_sentinel_url(url)
+        except BadRedisUrl as exc:
+            problems.append(f"redis.url: {redact_url(url)!r} {exc}")
+    if not 0 <= redis_["min_replicas_acked"] <= 16:
+        problems.append(
+            "redis.min_replicas_acked: must be between 0 and 16 (-1: auto), "
+            f"got {redis_['min_replicas_acked']}"
+        )
 
 
 def _check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
@@ -325,14 +364,11 @@ def _check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
             f"({lease['safety_margin_ms']}) so that no Redis call can outlive the lease"
         )
     scheme = urlsplit(redis_["url"]).scheme
-    if scheme not in ("redis", "rediss", "unix"):
-        problems.append(
-            f"redis.url: must start with redis://, rediss:// or unix://, got {redact_url(redis_['url'])!r}"
-        )
+    _check_redis_url(redis_, problems)
     for key in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
         if not redis_[key]:
             continue
-        if scheme != "rediss":
+        if scheme not in ("rediss", "rediss+sentinel"):
             problems.append(f"redis.{key}: only used with a rediss:// URL (redis.url is {scheme}://)")
         elif not Path(redis_[key]).is_file():
             problems.append(f"redis.{key}: no such file {redis_[key]!r}")

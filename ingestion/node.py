@@ -16,10 +16,17 @@ import structlog
 import trio
 
 from actors.elector import IngestionFatal
-from actors.lease_store import LeaseStore, connect
+from actors.lease_store import (
+    LeaseStore,
+    connect,
+    is_sentinel_url,
+    parse_sentinel_url,
+    sentinel_services,
+)
 from actors.observe import NodeObserver
 from actors.supervisor import NodeSpec, run_node
-from ingestion.config import Settings, redact_url
+from actors.token_memory import TokenMemory
+from ingestion.config import ConfigError, Settings, redact_url
 from ingestion.horizon import HorizonSource
 from ingestion.logs import configure_logging, node_logger
 
@@ -47,7 +54,33 @@ def build_store(settings: Settings) -> LeaseStore:
         tls_cert_file=r.tls_cert_file or None,
         tls_key_file=r.tls_key_file or None,
     )
-    return LeaseStore(client, settings.node.job)
+    return LeaseStore(client, settings.node.job, min_replicas_acked=r.min_replicas_acked)
+
+
+def preflight(settings: Settings) -> None:
+    """Checks that need more than the settings' text, before the node starts.
+
+    Raises:
+        ConfigError: the token memory in node.state_dir is unusable, or every sentinel that
+            answered says it does not monitor the URL's service. Sentinels that do not answer
+            are an outage, not a configuration error: the node starts, logs
+            ``redis-unavailable`` and waits for them.
+    """
+    try:
+        TokenMemory(settings.node.job, settings.node.state_dir or None)
+    except (OSError, ValueError) as exc:
+        raise ConfigError([f"node.state_dir: {exc}"]) from exc
+    url = settings.redis.url
+    if not is_sentinel_url(url):
+        return
+    target = parse_sentinel_url(url)
+    _unreachable, known = sentinel_services(target, settings.redis.timeout_ms / 1000)
+    if known and not any(target.service in services for services in known.values()):
+        monitored = sorted({s for services in known.values() for s in services})
+        raise ConfigError([
+            f"redis.url: no sentinel at {','.join(known)} monitors a service named "
+            f"{target.service!r} (they monitor: {', '.join(monitored) or 'nothing'})"
+        ])
 
 
 def node_spec(settings: Settings) -> NodeSpec:
@@ -58,6 +91,7 @@ def node_spec(settings: Settings) -> NodeSpec:
         timing=settings.lease.timing,
         jitter=settings.lease.standby_jitter_ms / 1000,
         start_cursor=settings.horizon.start_cursor,
+        state_dir=settings.node.state_dir or None,
     )
 
 
@@ -78,6 +112,8 @@ async def run_node_process(settings: Settings) -> int:
         renew_interval_ms=settings.lease.renew_interval_ms,
         safety_margin_ms=settings.lease.safety_margin_ms,
         redis_timeout_ms=settings.redis.timeout_ms,
+        min_replicas_acked=settings.redis.min_replicas_acked,
+        state_dir=settings.node.state_dir or None,
     )
     store = build_store(settings)
     source = build_source(settings)

@@ -73,12 +73,16 @@ async def start_node(
     timing: LeaseTiming = FAST_TIMING,
     start_cursor: str = "0",
     jitter: float = 0.01,
+    state_dir: str | None = None,
+    store: LeaseStore | None = None,
 ) -> NodeHandle:
-    spec = NodeSpec(node, job, int(timing.ttl * 1000), timing, jitter, start_cursor)
+    spec = NodeSpec(node, job, int(timing.ttl * 1000), timing, jitter, start_cursor, state_dir)
     log = structlog.get_logger().bind(node=node, job=job)
     from actors.observe import NodeObserver
 
     observer = NodeObserver(node, job)
     observer.listeners.append(recorder.listener(node))
-    handle: NodeHandle = await nursery.start(run_node, store_for(url, job), source, spec, log, observer)
+    handle: NodeHandle = await nursery.start(
+        run_node, store or store_for(url, job), source, spec, log, observer
+    )
     return handle

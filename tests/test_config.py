@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from actors.lease_store import parse_sentinel_url
 from ingestion.cli import _run_parser
 from ingestion.config import FLAGS, SCHEMA, ConfigError, Settings, load, redact_url, sample_toml
 
@@ -115,11 +116,41 @@ def test_tls_files_need_rediss_and_exist(tmp_path: Path) -> None:
 
 def test_bad_redis_url_is_reported_without_its_password() -> None:
     problems = problems_of({"redis": {"url": "http://user:hunter2@host:1"}})
-    assert problems == ["redis.url: must start with redis://, rediss:// or unix://, got "
-                        "'http://user:***@host:1'"]  # fmt: skip
+    assert problems == ["redis.url: must start with redis://, rediss://, unix://, redis+sentinel:// "
+                        "or rediss+sentinel://, got 'http://user:***@host:1'"]  # fmt: skip
     assert redact_url("rediss://:pw@h:6380/0") == "rediss://:***@h:6380/0"
     assert redact_url("redis://u:p@ss@h:notaport/0") == "redis://u:***@h:notaport/0"
     assert redact_url("redis://h:6379/0") == "redis://h:6379/0"
+
+
+def test_sentinel_urls_parse_and_say_what_is_missing() -> None:
+    ok = Settings.from_mapping(
+        {"redis": {"url": "redis+sentinel://u:s3cret@10.0.0.1:26379,[::1]:26380,h3/ingest/2"}}
+    )
+    assert ok.redis.min_replicas_acked == 1  # auto: one replica must acknowledge with Sentinel
+    target = parse_sentinel_url(ok.redis.url)
+    assert target.sentinels == (("10.0.0.1", 26379), ("::1", 26380), ("h3", 26379))
+    assert (target.service, target.db, target.username, target.password, target.tls) == (
+        "ingest", 2, "u", "s3cret", False
+    )
+    assert parse_sentinel_url("rediss+sentinel://:pw@h:1/svc").tls
+    assert Settings.from_mapping({"redis": {"url": "redis://h:1/0"}}).redis.min_replicas_acked == 0
+    explicit = {"url": "redis+sentinel://h:1/svc", "min_replicas_acked": 0}
+    assert Settings.from_mapping({"redis": explicit}).redis.min_replicas_acked == 0
+    assert problems_of({"redis": {"url": "redis+sentinel://:pw@/svc"}}) == [
+        "redis.url: 'redis+sentinel://:***@/svc' names no sentinel "
+        "(expected redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE)"
+    ]
+    assert problems_of({"redis": {"url": "redis+sentinel://h:1,h:2"}}) == [
+        "redis.url: 'redis+sentinel://h:1,h:2' names no service "
+        "(expected .../SERVICE[/DB] after the sentinel addresses)"
+    ]
+    assert problems_of({"redis": {"url": "redis+sentinel://h:x/svc"}}) == [
+        "redis.url: 'redis+sentinel://h:x/svc' sentinel address 'h:x' is not HOST:PORT"
+    ]
+    assert problems_of({"redis": {"url": "redis://h:1/0", "min_replicas_acked": 99}}) == [
+        "redis.min_replicas_acked: must be between 0 and 16 (-1: auto), got 99"
+    ]
 
 
 def test_cli_exits_2_with_one_line_per_problem_naming_the_setting(tmp_path: Path) -> None:
