@@ -159,9 +159,12 @@ async def test_acquire_and_commit_wait_for_a_replica_and_report_what_it_did_not_
     replica = LocalRedis(extra_args=("--replicaof", "127.0.0.1", str(primary.port))).start()
     try:
         probe = connect(primary.url, timeout=2.0)
-        with trio.fail_after(10):
-            while (probe.info("replication").get("slave0") or {}).get("state") != "online":
-                await trio.sleep(0.05)
+        for _ in range(200):  # up to 10 s for the first full sync
+            if (probe.info("replication").get("slave0") or {}).get("state") == "online":
+                break
+            await trio.sleep(0.05)
+        else:
+            raise AssertionError("the replica never came online")
         store = LeaseStore(connect(primary.url, timeout=0.5), job, min_replicas_acked=1)
         grant = await store.acquire("a", 60_000)
         assert isinstance(grant, Acquired) and grant.replid
