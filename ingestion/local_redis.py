@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -36,6 +37,7 @@ class LocalRedis:
     persistence: bool = False
     directory: Path = attrs.field(factory=lambda: Path(tempfile.mkdtemp(prefix="ingestion-redis-")))
     extra_args: tuple[str, ...] = ()
+    env: dict[str, str] | None = None  # extra environment (e.g. libfaketime for clock tests)
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -60,7 +62,10 @@ class LocalRedis:
             "--loglevel", "warning",
             *self.extra_args,
         ]  # fmt: skip
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        env = {**os.environ, **self.env} if self.env else None
+        self.process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+        )
         client = redis.Redis(
             host="127.0.0.1", port=self.port, socket_timeout=0.5, retry=Retry(NoBackoff(), 0)
         )

@@ -222,13 +222,15 @@ class Cluster:
     def __init__(
         self,
         nursery: trio.Nursery,
-        redis_server: LocalRedis,
+        redis_server: LocalRedis | None,
         job: str,
         ttl_ms: int,
         log: EventLog,
+        redis_url: str | None = None,
     ) -> None:
         self.nursery = nursery
-        self.redis = redis_server
+        self._redis = redis_server
+        self.redis_url = redis_url or (redis_server.url if redis_server else "")
         self.job = job
         self.ttl_ms = ttl_ms
         self.log = log
@@ -236,7 +238,13 @@ class Cluster:
         self.horizon = ""
         self.children: dict[str, Child] = {}
         self.history: list[Child] = []  # every child ever started, for cleanup
-        self.client = connect(redis_server.url, timeout=2.0)
+        self.client = connect(self.redis_url, timeout=2.0)
+
+    @property
+    def redis(self) -> LocalRedis:
+        """The single redis-server of a cluster that started one (not a Sentinel deployment)."""
+        assert self._redis is not None, "this cluster runs on an external Redis deployment"
+        return self._redis
 
     # -- processes ------------------------------------------------------------------------------
 
@@ -280,7 +288,7 @@ class Cluster:
             PYTHON, "-m", "ingestion",
             "--node-id", name,
             "--job", self.job,
-            "--redis", redis_url or self.redis.url,
+            "--redis", redis_url or self.redis_url,
             "--horizon", self.horizon,
             "--start-cursor", "0",
             "--lease-ttl-ms", str(self.ttl_ms),
@@ -368,14 +376,21 @@ class Cluster:
         marks a commit)."""
         with trio.fail_after(within):
             while True:
-                n = int(self.client.xlen(self.keys["events"]))
+                try:
+                    n = int(self.client.xlen(self.keys["events"]))
+                except redis.RedisError:
+                    n = -1  # a Redis failover in progress: the harness asks again
                 if n >= count:
                     return n
                 await trio.sleep(0.05)
 
+    async def events_now(self, within: float = 20.0) -> int:
+        """The events stream's length, asked until Redis answers (through a failover)."""
+        return await self.wait_for_events(0, within)
+
     async def wait_for_progress(self, more: int = 50, within: float = 20.0) -> int:
         """Wait until ``more`` entries were added to the events stream after now."""
-        return await self.wait_for_events(int(self.client.xlen(self.keys["events"])) + more, within)
+        return await self.wait_for_events(await self.events_now() + more, within)
 
     async def restart_redis(self, *, down_for: float = 0.0) -> None:
         """Kill redis-server (SIGKILL: no shutdown save) and start it again on the same port."""
@@ -387,7 +402,7 @@ class Cluster:
         self.client = connect(self.redis.url, timeout=2.0)
 
     async def verify(self) -> Verification:
-        return await verify_job(self.redis.url, self.job, self.horizon)
+        return await verify_job(self.redis_url, self.job, self.horizon)
 
     def leaders(self) -> list[LogLine]:
         return self.log.of("became-leader")
@@ -418,20 +433,24 @@ async def open_cluster(
     ledger_interval: float = 0.1,
     ops_per_ledger: int = 10,
     echo: bool = False,
+    redis_url: str | None = None,
+    redis_env: dict[str, str] | None = None,
 ) -> AsyncIterator[Cluster]:
     """Start redis-server and the simulator; yield a :class:`Cluster` to start nodes in.
 
-    On exit, however it happens, every child is stopped (SIGKILL if it does not stop by itself) and
-    redis-server is killed.
+    With ``redis_url`` (e.g. a Sentinel deployment's URL) no redis-server is started: the nodes
+    and the harness use that URL. On exit, however it happens, every child is stopped (SIGKILL if
+    it does not stop by itself) and the redis-server it started is killed.
     """
     log = EventLog()
     if echo:
         log.echo = lambda e: print(f"{e.at:9.3f} {e.node:>9} {e.event} {_fields(e)}", flush=True)
-    server = LocalRedis(persistence=persistence)
-    await trio.to_thread.run_sync(server.start)
+    server = None if redis_url else LocalRedis(persistence=persistence, env=redis_env)
+    if server is not None:
+        await trio.to_thread.run_sync(server.start)
     try:
         async with trio.open_nursery() as nursery:
-            cluster = Cluster(nursery, server, job, ttl_ms, log)
+            cluster = Cluster(nursery, server, job, ttl_ms, log, redis_url)
             try:
                 await cluster.start_simulator(
                     ledger_interval=ledger_interval, ops_per_ledger=ops_per_ledger
@@ -446,7 +465,8 @@ async def open_cluster(
                 cluster.client.close()
                 nursery.cancel_scope.cancel()
     finally:
-        server.kill()
+        if server is not None:
+            server.kill()
 
 
 def _fields(e: LogLine) -> str:
