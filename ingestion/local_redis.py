@@ -37,7 +37,8 @@ class LocalRedis:
     persistence: bool = False
     directory: Path = attrs.field(factory=lambda: Path(tempfile.mkdtemp(prefix="ingestion-redis-")))
     extra_args: tuple[str, ...] = ()
-    env: dict[str, str] | None = None  # extra environment (e.g. libfaketime for clock tests)
+    env: dict[str, str] | None = None  # extra environment (e.g. a clock shim for clock tests)
+    config_file: Path | None = None  # a config file read first (a sentinel needs its own)
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -52,6 +53,7 @@ class LocalRedis:
             )
         args = [
             exe,
+            *([str(self.config_file)] if self.config_file else []),
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--dir", str(self.directory),

@@ -239,6 +239,7 @@ class Cluster:
         self.children: dict[str, Child] = {}
         self.history: list[Child] = []  # every child ever started, for cleanup
         self.client = connect(self.redis_url, timeout=2.0)
+        self.node_env: dict[str, str] = {}  # extra environment a test gives its nodes
 
     @property
     def redis(self) -> LocalRedis:

@@ -10,6 +10,7 @@ import redis
 
 from actors.lease_store import LeaseStore, connect
 from ingestion.local_redis import LocalRedis
+from tests.redis_ha import sentinel_group  # noqa: F401  (a fixture)
 
 _jobs = itertools.count(1)
 

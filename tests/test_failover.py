@@ -34,6 +34,8 @@ from tests.cluster import (
 from tests.conftest import make_store
 from tests.tcp_proxy import TcpProxy
 
+pytestmark = pytest.mark.slow
+
 TTL_MS = 1500
 TTL = TTL_MS / 1000
 JITTER = 0.025

@@ -1,0 +1,294 @@
+"""A real Redis Sentinel deployment on loopback for the tests: one primary, replicas, three sentinels.
+
+Every server is a ``redis-server`` child (sentinels run ``redis-server <conf> --sentinel``, each with
+its own config file because a sentinel rewrites it). Sentinels monitor the service ``ingest`` with
+quorum 2 and a short ``down-after-milliseconds`` so failovers take about a second or two. The
+methods are blocking (tests call them through ``trio.to_thread`` where a node must keep running).
+
+Faults: :meth:`SentinelGroup.kill` (SIGKILL), :meth:`pause`/:meth:`resume` (SIGSTOP/SIGCONT: a
+replica that cannot acknowledge, or a primary that does not answer), :meth:`failover` (a planned
+``SENTINEL FAILOVER``), :meth:`debug_sleep` (the primary stalls, then wakes still believing it is the
+primary), :meth:`restart` (a killed server comes back on its port and rejoins as a replica).
+"""
+
+from __future__ import annotations
+
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ingestion.local_redis import LocalRedis, free_port
+
+SERVICE = "ingest"
+
+
+def _client(port: int, timeout: float = 1.0) -> redis.Redis:
+    return redis.Redis(
+        host="127.0.0.1", port=port, socket_timeout=timeout, socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0), decode_responses=True,
+    )  # fmt: skip
+
+
+def _wait(what: str, check: object, timeout: float) -> object:
+    """Call ``check`` until it returns something truthy (Redis errors count as not yet)."""
+    end = time.monotonic() + timeout
+    last: BaseException | None = None
+    while time.monotonic() < end:
+        try:
+            value = check()  # type: ignore[operator]
+            if value:
+                return value
+        except (redis.RedisError, OSError) as exc:
+            last = exc
+        time.sleep(0.05)
+    raise TimeoutError(f"{what}: not within {timeout} s" + (f" (last error: {last})" if last else ""))
+
+
+@attrs.define
+class SentinelGroup:
+    replicas_count: int = 2
+    down_after_ms: int = 1000
+    failover_timeout_ms: int = 5000
+    min_replicas_to_write: int = 0
+    min_replicas_max_lag: int = 1
+    directory: Path = attrs.field(factory=lambda: Path(tempfile.mkdtemp(prefix="ingestion-ha-")))
+    servers: list[LocalRedis] = attrs.field(factory=list)
+    sentinels: list[LocalRedis] = attrs.field(factory=list)
+
+    # -- start and stop -------------------------------------------------------------------------
+
+    def _server_args(self) -> tuple[str, ...]:
+        args = ("--replica-announce-ip", "127.0.0.1", "--repl-diskless-sync", "yes",
+                "--repl-diskless-sync-delay", "0", "--appendfsync", "everysec",
+                "--enable-debug-command", "local")  # fmt: skip
+        if self.min_replicas_to_write:
+            args += ("--min-replicas-to-write", str(self.min_replicas_to_write),
+                     "--min-replicas-max-lag", str(self.min_replicas_max_lag))  # fmt: skip
+        return args
+
+    def start(self) -> SentinelGroup:
+        primary = LocalRedis(persistence=True, directory=self._dir("primary"),
+                             extra_args=self._server_args()).start()  # fmt: skip
+        self.servers.append(primary)
+        for i in range(self.replicas_count):
+            replica = LocalRedis(
+                persistence=True, directory=self._dir(f"replica{i}"),
+                extra_args=(*self._server_args(), "--replicaof", "127.0.0.1", str(primary.port)),
+            ).start()  # fmt: skip
+            self.servers.append(replica)
+        self.wait_replicas_synced()
+        for i in range(3):
+            port = free_port()
+            conf = self._dir(f"sentinel{i}") / "sentinel.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\nprotected-mode no\n"
+                f"sentinel resolve-hostnames no\nsentinel announce-ip 127.0.0.1\n"
+                f"sentinel monitor {SERVICE} 127.0.0.1 {primary.port} 2\n"
+                f"sentinel down-after-milliseconds {SERVICE} {self.down_after_ms}\n"
+                f"sentinel failover-timeout {SERVICE} {self.failover_timeout_ms}\n"
+                f"sentinel parallel-syncs {SERVICE} 1\n"
+            )
+            sentinel = LocalRedis(
+                port=port, directory=conf.parent, config_file=conf, extra_args=("--sentinel",)
+            )
+            self.sentinels.append(sentinel.start())
+        for s in self.sentinels:  # each knows the primary, every replica and the other sentinels
+            c = _client(s.port)
+            _wait("sentinels discover each other",
+                  lambda c=c: len(c.sentinel_sentinels(SERVICE)) == 2
+                  and len(c.sentinel_slaves(SERVICE)) == self.replicas_count, 20)  # fmt: skip
+            c.close()
+        return self
+
+    def _dir(self, name: str) -> Path:
+        path = self.directory / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def stop(self) -> None:
+        for server in [*self.sentinels, *self.servers]:
+            if server.process is not None and server.process.poll() is None:
+                server.process.send_signal(signal.SIGCONT)
+            server.kill()
+
+    # -- where things are -----------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{SERVICE}"
+
+    def primary_port(self) -> int:
+        """The primary as the sentinels name it now."""
+        for s in self.sentinels:
+            c = _client(s.port)
+            try:
+                addr = c.sentinel_get_master_addr_by_name(SERVICE)
+            except (redis.RedisError, OSError):
+                continue
+            finally:
+                c.close()
+            if addr:
+                return int(addr[1])
+        raise RuntimeError("no sentinel names a primary")
+
+    def server(self, port: int) -> LocalRedis:
+        return next(s for s in self.servers if s.port == port)
+
+    def primary(self) -> LocalRedis:
+        return self.server(self.primary_port())
+
+    def replicas(self) -> list[LocalRedis]:
+        primary = self.primary_port()
+        return [s for s in self.servers if s.port != primary]
+
+    def client(self, server: LocalRedis, timeout: float = 2.0) -> redis.Redis:
+        """A direct connection to one server (not through Sentinel)."""
+        return _client(server.port, timeout)
+
+    # -- waiting --------------------------------------------------------------------------------
+
+    def wait_replicas_synced(self, timeout: float = 20.0) -> None:
+        """Until the primary sees every other live server as an online replica at its offset."""
+        primary = self.servers[0] if not self.sentinels else self.primary()
+        others = [s for s in self.servers if s is not primary and s.process is not None]
+        c = _client(primary.port)
+
+        target = int(_wait("the primary's offset", lambda: c.info("replication"), timeout)[  # type: ignore[index]
+            "master_repl_offset"
+        ])
+
+        def synced() -> bool:
+            info = c.info("replication")
+            master_offset = target  # what was written when asked; later writes may still flow
+            states = [info.get(f"slave{i}") or {} for i in range(int(info.get("connected_slaves", 0)))]
+            online = [
+                s for s in states
+                if s.get("state") == "online" and int(s.get("offset", -1)) >= master_offset
+            ]  # fmt: skip
+            return len(online) >= len(others)
+
+        try:
+            _wait("replicas in sync", synced, timeout)
+        finally:
+            c.close()
+
+    def wait_for_new_primary(self, old_port: int, timeout: float = 20.0) -> LocalRedis:
+        """Until every sentinel names a primary other than ``old_port`` and it says role:master."""
+
+        def promoted() -> int | None:
+            named = set()
+            for s in self.sentinels:
+                c = _client(s.port)
+                try:
+                    addr = c.sentinel_get_master_addr_by_name(SERVICE)
+                finally:
+                    c.close()
+                named.add(int(addr[1]) if addr else None)
+            if len(named) != 1 or old_port in named or None in named:
+                return None
+            port = named.pop()
+            assert port is not None
+            c = _client(port)
+            try:
+                return port if c.info("replication").get("role") == "master" else None
+            finally:
+                c.close()
+
+        port = _wait("a new primary", promoted, timeout)
+        assert isinstance(port, int)
+        return self.server(port)
+
+    def wait_is_replica(self, server: LocalRedis, timeout: float = 30.0) -> None:
+        """Until ``server`` (say, a returned old primary) is a replica, linked to the primary."""
+        c = _client(server.port)
+        try:
+            _wait("the server rejoins as a replica",
+                  lambda: (i := c.info("replication"))["role"] == "slave"
+                  and i.get("master_link_status") == "up", timeout)  # fmt: skip
+        finally:
+            c.close()
+
+    # -- faults ---------------------------------------------------------------------------------
+
+    def failover(self) -> None:
+        """A planned failover (``SENTINEL FAILOVER``), asked of the first sentinel that agrees."""
+        for s in self.sentinels:
+            c = _client(s.port)
+            try:
+                c.execute_command("SENTINEL", "FAILOVER", SERVICE)
+                return
+            except redis.ResponseError:
+                continue  # e.g. INPROG: another failover is running
+            finally:
+                c.close()
+        raise RuntimeError("no sentinel accepted SENTINEL FAILOVER")
+
+    def kill(self, server: LocalRedis) -> None:
+        server.kill()
+
+    def pause(self, server: LocalRedis) -> None:
+        assert server.process is not None
+        server.process.send_signal(signal.SIGSTOP)
+
+    def resume(self, server: LocalRedis) -> None:
+        assert server.process is not None
+        server.process.send_signal(signal.SIGCONT)
+
+    def cut_replicas(self) -> None:
+        """Cut every replica off the primary: stop them (SIGSTOP) and close their links from the
+        primary's side (``CLIENT KILL TYPE replica``). Stopping alone does not cut: the
+        replication stream keeps landing in a stopped replica's socket buffer and is applied when
+        it resumes. Writes after this reach the primary only, until :meth:`resume`."""
+        for replica in self.replicas():
+            self.pause(replica)
+        c = _client(self.primary_port())
+        try:
+            c.execute_command("CLIENT", "KILL", "TYPE", "replica")
+        finally:
+            c.close()
+
+    def restart(self, server: LocalRedis) -> None:
+        """Start a killed server again on its port and directory (with its AOF). It comes back
+        believing it is what it was; the sentinels turn it into a replica of the current primary."""
+        server.start()
+
+    def debug_sleep(self, server: LocalRedis, seconds: float) -> threading.Thread:
+        """Make ``server`` stall for ``seconds`` (``DEBUG SLEEP``, in a background thread: the
+        command blocks until the server wakes). Returns the thread; join it to wait for the wake."""
+
+        errors: list[BaseException] = []
+
+        def sleep() -> None:
+            c = _client(server.port, timeout=seconds + 5)
+            try:
+                c.execute_command("DEBUG", "SLEEP", seconds)
+            except (redis.RedisError, OSError) as exc:
+                errors.append(exc)
+            finally:
+                c.close()
+
+        thread = threading.Thread(target=sleep, daemon=True)
+        thread.start()
+        thread.join(0.2)
+        if errors:  # e.g. DEBUG disabled: the fault would silently not happen
+            raise RuntimeError(f"DEBUG SLEEP failed: {errors[0]}")
+        return thread
+
+
+@pytest.fixture
+def sentinel_group() -> Iterator[SentinelGroup]:
+    group = SentinelGroup().start()
+    try:
+        yield group
+    finally:
+        group.stop()

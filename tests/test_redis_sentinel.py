@@ -1,0 +1,237 @@
+"""Redis high availability: real nodes on a real Sentinel deployment (one primary, two replicas,
+three sentinels on loopback, down-after 1000 ms), under load from the Horizon simulator.
+
+Each scenario ends with the job's stream on the current primary checked record by record against
+the simulator (exactly once, in order) with fencing tokens never decreasing along it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+from actors.lease_store import job_keys
+from tests.cluster import Cluster, figure, open_cluster
+from tests.redis_ha import SentinelGroup
+from tests.test_failover import TTL_MS, assert_verified
+
+pytestmark = pytest.mark.slow
+
+
+@asynccontextmanager
+async def sentinel_cluster(
+    job: str, *, min_replicas_acked: int | None = None, **group: Any
+) -> AsyncIterator[tuple[Cluster, SentinelGroup]]:
+    g = await trio.to_thread.run_sync(lambda: SentinelGroup(**group).start())
+    try:
+        async with open_cluster(job, ttl_ms=TTL_MS, redis_url=g.url) as c:
+            c.node_env = (
+                {"INGESTION_REDIS_MIN_REPLICAS_ACKED": str(min_replicas_acked)}
+                if min_replicas_acked is not None else {}
+            )  # fmt: skip
+            yield c, g
+    finally:
+        await trio.to_thread.run_sync(g.stop)
+
+
+async def start_nodes(c: Cluster, *names: str) -> None:
+    for name in names:
+        await c.start_node(name, env=c.node_env)
+    await c.log.wait_for("became-leader")
+
+
+def last_entry_id(client: Any, job: str) -> str:
+    last = client.xrevrange(job_keys(job)["events"], count=1)
+    return str(last[0][0]) if last else "0-0"
+
+
+async def first_commit_on(g: SentinelGroup, port: int, job: str, after_id: str, within: float = 20) -> str:
+    """The id of the first events entry written on the server at ``port`` after ``after_id``."""
+    client = g.client(g.server(port))
+    try:
+        with trio.fail_after(within):
+            while True:
+                found = client.xrange(job_keys(job)["events"], min=f"({after_id}", count=1)
+                if found:
+                    return str(found[0][0])
+                await trio.sleep(0.01)
+    finally:
+        client.close()
+
+
+def id_ms(entry_id: str) -> int:
+    return int(entry_id.partition("-")[0])
+
+
+async def promoted(g: SentinelGroup, old_port: int, job: str) -> tuple[int, str]:
+    """Wait for the new primary; return its port and its newest entry id when first seen as it."""
+    new = await trio.to_thread.run_sync(g.wait_for_new_primary, old_port)
+    client = g.client(new)
+    try:
+        return new.port, last_entry_id(client, job)
+    finally:
+        client.close()
+
+
+async def test_planned_failover_under_load_resumes_on_the_new_primary(job: str) -> None:
+    async with sentinel_cluster(job) as (c, g):
+        await start_nodes(c, "n1", "n2")
+        await c.wait_for_events(200)
+        old = g.primary_port()
+        fault_ms = time.time() * 1000
+        await trio.to_thread.run_sync(g.failover)
+        port, seen = await promoted(g, old, job)
+        first = await first_commit_on(g, port, job, seen)
+        figure("sentinel-planned-failover", first_commit_ms=id_ms(first) - fault_ms)
+        await c.wait_for_progress(200, within=30)
+        await assert_verified(c, 400)
+        assert not c.log.of("process-exited")
+
+
+async def test_sigkill_of_the_primary_under_load_resumes_and_the_old_primary_rejoins(job: str) -> None:
+    async with sentinel_cluster(job) as (c, g):
+        await start_nodes(c, "n1", "n2")
+        await c.wait_for_events(200)
+        old = g.primary()
+        fault_ms = time.time() * 1000
+        await trio.to_thread.run_sync(g.kill, old)
+        port, seen = await promoted(g, old.port, job)
+        first = await first_commit_on(g, port, job, seen)
+        figure("sentinel-sigkill-primary", first_commit_ms=id_ms(first) - fault_ms)
+        await c.wait_for_progress(200, within=30)
+        # The old primary comes back (with its append-only file) and is made a replica.
+        await trio.to_thread.run_sync(g.restart, old)
+        await trio.to_thread.run_sync(g.wait_is_replica, old)
+        rejoined_at = trio.current_time()
+        await c.wait_for_progress(200, within=30)
+        assert not c.log.of("lost-leadership", since=rejoined_at)  # nodes stay healthy
+        await assert_verified(c, 600)
+        for name in ("n1", "n2"):
+            assert await c.terminate(name) == 0
+        await trio.to_thread.run_sync(g.wait_replicas_synced)
+        primary, replica = g.client(g.primary()), g.client(old)
+        try:
+            key = job_keys(job)["events"]
+            assert replica.xlen(key) == primary.xlen(key)
+        finally:
+            primary.close()
+            replica.close()
+
+
+def entries_between(
+    g: SentinelGroup, port: int, job: str, start_ms: float
+) -> list[tuple[str, dict[str, str]]]:
+    client = g.client(g.server(port))
+    try:
+        return client.xrange(job_keys(job)["events"], min=str(int(start_ms)))  # type: ignore[no-any-return]
+    finally:
+        client.close()
+
+
+async def test_a_paused_replica_makes_commits_unknown_and_nothing_unreplicated_counts_as_committed(
+    job: str,
+) -> None:
+    """min_replicas_acked = 2 and one replica stopped (SIGSTOP): WAIT times out after every
+    commit, so each is reported unknown and ends its term; after SIGCONT ingestion goes on."""
+    async with sentinel_cluster(job, min_replicas_acked=2) as (c, g):
+        await start_nodes(c, "n1", "n2")
+        await c.wait_for_events(200)
+        replica = g.replicas()[0]
+        paused_ms = time.time() * 1000
+        paused_at = trio.current_time()
+        await trio.to_thread.run_sync(g.pause, replica)
+        await trio.sleep(3)
+        during = entries_between(g, g.primary_port(), job, paused_ms)
+        await trio.to_thread.run_sync(g.resume, replica)
+        unknown = c.log.of("commit-outcome-unknown", since=paused_at)
+        assert unknown, "no commit was attempted while the replica was paused"
+        assert all("acknowledged by 1 of the 2 replicas" in e.fields["error"] for e in unknown)
+        # Every batch the primary took during the pause was reported unknown by its writer: one
+        # batch per term at most (an unknown commit ends the term), so one line per token.
+        unknown_tokens = {e.fields["token"] for e in unknown}
+        assert {int(f["token"]) for _id, f in during} <= unknown_tokens
+        resumed_at = trio.current_time()
+        await c.wait_for_progress(200, within=30)
+        assert not c.log.of("commit-outcome-unknown", since=resumed_at + 2)
+        await assert_verified(c, 400)
+
+
+@pytest.mark.parametrize("acked", [0, 1])
+async def test_write_loss_recipe_loses_only_unconfirmed_commits_and_reingests_them_once(
+    job: str, acked: int
+) -> None:
+    """Both replicas cut off (SIGSTOP, links closed), commits taken by the primary alone, the
+    primary SIGKILLed, a replica promoted. Without replica acks the node reported those commits
+    committed and Redis lost them; with acks they were never reported committed. Either way the
+    job re-ingests them on the new primary exactly once, under a newer token."""
+    async with sentinel_cluster(job, min_replicas_acked=acked) as (c, g):
+        await start_nodes(c, "n1", "n2")
+        await c.wait_for_events(200)
+        old = g.primary()
+        replicas = g.replicas()
+        await trio.to_thread.run_sync(g.cut_replicas)
+        cut_ms = time.time() * 1000
+        cut_at = trio.current_time()
+        await trio.sleep(0.8)
+        lost = entries_between(g, old.port, job, cut_ms)
+        await trio.to_thread.run_sync(g.kill, old)
+        for r in replicas:
+            await trio.to_thread.run_sync(g.resume, r)
+        assert lost, "nothing was committed while the replicas were cut off"
+        unknown = {e.fields["token"] for e in c.log.of("commit-outcome-unknown", since=cut_at)}
+        lost_tokens = {int(f["token"]) for _id, f in lost}
+        if acked:
+            assert lost_tokens <= unknown  # never reported committed
+        else:
+            assert not unknown  # reported committed: this is the loss WAIT exists for
+        port, _seen = await promoted(g, old.port, job)
+        new = g.client(g.server(port))
+        try:
+            key = job_keys(job)["events"]
+            with trio.fail_after(30):
+                while True:
+                    final = {f["paging_token"]: int(f["token"]) for _id, f in new.xrange(key)}
+                    if all(f["paging_token"] in final for _id, f in lost):
+                        break
+                    await trio.sleep(0.1)
+        finally:
+            new.close()
+        for _id, f in lost:  # re-ingested by a later term on the new primary
+            assert final[f["paging_token"]] > int(f["token"])
+        await c.wait_for_progress(100, within=30)
+        await assert_verified(c, 300)
+
+
+async def test_a_stalled_primary_is_replaced_and_only_the_new_terms_writes_survive(job: str) -> None:
+    """DEBUG SLEEP on the primary, longer than down-after: Sentinel promotes a replica while the
+    old primary sleeps; when it wakes it still takes what was queued for it, until the sentinels
+    demote it and it resynchronises from the new primary, dropping those writes."""
+    async with sentinel_cluster(job) as (c, g):
+        await start_nodes(c, "n1", "n2")
+        await c.wait_for_events(200)
+        old = g.primary()
+        fault_ms = time.time() * 1000
+        sleeper = g.debug_sleep(old, 4)
+        port, seen = await promoted(g, old.port, job)
+        first = await first_commit_on(g, port, job, seen)
+        figure("sentinel-stalled-primary", first_commit_ms=id_ms(first) - fault_ms)
+        await trio.to_thread.run_sync(sleeper.join, 10)
+        await trio.to_thread.run_sync(g.wait_is_replica, old)
+        await c.wait_for_progress(200, within=30)
+        await assert_verified(c, 400)
+        for name in ("n1", "n2"):
+            assert await c.terminate(name) == 0
+        await trio.to_thread.run_sync(g.wait_replicas_synced)
+        primary, former = g.client(g.primary()), g.client(old)
+        try:
+            key = job_keys(job)["events"]
+            assert former.xrevrange(key, count=1) == primary.xrevrange(key, count=1)
+            assert former.xlen(key) == primary.xlen(key)
+        finally:
+            primary.close()
+            former.close()
