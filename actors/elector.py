@@ -135,7 +135,11 @@ class Elector:
                     self.observer.election_event("redis-unavailable", error=str(exc))
                     await self._standby_until(trio.current_time() + delay * random.uniform(0.5, 1))
                     continue
-                failures = 0
+                if not (isinstance(answer, Held) and answer.holder == self.node):
+                    # Our own lease is what an ambiguous acquire leaves behind (e.g. one no
+                    # replica confirmed): releasing it is not a success, so the backoff keeps
+                    # growing and a primary without replicas does not burn a token per retry.
+                    failures = 0
                 if isinstance(answer, StateLost):
                     await self._state_lost(answer.counter, answer.cursor, holder=None)
                 elif isinstance(answer, Held):

@@ -21,6 +21,7 @@ from tests.redis_ha import SentinelGroup
 from tests.test_failover import TTL_MS, assert_verified
 
 pytestmark = pytest.mark.slow
+ECHO = bool(__import__("os").environ.get("ECHO"))
 
 
 @asynccontextmanager
@@ -29,7 +30,7 @@ async def sentinel_cluster(
 ) -> AsyncIterator[tuple[Cluster, SentinelGroup]]:
     g = await trio.to_thread.run_sync(lambda: SentinelGroup(**group).start())
     try:
-        async with open_cluster(job, ttl_ms=TTL_MS, redis_url=g.url) as c:
+        async with open_cluster(job, ttl_ms=TTL_MS, redis_url=g.url, echo=ECHO) as c:
             c.node_env = (
                 {"INGESTION_REDIS_MIN_REPLICAS_ACKED": str(min_replicas_acked)}
                 if min_replicas_acked is not None else {}
