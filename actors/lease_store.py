@@ -16,7 +16,6 @@ stored cursor strictly. Local checks elsewhere are an optimisation; this one is 
 
 from __future__ import annotations
 
-import functools
 import ssl
 import threading
 import time
@@ -29,7 +28,7 @@ import redis
 import trio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from redis.sentinel import MasterNotFoundError, Sentinel
+from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
 from actors.cursor_order import token_key
 from actors.source import Record
@@ -37,6 +36,7 @@ from actors.source import Record
 T = TypeVar("T")
 
 AUDIT_MAXLEN = 10_000
+FOLLOW_PRIMARY_EVERY = 0.5  # seconds: how stale the Sentinel-named primary may be (see LeaseStore)
 
 # Shared Lua helpers. Paging tokens are compared as decimal strings by (length, text), which equals
 # numeric order for canonical decimals; Redis's Lua numbers are doubles and cannot hold every int64.
@@ -539,6 +539,7 @@ class LeaseStore:
             1, round(1000 * (replication_wait if replication_wait is not None else self.call_timeout / 2))
         )
         self.keys = job_keys(job)
+        self._followed_at = -FOLLOW_PRIMARY_EVERY
         self._where, self._secret = _endpoint(client)
         self._acquire = client.register_script(_LUA_HELPERS + _ACQUIRE)
         self._renew = client.register_script(_LUA_HELPERS + _RENEW)
@@ -546,15 +547,33 @@ class LeaseStore:
         self._commit = client.register_script(_LUA_HELPERS + _COMMIT)
         self._fenced_hset = client.register_script(_LUA_HELPERS + _FENCED_HSET)
 
+    def _follow_primary(self) -> None:
+        """With Sentinel, ask where the primary is at most every ``FOLLOW_PRIMARY_EVERY`` seconds.
+
+        redis-py asks the sentinels only when it opens a connection, and drops idle connections
+        to a former primary only then; a pooled connection to an old primary that was not told
+        to step down (a planned failover leaves it a writable primary for seconds) would keep
+        taking our writes there. Asking often makes the pool drop them within this period."""
+        pool = self.client.connection_pool
+        if not isinstance(pool, SentinelConnectionPool):
+            return
+        now = time.monotonic()
+        if now - self._followed_at < FOLLOW_PRIMARY_EVERY:
+            return
+        self._followed_at = now
+        pool.get_master_address()  # disconnects idle connections when the primary moved
+
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         # The socket timeouts bound each read, write and connect, not the whole call (a fresh
         # connection may handshake, and a script may need loading); this bounds the whole call.
         # An abandoned worker finishes on its own; its connection is not reused before it does.
+        def call() -> T:
+            self._follow_primary()
+            return fn(*args, **kwargs)
+
         try:
             with trio.fail_after(self.call_timeout):
-                return await trio.to_thread.run_sync(
-                    functools.partial(fn, *args, **kwargs), abandon_on_cancel=True
-                )
+                return await trio.to_thread.run_sync(call, abandon_on_cancel=True)
         except trio.TooSlowError as exc:
             raise RedisUnavailable(
                 f"{self._where}: timed out: no answer within {self.call_timeout * 1000:.0f} ms"
