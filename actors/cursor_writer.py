@@ -62,6 +62,11 @@ class CursorWriter:
                 "commit-outcome-unknown", token=msg.token, cursor=msg.cursor, error=str(exc)
             )
             return CommitUnknown(msg.token, str(exc))
+        except ValueError as exc:
+            # A malformed or out-of-order batch, found before anything was sent: a source bug
+            # must end the term, never the node.
+            self.log.error("commit-rejected", token=msg.token, reason="bad-batch", error=str(exc))
+            return CommitRefused(msg.token, "bad-batch", self.highest_token_seen)
         if isinstance(result, Committed):
             self.highest_token_seen = max(self.highest_token_seen, msg.token)
             if msg.anchor is not None:

@@ -810,9 +810,15 @@ class ReleaseNotices:
         end = time.monotonic() + seconds
         try:
             if self._pubsub is None or self._waits >= self.RESUBSCRIBE_EVERY:
-                self._reset()
-                self._pubsub = self._store.client.pubsub(ignore_subscribe_messages=True)
-                self._pubsub.subscribe(self._store.keys["released"])
+                # Subscribe the new connection first, then read what the old one still holds,
+                # then close it: a notice published in between reaches one or the other.
+                fresh = self._store.client.pubsub(ignore_subscribe_messages=True)
+                fresh.subscribe(self._store.keys["released"])
+                old, self._pubsub = self._pubsub, fresh
+                self._waits = 0
+                held = self._drain(old)
+                if held is not None:
+                    return held
             self._waits += 1
             while (left := end - time.monotonic()) > 0:
                 msg = self._pubsub.get_message(timeout=left)
@@ -829,6 +835,27 @@ class ReleaseNotices:
                 if self._closed:
                     self._reset()
         return None
+
+    @staticmethod
+    def _drain(old: Any) -> str | None:
+        """The first notice an old subscription still holds (then close it), else None."""
+        if old is None:
+            return None
+        found = None
+        try:
+            while found is None:
+                msg = old.get_message(timeout=0)
+                if msg is None:
+                    break
+                if msg.get("type") == "message":
+                    found = str(msg.get("data", "")).partition("|")[2]
+        except (redis.RedisError, OSError):
+            pass
+        try:
+            old.close()
+        except (redis.RedisError, OSError):
+            pass
+        return found
 
     async def wait(self, seconds: float) -> str | None:
         return await trio.to_thread.run_sync(self._wait, seconds, abandon_on_cancel=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 import trio
 
+from actors.clock import BootClock
 from ingestion.config import ConfigError, Settings, load
 
 COMMANDS = ("run", "simulate", "inspect", "watch", "demo")
@@ -79,7 +80,7 @@ def cmd_run(argv: Sequence[str]) -> int:
     except ValueError as exc:
         raise ConfigError([f"horizon: {exc}"]) from exc
     preflight(settings)
-    return trio.run(run_node_process, settings)
+    return trio.run(run_node_process, settings, clock=BootClock())
 
 
 def cmd_inspect(argv: Sequence[str]) -> int:

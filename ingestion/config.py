@@ -261,8 +261,9 @@ class Settings:
                 value = given.get(key, default)
                 checked = _check_type(f"{section}.{key}", kind, value, problems)
                 values[section][key] = checked if checked is not None else default
-        _derive(values)
+        derived = _derive(values)
         _check_values(values, problems)
+        problems = _without_derived_noise(problems, derived)
         if problems:
             raise ConfigError(problems)
         v = values
@@ -306,19 +307,66 @@ def _check_type(name: str, kind: type | str, value: Any, problems: list[str]) ->
     return None
 
 
-def _derive(v: dict[str, dict[str, Any]]) -> None:
+def _derive(v: dict[str, dict[str, Any]]) -> set[str]:
+    """Fill the settings left at 0 ("auto") from the ones they derive from; returns their names."""
+    derived: set[str] = set()
     lease = v["lease"]
     ttl = lease["ttl_ms"]
     if not lease["renew_interval_ms"]:
         lease["renew_interval_ms"] = ttl // 5
+        derived.add("lease.renew_interval_ms")
     if not lease["safety_margin_ms"]:
         lease["safety_margin_ms"] = ttl // 5
+        derived.add("lease.safety_margin_ms")
     if not v["redis"]["timeout_ms"]:
         v["redis"]["timeout_ms"] = max(1, min(500, lease["safety_margin_ms"] // 2))
+        derived.add("redis.timeout_ms")
     if v["redis"]["min_replicas_acked"] == -1:
         v["redis"]["min_replicas_acked"] = 1 if is_sentinel_url(v["redis"]["url"]) else 0
     if not v["node"]["id"]:
         v["node"]["id"] = default_node_id()
+    return derived
+
+
+# A derived setting's problems are only news when what it derives from is valid.
+_DERIVED_FROM = {
+    "lease.renew_interval_ms": ("lease.ttl_ms",),
+    "lease.safety_margin_ms": ("lease.ttl_ms",),
+    "redis.timeout_ms": ("lease.safety_margin_ms",),
+}
+# Checks that compare a setting with others: reported under the first, about all of them.
+_RELATED = {
+    "lease.renew_interval_ms": ("lease.ttl_ms", "lease.safety_margin_ms", "lease.clock_drift"),
+    "redis.timeout_ms": ("lease.safety_margin_ms",),
+}
+
+
+def _without_derived_noise(problems: list[str], derived: set[str]) -> list[str]:
+    """Drop the problems that only follow from another problem: ``--lease-ttl-ms -5`` is one
+    mistake, not five. A setting is tainted when it was derived from a setting with a problem (or
+    from a tainted one); a problem is dropped when it is about a tainted setting, or compares a
+    setting with a tainted one."""
+    bad = {p.split(":", 1)[0] for p in problems}
+    tainted: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, sources in _DERIVED_FROM.items():
+            if name in derived and name not in tainted and any(
+                src in tainted or (src in bad and src not in derived) for src in sources
+            ):
+                tainted.add(name)
+                changed = True
+    kept = []
+    for problem in problems:
+        name, _, text = problem.partition(":")
+        compares_tainted = any(
+            other in tainted and other.split(".")[1] in text for other in _RELATED.get(name, ())
+        )
+        if name in tainted or compares_tainted:
+            continue
+        kept.append(problem)
+    return kept
 
 
 def _check_redis_url(redis_: dict[str, Any], problems: list[str]) -> None:

@@ -114,6 +114,7 @@ async def run_node_process(settings: Settings) -> int:
         redis_timeout_ms=settings.redis.timeout_ms,
         min_replicas_acked=settings.redis.min_replicas_acked,
         state_dir=settings.node.state_dir or None,
+        clock=getattr(trio.lowlevel.current_clock(), "name", type(trio.lowlevel.current_clock()).__name__),
     )
     store = build_store(settings)
     source = build_source(settings)
