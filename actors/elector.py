@@ -81,6 +81,10 @@ class Elector:
     known_token: int = 0
     memory: TokenMemory | None = None
     _replid: str | None = None  # the primary's replication id at the last answer
+    # A lease under this node's id may be ours (not a duplicate node's) only on the first campaign
+    # after start (a leftover of an earlier life) or after an acquire whose outcome is unknown.
+    _own_lease_possible: bool = True
+    _duplicate_seen: tuple[str, int] | None = None
 
     async def _see(self, token: int) -> None:
         if token <= self.known_token:
@@ -127,6 +131,7 @@ class Elector:
                 try:
                     answer = await self.store.acquire(self.node, self.ttl_ms, self.known_token)
                 except RedisUnavailable as exc:
+                    self._own_lease_possible = True  # it may have been granted all the same
                     failures += 1
                     delay = min(self.retry_cap, 0.1 * 2 ** min(failures, 10))
                     self.log.warning(
@@ -141,18 +146,36 @@ class Elector:
                     # growing and a primary without replicas does not burn a token per retry.
                     failures = 0
                 if isinstance(answer, StateLost):
+                    self._own_lease_possible = False
                     await self._state_lost(answer.counter, answer.cursor, holder=None)
                 elif isinstance(answer, Held):
                     # A holder below the known token is legitimate after a rollback (it was
                     # granted by the current primary); fencing keeps an older holder harmless.
                     self._check_primary(answer.replid, None, None)
                     await self._see(answer.token)
+                    if answer.holder != self.node:
+                        self._own_lease_possible = False
                     await self._stand_by(answer)
                 else:
+                    self._own_lease_possible = False
                     self._check_primary(answer.replid, answer.rolled_back_from, answer.cursor)
                     await self._see(answer.token)
                     await self._lead(machine, answer, sent_at)
+            if self._own_lease_possible:
+                await self._release_if_ours()
             self.observer.election_event("stopped")
+
+    async def _release_if_ours(self) -> None:
+        """Exiting after an acquire with an unknown outcome: if it was granted, hand it back now
+        rather than leave it orphaned for a TTL (bounded and shielded: this is cleanup)."""
+        with trio.move_on_after(RELEASE_CLEANUP_TIMEOUT, shield=True):
+            try:
+                info = await self.store.leader()
+                if info.node == self.node and info.token is not None:
+                    self.log.info("releasing-orphaned-lease", token=info.token)
+                    await self.store.release(self.node, info.token)
+            except RedisUnavailable as exc:
+                self.log.warning("release-failed", token=None, error=str(exc))
 
     async def _state_lost(self, counter: int, cursor: str | None, holder: str | None) -> None:
         """Redis's token counter went backwards *and* the job's cursor is gone: Redis lost the job.
@@ -171,15 +194,24 @@ class Elector:
         await self._standby_until(trio.current_time() + wait)
 
     async def _stand_by(self, held: Held) -> None:
-        if held.holder == self.node:
-            # Our own lease from an earlier life (a restart under the same node id): no term of ours
-            # is running, so free it now rather than wait out its TTL.
+        if held.holder == self.node and self._own_lease_possible:
+            # Our own lease from an earlier life (a restart under the same node id), or from an
+            # acquire whose answer we never got: no term of ours is running, so free it now
+            # rather than wait out its TTL.
+            self._own_lease_possible = False
             self.log.info("releasing-orphaned-lease", token=held.token)
             try:
                 await self.store.release(self.node, held.token)
             except RedisUnavailable:
                 pass
             return
+        if held.holder == self.node:
+            # Not ours: another process runs under the same node id. Releasing its lease would
+            # start a livelock of terms; stand by and say so.
+            if self._duplicate_seen != (held.holder, held.token):
+                self._duplicate_seen = (held.holder, held.token)
+                self.log.warning("duplicate-node-id", node_id=self.node, token=held.token)
+                self.observer.election_event("duplicate-node-id", token=held.token)
         if self._last_standby != (held.holder, held.token):
             self._last_standby = (held.holder, held.token)
             self.log.info("standby", leader=held.holder, token=held.token)
@@ -298,9 +330,11 @@ class Elector:
             elif msg.reason not in ("deadline", "revoked"):
                 self.log.warning("term-ended", token=token, reason=msg.reason, detail=msg.detail)
             if msg.reason == "deadline":
-                # The Ingestor's scope fired at the ingest deadline, on the same clock as ours.
-                term = machine.term
-                lost = machine.deadline_passed(token, max(now, term.ingest_deadline if term else now))
+                # The Ingestor's scope fired at the ingest deadline, on the same clock as ours;
+                # a renewal may have moved our deadline just after (then the lease is valid).
+                lost = machine.ingest_stopped(token, now)
+                if lost is not None and lost.reason is LostReason.RELEASED:
+                    self.log.warning("renewal-after-ingest-deadline", token=token)
             else:
                 lost = machine.ended(token, _TERM_REASONS.get(msg.reason, LostReason.RELEASED))
             return lost, msg
@@ -329,6 +363,7 @@ class Elector:
             try:
                 released = await self.store.release(self.node, token)
             except RedisUnavailable as exc:
+                self._own_lease_possible = True  # still ours in Redis, maybe: free it next time
                 self.log.warning("release-failed", token=token, error=str(exc))
             else:
                 if released:

@@ -168,6 +168,18 @@ class LeaseMachine:
         """The term ended for a reason found outside the machine (e.g. the Ingestor stopped)."""
         return self._end(token, reason)
 
+    def ingest_stopped(self, token: int, now: float) -> Lost | None:
+        """The Ingestor's scope fired at the ingest deadline (it reports so). If a renewal moved
+        the deadline meanwhile (its answer came within a scheduler pass of the old deadline, and
+        reached the Elector but not yet the Ingestor), the lease is in fact valid: the term still
+        ends (ingestion has stopped), but as a hand-back (``released``), not an expiry."""
+        term = self._current(token)
+        if term is None:
+            return None
+        if now >= term.ingest_deadline:
+            return self._end(token, self._expiry_reason(term))
+        return self._end(token, LostReason.RELEASED)
+
     def deadline_passed(self, token: int, now: float) -> Lost | None:
         term = self._current(token)
         if term is None or now < term.ingest_deadline:

@@ -13,11 +13,16 @@ import redis
 import trio
 
 from actors.clock import CLOCK_ID, BootClock
+from actors.lease import Extended, LeaseMachine, LeaseTiming, Lost, LostReason
 from actors.lease_store import job_keys
-from actors.source import Batch, Record
+from actors.source import Batch, Record, SyntheticSource
 from ingestion.local_redis import LocalRedis
 from tests.conftest import make_store
-from tests.nodes import Recorder, start_node
+from tests.nodes import FAST_TIMING, Recorder, start_node
+from tests.tcp_proxy import TcpProxy
+from tests.test_election import assert_exactly_once_in_order
+
+LIVE_SOURCE = SyntheticSource(total=None, batch_size=5, interval=0.02)
 
 
 async def test_a_notice_published_while_nobody_waits_survives_the_resubscription(
@@ -121,3 +126,67 @@ def test_one_bad_value_is_one_line() -> None:
         prefix + "lease.renew_interval_ms: must be positive, got -3",
     ]
     assert problems("--lease-ttl-ms", "2000", "--redis", "http://x")[0].startswith(prefix + "redis.url")
+
+
+async def test_two_processes_with_one_node_id_do_not_livelock(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    """Each used to take the other's lease for a leftover of its own and release it: dozens of
+    terms a second. Only the first campaign after start may free a lease under its own id."""
+    rec = Recorder()
+    source = SyntheticSource(total=None, batch_size=5, interval=0.02)
+    async with trio.open_nursery() as nursery:
+        first = await start_node(nursery, rec, redis_server.url, job, "dup", source)
+        await rec.wait_for("became-leader")
+        second = await start_node(nursery, rec, redis_server.url, job, "dup", source)
+        await rec.wait_for("duplicate-node-id", within=5)
+        await trio.sleep(4)
+        await first.shutdown()
+        await second.shutdown()
+    terms = len(rec.of("became-leader"))
+    assert terms <= 3, f"{terms} terms in about 4 s"
+    assert assert_exactly_once_in_order(redis_client, job) > 0
+
+
+async def test_a_node_stopped_after_an_acquire_with_unknown_outcome_frees_the_lease(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    """The acquire left while Redis was unreachable, timed out, and was applied later (it sat in
+    the network): the node, asked to stop, finds the lease under its id and releases it instead of
+    leaving it orphaned for a TTL."""
+    rec = Recorder()
+    lease_key = job_keys(job)["lease"]
+    timing = LeaseTiming(ttl=3.0, renew_interval=0.6, margin=0.8)
+    async with trio.open_nursery() as nursery:
+        proxy: TcpProxy = await nursery.start(TcpProxy(redis_server.port).serve)
+        b = await start_node(nursery, rec, redis_server.url, job, "b", LIVE_SOURCE, timing=timing)
+        await rec.wait_for("became-leader", "b")
+        a = await start_node(
+            nursery, rec, f"redis://127.0.0.1:{proxy.port}/0", job, "a", LIVE_SOURCE, timing=timing
+        )
+        await rec.wait_for("standby", "a")  # a's connection to Redis is open and pooled
+        proxy.set_mode("blackhole")
+        await b.shutdown()
+        await rec.wait_for("stopped", "b")
+        # a campaigns when b's lease would have expired; its acquire is held by the network.
+        await rec.wait_for("redis-unavailable", "a", within=10)
+        proxy.set_mode("forward")  # ...and now reaches Redis: the lease is a's
+        await a.shutdown()
+        await rec.wait_for("stopped", "a", within=5)
+        assert not rec.of("became-leader", "a")
+        nursery.cancel_scope.cancel()
+    assert redis_client.get(lease_key) is None
+
+
+def test_a_renewal_that_lands_as_the_scope_fires_ends_the_term_as_a_hand_back() -> None:
+    machine = LeaseMachine(FAST_TIMING)
+    term = machine.granted(1, 0.0)
+    deadline = term.ingest_deadline
+    extended = machine.renewed(1, sent_at=deadline - 0.05, now=deadline - 0.001)
+    assert isinstance(extended, Extended) and extended.ingest_deadline > deadline
+    # The Ingestor's scope fired at the old deadline before the extension reached it.
+    lost = machine.ingest_stopped(1, now=deadline + 0.0001)
+    assert lost == Lost(1, LostReason.RELEASED)  # not "lease-expired": the lease was renewed
+    machine = LeaseMachine(FAST_TIMING)
+    term = machine.granted(2, 0.0)
+    assert machine.ingest_stopped(2, now=term.ingest_deadline) == Lost(2, LostReason.LEASE_EXPIRED)
