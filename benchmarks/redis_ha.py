@@ -80,10 +80,10 @@ async def _failovers(
                 f"primary after {took:.0f} ms")  # fmt: skip
             if kind == "sigkill":
                 await trio.to_thread.run_sync(g.restart, old)
-                await trio.to_thread.run_sync(g.wait_is_replica, old)
+                await trio.to_thread.run_sync(g.wait_is_replica, old, 60.0)
             else:
-                await trio.to_thread.run_sync(g.wait_is_replica, old)
-            await trio.to_thread.run_sync(g.wait_replicas_synced)
+                await trio.to_thread.run_sync(g.wait_is_replica, old, 60.0)
+            await trio.to_thread.run_sync(g.wait_replicas_synced, 60.0)
         result = await c.verify()
         if not result.ok:
             raise AssertionError(f"{kind}: the stream failed verification: {result.summary()}")
