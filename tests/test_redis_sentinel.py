@@ -83,6 +83,22 @@ async def promoted(g: SentinelGroup, old_port: int, job: str) -> tuple[int, str]
         client.close()
 
 
+async def assert_same_stream(c: Cluster, g: SentinelGroup, former: Any, job: str) -> None:
+    """Once the nodes stopped and the replicas caught up, ``former`` (an old primary, now a
+    replica) holds exactly the primary's stream: none of its own late writes survived."""
+    for name in ("n1", "n2"):
+        assert await c.terminate(name) == 0
+    await trio.to_thread.run_sync(g.wait_replicas_synced)
+    primary, replica = g.client(g.primary()), g.client(former)
+    try:
+        key = job_keys(job)["events"]
+        assert replica.xrevrange(key, count=1) == primary.xrevrange(key, count=1)
+        assert replica.xlen(key) == primary.xlen(key)
+    finally:
+        primary.close()
+        replica.close()
+
+
 async def test_planned_failover_under_load_resumes_on_the_new_primary(job: str) -> None:
     async with sentinel_cluster(job) as (c, g):
         await start_nodes(c, "n1", "n2")
@@ -118,16 +134,7 @@ async def test_sigkill_of_the_primary_under_load_resumes_and_the_old_primary_rej
         await c.wait_for_progress(200, within=30)
         assert not c.log.of("lost-leadership", since=rejoined_at)  # nodes stay healthy
         await assert_verified(c, 600)
-        for name in ("n1", "n2"):
-            assert await c.terminate(name) == 0
-        await trio.to_thread.run_sync(g.wait_replicas_synced)
-        primary, replica = g.client(g.primary()), g.client(old)
-        try:
-            key = job_keys(job)["events"]
-            assert replica.xlen(key) == primary.xlen(key)
-        finally:
-            primary.close()
-            replica.close()
+        await assert_same_stream(c, g, old, job)
 
 
 def entries_between(
@@ -232,14 +239,4 @@ async def test_a_stalled_primary_is_replaced_and_only_the_new_terms_writes_survi
         await trio.to_thread.run_sync(g.wait_is_replica, old)
         await c.wait_for_progress(200, within=30)
         await assert_verified(c, 400)
-        for name in ("n1", "n2"):
-            assert await c.terminate(name) == 0
-        await trio.to_thread.run_sync(g.wait_replicas_synced)
-        primary, former = g.client(g.primary()), g.client(old)
-        try:
-            key = job_keys(job)["events"]
-            assert former.xrevrange(key, count=1) == primary.xrevrange(key, count=1)
-            assert former.xlen(key) == primary.xlen(key)
-        finally:
-            primary.close()
-            former.close()
+        await assert_same_stream(c, g, old, job)
