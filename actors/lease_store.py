@@ -809,7 +809,11 @@ class ReleaseNotices:
             self._busy = True
         end = time.monotonic() + seconds
         try:
-            if self._pubsub is None or self._waits >= self.RESUBSCRIBE_EVERY:
+            if (
+                self._pubsub is None
+                or self._waits >= self.RESUBSCRIBE_EVERY
+                or self._on_former_primary()
+            ):
                 # Subscribe the new connection first, then read what the old one still holds,
                 # then close it: a notice published in between reaches one or the other.
                 fresh = self._store.client.pubsub(ignore_subscribe_messages=True)
@@ -835,6 +839,15 @@ class ReleaseNotices:
                 if self._closed:
                     self._reset()
         return None
+
+    def _on_former_primary(self) -> bool:
+        """With Sentinel: the subscription is on a server that is no longer the primary (whose
+        address the store re-reads every FOLLOW_PRIMARY_EVERY seconds), where no notice comes."""
+        pool = self._store.client.connection_pool
+        conn = getattr(self._pubsub, "connection", None)
+        if not isinstance(pool, SentinelConnectionPool) or conn is None or not pool.master_address:
+            return False
+        return (conn.host, conn.port) != tuple(pool.master_address)
 
     @staticmethod
     def _drain(old: Any) -> str | None:

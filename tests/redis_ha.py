@@ -157,8 +157,25 @@ class SentinelGroup:
 
     # -- waiting --------------------------------------------------------------------------------
 
-    def wait_replicas_synced(self, timeout: float = 20.0) -> None:
-        """Until the primary sees every other live server as an online replica at its offset."""
+    def describe(self) -> str:
+        """Every server's replication view, for a failure message."""
+        rows = []
+        for server in self.servers:
+            c = _client(server.port, 0.5)
+            try:
+                i = c.info("replication")
+                rows.append(f"{server.port}: role={i.get('role')} master_port={i.get('master_port')} "
+                            f"link={i.get('master_link_status')} offset={i.get('master_repl_offset')} "
+                            f"replicas={i.get('connected_slaves')}")  # fmt: skip
+            except (redis.RedisError, OSError) as exc:
+                rows.append(f"{server.port}: {exc}")
+            finally:
+                c.close()
+        return "; ".join(rows)
+
+    def wait_replicas_synced(self, timeout: float = 20.0, at_least: int | None = None) -> None:
+        """Until the primary sees every other live server (or ``at_least`` of them) as an online
+        replica at the offset it had when asked."""
         primary = self.servers[0] if not self.sentinels else self.primary()
         others = [s for s in self.servers if s is not primary and s.process is not None]
         c = _client(primary.port)
@@ -175,10 +192,12 @@ class SentinelGroup:
                 s for s in states
                 if s.get("state") == "online" and int(s.get("offset", -1)) >= master_offset
             ]  # fmt: skip
-            return len(online) >= len(others)
+            return len(online) >= (len(others) if at_least is None else at_least)
 
         try:
             _wait("replicas in sync", synced, timeout)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}: {self.describe()}") from None
         finally:
             c.close()
 
