@@ -101,6 +101,15 @@ class SentinelGroup:
                 port=port, directory=conf.parent, config_file=conf, extra_args=("--sentinel",)
             )
             self.sentinels.append(sentinel.start())
+            if self.down_after_ms <= 1000:
+                # Sentinel pings every min(down-after, 1 s) and counts a fresh link as down about
+                # a second after it opened: with down-after 1 s, a just-promoted primary could be
+                # marked down and failed over again. Ping twice per down-after period instead.
+                c = _client(port)
+                try:
+                    c.execute_command("SENTINEL", "DEBUG", "ping-period", self.down_after_ms // 2)
+                finally:
+                    c.close()
         for s in self.sentinels:  # each knows the primary, every replica and the other sentinels
             c = _client(s.port)
             _wait("sentinels discover each other",
@@ -174,32 +183,33 @@ class SentinelGroup:
         return "; ".join(rows)
 
     def wait_replicas_synced(self, timeout: float = 20.0, at_least: int | None = None) -> None:
-        """Until the primary sees every other live server (or ``at_least`` of them) as an online
-        replica at the offset it had when asked."""
-        primary = self.servers[0] if not self.sentinels else self.primary()
-        others = [s for s in self.servers if s is not primary and s.process is not None]
-        c = _client(primary.port)
-
-        target = int(_wait("the primary's offset", lambda: c.info("replication"), timeout)[  # type: ignore[index]
-            "master_repl_offset"
-        ])
+        """Until the primary (as the sentinels name it, asked again on every poll, since it can
+        move meanwhile) sees every other live server, or ``at_least`` of them, as an online
+        replica that acknowledged the offset the primary had when first seen."""
+        targets: dict[int, int] = {}  # primary port -> its offset when first seen
 
         def synced() -> bool:
-            info = c.info("replication")
-            master_offset = target  # what was written when asked; later writes may still flow
+            port = self.primary_port() if self.sentinels else self.servers[0].port
+            c = _client(port)
+            try:
+                info = c.info("replication")
+            finally:
+                c.close()
+            if info.get("role") != "master":
+                return False
+            target = targets.setdefault(port, int(info["master_repl_offset"]))
             states = [info.get(f"slave{i}") or {} for i in range(int(info.get("connected_slaves", 0)))]
             online = [
                 s for s in states
-                if s.get("state") == "online" and int(s.get("offset", -1)) >= master_offset
+                if s.get("state") == "online" and int(s.get("offset", -1)) >= target
             ]  # fmt: skip
+            others = [s for s in self.servers if s.port != port and s.process is not None]
             return len(online) >= (len(others) if at_least is None else at_least)
 
         try:
             _wait("replicas in sync", synced, timeout)
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}: {self.describe()}") from None
-        finally:
-            c.close()
 
     def wait_for_new_primary(self, old_port: int, timeout: float = 20.0) -> LocalRedis:
         """Until every sentinel names a primary other than ``old_port`` and it says role:master."""
@@ -277,8 +287,14 @@ class SentinelGroup:
             c.close()
 
     def restart(self, server: LocalRedis) -> None:
-        """Start a killed server again on its port and directory (with its AOF). It comes back
-        believing it is what it was; the sentinels turn it into a replica of the current primary."""
+        """Start a killed server again on its port and directory (with its AOF). It comes back as
+        a primary, as a killed primary does (not as a replica of the first primary, which its
+        start-up arguments named); the sentinels turn it into a replica of the current one."""
+        args = list(server.extra_args)
+        if "--replicaof" in args:
+            at = args.index("--replicaof")
+            del args[at:at + 3]
+            server.extra_args = tuple(args)
         server.start()
 
     def debug_sleep(self, server: LocalRedis, seconds: float) -> threading.Thread:
