@@ -208,3 +208,52 @@ def test_node_process_logs_never_show_the_password(password_redis: LocalRedis, t
     assert failure["error"].startswith(f"redis.url redis://127.0.0.1:{password_redis.port}/0: "
                                        "authentication failed")  # fmt: skip
     assert all({"event", "timestamp", "level", "node", "job"} <= set(x) for x in lines)
+
+
+async def test_rediss_sentinel_reaches_sentinels_and_the_primary_over_tls(
+    tmp_path: Path, job: str
+) -> None:
+    """rediss+sentinel://: the sentinels are asked over TLS, and so is the primary they name
+    (its TLS port: the sentinel itself monitors it with tls-replication), with the client
+    certificate on both; min_replicas_acked is 0 (no replica in this deployment)."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    client = ca.issue_cert("ingestion-client")
+    files = {name: str(tmp_path / f"{name}.pem") for name in
+             ("ca", "cert", "key", "client_cert", "client_key")}  # fmt: skip
+    ca.cert_pem.write_to_path(files["ca"])
+    cert.cert_chain_pems[0].write_to_path(files["cert"])
+    cert.private_key_pem.write_to_path(files["key"])
+    client.cert_chain_pems[0].write_to_path(files["client_cert"])
+    client.private_key_pem.write_to_path(files["client_key"])
+    tls = ("--tls-cert-file", files["cert"], "--tls-key-file", files["key"],
+           "--tls-ca-cert-file", files["ca"])  # fmt: skip
+    primary_tls = free_port()
+    primary = LocalRedis(extra_args=("--tls-port", str(primary_tls), *tls)).start()
+    sentinel_tls = free_port()
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(
+        "sentinel resolve-hostnames no\n"
+        f"sentinel monitor ingest 127.0.0.1 {primary_tls} 1\n"
+        "sentinel down-after-milliseconds ingest 5000\n"
+    )
+    sentinel = LocalRedis(
+        directory=tmp_path, config_file=conf,
+        extra_args=("--sentinel", "--tls-port", str(sentinel_tls), "--tls-replication", "yes", *tls),
+    ).start()  # fmt: skip
+    try:
+        url = f"rediss+sentinel://127.0.0.1:{sentinel_tls}/ingest"
+        settings = settings_for(
+            url, tls_ca_file=files["ca"], tls_cert_file=files["client_cert"],
+            tls_key_file=files["client_key"],
+        )  # fmt: skip
+        assert settings.redis.min_replicas_acked == 1
+        settings = Settings.from_mapping({
+            "redis": {"url": url, "tls_ca_file": files["ca"], "tls_cert_file": files["client_cert"],
+                      "tls_key_file": files["client_key"], "min_replicas_acked": 0},
+            "lease": {"ttl_ms": 1500},
+        })  # fmt: skip
+        await leads_and_commits(settings, job)
+    finally:
+        sentinel.stop()
+        primary.stop()
