@@ -190,3 +190,40 @@ def test_a_renewal_that_lands_as_the_scope_fires_ends_the_term_as_a_hand_back() 
     machine = LeaseMachine(FAST_TIMING)
     term = machine.granted(2, 0.0)
     assert machine.ingest_stopped(2, now=term.ingest_deadline) == Lost(2, LostReason.LEASE_EXPIRED)
+
+
+async def test_renewals_delivered_late_delay_a_takeover_by_at_most_one_more_ttl(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    """The leader's link to Redis holds every packet (a partition that delays rather than drops)
+    until just before its lease would expire; the renewals it gave up on then reach Redis and
+    extend a lease nobody runs. FAILOVER.md states the bound: the standby leads at most
+    2·ttl (+ jitter and round trips) after the last renewal that reached Redis in time."""
+    rec = Recorder()
+    ttl = FAST_TIMING.ttl
+    async with trio.open_nursery() as nursery:
+        proxy: TcpProxy = await nursery.start(TcpProxy(redis_server.port).serve)
+        a = await start_node(nursery, rec, f"redis://127.0.0.1:{proxy.port}/0", job, "a", LIVE_SOURCE)
+        await rec.wait_for("became-leader", "a")
+        b = await start_node(nursery, rec, redis_server.url, job, "b", LIVE_SOURCE)
+        await rec.wait_for("standby", "b")
+        await rec.wait_for("committed", "a", count=3)
+        proxy.set_mode("blackhole")
+        cut_at = trio.current_time()
+        lost = await rec.wait_for("lost-leadership", "a", within=5)
+        await trio.sleep(max(0.0, cut_at + ttl - FAST_TIMING.renew_interval - trio.current_time()))
+        proxy.set_mode("forward")  # held renewals (and the release) reach Redis now
+        with trio.fail_after(2 * ttl + 2):  # a new term, on either node
+            while not (taken_list := [e for e in rec.of("became-leader") if e.at > cut_at]):
+                await rec.wait_for("became-leader", count=len(rec.of("became-leader")) + 1)
+        taken = taken_list[0]
+        # The last renewal that reached Redis in time left at most one renew interval before
+        # the cut; a late one extends the lease by at most one TTL from when it lands.
+        assert taken.at - (cut_at - FAST_TIMING.renew_interval) <= 2 * ttl + 0.5
+        assert lost.at < taken.at
+        assert taken.fields["token"] == 2
+        await rec.wait_for("committed", taken.node, count=len(rec.of("committed", taken.node)) + 3)
+        await a.shutdown()
+        await b.shutdown()
+        nursery.cancel_scope.cancel()
+    assert assert_exactly_once_in_order(redis_client, job) > 0
