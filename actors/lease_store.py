@@ -16,6 +16,7 @@ stored cursor strictly. Local checks elsewhere are an optimisation; this one is 
 
 from __future__ import annotations
 
+import functools
 import ssl
 import threading
 import time
@@ -36,7 +37,7 @@ from actors.source import Record
 T = TypeVar("T")
 
 AUDIT_MAXLEN = 10_000
-FOLLOW_PRIMARY_EVERY = 0.5  # seconds: how stale the Sentinel-named primary may be (see LeaseStore)
+FOLLOW_PRIMARY_EVERY = 0.5  # seconds: how stale the Sentinel-named primary may be (follow_primary)
 
 # Shared Lua helpers. Paging tokens are compared as decimal strings by (length, text), which equals
 # numeric order for canonical decimals; Redis's Lua numbers are doubles and cannot hold every int64.
@@ -539,7 +540,6 @@ class LeaseStore:
             1, round(1000 * (replication_wait if replication_wait is not None else self.call_timeout / 2))
         )
         self.keys = job_keys(job)
-        self._followed_at = -FOLLOW_PRIMARY_EVERY
         self._where, self._secret = _endpoint(client)
         self._acquire = client.register_script(_LUA_HELPERS + _ACQUIRE)
         self._renew = client.register_script(_LUA_HELPERS + _RENEW)
@@ -547,33 +547,37 @@ class LeaseStore:
         self._commit = client.register_script(_LUA_HELPERS + _COMMIT)
         self._fenced_hset = client.register_script(_LUA_HELPERS + _FENCED_HSET)
 
-    def _follow_primary(self) -> None:
-        """With Sentinel, ask where the primary is at most every ``FOLLOW_PRIMARY_EVERY`` seconds.
+    async def follow_primary(self, every: float = FOLLOW_PRIMARY_EVERY) -> None:
+        """With Sentinel, ask where the primary is every ``every`` seconds, until cancelled.
 
         redis-py asks the sentinels only when it opens a connection, and drops idle connections
         to a former primary only then; a pooled connection to an old primary that was not told
         to step down (a planned failover leaves it a writable primary for seconds) would keep
-        taking our writes there. Asking often makes the pool drop them within this period."""
+        taking our writes there. Asking often makes the pool drop them within ``every``. This
+        runs beside the calls, never in their path: sentinels that are slow or gone must not
+        delay or fail a call to a primary that works. Errors are left to the calls to report.
+        """
         pool = self.client.connection_pool
         if not isinstance(pool, SentinelConnectionPool):
             return
-        now = time.monotonic()
-        if now - self._followed_at < FOLLOW_PRIMARY_EVERY:
-            return
-        self._followed_at = now
-        pool.get_master_address()  # disconnects idle connections when the primary moved
+        while True:
+            with trio.move_on_after(max(every, 4 * self.call_timeout)):
+                try:
+                    # disconnects idle connections when the primary moved
+                    await trio.to_thread.run_sync(pool.get_master_address, abandon_on_cancel=True)
+                except (redis.RedisError, OSError):
+                    pass
+            await trio.sleep(every)
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         # The socket timeouts bound each read, write and connect, not the whole call (a fresh
         # connection may handshake, and a script may need loading); this bounds the whole call.
         # An abandoned worker finishes on its own; its connection is not reused before it does.
-        def call() -> T:
-            self._follow_primary()
-            return fn(*args, **kwargs)
-
         try:
             with trio.fail_after(self.call_timeout):
-                return await trio.to_thread.run_sync(call, abandon_on_cancel=True)
+                return await trio.to_thread.run_sync(
+                    functools.partial(fn, *args, **kwargs), abandon_on_cancel=True
+                )
         except trio.TooSlowError as exc:
             raise RedisUnavailable(
                 f"{self._where}: timed out: no answer within {self.call_timeout * 1000:.0f} ms"
@@ -842,7 +846,7 @@ class ReleaseNotices:
 
     def _on_former_primary(self) -> bool:
         """With Sentinel: the subscription is on a server that is no longer the primary (whose
-        address the store re-reads every FOLLOW_PRIMARY_EVERY seconds), where no notice comes."""
+        address ``LeaseStore.follow_primary`` re-reads), where no notice comes."""
         pool = self._store.client.connection_pool
         conn = getattr(self._pubsub, "connection", None)
         if not isinstance(pool, SentinelConnectionPool) or conn is None or not pool.master_address:

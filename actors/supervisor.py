@@ -117,6 +117,7 @@ async def run_node(
         ingestor.commit_drain = store.call_timeout + 0.25
         await nursery.start(ingestor.run)
         nursery.start_soon(listen_for_releases, store, elector_send.clone())
+        nursery.start_soon(store.follow_primary)  # returns at once without Sentinel
         handle = NodeHandle(spec, observer, elector_send.clone())
         elector = Elector(
             store,

@@ -247,3 +247,21 @@ async def test_a_stalled_primary_is_replaced_and_only_the_new_terms_writes_survi
         await c.wait_for_progress(200, within=30)
         await assert_verified(c, 400)
         await assert_same_stream(c, g, old, job)
+
+
+async def test_sentinels_that_stop_answering_do_not_disturb_a_working_primary(job: str) -> None:
+    """The node asks the sentinels where the primary is beside its calls, never in their path:
+    with every sentinel frozen (SIGSTOP: connections hang), the leader keeps its term."""
+    async with sentinel_cluster(job) as (c, g):
+        await start_nodes(c, "n1", "n2")
+        await c.wait_for_events(100)
+        frozen_at = trio.current_time()
+        for s in g.sentinels:
+            await trio.to_thread.run_sync(g.pause, s)
+        try:
+            await c.wait_for_progress(200, within=20)
+            assert not c.log.of("lost-leadership", since=frozen_at)
+        finally:
+            for s in g.sentinels:
+                await trio.to_thread.run_sync(g.resume, s)
+        await assert_verified(c, 300)
