@@ -84,6 +84,17 @@ async def promoted(g: SentinelGroup, old_port: int, job: str) -> tuple[int, str]
         client.close()
 
 
+async def resumed_on_new_primary(
+    g: SentinelGroup, old_port: int, job: str, fault_ms: float, name: str
+) -> None:
+    """Wait for the new primary and the job's first commit on it; report and bound the time
+    from the fault (wall ms, the host's clock, as the stream ids are)."""
+    port, seen = await promoted(g, old_port, job)
+    first = await first_commit_on(g, port, job, seen)
+    figure(name, first_commit_ms=id_ms(first) - fault_ms)
+    assert id_ms(first) - fault_ms <= FIRST_COMMIT_BOUND_MS
+
+
 async def assert_same_stream(c: Cluster, g: SentinelGroup, former: Any, job: str) -> None:
     """Once the nodes stopped and the replicas caught up, ``former`` (an old primary, now a
     replica) holds exactly the primary's stream: none of its own late writes survived."""
@@ -107,10 +118,7 @@ async def test_planned_failover_under_load_resumes_on_the_new_primary(job: str) 
         old = g.primary_port()
         fault_ms = time.time() * 1000
         await trio.to_thread.run_sync(g.failover)
-        port, seen = await promoted(g, old, job)
-        first = await first_commit_on(g, port, job, seen)
-        figure("sentinel-planned-failover", first_commit_ms=id_ms(first) - fault_ms)
-        assert id_ms(first) - fault_ms <= FIRST_COMMIT_BOUND_MS
+        await resumed_on_new_primary(g, old, job, fault_ms, "sentinel-planned-failover")
         await c.wait_for_progress(200, within=30)
         # Release notices reach the standby on the new primary: a graceful handoff stays fast.
         leader = c.log.of("became-leader")[-1].node
@@ -129,10 +137,7 @@ async def test_sigkill_of_the_primary_under_load_resumes_and_the_old_primary_rej
         old = g.primary()
         fault_ms = time.time() * 1000
         await trio.to_thread.run_sync(g.kill, old)
-        port, seen = await promoted(g, old.port, job)
-        first = await first_commit_on(g, port, job, seen)
-        figure("sentinel-sigkill-primary", first_commit_ms=id_ms(first) - fault_ms)
-        assert id_ms(first) - fault_ms <= FIRST_COMMIT_BOUND_MS
+        await resumed_on_new_primary(g, old.port, job, fault_ms, "sentinel-sigkill-primary")
         await c.wait_for_progress(200, within=30)
         # The old primary comes back (with its append-only file) and is made a replica.
         await trio.to_thread.run_sync(g.restart, old)
@@ -238,10 +243,7 @@ async def test_a_stalled_primary_is_replaced_and_only_the_new_terms_writes_survi
         old = g.primary()
         fault_ms = time.time() * 1000
         sleeper = g.debug_sleep(old, 4)
-        port, seen = await promoted(g, old.port, job)
-        first = await first_commit_on(g, port, job, seen)
-        figure("sentinel-stalled-primary", first_commit_ms=id_ms(first) - fault_ms)
-        assert id_ms(first) - fault_ms <= FIRST_COMMIT_BOUND_MS
+        await resumed_on_new_primary(g, old.port, job, fault_ms, "sentinel-stalled-primary")
         await trio.to_thread.run_sync(sleeper.join, 10)
         await trio.to_thread.run_sync(g.wait_is_replica, old)
         await c.wait_for_progress(200, within=30)
