@@ -75,6 +75,61 @@ local function is_after(t, prev)
   if ta == pa then return num_lt(pn, na) end
   return num_lt(pa, ta)
 end
+
+-- Stream ids "ms-seq", compared as numbers (both fit a double for ids from XADD *).
+local function id_parts(id)
+  local dash = string.find(id, '-', 1, true)
+  if not dash then return tonumber(id), 0 end
+  return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
+end
+local function id_lt(a, b)
+  local am, as = id_parts(a)
+  local bm, bs = id_parts(b)
+  if am ~= bm then return am < bm end
+  return as < bs
+end
+local function id_next(id)
+  local ms, seq = id_parts(id)
+  return string.format('%d-%d', ms, seq + 1)
+end
+-- Entries of stream `key` from id `from` (inclusive) to `to` (inclusive), counting at most `limit`.
+local function count_range(key, from, to, limit)
+  return #redis.call('XRANGE', key, from, to, 'COUNT', limit)
+end
+-- Trim the events stream to about max_len entries, never removing an entry that a consumer group
+-- has not acknowledged (pending) or not yet been delivered. Each group needs every entry from its
+-- floor: its oldest pending entry, or the one after its last delivered one. With `held` the most
+-- entries any group needs (from the oldest floor to the end): when held <= max_len, trimming to
+-- max_len entries keeps every needed one; else trim only below the oldest floor. Both trims are
+-- approximate (~): Redis drops whole stream nodes only, so they cost next to nothing per commit.
+-- Returns the number of entries removed.
+local function trim_events(key, max_len)
+  if max_len <= 0 or redis.call('XLEN', key) <= max_len then return 0 end
+  local groups = redis.call('XINFO', 'GROUPS', key)
+  if #groups == 0 then return redis.call('XTRIM', key, 'MAXLEN', '~', max_len) end
+  local floor, held = nil, 0
+  for _, g in ipairs(groups) do
+    local f = {}
+    for i = 1, #g, 2 do f[g[i]] = g[i + 1] end
+    local pending = redis.call('XPENDING', key, f['name'])
+    local lag = f['lag']  -- entries not yet delivered; false when Redis cannot tell
+    local g_floor, g_held
+    if tonumber(pending[1]) > 0 then
+      g_floor = pending[2]
+      if lag then
+        g_held = lag + count_range(key, g_floor, f['last-delivered-id'], max_len + 1)
+      end
+    else
+      g_floor = id_next(f['last-delivered-id'])
+      if lag then g_held = lag end
+    end
+    if not g_held then g_held = count_range(key, g_floor, '+', max_len + 1) end
+    if floor == nil or id_lt(g_floor, floor) then floor = g_floor end
+    if g_held > held then held = g_held end
+  end
+  if held <= max_len then return redis.call('XTRIM', key, 'MAXLEN', '~', max_len) end
+  return redis.call('XTRIM', key, 'MINID', '~', floor)
+end
 """
 
 # KEYS: lease, token, leader, audit, cursor   ARGV: node, ttl_ms, audit_maxlen, known_token
@@ -140,9 +195,9 @@ return 1
 """
 
 # KEYS: token, lease, cursor, events
-# ARGV: node, token, expected previous cursor ('' for none), anchor ('' for none), then
-# paging_token, record pairs. With no records, the anchor alone becomes the cursor: how a job that
-# starts at "now" pins that position durably before its first record arrives.
+# ARGV: node, token, expected previous cursor ('' for none), anchor ('' for none), events max_len
+# (0: keep everything), then paging_token, record pairs. With no records, the anchor alone becomes
+# the cursor: how a job that starts at "now" pins that position durably before its first record.
 _COMMIT = """
 local stored = redis.call('HGET', KEYS[3], 'cursor') or ''
 local refusal = fencing_refusal(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
@@ -150,26 +205,28 @@ if refusal then return {0, refusal[1], refusal[2], stored} end
 local current = tonumber(ARGV[2])
 if stored ~= ARGV[3] then return {0, 'cursor-moved', current, stored} end
 local last = stored
-if #ARGV == 4 then
+if ARGV[4] ~= '' then
   if not split_token(ARGV[4]) then return {0, 'bad-paging-token', current, stored} end
   if last ~= '' and not is_after(ARGV[4], last) then
     return {0, 'not-after-cursor', current, stored}
   end
   last = ARGV[4]
 end
-for i = 5, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   if not split_token(ARGV[i]) then return {0, 'bad-paging-token', current, stored} end
   if last ~= '' and not is_after(ARGV[i], last) then
     return {0, 'not-after-cursor', current, stored}
   end
   last = ARGV[i]
 end
-for i = 5, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   redis.call('XADD', KEYS[4], '*', 'paging_token', ARGV[i], 'token', ARGV[2],
     'node', ARGV[1], 'record', ARGV[i + 1])
 end
 redis.call('HSET', KEYS[3], 'cursor', last, 'token', ARGV[2], 'node', ARGV[1])
-return {1, (#ARGV - 4) / 2, last}
+local trimmed = 0
+if #ARGV > 5 then trimmed = trim_events(KEYS[4], tonumber(ARGV[5])) end
+return {1, (#ARGV - 5) / 2, last, trimmed}
 """
 
 
@@ -240,6 +297,7 @@ class Committed:
     token: int
     cursor: str
     count: int
+    trimmed: int = 0  # events-stream entries the commit's retention trim removed (events_max_len)
 
 
 @attrs.frozen
@@ -275,6 +333,38 @@ class JobState:
     cursor_token: int | None
     events: int
     audit: list[dict[str, str]]
+
+
+@attrs.frozen
+class GroupInfo:
+    """One consumer group on the events stream."""
+
+    name: str
+    consumers: int
+    pending: int  # delivered to a consumer, not yet acknowledged
+    lag: int | None  # entries not yet delivered to the group (None: Redis cannot tell)
+    last_delivered_id: str
+
+    @property
+    def unacknowledged(self) -> int | None:
+        """Entries the group has still to acknowledge: pending plus undelivered."""
+        return None if self.lag is None else self.pending + self.lag
+
+
+@attrs.frozen
+class StreamInfo:
+    """The events stream as its readers see it (for metrics, ``inspect`` and the tests)."""
+
+    length: int
+    entries_added: int  # every entry ever appended, trimmed ones included
+    first_id: str | None
+    last_id: str | None
+    groups: tuple[GroupInfo, ...]
+
+    @property
+    def trimmed(self) -> int:
+        """Entries removed by retention (the stream is only ever trimmed from its head)."""
+        return self.entries_added - self.length
 
 
 def job_keys(job: str) -> dict[str, str]:
@@ -525,6 +615,7 @@ class LeaseStore:
         *,
         min_replicas_acked: int = 0,
         replication_wait: float | None = None,
+        events_max_len: int = 0,
     ) -> None:
         self.client = client
         self.job = job
@@ -539,6 +630,9 @@ class LeaseStore:
         self.replication_wait_ms = max(
             1, round(1000 * (replication_wait if replication_wait is not None else self.call_timeout / 2))
         )
+        # Keep about this many entries in the events stream (0: all), never one that a consumer
+        # group still needs: trimmed inside the commit script, under the same fencing check.
+        self.events_max_len = events_max_len
         self.keys = job_keys(job)
         self._where, self._secret = _endpoint(client)
         self._acquire = client.register_script(_LUA_HELPERS + _ACQUIRE)
@@ -702,7 +796,9 @@ class LeaseStore:
             if previous is not None and key <= previous:
                 raise ValueError(f"batch out of order at paging token {token_text!r}")
             previous = key
-        args: list[str | int] = [node, token, previous_cursor or "", anchor or ""]
+        args: list[str | int] = [
+            node, token, previous_cursor or "", anchor or "", self.events_max_len
+        ]
         for r in records:
             args.append(r.paging_token)
             args.append(r.body)
@@ -712,7 +808,7 @@ class LeaseStore:
         )
         if int(res[0]) == 1:
             self._check_acked("the commit", acked)
-            return Committed(token=token, count=int(res[1]), cursor=res[2])
+            return Committed(token=token, count=int(res[1]), cursor=res[2], trimmed=int(res[3]))
         return CommitRejected(
             token=token, reason=res[1], current_token=int(res[2]), stored_cursor=res[3] or None
         )
@@ -776,6 +872,39 @@ class LeaseStore:
                 cursor_token=int(cursor["token"]) if "token" in cursor else None,
                 events=int(events),
                 audit=[{"id": entry_id, **fields} for entry_id, fields in reversed(audit)],
+            )
+
+        return await self._call(read)
+
+    async def events_info(self) -> StreamInfo:
+        """Length, trimmed entries and consumer groups of the events stream (read-only)."""
+        key = self.keys["events"]
+
+        def read() -> StreamInfo:
+            try:
+                info: Any = self.client.xinfo_stream(key)
+            except redis.ResponseError as exc:
+                if "no such key" in str(exc).lower():
+                    return StreamInfo(0, 0, None, None, ())
+                raise
+            groups: Any = self.client.xinfo_groups(key)
+            first, last = info.get("first-entry"), info.get("last-entry")
+            return StreamInfo(
+                length=int(info["length"]),
+                # Redis 7.0 counts appended entries; before it, assume nothing was trimmed
+                entries_added=int(info.get("entries-added", info["length"])),
+                first_id=first[0] if first else None,
+                last_id=last[0] if last else None,
+                groups=tuple(
+                    GroupInfo(
+                        name=g["name"],
+                        consumers=int(g["consumers"]),
+                        pending=int(g["pending"]),
+                        lag=int(g["lag"]) if g.get("lag") is not None else None,
+                        last_delivered_id=g["last-delivered-id"],
+                    )
+                    for g in groups
+                ),
             )
 
         return await self._call(read)

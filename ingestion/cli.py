@@ -38,6 +38,10 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--start-cursor", help="now (default), 0 or a paging token")
     p.add_argument("--redis", metavar="URL", help="redis:// or rediss:// URL")
     p.add_argument("--lease-ttl-ms", type=int, metavar="N", help="lease TTL in milliseconds")
+    p.add_argument(
+        "--events-max-len", type=int, metavar="N",
+        help="keep about N events-stream entries, never unacknowledged ones (0: all)",
+    )
     p.add_argument("--metrics-port", type=int, metavar="N", help="Prometheus /metrics port")
     p.add_argument("--status-port", type=int, metavar="N", help="WebSocket status port")
     p.add_argument("--log-level", help="debug, info, warning or error")
@@ -54,6 +58,7 @@ def _flags_layer(ns: argparse.Namespace) -> dict[str, dict[str, Any]]:
         ("horizon", "start_cursor"): ns.start_cursor,
         ("redis", "url"): ns.redis,
         ("lease", "ttl_ms"): ns.lease_ttl_ms,
+        ("events", "max_len"): getattr(ns, "events_max_len", None),
         ("observe", "metrics_port"): getattr(ns, "metrics_port", None),
         ("observe", "status_port"): getattr(ns, "status_port", None),
         ("log", "level"): getattr(ns, "log_level", None),

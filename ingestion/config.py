@@ -148,6 +148,15 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
         "retry_cap_ms": (int, 10000, "ms, longest retry delay"),
         "failover_after": (int, 3, "count, consecutive failures before moving to the next URL"),
     },
+    "events": {
+        "max_len": (
+            int,
+            0,
+            "keep about this many entries in the events stream, never one a consumer group has "
+            "not acknowledged (trimmed in each commit); 0: keep everything (the safe default: "
+            "the stream then grows without bound, size Redis for it or set this)",
+        ),
+    },
     "observe": {
         "listen_host": (str, "127.0.0.1", "address the status and metrics endpoints listen on"),
         "metrics_port": (int, 0, "Prometheus /metrics and /healthz HTTP port; 0: off"),
@@ -215,6 +224,11 @@ class HorizonSettings:
 
 
 @attrs.frozen
+class EventsSettings:
+    max_len: int
+
+
+@attrs.frozen
 class ObserveSettings:
     listen_host: str
     metrics_port: int
@@ -233,6 +247,7 @@ class Settings:
     redis: RedisSettings
     lease: LeaseSettings
     horizon: HorizonSettings
+    events: EventsSettings
     observe: ObserveSettings
     log: LogSettings
 
@@ -272,6 +287,7 @@ class Settings:
             redis=RedisSettings(**v["redis"]),
             lease=LeaseSettings(**v["lease"]),
             horizon=HorizonSettings(**{**v["horizon"], "urls": tuple(v["horizon"]["urls"])}),
+            events=EventsSettings(**v["events"]),
             observe=ObserveSettings(**v["observe"]),
             log=LogSettings(**v["log"]),
         )
@@ -451,6 +467,9 @@ def _check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
             problems.append(f"horizon.{key}: must be positive, got {horizon[key]}")
     if horizon["retry_cap_ms"] < horizon["retry_base_ms"]:
         problems.append("horizon.retry_cap_ms: must not be below horizon.retry_base_ms")
+    max_len = v["events"]["max_len"]
+    if max_len < 0:
+        problems.append(f"events.max_len: must be 0 (keep everything) or positive, got {max_len}")
     for key in ("metrics_port", "status_port"):
         if not 0 <= observe[key] <= 65535:
             problems.append(f"observe.{key}: must be a port number 0..65535 (0: off), got {observe[key]}")
@@ -552,6 +571,7 @@ FLAGS = {
     ("horizon", "urls"): "--horizon",
     ("horizon", "resource"): "--resource",
     ("horizon", "start_cursor"): "--start-cursor",
+    ("events", "max_len"): "--events-max-len",
     ("observe", "metrics_port"): "--metrics-port",
     ("observe", "status_port"): "--status-port",
     ("log", "level"): "--log-level",

@@ -54,7 +54,12 @@ def build_store(settings: Settings) -> LeaseStore:
         tls_cert_file=r.tls_cert_file or None,
         tls_key_file=r.tls_key_file or None,
     )
-    return LeaseStore(client, settings.node.job, min_replicas_acked=r.min_replicas_acked)
+    return LeaseStore(
+        client,
+        settings.node.job,
+        min_replicas_acked=r.min_replicas_acked,
+        events_max_len=settings.events.max_len,
+    )
 
 
 def preflight(settings: Settings) -> None:
@@ -113,6 +118,7 @@ async def run_node_process(settings: Settings) -> int:
         safety_margin_ms=settings.lease.safety_margin_ms,
         redis_timeout_ms=settings.redis.timeout_ms,
         min_replicas_acked=settings.redis.min_replicas_acked,
+        events_max_len=settings.events.max_len,
         state_dir=settings.node.state_dir or None,
         clock=getattr(trio.lowlevel.current_clock(), "name", type(trio.lowlevel.current_clock()).__name__),
     )
