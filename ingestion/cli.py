@@ -1,4 +1,4 @@
-"""The command line: ``python -m ingestion [run|simulate|inspect|watch|demo] ...`` (CONTRACT.md).
+"""The command line: ``python -m ingestion [run|simulate|inspect|tail|watch|demo] ...`` (CONTRACT.md).
 
 Exit status: 0 after a clean shutdown, 2 for a usage or configuration error (one line per problem on
 stderr, naming the setting), 1 for a fatal runtime error.
@@ -18,7 +18,7 @@ import trio
 from actors.clock import BootClock
 from ingestion.config import ConfigError, Settings, load
 
-COMMANDS = ("run", "simulate", "inspect", "watch", "demo")
+COMMANDS = ("run", "simulate", "inspect", "tail", "watch", "demo")
 
 
 class UsageError(Exception):
@@ -94,6 +94,12 @@ def cmd_inspect(argv: Sequence[str]) -> int:
     return main(list(argv))
 
 
+def cmd_tail(argv: Sequence[str]) -> int:
+    from ingestion.tail import main
+
+    return main(list(argv))
+
+
 def cmd_simulate(argv: Sequence[str]) -> int:
     from ingestion.simulator.cli import main
 
@@ -121,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "run": cmd_run,
         "simulate": cmd_simulate,
         "inspect": cmd_inspect,
+        "tail": cmd_tail,
         "watch": cmd_watch,
         "demo": cmd_demo,
     }

@@ -1,0 +1,250 @@
+"""``python -m ingestion tail``: print a job's events stream, one record per line.
+
+Each line is the record's JSON as Horizon sent it, with the line breaks between its tokens removed
+(a raw line break can only sit between JSON tokens, never inside a string, so nothing else
+changes): ``jq`` and other line tools read the output directly.
+
+Two ways to read:
+
+- **Plain** (``--from ID|0|$``): entries after stream id ``ID``; ``0`` from the first entry; ``$``
+  (the default) only entries added from now on. Nothing is written to Redis.
+- **As a consumer group** (``--group G [--consumer C]``): the group is created at ``--from``
+  (default: the start of the stream) when missing, and reading resumes where the group left off.
+  Each record is printed, stdout is flushed, and only then is it acknowledged (``XACK``): delivery
+  is at least once. A record printed but not yet acknowledged when ``tail`` was killed is printed
+  again by the next ``tail`` with the same group and consumer (its pending entries come first), so
+  consumers deduplicate by ``paging_token``. The default consumer name is ``tail``, the same on
+  every run, so that a restarted ``tail`` finds what its predecessor left pending.
+
+Without ``--count`` it follows the stream live until SIGINT or SIGTERM (exit 0); with ``--count N``
+it exits 0 after N records, waiting for them when the stream has fewer. Errors are one line on
+stderr: 2 for a usage error or a job that does not exist, 1 when Redis cannot be reached (a
+connection lost while following is retried for ``RECONNECT_FOR`` seconds first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+import redis
+
+from actors.lease_store import connect, describe_redis_error, job_keys
+from ingestion.config import Settings, load, redact_url
+
+BLOCK_MS = 1000  # each blocking read waits at most this long before it is re-issued
+READ_COUNT = 500  # entries asked for per read
+RECONNECT_FOR = 30.0  # seconds a lost connection is retried while following, then exit 1
+_ENTRY_ID = re.compile(r"^\d+(-\d+)?$")
+_BREAKS = re.compile(r"\r?\n[ \t\r\n]*")
+
+
+class TailError(Exception):
+    """Ends ``tail`` with one line on stderr and ``status``."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Stop(Exception):
+    """SIGTERM: stop like SIGINT does."""
+
+
+def one_line(record: str) -> str:
+    """The record's JSON on one line: the line breaks (and the indentation after them) between its
+    tokens removed. JSON strings cannot hold a raw line break, so the record is otherwise as sent."""
+    return _BREAKS.sub("", record).strip()
+
+
+def _check_from(value: str) -> str:
+    if value in ("0", "$") or _ENTRY_ID.match(value):
+        return value
+    raise TailError(
+        f"--from: must be 0, $ or a stream entry id such as 1700000000000-0, got {value!r}", 2
+    )
+
+
+class Tail:
+    """The reading loop, on a blocking redis-py client (``tail`` is a foreground command)."""
+
+    def __init__(self, client: redis.Redis, job: str, out: TextIO, where: str) -> None:
+        self.client = client
+        self.job = job
+        self.key = job_keys(job)["events"]
+        self.out = out
+        self.where = where
+        self.printed = 0
+
+    def check_job(self) -> None:
+        k = job_keys(self.job)
+        if not self.client.exists(k["events"], k["cursor"], k["token"]):
+            raise TailError(
+                f"no job {self.job!r} at {self.where}: nothing was ever elected or committed for it "
+                "(check --job and --redis)",
+                2,
+            )
+
+    def _emit(self, entries: Sequence[tuple[str, dict[str, str] | None]]) -> list[str]:
+        """Print the entries' records; returns the ids of the entries handled."""
+        ids = []
+        for entry_id, fields in entries:
+            ids.append(entry_id)
+            if not fields or "record" not in fields:
+                # A pending entry deleted from the stream (XDEL by someone): nothing to print.
+                print(f"ingestion: entry {entry_id} is gone from the stream; skipped", file=sys.stderr)
+                continue
+            self.out.write(one_line(fields["record"]) + "\n")
+            self.printed += 1
+        self.out.flush()  # before any acknowledgement: at least once, never at most once
+        return ids
+
+    def _want(self, count: int | None) -> int:
+        return READ_COUNT if count is None else min(READ_COUNT, count - self.printed)
+
+    def plain(self, start: str, count: int | None) -> None:
+        after = [start]  # the last entry read (a list: the read below sees each new value)
+        if start == "$":
+            newest: Any = self.client.xrevrange(self.key, count=1)
+            after[0] = newest[0][0] if newest else "0-0"
+        for entries in self._reads(count, lambda want: self.client.xread(
+            {self.key: after[0]}, count=want, block=BLOCK_MS
+        )):
+            self._emit(entries)
+            after[0] = entries[-1][0]
+
+    def group(self, group: str, consumer: str, start: str, count: int | None) -> None:
+        try:
+            self.client.xgroup_create(self.key, group, id=start, mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        # First what this consumer was given but never acknowledged (a tail that was stopped
+        # between printing and acknowledging), then new entries.
+        pending_from = "0"
+        while count is None or self.printed < count:
+            reply: Any = self.client.xreadgroup(
+                group, consumer, {self.key: pending_from}, count=self._want(count)
+            )
+            entries = reply[0][1] if reply else []
+            if not entries:
+                break
+            entries = entries[: self._want(count)]
+            self.client.xack(self.key, group, *self._emit(entries))
+            pending_from = entries[-1][0]
+        for entries in self._reads(count, lambda want: self.client.xreadgroup(
+            group, consumer, {self.key: ">"}, count=want, block=BLOCK_MS
+        )):
+            self.client.xack(self.key, group, *self._emit(entries))
+
+    def _reads(self, count: int | None, read: Any) -> Iterator[list[tuple[str, dict[str, str]]]]:
+        """Non-empty reads until ``count`` records are printed (forever without it); a lost
+        connection is retried for ``RECONNECT_FOR`` seconds."""
+        lost_since: float | None = None
+        while count is None or self.printed < count:
+            try:
+                reply: Any = read(self._want(count))
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                now = time.monotonic()
+                lost_since = lost_since if lost_since is not None else now
+                if now - lost_since > RECONNECT_FOR:
+                    raise TailError(
+                        f"lost Redis for {RECONNECT_FOR:g} s: "
+                        + describe_redis_error(exc, where=self.where),
+                        1,
+                    ) from exc
+                time.sleep(0.5)
+                continue
+            lost_since = None
+            if reply:
+                yield reply[0][1]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m ingestion tail",
+        description="Print a job's events stream, one record (Horizon's JSON) per line.",
+    )
+    p.add_argument("--config", type=Path, help="TOML file (default: ./config.toml if present)")
+    p.add_argument("--redis", metavar="URL", help="the Redis the nodes use (default: from the config)")
+    p.add_argument("--job", help="the job to read (default: horizon)")
+    p.add_argument(
+        "--from", dest="start", metavar="ID|0|$",
+        help="after this stream entry id; 0: from the first; $: only new ones (default: $, "
+        "or 0 when a --group is created)",
+    )
+    p.add_argument("--count", type=int, metavar="N", help="exit after N records (default: follow)")
+    p.add_argument("--group", metavar="G", help="read as consumer group G and acknowledge")
+    p.add_argument(
+        "--consumer", metavar="C", default="tail", help="consumer name within --group (default: tail)"
+    )
+    return p
+
+
+def run(ns: argparse.Namespace, settings: Settings, out: TextIO) -> int:
+    if ns.count is not None and ns.count <= 0:
+        raise TailError(f"--count: must be positive, got {ns.count}", 2)
+    if ns.consumer != "tail" and not ns.group:
+        raise TailError("--consumer: only with --group", 2)
+    start = _check_from(ns.start if ns.start is not None else ("0" if ns.group else "$"))
+    r = settings.redis
+    where = redact_url(r.url)
+    client = connect(
+        r.url,
+        timeout=max(r.timeout_ms / 1000, 2.0) + BLOCK_MS / 1000,
+        connect_timeout=max(r.timeout_ms / 1000, 2.0),
+        tls_ca_file=r.tls_ca_file or None,
+        tls_cert_file=r.tls_cert_file or None,
+        tls_key_file=r.tls_key_file or None,
+    )
+    tail = Tail(client, settings.node.job, out, where)
+    try:
+        tail.check_job()
+        if ns.group:
+            tail.group(ns.group, ns.consumer, start, ns.count)
+        else:
+            tail.plain(start, ns.count)
+    except redis.RedisError as exc:
+        raise TailError(describe_redis_error(exc, where=where, secret=None), 1) from exc
+    finally:
+        client.close()
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``tail`` with these flags; returns the exit status.
+
+    Raises:
+        ConfigError: a bad setting (the CLI prints it and exits 2).
+    """
+    ns = _parser().parse_args(list(argv))
+    flags: dict[str, dict[str, Any]] = {}
+    if ns.redis is not None:
+        flags["redis"] = {"url": ns.redis}
+    if ns.job is not None:
+        flags["node"] = {"job": ns.job}
+    settings = load(ns.config, os.environ, flags)
+
+    def on_term(_signum: int, _frame: FrameType | None) -> None:
+        raise _Stop
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        return run(ns, settings, sys.stdout)
+    except TailError as exc:
+        print(f"ingestion: tail: {exc}", file=sys.stderr)
+        return exc.status
+    except (KeyboardInterrupt, _Stop):
+        return 0
+    except BrokenPipeError:
+        # The reader went away (`| head`): not an error. Keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

@@ -1,0 +1,193 @@
+"""``python -m ingestion tail`` as a subprocess against a real redis-server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import redis
+import trio
+
+from actors.lease_store import Acquired, LeaseStore, connect, job_keys
+from actors.source import Record
+from ingestion.local_redis import LocalRedis
+from ingestion.tail import one_line
+
+
+def body(i: int) -> str:
+    # Pretty-printed, as Horizon sends its records.
+    return json.dumps(
+        {"id": str(i << 32), "paging_token": str(i << 32), "type": "payment", "memo": "a\nb {x}"},
+        indent=2,
+    )
+
+
+class Writer:
+    def __init__(self, url: str, job: str) -> None:
+        self.store = LeaseStore(connect(url, timeout=2.0), job)
+        self.cursor: str | None = None
+        self.next = 1
+
+    async def commit(self, count: int) -> None:
+        if self.cursor is None:
+            grant = await self.store.acquire("writer", 60_000)
+            assert isinstance(grant, Acquired)
+        records = [Record(str(i << 32), body(i)) for i in range(self.next, self.next + count)]
+        await self.store.commit("writer", 1, self.cursor, records)
+        self.cursor, self.next = records[-1].paging_token, self.next + count
+
+
+def env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("INGESTION_")}
+
+
+async def tail(*args: str) -> subprocess.CompletedProcess[bytes]:
+    with trio.fail_after(30):
+        return await trio.run_process(
+            [sys.executable, "-m", "ingestion", "tail", *args],
+            capture_stdout=True, capture_stderr=True, check=False, env=env(),
+        )  # fmt: skip
+
+
+def numbers(stdout: bytes) -> list[int]:
+    return [int(json.loads(line)["paging_token"]) >> 32 for line in stdout.decode().splitlines()]
+
+
+def test_one_line_removes_only_the_breaks_between_tokens() -> None:
+    text = body(7)
+    assert "\n" in text
+    line = one_line(text)
+    assert "\n" not in line and json.loads(line) == json.loads(text)
+    assert '"memo": "a\\nb {x}"' in line  # the escaped break inside the string is untouched
+
+
+async def test_from_zero_with_count_prints_the_first_records_in_order(
+    redis_server: LocalRedis, job: str
+) -> None:
+    w = Writer(redis_server.url, job)
+    await w.commit(12)
+    done = await tail("--redis", redis_server.url, "--job", job, "--from", "0", "--count", "5")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.decode().splitlines()
+    assert numbers(done.stdout) == [1, 2, 3, 4, 5]
+    assert json.loads(lines[0]) == json.loads(body(1))  # the record as Horizon sent it
+
+
+async def test_a_group_prints_each_record_once_across_restarts_and_acknowledges(
+    redis_server: LocalRedis, job: str, redis_client: redis.Redis
+) -> None:
+    w = Writer(redis_server.url, job)
+    await w.commit(10)
+    common = ("--redis", redis_server.url, "--job", job, "--group", "billing")
+    first = await tail(*common, "--count", "4")
+    second = await tail(*common, "--count", "4")
+    await w.commit(5)
+    third = await tail(*common, "--count", "7")
+    for done in (first, second, third):
+        assert done.returncode == 0, done.stderr
+    assert numbers(first.stdout) + numbers(second.stdout) + numbers(third.stdout) == list(range(1, 16))
+    key = job_keys(job)["events"]
+    assert redis_client.xpending(key, "billing")["pending"] == 0
+    assert redis_client.xinfo_groups(key)[0]["lag"] == 0
+
+
+async def test_a_group_first_prints_what_its_consumer_left_unacknowledged(
+    redis_server: LocalRedis, job: str, redis_client: redis.Redis
+) -> None:
+    w = Writer(redis_server.url, job)
+    await w.commit(6)
+    key = job_keys(job)["events"]
+    redis_client.xgroup_create(key, "g", id="0")
+    # A tail that printed 1..3 and was killed before acknowledging them.
+    redis_client.xreadgroup("g", "tail", {key: ">"}, count=3)
+    done = await tail("--redis", redis_server.url, "--job", job, "--group", "g", "--count", "6")
+    assert done.returncode == 0, done.stderr
+    assert numbers(done.stdout) == [1, 2, 3, 4, 5, 6]
+    assert redis_client.xpending(key, "g")["pending"] == 0
+
+
+class Follower:
+    """A ``tail`` that keeps running: its output read line by line."""
+
+    def __init__(self, proc: trio.Process) -> None:
+        self.proc = proc
+        self.buffer = b""
+
+    async def numbers(self, count: int, within: float = 15.0) -> list[int]:
+        assert self.proc.stdout is not None
+        with trio.fail_after(within):
+            while self.buffer.count(b"\n") < count:
+                chunk = await self.proc.stdout.receive_some()
+                assert chunk, "tail exited"
+                self.buffer += chunk
+        lines = self.buffer.split(b"\n")
+        self.buffer = b"\n".join(lines[count:])
+        return numbers(b"\n".join(lines[:count]))
+
+    async def stop(self, sig: signal.Signals) -> int:
+        self.proc.send_signal(sig)
+        with trio.fail_after(10):
+            return await self.proc.wait()
+
+
+async def follow(*args: str) -> Follower:
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "ingestion", "tail", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env(),
+    )  # fmt: skip
+    return Follower(proc)
+
+
+async def test_follows_new_records_live_until_sigint(redis_server: LocalRedis, job: str) -> None:
+    w = Writer(redis_server.url, job)
+    await w.commit(3)
+    follower = await follow("--redis", redis_server.url, "--job", job)
+    try:
+        await trio.sleep(1.5)  # started, at "$": the three existing records are not printed
+        await w.commit(4)
+        assert await follower.numbers(4) == [4, 5, 6, 7]
+        assert await follower.stop(signal.SIGINT) == 0
+    finally:
+        follower.proc.kill()
+
+
+async def test_sigterm_stops_a_follower_with_status_zero(redis_server: LocalRedis, job: str) -> None:
+    w = Writer(redis_server.url, job)
+    await w.commit(1)
+    follower = await follow("--redis", redis_server.url, "--job", job, "--group", "g")
+    try:
+        assert await follower.numbers(1) == [1]
+        assert await follower.stop(signal.SIGTERM) == 0
+    finally:
+        follower.proc.kill()
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "says"),
+    [
+        (("--job", "no-such-job-anywhere"), 2, "no job 'no-such-job-anywhere'"),
+        (("--from", "yesterday"), 2, "--from: must be 0, $ or a stream entry id"),
+        (("--count", "0"), 2, "--count: must be positive"),
+        (("--consumer", "x"), 2, "--consumer: only with --group"),
+    ],
+)
+async def test_usage_errors_are_one_line_and_exit_2(
+    redis_server: LocalRedis, job: str, args: tuple[str, ...], status: int, says: str
+) -> None:
+    await Writer(redis_server.url, job).commit(1)
+    done = await tail("--redis", redis_server.url, "--job", job, *args)
+    assert done.returncode == status
+    err = done.stderr.decode().strip()
+    assert says in err and len(err.splitlines()) == 1, err
+    assert done.stdout == b""
+
+
+async def test_an_unreachable_redis_is_one_line_and_exit_1(job: str) -> None:
+    done = await tail("--redis", "redis://:secret@127.0.0.1:1/0", "--job", job)
+    assert done.returncode == 1
+    err = done.stderr.decode().strip()
+    assert len(err.splitlines()) == 1 and "127.0.0.1:1" in err and "secret" not in err, err
