@@ -77,14 +77,16 @@ class Verification:
     last: str | None
     tokens: tuple[int, ...]  # the distinct fencing tokens along the stream, in stream order
     problems: tuple[str, ...]
+    trimmed: int = 0  # records before the first entry, removed by retention
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def summary(self) -> str:
+        kept = f" (after {self.trimmed} trimmed by retention)" if self.trimmed else ""
         head = (
-            f"{self.count} records, paging tokens {self.first} .. {self.last}, "
+            f"{self.count} records{kept}, paging tokens {self.first} .. {self.last}, "
             f"fencing tokens {_ranges(self.tokens)}"
         )
         if self.ok:
@@ -104,9 +106,13 @@ def check_stream(
     entries: Sequence[StreamEntry],
     source: Sequence[SourceRecord],
     grants: Sequence[Grant] | None = None,
+    trimmed: int = 0,
 ) -> Verification:
     """Check ``entries`` against ``source`` (the source's records from the start cursor, in order,
     at least as far as the last entry) and, when given, against the audit stream's ``grants``.
+
+    ``trimmed``: entries that retention removed from the head of the stream (``events.max_len``);
+    the stream must then be exactly the source's records from that position on.
     """
     problems: list[str] = []
 
@@ -114,7 +120,8 @@ def check_stream(
         if len(problems) < MAX_PROBLEMS:
             problems.append(text)
 
-    # 1 and 2: the same sequence of records as the source, from its start.
+    # 1 and 2: the same sequence of records as the source, from its start (after what was trimmed).
+    source = source[trimmed:]
     seen: dict[str, int] = {}
     for i, entry in enumerate(entries):
         if entry.paging_token in seen:
@@ -182,6 +189,7 @@ def check_stream(
                 break
     return Verification(
         count=len(entries),
+        trimmed=trimmed,
         first=entries[0].paging_token if entries else None,
         last=entries[-1].paging_token if entries else None,
         tokens=tuple(distinct),
@@ -268,8 +276,22 @@ async def verify_job(
     try:
         entries = await trio.to_thread.run_sync(read_entries, client, job)
         grants = await trio.to_thread.run_sync(read_grants, client, job)
+        trimmed = await trio.to_thread.run_sync(trimmed_entries, client, job)
     finally:
         client.close()
     through = entries[-1].paging_token if entries else None
     source = await fetch_source(horizon, resource, start_cursor, through=through)
-    return check_stream(entries, source, grants)
+    return check_stream(entries, source, grants, trimmed=trimmed)
+
+
+def trimmed_entries(client: redis.Redis, job: str) -> int:
+    """Entries retention removed from the head of the job's events stream (blocking).
+
+    Redis counts every entry ever appended (``entries-added``, Redis 7.0); the stream is only ever
+    trimmed from its head, so the difference from its length is how many records come before its
+    first entry."""
+    try:
+        info: Any = client.xinfo_stream(job_keys(job)["events"])
+    except redis.ResponseError:
+        return 0  # no stream yet
+    return int(info.get("entries-added", info["length"])) - int(info["length"])
