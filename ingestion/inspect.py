@@ -1,7 +1,8 @@
 """``python -m ingestion inspect``: the job's state as read from Redis, as a table or JSON.
 
 ``--json`` prints the object of CONTRACT.md (``job``, ``leader``, ``token``, ``lease_ttl_ms_left``,
-``cursor``, ``events``, ``audit``) plus one extra key, ``lag``: null unless ``--horizon URL`` is
+``cursor``, ``events``, ``audit``) plus two extra keys: ``stream`` (retention and consumer groups,
+see :func:`stream_doc`) and ``lag``, null unless ``--horizon URL`` is
 given, in which case inspect asks that Horizon for the newest record of the job's resource and
 reports how far the committed cursor is behind it::
 
@@ -27,7 +28,7 @@ import attrs
 import httpx
 import trio
 
-from actors.lease_store import JobState, LeaseStore, RedisUnavailable, connect
+from actors.lease_store import JobState, LeaseStore, RedisUnavailable, StreamInfo, connect
 from actors.observe import record_time
 from ingestion.config import Settings, load
 from ingestion.paging import InvalidPagingToken, toid_parts, token_key
@@ -99,7 +100,9 @@ async def inspect_job(
         tls_key_file=r.tls_key_file or None,
     )
     try:
-        state = await LeaseStore(client, settings.node.job).state(audit_count)
+        store = LeaseStore(client, settings.node.job)
+        state = await store.state(audit_count)
+        stream = await store.events_info()
     except RedisUnavailable as exc:
         print(f"ingestion: cannot read job {settings.node.job!r}: {exc}", file=sys.stderr)
         return 1
@@ -110,9 +113,10 @@ async def inspect_job(
         doc = attrs.asdict(state)
         doc.pop("cursor_token")
         doc["lag"] = lag
+        doc["stream"] = stream_doc(stream)
         print(json.dumps(doc))
     else:
-        print(render_table(state, lag))
+        print(render_table(state, lag, stream))
     return 0
 
 
@@ -129,8 +133,38 @@ def _lag_text(lag: dict[str, Any] | None) -> str:
     return (", ".join(parts) or "unknown") + f" behind head {lag['head'] or '(empty)'}"
 
 
-def render_table(state: JobState, lag: dict[str, Any] | None) -> str:
+def stream_doc(stream: StreamInfo) -> dict[str, Any]:
+    """The events stream's retention and readers: ``trimmed`` (entries removed by events.max_len)
+    and each consumer group's ``pending``, ``lag`` (undelivered; null when Redis cannot tell) and
+    ``last_delivered_id``."""
+    return {
+        "trimmed": stream.trimmed,
+        "groups": [
+            {
+                "name": g.name,
+                "consumers": g.consumers,
+                "pending": g.pending,
+                "lag": g.lag,
+                "last_delivered_id": g.last_delivered_id,
+            }
+            for g in stream.groups
+        ],
+    }
+
+
+def _groups_text(stream: StreamInfo | None) -> str:
+    if stream is None or not stream.groups:
+        return "(none)"
+    parts = []
+    for g in stream.groups:
+        lag = "?" if g.lag is None else str(g.lag)
+        parts.append(f"{g.name}: {g.pending} pending, {lag} undelivered")
+    return "; ".join(parts)
+
+
+def render_table(state: JobState, lag: dict[str, Any] | None, stream: StreamInfo | None = None) -> str:
     ttl = state.lease_ttl_ms_left
+    trimmed = f" ({stream.trimmed} trimmed by retention)" if stream and stream.trimmed else ""
     rows = [
         ("job", state.job),
         ("leader", state.leader or "(none)"),
@@ -138,7 +172,8 @@ def render_table(state: JobState, lag: dict[str, Any] | None) -> str:
         ("lease ttl left", f"{ttl} ms" if ttl is not None else "-"),
         ("cursor", state.cursor or "(nothing committed)"),
         ("written by token", str(state.cursor_token) if state.cursor_token is not None else "-"),
-        ("events", str(state.events)),
+        ("events", f"{state.events}{trimmed}"),
+        ("consumer groups", _groups_text(stream)),
         ("lag", _lag_text(lag)),
     ]
     width = max(len(k) for k, _ in rows)

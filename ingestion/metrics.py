@@ -28,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from actors.lease_store import RedisUnavailable, StreamInfo
 from actors.observe import NodeObserver
 from ingestion.asgi import Receive, Scope, Send, serve_lifespan
 
@@ -105,13 +106,59 @@ class _ObserverCollector(Collector):
             )
 
 
-class NodeMetrics:
-    """The metrics of one node: a private registry fed by its observer."""
+class _StreamCollector(Collector):
+    """The job's events stream as read from Redis at the last scrape (absent when unread)."""
 
-    def __init__(self, observer: NodeObserver, clock: Callable[[], float] = trio.current_time):
+    def __init__(self) -> None:
+        self.info: StreamInfo | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        info = self.info
+        if info is None:
+            return
+        yield GaugeMetricFamily(
+            "ingestion_events_stream_entries", "Entries in the job's events stream now.",
+            value=info.length,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "ingestion_events_trimmed",
+            "Entries removed from the events stream by retention (events.max_len), all nodes.",
+            value=info.trimmed,
+        )
+        lag = GaugeMetricFamily(
+            "ingestion_consumer_group_lag_entries",
+            "Entries a consumer group on the events stream has not acknowledged yet (pending plus "
+            "not yet delivered); trimming waits for the slowest group.",
+            labels=["group"],
+        )
+        known = [(g.name, g.unacknowledged) for g in info.groups if g.unacknowledged is not None]
+        for name, value in known:
+            lag.add_metric([name], value)
+        yield lag
+        if known:
+            yield GaugeMetricFamily(
+                "ingestion_consumer_group_lag_max_entries",
+                "The slowest consumer group's lag (ingestion_consumer_group_lag_entries).",
+                value=max(v for _, v in known),
+            )
+
+
+class NodeMetrics:
+    """The metrics of one node: a private registry fed by its observer, and by the events stream
+    read from Redis at each scrape when ``stream_info`` is given."""
+
+    def __init__(
+        self,
+        observer: NodeObserver,
+        clock: Callable[[], float] = trio.current_time,
+        stream_info: Callable[[], Awaitable[StreamInfo]] | None = None,
+    ):
         self.observer = observer
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_ObserverCollector(observer, clock))
+        self._stream_info = stream_info
+        self._stream = _StreamCollector()
+        self.registry.register(self._stream)
         self.commit_latency = Histogram(
             "ingestion_commit_latency_seconds",
             "Time from sending a fenced commit to Redis until its answer.",
@@ -123,6 +170,16 @@ class NodeMetrics:
     def _on_event(self, event: str, fields: dict[str, Any]) -> None:
         if event == "committed":
             self.commit_latency.observe(float(fields["latency"]))
+
+    async def refresh(self) -> None:
+        """Read the events stream from Redis (one bounded call); on failure its metrics are left
+        out of this scrape rather than shown stale."""
+        if self._stream_info is None:
+            return
+        try:
+            self._stream.info = await self._stream_info()
+        except RedisUnavailable:
+            self._stream.info = None
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -141,6 +198,7 @@ def metrics_app(metrics: NodeMetrics) -> Callable[[Scope, Receive, Send], Awaita
         if scope["method"] not in ("GET", "HEAD"):
             status, ctype, body = 405, "text/plain", b"method not allowed\n"
         elif path == "/metrics":
+            await metrics.refresh()
             status, ctype, body = 200, CONTENT_TYPE_LATEST, metrics.exposition()
         elif path in ("/healthz", "/health"):
             snap = metrics.observer.snapshot()
@@ -168,6 +226,7 @@ async def serve_metrics(
     observer: NodeObserver,
     log: Any,
     *,
+    stream_info: Callable[[], Awaitable[StreamInfo]] | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``/metrics`` and ``/healthz`` on ``host:port`` until cancelled.
@@ -178,7 +237,7 @@ async def serve_metrics(
     Raises:
         OSError: the address cannot be bound.
     """
-    metrics = NodeMetrics(observer)
+    metrics = NodeMetrics(observer, stream_info=stream_info)
     config = HypercornConfig()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None

@@ -9,6 +9,7 @@ still released, under a short shielded scope).
 
 from __future__ import annotations
 
+import functools
 import signal
 from typing import Any
 
@@ -136,7 +137,7 @@ async def run_node_process(settings: Settings) -> int:
                         nursery.cancel_scope.cancel()
 
                 handle = await nursery.start(node_then_stop)
-                await _start_endpoints(nursery, settings, observer, log)
+                await _start_endpoints(nursery, settings, observer, log, store)
                 shutting_down = False
                 async for signum in signals:
                     name = signal.Signals(signum).name
@@ -159,14 +160,17 @@ async def run_node_process(settings: Settings) -> int:
 
 
 async def _start_endpoints(
-    nursery: trio.Nursery, settings: Settings, observer: NodeObserver, log: Any
+    nursery: trio.Nursery, settings: Settings, observer: NodeObserver, log: Any, store: LeaseStore
 ) -> None:
     """Start the metrics and status endpoints when configured (see ingestion.metrics/status)."""
     o = settings.observe
     if o.metrics_port:
         from ingestion.metrics import serve_metrics
 
-        await nursery.start(serve_metrics, o.listen_host, o.metrics_port, observer, log)
+        await nursery.start(
+            functools.partial(serve_metrics, stream_info=store.events_info),
+            o.listen_host, o.metrics_port, observer, log,
+        )
     if o.status_port:
         from ingestion.status import serve_status
 

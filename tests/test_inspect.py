@@ -35,9 +35,10 @@ async def test_inspect_json_of_an_empty_job_has_the_contract_keys(
     done = await run_inspect("--redis", redis_server.url, "--job", job, "--json")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
-    assert set(doc) == CONTRACT_KEYS | {"lag"}
+    assert set(doc) == CONTRACT_KEYS | {"lag", "stream"}
     assert doc == {"job": job, "leader": None, "token": 0, "lease_ttl_ms_left": None,
-                   "cursor": None, "events": 0, "audit": [], "lag": None}  # fmt: skip
+                   "cursor": None, "events": 0, "audit": [], "lag": None,
+                   "stream": {"trimmed": 0, "groups": []}}  # fmt: skip
 
 
 async def test_inspect_shows_leader_cursor_takeover_audit_and_lag_behind_horizon(
@@ -114,3 +115,26 @@ async def test_inspect_bad_setting_exits_2() -> None:
     done = await run_inspect("--redis", "http://nope", "--json")
     assert done.returncode == 2
     assert b"redis.url: must start with redis://" in done.stderr
+
+
+async def test_inspect_shows_retention_and_consumer_groups(redis_server: LocalRedis, job: str) -> None:
+    store = LeaseStore(connect(redis_server.url, timeout=2.0), job, events_max_len=100)
+    grant = await store.acquire("node-a", 60_000)
+    assert isinstance(grant, Acquired)
+    records = [Record(str(i << 32), f'{{"paging_token":"{i << 32}"}}') for i in range(1, 401)]
+    key = store.keys["events"]
+    store.client.xgroup_create(key, "billing", id="0", mkstream=True)
+    await store.commit("node-a", grant.token, None, records[:300])
+    done = store.client.xreadgroup("billing", "c", {key: ">"}, count=300)[0][1]
+    store.client.xack(key, "billing", *[entry_id for entry_id, _ in done])
+    await store.commit("node-a", grant.token, records[299].paging_token, records[300:])
+    store.client.xreadgroup("billing", "c", {key: ">"}, count=40)
+    done = await run_inspect("--redis", redis_server.url, "--job", job, "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["stream"]["trimmed"] >= 200 and doc["stream"]["trimmed"] + doc["events"] == 400
+    (group,) = doc["stream"]["groups"]
+    assert (group["name"], group["consumers"], group["pending"], group["lag"]) == ("billing", 1, 40, 60)
+    table = await run_inspect("--redis", redis_server.url, "--job", job)
+    assert "billing: 40 pending, 60 undelivered" in table.stdout.decode()
+    assert "trimmed by retention" in table.stdout.decode()

@@ -3,11 +3,15 @@ in-process nodes running against a real redis-server."""
 
 from __future__ import annotations
 
+import functools
+
 import httpx
+import redis
 import structlog
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from actors.lease_store import Acquired, LeaseStore, connect
 from actors.observe import NodeObserver
 from actors.source import SyntheticSource
 from ingestion.local_redis import LocalRedis
@@ -123,3 +127,43 @@ async def test_two_nodes_in_one_process_have_separate_registries() -> None:
     assert value(ma.exposition().decode(), "ingestion_commit_latency_seconds_count") == 1
 
 
+
+
+async def test_events_stream_length_trimmed_and_the_slowest_group_are_read_at_each_scrape(
+    redis_server: LocalRedis, job: str, redis_client: redis.Redis
+) -> None:
+    store = LeaseStore(connect(redis_server.url, timeout=1.0), job, events_max_len=50)
+    grant = await store.acquire("a", 60_000)
+    assert isinstance(grant, Acquired)
+    source = SyntheticSource(total=400)
+    observer = NodeObserver("a", job)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(
+            functools.partial(serve_metrics, stream_info=store.events_info),
+            "127.0.0.1", 0, observer, LOG,
+        )  # fmt: skip
+        text = (await scrape(port)).text
+        assert value(text, "ingestion_events_stream_entries") == 0
+        assert value(text, "ingestion_consumer_group_lag_max_entries") is None
+
+        key = store.keys["events"]
+        redis_client.xgroup_create(key, "fast", id="0", mkstream=True)
+        redis_client.xgroup_create(key, "slow", id="0")
+        await store.commit("a", 1, None, [source.record(i) for i in range(1, 101)])
+        redis_client.xreadgroup("slow", "c", {key: ">"}, count=30)  # 30 pending, 70 undelivered
+        delivered = redis_client.xreadgroup("fast", "c", {key: ">"}, count=100)[0][1]
+        redis_client.xack(key, "fast", *[entry_id for entry_id, _ in delivered])
+        text = (await scrape(port)).text
+        assert value(text, "ingestion_events_stream_entries") == 100
+        assert value(text, "ingestion_consumer_group_lag_entries", group="fast") == 0
+        assert value(text, "ingestion_consumer_group_lag_entries", group="slow") == 100
+        assert value(text, "ingestion_consumer_group_lag_max_entries") == 100
+
+        redis_client.xgroup_destroy(key, "slow")
+        await store.commit("a", 1, source.token_of(100), [source.record(i) for i in range(101, 401)])
+        text = (await scrape(port)).text
+        entries = value(text, "ingestion_events_stream_entries")
+        trimmed = value(text, "ingestion_events_trimmed_total")
+        assert entries is not None and trimmed is not None
+        assert 50 <= entries < 400 and entries + trimmed == 400
+        nursery.cancel_scope.cancel()
