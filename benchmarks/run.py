@@ -3,7 +3,8 @@
 ``python -m benchmarks [--quick] [--only SECTION ...] [--output PATH] [--json PATH]``
 
 Sections: ``catchup`` (throughput and memory), ``latency``, ``commit``, ``failover``, ``standby``,
-``redis_ha`` (Sentinel failover and the cost of replica acknowledgements).
+``redis_ha`` (Sentinel failover and the cost of replica acknowledgements), ``memory`` (Redis memory
+per ingested record, with and without retention).
 ``--quick`` is a smoke run (smaller history, fewer trials, one TTL) that takes about two minutes;
 the full run takes about ten. A throwaway ``redis-server`` is started on a free loopback port; the
 simulator runs as its own process. Results also go to a JSON file; when
@@ -23,11 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import catchup, commit_cost, failover, latency, redis_ha, standby
+from benchmarks import catchup, commit_cost, failover, latency, memory, redis_ha, standby
 from ingestion.local_redis import LocalRedis
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("catchup", "latency", "commit", "failover", "standby", "redis_ha")
+SECTIONS = ("catchup", "latency", "commit", "failover", "standby", "redis_ha", "memory")
 
 
 def machine() -> dict[str, str]:
@@ -79,6 +80,8 @@ def measure(quick: bool, only: tuple[str, ...], partial: Path | None = None) -> 
                 results[section] = standby.run(url, standbys=3, seconds=10.0 if quick else 30.0)
             elif section == "redis_ha":
                 results[section] = redis_ha.run(trials=3 if quick else 12)
+            elif section == "memory":
+                results[section] = memory.run(url, count=20_000 if quick else 100_000)
             print(f"  ({time.monotonic() - started:.0f} s)", flush=True)
             if partial is not None:  # a later section's crash keeps the earlier ones
                 partial.write_text(json.dumps(results, indent=2) + "\n")
@@ -177,6 +180,45 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
                 None,
             )
         )
+    mem = r.get("memory")
+    if mem:
+        n = f"{mem['count']:,} ops"
+        for name in ("unbounded", "retained", "retained_reader"):
+            if name not in mem:
+                continue
+            v = mem[name]
+            kept = "no retention" if not v["max_len"] else f"events.max_len {v['max_len']:,}"
+            if name == "retained_reader":
+                kept += " and a consumer group reading along"
+            rows.append(
+                (
+                    f"Redis memory after {n}, {kept}: events stream (entries), per entry",
+                    f"{v['stream_bytes'] / 2**20:.1f} MiB ({v['stream_entries']:,}), "
+                    f"{v['bytes_per_entry']:.0f} B (record {v['record_bytes']:.0f} B + "
+                    f"{v['overhead_per_entry']:.0f} B)",
+                    "",
+                    None,
+                )
+            )
+        rows.append(
+            (
+                f"catch-up with retention vs without, {n}",
+                f"{mem['retained']['rate']:,.0f} vs {mem['unbounded']['rate']:,.0f} records/s "
+                f"({mem['rate_ratio']:.2f}x)",
+                "",
+                None,
+            )
+        )
+        if "retained_reader" in mem:
+            rows.append(
+                (
+                    f"catch-up with retention and a consumer group reading vs without retention, {n}",
+                    f"{mem['retained_reader']['rate']:,.0f} vs {mem['unbounded']['rate']:,.0f} "
+                    f"records/s ({mem['reader_rate_ratio']:.2f}x)",
+                    "",
+                    None,
+                )
+            )
     sb = r.get("standby")
     if sb:
         cps = sb["commands_per_s_per_standby"]
