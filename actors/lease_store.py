@@ -681,6 +681,14 @@ class LeaseStore:
                 describe_redis_error(exc, where=self._where, secret=self._secret)
             ) from exc
 
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """A blocking redis-py call of the caller's, bounded and reported like every store call.
+
+        Raises:
+            RedisUnavailable: it failed or timed out (its effect is unknown).
+        """
+        return await self._call(fn, *args)
+
     def _script_then_wait(
         self, script: Any, keys: list[str], args: list[Any], *, replid: bool = False
     ) -> tuple[Any, int | None, str | None]:

@@ -32,7 +32,11 @@ def _run_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", type=Path, help="TOML file (default: ./config.toml if present)")
     p.add_argument("--node-id", help="this node's id (default: <hostname>-<pid>)")
-    p.add_argument("--job", help="the singleton job to compete for (default: horizon)")
+    p.add_argument(
+        "--job", action="append", metavar="NAME[=RESOURCE]",
+        help="a singleton job to host (repeatable; RESOURCE defaults to --resource; default: "
+        "every [jobs.NAME] table, or one job named horizon)",
+    )
     p.add_argument("--horizon", action="append", metavar="URL", help="Horizon base URL (repeatable)")
     p.add_argument("--resource", help="Horizon collection path, e.g. /operations (default)")
     p.add_argument("--start-cursor", help="now (default), 0 or a paging token")
@@ -80,10 +84,14 @@ def cmd_run(argv: Sequence[str]) -> int:
     settings = load_settings(ns)
     from ingestion.node import build_source, preflight, run_node_process
 
-    try:
-        build_source(settings)
-    except ValueError as exc:
-        raise ConfigError([f"horizon: {exc}"]) from exc
+    problems = []
+    for job in settings.jobs:
+        try:
+            build_source(settings, job)
+        except ValueError as exc:
+            problems.append(f"jobs.{job.name}: {exc}" if len(settings.jobs) > 1 else f"horizon: {exc}")
+    if problems:
+        raise ConfigError(problems)
     preflight(settings)
     return trio.run(run_node_process, settings, clock=BootClock())
 

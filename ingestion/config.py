@@ -71,7 +71,12 @@ def redact_url(url: str) -> str:
 SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
     "node": {
         "id": (str, "", "this node's id in logs and in Redis; empty: <hostname>-<pid>"),
-        "job": (str, "horizon", "the singleton job this node competes for"),
+        "job": (
+            "list[str]",
+            [],
+            "the singleton jobs this node hosts, each NAME or NAME=RESOURCE (--job repeated); "
+            "empty: every [jobs.NAME] table, or one job named horizon when there is none",
+        ),
         "state_dir": (
             str,
             "",
@@ -178,8 +183,38 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 @attrs.frozen
 class NodeSettings:
     id: str
-    job: str
+    jobs: tuple[str, ...]  # the job names this node hosts, in order (see Settings.jobs)
     state_dir: str
+
+    @property
+    def job(self) -> str:
+        """The first job: what single-job commands (``tail``) read by default."""
+        return self.jobs[0]
+
+
+JOB_KINDS = ("horizon", "scheduled")
+# A [jobs.NAME] table: key -> (type, help). Missing keys take the [horizon] settings.
+JOB_SCHEMA: dict[str, tuple[type | str, str]] = {
+    "kind": (str, "horizon (ingest a Horizon collection) or scheduled (run an action periodically)"),
+    "resource": (str, "the Horizon collection (default: horizon.resource)"),
+    "start_cursor": (str, "where the job starts when nothing is committed (default: horizon.start_cursor)"),
+    "horizon": ("list[str]", "Horizon base URLs for this job (default: horizon.urls)"),
+    "action": (str, "scheduled: the action to run, module:function (async (run, term) -> dict)"),
+    "period_ms": (int, "scheduled: ms between the end of a run and the start of the next"),
+}
+
+
+@attrs.frozen
+class JobSettings:
+    """One elected job hosted by the node."""
+
+    name: str
+    kind: str  # "horizon" or "scheduled"
+    resource: str
+    start_cursor: str
+    horizon_urls: tuple[str, ...]
+    action: str = ""  # scheduled: "module:function"
+    period_ms: int = 0
 
 
 @attrs.frozen
@@ -250,6 +285,7 @@ class Settings:
     events: EventsSettings
     observe: ObserveSettings
     log: LogSettings
+    jobs: tuple[JobSettings, ...] = ()
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> Settings:
@@ -260,6 +296,8 @@ class Settings:
         """
         problems: list[str] = []
         values: dict[str, dict[str, Any]] = {}
+        job_tables = raw.get("jobs", {})
+        raw = {k: v for k, v in raw.items() if k != "jobs"}
         for section, value in raw.items():
             if section not in SCHEMA:
                 problems.append(f"{section}: unknown section{_did_you_mean(section, SCHEMA)}")
@@ -278,12 +316,15 @@ class Settings:
                 values[section][key] = checked if checked is not None else default
         derived = _derive(values)
         _check_values(values, problems)
+        jobs = _resolve_jobs(values, job_tables, problems)
         problems = _without_derived_noise(problems, derived)
         if problems:
             raise ConfigError(problems)
         v = values
+        node = v["node"]
         return cls(
-            node=NodeSettings(**v["node"]),
+            node=NodeSettings(id=node["id"], jobs=tuple(j.name for j in jobs), state_dir=node["state_dir"]),
+            jobs=jobs,
             redis=RedisSettings(**v["redis"]),
             lease=LeaseSettings(**v["lease"]),
             horizon=HorizonSettings(**{**v["horizon"], "urls": tuple(v["horizon"]["urls"])}),
@@ -291,6 +332,119 @@ class Settings:
             observe=ObserveSettings(**v["observe"]),
             log=LogSettings(**v["log"]),
         )
+
+
+def _check_job_name(name: str, where: str, problems: list[str]) -> bool:
+    if not name or any(c in name for c in "{}=,| \t"):
+        problems.append(
+            f"{where}: a job name must be non-empty, without braces, '=', ',', '|' or spaces, "
+            f"got {name!r}"
+        )
+        return False
+    return True
+
+
+def _check_start_cursor(start: str, where: str, problems: list[str]) -> None:
+    if start in ("now", "0"):
+        return
+    from ingestion.paging import InvalidPagingToken, token_key
+
+    try:
+        token_key(start)
+    except InvalidPagingToken:
+        problems.append(f"{where}: must be now, 0 or a paging token, got {start!r}")
+
+
+def _resolve_jobs(
+    v: dict[str, dict[str, Any]], tables: Any, problems: list[str]
+) -> tuple[JobSettings, ...]:
+    """The jobs this node hosts: ``node.job`` entries (NAME or NAME=RESOURCE) if any, else every
+    ``[jobs.NAME]`` table, else one job named ``horizon``; each filled from its table, then from
+    the [horizon] settings."""
+    horizon = v["horizon"]
+    if not isinstance(tables, Mapping):
+        problems.append("jobs: must be tables, one per job: [jobs.NAME]")
+        tables = {}
+    for name, table in tables.items():
+        if not isinstance(table, Mapping):
+            problems.append(f"jobs.{name}: must be a table of settings")
+    entries = list(v["node"]["job"]) or list(tables) or ["horizon"]
+    jobs: list[JobSettings] = []
+    seen: set[str] = set()
+    for entry in entries:
+        name, eq, flag_resource = entry.partition("=")
+        name = name.strip()
+        if not _check_job_name(name, "node.job", problems):
+            continue
+        if name in seen:
+            problems.append(f"node.job: job {name!r} is given twice")
+            continue
+        seen.add(name)
+        table = tables.get(name, {})
+        table = table if isinstance(table, Mapping) else {}
+        given: dict[str, Any] = {}
+        for key, value in table.items():
+            if key not in JOB_SCHEMA:
+                problems.append(f"jobs.{name}.{key}: unknown setting{_did_you_mean(key, JOB_SCHEMA)}")
+                continue
+            checked = _check_type(f"jobs.{name}.{key}", JOB_SCHEMA[key][0], value, problems)
+            if checked is not None:
+                given[key] = checked
+        kind = given.get("kind", "horizon")
+        resource = flag_resource.strip() if eq else given.get("resource", horizon["resource"])
+        start = given.get("start_cursor", horizon["start_cursor"])
+        urls = tuple(given.get("horizon", horizon["urls"]))
+        if kind not in JOB_KINDS:
+            problems.append(f"jobs.{name}.kind: must be one of {', '.join(JOB_KINDS)}, got {kind!r}")
+            continue
+        if kind == "horizon":
+            # What comes from the [horizon] section was checked there.
+            if eq and not resource:
+                problems.append(f"node.job: {entry!r} names no resource after '='")
+            elif (eq or "resource" in given) and not resource.startswith("/"):
+                where = "node.job" if eq else f"jobs.{name}.resource"
+                problems.append(f"{where}: must be a path such as /operations, got {resource!r}")
+            if "start_cursor" in given:
+                _check_start_cursor(start, f"jobs.{name}.start_cursor", problems)
+            if "horizon" in given:
+                for url in urls:
+                    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+                        problems.append(f"jobs.{name}.horizon: not an http(s) URL: {url!r}")
+                if not urls:
+                    problems.append(f"jobs.{name}.horizon: at least one Horizon URL is needed")
+            jobs.append(JobSettings(name, kind, resource, start, urls))
+            continue
+        action, period = given.get("action", ""), given.get("period_ms", 0)
+        if eq:
+            problems.append(f"node.job: {entry!r}: a scheduled job takes no resource")
+        if not _importable(action):
+            problems.append(
+                f"jobs.{name}.action: must name an importable async function as module:function, "
+                f"got {action!r}"
+            )
+        if period <= 0:
+            problems.append(f"jobs.{name}.period_ms: must be positive, got {period}")
+        jobs.append(JobSettings(name, kind, "", "0", (), action, period))
+    return tuple(jobs)
+
+
+def _importable(spec: str) -> bool:
+    return load_action(spec) is not None
+
+
+def load_action(spec: str) -> Any:
+    """The callable named ``module:function``, or None when it cannot be imported."""
+    import importlib
+
+    module_name, colon, attr = spec.partition(":")
+    if not colon or not module_name or not attr:
+        return None
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    fn = getattr(module, attr, None)
+    return fn if callable(fn) else None
 
 
 def _did_you_mean(name: str, options: Mapping[str, Any]) -> str:
@@ -483,8 +637,6 @@ def _check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
         log["level"] = log["level"].lower()
     if log["format"] not in ("json", "console", "auto"):
         problems.append(f"log.format: must be json, console or auto, got {log['format']!r}")
-    if not v["node"]["job"] or any(c in v["node"]["job"] for c in "{}"):
-        problems.append(f"node.job: must be non-empty and free of braces, got {v['node']['job']!r}")
     if "|" in v["node"]["id"]:
         problems.append(f"node.id: must not contain '|', got {v['node']['id']!r}")
 
@@ -606,4 +758,25 @@ def sample_toml() -> str:
                 rendered = str(default)
             lines.append(f"{key} = {rendered}")
         lines.append("")
+    lines += [
+        "# Jobs: one table per elected job this node hosts (used when node.job is empty). Each key",
+        "# is optional and defaults to the [horizon] setting of the same meaning:",
+    ]
+    for key, (_kind, help_) in JOB_SCHEMA.items():
+        lines.append(f"#   {key}: {help_}")
+    lines += [
+        "#",
+        "# [jobs.operations]",
+        '# resource = "/operations"',
+        "#",
+        "# [jobs.payments]",
+        '# resource = "/payments"',
+        '# start_cursor = "now"',
+        "#",
+        "# [jobs.heartbeat]",
+        '# kind = "scheduled"',
+        '# action = "ingestion.jobs:heartbeat"',
+        "# period_ms = 60000",
+        "",
+    ]
     return "\n".join(lines)

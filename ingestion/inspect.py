@@ -26,6 +26,7 @@ from typing import Any
 
 import attrs
 import httpx
+import redis
 import trio
 
 from actors.lease_store import JobState, LeaseStore, RedisUnavailable, StreamInfo, connect
@@ -86,6 +87,94 @@ async def source_lag(horizon: str, resource: str, cursor: str | None) -> dict[st
         if newest is not None and oldest is not None:
             lag["seconds"] = max(0.0, newest - oldest)
     return lag
+
+
+def discover_jobs(client: redis.Redis) -> list[str]:
+    """Every job with state in this Redis (any of its keys), sorted; on a cluster, from every
+    master (blocking: run it in a thread)."""
+    names: set[str] = set()
+    for key in client.scan_iter(match="ingestion:{*}:*", count=1000):
+        name, close, _rest = key[len("ingestion:{"):].partition("}:")
+        if close and name:
+            names.add(name)
+    return sorted(names)
+
+
+async def inspect_all(settings: Settings, as_json: bool, horizon: str | None = None) -> int:
+    """Every job in Redis: a table (job, leader, token, lease left, cursor, events, lag), or a JSON
+    list of the objects ``inspect --job`` prints (without their audit)."""
+    r = settings.redis
+    client = connect(
+        r.url,
+        timeout=max(r.timeout_ms / 1000, 2.0),
+        tls_ca_file=r.tls_ca_file or None,
+        tls_cert_file=r.tls_cert_file or None,
+        tls_key_file=r.tls_key_file or None,
+    )
+    resources = {j.name: j.resource for j in settings.jobs if j.kind == "horizon"}
+    states: list[tuple[JobState, StreamInfo]] = []
+    try:
+        names = await LeaseStore(client, "-").run(discover_jobs, client)
+        for name in names:
+            store = LeaseStore(client, name)
+            states.append((await store.state(1), await store.events_info()))
+    except RedisUnavailable as exc:
+        print(f"ingestion: cannot read the jobs: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    lags: dict[str, dict[str, Any] | None] = {}
+    for state, _stream in states:
+        resource = resources.get(state.job, settings.horizon.resource)
+        lags[state.job] = await source_lag(horizon, resource, state.cursor) if horizon else None
+    if as_json:
+        docs = []
+        for state, stream in states:
+            doc = attrs.asdict(state)
+            doc.pop("cursor_token")
+            doc.pop("audit")
+            doc["lag"] = lags[state.job]
+            doc["stream"] = stream_doc(stream)
+            docs.append(doc)
+        print(json.dumps(docs))
+    else:
+        print(render_jobs(states, lags))
+    return 0
+
+
+def render_jobs(
+    states: Sequence[tuple[JobState, StreamInfo]], lags: dict[str, dict[str, Any] | None]
+) -> str:
+    if not states:
+        return "no jobs in this Redis"
+    header = ("job", "leader", "token", "lease left", "cursor", "events", "lag")
+    rows = [header]
+    for state, stream in states:
+        lag = lags.get(state.job)
+        lag_text = "-"
+        if lag is not None:
+            lag_text = f"error: {lag['error']}" if lag["error"] else (
+                f"{lag['ledgers']} ledgers" if lag["ledgers"] is not None else "?"
+            )
+        trimmed = f" (+{stream.trimmed} trimmed)" if stream.trimmed else ""
+        rows.append((
+            state.job,
+            state.leader or "(none)",
+            str(state.token),
+            f"{state.lease_ttl_ms_left} ms" if state.lease_ttl_ms_left is not None else "-",
+            state.cursor or "-",
+            f"{state.events}{trimmed}",
+            lag_text,
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    leaders: dict[str, int] = {}
+    for state, _ in states:
+        if state.leader:
+            leaders[state.leader] = leaders.get(state.leader, 0) + 1
+    spread = ", ".join(f"{node}: {count}" for node, count in sorted(leaders.items()))
+    lines += ["", f"{len(states)} jobs; leases held by {spread or 'nobody'}"]
+    return "\n".join(lines)
 
 
 async def inspect_job(
@@ -196,8 +285,11 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ingestion inspect", description="Show a job's state.")
     p.add_argument("--config", type=Path, help="TOML file (default: ./config.toml if present)")
     p.add_argument("--redis", metavar="URL", help="redis:// or rediss:// URL")
-    p.add_argument("--job", help="the job to show (default: horizon)")
-    p.add_argument("--json", action="store_true", help="print one JSON object (CONTRACT.md)")
+    p.add_argument("--job", help="the job to show (default: every job in Redis, as a table)")
+    p.add_argument(
+        "--json", action="store_true",
+        help="print JSON: one object (CONTRACT.md) with --job, else a list of them",
+    )
     p.add_argument("--audit", type=int, default=10, metavar="N", help="audit entries to show")
     p.add_argument("--horizon", metavar="URL", help="also report the lag behind this Horizon")
     p.add_argument("--resource", help="the job's Horizon collection (default: from the config)")
@@ -220,6 +312,8 @@ def main(argv: Sequence[str]) -> int:
         if value is not None:
             flags.setdefault(section, {})[key] = value
     settings = load(ns.config, os.environ, flags)
+    if ns.job is None:
+        return trio.run(inspect_all, settings, ns.json, ns.horizon)
     return trio.run(inspect_job, settings, ns.json, ns.audit, ns.horizon)
 
 

@@ -13,6 +13,7 @@ import functools
 import signal
 from typing import Any
 
+import redis
 import structlog
 import trio
 
@@ -25,18 +26,31 @@ from actors.lease_store import (
     sentinel_services,
 )
 from actors.observe import NodeObserver
+from actors.scheduled import ScheduledJob
+from actors.source import Source
 from actors.supervisor import NodeSpec, run_node
 from actors.token_memory import TokenMemory
-from ingestion.config import ConfigError, Settings, redact_url
+from ingestion.config import ConfigError, JobSettings, Settings, load_action, redact_url
 from ingestion.horizon import HorizonSource
 from ingestion.logs import configure_logging, node_logger
 
 
-def build_source(settings: Settings) -> HorizonSource:
+def build_source(settings: Settings, job: JobSettings | None = None) -> Source:
+    """The source of ``job`` (default: the node's first job).
+
+    Raises:
+        ValueError: the job's resource or action cannot be used.
+    """
+    job = job or settings.jobs[0]
+    if job.kind == "scheduled":
+        action = load_action(job.action)
+        if action is None:
+            raise ValueError(f"cannot import the action {job.action!r}")
+        return ScheduledJob(action, period=job.period_ms / 1000)
     h = settings.horizon
     return HorizonSource(
-        urls=h.urls,
-        resource=h.resource,
+        urls=job.horizon_urls,
+        resource=job.resource,
         connect_timeout=h.connect_timeout_ms / 1000,
         read_timeout=h.read_timeout_ms / 1000,
         stream_idle_timeout=h.stream_idle_timeout_ms / 1000,
@@ -46,19 +60,23 @@ def build_source(settings: Settings) -> HorizonSource:
     )
 
 
-def build_store(settings: Settings) -> LeaseStore:
+def connect_redis(settings: Settings) -> redis.Redis:
     r = settings.redis
-    client = connect(
+    return connect(
         r.url,
         timeout=r.timeout_ms / 1000,
         tls_ca_file=r.tls_ca_file or None,
         tls_cert_file=r.tls_cert_file or None,
         tls_key_file=r.tls_key_file or None,
     )
+
+
+def build_store(settings: Settings, job: str | None = None, client: redis.Redis | None = None) -> LeaseStore:
+    """The lease store of ``job`` (default: the first), on ``client`` (default: a new one)."""
     return LeaseStore(
-        client,
-        settings.node.job,
-        min_replicas_acked=r.min_replicas_acked,
+        client if client is not None else connect_redis(settings),
+        job or settings.node.job,
+        min_replicas_acked=settings.redis.min_replicas_acked,
         events_max_len=settings.events.max_len,
     )
 
@@ -72,10 +90,11 @@ def preflight(settings: Settings) -> None:
             are an outage, not a configuration error: the node starts, logs
             ``redis-unavailable`` and waits for them.
     """
-    try:
-        TokenMemory(settings.node.job, settings.node.state_dir or None)
-    except (OSError, ValueError) as exc:
-        raise ConfigError([f"node.state_dir: {exc}"]) from exc
+    for job in settings.node.jobs:
+        try:
+            TokenMemory(job, settings.node.state_dir or None)
+        except (OSError, ValueError) as exc:
+            raise ConfigError([f"node.state_dir: {exc}"]) from exc
     url = settings.redis.url
     if not is_sentinel_url(url):
         return
@@ -89,32 +108,38 @@ def preflight(settings: Settings) -> None:
         ])
 
 
-def node_spec(settings: Settings) -> NodeSpec:
+def node_spec(settings: Settings, job: JobSettings | None = None) -> NodeSpec:
+    job = job or settings.jobs[0]
     return NodeSpec(
         node=settings.node.id,
-        job=settings.node.job,
+        job=job.name,
         ttl_ms=settings.lease.ttl_ms,
         timing=settings.lease.timing,
         jitter=settings.lease.standby_jitter_ms / 1000,
-        start_cursor=settings.horizon.start_cursor,
+        start_cursor=job.start_cursor,
         state_dir=settings.node.state_dir or None,
     )
 
 
 async def run_node_process(settings: Settings) -> int:
+    """Host every configured job under one nursery until SIGINT/SIGTERM (exit 0) or until no job
+    is left because each stopped fatally (exit 1). A job that fails fatally stops alone."""
     configure_logging(settings.log.level, settings.log.format)
-    # Bound in the context too, so that every task's log lines (the Horizon source's included)
-    # carry the node and the job.
-    structlog.contextvars.bind_contextvars(node=settings.node.id, job=settings.node.job)
-    log = node_logger(settings.node.id, settings.node.job)
-    spec = node_spec(settings)
-    observer = NodeObserver(spec.node, spec.job)
+    # Bound in the context too, so that every task's log lines carry the node (and, inside a
+    # job's tasks, the job: bound there).
+    structlog.contextvars.bind_contextvars(node=settings.node.id)
+    log = node_logger(settings.node.id, ",".join(settings.node.jobs))
     log.info(
         "node-starting",
         redis=redact_url(settings.redis.url),
+        jobs=[
+            {"job": j.name, "kind": j.kind, "resource": j.resource or None}
+            if j.kind == "horizon" else {"job": j.name, "kind": j.kind, "action": j.action}
+            for j in settings.jobs
+        ],
         horizon=list(settings.horizon.urls),
         resource=settings.horizon.resource,
-        lease_ttl_ms=spec.ttl_ms,
+        lease_ttl_ms=settings.lease.ttl_ms,
         renew_interval_ms=settings.lease.renew_interval_ms,
         safety_margin_ms=settings.lease.safety_margin_ms,
         redis_timeout_ms=settings.redis.timeout_ms,
@@ -123,55 +148,78 @@ async def run_node_process(settings: Settings) -> int:
         state_dir=settings.node.state_dir or None,
         clock=getattr(trio.lowlevel.current_clock(), "name", type(trio.lowlevel.current_clock()).__name__),
     )
-    store = build_store(settings)
-    source = build_source(settings)
-    fatal: BaseException | None = None
+    client = connect_redis(settings)
+    stores = {j.name: build_store(settings, j.name, client) for j in settings.jobs}
+    observers = {j.name: NodeObserver(settings.node.id, j.name) for j in settings.jobs}
+    fatal: dict[str, str] = {}
+    signalled = False
     try:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
+                left = len(settings.jobs)
 
-                async def node_then_stop(*, task_status: trio.TaskStatus[Any]) -> None:
+                async def run_job(job: JobSettings, *, task_status: trio.TaskStatus[Any]) -> None:
+                    nonlocal left
+                    structlog.contextvars.bind_contextvars(job=job.name)  # this task's context
+                    job_log = node_logger(settings.node.id, job.name)
                     try:
-                        await run_node(store, source, spec, log, observer, task_status=task_status)
+                        await run_node(
+                            stores[job.name],
+                            build_source(settings, job),
+                            node_spec(settings, job),
+                            job_log,
+                            observers[job.name],
+                            task_status=task_status,
+                        )
+                    except* IngestionFatal as group:
+                        fatal[job.name] = str(group.exceptions[0])
+                        job_log.error("job-stopped", reason="ingestion-fatal", error=fatal[job.name])
                     finally:
-                        nursery.cancel_scope.cancel()
+                        left -= 1
+                        if not left:
+                            nursery.cancel_scope.cancel()
 
-                handle = await nursery.start(node_then_stop)
-                await _start_endpoints(nursery, settings, observer, log, store)
-                shutting_down = False
+                handles = [await nursery.start(run_job, job) for job in settings.jobs]
+                await _start_endpoints(nursery, settings, list(observers.values()), log, stores)
                 async for signum in signals:
                     name = signal.Signals(signum).name
-                    if shutting_down:
+                    if signalled:
                         log.warning("shutdown-forced", signal=name)
                         nursery.cancel_scope.cancel()
                         break
-                    shutting_down = True
+                    signalled = True
                     log.info("shutdown-requested", signal=name)
-                    await handle.shutdown(name)
-    except* IngestionFatal as group:
-        fatal = group.exceptions[0]  # raised through the supervisor's and this nursery
+                    for handle in handles:
+                        await handle.shutdown(name)
     finally:
-        store.client.close()
-    if fatal is not None:
-        log.error("node-stopped", reason="ingestion-fatal", error=str(fatal))
+        client.close()
+    if fatal and not signalled:
+        log.error("node-stopped", reason="ingestion-fatal", error="; ".join(
+            f"{job}: {error}" for job, error in fatal.items()
+        ))
         return 1
     log.info("node-stopped", reason="shutdown")
     return 0
 
 
 async def _start_endpoints(
-    nursery: trio.Nursery, settings: Settings, observer: NodeObserver, log: Any, store: LeaseStore
+    nursery: trio.Nursery,
+    settings: Settings,
+    observers: list[NodeObserver],
+    log: Any,
+    stores: dict[str, LeaseStore],
 ) -> None:
     """Start the metrics and status endpoints when configured (see ingestion.metrics/status)."""
     o = settings.observe
     if o.metrics_port:
         from ingestion.metrics import serve_metrics
 
+        readers = {job: store.events_info for job, store in stores.items()}
         await nursery.start(
-            functools.partial(serve_metrics, stream_info=store.events_info),
-            o.listen_host, o.metrics_port, observer, log,
-        )
+            functools.partial(serve_metrics, stream_info=readers),
+            o.listen_host, o.metrics_port, observers, log,
+        )  # fmt: skip
     if o.status_port:
         from ingestion.status import serve_status
 
-        await nursery.start(serve_status, o.listen_host, o.status_port, observer, log)
+        await nursery.start(serve_status, o.listen_host, o.status_port, observers, log)

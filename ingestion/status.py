@@ -2,9 +2,10 @@
 
 Every client gets, as JSON text messages:
 
-- on connecting, one ``status`` message;
-- each election event as it happens (``event`` message), followed by a fresh ``status``;
-- a ``status`` every ``interval`` seconds otherwise (so a silent node can be told from a dead one).
+- on connecting, one ``status`` message per job the node hosts;
+- each election event as it happens (``event`` message), followed by fresh ``status`` messages;
+- the ``status`` messages every ``interval`` seconds otherwise (so a silent node can be told from a
+  dead one).
 
 ``status``::
 
@@ -25,6 +26,7 @@ client too slow to keep up is disconnected (it reconnects and starts from a fres
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from typing import Any
@@ -59,19 +61,23 @@ def _jsonable(value: Any) -> Any:
 
 @attrs.define
 class StatusHub:
-    """Builds status messages and fans the observer's election events out to connections."""
+    """Builds status messages (one per job the node hosts) and fans the observers' election events
+    out to connections."""
 
-    observer: NodeObserver
-    meter: RateMeter = attrs.Factory(RateMeter)
+    observers: list[NodeObserver]
+    meters: dict[str, RateMeter] = attrs.Factory(dict)
     queues: dict[int, tuple[trio.MemorySendChannel[dict[str, Any]], trio.CancelScope]] = (
         attrs.Factory(dict)
     )
     _next_id: int = 0
 
-    def status(self) -> dict[str, Any]:
-        s = self.observer.snapshot()
+    def statuses(self) -> list[dict[str, Any]]:
+        return [self.status(o) for o in self.observers]
+
+    def status(self, observer: NodeObserver | None = None) -> dict[str, Any]:
+        s = (observer or self.observers[0]).snapshot()
         now = trio.current_time()
-        rate = self.meter.sample(now, s.events_ingested)
+        rate = self.meters.setdefault(s.job, RateMeter()).sample(now, s.events_ingested)
         left = None
         if s.ingest_deadline is not None:
             left = max(0, round((s.ingest_deadline - now) * 1000))
@@ -98,15 +104,15 @@ class StatusHub:
             "time": wall_time(),
         }
 
-    def on_event(self, event: str, fields: dict[str, Any]) -> None:
+    def on_event(self, observer: NodeObserver, event: str, fields: dict[str, Any]) -> None:
         """Observer listener: runs synchronously inside an actor, so it must never block."""
         if event == "committed":
             return  # folded into the periodic status (rate, cursor), not pushed one by one
         message = {
             "type": "event",
             "event": event,
-            "node": self.observer.node,
-            "job": self.observer.job,
+            "node": observer.node,
+            "job": observer.job,
             "time": wall_time(),
             **{k: _jsonable(v) for k, v in fields.items() if k not in ("type", "event")},
         }
@@ -142,7 +148,8 @@ async def _serve_client(
         key = hub.add(send, scope)
         try:
             with send, receive:
-                await _send(ws, hub.status())
+                for status in hub.statuses():
+                    await _send(ws, status)
                 while True:
                     message: dict[str, Any] | None = None
                     with trio.move_on_after(interval):
@@ -151,7 +158,8 @@ async def _serve_client(
                     # connection in an unknown state.
                     if message is not None:
                         await _send(ws, message)
-                    await _send(ws, hub.status())
+                    for status in hub.statuses():
+                        await _send(ws, status)
         except (ConnectionClosed, trio.TooSlowError):
             pass
         finally:
@@ -165,7 +173,7 @@ async def _serve_client(
 async def serve_status(
     host: str,
     port: int,
-    observer: NodeObserver,
+    observer: NodeObserver | list[NodeObserver],
     log: Any,
     *,
     interval: float = STATUS_INTERVAL,
@@ -179,8 +187,9 @@ async def serve_status(
     Raises:
         OSError: the address cannot be bound.
     """
-    hub = StatusHub(observer)
-    unsubscribe = observer.subscribe(hub.on_event)
+    observers = [observer] if isinstance(observer, NodeObserver) else list(observer)
+    hub = StatusHub(observers)
+    unsubscribers = [o.subscribe(functools.partial(hub.on_event, o)) for o in observers]
 
     async def handler(request: WebSocketRequest) -> None:
         await _serve_client(hub, request, interval, log)
@@ -202,4 +211,5 @@ async def serve_status(
             log.info("status-listening", host=host, port=bound_port)
             task_status.started(bound_port)
     finally:
-        unsubscribe()
+        for unsubscribe in unsubscribers:
+            unsubscribe()

@@ -138,3 +138,26 @@ async def test_inspect_shows_retention_and_consumer_groups(redis_server: LocalRe
     table = await run_inspect("--redis", redis_server.url, "--job", job)
     assert "billing: 40 pending, 60 undelivered" in table.stdout.decode()
     assert "trimmed by retention" in table.stdout.decode()
+
+
+async def test_inspect_without_a_job_lists_every_job(private_redis: LocalRedis) -> None:
+    client = connect(private_redis.url, timeout=2.0)
+    for name, holder in (("alpha", "node-a"), ("beta", "node-b"), ("gamma", None)):
+        store = LeaseStore(client, name)
+        grant = await store.acquire(holder or "node-c", 60_000)
+        assert isinstance(grant, Acquired)
+        await store.commit(holder or "node-c", grant.token, None, [Record("4294967296", "{}")])
+        if holder is None:
+            await store.release("node-c", grant.token)
+    done = await run_inspect("--redis", private_redis.url, "--json")
+    assert done.returncode == 0, done.stderr
+    docs = json.loads(done.stdout)
+    assert [(d["job"], d["leader"], d["token"], d["cursor"], d["events"]) for d in docs] == [
+        ("alpha", "node-a", 1, "4294967296", 1),
+        ("beta", "node-b", 1, "4294967296", 1),
+        ("gamma", None, 1, "4294967296", 1),
+    ]
+    table = (await run_inspect("--redis", private_redis.url)).stdout.decode()
+    assert "3 jobs; leases held by node-a: 1, node-b: 1" in table
+    header = ["job", "leader", "token", "lease", "left", "cursor", "events", "lag"]
+    assert table.splitlines()[0].split() == header

@@ -43,6 +43,7 @@ async def scrape(port: int, path: str = "/metrics") -> httpx.Response:
 async def test_each_node_exposes_its_role_token_elections_and_commits(
     redis_server: LocalRedis, job: str
 ) -> None:
+    JOB = job
     rec = Recorder()
     async with trio.open_nursery() as nursery:
         a = await start_node(nursery, rec, redis_server.url, job, "a", LIVE)
@@ -54,32 +55,32 @@ async def test_each_node_exposes_its_role_token_elections_and_commits(
         await rec.wait_for("committed", "a", count=3)
 
         text_a, text_b = (await scrape(port_a)).text, (await scrape(port_b)).text
-        assert value(text_a, "ingestion_leader") == 1
-        assert value(text_b, "ingestion_leader") == 0
-        assert value(text_a, "ingestion_fencing_token") == 1
-        assert value(text_b, "ingestion_fencing_token") == 1  # the leader it saw
-        assert value(text_a, "ingestion_elections_total") == 1
-        assert value(text_b, "ingestion_elections_total") == 0
+        assert value(text_a, "ingestion_leader", job=JOB) == 1
+        assert value(text_b, "ingestion_leader", job=JOB) == 0
+        assert value(text_a, "ingestion_fencing_token", job=JOB) == 1
+        assert value(text_b, "ingestion_fencing_token", job=JOB) == 1  # the leader it saw
+        assert value(text_a, "ingestion_elections_total", job=JOB) == 1
+        assert value(text_b, "ingestion_elections_total", job=JOB) == 0
         assert value(text_a, "ingestion_node_info", node="a", job=job) == 1
-        assert (value(text_a, "ingestion_events_ingested_total") or 0) >= 15
-        assert (value(text_a, "ingestion_commit_latency_seconds_count") or 0) >= 1
-        assert value(text_a, "ingestion_commit_latency_seconds_bucket", le="+Inf") == value(
-            text_a, "ingestion_commit_latency_seconds_count"
+        assert (value(text_a, "ingestion_events_ingested_total", job=JOB) or 0) >= 15
+        assert (value(text_a, "ingestion_commit_latency_seconds_count", job=JOB) or 0) >= 1
+        assert value(text_a, "ingestion_commit_latency_seconds_bucket", le="+Inf", job=JOB) == value(
+            text_a, "ingestion_commit_latency_seconds_count", job=JOB
         )
-        assert 0 < (value(text_a, "ingestion_lease_remaining_seconds") or 0) < 1.5
-        assert value(text_b, "ingestion_lease_remaining_seconds") is None
-        assert value(text_a, "ingestion_fencing_rejections_total") == 0
+        assert 0 < (value(text_a, "ingestion_lease_remaining_seconds", job=JOB) or 0) < 1.5
+        assert value(text_b, "ingestion_lease_remaining_seconds", job=JOB) is None
+        assert value(text_a, "ingestion_fencing_rejections_total", job=JOB) == 0
 
         await a.shutdown()
         await rec.wait_for("became-leader", "b")
         await rec.wait_for("committed", "b")
         text_a, text_b = (await scrape(port_a)).text, (await scrape(port_b)).text
-        assert value(text_a, "ingestion_leader") == 0
-        assert value(text_a, "ingestion_leadership_losses_total", reason="shutdown") == 1
-        assert value(text_b, "ingestion_leader") == 1
-        assert value(text_b, "ingestion_fencing_token") == 2
+        assert value(text_a, "ingestion_leader", job=JOB) == 0
+        assert value(text_a, "ingestion_leadership_losses_total", reason="shutdown", job=JOB) == 1
+        assert value(text_b, "ingestion_leader", job=JOB) == 1
+        assert value(text_b, "ingestion_fencing_token", job=JOB) == 2
         # b ended a leaderless gap (a released at once, so it is short but measured).
-        assert value(text_b, "ingestion_leaderless_seconds_total") is not None
+        assert value(text_b, "ingestion_leaderless_seconds_total", job=JOB) is not None
         await b.shutdown()
         nursery.cancel_scope.cancel()
 
@@ -100,31 +101,33 @@ async def test_healthz_is_ok_while_running_and_503_once_stopped() -> None:
 
 
 async def test_source_lag_is_the_age_of_the_newest_committed_record_while_leading() -> None:
+    JOB = "j"
     observer = NodeObserver("n", "j", wall_clock=lambda: 1_735_689_610.5)
     metrics = NodeMetrics(observer)
     observer.election_event("became-leader", token=3, takeover_ms=1500)
-    assert value(metrics.exposition().decode(), "ingestion_source_lag_seconds") is None
+    assert value(metrics.exposition().decode(), "ingestion_source_lag_seconds", job=JOB) is None
     body = '{"id":"1","paging_token":"1","created_at":"2025-01-01T00:00:00Z"}'
     observer.committed(1, "1", 0.002, newest_record=body)
     text = metrics.exposition().decode()
-    assert value(text, "ingestion_source_lag_seconds") == 10.5
-    assert value(text, "ingestion_leaderless_seconds_total") == 1.5
-    assert value(text, "ingestion_commit_latency_seconds_bucket", le="0.0025") == 1
-    observer.election_event("lost-leadership", token=3, reason="lease-expired")
+    assert value(text, "ingestion_source_lag_seconds", job=JOB) == 10.5
+    assert value(text, "ingestion_leaderless_seconds_total", job=JOB) == 1.5
+    assert value(text, "ingestion_commit_latency_seconds_bucket", le="0.0025", job=JOB) == 1
+    observer.election_event("lost-leadership", token=3, reason="lease-expired", job=JOB)
     text = metrics.exposition().decode()
-    assert value(text, "ingestion_source_lag_seconds") is None  # only the leader lags
-    assert value(text, "ingestion_leadership_losses_total", reason="lease-expired") == 1
+    assert value(text, "ingestion_source_lag_seconds", job=JOB) is None  # only the leader lags
+    assert value(text, "ingestion_leadership_losses_total", reason="lease-expired", job=JOB) == 1
 
 
 async def test_two_nodes_in_one_process_have_separate_registries() -> None:
+    JOB = "j"
     first, second = NodeObserver("a", "j"), NodeObserver("b", "j")
     ma, mb = NodeMetrics(first), NodeMetrics(second)
     first.committed(4, "4", 0.01)
-    assert value(ma.exposition().decode(), "ingestion_events_ingested_total") == 4
-    assert value(mb.exposition().decode(), "ingestion_events_ingested_total") == 0
+    assert value(ma.exposition().decode(), "ingestion_events_ingested_total", job=JOB) == 4
+    assert value(mb.exposition().decode(), "ingestion_events_ingested_total", job=JOB) == 0
     ma.close()
     first.committed(1, "5", 0.01)
-    assert value(ma.exposition().decode(), "ingestion_commit_latency_seconds_count") == 1
+    assert value(ma.exposition().decode(), "ingestion_commit_latency_seconds_count", job=JOB) == 1
 
 
 
@@ -136,6 +139,7 @@ async def test_events_stream_length_trimmed_and_the_slowest_group_are_read_at_ea
     grant = await store.acquire("a", 60_000)
     assert isinstance(grant, Acquired)
     source = SyntheticSource(total=400)
+    JOB = job
     observer = NodeObserver("a", job)
     async with trio.open_nursery() as nursery:
         port = await nursery.start(
@@ -143,8 +147,8 @@ async def test_events_stream_length_trimmed_and_the_slowest_group_are_read_at_ea
             "127.0.0.1", 0, observer, LOG,
         )  # fmt: skip
         text = (await scrape(port)).text
-        assert value(text, "ingestion_events_stream_entries") == 0
-        assert value(text, "ingestion_consumer_group_lag_max_entries") is None
+        assert value(text, "ingestion_events_stream_entries", job=JOB) == 0
+        assert value(text, "ingestion_consumer_group_lag_max_entries", job=JOB) is None
 
         key = store.keys["events"]
         redis_client.xgroup_create(key, "fast", id="0", mkstream=True)
@@ -154,16 +158,16 @@ async def test_events_stream_length_trimmed_and_the_slowest_group_are_read_at_ea
         delivered = redis_client.xreadgroup("fast", "c", {key: ">"}, count=100)[0][1]
         redis_client.xack(key, "fast", *[entry_id for entry_id, _ in delivered])
         text = (await scrape(port)).text
-        assert value(text, "ingestion_events_stream_entries") == 100
-        assert value(text, "ingestion_consumer_group_lag_entries", group="fast") == 0
-        assert value(text, "ingestion_consumer_group_lag_entries", group="slow") == 100
-        assert value(text, "ingestion_consumer_group_lag_max_entries") == 100
+        assert value(text, "ingestion_events_stream_entries", job=JOB) == 100
+        assert value(text, "ingestion_consumer_group_lag_entries", group="fast", job=JOB) == 0
+        assert value(text, "ingestion_consumer_group_lag_entries", group="slow", job=JOB) == 100
+        assert value(text, "ingestion_consumer_group_lag_max_entries", job=JOB) == 100
 
         redis_client.xgroup_destroy(key, "slow")
         await store.commit("a", 1, source.token_of(100), [source.record(i) for i in range(101, 401)])
         text = (await scrape(port)).text
-        entries = value(text, "ingestion_events_stream_entries")
-        trimmed = value(text, "ingestion_events_trimmed_total")
+        entries = value(text, "ingestion_events_stream_entries", job=JOB)
+        trimmed = value(text, "ingestion_events_trimmed_total", job=JOB)
         assert entries is not None and trimmed is not None
         assert 50 <= entries < 400 and entries + trimmed == 400
         nursery.cancel_scope.cancel()
