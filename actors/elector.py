@@ -15,11 +15,14 @@ from typing import Any
 import attrs
 import trio
 
+from actors.balance import CampaignGate
 from actors.lease import Extended, LeaseMachine, LeaseTiming, Lost, LostReason, standby_wait
 from actors.lease_store import Acquired, Held, LeaseStore, RedisUnavailable, StateLost
 from actors.messages import (
+    CampaignNow,
     ElectorInput,
     FencingTokenRejected,
+    HandBack,
     HeartbeatInput,
     IngestorInput,
     LeaseExtended,
@@ -85,6 +88,11 @@ class Elector:
     # after start (a leftover of an earlier life) or after an acquire whose outcome is unknown.
     _own_lease_possible: bool = True
     _duplicate_seen: tuple[str, int] | None = None
+    # Asked before every campaign when several jobs share the nodes (the balancer): it may hold
+    # the campaign back (this node leads its share) or delay it (another node is better placed).
+    gate: CampaignGate | None = None
+    _held_off: bool = False
+    _woken: bool = False  # the last standby wait ended on a release notice or a wake-up
 
     async def _see(self, token: int) -> None:
         if token <= self.known_token:
@@ -127,10 +135,14 @@ class Elector:
             task_status.started()
             failures = 0
             while not self._stopping:
+                if self.gate is not None and not await self._gate_allows(self.gate):
+                    continue
                 sent_at = trio.current_time()
                 try:
                     answer = await self.store.acquire(self.node, self.ttl_ms, self.known_token)
                 except RedisUnavailable as exc:
+                    if self.gate is not None:
+                        self.gate.campaign_done()
                     self._own_lease_possible = True  # it may have been granted all the same
                     failures += 1
                     delay = min(self.retry_cap, 0.1 * 2 ** min(failures, 10))
@@ -140,6 +152,8 @@ class Elector:
                     self.observer.election_event("redis-unavailable", error=str(exc))
                     await self._standby_until(trio.current_time() + delay * random.uniform(0.5, 1))
                     continue
+                if self.gate is not None and not isinstance(answer, Acquired):
+                    self.gate.campaign_done()  # (a won lease: once the observer shows it)
                 if not (isinstance(answer, Held) and answer.holder == self.node):
                     # Our own lease is what an ambiguous acquire leaves behind (e.g. one no
                     # replica confirmed): releasing it is not a success, so the backoff keeps
@@ -164,6 +178,24 @@ class Elector:
             if self._own_lease_possible:
                 await self._release_if_ours()
             self.observer.election_event("stopped")
+
+    async def _gate_allows(self, gate: CampaignGate) -> bool:
+        """Whether to campaign now (after any delay the gate asks for)."""
+        # Woken by a release notice or the balancer: the balancer's view may be a tick old (a node
+        # that just left still counted), so it reads the registry again first.
+        delay = await gate.campaign_delay(fresh=self._woken)
+        self._woken = False
+        if delay is None:
+            if not self._held_off:
+                self._held_off = True
+                self.log.info("campaign-held-off", reason="share-reached")
+                self.observer.election_event("campaign-held-off", reason="share-reached")
+            await self._standby_until(trio.current_time() + gate.recheck)
+            return False
+        self._held_off = False
+        if delay > 0:
+            await self._standby_until(trio.current_time() + delay, wake_on_release=False)
+        return not self._stopping
 
     async def _release_if_ours(self) -> None:
         """Exiting after an acquire with an unknown outcome: if it was granted, hand it back now
@@ -220,7 +252,9 @@ class Elector:
         await self._standby_until(trio.current_time() + wait)
 
     async def _standby_until(self, deadline: float, *, wake_on_release: bool = True) -> None:
-        """Wait until ``deadline``, a shutdown request or (unless told not to) a release notice."""
+        """Wait until ``deadline``, a shutdown request or (unless told not to) a release notice or
+        a balancer's wake-up (``CampaignNow``); ``self._woken`` says whether one of those ended it."""
+        self._woken = False
         while not self._stopping:
             with trio.move_on_at(deadline):
                 msg = await self.inbox.receive()
@@ -229,7 +263,11 @@ class Elector:
                 elif (
                     wake_on_release and isinstance(msg, ReleaseNoticed) and msg.holder != self.node
                 ):
+                    self._woken = True
                     await trio.sleep(random.uniform(0, self.jitter / 4))
+                    return
+                elif wake_on_release and isinstance(msg, CampaignNow):
+                    self._woken = True
                     return
                 continue  # a late message about a finished term
             return
@@ -248,6 +286,8 @@ class Elector:
         }
         self.log.info("became-leader", **fields)
         self.observer.election_event("became-leader", **fields)
+        if self.gate is not None:
+            self.gate.campaign_done()  # the balancer now sees the lease through the observer
         self.observer.deadline(term.ingest_deadline)
         released = False
         try:
@@ -296,7 +336,7 @@ class Elector:
         self.observer.election_event("lost-leadership", token=lost.token, reason=lost.reason.value)
         await self.heartbeat.send(StopRenewing(grant.token))
         if term_ended is None:
-            graceful = lost.reason is LostReason.SHUTDOWN
+            graceful = lost.reason in (LostReason.SHUTDOWN, LostReason.REBALANCED)
             await self.ingestor.send(LeaseRevoked(grant.token, lost.reason.value, graceful))
             term_ended = await self._await_term_end(grant.token)
         if lost.reason not in (LostReason.FENCED, LostReason.RENEW_REJECTED):
@@ -324,6 +364,8 @@ class Elector:
         if isinstance(msg, ShutdownRequested):
             self._stopping = True
             return machine.shutdown(), None
+        if isinstance(msg, HandBack):
+            return machine.hand_back(token), None
         if isinstance(msg, TermEnded) and msg.token == token:
             if msg.reason == "source-fatal":
                 self.log.error("ingestion-fatal", token=token, error=msg.detail)

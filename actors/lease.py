@@ -41,6 +41,7 @@ class LostReason(enum.Enum):
     RELEASED = "released"
     SHUTDOWN = "shutdown"
     REDIS_UNAVAILABLE = "redis-unavailable"
+    REBALANCED = "rebalanced"  # handed back gracefully so that another node leads (the balancer)
 
 
 class LeaseProtocolError(Exception):
@@ -163,6 +164,10 @@ class LeaseMachine:
 
     def released(self, token: int) -> Lost | None:
         return self._end(token, LostReason.RELEASED)
+
+    def hand_back(self, token: int) -> Lost | None:
+        """Give the term up gracefully (finish the commit, release) for another node to lead."""
+        return self._end(token, LostReason.REBALANCED)
 
     def ended(self, token: int, reason: LostReason) -> Lost | None:
         """The term ended for a reason found outside the machine (e.g. the Ingestor stopped)."""

@@ -241,6 +241,19 @@ return {1, 'ok', tonumber(ARGV[2])}
 """
 
 
+# KEYS: the node registry (a sorted set)   ARGV: node, live_ms, forget_ms
+# Heartbeat ``node`` with Redis's clock, forget nodes silent for forget_ms, return the live ones.
+_NODE_HEARTBEAT = """
+local now = now_ms()
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[3]))
+return redis.call('ZRANGEBYSCORE', KEYS[1], now - tonumber(ARGV[2]), '+inf')
+"""
+
+NODE_REGISTRY_KEY = "ingestion:nodes"  # its own key (its own cluster slot): no script mixes it with a job's
+NODE_FORGET_MS = 3_600_000  # a node silent this long is dropped from the registry
+
+
 class RedisUnavailable(Exception):
     """A Redis call failed or timed out. Its effect is unknown: it may have been applied."""
 
@@ -919,6 +932,31 @@ class LeaseStore:
 
     def release_notices(self) -> ReleaseNotices:
         return ReleaseNotices(self)
+
+
+class NodeRegistry:
+    """The live nodes of the cluster: each heartbeats into one sorted set, scored with Redis's
+    clock (so the nodes' clocks do not matter). Used only for balancing, never for safety."""
+
+    def __init__(self, client: redis.Redis, call_timeout: float | None = None, key: str = NODE_REGISTRY_KEY):
+        self.key = key
+        self._store = LeaseStore(client, "-", call_timeout)  # for its bounded calls
+        self._heartbeat = client.register_script(_LUA_HELPERS + _NODE_HEARTBEAT)
+
+    async def heartbeat(self, node: str, live_ms: int) -> list[str]:
+        """Record ``node`` as live now; the nodes that heartbeat within ``live_ms``.
+
+        Raises:
+            RedisUnavailable: failed or timed out.
+        """
+        live: list[str] = await self._store.run(
+            functools.partial(self._heartbeat, keys=[self.key], args=[node, live_ms, NODE_FORGET_MS])
+        )
+        return live
+
+    async def leave(self, node: str) -> None:
+        """Remove ``node`` (a node shutting down): the others count it out at once."""
+        await self._store.run(self._store.client.zrem, self.key, node)
 
 
 class ReleaseNotices:

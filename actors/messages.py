@@ -98,8 +98,27 @@ class ShutdownRequested:
     signal: str
 
 
+@attrs.frozen
+class CampaignNow:
+    """The balancer tells a held-off standby that the picture changed (a node left, this node
+    leads fewer jobs): ask the gate again now rather than at the next recheck."""
+
+
+@attrs.frozen
+class HandBack:
+    """The balancer asks the Elector to end its current term gracefully (this node holds more
+    than its share); without a term it changes nothing."""
+
+
 ElectorInput = (
-    RenewSucceeded | RenewFailed | RenewRejected | FencingTokenRejected | TermEnded | ShutdownRequested
+    RenewSucceeded
+    | RenewFailed
+    | RenewRejected
+    | FencingTokenRejected
+    | TermEnded
+    | ShutdownRequested
+    | HandBack
+    | CampaignNow
 )
 HeartbeatInput = StartRenewing | StopRenewing
 IngestorInput = LeaseGranted | LeaseExtended | LeaseRevoked

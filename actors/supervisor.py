@@ -16,17 +16,21 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import structlog
 import trio
 
+from actors.balance import Balancer, CampaignGate
 from actors.cursor_writer import CursorWriter
-from actors.elector import Elector, ReleaseNoticed
+from actors.elector import Elector, IngestionFatal, ReleaseNoticed
 from actors.heartbeat import Heartbeat
 from actors.ingestor import Ingestor
 from actors.lease import LeaseTiming
-from actors.lease_store import LeaseStore
+from actors.lease_store import LeaseStore, NodeRegistry
 from actors.messages import (
+    CampaignNow,
     CommitCursor,
     ElectorInput,
+    HandBack,
     HeartbeatInput,
     IngestorInput,
     ShutdownRequested,
@@ -64,6 +68,20 @@ class NodeHandle:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # already stopped
 
+    def wake(self) -> None:
+        """Wake a held-off standby: the balance changed, it should ask again now."""
+        try:
+            self._inbox.send_nowait(CampaignNow())
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # busy (it will look soon anyway) or stopped
+
+    async def hand_back(self) -> None:
+        """Ask the node to end its current term gracefully and stay a standby (balancing)."""
+        try:
+            await self._inbox.send(HandBack())
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
 
 async def listen_for_releases(
     store: LeaseStore, out: trio.MemorySendChannel[ElectorInput | ReleaseNoticed]
@@ -86,9 +104,12 @@ async def run_node(
     log: Any,
     observer: NodeObserver | None = None,
     *,
+    gate: CampaignGate | None = None,
     task_status: trio.TaskStatus[NodeHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run one node until it is asked to shut down (returns) or ingestion fails fatally (raises)."""
+    """Run one node until it is asked to shut down (returns) or ingestion fails fatally (raises).
+
+    ``gate``: asked before every campaign (the balancer, when one process hosts several jobs)."""
     observer = observer or NodeObserver(spec.node, spec.job)
     elector_send, elector_recv = trio.open_memory_channel[ElectorInput | ReleaseNoticed](16)
     heartbeat_send, heartbeat_recv = trio.open_memory_channel[HeartbeatInput](4)
@@ -132,6 +153,7 @@ async def run_node(
             log,
             observer,
             memory=TokenMemory(spec.job, spec.state_dir),
+            gate=gate,
         )
         elector_send.close()
 
@@ -143,3 +165,99 @@ async def run_node(
 
         await nursery.start(elector_then_stop)
         task_status.started(handle)
+
+
+@attrs.frozen
+class JobRun:
+    """One job a node process hosts: its store, source, spec, log and observer."""
+
+    store: LeaseStore
+    source: Source
+    spec: NodeSpec
+    log: Any
+    observer: NodeObserver
+
+
+@attrs.define
+class JobsHandle:
+    """What the owner of :func:`run_jobs` can do: drain every job."""
+
+    handles: dict[str, NodeHandle]
+    balancer: Balancer | None
+
+    async def shutdown(self, signal: str = "request") -> None:
+        """Leave the node registry first (the others' shares grow at once), then stop every job
+        gracefully: each finishes its commit and releases its lease with a notice."""
+        if self.balancer is not None:
+            self.balancer.draining = True
+            await self.balancer.leave()
+        for handle in self.handles.values():
+            await handle.shutdown(signal)
+
+
+async def run_jobs(
+    jobs: list[JobRun],
+    log: Any,
+    *,
+    registry: NodeRegistry | None = None,
+    on_fatal: Any = None,
+    task_status: trio.TaskStatus[JobsHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Host several elected jobs under one nursery until every one has stopped.
+
+    With a ``registry`` (and more than one job) a :class:`~actors.balance.Balancer` spreads their
+    leadership over the live nodes. A job whose source fails fatally stops alone: ``on_fatal(job,
+    error)`` is called (default: nothing) and the others go on.
+    """
+    node = jobs[0].spec.node
+    handles: dict[str, NodeHandle] = {}
+    balancer: Balancer | None = None
+    async with trio.open_nursery() as nursery:
+        if registry is not None and len(jobs) > 1:
+            ttl = jobs[0].spec.ttl_ms
+
+            async def hand_back(job: str) -> None:
+                if job in handles:
+                    await handles[job].hand_back()
+
+            def wake(job: str) -> None:
+                if job in handles:
+                    handles[job].wake()
+
+            balancer = Balancer(
+                registry,
+                node,
+                [j.spec.job for j in jobs],
+                leading=lambda job: handles[job].observer.snapshot().role == "leader"
+                if job in handles else False,
+                hand_back=hand_back,
+                wake=wake,
+                log=log,
+                interval=max(0.1, ttl / 4000),
+                live_window_ms=ttl,
+            )
+            await nursery.start(balancer.run)
+        left = len(jobs)
+
+        async def run_job(job: JobRun, *, task_status: trio.TaskStatus[NodeHandle]) -> None:
+            nonlocal left
+            # Every log line of this job's tasks (its source's included) carries the job: bound in
+            # this task's own context, which the job's tasks inherit.
+            structlog.contextvars.bind_contextvars(job=job.spec.job)
+            try:
+                await run_node(
+                    job.store, job.source, job.spec, job.log, job.observer,
+                    gate=balancer.gate(job.spec.job) if balancer is not None else None,
+                    task_status=task_status,
+                )  # fmt: skip
+            except* IngestionFatal as group:
+                if on_fatal is not None:
+                    on_fatal(job.spec.job, str(group.exceptions[0]))
+            finally:
+                left -= 1
+                if not left:
+                    nursery.cancel_scope.cancel("every job has stopped")
+
+        for job in jobs:
+            handles[job.spec.job] = await nursery.start(run_job, job)
+        task_status.started(JobsHandle(handles, balancer))

@@ -17,9 +17,9 @@ import redis
 import structlog
 import trio
 
-from actors.elector import IngestionFatal
 from actors.lease_store import (
     LeaseStore,
+    NodeRegistry,
     connect,
     is_sentinel_url,
     parse_sentinel_url,
@@ -28,7 +28,7 @@ from actors.lease_store import (
 from actors.observe import NodeObserver
 from actors.scheduled import ScheduledJob
 from actors.source import Source
-from actors.supervisor import NodeSpec, run_node
+from actors.supervisor import JobRun, NodeSpec, run_jobs
 from actors.token_memory import TokenMemory
 from ingestion.config import ConfigError, JobSettings, Settings, load_action, redact_url
 from ingestion.horizon import HorizonSource
@@ -153,33 +153,35 @@ async def run_node_process(settings: Settings) -> int:
     observers = {j.name: NodeObserver(settings.node.id, j.name) for j in settings.jobs}
     fatal: dict[str, str] = {}
     signalled = False
+    runs = [
+        JobRun(
+            stores[j.name],
+            build_source(settings, j),
+            node_spec(settings, j),
+            node_logger(settings.node.id, j.name),
+            observers[j.name],
+        )
+        for j in settings.jobs
+    ]
+
+    def on_fatal(job: str, error: str) -> None:
+        fatal[job] = error
+        node_logger(settings.node.id, job).error("job-stopped", reason="ingestion-fatal", error=error)
+
     try:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
-                left = len(settings.jobs)
 
-                async def run_job(job: JobSettings, *, task_status: trio.TaskStatus[Any]) -> None:
-                    nonlocal left
-                    structlog.contextvars.bind_contextvars(job=job.name)  # this task's context
-                    job_log = node_logger(settings.node.id, job.name)
+                async def jobs_then_stop(*, task_status: trio.TaskStatus[Any]) -> None:
                     try:
-                        await run_node(
-                            stores[job.name],
-                            build_source(settings, job),
-                            node_spec(settings, job),
-                            job_log,
-                            observers[job.name],
+                        await run_jobs(
+                            runs, log, registry=NodeRegistry(client), on_fatal=on_fatal,
                             task_status=task_status,
-                        )
-                    except* IngestionFatal as group:
-                        fatal[job.name] = str(group.exceptions[0])
-                        job_log.error("job-stopped", reason="ingestion-fatal", error=fatal[job.name])
+                        )  # fmt: skip
                     finally:
-                        left -= 1
-                        if not left:
-                            nursery.cancel_scope.cancel()
+                        nursery.cancel_scope.cancel()
 
-                handles = [await nursery.start(run_job, job) for job in settings.jobs]
+                handle = await nursery.start(jobs_then_stop)
                 await _start_endpoints(nursery, settings, list(observers.values()), log, stores)
                 async for signum in signals:
                     name = signal.Signals(signum).name
@@ -189,8 +191,7 @@ async def run_node_process(settings: Settings) -> int:
                         break
                     signalled = True
                     log.info("shutdown-requested", signal=name)
-                    for handle in handles:
-                        await handle.shutdown(name)
+                    await handle.shutdown(name)
     finally:
         client.close()
     if fatal and not signalled:

@@ -1,0 +1,139 @@
+"""Many jobs on few nodes, with real processes: three nodes host the same six jobs, and the
+balancer spreads their leadership: every job led, nobody above its share, nothing moving while
+membership is stable; a killed node's jobs re-led within TTL + 1 s; a restarted node gets its share
+back; a drained node hands every job over gracefully. Every job's stream stays exactly-once.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+from collections import Counter
+
+import pytest
+import trio
+
+from actors.lease_store import job_keys, parse_lease_value
+from ingestion.verify import verify_job
+from tests.cluster import Cluster, figure, open_cluster
+
+pytestmark = pytest.mark.slow
+
+TTL_MS = 1500
+TTL = TTL_MS / 1000
+RESOURCES = ("/operations", "/payments", "/effects", "/transactions", "/ledgers", "/operations")
+NODES = ("n1", "n2", "n3")
+
+
+def job_names(base: str) -> list[str]:
+    return [base] + [f"{base}-{i}" for i in range(1, len(RESOURCES))]
+
+
+def job_flags(base: str) -> list[str]:
+    # The base job comes from the harness's own --job (with the default resource, /operations).
+    return [f for name, res in zip(job_names(base)[1:], RESOURCES[1:], strict=True)
+            for f in ("--job", f"{name}={res}")]  # fmt: skip
+
+
+def holders(c: Cluster) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in job_names(c.job):
+        value = c.client.get(job_keys(name)["lease"])
+        out[name] = parse_lease_value(value)[1] if value else None
+    return out
+
+
+async def wait_balanced(c: Cluster, nodes: tuple[str, ...], within: float) -> dict[str, str | None]:
+    share = math.ceil(len(RESOURCES) / len(nodes))
+    with trio.fail_after(within):
+        while True:
+            now = holders(c)
+            counts = Counter(now.values())
+            if None not in counts and set(counts) <= set(nodes) and max(counts.values()) <= share:
+                return now
+            await trio.sleep(0.05)
+
+
+async def start_all(c: Cluster) -> None:
+    for name in NODES:
+        await c.start_node(name, extra=job_flags(c.job))
+
+
+async def verify_all(c: Cluster) -> None:
+    for name, resource in zip(job_names(c.job), RESOURCES, strict=True):
+        result = await verify_job(c.redis_url, name, c.horizon, resource, "0")
+        assert result.ok, f"{name}: {result.summary()}"
+        assert result.count > 0, f"{name}: nothing ingested"
+
+
+async def test_six_jobs_spread_over_three_nodes_and_hold_still(job: str) -> None:
+    async with open_cluster(job, ttl_ms=TTL_MS) as c:
+        started = trio.current_time()
+        await start_all(c)
+        placed = await wait_balanced(c, NODES, within=15)
+        figure("balance-cold-start", seconds=trio.current_time() - started, jobs=6, nodes=3)
+        assert Counter(placed.values()) == Counter({n: 2 for n in NODES})
+        quiet_from = trio.current_time()
+        await trio.sleep(5)
+        assert holders(c) == placed
+        moves = [e for e in c.log.lines if e.at >= quiet_from
+                 and e.event in ("became-leader", "lost-leadership", "handing-back")]  # fmt: skip
+        assert not moves, moves
+        await verify_all(c)
+
+
+async def test_a_killed_nodes_jobs_are_re_led_within_ttl_plus_1s_and_come_back_on_restart(
+    job: str,
+) -> None:
+    async with open_cluster(job, ttl_ms=TTL_MS) as c:
+        await start_all(c)
+        placed = await wait_balanced(c, NODES, within=15)
+        victim = "n2"
+        orphaned = {name for name, holder in placed.items() if holder == victim}
+        killed_at = await c.kill(victim)
+        survivors = ("n1", "n3")
+        with trio.fail_after(TTL + 5):
+            while True:
+                now = holders(c)
+                if all(now[name] in survivors for name in orphaned):
+                    break
+                await trio.sleep(0.02)
+        relead = trio.current_time() - killed_at
+        figure("balance-sigkill-relead", relead_ms=relead * 1000, lease_ttl_ms=TTL_MS, jobs=len(orphaned))
+        assert relead <= TTL + 1.0, f"re-led after {relead:.2f}s"
+        await wait_balanced(c, survivors, within=10)
+
+        restarted_at = trio.current_time()
+        await c.start_node(victim, extra=job_flags(c.job))
+        restored = await wait_balanced(c, NODES, within=10)
+        figure("balance-rejoin", seconds=trio.current_time() - restarted_at)
+        assert Counter(restored.values()) == Counter({n: 2 for n in NODES})
+        await c.wait_for_progress(50)
+        await verify_all(c)
+
+
+async def test_a_drained_node_hands_every_job_over_gracefully(job: str) -> None:
+    async with open_cluster(job, ttl_ms=TTL_MS) as c:
+        await start_all(c)
+        placed = await wait_balanced(c, NODES, within=15)
+        leaving = "n3"
+        its_jobs = {name for name, holder in placed.items() if holder == leaving}
+        asked = c.signal(leaving, signal.SIGTERM)
+        assert await c.exited(leaving) == 0
+        taken = {}
+        with trio.fail_after(5):
+            while len(taken) < len(its_jobs):
+                for e in c.log.lines:
+                    if e.at >= asked and e.event == "became-leader" and e.fields["job"] in its_jobs:
+                        taken.setdefault(e.fields["job"], e.at - asked)
+                await c.log.changed()
+        released = [e for e in c.log.of("lost-leadership", leaving, since=asked)]
+        assert {e.fields["job"] for e in released} == its_jobs
+        assert all(e.fields["reason"] == "shutdown" for e in released)
+        notices = [e for e in c.log.of("lease-released", leaving, since=asked)]
+        assert len(notices) == len(its_jobs)  # one release (and notice) each
+        figure("balance-drain", handoff_ms=max(taken.values()) * 1000, jobs=len(its_jobs))
+        assert max(taken.values()) < 0.5, taken
+        await wait_balanced(c, ("n1", "n2"), within=5)
+        await c.wait_for_progress(50)
+        await verify_all(c)
