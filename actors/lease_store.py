@@ -28,6 +28,7 @@ import attrs
 import redis
 import trio
 from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
@@ -468,6 +469,72 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     )
 
 
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+
+@attrs.frozen
+class ClusterTarget:
+    """A parsed ``redis+cluster://[user:pass@]H:P[,H:P...]`` URL (the seed nodes)."""
+
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None
+    password: str | None = attrs.field(repr=False)
+    tls: bool
+
+    @property
+    def addresses(self) -> str:
+        return ",".join(f"{h}:{p}" for h, p in self.nodes)
+
+
+def is_cluster_url(url: str) -> bool:
+    return url.partition("://")[0].lower() in CLUSTER_SCHEMES
+
+
+def parse_cluster_url(url: str) -> ClusterTarget:
+    """Parse a Redis Cluster URL.
+
+    Raises:
+        BadRedisUrl: no node, or a bad address or path.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in CLUSTER_SCHEMES:
+        raise BadRedisUrl("a Redis Cluster URL starts with redis+cluster:// or rediss+cluster://")
+    netloc, _, path = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon else None
+        if not colon:
+            username, password = None, unquote(user) or None
+    nodes: list[tuple[str, int]] = []
+    for part in (p.strip() for p in hosts.split(",")):
+        if not part:
+            continue
+        host, colon, port_text = part.rpartition(":")
+        if not colon:
+            host, port_text = part, "6379"
+        host = host.strip("[]")
+        if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise BadRedisUrl(f"cluster node address {part!r} is not HOST:PORT")
+        nodes.append((host, int(port_text)))
+    if not nodes:
+        raise BadRedisUrl("names no node (expected redis+cluster://HOST:PORT[,HOST:PORT...])")
+    if path.split("?")[0].strip("/") not in ("", "0"):
+        raise BadRedisUrl(f"path {path!r}: a Redis Cluster has only database 0")
+    return ClusterTarget(tuple(nodes), username, password, scheme.lower() == "rediss+cluster")
+
+
+def _client_kwargs(client: Any) -> dict[str, Any]:
+    """The connection settings of a client (a plain, Sentinel or cluster client)."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        return dict(pool.connection_kwargs)
+    manager = getattr(client, "nodes_manager", None)
+    return dict(getattr(manager, "connection_kwargs", {}) or {})
+
+
 def connect(
     url: str,
     *,
@@ -491,7 +558,7 @@ def connect(
     without (and over TLS too with ``rediss+sentinel://``).
     """
     tls: dict[str, Any] = {}
-    if url.startswith(("rediss://", "rediss+sentinel://")):
+    if url.startswith(("rediss://", "rediss+sentinel://", "rediss+cluster://")):
         tls["ssl_cert_reqs"] = "required"
         if tls_ca_file:
             tls["ssl_ca_certs"] = tls_ca_file
@@ -505,6 +572,23 @@ def connect(
         "retry": Retry(NoBackoff(), 0),
         "health_check_interval": 0,
     }
+    if is_cluster_url(url):
+        ctarget = parse_cluster_url(url)
+        if ctarget.tls:
+            tls["ssl"] = True
+        cluster = RedisCluster(
+            startup_nodes=[ClusterNode(h, p) for h, p in ctarget.nodes],
+            username=ctarget.username,
+            password=ctarget.password,
+            decode_responses=True,
+            # Slots a failed master served answer nothing until its replica takes over; the
+            # other jobs' slots keep working meanwhile.
+            require_full_coverage=False,
+            **common,
+            **tls,
+        )
+        cluster.cluster_target = ctarget  # type: ignore[attr-defined]
+        return cluster  # type: ignore[return-value]
     if is_sentinel_url(url):
         target = parse_sentinel_url(url)
         if target.tls:
@@ -602,6 +686,11 @@ def describe_redis_error(exc: BaseException, *, where: str, secret: str | None =
 
 def _endpoint(client: redis.Redis) -> tuple[str, str | None]:
     """(``scheme://[user@]host:port/db`` without the password, the password) of a client."""
+    ctarget: ClusterTarget | None = getattr(client, "cluster_target", None)
+    if ctarget is not None:
+        scheme = "rediss+cluster" if ctarget.tls else "redis+cluster"
+        user = f"{ctarget.username}@" if ctarget.username else ""
+        return f"{scheme}://{user}{ctarget.addresses}", ctarget.password
     kw = client.connection_pool.connection_kwargs
     tls = issubclass(client.connection_pool.connection_class, redis.SSLConnection)
     target: SentinelTarget | None = getattr(client, "sentinel_target", None)
@@ -633,9 +722,7 @@ class LeaseStore:
         self.client = client
         self.job = job
         # Every call, whole, is bounded by this (default: the client's socket timeout).
-        self.call_timeout = call_timeout or client.connection_pool.connection_kwargs.get(
-            "socket_timeout"
-        ) or 1.0
+        self.call_timeout = call_timeout or _client_kwargs(client).get("socket_timeout") or 1.0
         # After each acquire and commit, wait (WAIT, same connection) for this many replicas to
         # acknowledge it, at most ``replication_wait`` seconds (default: half the call bound, so
         # the script and the WAIT fit in one bounded call).
@@ -647,6 +734,7 @@ class LeaseStore:
         # group still needs: trimmed inside the commit script, under the same fencing check.
         self.events_max_len = events_max_len
         self.keys = job_keys(job)
+        self._stale_topology = False
         self._where, self._secret = _endpoint(client)
         self._acquire = client.register_script(_LUA_HELPERS + _ACQUIRE)
         self._renew = client.register_script(_LUA_HELPERS + _RENEW)
@@ -664,7 +752,7 @@ class LeaseStore:
         runs beside the calls, never in their path: sentinels that are slow or gone must not
         delay or fail a call to a primary that works. Errors are left to the calls to report.
         """
-        pool = self.client.connection_pool
+        pool = getattr(self.client, "connection_pool", None)
         if not isinstance(pool, SentinelConnectionPool):
             return
         while True:
@@ -683,13 +771,16 @@ class LeaseStore:
         try:
             with trio.fail_after(self.call_timeout):
                 return await trio.to_thread.run_sync(
-                    functools.partial(fn, *args, **kwargs), abandon_on_cancel=True
+                    functools.partial(self._fresh_then, fn, *args, **kwargs), abandon_on_cancel=True
                 )
         except trio.TooSlowError as exc:
+            self._stale_topology = True
             raise RedisUnavailable(
                 f"{self._where}: timed out: no answer within {self.call_timeout * 1000:.0f} ms"
             ) from exc
         except (redis.RedisError, OSError) as exc:
+            if isinstance(exc, redis.ConnectionError | redis.TimeoutError | OSError):
+                self._stale_topology = True  # (a cluster re-reads its slot map before the next call)
             raise RedisUnavailable(
                 describe_redis_error(exc, where=self._where, secret=self._secret)
             ) from exc
@@ -709,7 +800,8 @@ class LeaseStore:
         (when asked for) and ``INFO replication`` (when ``replid``): one round trip, in a worker
         thread. Returns (the script's answer, replicas that acknowledged or None, the replid)."""
         for attempt in (1, 2):
-            pipe = self.client.pipeline(transaction=False)
+            conn = self._connection_for(keys[0])
+            pipe = conn.pipeline(transaction=False)
             pipe.evalsha(script.sha, len(keys), *keys, *args)
             if self.min_replicas_acked:
                 pipe.execute_command("WAIT", self.min_replicas_acked, self.replication_wait_ms)
@@ -719,8 +811,14 @@ class LeaseStore:
             if isinstance(out[0], redis.exceptions.NoScriptError) and attempt == 1:
                 # A primary that never saw the script (a fresh or newly promoted one): NOSCRIPT
                 # means nothing ran, so loading it and running again is safe.
-                self.client.script_load(script.script)
+                conn.script_load(script.script)
                 continue
+            if isinstance(out[0], redis.exceptions.AskError | redis.exceptions.MovedError):
+                # Cluster: the job's slot is served elsewhere now (a failover, a resharding);
+                # nothing ran here. Re-read the slot map, and run again once.
+                self._stale_topology = True
+                if attempt == 1:
+                    continue
             for item in out:
                 if isinstance(item, Exception):
                     raise item
@@ -728,6 +826,25 @@ class LeaseStore:
             info = out[-1] if replid else None
             return out[0], acked, (info or {}).get("master_replid") if info is not None else None
         raise AssertionError("unreachable")
+
+    def _fresh_then(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn``; on a cluster whose slot map may be stale (a failed call), re-read it first."""
+        if self._stale_topology and isinstance(self.client, RedisCluster):
+            self._stale_topology = False
+            self.client.nodes_manager.initialize()
+        return fn(*args, **kwargs)
+
+    def _connection_for(self, key: str) -> redis.Redis:
+        """The client that talks to the server holding ``key``: on a cluster, the master of the
+        key's slot (so that a script, ``WAIT`` and ``INFO`` share one connection)."""
+        if not isinstance(self.client, RedisCluster):
+            return self.client
+        if self._stale_topology:
+            self._stale_topology = False
+            self.client.nodes_manager.initialize()
+        node = self.client.get_node_from_key(key)
+        conn: redis.Redis = self.client.get_redis_connection(node)
+        return conn
 
     def _check_acked(self, what: str, acked: int | None) -> None:
         if acked is not None and acked < self.min_replicas_acked:
@@ -1022,7 +1139,7 @@ class ReleaseNotices:
     def _on_former_primary(self) -> bool:
         """With Sentinel: the subscription is on a server that is no longer the primary (whose
         address ``LeaseStore.follow_primary`` re-reads), where no notice comes."""
-        pool = self._store.client.connection_pool
+        pool = getattr(self._store.client, "connection_pool", None)
         conn = getattr(self._pubsub, "connection", None)
         if not isinstance(pool, SentinelConnectionPool) or conn is None or not pool.master_address:
             return False

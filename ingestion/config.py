@@ -33,7 +33,14 @@ from urllib.parse import urlsplit
 import attrs
 
 from actors.lease import LeaseTiming
-from actors.lease_store import SENTINEL_SCHEMES, BadRedisUrl, is_sentinel_url, parse_sentinel_url
+from actors.lease_store import (
+    CLUSTER_SCHEMES,
+    SENTINEL_SCHEMES,
+    BadRedisUrl,
+    is_sentinel_url,
+    parse_cluster_url,
+    parse_sentinel_url,
+)
 
 
 class ConfigError(Exception):
@@ -90,7 +97,8 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
             "redis://127.0.0.1:6379/0",
             "redis:// or rediss:// (TLS) URL; user:password@ for an ACL user, :password@ for "
             "requirepass; redis+sentinel://[user:pass@]H:P[,H:P...]/SERVICE[/DB] (rediss+sentinel:// "
-            "for TLS) to follow Sentinel's primary",
+            "for TLS) to follow Sentinel's primary; redis+cluster://[user:pass@]H:P[,H:P...] "
+            "(rediss+cluster://) for Redis Cluster",
         ),
         "min_replicas_acked": (
             int,
@@ -542,14 +550,19 @@ def _without_derived_noise(problems: list[str], derived: set[str]) -> list[str]:
 def _check_redis_url(redis_: dict[str, Any], problems: list[str]) -> None:
     url = redis_["url"]
     scheme = urlsplit(url).scheme
-    if scheme not in ("redis", "rediss", "unix", *SENTINEL_SCHEMES):
+    if scheme not in ("redis", "rediss", "unix", *SENTINEL_SCHEMES, *CLUSTER_SCHEMES):
         problems.append(
-            "redis.url: must start with redis://, rediss://, unix://, redis+sentinel:// or "
-            f"rediss+sentinel://, got {redact_url(url)!r}"
+            "redis.url: must start with redis://, rediss://, unix://, redis+sentinel://, "
+            f"rediss+sentinel://, redis+cluster:// or rediss+cluster://, got {redact_url(url)!r}"
         )
     elif scheme in SENTINEL_SCHEMES:
         try:
             parse_sentinel_url(url)
+        except BadRedisUrl as exc:
+            problems.append(f"redis.url: {redact_url(url)!r} {exc}")
+    elif scheme in CLUSTER_SCHEMES:
+        try:
+            parse_cluster_url(url)
         except BadRedisUrl as exc:
             problems.append(f"redis.url: {redact_url(url)!r} {exc}")
     if not 0 <= redis_["min_replicas_acked"] <= 16:
@@ -586,7 +599,7 @@ def _check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
     for key in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
         if not redis_[key]:
             continue
-        if scheme not in ("rediss", "rediss+sentinel"):
+        if scheme not in ("rediss", "rediss+sentinel", "rediss+cluster"):
             problems.append(f"redis.{key}: only used with a rediss:// URL (redis.url is {scheme}://)")
         elif not Path(redis_[key]).is_file():
             problems.append(f"redis.{key}: no such file {redis_[key]!r}")
