@@ -47,11 +47,19 @@ class NodeView:
     connected: bool = False
     ever_connected: bool = False
     error: str | None = None
-    status: dict[str, Any] = attrs.Factory(dict)
+    jobs: dict[str, dict[str, Any]] = attrs.Factory(dict)  # job -> its latest status message
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """The status of the node's first job (a node hosts one job unless configured otherwise)."""
+        return next(iter(self.jobs.values()), {})
 
     @property
     def name(self) -> str:
         return str(self.status.get("node") or self.url)
+
+    def leading(self) -> list[str]:
+        return sorted(job for job, s in self.jobs.items() if s.get("role") == "leader")
 
 
 @attrs.define
@@ -83,7 +91,7 @@ class ClusterView:
     def message(self, url: str, msg: dict[str, Any]) -> list[str]:
         node = self.nodes[url]
         if msg.get("type") == "status":
-            node.status = msg
+            node.jobs[str(msg.get("job", ""))] = msg
             return self._shape_line()
         if msg.get("type") == "event":
             return [f"{_clock(msg.get('time'))}  {describe_event(msg)}"]
@@ -92,7 +100,12 @@ class ClusterView:
     def leaders(self) -> list[NodeView]:
         return [n for n in self.nodes.values() if n.connected and n.status.get("role") == "leader"]
 
+    def all_jobs(self) -> list[str]:
+        return sorted({job for n in self.nodes.values() for job in n.jobs})
+
     def summary(self) -> str:
+        if len(self.all_jobs()) > 1:
+            return self._jobs_summary()
         leaders = self.leaders()
         if not leaders:
             lead = "leader: none"
@@ -115,6 +128,26 @@ class ClusterView:
             parts.append("down: " + ", ".join(down))
         return "cluster  " + " | ".join(parts)
 
+    def _jobs_summary(self) -> str:
+        """Several jobs: who leads how many (and which), the jobs nobody leads, any job that two
+        nodes both claim."""
+        claims: dict[str, list[str]] = {}
+        parts = []
+        for n in self.nodes.values():
+            if not n.connected:
+                parts.append(f"{n.name} down")
+                continue
+            leading = n.leading()
+            for job in leading:
+                claims.setdefault(job, []).append(n.name)
+            parts.append(f"{n.name} leads {len(leading)}" + (f" ({', '.join(leading)})" if leading else ""))
+        unled = [job for job in self.all_jobs() if job not in claims]
+        double = [f"{job}: {' and '.join(names)}" for job, names in sorted(claims.items()) if len(names) > 1]
+        text = "cluster  " + " | ".join(parts) + " | unled: " + (", ".join(unled) or "none")
+        if double:
+            text += " | TWO LEADERS: " + "; ".join(double)
+        return text
+
     def _shape_line(self) -> list[str]:
         shape = self.summary()
         if shape == self._shape:
@@ -125,19 +158,24 @@ class ClusterView:
     def table(self) -> str:
         header = f"{'node':<20} {'role':<9} {'token':>6} {'lease ms':>9} {'events':>9} "
         header += f"{'ev/s':>7} {'lag s':>7}  cursor"
+        several = len(self.all_jobs()) > 1
+        if several:
+            header = f"{'job':<16} " + header
         rows = [header]
         for n in self.nodes.values():
-            s = n.status
             if not n.connected:
-                rows.append(f"{n.name:<20} {'DOWN':<9} {'':>6} {'':>9} {'':>9} {'':>7} {'':>7}  "
-                            f"{n.error or 'connecting'}")  # fmt: skip
+                job_cell = f"{'':<16} " if several else ""
+                rows.append(f"{job_cell}{n.name:<20} {'DOWN':<9} {'':>6} {'':>9} {'':>9} {'':>7} "
+                            f"{'':>7}  {n.error or 'connecting'}")  # fmt: skip
                 continue
-            lag = s.get("lag_seconds")
-            rows.append(
-                f"{n.name:<20} {s.get('role', '?'):<9} {_dash(s.get('token')):>6} "
-                f"{_dash(s.get('lease_ms_left')):>9} {_dash(s.get('events_ingested')):>9} "
-                f"{s.get('ingest_rate', 0):>7} {_dash(lag):>7}  {_dash(s.get('cursor'))}"
-            )
+            for job, s in sorted(n.jobs.items()) if several else [("", n.status)]:
+                lag = s.get("lag_seconds")
+                job_cell = f"{job:<16} " if several else ""
+                rows.append(
+                    f"{job_cell}{n.name:<20} {s.get('role', '?'):<9} {_dash(s.get('token')):>6} "
+                    f"{_dash(s.get('lease_ms_left')):>9} {_dash(s.get('events_ingested')):>9} "
+                    f"{s.get('ingest_rate', 0):>7} {_dash(lag):>7}  {_dash(s.get('cursor'))}"
+                )
         return "\n".join([self.summary(), "", *rows])
 
 

@@ -125,3 +125,20 @@ def test_watch_cli_needs_a_url_and_exits_cleanly_after_duration() -> None:
     assert timed.returncode == 0, timed.stderr
     assert f"ws://127.0.0.1:{port}/: unreachable (" in timed.stdout
     assert "connection refused); retrying" in timed.stdout
+
+
+def test_view_of_nodes_hosting_several_jobs_says_who_leads_which() -> None:
+    view = ClusterView.of(["ws://a", "ws://b"])
+    for url, node in (("ws://a", "a"), ("ws://b", "b")):
+        view.connected(url)
+        for job in ("j1", "j2", "j3"):
+            leads = (node == "a" and job in ("j1", "j2")) or (node == "b" and job == "j3")
+            view.message(url, {"type": "status", "node": node, "job": job,
+                               "role": "leader" if leads else "standby", "token": 1})  # fmt: skip
+    assert view.summary() == "cluster  a leads 2 (j1, j2) | b leads 1 (j3) | unled: none"
+    view.message("ws://b", {"type": "status", "node": "b", "job": "j1", "role": "leader", "token": 2})
+    assert view.summary().endswith("| TWO LEADERS: j1: a and b")
+    view.message("ws://a", {"type": "status", "node": "a", "job": "j2", "role": "standby"})
+    assert "unled: j2" in view.summary()
+    table = view.table()
+    assert table.splitlines()[2].split()[0] == "job" and len(table.splitlines()) == 3 + 6
