@@ -2,9 +2,11 @@
 
 Starts a throwaway redis-server, the bundled Horizon simulator and N nodes as child processes (all
 on 127.0.0.1), prints their election events interleaved, one line each, with a progress line every
-couple of seconds; then SIGKILLs the leader and reports how long the job was leaderless, restarts
-the killed node (it rejoins as a standby), hands leadership over gracefully with SIGTERM and reports
-that time too; and finally checks the events stream against the simulator's own records
+couple of seconds. The nodes share ``--jobs`` jobs (default 3: operations, payments, effects) and
+the balancer spreads their leadership. Then it SIGKILLs the leader of the first job and reports how
+long that job was leaderless, restarts the killed node (it rejoins and gets its share back), hands
+leadership over gracefully with SIGTERM and reports that time too, showing where every job is led
+after each step; and finally checks every job's events stream against the simulator's own records
 (:mod:`ingestion.verify`). Exit status: 0 when the stream verified, 1 when it did not or the demo
 could not run, 2 for a bad flag. Every child is stopped on the way out, Ctrl-C included.
 """
@@ -40,6 +42,7 @@ SHOWN = (
     "redis-state-lost",
     "redis-unavailable",
     "ingestion-fatal",
+    "handing-back",
     "node-stopped",
 )
 FIELDS = {
@@ -47,12 +50,16 @@ FIELDS = {
     "became-leader": ("token", "cursor", "previous_node", "previous_token", "takeover_ms"),
     "standby": ("leader", "token"),
     "lost-leadership": ("token", "reason"),
+    "handing-back": ("handed_job", "share", "leading", "live"),
     "fencing-token-rejected": ("token", "current_token", "cursor"),
 }
 COLORS = ("\033[36m", "\033[33m", "\033[35m", "\033[32m", "\033[34m", "\033[91m", "\033[96m")
 BOLD, RESET = "\033[1m", "\033[0m"
 PROGRESS_EVERY = 2.0  # seconds
 STEP_TIMEOUT = 30.0  # seconds: the most any one step of the demo may take
+# The demo's jobs: (name suffix, Horizon collection); the first is "the" job whose leader is hit.
+JOBS = (("", "/operations"), ("-payments", "/payments"), ("-effects", "/effects"),
+        ("-transactions", "/transactions"), ("-ledgers", "/ledgers"), ("-trades", "/operations"))  # fmt: skip
 
 
 class DemoFailed(Exception):
@@ -74,6 +81,7 @@ class Demo:
     duration: float
     out: TextIO
     color: bool
+    jobs: int = 1
     redis: LocalRedis = attrs.field(factory=LocalRedis)
     job: str = "demo"
     horizon: str = ""
@@ -102,6 +110,8 @@ class Demo:
             k for k in line.fields if k not in ("timestamp", "level", "node", "job")
         )
         detail = " ".join(f"{k}={line.fields.get(k)}" for k in keys if k in line.fields)
+        if self.jobs > 1 and line.event not in ("node-starting", "node-stopped", "handing-back"):
+            detail = f"job={line.fields.get('job')} {detail}"
         self.say(line.node, line.event, detail, bold=line.event == "became-leader")
 
     # -- processes ------------------------------------------------------------------------------
@@ -142,19 +152,32 @@ class Demo:
                     self._changed.set()
                     self._changed = trio.Event()
 
-    async def wait_for(self, event: str, *, since: float, node: str | None = None) -> Line:
+    async def wait_for(
+        self, event: str, *, since: float, node: str | None = None, job: str | None = None
+    ) -> Line:
         with trio.fail_after(STEP_TIMEOUT):
             while True:
                 for line in self.lines:
-                    if line.event == event and line.at >= since and node in (None, line.node):
+                    if (
+                        line.event == event
+                        and line.at >= since
+                        and node in (None, line.node)
+                        and job in (None, line.fields.get("job"))
+                    ):
                         return line
                 await self._changed.wait()
 
+    @property
+    def job_specs(self) -> list[tuple[str, str]]:
+        """(job name, resource) of every job the nodes host."""
+        return [(self.job + suffix, resource) for suffix, resource in JOBS[: self.jobs]]
+
     def node_args(self, name: str) -> list[str]:
+        jobs = [f for job, res in self.job_specs for f in ("--job", f"{job}={res}")]
         return [
             sys.executable, "-m", "ingestion",
             "--node-id", name,
-            "--job", self.job,
+            *jobs,
             "--redis", self.redis.url,
             "--horizon", self.horizon,
             "--start-cursor", "0",
@@ -191,10 +214,40 @@ class Demo:
         """The lease holder in Redis right now."""
         return (await trio.to_thread.run_sync(self._read_state))[2]
 
+    def _placement(self) -> dict[str, tuple[str | None, int]]:
+        """job -> (lease holder, events) read now; blocking, so run it in a thread."""
+        client = connect(self.redis.url, timeout=1.0)
+        try:
+            pipe = client.pipeline(transaction=False)
+            for job, _ in self.job_specs:
+                pipe.get(job_keys(job)["lease"])
+                pipe.xlen(job_keys(job)["events"])
+            raw = pipe.execute()
+        finally:
+            client.close()
+        out = {}
+        for i, (job, _) in enumerate(self.job_specs):
+            lease, events = raw[2 * i], raw[2 * i + 1]
+            out[job] = (str(lease).partition("|")[2] if lease else None, int(events))
+        return out
+
+    async def show_placement(self, what: str = "placement") -> None:
+        placed = await trio.to_thread.run_sync(self._placement)
+        by_node: dict[str, list[str]] = {}
+        for job, (holder, _) in placed.items():
+            by_node.setdefault(holder or "(nobody)", []).append(job)
+        text = " | ".join(f"{node}: {', '.join(jobs)}" for node, jobs in sorted(by_node.items()))
+        self.say("redis", what, text, bold=True)
+
     async def progress(self) -> None:
         while True:
             await trio.sleep(PROGRESS_EVERY)
             try:
+                if self.jobs > 1:
+                    placed = await trio.to_thread.run_sync(self._placement)
+                    text = " ".join(f"{job}={events}@{holder}" for job, (holder, events) in placed.items())
+                    self.say("redis", "progress", f"events: {text}")
+                    continue
                 events, cursor, holder = await trio.to_thread.run_sync(self._read_state)
             except (redis.RedisError, OSError) as exc:
                 self.say("redis", "progress", f"unreadable: {exc}")
@@ -236,13 +289,16 @@ class Demo:
         phase = self.duration / 4
 
         await trio.sleep(phase)
+        if self.jobs > 1:
+            await self.show_placement("spread")
         leader = await self.leader()
         if leader is None:
             raise DemoFailed("no leader after the warm-up")
-        self.say("demo", "SIGKILL", f"{leader} (the leader): a crash, no goodbye", bold=True)
+        what = f"the leader of {self.job}" if self.jobs > 1 else "the leader"
+        self.say("demo", "SIGKILL", f"{leader} ({what}): a crash, no goodbye", bold=True)
         killed_at = trio.current_time()
         self.procs[leader].kill()
-        taken = await self.wait_for("became-leader", since=killed_at)
+        taken = await self.wait_for("became-leader", since=killed_at, job=self.job)
         failover_ms = (taken.at - killed_at) * 1000
         self.say(
             "demo",
@@ -253,17 +309,24 @@ class Demo:
         )
 
         await trio.sleep(phase / 2)
-        self.say("demo", "restart", f"{leader} under the same id: it rejoins as a standby")
+        if self.jobs > 1:
+            await self.show_placement("after-the-crash")
+        rejoins = "it rejoins and gets its share of the jobs back" if self.jobs > 1 else (
+            "it rejoins as a standby"
+        )
+        self.say("demo", "restart", f"{leader} under the same id: {rejoins}")
         await self.start_node(nursery, leader)
 
         await trio.sleep(phase / 2)
+        if self.jobs > 1:
+            await self.show_placement("after-the-restart")
         current = await self.leader()
         if current is None:
             raise DemoFailed("no leader before the graceful handoff")
-        self.say("demo", "SIGTERM", f"{current} (the leader): a graceful handoff", bold=True)
+        self.say("demo", "SIGTERM", f"{current} ({what}): a graceful handoff", bold=True)
         asked_at = trio.current_time()
         self.procs[current].send_signal(signal.SIGTERM)
-        handed = await self.wait_for("became-leader", since=asked_at)
+        handed = await self.wait_for("became-leader", since=asked_at, job=self.job)
         handoff_ms = (handed.at - asked_at) * 1000
         self.say(
             "demo",
@@ -274,17 +337,23 @@ class Demo:
         )
 
         await trio.sleep(phase)
+        if self.jobs > 1:
+            await self.show_placement("after-the-handoff")
         self.say("demo", "stopping", "SIGTERM to every node")
         await self._stop_nodes()
-        result = await verify_job(self.redis.url, self.job, self.horizon)
-        self.say("demo", "verify", result.summary(), bold=True)
+        ok = True
+        for job, resource in self.job_specs:
+            result = await verify_job(self.redis.url, job, self.horizon, resource)
+            ok = ok and result.ok
+            self.say("demo", "verify", (f"{job}: " if self.jobs > 1 else "") + result.summary(), bold=True)
         self.say(
             "demo",
             "summary",
             f"crash failover {failover_ms:.0f} ms, graceful handoff {handoff_ms:.0f} ms, "
-            f"lease TTL {self.ttl_ms} ms",
+            f"lease TTL {self.ttl_ms} ms"
+            + (f", {self.jobs} jobs on {self.nodes} nodes" if self.jobs > 1 else ""),
         )
-        return result.ok
+        return ok
 
     async def _stop_nodes(self) -> None:
         running = [p for name, p in self.procs.items() if name != "horizon" and p.returncode is None]
@@ -310,6 +379,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--nodes", type=int, default=3, help="how many nodes (2 to 7, default 3)")
     p.add_argument("--ttl-ms", type=int, default=2000, help="lease TTL in ms (default 2000)")
+    p.add_argument(
+        "--jobs", type=int, default=3,
+        help=f"how many jobs the nodes share (1 to {len(JOBS)}, default 3)",
+    )
     p.add_argument("--duration", type=float, default=40.0, help="seconds, roughly (default 40)")
     p.add_argument("--no-color", action="store_true", help="never color the output")
     return p
@@ -324,6 +397,8 @@ def main(argv: list[str]) -> int:
     problems = []
     if not 2 <= args.nodes <= 7:
         problems.append(f"--nodes: must be between 2 and 7, got {args.nodes}")
+    if not 1 <= args.jobs <= len(JOBS):
+        problems.append(f"--jobs: must be between 1 and {len(JOBS)}, got {args.jobs}")
     if not 500 <= args.ttl_ms <= 60_000:
         problems.append(f"--ttl-ms: must be between 500 and 60000, got {args.ttl_ms}")
     if not 8 <= args.duration <= 3600:
@@ -338,6 +413,7 @@ def main(argv: list[str]) -> int:
         duration=args.duration,
         out=sys.stdout,
         color=sys.stdout.isatty() and not args.no_color and "NO_COLOR" not in os.environ,
+        jobs=args.jobs,
     )
     status = 1
     try:
