@@ -4,7 +4,8 @@
 
 Sections: ``catchup`` (throughput and memory), ``latency``, ``commit``, ``failover``, ``standby``,
 ``redis_ha`` (Sentinel failover and the cost of replica acknowledgements), ``memory`` (Redis memory
-per ingested record, with and without retention).
+per ingested record, with and without retention), ``jobs`` (3 nodes sharing 30 jobs: balance,
+re-lead after SIGKILL, stability, Redis load, RSS by job count).
 ``--quick`` is a smoke run (smaller history, fewer trials, one TTL) that takes about two minutes;
 the full run takes about ten. A throwaway ``redis-server`` is started on a free loopback port; the
 simulator runs as its own process. Results also go to a JSON file; when
@@ -24,11 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import catchup, commit_cost, failover, latency, memory, redis_ha, standby
+from benchmarks import catchup, commit_cost, failover, jobs, latency, memory, redis_ha, standby
 from ingestion.local_redis import LocalRedis
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("catchup", "latency", "commit", "failover", "standby", "redis_ha", "memory")
+SECTIONS = ("catchup", "latency", "commit", "failover", "standby", "redis_ha", "memory", "jobs")
 
 
 def machine() -> dict[str, str]:
@@ -80,6 +81,10 @@ def measure(quick: bool, only: tuple[str, ...], partial: Path | None = None) -> 
                 results[section] = standby.run(url, standbys=3, seconds=10.0 if quick else 30.0)
             elif section == "redis_ha":
                 results[section] = redis_ha.run(trials=3 if quick else 12)
+            elif section == "jobs":
+                results[section] = jobs.run(
+                    url, stable_s=10.0 if quick else 60.0, trials=2 if quick else 5
+                )
             elif section == "memory":
                 results[section] = memory.run(url, count=20_000 if quick else 100_000)
             print(f"  ({time.monotonic() - started:.0f} s)", flush=True)
@@ -180,6 +185,23 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
                 None,
             )
         )
+    jb = r.get("jobs")
+    if jb:
+        rl = jb["relead"]
+        bound = jb["ttl_ms"] + 1000
+        rows += [
+            (f"{jb['nodes']} nodes x {jb['jobs']} jobs, ttl {jb['ttl_ms']} ms: cold start -> all led, "
+             "none above its share", f"{jb['cold_start_s']:.1f} s", "", None),
+            (f"SIGKILL of a node: each of its jobs re-led, {rl['samples']} jobs: p50 / p99 / max",
+             f"{rl['p50_ms']:.0f} / {rl['p99_ms']:.0f} / {rl['max_ms']:.0f} ms",
+             f"<= TTL + 1 s = {bound} ms", _ok(rl["p99_ms"] <= bound)),
+            (f"leadership changes during {jb['stable_s']:.0f} s of stable membership",
+             str(jb["stable_changes"]), "0", _ok(jb["stable_changes"] == 0)),
+            (f"Redis commands/s per node ({jb['jobs']} jobs, 3 nodes)",
+             f"{jb['commands_per_s_per_node']:.1f}", "", None),
+            ("RSS of one node by job count (1 / 10 / 30 jobs)",
+             " / ".join(_mib(jb["rss_kib"][k]) for k in ("1", "10", "30")), "", None),
+        ]  # fmt: skip
     mem = r.get("memory")
     if mem:
         n = f"{mem['count']:,} ops"
