@@ -1,4 +1,4 @@
-"""Many jobs on few nodes, with real processes: three nodes host the same six jobs, and the
+"""Many jobs on few nodes, with real processes, on one redis-server and on a 3-master Redis Cluster: three nodes host the same six jobs, and the
 balancer spreads their leadership: every job led, nobody above its share, nothing moving while
 membership is stable; a killed node's jobs re-led within TTL + 1 s; a restarted node gets its share
 back; a drained node hands every job over gracefully. Every job's stream stays exactly-once.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import signal
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 import trio
@@ -16,6 +17,7 @@ import trio
 from actors.lease_store import job_keys, parse_lease_value
 from ingestion.verify import verify_job
 from tests.cluster import Cluster, figure, open_cluster
+from tests.redis_cluster import redis_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -23,6 +25,16 @@ TTL_MS = 1500
 TTL = TTL_MS / 1000
 RESOURCES = ("/operations", "/payments", "/effects", "/transactions", "/ledgers", "/operations")
 NODES = ("n1", "n2", "n3")
+
+
+@pytest.fixture(params=["redis", "cluster"])
+def redis_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """None: the harness's own redis-server; else the URL of a real 3-master Redis Cluster."""
+    if request.param == "redis":
+        yield None
+        return
+    with redis_cluster(masters=3, replicas=0) as group:
+        yield group.url
 
 
 def job_names(base: str) -> list[str]:
@@ -66,8 +78,8 @@ async def verify_all(c: Cluster) -> None:
         assert result.count > 0, f"{name}: nothing ingested"
 
 
-async def test_six_jobs_spread_over_three_nodes_and_hold_still(job: str) -> None:
-    async with open_cluster(job, ttl_ms=TTL_MS) as c:
+async def test_six_jobs_spread_over_three_nodes_and_hold_still(job: str, redis_url: str | None) -> None:
+    async with open_cluster(job, ttl_ms=TTL_MS, redis_url=redis_url) as c:
         started = trio.current_time()
         await start_all(c)
         placed = await wait_balanced(c, NODES, within=15)
@@ -83,9 +95,9 @@ async def test_six_jobs_spread_over_three_nodes_and_hold_still(job: str) -> None
 
 
 async def test_a_killed_nodes_jobs_are_re_led_within_ttl_plus_1s_and_come_back_on_restart(
-    job: str,
+    job: str, redis_url: str | None
 ) -> None:
-    async with open_cluster(job, ttl_ms=TTL_MS) as c:
+    async with open_cluster(job, ttl_ms=TTL_MS, redis_url=redis_url) as c:
         await start_all(c)
         placed = await wait_balanced(c, NODES, within=15)
         victim = "n2"
@@ -112,8 +124,8 @@ async def test_a_killed_nodes_jobs_are_re_led_within_ttl_plus_1s_and_come_back_o
         await verify_all(c)
 
 
-async def test_a_drained_node_hands_every_job_over_gracefully(job: str) -> None:
-    async with open_cluster(job, ttl_ms=TTL_MS) as c:
+async def test_a_drained_node_hands_every_job_over_gracefully(job: str, redis_url: str | None) -> None:
+    async with open_cluster(job, ttl_ms=TTL_MS, redis_url=redis_url) as c:
         await start_all(c)
         placed = await wait_balanced(c, NODES, within=15)
         leaving = "n3"
