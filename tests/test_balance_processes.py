@@ -1,7 +1,8 @@
-"""Many jobs on few nodes, with real processes, on one redis-server and on a 3-master Redis Cluster: three nodes host the same six jobs, and the
-balancer spreads their leadership: every job led, nobody above its share, nothing moving while
-membership is stable; a killed node's jobs re-led within TTL + 1 s; a restarted node gets its share
-back; a drained node hands every job over gracefully. Every job's stream stays exactly-once.
+"""Many jobs on few nodes, with real processes, on one redis-server and on a 3-master Redis
+Cluster: three nodes host the same six jobs, and the balancer spreads their leadership: every job
+led, nobody above its share, nothing moving while membership is stable; a killed node's jobs re-led
+within TTL + 1 s; a restarted node gets its share back; a drained node hands every job over
+gracefully. Every job's stream stays exactly-once.
 """
 
 from __future__ import annotations
