@@ -16,6 +16,7 @@ import attrs
 import trio
 
 from actors.balance import CampaignGate
+from actors.health import SourceWatch
 from actors.lease import Extended, LeaseMachine, LeaseTiming, Lost, LostReason, standby_wait
 from actors.lease_store import Acquired, Held, LeaseStore, RedisUnavailable, StateLost
 from actors.messages import (
@@ -91,7 +92,11 @@ class Elector:
     # Asked before every campaign when several jobs share the nodes (the balancer): it may hold
     # the campaign back (this node leads its share) or delay it (another node is better placed).
     gate: CampaignGate | None = None
+    # Asked first: whether this node's source answers (a node that cannot reach it holds off
+    # while another can, and campaigns late, as a last resort, when nobody can).
+    source_watch: SourceWatch | None = None
     _held_off: bool = False
+    _source_held_off: bool = False
     _woken: bool = False  # the last standby wait ended on a release notice or a wake-up
 
     async def _see(self, token: int) -> None:
@@ -135,6 +140,8 @@ class Elector:
             task_status.started()
             failures = 0
             while not self._stopping:
+                if self.source_watch is not None and not await self._source_allows(self.source_watch):
+                    continue
                 if self.gate is not None and not await self._gate_allows(self.gate):
                     continue
                 sent_at = trio.current_time()
@@ -178,6 +185,20 @@ class Elector:
             if self._own_lease_possible:
                 await self._release_if_ours()
             self.observer.election_event("stopped")
+
+    async def _source_allows(self, watch: SourceWatch) -> bool:
+        delay = watch.campaign_delay()
+        if delay is None:
+            if not self._source_held_off:
+                self._source_held_off = True
+                self.log.info("campaign-held-off", reason="source-unreachable")
+                self.observer.election_event("campaign-held-off", reason="source-unreachable")
+            await self._standby_until(trio.current_time() + watch.ttl)
+            return False
+        self._source_held_off = False
+        if delay > 0:
+            await self._standby_until(trio.current_time() + delay, wake_on_release=False)
+        return not self._stopping
 
     async def _gate_allows(self, gate: CampaignGate) -> bool:
         """Whether to campaign now (after any delay the gate asks for)."""
@@ -336,7 +357,9 @@ class Elector:
         self.observer.election_event("lost-leadership", token=lost.token, reason=lost.reason.value)
         await self.heartbeat.send(StopRenewing(grant.token))
         if term_ended is None:
-            graceful = lost.reason in (LostReason.SHUTDOWN, LostReason.REBALANCED)
+            graceful = lost.reason in (
+                LostReason.SHUTDOWN, LostReason.REBALANCED, LostReason.SOURCE_UNAVAILABLE
+            )
             await self.ingestor.send(LeaseRevoked(grant.token, lost.reason.value, graceful))
             term_ended = await self._await_term_end(grant.token)
         if lost.reason not in (LostReason.FENCED, LostReason.RENEW_REJECTED):
@@ -365,7 +388,7 @@ class Elector:
             self._stopping = True
             return machine.shutdown(), None
         if isinstance(msg, HandBack):
-            return machine.hand_back(token), None
+            return machine.hand_back(token, LostReason(msg.reason)), None
         if isinstance(msg, TermEnded) and msg.token == token:
             if msg.reason == "source-fatal":
                 self.log.error("ingestion-fatal", token=token, error=msg.detail)

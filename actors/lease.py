@@ -42,6 +42,7 @@ class LostReason(enum.Enum):
     SHUTDOWN = "shutdown"
     REDIS_UNAVAILABLE = "redis-unavailable"
     REBALANCED = "rebalanced"  # handed back gracefully so that another node leads (the balancer)
+    SOURCE_UNAVAILABLE = "source-unavailable"  # the source answered nothing for too long; others can
 
 
 class LeaseProtocolError(Exception):
@@ -165,9 +166,11 @@ class LeaseMachine:
     def released(self, token: int) -> Lost | None:
         return self._end(token, LostReason.RELEASED)
 
-    def hand_back(self, token: int) -> Lost | None:
-        """Give the term up gracefully (finish the commit, release) for another node to lead."""
-        return self._end(token, LostReason.REBALANCED)
+    def hand_back(self, token: int, reason: LostReason = LostReason.REBALANCED) -> Lost | None:
+        """Give the term up gracefully (finish the commit, release) for another node to lead:
+        ``rebalanced`` (the balancer) or ``source-unavailable`` (this node cannot reach the source
+        and another can)."""
+        return self._end(token, reason)
 
     def ended(self, token: int, reason: LostReason) -> Lost | None:
         """The term ended for a reason found outside the machine (e.g. the Ingestor stopped)."""

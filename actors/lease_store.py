@@ -251,6 +251,19 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[3]))
 return redis.call('ZRANGEBYSCORE', KEYS[1], now - tonumber(ARGV[2]), '+inf')
 """
 
+# KEYS: the job's health hash   ARGV: node, age_ms of its last source success ('' when unhealthy),
+# window_ms. Record the node's last success (Redis time), return the nodes healthy within window_ms.
+_REPORT_HEALTH = """
+local now = now_ms()
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], ARGV[1], now - tonumber(ARGV[2])) end
+local out = {}
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  if now - tonumber(all[i + 1]) <= tonumber(ARGV[3]) then table.insert(out, all[i]) end
+end
+return out
+"""
+
 NODE_REGISTRY_KEY = "ingestion:nodes"  # its own key (its own cluster slot): no script mixes it with a job's
 NODE_FORGET_MS = 3_600_000  # a node silent this long is dropped from the registry
 
@@ -386,7 +399,7 @@ def job_keys(job: str) -> dict[str, str]:
     prefix = f"ingestion:{{{job}}}"
     return {
         name: f"{prefix}:{name}"
-        for name in ("lease", "token", "cursor", "events", "audit", "leader", "released")
+        for name in ("lease", "token", "cursor", "events", "audit", "leader", "released", "health")
     }
 
 
@@ -741,6 +754,7 @@ class LeaseStore:
         self._release = client.register_script(_LUA_HELPERS + _RELEASE)
         self._commit = client.register_script(_LUA_HELPERS + _COMMIT)
         self._fenced_hset = client.register_script(_LUA_HELPERS + _FENCED_HSET)
+        self._report_health = client.register_script(_LUA_HELPERS + _REPORT_HEALTH)
 
     async def follow_primary(self, every: float = FOLLOW_PRIMARY_EVERY) -> None:
         """With Sentinel, ask where the primary is every ``every`` seconds, until cancelled.
@@ -970,6 +984,23 @@ class LeaseStore:
         if int(res[0]) == 1:
             return None
         return CommitRejected(token=token, reason=res[1], current_token=int(res[2]), stored_cursor=None)
+
+    async def report_health(self, node: str, age_ms: int | None, window_ms: int) -> list[str]:
+        """Record that ``node``'s source answered ``age_ms`` ago (None: it does not answer now);
+        returns the nodes whose source answered within ``window_ms`` (Redis time).
+
+        Raises:
+            RedisUnavailable: failed or timed out.
+        """
+        k = self.keys["health"]
+        args = [node, "" if age_ms is None else max(0, age_ms), window_ms]
+        healthy: list[str] = await self._call(self._report_health, keys=[k], args=args)
+        return healthy
+
+    async def source_health(self) -> dict[str, int]:
+        """node -> Redis time (ms) of its source's last successful answer."""
+        raw: dict[str, str] = await self._call(self.client.hgetall, self.keys["health"])  # type: ignore[arg-type]
+        return {node: int(ms) for node, ms in raw.items()}
 
     async def committed_cursor(self) -> str | None:
         cursor: str | None = await self._call(self.client.hget, self.keys["cursor"], "cursor")  # type: ignore[arg-type]

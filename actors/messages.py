@@ -106,8 +106,11 @@ class CampaignNow:
 
 @attrs.frozen
 class HandBack:
-    """The balancer asks the Elector to end its current term gracefully (this node holds more
-    than its share); without a term it changes nothing."""
+    """End the current term gracefully so that another node leads: the balancer's (this node
+    holds more than its share, ``rebalanced``) or the source watch's (``source-unavailable``).
+    Without a term it changes nothing."""
+
+    reason: str = "rebalanced"
 
 
 ElectorInput = (

@@ -37,6 +37,8 @@ class NodeStatus:
     redis_errors: int = 0
     source_lag_seconds: float | None = None  # while leading, when the records carry a time
     leaderless_seconds: float = 0.0  # sum of the leaderless gaps this node's takeovers ended
+    source_up: bool | None = None  # the source answered recently (None: not watched)
+    source_last_ok: float | None = None  # trio time of the source's last successful answer
 
 
 def record_time(body: str) -> float | None:
@@ -85,6 +87,8 @@ class NodeObserver:
     source_lag_seconds: float | None = None
     leaderless_seconds: float = 0.0
     losses: dict[str, int] = attrs.Factory(dict)
+    source_up: bool | None = None
+    source_last_ok: float | None = None
     recent_commit_latencies: deque[float] = attrs.Factory(lambda: deque(maxlen=1024))
     listeners: list[Listener] = attrs.Factory(list)
     wall_clock: Callable[[], float] = time.time
@@ -128,6 +132,10 @@ class NodeObserver:
             self.role = "stopped"
         self._tell(event, fields)
 
+    def source_state(self, up: bool, last_ok: float | None) -> None:
+        """The source watch's latest view: reachable or not, and its last good answer."""
+        self.source_up, self.source_last_ok = up, last_ok
+
     def deadline(self, ingest_deadline: float | None) -> None:
         self.ingest_deadline = ingest_deadline
 
@@ -167,4 +175,6 @@ class NodeObserver:
             redis_errors=self.redis_errors,
             source_lag_seconds=self.source_lag_seconds,
             leaderless_seconds=self.leaderless_seconds,
+            source_up=self.source_up,
+            source_last_ok=self.source_last_ok,
         )

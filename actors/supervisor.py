@@ -22,9 +22,10 @@ import trio
 from actors.balance import Balancer, CampaignGate
 from actors.cursor_writer import CursorWriter
 from actors.elector import Elector, IngestionFatal, ReleaseNoticed
+from actors.health import ProbedSource, SourceWatch
 from actors.heartbeat import Heartbeat
 from actors.ingestor import Ingestor
-from actors.lease import LeaseTiming
+from actors.lease import LeaseTiming, LostReason
 from actors.lease_store import LeaseStore, NodeRegistry
 from actors.messages import (
     CampaignNow,
@@ -51,6 +52,9 @@ class NodeSpec:
     jitter: float
     start_cursor: str
     state_dir: str | None = None  # where the node keeps the highest token it has seen (None: memory)
+    # Seconds every request to the source may fail before a leader hands over to a node that can
+    # reach it (sources with a ``health`` and a ``probe()`` only; None: never).
+    handover_after: float | None = None
 
 
 @attrs.define
@@ -140,6 +144,21 @@ async def run_node(
         nursery.start_soon(listen_for_releases, store, elector_send.clone())
         nursery.start_soon(store.follow_primary)  # returns at once without Sentinel
         handle = NodeHandle(spec, observer, elector_send.clone())
+        watch: SourceWatch | None = None
+        if spec.handover_after is not None and isinstance(source, ProbedSource):
+            to_elector = elector_send.clone()
+
+            async def hand_over() -> None:
+                try:
+                    await to_elector.send(HandBack(LostReason.SOURCE_UNAVAILABLE.value))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+
+            watch = SourceWatch(
+                store, spec.node, source, spec.ttl_ms / 1000, spec.handover_after, log, observer,
+                leading=lambda: observer.snapshot().role == "leader", hand_over=hand_over,
+            )  # fmt: skip
+            await nursery.start(watch.run)
         elector = Elector(
             store,
             spec.node,
@@ -154,6 +173,7 @@ async def run_node(
             observer,
             memory=TokenMemory(spec.job, spec.state_dir),
             gate=gate,
+            source_watch=watch,
         )
         elector_send.close()
 

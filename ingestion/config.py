@@ -160,6 +160,12 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
         "retry_base_ms": (int, 200, "ms, first retry delay after a connection error or 5xx"),
         "retry_cap_ms": (int, 10000, "ms, longest retry delay"),
         "failover_after": (int, 3, "count, consecutive failures before moving to the next URL"),
+        "handover_after_ms": (
+            int,
+            0,
+            "ms every request to every Horizon URL may fail before a leader hands the lease to a "
+            "node that reaches Horizon (at least lease.ttl_ms); 0: auto = 3 * lease.ttl_ms",
+        ),
     },
     "events": {
         "max_len": (
@@ -264,6 +270,7 @@ class HorizonSettings:
     retry_base_ms: int
     retry_cap_ms: int
     failover_after: int
+    handover_after_ms: int
 
 
 @attrs.frozen
@@ -499,6 +506,9 @@ def _derive(v: dict[str, dict[str, Any]]) -> set[str]:
     if not v["redis"]["timeout_ms"]:
         v["redis"]["timeout_ms"] = max(1, min(500, lease["safety_margin_ms"] // 2))
         derived.add("redis.timeout_ms")
+    if not v["horizon"]["handover_after_ms"]:
+        v["horizon"]["handover_after_ms"] = 3 * ttl
+        derived.add("horizon.handover_after_ms")
     if v["redis"]["min_replicas_acked"] == -1:
         v["redis"]["min_replicas_acked"] = 1 if is_sentinel_url(v["redis"]["url"]) else 0
     if not v["node"]["id"]:
@@ -508,12 +518,14 @@ def _derive(v: dict[str, dict[str, Any]]) -> set[str]:
 
 # A derived setting's problems are only news when what it derives from is valid.
 _DERIVED_FROM = {
+    "horizon.handover_after_ms": ("lease.ttl_ms",),
     "lease.renew_interval_ms": ("lease.ttl_ms",),
     "lease.safety_margin_ms": ("lease.ttl_ms",),
     "redis.timeout_ms": ("lease.safety_margin_ms",),
 }
 # Checks that compare a setting with others: reported under the first, about all of them.
 _RELATED = {
+    "horizon.handover_after_ms": ("lease.ttl_ms",),
     "lease.renew_interval_ms": ("lease.ttl_ms", "lease.safety_margin_ms", "lease.clock_drift"),
     "redis.timeout_ms": ("lease.safety_margin_ms",),
 }
@@ -632,6 +644,11 @@ def _check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
     ):
         if horizon[key] <= 0:
             problems.append(f"horizon.{key}: must be positive, got {horizon[key]}")
+    if horizon["handover_after_ms"] < lease["ttl_ms"]:
+        problems.append(
+            f"horizon.handover_after_ms: {horizon['handover_after_ms']} must be at least lease.ttl_ms "
+            f"({lease['ttl_ms']}): the source is probed once per lease TTL"
+        )
     if horizon["retry_cap_ms"] < horizon["retry_base_ms"]:
         problems.append("horizon.retry_cap_ms: must not be below horizon.retry_base_ms")
     max_len = v["events"]["max_len"]

@@ -30,6 +30,7 @@ import structlog
 import trio
 from httpx_sse import SSEError, aconnect_sse
 
+from actors.health import SourceHealth
 from actors.source import Batch, Record, SourceFatalError
 from ingestion.horizon_core import (
     MAX_PAGE_LIMIT,
@@ -143,6 +144,8 @@ class HorizonSource:
     page_limit: int = MAX_PAGE_LIMIT
     stream_batch_window: float = 0.005
     prefetch: int = 2
+    # When a request last succeeded, since when all have failed (source-aware leadership).
+    health: SourceHealth = attrs.field(factory=SourceHealth, eq=False)
 
     def __attrs_post_init__(self) -> None:
         self.policy  # noqa: B018 -- validates the retry settings now, not on first stream
@@ -161,6 +164,23 @@ class HorizonSource:
             malformed_retries=self.malformed_retries,
             retry_after_cap=self.retry_after_cap,
         )
+
+    async def probe(self) -> bool:
+        """Ask Horizon's root (``/``, cheap) at each URL in turn until one answers 200; records the
+        outcome in ``health``. Bounded by the connect and read timeouts per URL."""
+        timeout = httpx.Timeout(min(self.read_timeout, 5.0), connect=self.connect_timeout)
+        async with httpx.AsyncClient(timeout=timeout, follow_redirects=True, verify=_ssl_context()) as client:
+            for base in self.urls:
+                try:
+                    with trio.fail_after(self.connect_timeout + min(self.read_timeout, 5.0)):
+                        response = await client.get(base.rstrip("/") + "/")
+                except (httpx.HTTPError, trio.TooSlowError):
+                    continue
+                if response.status_code == 200:
+                    self.health.ok(trio.current_time())
+                    return True
+        self.health.failed(trio.current_time())
+        return False
 
     def follower(self, cursor: str) -> HorizonFollower:
         """A fresh follower for ``cursor`` (raises SourceFatalError for a bad cursor)."""
@@ -193,6 +213,7 @@ class HorizonSource:
                         response = await client.get(url, params=params)
                     body = response.content
                     if response.status_code == 200:
+                        self.health.ok(trio.current_time())
                         records = json.loads(body)["_embedded"]["records"]
                         token = str(records[0]["paging_token"]) if records else "0"
                         if token != "0":
@@ -209,6 +230,7 @@ class HorizonSource:
                     error = _describe(exc)
                 except (ValueError, LookupError, TypeError) as exc:
                     error = f"malformed page: {_describe(exc)}"
+                self.health.failed(trio.current_time())
                 attempt += 1
                 delay = policy.delay(attempt, random.random())
                 if retry_after is not None:
@@ -323,6 +345,7 @@ class HorizonSource:
         if response is None:
             self._failed(follower, failure or Failure(None, "no response"), request)
             return None
+        self.health.ok(trio.current_time())
         content = response.content
         nxt = self._speculate(request, content)
         if nxt is not None:
@@ -426,6 +449,7 @@ class HorizonSource:
                             self._failed(follower, _failure_of(response, body), request)
                             return
                         follower.on_stream_open()
+                        self.health.ok(trio.current_time())
                         opened = True
                         log.debug(
                             "horizon-stream-open", url=request.base_url, cursor=request.cursor
@@ -433,6 +457,7 @@ class HorizonSource:
                         scope.deadline = trio.current_time() + idle
                         async with aclosing(source.aiter_sse()) as events:
                             async for sse in events:
+                                self.health.ok(trio.current_time())
                                 result = follower.on_stream_event(sse.event, sse.id, sse.data)
                                 if isinstance(result, Record):
                                     got += 1
@@ -475,6 +500,7 @@ class HorizonSource:
     # -- logging the follower's decisions
 
     def _failed(self, follower: HorizonFollower, failure: Failure, request: object) -> None:
+        self.health.failed(trio.current_time())
         url = _request_url(request)
         retry = follower.on_failure(failure, url=url)
         _log_retry(follower, retry, status=failure.status, error=failure.error, url=url)

@@ -118,6 +118,7 @@ def node_spec(settings: Settings, job: JobSettings | None = None) -> NodeSpec:
         jitter=settings.lease.standby_jitter_ms / 1000,
         start_cursor=job.start_cursor,
         state_dir=settings.node.state_dir or None,
+        handover_after=settings.horizon.handover_after_ms / 1000,
     )
 
 

@@ -116,8 +116,9 @@ def test_tls_files_need_rediss_and_exist(tmp_path: Path) -> None:
 
 def test_bad_redis_url_is_reported_without_its_password() -> None:
     problems = problems_of({"redis": {"url": "http://user:hunter2@host:1"}})
-    assert problems == ["redis.url: must start with redis://, rediss://, unix://, redis+sentinel:// "
-                        "or rediss+sentinel://, got 'http://user:***@host:1'"]  # fmt: skip
+    assert problems == ["redis.url: must start with redis://, rediss://, unix://, redis+sentinel://, "
+                        "rediss+sentinel://, redis+cluster:// or rediss+cluster://, got "
+                        "'http://user:***@host:1'"]  # fmt: skip
     assert redact_url("rediss://:pw@h:6380/0") == "rediss://:***@h:6380/0"
     assert redact_url("redis://u:p@ss@h:notaport/0") == "redis://u:***@h:notaport/0"
     assert redact_url("redis://h:6379/0") == "redis://h:6379/0"
