@@ -52,7 +52,11 @@ class SourceHealth:
             self.failing_since = now
 
     def failing_for(self, now: float) -> float:
-        return 0.0 if self.failing_since is None else now - self.failing_since
+        """How long the source has been unreachable: 0 unless the latest request failed; then
+        since the last success (the last evidence it answered), or the first failure if none."""
+        if self.failing_since is None:
+            return 0.0
+        return now - (self.last_ok if self.last_ok is not None else self.failing_since)
 
     def healthy(self, now: float, within: float) -> bool:
         return self.last_ok is not None and now - self.last_ok <= within and self.failing_since is None
@@ -121,7 +125,8 @@ class SourceWatch:
         await self.check()  # a first view before the Elector's first campaign
         task_status.started()
         while True:
-            await trio.sleep(self.ttl)
+            # A leader looks twice per TTL: the hand-over comes at most half a TTL late.
+            await trio.sleep(self.ttl / 2 if self.leading() else self.ttl)
             await self.check()
 
     async def check(self) -> None:
@@ -130,8 +135,8 @@ class SourceWatch:
         last_ok = health.last_ok
         # A standby probes every period; a leader's own requests are its evidence, unless none
         # succeeded for a period (a quiet stream, or a blackholed one: only a probe can tell).
-        if not leading or last_ok is None or trio.current_time() - last_ok > self.ttl:
-            with trio.move_on_after(self.ttl) as probing:
+        if not leading or last_ok is None or trio.current_time() - last_ok > self.ttl / 2:
+            with trio.move_on_after(self.ttl / 2 if leading else self.ttl) as probing:
                 await self.source.probe()
             if probing.cancelled_caught:
                 health.failed(trio.current_time())

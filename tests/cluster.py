@@ -284,13 +284,16 @@ class Cluster:
         self.horizon = str(listening.fields["url"])
         return self.horizon
 
-    def node_args(self, name: str, *, redis_url: str | None = None, extra: Sequence[str] = ()) -> list[str]:
+    def node_args(
+        self, name: str, *, redis_url: str | None = None, horizon: str | None = None,
+        extra: Sequence[str] = (),
+    ) -> list[str]:  # fmt: skip
         return [
             PYTHON, "-m", "ingestion",
             "--node-id", name,
             "--job", self.job,
             "--redis", redis_url or self.redis_url,
-            "--horizon", self.horizon,
+            "--horizon", horizon or self.horizon,
             "--start-cursor", "0",
             "--lease-ttl-ms", str(self.ttl_ms),
             "--log-format", "json",
@@ -302,6 +305,7 @@ class Cluster:
         name: str,
         *,
         redis_url: str | None = None,
+        horizon: str | None = None,
         clock: ClockFake | None = None,
         env: dict[str, str] | None = None,
         extra: Sequence[str] = (),
@@ -311,7 +315,7 @@ class Cluster:
         since = trio.current_time()
         child = await self._spawn(
             name,
-            self.node_args(name, redis_url=redis_url, extra=extra),
+            self.node_args(name, redis_url=redis_url, horizon=horizon, extra=extra),
             {**(clock.env() if clock else {}), **(env or {})},
         )
         if wait:
