@@ -1,8 +1,9 @@
 """``python -m ingestion inspect``: the job's state as read from Redis, as a table or JSON.
 
 ``--json`` prints the object of CONTRACT.md (``job``, ``leader``, ``token``, ``lease_ttl_ms_left``,
-``cursor``, ``events``, ``audit``) plus two extra keys: ``stream`` (retention and consumer groups,
-see :func:`stream_doc`) and ``lag``, null unless ``--horizon URL`` is
+``cursor``, ``events``, ``audit``) plus three extra keys: ``stream`` (retention and consumer groups,
+see :func:`stream_doc`), ``leader_source_ok`` (when the leader's Horizon last answered, see
+:func:`leader_source`) and ``lag``, null unless ``--horizon URL`` is
 given, in which case inspect asks that Horizon for the newest record of the job's resource and
 reports how far the committed cursor is behind it::
 
@@ -17,6 +18,7 @@ No password ever appears in the output: errors name ``redis.url`` with the passw
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -192,6 +194,7 @@ async def inspect_job(
         store = LeaseStore(client, settings.node.job)
         state = await store.state(audit_count)
         stream = await store.events_info()
+        source = await leader_source(store, state.leader)
     except RedisUnavailable as exc:
         print(f"ingestion: cannot read job {settings.node.job!r}: {exc}", file=sys.stderr)
         return 1
@@ -203,9 +206,10 @@ async def inspect_job(
         doc.pop("cursor_token")
         doc["lag"] = lag
         doc["stream"] = stream_doc(stream)
+        doc["leader_source_ok"] = source
         print(json.dumps(doc))
     else:
-        print(render_table(state, lag, stream))
+        print(render_table(state, lag, stream, source))
     return 0
 
 
@@ -220,6 +224,23 @@ def _lag_text(lag: dict[str, Any] | None) -> str:
     if lag["seconds"] is not None:
         parts.append(f"{lag['seconds']:.1f} s")
     return (", ".join(parts) or "unknown") + f" behind head {lag['head'] or '(empty)'}"
+
+
+async def leader_source(store: LeaseStore, leader: str | None) -> dict[str, Any] | None:
+    """When the leader's source last answered: ``{"at": ISO time, "seconds_ago": s}`` (Redis's
+    clock, as the leader reported it; reported once per lease TTL), or None when unknown."""
+    if leader is None:
+        return None
+    health = await store.source_health()
+    if leader not in health:
+        return None
+    seconds, micros = await store.run(store.client.time)
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    at = datetime.datetime.fromtimestamp(health[leader] / 1000, tz=datetime.UTC)
+    return {
+        "at": at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "seconds_ago": round(max(0, now_ms - health[leader]) / 1000, 3),
+    }
 
 
 def stream_doc(stream: StreamInfo) -> dict[str, Any]:
@@ -241,6 +262,12 @@ def stream_doc(stream: StreamInfo) -> dict[str, Any]:
     }
 
 
+def _source_text(source: dict[str, Any] | None) -> str:
+    if source is None:
+        return "-"
+    return f"last answered at {source['at']} ({source['seconds_ago']} s ago)"
+
+
 def _groups_text(stream: StreamInfo | None) -> str:
     if stream is None or not stream.groups:
         return "(none)"
@@ -251,7 +278,12 @@ def _groups_text(stream: StreamInfo | None) -> str:
     return "; ".join(parts)
 
 
-def render_table(state: JobState, lag: dict[str, Any] | None, stream: StreamInfo | None = None) -> str:
+def render_table(
+    state: JobState,
+    lag: dict[str, Any] | None,
+    stream: StreamInfo | None = None,
+    source: dict[str, Any] | None = None,
+) -> str:
     ttl = state.lease_ttl_ms_left
     trimmed = f" ({stream.trimmed} trimmed by retention)" if stream and stream.trimmed else ""
     rows = [
@@ -263,6 +295,7 @@ def render_table(state: JobState, lag: dict[str, Any] | None, stream: StreamInfo
         ("written by token", str(state.cursor_token) if state.cursor_token is not None else "-"),
         ("events", f"{state.events}{trimmed}"),
         ("consumer groups", _groups_text(stream)),
+        ("leader's Horizon", _source_text(source)),
         ("lag", _lag_text(lag)),
     ]
     width = max(len(k) for k, _ in rows)

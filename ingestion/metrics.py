@@ -10,7 +10,8 @@ Endpoints (both GET):
 - ``/metrics``: the Prometheus text exposition.
 - ``/healthz``: ``200 {"status": "ok", ...}`` while the node process runs its election loop (leader
   or standby, Redis reachable or not: a node that cannot reach Redis is safely standing by and a
-  restart would not help), ``503`` once the node has stopped.
+  restart would not help), ``503`` once the node has stopped. ``source_up`` says whether the
+  node's Horizon answered within two lease TTLs (null until first checked).
 """
 
 from __future__ import annotations
@@ -84,6 +85,10 @@ class _ObserverCollector(Collector):
             "ingestion_source_lag_seconds",
             "Leader only: age of the newest committed record (now - its created_at) at commit.",
         )
+        source_up = _gauge(
+            "ingestion_source_up",
+            "1 while this node's source (Horizon) answered within two lease TTLs, else 0.",
+        )
         for s in snaps:
             job = [s.job]
             info.add_metric([s.node, s.job], 1)
@@ -102,8 +107,10 @@ class _ObserverCollector(Collector):
             leaderless.add_metric(job, s.leaderless_seconds)
             if s.source_lag_seconds is not None:
                 lag.add_metric(job, s.source_lag_seconds)
+            if s.source_up is not None:
+                source_up.add_metric(job, 1 if s.source_up else 0)
         yield from (info, leader, token, remaining, elections, losses, rejections, redis_errors,
-                    ingested, commits, leaderless, lag)  # fmt: skip
+                    ingested, commits, leaderless, lag, source_up)  # fmt: skip
 
 
 def _gauge(name: str, documentation: str) -> GaugeMetricFamily:
@@ -228,9 +235,10 @@ def metrics_app(metrics: NodeMetrics) -> Callable[[Scope, Receive, Send], Awaita
             ok = any(snap.role != "stopped" for snap in snaps)
             doc: dict[str, Any] = {"status": "ok" if ok else "stopped", "node": snaps[0].node}
             if len(snaps) == 1:
-                doc.update(job=snaps[0].job, role=snaps[0].role)
+                doc.update(job=snaps[0].job, role=snaps[0].role, source_up=snaps[0].source_up)
             else:
                 doc["jobs"] = {snap.job: snap.role for snap in snaps}
+                doc["source_up"] = {snap.job: snap.source_up for snap in snaps}
             status, ctype, body = (200 if ok else 503), "application/json", json.dumps(doc).encode()
         else:
             status, ctype, body = 404, "text/plain", b"not found: try /metrics or /healthz\n"

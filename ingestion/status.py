@@ -13,7 +13,8 @@ Every client gets, as JSON text messages:
      "leader": "a", "token": 7, "lease_ms_left": 812, "cursor": "123-1",
      "events_ingested": 1200, "commits": 40, "ingest_rate": 118.5, "lag_seconds": 1.2,
      "elections": 2, "losses": {"lease-expired": 1}, "fencing_rejections": 0,
-     "redis_errors": 0, "leaderless_seconds": 0.8, "time": "2025-01-01T00:00:00.000Z"}
+     "redis_errors": 0, "leaderless_seconds": 0.8, "source_up": true,
+     "source_ok_seconds_ago": 0.4, "time": "2025-01-01T00:00:00.000Z"}
 
 ``event`` (the election event's fields as in the logs, CONTRACT.md)::
 
@@ -101,6 +102,10 @@ class StatusHub:
             "fencing_rejections": s.fencing_rejections,
             "redis_errors": s.redis_errors,
             "leaderless_seconds": round(s.leaderless_seconds, 3),
+            "source_up": s.source_up,
+            "source_ok_seconds_ago": (
+                round(now - s.source_last_ok, 3) if s.source_last_ok is not None else None
+            ),
             "time": wall_time(),
         }
 

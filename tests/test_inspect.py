@@ -35,10 +35,10 @@ async def test_inspect_json_of_an_empty_job_has_the_contract_keys(
     done = await run_inspect("--redis", redis_server.url, "--job", job, "--json")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
-    assert set(doc) == CONTRACT_KEYS | {"lag", "stream"}
+    assert set(doc) == CONTRACT_KEYS | {"lag", "stream", "leader_source_ok"}
     assert doc == {"job": job, "leader": None, "token": 0, "lease_ttl_ms_left": None,
                    "cursor": None, "events": 0, "audit": [], "lag": None,
-                   "stream": {"trimmed": 0, "groups": []}}  # fmt: skip
+                   "stream": {"trimmed": 0, "groups": []}, "leader_source_ok": None}  # fmt: skip
 
 
 async def test_inspect_shows_leader_cursor_takeover_audit_and_lag_behind_horizon(
@@ -161,3 +161,18 @@ async def test_inspect_without_a_job_lists_every_job(private_redis: LocalRedis) 
     assert "3 jobs; leases held by node-a: 1, node-b: 1" in table
     header = ["job", "leader", "token", "lease", "left", "cursor", "events", "lag"]
     assert table.splitlines()[0].split() == header
+
+
+async def test_inspect_shows_when_the_leaders_horizon_last_answered(
+    redis_server: LocalRedis, job: str
+) -> None:
+    store = LeaseStore(connect(redis_server.url, timeout=2.0), job)
+    grant = await store.acquire("node-a", 60_000)
+    assert isinstance(grant, Acquired)
+    assert await store.report_health("node-a", 1500, 10_000) == ["node-a"]
+    await store.report_health("node-b", None, 10_000)  # node-b's source does not answer
+    done = await run_inspect("--redis", redis_server.url, "--job", job, "--json")
+    source = json.loads(done.stdout)["leader_source_ok"]
+    assert 1.4 <= source["seconds_ago"] < 5 and source["at"].endswith("Z")
+    table = (await run_inspect("--redis", redis_server.url, "--job", job)).stdout.decode()
+    assert "leader's Horizon" in table and "s ago)" in table

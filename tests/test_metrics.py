@@ -91,7 +91,9 @@ async def test_healthz_is_ok_while_running_and_503_once_stopped() -> None:
         port = await nursery.start(serve_metrics, "127.0.0.1", 0, observer, LOG)
         response = await scrape(port, "/healthz")
         assert response.status_code == 200
-        assert response.json() == {"status": "ok", "node": "n", "job": "j", "role": "starting"}
+        assert response.json() == {
+            "status": "ok", "node": "n", "job": "j", "role": "starting", "source_up": None
+        }
         observer.election_event("stopped")
         response = await scrape(port, "/healthz")
         assert response.status_code == 503
