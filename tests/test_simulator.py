@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -428,3 +430,18 @@ async def test_cli_prints_its_url_and_exits_0_on_sigint() -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_live_ledgers_close_at_the_current_time_and_history_stays_in_the_past() -> None:
+    async for s in running(SMALL):
+        async with httpx.AsyncClient(timeout=5) as http:
+            old = (await http.get(f"{s.url}/ledgers", params={"order": "asc", "limit": "1"})).json()
+            seq = s.close_ledger()
+            new = (await http.get(f"{s.url}/ledgers/{seq}")).json()
+            ops = (await http.get(f"{s.url}/ledgers/{seq}/operations")).json()["_embedded"]["records"]
+            root = (await http.get(f"{s.url}/")).json()
+    closed = datetime.datetime.fromisoformat(new["closed_at"].replace("Z", "+00:00")).timestamp()
+    assert abs(closed - time.time()) < 5
+    assert old["_embedded"]["records"][0]["closed_at"] == "2025-01-01T00:00:00Z"  # deterministic
+    assert all(op["created_at"] == new["closed_at"] for op in ops)
+    assert root["history_latest_ledger_closed_at"] == new["closed_at"]

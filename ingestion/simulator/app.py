@@ -352,7 +352,7 @@ class HorizonApp:
             "core_version": "stellar-core 23.0.1 (simulator)",
             "ingest_latest_ledger": chain.latest,
             "history_latest_ledger": chain.latest,
-            "history_latest_ledger_closed_at": timestamp(chain.spec.closed_at(chain.latest)),
+            "history_latest_ledger_closed_at": timestamp(chain.closed_at(chain.latest)),
             "history_elder_ledger": chain.first,
             "core_latest_ledger": chain.latest,
             "network_passphrase": NETWORK_PASSPHRASE,

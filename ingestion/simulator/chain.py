@@ -138,15 +138,21 @@ class _LedgerBuilder:
     """Builds one ledger's records. All randomness comes from ``random.Random(seed, seq)``."""
 
     def __init__(
-        self, spec: ChainSpec, accounts: Sequence[str], contracts: Sequence[str], seq: int
+        self,
+        spec: ChainSpec,
+        accounts: Sequence[str],
+        contracts: Sequence[str],
+        seq: int,
+        closed_at: int | None = None,
     ):
         self.spec = spec
+        self.closed_at = spec.closed_at(seq) if closed_at is None else closed_at
         self.accounts = accounts
         self.contracts = contracts
         self.seq = seq
         self.rng = random.Random(f"horizon-simulator:{spec.seed}:{seq}")
         self.random = self.rng.random
-        self.created_at = timestamp(spec.closed_at(seq))
+        self.created_at = timestamp(self.closed_at)
         self.assets: list[Asset] = [None] + [
             ("credit_alphanum4" if len(code) <= 4 else "credit_alphanum12", code, accounts[i])
             for code, i in _CREDIT_ASSETS
@@ -290,7 +296,7 @@ class _LedgerBuilder:
                 "preconditions": {
                     "timebounds": {
                         "min_time": "0",
-                        "max_time": str(self.spec.closed_at(seq) + 300),
+                        "max_time": str(self.closed_at + 300),
                     }
                 },
             }
@@ -594,13 +600,21 @@ class Chain:
         self._secondary_wanted = False
         self._by_account: dict[str, dict[str, list[int]]] = {}
         self._tx_by_hash: dict[str, int] = {}
+        # Ledgers closed while running close at the wall-clock time, as on a real network (the
+        # history before them stays in the past, from the spec); kept so a rebuild agrees.
+        self._live_closed_at: dict[int, int] = {}
 
     @property
     def first(self) -> int:
         return self.spec.first_ledger
 
+    def closed_at(self, seq: int) -> int:
+        """A ledger's close time (Unix seconds)."""
+        return self._live_closed_at.get(seq, self.spec.closed_at(seq))
+
     def close_ledger(self) -> int:
-        """Close the next ledger and return its sequence."""
+        """Close the next ledger, at the current time, and return its sequence."""
+        self._live_closed_at[self.latest + 1] = max(self.closed_at(self.latest), int(time.time()))
         self.latest += 1
         content = self.content(self.latest)
         if self._secondary_wanted:
@@ -637,7 +651,9 @@ class Chain:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            content = _LedgerBuilder(self.spec, self.accounts, self.contracts, seq).build()
+            content = _LedgerBuilder(
+                self.spec, self.accounts, self.contracts, seq, self._live_closed_at.get(seq)
+            ).build()
         finally:
             if gc_was_enabled:
                 gc.enable()
