@@ -5,7 +5,8 @@
 Sections: ``catchup`` (throughput and memory), ``latency``, ``commit``, ``failover``, ``standby``,
 ``redis_ha`` (Sentinel failover and the cost of replica acknowledgements), ``memory`` (Redis memory
 per ingested record, with and without retention), ``jobs`` (3 nodes sharing 30 jobs: balance,
-re-lead after SIGKILL, stability, Redis load, RSS by job count).
+re-lead after SIGKILL, stability, Redis load, RSS by job count), ``source_cut`` (the leader cut off
+from Horizon: time until a standby ingests).
 ``--quick`` is a smoke run (smaller history, fewer trials, one TTL) that takes about two minutes;
 the full run takes about ten. A throwaway ``redis-server`` is started on a free loopback port; the
 simulator runs as its own process. Results also go to a JSON file; when
@@ -25,11 +26,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import catchup, commit_cost, failover, jobs, latency, memory, redis_ha, standby
+from benchmarks import (
+    catchup,
+    commit_cost,
+    failover,
+    jobs,
+    latency,
+    memory,
+    redis_ha,
+    source_cut,
+    standby,
+)
 from ingestion.local_redis import LocalRedis
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("catchup", "latency", "commit", "failover", "standby", "redis_ha", "memory", "jobs")
+SECTIONS = (
+    "catchup", "latency", "commit", "failover", "standby", "redis_ha", "memory", "jobs", "source_cut"
+)
 
 
 def machine() -> dict[str, str]:
@@ -85,6 +98,8 @@ def measure(quick: bool, only: tuple[str, ...], partial: Path | None = None) -> 
                 results[section] = jobs.run(
                     url, stable_s=10.0 if quick else 60.0, trials=2 if quick else 5
                 )
+            elif section == "source_cut":
+                results[section] = source_cut.run(trials=3 if quick else 12)
             elif section == "memory":
                 results[section] = memory.run(url, count=20_000 if quick else 100_000)
             print(f"  ({time.monotonic() - started:.0f} s)", flush=True)
@@ -202,6 +217,15 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
             ("RSS of one node by job count (1 / 10 / 30 jobs)",
              " / ".join(_mib(jb["rss_kib"][k]) for k in ("1", "10", "30")), "", None),
         ]  # fmt: skip
+    sc = r.get("source_cut")
+    if sc:
+        bound = sc["handover_after_ms"] + sc["ttl_ms"] + 1000
+        rows.append((
+            f"leader cut off from Horizon -> a standby ingests, ttl {sc['ttl_ms']} ms, "
+            f"handover_after {sc['handover_after_ms']} ms, {sc['trials']} trials: p50 / p99 / max",
+            f"{sc['p50_ms']:.0f} / {sc['p99_ms']:.0f} / {sc['max_ms']:.0f} ms",
+            f"<= handover_after + ttl + 1 s = {bound} ms", _ok(sc["p99_ms"] <= bound),
+        ))  # fmt: skip
     mem = r.get("memory")
     if mem:
         n = f"{mem['count']:,} ops"
