@@ -106,13 +106,17 @@ class SourceWatch:
     hand_over: Callable[[], Awaitable[None]]
     peers_healthy: bool = False
     _reported: bool | None = None  # the last state logged (log each change once)
+    _checked: bool = False
     _said_everywhere: bool = False
 
     def healthy(self) -> bool:
         return self.source.health.healthy(trio.current_time(), HEALTHY_WITHIN_TTLS * self.ttl)
 
     def campaign_delay(self) -> float | None:
-        """For the Elector, before each campaign: None (hold off) or the delay to campaign after."""
+        """For the Elector, before each campaign: None (hold off) or the delay to campaign after.
+        Until the first check is done nothing is known: campaign as if the source answered."""
+        if not self._checked:
+            return 0.0
         verdict = decide(leading=False, healthy=self.healthy(), failing_for=0.0,
                          handover_after=self.handover_after, peers_healthy=self.peers_healthy)  # fmt: skip
         if verdict is Verdict.CAMPAIGN:
@@ -122,8 +126,10 @@ class SourceWatch:
         return LAST_RESORT_TTLS * self.ttl
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        await self.check()  # a first view before the Elector's first campaign
+        # Started at once: a first probe must not hold up the node (a Horizon that does not answer
+        # takes up to a TTL to say so), and the node campaigns as usual until it knows.
         task_status.started()
+        await self.check()
         while True:
             # A leader looks twice per TTL: the hand-over comes at most half a TTL late.
             await trio.sleep(self.ttl / 2 if self.leading() else self.ttl)
@@ -150,6 +156,7 @@ class SourceWatch:
             self.peers_healthy = bool(set(peers) - {self.node})
         except RedisUnavailable:
             pass  # keep the last view of the others; the Elector copes with Redis on its own
+        self._checked = True
         self.observer.source_state(healthy, health.last_ok)
         if healthy != self._reported:
             self._reported = healthy
