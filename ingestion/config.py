@@ -160,6 +160,12 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
         "retry_base_ms": (int, 200, "ms, first retry delay after a connection error or 5xx"),
         "retry_cap_ms": (int, 10000, "ms, longest retry delay"),
         "failover_after": (int, 3, "count, consecutive failures before moving to the next URL"),
+        "parallel_requests": (
+            int,
+            4,
+            "count, page requests in flight at once while catching up a network-wide collection "
+            "(ledger ranges paged side by side, committed in order); 1: strictly sequential",
+        ),
         "handover_after_ms": (
             int,
             0,
@@ -270,6 +276,7 @@ class HorizonSettings:
     retry_base_ms: int
     retry_cap_ms: int
     failover_after: int
+    parallel_requests: int
     handover_after_ms: int
 
 
@@ -644,6 +651,10 @@ def _check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
     ):
         if horizon[key] <= 0:
             problems.append(f"horizon.{key}: must be positive, got {horizon[key]}")
+    if not 1 <= horizon["parallel_requests"] <= 32:
+        problems.append(
+            f"horizon.parallel_requests: must be between 1 and 32, got {horizon['parallel_requests']}"
+        )
     if horizon["handover_after_ms"] < lease["ttl_ms"]:
         problems.append(
             f"horizon.handover_after_ms: {horizon['handover_after_ms']} must be at least lease.ttl_ms "

@@ -32,6 +32,7 @@ from httpx_sse import SSEError, aconnect_sse
 
 from actors.health import SourceHealth
 from actors.source import Batch, Record, SourceFatalError
+from ingestion.catchup import LedgerRange, ledger_of, ledgers_per_range, overlappable, plan_ranges
 from ingestion.horizon_core import (
     MAX_PAGE_LIMIT,
     Failure,
@@ -146,6 +147,10 @@ class HorizonSource:
     prefetch: int = 2
     # When a request last succeeded, since when all have failed (source-aware leadership).
     health: SourceHealth = attrs.field(factory=SourceHealth, eq=False)
+    # Overlapped catch-up (ingestion/catchup.py): page requests in flight at once while far behind
+    # (1: strictly sequential), and the size of each ledger range, in pages.
+    parallel_requests: int = 1
+    pages_per_range: int = 4
 
     def __attrs_post_init__(self) -> None:
         self.policy  # noqa: B018 -- validates the retry settings now, not on first stream
@@ -285,6 +290,12 @@ class HorizonSource:
     ) -> None:
         with out:
             try:
+                if (
+                    self.parallel_requests > 1
+                    and follower.mode is Mode.CATCH_UP
+                    and overlappable(self.resource)
+                ):
+                    follower = await self._overlapped(client, follower, out)
                 async with trio.open_nursery() as nursery:
                     ahead: _PageAhead | None = None
                     while True:
@@ -358,6 +369,110 @@ class HorizonSource:
         elif follower.mode is Mode.STREAMING:
             log.info("horizon-caught-up", cursor=follower.cursor, url=request.base_url)
         return nxt
+
+    # -- overlapped catch-up (see ingestion/catchup.py)
+
+    async def _overlapped(
+        self, client: httpx.AsyncClient, follower: HorizonFollower, out: trio.MemorySendChannel[Batch]
+    ) -> HorizonFollower:
+        """Catch up through ledger ranges paged side by side, their records sent strictly in
+        order; returns the follower to go on with (sequential paging to the head, then the
+        stream). Falls back to that follower at once when the history cannot be split (Horizon's
+        root does not answer, the first page shows the job is nearly caught up)."""
+        # The first page, sequentially: where we are, and how dense the history is.
+        attempt = follower.next_attempt()
+        request = attempt.request
+        if not isinstance(request, PageRequest):
+            return follower
+        response, failure = await self._get_page(client, request)
+        if response is None:
+            self._failed(follower, failure or Failure(None, "no response"), request)
+            return follower
+        self.health.ok(trio.current_time())
+        outcome = follower.on_page(response.content)
+        if outcome.records:
+            await out.send(Batch(outcome.records))
+        if outcome.malformed is not None:
+            self._malformed(follower, outcome.malformed, request)
+            return follower
+        if not outcome.full or follower.last_token is None:
+            return follower
+        first, last = ledger_of(outcome.records[0].paging_token), ledger_of(follower.last_token)
+        span = max(1, last - first + 1)
+        root = await self._root(client, follower.base_url)
+        if root is None:
+            return follower
+        oldest, latest = root
+        per_range = ledgers_per_range(len(outcome.records) / span, self.pages_per_range, self.page_limit)
+        plan = plan_ranges(follower.last_token, oldest, latest, per_range)
+        if len(plan) < 2:
+            return follower
+        log.info(
+            "horizon-catch-up-overlapped", ranges=len(plan), ledgers_per_range=per_range,
+            parallel=self.parallel_requests, cursor=follower.last_token, latest_ledger=latest,
+        )  # fmt: skip
+        cursor = follower.last_token
+        limiter = trio.Semaphore(self.parallel_requests)
+        window = 2 * self.parallel_requests  # ranges fetched ahead of the one being handed on
+        async with trio.open_nursery() as nursery:
+            pending: dict[int, trio.MemoryReceiveChannel[Batch]] = {}
+            started = 0
+            for index in range(len(plan)):
+                while started < len(plan) and started < index + window:
+                    send, receive = trio.open_memory_channel[Batch](self.pages_per_range + 2)
+                    pending[started] = receive
+                    nursery.start_soon(self._range, client, plan[started], send, limiter)
+                    started += 1
+                with pending.pop(index) as receive:
+                    async for batch in receive:
+                        await out.send(batch)
+                        cursor = batch.cursor
+        log.info("horizon-catch-up-ranges-done", cursor=cursor)
+        return self.follower(cursor)
+
+    async def _range(
+        self,
+        client: httpx.AsyncClient,
+        rng: LedgerRange,
+        out: trio.MemorySendChannel[Batch],
+        limiter: trio.Semaphore,
+    ) -> None:
+        """Page one ledger range in order into ``out`` (retrying like the sequential path)."""
+        follower = self.follower(rng.after)
+        with out:
+            while True:
+                attempt = follower.next_attempt()
+                if attempt.delay > 0:
+                    await trio.sleep(attempt.delay)
+                request = attempt.request
+                if not isinstance(request, PageRequest):
+                    return  # the range reached Horizon's head
+                async with limiter:
+                    response, failure = await self._get_page(client, request)
+                if response is None:
+                    self._failed(follower, failure or Failure(None, "no response"), request)
+                    continue
+                self.health.ok(trio.current_time())
+                outcome = follower.on_page(response.content)
+                kept = tuple(r for r in outcome.records if rng.keeps(r.paging_token))
+                if kept:
+                    await out.send(Batch(kept))
+                if len(kept) < len(outcome.records):
+                    return  # past the range's last ledger
+                if outcome.malformed is not None:
+                    self._malformed(follower, outcome.malformed, request)
+                elif not outcome.full:
+                    return
+
+    async def _root(self, client: httpx.AsyncClient, base: str) -> tuple[int, int] | None:
+        """(oldest, latest) ledger of Horizon's history, from its root; None when unknown."""
+        try:
+            with trio.fail_after(self.connect_timeout + self.read_timeout):
+                response = await client.get(base.rstrip("/") + "/")
+            doc = response.json() if response.status_code == 200 else {}
+            return int(doc["history_elder_ledger"]), int(doc["history_latest_ledger"])
+        except (httpx.HTTPError, trio.TooSlowError, ValueError, LookupError, TypeError):
+            return None
 
     def _speculate(self, request: PageRequest, content: bytes) -> _PageAhead | None:
         """While this page is parsed and committed, Horizon can already render the next one: if

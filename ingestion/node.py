@@ -57,6 +57,7 @@ def build_source(settings: Settings, job: JobSettings | None = None) -> Source:
         retry_base=h.retry_base_ms / 1000,
         retry_cap=h.retry_cap_ms / 1000,
         attempts_per_url=h.failover_after,
+        parallel_requests=h.parallel_requests,
     )
 
 

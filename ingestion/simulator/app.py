@@ -223,6 +223,9 @@ class HorizonApp:
             if path.startswith("/_simulator/"):
                 await self._control(scope, receive, send)
                 return
+            delay = self.sim.config.response_delay_ms
+            if delay:
+                await trio.sleep(delay / 1000)  # a real Horizon's query time: no CPU used
             await self._horizon(scope, receive, send)
         except Problem as p:
             await self._respond(send, p.status, render.PROBLEM_JSON, p.body)

@@ -48,6 +48,13 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.cache_records,
         help="about how many built records to keep in memory",
     )
+    p.add_argument(
+        "--response-delay-ms",
+        type=int,
+        default=defaults.response_delay_ms,
+        help="delay every response (a page, a stream's first bytes) this long, sleeping: "
+        "a real Horizon's query time",
+    )
     return p
 
 
@@ -64,6 +71,7 @@ def config_from_args(argv: list[str]) -> SimulatorConfig:
         stream_timeout=args.stream_timeout,
         first_ledger=args.first_ledger,
         cache_records=args.cache_records,
+        response_delay_ms=max(0, args.response_delay_ms),
     )
 
 

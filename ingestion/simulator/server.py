@@ -38,6 +38,8 @@ class SimulatorConfig:
         cache_records: about how many built records (with their rendered forms) to keep in
             memory; a benchmark that pages through a long history more than once raises it so
             that every pass after the first is served from memory.
+        response_delay_ms: every Horizon response (a page, a stream's first bytes) is delayed
+            this long, sleeping (no CPU): a real Horizon's query time and network.
     """
 
     host: str = "127.0.0.1"
@@ -49,6 +51,7 @@ class SimulatorConfig:
     stream_timeout: float = 55.0
     first_ledger: int = 50_000_000
     cache_records: int = 60_000
+    response_delay_ms: int = 0
 
     def chain_spec(self) -> ChainSpec:
         return ChainSpec(
