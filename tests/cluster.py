@@ -270,6 +270,7 @@ class Cluster:
         ledger_interval: float = 0.1,
         ops_per_ledger: int = 10,
         history_ledgers: int = 10,
+        response_delay_ms: int = 0,
     ) -> str:
         await self._spawn(
             "simulator",
@@ -278,6 +279,8 @@ class Cluster:
                 "--ledger-interval", str(ledger_interval),
                 "--ops-per-ledger", str(ops_per_ledger),
                 "--history-ledgers", str(history_ledgers),
+                "--response-delay-ms", str(response_delay_ms),
+                "--cache-records", str(max(60_000, 4 * ops_per_ledger * history_ledgers)),
             ],
         )  # fmt: skip
         listening = await self.log.wait_for("simulator-listening", "simulator", within=30)
@@ -449,6 +452,8 @@ async def open_cluster(
     echo: bool = False,
     redis_url: str | None = None,
     redis_env: dict[str, str] | None = None,
+    history_ledgers: int = 10,
+    response_delay_ms: int = 0,
 ) -> AsyncIterator[Cluster]:
     """Start redis-server and the simulator; yield a :class:`Cluster` to start nodes in.
 
@@ -467,8 +472,9 @@ async def open_cluster(
             cluster = Cluster(nursery, server, job, ttl_ms, log, redis_url)
             try:
                 await cluster.start_simulator(
-                    ledger_interval=ledger_interval, ops_per_ledger=ops_per_ledger
-                )
+                    ledger_interval=ledger_interval, ops_per_ledger=ops_per_ledger,
+                    history_ledgers=history_ledgers, response_delay_ms=response_delay_ms,
+                )  # fmt: skip
                 yield cluster
             finally:
                 with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT):
