@@ -93,3 +93,39 @@ def run(redis_url: str, *, count: int, rounds: int, log: Any = print) -> dict[st
         best = max(results, key=lambda x: x["records"] / x["seconds"])
         out[kind] = {**best, "rate": best["records"] / best["seconds"]}
     return out
+
+
+def run_curve(
+    redis_url: str, *, count: int = 20_000, delays: tuple[int, ...] = (0, 10, 50, 100, 200),
+    log: Any = print,
+) -> dict[str, Any]:  # fmt: skip
+    """Catch-up of ``count`` operations at each response delay: the node (overlapped ranges,
+    horizon.parallel_requests at its default) side by side with the two sequential references."""
+    ledgers = -(-count // OPS_PER_LEDGER)
+    out: dict[str, Any] = {"count": count, "points": []}
+    for delay in delays:
+        sim = Simulator.start(
+            history_ledgers=ledgers, ops_per_ledger=OPS_PER_LEDGER, cache_records=count * 4 + 10_000,
+            response_delay_ms=delay,
+        )  # fmt: skip
+        limit = max(60.0, count / 1000 * (1 + delay / 50))
+        try:
+            _reference("paged", sim.url, count, limit)  # warm every page
+            paged = _reference("paged", sim.url, count, limit)
+            sdk = _reference("sdk", sim.url, count, limit)
+            node = _node_run(sim.url, redis_url, count, f"curve{delay}", limit)
+        finally:
+            sim.stop()
+        point = {
+            "delay_ms": delay,
+            "node": node["records"] / node["seconds"],
+            "paged": paged["records"] / paged["seconds"],
+            "sdk": sdk["records"] / sdk["seconds"],
+            "node_peak_rss_kib": node["peak_rss_kib"],
+        }
+        point["ratio_best_sequential"] = point["node"] / max(point["paged"], point["sdk"])
+        out["points"].append(point)
+        ratio = point["ratio_best_sequential"]
+        log(f"  delay {delay} ms: node {point['node']:,.0f}/s, paged {point['paged']:,.0f}/s, "
+            f"sdk {point['sdk']:,.0f}/s: {ratio:.2f}x the best sequential")  # fmt: skip
+    return out

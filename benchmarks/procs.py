@@ -58,6 +58,7 @@ class Simulator:
         ledger_interval: float = 0.0,
         cache_records: int = 60_000,
         timeout: float = 120.0,
+        response_delay_ms: int = 0,
     ) -> Simulator:
         args = [
             sys.executable, "-m", "ingestion", "simulate", "--port", "0",
@@ -65,6 +66,7 @@ class Simulator:
             "--ops-per-ledger", str(ops_per_ledger),
             "--ledger-interval", str(ledger_interval),
             "--cache-records", str(cache_records),
+            "--response-delay-ms", str(response_delay_ms),
         ]  # fmt: skip
         proc = subprocess.Popen(args, stdout=subprocess.PIPE)
         line = _readline_within(proc, timeout)

@@ -37,7 +37,8 @@ def sdk(url: str, count: int, deadline: float) -> int:
 
     n = 0
     server = Server(horizon_url=url)
-    for _record in server.operations().cursor("0").stream():
+    # limit(200): a real Horizon closes a stream after `limit` events (10 by default).
+    for _record in server.operations().cursor("0").limit(200).stream():
         n += 1
         if n >= count or time.monotonic() >= deadline:
             break

@@ -41,7 +41,8 @@ from ingestion.local_redis import LocalRedis
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = (
-    "catchup", "latency", "commit", "failover", "standby", "redis_ha", "memory", "jobs", "source_cut"
+    "catchup", "latency", "commit", "failover", "standby", "redis_ha", "memory", "jobs", "source_cut",
+    "catchup_curve",
 )
 
 
@@ -98,6 +99,11 @@ def measure(quick: bool, only: tuple[str, ...], partial: Path | None = None) -> 
                 results[section] = jobs.run(
                     url, stable_s=10.0 if quick else 60.0, trials=2 if quick else 5
                 )
+            elif section == "catchup_curve":
+                results[section] = catchup.run_curve(
+                    url, count=5_000 if quick else 20_000,
+                    delays=(0, 100) if quick else (0, 10, 50, 100, 200),
+                )  # fmt: skip
             elif section == "source_cut":
                 results[section] = source_cut.run(trials=3 if quick else 12)
             elif section == "memory":
@@ -217,6 +223,20 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
             ("RSS of one node by job count (1 / 10 / 30 jobs)",
              " / ".join(_mib(jb["rss_kib"][k]) for k in ("1", "10", "30")), "", None),
         ]  # fmt: skip
+    cv = r.get("catchup_curve")
+    if cv:
+        for pt in cv["points"]:
+            target, verdict = "", None
+            if pt["delay_ms"] == 100:
+                target, verdict = ">= 3x", _ok(pt["ratio_best_sequential"] >= 3)
+            rows.append((
+                f"catch-up {cv['count']:,} ops at {pt['delay_ms']} ms per response: node vs paged vs "
+                "SDK stream(limit 200), records/s",
+                f"{pt['node']:,.0f} vs {pt['paged']:,.0f} vs {pt['sdk']:,.0f} "
+                f"({pt['ratio_best_sequential']:.2f}x the best sequential; node peak RSS "
+                f"{pt['node_peak_rss_kib'] / 1024:.0f} MiB)",
+                target, verdict,
+            ))  # fmt: skip
     sc = r.get("source_cut")
     if sc:
         bound = sc["handover_after_ms"] + sc["ttl_ms"] + 1000
