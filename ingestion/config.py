@@ -162,7 +162,7 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
         "failover_after": (int, 3, "count, consecutive failures before moving to the next URL"),
         "parallel_requests": (
             int,
-            4,
+            8,
             "count, page requests in flight at once while catching up a network-wide collection "
             "(ledger ranges paged side by side, committed in order); 1: strictly sequential",
         ),
