@@ -125,6 +125,8 @@ class HorizonSource:
         stream_batch_window: seconds the streaming batcher waits for more records to join a
             batch once one arrived.
         prefetch: batches fetched ahead of the consumer.
+        commit_max_records: batches already waiting are handed on merged, up to this many records
+            (one commit instead of several).
 
     Raises:
         ValueError: a bad URL, resource or setting (a configuration error).
@@ -144,13 +146,15 @@ class HorizonSource:
     retry_after_cap: float = attrs.field(default=120.0, validator=_positive)
     page_limit: int = MAX_PAGE_LIMIT
     stream_batch_window: float = 0.005
-    prefetch: int = 2
+    prefetch: int = 8
     # When a request last succeeded, since when all have failed (source-aware leadership).
     health: SourceHealth = attrs.field(factory=SourceHealth, eq=False)
     # Overlapped catch-up (ingestion/catchup.py): page requests in flight at once while far behind
     # (1: strictly sequential), and the size of each ledger range, in pages.
     parallel_requests: int = 1
     pages_per_range: int = 4
+    # Batches waiting in the prefetch queue are merged into one of at most this many records.
+    commit_max_records: int = 1000
 
     def __attrs_post_init__(self) -> None:
         self.policy  # noqa: B018 -- validates the retry settings now, not on first stream
@@ -275,7 +279,15 @@ class HorizonSource:
             nursery.start_soon(self._pump, client, follower, send, fatal)
             with receive:
                 async for batch in receive:
-                    yield batch
+                    # Pages already waiting go out as one batch (one commit): while catching up,
+                    # fewer and larger commits leave more of the one thread to everything else.
+                    records = list(batch.records)
+                    while len(records) < self.commit_max_records:
+                        try:
+                            records.extend(receive.receive_nowait().records)
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                    yield Batch(tuple(records)) if len(records) > len(batch.records) else batch
         if fatal:
             raise fatal[0]
 
