@@ -32,6 +32,10 @@ from ingestion.paging import InvalidPagingToken, token_key
 
 #: Horizon's largest page.
 MAX_PAGE_LIMIT = 200
+#: ``limit`` sent on every stream request. Horizon closes a stream (``byebye``) after ``limit``
+#: events and defaults it to the page default, 10: without it a busy collection would be
+#: reconnected every 10 records, each reconnect costing a request of the rate limit.
+STREAM_LIMIT = 200
 
 # One encoder, built once: json.dumps(..., separators=...) builds a new encoder on every call.
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
@@ -492,7 +496,7 @@ class StreamRequest:
 
     @property
     def params(self) -> dict[str, str]:
-        return {"order": "asc", "cursor": self.cursor}
+        return {"order": "asc", "limit": str(STREAM_LIMIT), "cursor": self.cursor}
 
     @property
     def headers(self) -> dict[str, str]:

@@ -153,7 +153,9 @@ async def test_paged_and_streamed_bodies_are_byte_identical_on_the_wire() -> Non
         streamed: dict[str, str] = {}
         async with (
             httpx.AsyncClient(timeout=5) as client,
-            aconnect_sse(client, "GET", sim.url + "/operations", params={"cursor": "0"}) as es,
+            aconnect_sse(
+                client, "GET", sim.url + "/operations", params={"cursor": "0", "limit": "200"}
+            ) as es,
         ):
             async for sse in es.aiter_sse():
                 if sse.event == "message":
@@ -161,6 +163,20 @@ async def test_paged_and_streamed_bodies_are_byte_identical_on_the_wire() -> Non
                     if len(streamed) == 150:
                         break
         assert paged == streamed
+
+
+async def test_every_stream_request_carries_limit_200_so_horizon_does_not_close_every_10() -> None:
+    async with open_simulator(SMALL) as sim:
+        start = sim.records("/operations")[-5]["paging_token"]
+        with structlog.testing.capture_logs() as logs:
+            async with following(source_for(sim.url), start) as (f, _):
+                await f.wait_for(4)
+                await close_ledgers(sim, 6)  # 60 records: one stream, no reconnect every 10
+                await f.wait_for(64)
+        check_exact(f.records, after(sim, "/operations", start))
+        streams = [r for r in sim.requests if r.stream]
+        assert streams and all(r.query.get("limit") == "200" for r in streams)
+        assert not [e for e in logs if e["event"] == "horizon-stream-reconnect"]
 
 
 # --- faults ----------------------------------------------------------------------------------

@@ -198,6 +198,13 @@ async def test_stream_says_hello_then_records_then_byebye_after_limit(sim: Simul
     assert ended and len(frames) == 5
 
 
+async def test_stream_without_limit_says_byebye_after_ten_events_like_horizon(sim: Simulator) -> None:
+    _, frames, ended = await read_stream(f"{sim.url}/operations?cursor=0")
+    expected = [r["paging_token"] for r in sim.records("/operations")[:10]]
+    assert [f.get("id") for f in frames[1:-1]] == expected
+    assert ended and frames[-1].get("data") == '"byebye"'
+
+
 async def test_stream_events_are_compact_go_json(sim: Simulator) -> None:
     _, frames, _ = await read_stream(f"{sim.url}/effects?limit=1", frames=2)
     data = frames[1].get("data") or ""

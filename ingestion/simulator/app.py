@@ -71,6 +71,16 @@ _ROUTES: tuple[tuple[str, re.Pattern[str]], ...] = (
 _EXTRA_PARAMS = ("include_failed", "join")
 
 
+@attrs.frozen
+class SeenRequest:
+    """A Horizon request as the simulator received it (``Simulator.requests``), for tests."""
+
+    path: str
+    query: dict[str, str]
+    stream: bool
+    at: float  # trio.current_time() on arrival
+
+
 class Problem(Exception):
     """Answer the request with this problem (and status)."""
 
@@ -223,11 +233,22 @@ class HorizonApp:
             if path.startswith("/_simulator/"):
                 await self._control(scope, receive, send)
                 return
+            send = self._counting(send)
             await self._horizon(scope, receive, send)
         except Problem as p:
             await self._respond(send, p.status, render.PROBLEM_JSON, p.body)
 
     # -- plumbing -------------------------------------------------------------------------------
+
+    def _counting(self, send: Send) -> Send:
+        statuses = self.sim.statuses
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                statuses[message["status"]] += 1
+            await send(message)
+
+        return counted
 
     def _rate_headers(self, exhausted: bool = False) -> list[tuple[bytes, bytes]]:
         now = time.monotonic()
@@ -274,7 +295,13 @@ class HorizonApp:
 
     # -- Horizon --------------------------------------------------------------------------------
 
+    def _seen(self, scope: Scope) -> None:
+        query = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
+        stream = "text/event-stream" in (self._header(scope, b"accept") or "")
+        self.sim.requests.append(SeenRequest(scope["path"], query, stream, trio.current_time()))
+
     async def _horizon(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._seen(scope)
         failure = self.sim.faults.take_request_failure()
         if failure is not None:
             headers = self._rate_headers(exhausted=failure.status == 429)
@@ -516,7 +543,9 @@ class _Stream:
     ):
         self.sim = sim
         self.query = query
-        self.limit = params.limit if params.limit_given else None
+        # Horizon hands the request's limit (default 10, as for pages) to the stream and says
+        # byebye after that many events.
+        self.limit = params.limit
         self.after = after
         self.base = base
         self.send = send
@@ -539,19 +568,22 @@ class _Stream:
             if cutoff is not None and self.sent >= cutoff:
                 self.ended_cleanly = b""  # dropped: no byebye
                 return
-            want = 200 if self.limit is None else min(200, self.limit - self.sent)
+            want = min(MAX_LIMIT, self.limit - self.sent)
             seen = chain.latest
             keys = self.keys(self.query, self.after, False, want)
-            if keys and cutoff is None and self.limit is None and faults.streams_quiet():
+            if keys and cutoff is None and faults.streams_quiet():
                 # Nothing to inject between events: the whole backlog chunk in one write (one
                 # ASGI send per event costs more than rendering it).
                 await self._write(b"".join([self._frame(key) for key in keys]))
+                if self.sent >= self.limit:
+                    self.ended_cleanly = render.SSE_BYEBYE
+                    return
                 continue
             for key in keys:
                 if cutoff is not None and self.sent >= cutoff:
                     break
                 await self._event(key)
-                if self.limit is not None and self.sent >= self.limit:
+                if self.sent >= self.limit:
                     self.ended_cleanly = render.SSE_BYEBYE
                     return
             if not keys:

@@ -6,6 +6,7 @@ the listener is really up; :func:`open_simulator` wraps it as an async context m
 
 from __future__ import annotations
 
+import collections
 import gc
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -16,7 +17,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
-from ingestion.simulator.app import CollectionQuery, HorizonApp, resolve
+from ingestion.simulator.app import CollectionQuery, HorizonApp, SeenRequest, resolve
 from ingestion.simulator.chain import KEY_SHIFT, Chain, ChainSpec
 from ingestion.simulator.faults import Faults
 from ingestion.simulator.render import compact_form, with_base
@@ -64,6 +65,8 @@ class Simulator:
         chain: the :class:`Chain`; ``chain.latest`` is the latest closed ledger.
         faults: the :class:`Faults` knobs.
         active_streams: how many SSE responses are open right now.
+        requests, statuses: the latest Horizon requests received and a count of the statuses
+            answered (for tests).
         config: the :class:`SimulatorConfig`.
     """
 
@@ -75,6 +78,10 @@ class Simulator:
         self.faults = Faults(clock=trio.current_time)
         self.url = ""
         self.active_streams = 0  # open SSE responses, for tests and status
+        #: The latest Horizon requests received (not the control endpoint), oldest first.
+        self.requests: collections.deque[SeenRequest] = collections.deque(maxlen=10_000)
+        #: How many Horizon responses went out with each status (a stream counts once, as 200).
+        self.statuses: collections.Counter[int] = collections.Counter()
         self._nursery = nursery
         self._app = HorizonApp(self)
         self._port = config.port
