@@ -119,6 +119,9 @@ class HorizonSource:
         attempts_per_url: consecutive failures on one URL before moving to the next.
         malformed_retries: refetches of the same malformed data before giving up.
         retry_after_cap: the longest ``Retry-After`` (429) we honour, in seconds.
+        stream_quick_close: a stream that ends without records after at least this many seconds
+            open is reopened at once (Horizon closes quiet streams after 55 s); one that ends
+            sooner backs off.
         page_limit: records per page (``limit``), at most 200.
         stream_batch_window: seconds the streaming batcher waits for more records to join a
             batch once one arrived.
@@ -140,6 +143,7 @@ class HorizonSource:
     attempts_per_url: int = 3
     malformed_retries: int = 5
     retry_after_cap: float = attrs.field(default=120.0, validator=_positive)
+    stream_quick_close: float = 10.0
     page_limit: int = MAX_PAGE_LIMIT
     stream_batch_window: float = 0.005
     prefetch: int = 2
@@ -160,6 +164,7 @@ class HorizonSource:
             attempts_per_url=self.attempts_per_url,
             malformed_retries=self.malformed_retries,
             retry_after_cap=self.retry_after_cap,
+            stream_quick_close=self.stream_quick_close,
         )
 
     def follower(self, cursor: str) -> HorizonFollower:
@@ -398,6 +403,7 @@ class HorizonSource:
         """One SSE connection: validated records go to ``records``; the end goes to the follower."""
         got = 0
         opened = False
+        opened_at = 0.0
         idle = self.stream_idle_timeout
         # httpx's own read timeout is only a backstop; the idle deadline below is the real one.
         timeout = httpx.Timeout(
@@ -426,7 +432,7 @@ class HorizonSource:
                             self._failed(follower, _failure_of(response, body), request)
                             return
                         follower.on_stream_open()
-                        opened = True
+                        opened, opened_at = True, trio.current_time()
                         log.debug(
                             "horizon-stream-open", url=request.base_url, cursor=request.cursor
                         )
@@ -462,7 +468,8 @@ class HorizonSource:
                     return
                 # The records so far were good: reopen from the last one, like a clean close.
                 reason = f"dropped: {_describe(exc)}"
-            delay = follower.on_stream_end(got_records=got > 0)
+            open_for = trio.current_time() - opened_at if opened else 0.0
+            delay = follower.on_stream_end(got_records=got > 0, open_for=open_for)
             log.info(
                 "horizon-stream-reconnect",
                 reason=reason,

@@ -113,6 +113,9 @@ class RetryPolicy:
     ``e = min(cap, base * 2**(n-1))``: jittered so that several nodes do not retry in lockstep,
     never more than ``cap``. After ``attempts_per_url`` consecutive failures on one URL the
     follower moves to the next; ``malformed_retries`` bounds refetches of the same bad data.
+    A stream that closes without records is reopened at once when it stayed open at least
+    ``stream_quick_close`` seconds (a quiet stream that Horizon closed after its 55 s timeout:
+    normal), and backs off only when it closed sooner (a server that closes at once).
     """
 
     base: float = 0.25
@@ -120,6 +123,7 @@ class RetryPolicy:
     attempts_per_url: int = 3
     malformed_retries: int = 5
     retry_after_cap: float = 120.0
+    stream_quick_close: float = 10.0
 
     def __attrs_post_init__(self) -> None:
         if not (0 < self.base <= self.cap):
@@ -130,6 +134,8 @@ class RetryPolicy:
             raise ValueError("malformed retries must be >= 0")
         if self.retry_after_cap <= 0:
             raise ValueError("retry-after cap must be > 0")
+        if self.stream_quick_close < 0:
+            raise ValueError("stream quick-close threshold must be >= 0")
 
     def delay(self, attempt: int, u: float) -> float:
         """Seconds to wait before retry number ``attempt`` (>= 1); ``u`` is uniform in [0, 1)."""
@@ -639,14 +645,18 @@ class HorizonFollower:
             return StreamSignal.ERROR
         return StreamSignal.IGNORE
 
-    def on_stream_end(self, got_records: bool) -> float:
+    def on_stream_end(self, got_records: bool, open_for: float = 0.0) -> float:
         """The stream ended cleanly (``event: close``, EOF or idle): reopen it from the last token.
 
-        Reconnects at once after a stream that delivered records; a run of streams that deliver
-        nothing backs off so that a server that closes at once is not hammered. Returns the delay.
+        Reconnects at once after a stream that delivered records or stayed open at least
+        ``policy.stream_quick_close`` seconds (``open_for``: a sparse collection whose stream
+        Horizon closed at its timeout; Horizon itself asks for ``retry: 10`` ms). A run of
+        streams that close soon after opening with nothing backs off, so that a server that closes
+        at once is not hammered. Returns the delay.
         """
         self.mode = Mode.STREAMING
-        if got_records:
+        if got_records or open_for >= self.policy.stream_quick_close:
+            self.quiet_closes = 0
             self._delay = 0.0
         else:
             self.quiet_closes += 1

@@ -353,6 +353,21 @@ def test_stream_reconnects_at_once_after_records_and_backs_off_when_quiet() -> N
     assert f.mode is Mode.STREAMING
 
 
+def test_a_quiet_stream_closed_at_horizons_timeout_is_reopened_at_once() -> None:
+    f = follower("now")
+    f.next_attempt()
+    quick = f.policy.stream_quick_close
+    # Sparse collection: streams stay open until Horizon's 55 s timeout, then close empty.
+    assert [f.on_stream_end(got_records=False, open_for=55.0) for _ in range(5)] == [0.0] * 5
+    assert f.next_attempt().delay == 0
+    # Closing soon after opening, with nothing: back off, and grow.
+    delays = [f.on_stream_end(got_records=False, open_for=quick / 10) for _ in range(3)]
+    assert delays == [0.75, 1.5, 3.0]
+    # One normal quiet close resets the run.
+    assert f.on_stream_end(got_records=False, open_for=quick) == 0.0
+    assert f.on_stream_end(got_records=False, open_for=0.0) == 0.75
+
+
 def test_a_failed_stream_falls_back_to_paging_from_the_last_token() -> None:
     f = follower(tok(1))
     f.next_attempt()

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import attrs
 import httpx
 import pytest
 import structlog
@@ -177,6 +178,22 @@ async def test_every_stream_request_carries_limit_200_so_horizon_does_not_close_
         streams = [r for r in sim.requests if r.stream]
         assert streams and all(r.query.get("limit") == "200" for r in streams)
         assert not [e for e in logs if e["event"] == "horizon-stream-reconnect"]
+
+
+async def test_a_sparse_stream_closed_at_the_timeout_is_reopened_at_once_not_backed_off() -> None:
+    # Horizon closes a quiet stream after 55 s (here 0.3 s): normal, reconnect at once; only a
+    # stream that closes soon after opening (here within 0.2 s) is backed off.
+    for timeout, quick_close, backs_off in ((0.3, 0.2, False), (0.0, 0.2, True)):
+        async with open_simulator(attrs.evolve(SMALL, stream_timeout=timeout)) as sim:
+            with structlog.testing.capture_logs() as logs:
+                async with following(source_for(sim.url, stream_quick_close=quick_close), "now"):
+                    await trio.sleep(1.5)
+        delays = [e["delay"] for e in logs if e["event"] == "horizon-stream-reconnect"]
+        assert len(delays) >= 3
+        if backs_off:
+            assert all(d > 0 for d in delays)
+        else:
+            assert delays == [0.0] * len(delays) and len(delays) >= 4
 
 
 # --- faults ----------------------------------------------------------------------------------
