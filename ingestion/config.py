@@ -147,6 +147,13 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
         "retry_base_ms": (int, 200, "ms, first retry delay after a connection error or 5xx"),
         "retry_cap_ms": (int, 10000, "ms, longest retry delay"),
         "failover_after": (int, 3, "count, consecutive failures before moving to the next URL"),
+        "on_history_gap": (
+            str,
+            "stop",
+            "when the cursor is older than Horizon's retained history (history_elder_ledger): "
+            "stop (log history-gap, write nothing, exit 1) or skip (record the gap in the audit "
+            "stream and resume from the oldest retained ledger)",
+        ),
     },
     "events": {
         "max_len": (
@@ -221,6 +228,7 @@ class HorizonSettings:
     retry_base_ms: int
     retry_cap_ms: int
     failover_after: int
+    on_history_gap: str
 
 
 @attrs.frozen
@@ -465,6 +473,10 @@ def _check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
     ):
         if horizon[key] <= 0:
             problems.append(f"horizon.{key}: must be positive, got {horizon[key]}")
+    if horizon["on_history_gap"] not in ("stop", "skip"):
+        problems.append(
+            f"horizon.on_history_gap: must be stop or skip, got {horizon['on_history_gap']!r}"
+        )
     if horizon["retry_cap_ms"] < horizon["retry_base_ms"]:
         problems.append("horizon.retry_cap_ms: must not be below horizon.retry_base_ms")
     max_len = v["events"]["max_len"]

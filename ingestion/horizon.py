@@ -21,7 +21,7 @@ import math
 import random
 import ssl
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 
 import attrs
@@ -48,7 +48,8 @@ from ingestion.horizon_core import (
     parse_retry_after,
     problem_detail,
 )
-from ingestion.paging import token_key
+from ingestion.horizon_health import RootInfo, cursor_ledger, history_gap
+from ingestion.paging import InvalidPagingToken, token_key
 
 log = structlog.get_logger()
 
@@ -126,6 +127,13 @@ class HorizonSource:
         stream_batch_window: seconds the streaming batcher waits for more records to join a
             batch once one arrived.
         prefetch: batches fetched ahead of the consumer.
+        on_history_gap: ``"stop"`` or ``"skip"``: what to do when the cursor is older than the
+            Horizon's retained history (checked from ``/`` before following and after each switch
+            to another URL). Stop: log ``history-gap`` and raise SourceFatalError before reading
+            anything. Skip: write a ``history-gap`` audit entry (through ``audit``), log it, and
+            go on from the oldest retained ledger.
+        audit: ``await audit(event, fields)`` appends an entry to the job's audit trail under the
+            current term and returns False when the term's token is no longer current.
 
     Raises:
         ValueError: a bad URL, resource or setting (a configuration error).
@@ -147,6 +155,10 @@ class HorizonSource:
     page_limit: int = MAX_PAGE_LIMIT
     stream_batch_window: float = 0.005
     prefetch: int = 2
+    on_history_gap: str = attrs.field(
+        default="stop", validator=attrs.validators.in_(("stop", "skip"))
+    )
+    audit: Callable[[str, dict[str, str]], Awaitable[bool]] | None = None
 
     def __attrs_post_init__(self) -> None:
         self.policy  # noqa: B018 -- validates the retry settings now, not on first stream
@@ -270,7 +282,15 @@ class HorizonSource:
             try:
                 async with trio.open_nursery() as nursery:
                     ahead: _PageAhead | None = None
+                    checked: str | None = None  # the URL whose retained history was checked
                     while True:
+                        if follower.base_url != checked:
+                            # Each term start and each switch of URL: is our cursor still in
+                            # this Horizon's history?
+                            if not await self._check_history(client, follower):
+                                await trio.sleep(follower.take_delay())
+                                continue
+                            checked = follower.base_url
                         attempt = follower.next_attempt()
                         if attempt.delay > 0:
                             await trio.sleep(attempt.delay)
@@ -359,6 +379,74 @@ class HorizonSource:
         with ahead.scope:
             ahead.response, ahead.failure = await self._get_page(client, ahead.request)
         ahead.done.set()
+
+    # -- history retention
+
+    async def _check_history(self, client: httpx.AsyncClient, follower: HorizonFollower) -> bool:
+        """Compare the cursor with the Horizon's ``history_elder_ledger`` (from ``/``).
+
+        Returns True to go on (no gap, or a gap skipped), False when ``/`` could not be read (the
+        follower has scheduled a retry, maybe on another URL).
+
+        Raises:
+            SourceFatalError: a history gap and ``on_history_gap`` is ``"stop"``.
+        """
+        try:
+            if cursor_ledger(follower.cursor) is None:
+                return True  # no position in history: nothing can be skipped
+        except InvalidPagingToken:
+            return True  # Horizon rejects it with its own clear error
+        base = follower.base_url
+        url = base + "/"
+        response: httpx.Response | None = None
+        failure: Failure | None = None
+        with trio.move_on_after(self.connect_timeout + 2 * self.read_timeout) as scope:
+            try:
+                response = await client.get(url)
+            except httpx.HTTPError as exc:
+                failure = Failure(None, _describe(exc))
+        if scope.cancelled_caught:
+            failure = Failure(None, "root request timed out")
+        elif response is not None and response.status_code != 200:
+            failure = _failure_of(response, response.content[:_MAX_ERROR_BODY])
+        if failure is None and response is not None:
+            try:
+                info = RootInfo.parse(response.content)
+            except ValueError as exc:
+                failure = Failure(None, f"malformed root resource: {exc}")
+        if failure is not None or response is None:
+            self._failed(follower, failure or Failure(None, "no response"), url)
+            return False
+        gap = history_gap(follower.cursor, info.history_elder_ledger, self.resource)
+        if gap is None:
+            return True
+        fields = {
+            "cursor": gap.cursor,
+            "cursor_ledger": gap.cursor_ledger,
+            "elder_ledger": gap.elder_ledger,
+            "horizon": base,
+        }
+        if self.on_history_gap == "stop":
+            log.error("history-gap", **fields, action="stop")
+            raise SourceFatalError(
+                f"history gap: the cursor {gap.cursor} (ledger {gap.cursor_ledger}) is older than "
+                f"the oldest ledger {gap.elder_ledger} that {base} keeps; resuming would silently "
+                "skip the records in between, so nothing was written. Point --horizon at a "
+                "Horizon with more history, or set horizon.on_history_gap = \"skip\" to record "
+                "the gap in the audit stream and go on from the oldest ledger"
+            )
+        if self.audit is not None:
+            try:
+                written = await self.audit("history-gap", {k: str(v) for k, v in fields.items()})
+                error = "" if written else "the term's fencing token is no longer current"
+            except Exception as exc:  # the audit writer's own failure (Redis): retry
+                written, error = False, _describe(exc)
+            if not written:
+                self._failed(follower, Failure(None, f"history-gap audit entry: {error}"), url)
+                return False
+        log.warning("history-gap", **fields, action="skip", resume_cursor=gap.resume_cursor)
+        follower.skip_to(gap.resume_cursor)
+        return True
 
     # -- streaming
 

@@ -603,8 +603,24 @@ class HorizonFollower:
             request = PageRequest(base, url, self.cursor, self.page_limit)
         else:
             request = StreamRequest(base, url, self.cursor)
+        return Attempt(request, self.take_delay())
+
+    def take_delay(self) -> float:
+        """The wait decided by the latest outcome (consumed: the next call returns 0)."""
         delay, self._delay = self._delay, 0.0
-        return Attempt(request, delay)
+        return delay
+
+    def skip_to(self, cursor: str) -> None:
+        """Go on after ``cursor``, a paging token after the current one (skipping a history gap
+        the operator chose to skip): the next request pages from there.
+
+        Raises:
+            ValueError: ``cursor`` is not a paging token after the current cursor.
+        """
+        if self.cursor != "now" and token_key(cursor) <= token_key(self.cursor):
+            raise ValueError(f"cannot skip back from {self.cursor!r} to {cursor!r}")
+        self.cursor = cursor
+        self.mode = Mode.CATCH_UP
 
     # -- outcomes
 

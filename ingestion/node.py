@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import signal
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -25,6 +26,7 @@ from actors.lease_store import (
     sentinel_services,
 )
 from actors.observe import NodeObserver
+from actors.source import current_term
 from actors.supervisor import NodeSpec, run_node
 from actors.token_memory import TokenMemory
 from ingestion.config import ConfigError, Settings, redact_url
@@ -32,7 +34,7 @@ from ingestion.horizon import HorizonSource
 from ingestion.logs import configure_logging, node_logger
 
 
-def build_source(settings: Settings) -> HorizonSource:
+def build_source(settings: Settings, store: LeaseStore | None = None) -> HorizonSource:
     h = settings.horizon
     return HorizonSource(
         urls=h.urls,
@@ -43,7 +45,19 @@ def build_source(settings: Settings) -> HorizonSource:
         retry_base=h.retry_base_ms / 1000,
         retry_cap=h.retry_cap_ms / 1000,
         attempts_per_url=h.failover_after,
+        on_history_gap=h.on_history_gap,
+        audit=None if store is None else audit_writer(store),
     )
+
+
+def audit_writer(store: LeaseStore) -> Callable[[str, dict[str, str]], Awaitable[bool]]:
+    """``await audit(event, fields)``: a fenced audit entry under the calling term's token."""
+
+    async def audit(event: str, fields: dict[str, str]) -> bool:
+        term = current_term.get()
+        return await store.fenced_audit(term.node, term.token, event, fields) is None
+
+    return audit
 
 
 def build_store(settings: Settings) -> LeaseStore:
@@ -124,7 +138,7 @@ async def run_node_process(settings: Settings) -> int:
         clock=getattr(trio.lowlevel.current_clock(), "name", type(trio.lowlevel.current_clock()).__name__),
     )
     store = build_store(settings)
-    source = build_source(settings)
+    source = build_source(settings, store)
     fatal: BaseException | None = None
     try:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

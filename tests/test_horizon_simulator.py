@@ -23,7 +23,7 @@ from httpx_sse import aconnect_sse
 from actors.source import Batch, Record, SourceFatalError
 from ingestion.horizon import HorizonSource
 from ingestion.horizon_core import compact_json
-from ingestion.paging import token_key
+from ingestion.paging import toid, token_key
 from ingestion.simulator import MalformedKind, Simulator, SimulatorConfig, open_simulator
 from tests.horizon_fixtures import closed_port_url
 
@@ -182,8 +182,8 @@ async def test_every_stream_request_carries_limit_200_so_horizon_does_not_close_
 
 async def test_a_sparse_stream_closed_at_the_timeout_is_reopened_at_once_not_backed_off() -> None:
     # Horizon closes a quiet stream after 55 s (here 0.3 s): normal, reconnect at once; only a
-    # stream that closes soon after opening (here within 0.2 s) is backed off.
-    for timeout, quick_close, backs_off in ((0.3, 0.2, False), (0.0, 0.2, True)):
+    # stream that closes soon after opening (here within 1 s) is backed off.
+    for timeout, quick_close, backs_off in ((0.3, 0.2, False), (0.0, 1.0, True)):
         async with open_simulator(attrs.evolve(SMALL, stream_timeout=timeout)) as sim:
             with structlog.testing.capture_logs() as logs:
                 async with following(source_for(sim.url, stream_quick_close=quick_close), "now"):
@@ -335,3 +335,80 @@ async def test_streamed_live_records_are_batched_together() -> None:
             sim.close_ledger()
             await f.wait_for(10)
         assert len(f.batches) <= 2 and len(f.records) == 10
+
+
+# --- history retention (#11.2) ---------------------------------------------------------------
+
+RETAINED = attrs.evolve(SMALL, retention_ledgers=5)  # 20 ledgers closed, only the newest 5 kept
+
+
+def old_cursor(sim: Simulator, ledgers_in: int = 2) -> str:
+    return str(toid(sim.chain.spec.first_ledger + ledgers_in, 1, 1))
+
+
+async def test_a_cursor_older_than_retained_history_stops_with_history_gap_reading_nothing() -> None:
+    async with open_simulator(RETAINED) as sim:
+        cursor = old_cursor(sim)
+        with structlog.testing.capture_logs() as logs:
+            follower = Follower()
+            with trio.fail_after(5):
+                await follower.run(source_for(sim.url), cursor)
+        assert isinstance(follower.error, SourceFatalError) and not follower.records
+        assert "history gap" in str(follower.error) and "on_history_gap" in str(follower.error)
+        gap = next(e for e in logs if e["event"] == "history-gap")
+        assert gap["log_level"] == "error"
+        assert (gap["cursor"], gap["cursor_ledger"], gap["elder_ledger"], gap["horizon"]) == (
+            cursor, sim.chain.spec.first_ledger + 2, sim.chain.first, sim.url
+        )
+        assert [r.path for r in sim.requests] == ["/"]  # nothing paged, nothing streamed
+
+
+async def test_on_history_gap_skip_audits_the_gap_and_resumes_from_the_elder_ledger() -> None:
+    audited: list[tuple[str, dict[str, str]]] = []
+
+    async def audit(event: str, fields: dict[str, str]) -> bool:
+        audited.append((event, fields))
+        return True
+
+    async with open_simulator(RETAINED) as sim:
+        cursor = old_cursor(sim)
+        retained = sim.records("/operations")
+        source = source_for(sim.url, on_history_gap="skip", audit=audit)
+        async with following(source, cursor) as (f, _):
+            await f.wait_for(len(retained))
+        check_exact(f.records, retained)
+        assert int(retained[0]["paging_token"]) >> 32 == sim.chain.first
+        assert audited == [
+            (
+                "history-gap",
+                {
+                    "cursor": cursor,
+                    "cursor_ledger": str(sim.chain.spec.first_ledger + 2),
+                    "elder_ledger": str(sim.chain.first),
+                    "horizon": sim.url,
+                },
+            )
+        ]
+
+
+async def test_failing_over_to_a_horizon_with_shorter_history_checks_it_again() -> None:
+    async with open_simulator(SMALL) as full, open_simulator(RETAINED) as short:
+        cursor = old_cursor(full, 1)
+        source = source_for([full.url, short.url], page_limit=10)
+        got: list[Record] = []
+        with (
+            structlog.testing.capture_logs() as logs,
+            pytest.raises(SourceFatalError),
+            trio.fail_after(10),
+        ):
+            async with source.stream(cursor) as batches:
+                got.extend((await batches.receive()).records)
+                await full.go_down()  # the rest must come from the Horizon with less history
+                async for batch in batches:
+                    got.extend(batch.records)
+        assert got and int(got[-1].paging_token) >> 32 < short.chain.first
+        check_exact(got, after(full, "/operations", cursor)[: len(got)])
+        gaps = [e for e in logs if e["event"] == "history-gap"]
+        assert [g["horizon"] for g in gaps] == [short.url]
+        assert any(e["event"] == "horizon-failover" and e["to_url"] == short.url for e in logs)
+        assert not [r for r in short.requests if r.path != "/"]

@@ -435,3 +435,19 @@ async def test_cli_prints_its_url_and_exits_0_on_sigint() -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_retention_keeps_only_the_newest_ledgers_and_the_elder_ledger_moves_as_they_close() -> None:
+    async for s in running(attrs.evolve(SMALL, retention_ledgers=3)):
+        first_op = s.records("/operations")[0]
+        root = (await get(f"{s.url}/")).json()
+        assert root["history_elder_ledger"] == root["history_latest_ledger"] - 2 == s.chain.first
+        oldest = (await get(f"{s.url}/ledgers?limit=200")).json()["_embedded"]["records"]
+        assert [r["sequence"] for r in oldest] == list(range(s.chain.first, s.chain.latest + 1))
+        s.close_ledger()
+        root = (await get(f"{s.url}/")).json()
+        assert root["history_elder_ledger"] == root["history_latest_ledger"] - 2
+        assert (await get(f"{s.url}/operations/{first_op['id']}")).status_code == 404
+        # order=asc from a cursor older than history: silently moved up to the elder ledger
+        page = (await get(f"{s.url}/operations?cursor={first_op['paging_token']}&limit=1")).json()
+        assert toid_parts(int(page["_embedded"]["records"][0]["paging_token"]))[0] == s.chain.first

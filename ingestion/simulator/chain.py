@@ -569,14 +569,26 @@ class Chain:
         spec: what the chain contains.
         history_ledgers: ledgers already closed at start (at least 1: Horizon always has a latest).
         cache_records: about how many built records to keep in memory.
+        retention_ledgers: keep only the newest N ledgers, as Horizon's history retention
+            (``HISTORY_RETENTION_COUNT``): older ones are gone and :attr:`first` (Horizon's
+            ``history_elder_ledger``) moves up as ledgers close. 0: keep everything.
     """
 
-    def __init__(self, spec: ChainSpec, history_ledgers: int = 1, cache_records: int = 60_000):
+    def __init__(
+        self,
+        spec: ChainSpec,
+        history_ledgers: int = 1,
+        cache_records: int = 60_000,
+        retention_ledgers: int = 0,
+    ):
         if not 0 <= spec.ops_per_ledger <= 4000:
             raise ValueError("ops_per_ledger must be between 0 and 4000")
         if not 1 <= spec.first_ledger < (1 << 31) - 10_000_000:
             raise ValueError("first_ledger must be a positive ledger sequence")
+        if retention_ledgers < 0:
+            raise ValueError("retention_ledgers must be >= 0 (0: keep everything)")
         self.spec = spec
+        self.retention_ledgers = retention_ledgers
         self.accounts = [
             strkey.encode_account(hashlib.sha256(f"account:{spec.seed}:{i}".encode()).digest())
             for i in range(96)
@@ -597,6 +609,9 @@ class Chain:
 
     @property
     def first(self) -> int:
+        """The oldest ledger still held (Horizon's ``history_elder_ledger``)."""
+        if self.retention_ledgers:
+            return max(self.spec.first_ledger, self.latest - self.retention_ledgers + 1)
         return self.spec.first_ledger
 
     def close_ledger(self) -> int:
@@ -726,7 +741,7 @@ class Chain:
 
     def _index_secondary(self) -> None:
         self._secondary_wanted = True
-        for seq in range(self._indexed + 1, self.latest + 1):
+        for seq in range(max(self._indexed + 1, self.first), self.latest + 1):
             content = self.content(seq)
             for collection in ACCOUNT_COLLECTIONS:
                 for key in content.kinds[collection]:

@@ -48,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.cache_records,
         help="about how many built records to keep in memory",
     )
+    p.add_argument(
+        "--retention-ledgers",
+        type=int,
+        default=defaults.retention_ledgers,
+        help="keep only the newest N ledgers, as Horizon's history retention; 0: everything",
+    )
     return p
 
 
@@ -64,6 +70,7 @@ def config_from_args(argv: list[str]) -> SimulatorConfig:
         stream_timeout=args.stream_timeout,
         first_ledger=args.first_ledger,
         cache_records=args.cache_records,
+        retention_ledgers=args.retention_ledgers,
     )
 
 

@@ -39,6 +39,8 @@ class SimulatorConfig:
         cache_records: about how many built records (with their rendered forms) to keep in
             memory; a benchmark that pages through a long history more than once raises it so
             that every pass after the first is served from memory.
+        retention_ledgers: keep only the newest N ledgers (Horizon's history retention); the
+            elder ledger moves up as ledgers close. 0: keep everything.
     """
 
     host: str = "127.0.0.1"
@@ -50,6 +52,7 @@ class SimulatorConfig:
     stream_timeout: float = 55.0
     first_ledger: int = 50_000_000
     cache_records: int = 60_000
+    retention_ledgers: int = 0
 
     def chain_spec(self) -> ChainSpec:
         return ChainSpec(
@@ -73,7 +76,12 @@ class Simulator:
     def __init__(self, config: SimulatorConfig, nursery: trio.Nursery):
         self.config = config
         self.chain = _build_without_gc(
-            lambda: Chain(config.chain_spec(), config.history_ledgers, config.cache_records)
+            lambda: Chain(
+                config.chain_spec(),
+                config.history_ledgers,
+                config.cache_records,
+                retention_ledgers=config.retention_ledgers,
+            )
         )
         self.faults = Faults(clock=trio.current_time)
         self.url = ""

@@ -1,0 +1,105 @@
+"""Pure decisions about one Horizon server as its root resource and its headers describe it.
+
+No I/O, no clock: ``ingestion/horizon.py`` fetches ``/`` and reads the headers, then asks here.
+
+History gap. Horizon keeps only recent history (``HISTORY_RETENTION_COUNT``; the public SDF Horizon
+keeps about a year) and, for ``order=asc``, silently moves a cursor older than its
+``history_elder_ledger`` up to that ledger: records in between are skipped without a word. A
+paging token is a TOID (``ledger << 32 | tx << 12 | op``; effects ``"<toid>-<n>"``), so the
+cursor's ledger is ``toid >> 32``. Records strictly after a cursor in ledger ``L`` may still be in
+``L`` itself (the rest of its operations), so Horizon still holds all of them only if ``L`` is at
+or after the elder ledger; for ``/ledgers`` (one record per ledger, the cursor's own ledger already
+read) ``L + 1`` is enough. The check is conservative: a cursor on the very last record of the
+ledger before the elder one is reported although nothing was lost.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+
+from ingestion.paging import TOID_LEDGER_SHIFT, InvalidPagingToken, toid, token_key
+
+
+@attrs.frozen
+class RootInfo:
+    """What Horizon's root resource (``GET /``) says about its ledgers."""
+
+    history_elder_ledger: int
+    history_latest_ledger: int
+    core_latest_ledger: int
+
+    @classmethod
+    def parse(cls, content: bytes | str) -> RootInfo:
+        """Parse a root resource.
+
+        Raises:
+            ValueError: not JSON, or a ledger field is missing or not a non-negative integer.
+        """
+        doc = json.loads(content)
+        if not isinstance(doc, dict):
+            raise ValueError("Horizon's root resource is not a JSON object")
+        return cls(
+            history_elder_ledger=_ledger(doc, "history_elder_ledger"),
+            history_latest_ledger=_ledger(doc, "history_latest_ledger"),
+            core_latest_ledger=_ledger(doc, "core_latest_ledger"),
+        )
+
+
+def _ledger(doc: dict[str, Any], name: str) -> int:
+    value = doc.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"Horizon's root resource has no valid {name}: {value!r}")
+    return value
+
+
+def cursor_ledger(cursor: str) -> int | None:
+    """The ledger a paging token lies in; None for ``"now"``, ``"0"`` and any token in ledger 0
+    (there is none: the first ledger is 1, so such a cursor means "from the start", like "0").
+
+    Raises:
+        InvalidPagingToken: not a paging token.
+    """
+    if cursor in ("now", "0"):
+        return None
+    return (token_key(cursor)[0] >> TOID_LEDGER_SHIFT) or None
+
+
+@attrs.frozen
+class HistoryGap:
+    """The cursor lies before the server's retained history: records after it are gone."""
+
+    cursor: str
+    cursor_ledger: int
+    elder_ledger: int
+
+    @property
+    def resume_cursor(self) -> str:
+        """The cursor just before the elder ledger's first record (for ``on_history_gap = skip``).
+
+        ``toid(elder) - 1`` is the last possible TOID of the ledger before: every record of the
+        elder ledger (its ledger record included, TOID ``toid(elder)``) sorts after it, and as a
+        bare effects cursor it means after all of that operation's effects.
+        """
+        return str(toid(self.elder_ledger) - 1)
+
+
+def history_gap(cursor: str, elder_ledger: int, resource: str) -> HistoryGap | None:
+    """A :class:`HistoryGap` when resuming ``resource`` after ``cursor`` would silently skip
+    records that a server whose oldest ledger is ``elder_ledger`` no longer has, else None.
+
+    ``"now"`` and ``"0"`` never have a gap ("0" asks for whatever history the server keeps); an
+    elder ledger of 0 or 1 means the server keeps everything.
+    """
+    try:
+        ledger = cursor_ledger(cursor)
+    except InvalidPagingToken:
+        return None  # the follower rejects a bad cursor with its own clear error
+    if ledger is None or elder_ledger <= 1:
+        return None
+    first_needed = ledger + 1 if resource.endswith("/ledgers") else ledger
+    if first_needed < elder_ledger:
+        return HistoryGap(cursor, ledger, elder_ledger)
+    return None

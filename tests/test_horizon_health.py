@@ -1,0 +1,58 @@
+"""The pure Horizon health decisions: root resource, history gaps (no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ingestion.horizon_core import HorizonFollower, Mode, PageRequest, RetryPolicy
+from ingestion.horizon_health import HistoryGap, RootInfo, cursor_ledger, history_gap
+from ingestion.paging import toid
+
+
+def test_root_info_reads_the_ledger_fields_and_rejects_a_broken_root() -> None:
+    info = RootInfo.parse(
+        b'{"history_elder_ledger": 5, "history_latest_ledger": 9, "core_latest_ledger": 10}'
+    )
+    assert info == RootInfo(5, 9, 10)
+    for bad in (b"[]", b"{}", b'{"history_elder_ledger": "5"}', b"not json"):
+        with pytest.raises(ValueError):
+            RootInfo.parse(bad)
+
+
+def test_cursor_ledger_is_the_toid_s_top_bits_and_none_for_now_0_and_ledger_0() -> None:
+    assert cursor_ledger(str(toid(123, 4, 5))) == 123
+    assert cursor_ledger(f"{toid(77, 1, 1)}-3") == 77  # an effect
+    assert cursor_ledger("now") is None and cursor_ledger("0") is None
+    assert cursor_ledger("12") is None  # ledger 0 does not exist: "from the start"
+
+
+def test_a_cursor_before_the_elder_ledger_is_a_gap_and_one_inside_history_is_not() -> None:
+    elder = 1000
+    assert history_gap(str(toid(999, 3, 1)), elder, "/operations") == HistoryGap(
+        str(toid(999, 3, 1)), 999, elder
+    )
+    assert history_gap(str(toid(1000, 1, 1)), elder, "/operations") is None
+    assert history_gap(str(toid(5000)), elder, "/payments") is None
+    # /ledgers: the cursor's own ledger was read; only the next one must still be there.
+    assert history_gap(str(toid(999)), elder, "/ledgers") is None
+    assert history_gap(str(toid(998)), elder, "/ledgers") is not None
+    assert history_gap(str(toid(998)), elder, "/accounts/GA/effects") is not None
+    # A Horizon that keeps everything, and cursors with no position in history.
+    assert history_gap(str(toid(5)), 1, "/operations") is None
+    assert history_gap(str(toid(5)), 0, "/operations") is None
+    assert history_gap("now", elder, "/operations") is None
+    assert history_gap("0", elder, "/operations") is None
+
+
+def test_skipping_a_gap_resumes_before_the_elder_ledger_s_first_record() -> None:
+    gap = HistoryGap(str(toid(10, 1, 1)), 10, 50)
+    resume = int(gap.resume_cursor)
+    assert resume < toid(50) < toid(50, 1, 1) and resume >> 32 == 49
+    f = HorizonFollower(["http://h"], "/operations", gap.cursor, RetryPolicy())
+    f.skip_to(gap.resume_cursor)
+    assert f.mode is Mode.CATCH_UP
+    assert f.next_attempt().request == PageRequest(
+        "http://h", "http://h/operations", gap.resume_cursor, 200
+    )
+    with pytest.raises(ValueError):
+        f.skip_to(gap.cursor)  # never backwards
