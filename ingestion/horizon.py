@@ -48,7 +48,13 @@ from ingestion.horizon_core import (
     parse_retry_after,
     problem_detail,
 )
-from ingestion.horizon_health import RootInfo, cursor_ledger, history_gap
+from ingestion.horizon_health import (
+    RatePacer,
+    RootInfo,
+    cursor_ledger,
+    history_gap,
+    parse_rate_headers,
+)
 from ingestion.paging import InvalidPagingToken, token_key
 
 log = structlog.get_logger()
@@ -159,6 +165,7 @@ class HorizonSource:
         default="stop", validator=attrs.validators.in_(("stop", "skip"))
     )
     audit: Callable[[str, dict[str, str]], Awaitable[bool]] | None = None
+    _pacers: dict[str, RatePacer] = attrs.field(factory=dict, init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         self.policy  # noqa: B018 -- validates the retry settings now, not on first stream
@@ -206,8 +213,13 @@ class HorizonSource:
                 params = {"order": "desc", "limit": "1"}
                 retry_after = None
                 try:
-                    with trio.fail_after(self.connect_timeout + 2 * self.read_timeout):
-                        response = await client.get(url, params=params)
+                    pacer = await self._pace(base)
+                    response = None
+                    try:
+                        with trio.fail_after(self.connect_timeout + 2 * self.read_timeout):
+                            response = await client.get(url, params=params)
+                    finally:
+                        _answered(pacer, response)
                     body = response.content
                     if response.status_code == 200:
                         records = json.loads(body)["_embedded"]["records"]
@@ -316,11 +328,15 @@ class HorizonSource:
         """One page request, bounded as a whole: (the 200 response, None) or (None, why not)."""
         failure: Failure | None = None
         response: httpx.Response | None = None
-        with trio.move_on_after(self.connect_timeout + 2 * self.read_timeout) as scope:
-            try:
-                response = await client.get(request.url, params=request.params)
-            except httpx.HTTPError as exc:  # transport, decoding, too many redirects
-                failure = Failure(None, _describe(exc))
+        pacer = await self._pace(request.base_url)
+        try:
+            with trio.move_on_after(self.connect_timeout + 2 * self.read_timeout) as scope:
+                try:
+                    response = await client.get(request.url, params=request.params)
+                except httpx.HTTPError as exc:  # transport, decoding, too many redirects
+                    failure = Failure(None, _describe(exc))
+        finally:
+            _answered(pacer, response)
         if scope.cancelled_caught:
             failure = Failure(None, "page request timed out")
         elif response is not None and response.status_code != 200:
@@ -380,6 +396,24 @@ class HorizonSource:
             ahead.response, ahead.failure = await self._get_page(client, ahead.request)
         ahead.done.set()
 
+    # -- rate limit
+
+    async def _pace(self, base: str) -> RatePacer:
+        """Wait until the rate limit of ``base`` allows one more request (by the X-RateLimit
+        headers seen so far) and count it; the caller reports its answer with ``_answered``."""
+        pacer = self._pacers.get(base)
+        if pacer is None:
+            pacer = self._pacers[base] = RatePacer()
+        delay = pacer.reserve(trio.current_time())
+        if delay > 0:
+            log.debug("horizon-rate-paced", delay=round(delay, 3), url=base)
+            try:
+                await trio.sleep(delay)
+            except BaseException:
+                pacer.answered(trio.current_time(), None)
+                raise
+        return pacer
+
     # -- history retention
 
     async def _check_history(self, client: httpx.AsyncClient, follower: HorizonFollower) -> bool:
@@ -400,11 +434,15 @@ class HorizonSource:
         url = base + "/"
         response: httpx.Response | None = None
         failure: Failure | None = None
-        with trio.move_on_after(self.connect_timeout + 2 * self.read_timeout) as scope:
-            try:
-                response = await client.get(url)
-            except httpx.HTTPError as exc:
-                failure = Failure(None, _describe(exc))
+        pacer = await self._pace(base)
+        try:
+            with trio.move_on_after(self.connect_timeout + 2 * self.read_timeout) as scope:
+                try:
+                    response = await client.get(url)
+                except httpx.HTTPError as exc:
+                    failure = Failure(None, _describe(exc))
+        finally:
+            _answered(pacer, response)
         if scope.cancelled_caught:
             failure = Failure(None, "root request timed out")
         elif response is not None and response.status_code != 200:
@@ -501,6 +539,8 @@ class HorizonSource:
             pool=self.connect_timeout,
         )
         with records:
+            pacer = await self._pace(request.base_url)
+            paced: RatePacer | None = pacer
             try:
                 # Until the response head arrives: the connect and read timeouts.
                 with trio.CancelScope(
@@ -515,6 +555,8 @@ class HorizonSource:
                         timeout=timeout,
                     ) as source:
                         response = source.response
+                        paced = None
+                        _answered(pacer, response)
                         if response.status_code != 200:
                             body = await _read_bounded(response)
                             self._failed(follower, _failure_of(response, body), request)
@@ -556,6 +598,9 @@ class HorizonSource:
                     return
                 # The records so far were good: reopen from the last one, like a clean close.
                 reason = f"dropped: {_describe(exc)}"
+            finally:
+                if paced is not None:  # no response head: the request is over all the same
+                    _answered(paced, None)
             open_for = trio.current_time() - opened_at if opened else 0.0
             delay = follower.on_stream_end(got_records=got > 0, open_for=open_for)
             log.info(
@@ -645,10 +690,15 @@ def _request_url(request: object) -> str:
     return str(request)
 
 
+def _answered(pacer: RatePacer, response: httpx.Response | None) -> None:
+    rate = None if response is None else parse_rate_headers(response.headers)
+    pacer.answered(trio.current_time(), rate)
+
+
 def _failure_of(response: httpx.Response, body: bytes) -> Failure:
     status = response.status_code
     retry_after = None
-    if status == 429:
+    if status in (429, 503):  # Horizon's limiter, and an overloaded or stale server
         retry_after = parse_retry_after(response.headers.get("Retry-After"), time.time())
     return Failure(status, problem_detail(body), retry_after)
 

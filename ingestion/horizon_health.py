@@ -103,3 +103,89 @@ def history_gap(cursor: str, elder_ledger: int, resource: str) -> HistoryGap | N
     if first_needed < elder_ledger:
         return HistoryGap(cursor, ledger, elder_ledger)
     return None
+
+
+# --- rate-limit pacing ---------------------------------------------------------------------------
+
+
+def parse_rate_headers(headers: Any) -> tuple[int, int, float] | None:
+    """``(limit, remaining, reset)`` from Horizon's ``X-RateLimit-*`` headers (any mapping with
+    case-insensitive ``get``), or None when absent or unparseable (a Horizon without a limiter)."""
+    try:
+        limit = int(headers.get("x-ratelimit-limit"))
+        remaining = int(headers.get("x-ratelimit-remaining"))
+        reset = float(headers.get("x-ratelimit-reset"))
+    except (TypeError, ValueError):
+        return None
+    if limit < 1 or remaining < 0 or reset < 0:
+        return None
+    return limit, remaining, reset
+
+
+class RatePacer:
+    """Paces requests to one Horizon so that a catch-up spends its rate limit without a 429.
+
+    Horizon's limiter is GCRA (see :mod:`ingestion.simulator.ratelimit`): bursts of ``L`` requests
+    (``X-RateLimit-Limit``), then one per emission interval ``T``. A response says how many
+    requests are left now (``R``, ``X-RateLimit-Remaining``) and when the budget is whole again
+    (``X-RateLimit-Reset``: ``ceil(ttl)``). Derivation of the schedule:
+
+    - After a response observed at ``t0``, the server's arrival time is at most ``t0 + (L - R) T``
+      (``R = floor(L - ttl / T)``), and every request we send moves it by ``T``. So the
+      ``(k + 1)``-th request sent after the observation is surely allowed at
+      ``t0 + max(0, k + 1 - R) * T``: ``R`` at once, then one per ``T``. Time that passes is
+      credited (an old observation allows everything it allowed, and more).
+    - ``T`` is not sent; ``R = floor(L - ttl / T)`` and ``ttl <= reset`` give ``T < reset / (L - R - 1)``,
+      an upper bound (tightest when ``R`` is 0: ``(L T) / (L - 1)`` plus the rounding of ``reset``,
+      about 1 % slow for the public Horizon's ``L = 101``). The smallest bound seen is used.
+    - Requests still in flight when a response is observed may not be counted in it: they are
+      counted as sent after it. Requests of other clients behind the same address (other jobs of
+      this process share the pacer; other processes do not) show in the next response.
+
+    A 429 still happens if another process spends the budget; its ``Retry-After`` is honoured by
+    the follower. Without ``X-RateLimit`` headers (no limiter) nothing is paced. Pure: the time
+    is passed in.
+    """
+
+    def __init__(self) -> None:
+        self.limit: int | None = None
+        self._at = 0.0
+        self._remaining = 0
+        self._sent_since = 0
+        self._in_flight = 0
+        self.interval: float | None = None  # upper bound of the emission interval T
+
+    def reserve(self, now: float) -> float:
+        """Count one request about to be sent; return how long to wait before sending it."""
+        self._in_flight += 1
+        if self.limit is None:
+            return 0.0
+        k = self._sent_since
+        self._sent_since += 1
+        over = k + 1 - self._remaining
+        if over <= 0:
+            return 0.0
+        interval = self.interval if self.interval is not None else self._fallback_interval
+        return max(0.0, self._at + over * interval - now)
+
+    def answered(self, now: float, rate: tuple[int, int, float] | None) -> None:
+        """A reserved request got its answer (``rate`` from :func:`parse_rate_headers`), or was
+        abandoned (``rate`` None)."""
+        self._in_flight = max(0, self._in_flight - 1)
+        if rate is None:
+            return
+        limit, remaining, reset = rate
+        if limit != self.limit:
+            self.interval = None  # another quota: forget what the old one taught
+        self.limit = limit
+        spent = limit - remaining - 1
+        if spent > 0:
+            bound = reset / spent
+            if self.interval is None or bound < self.interval:
+                self.interval = bound
+        self._fallback_interval = max(reset, 1.0)
+        self._at = now
+        self._remaining = remaining
+        self._sent_since = self._in_flight
+
+    _fallback_interval = 1.0

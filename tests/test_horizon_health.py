@@ -5,8 +5,16 @@ from __future__ import annotations
 import pytest
 
 from ingestion.horizon_core import HorizonFollower, Mode, PageRequest, RetryPolicy
-from ingestion.horizon_health import HistoryGap, RootInfo, cursor_ledger, history_gap
+from ingestion.horizon_health import (
+    HistoryGap,
+    RatePacer,
+    RootInfo,
+    cursor_ledger,
+    history_gap,
+    parse_rate_headers,
+)
 from ingestion.paging import toid
+from ingestion.simulator.ratelimit import RateLimiter
 
 
 def test_root_info_reads_the_ledger_fields_and_rejects_a_broken_root() -> None:
@@ -56,3 +64,51 @@ def test_skipping_a_gap_resumes_before_the_elder_ledger_s_first_record() -> None
     )
     with pytest.raises(ValueError):
         f.skip_to(gap.cursor)  # never backwards
+
+
+# --- rate-limit pacing --------------------------------------------------------------------------
+
+
+def test_parse_rate_headers_reads_horizons_headers_and_ignores_their_absence() -> None:
+    headers = {"x-ratelimit-limit": "101", "x-ratelimit-remaining": "7", "x-ratelimit-reset": "95"}
+    assert parse_rate_headers(headers) == (101, 7, 95.0)
+    assert parse_rate_headers({}) is None
+    assert parse_rate_headers({**headers, "x-ratelimit-remaining": "x"}) is None
+
+
+def simulate_catch_up(requests: int, per_hour: int, burst: int) -> tuple[float, int]:
+    """Drive the pacer against the simulator's own GCRA with a fake clock; each request takes
+    ``latency`` seconds. Returns (when the last answer came, how many were limited)."""
+    clock = [0.0]
+    limiter = RateLimiter(per_hour, burst, lambda: clock[0])
+    pacer = RatePacer()
+    latency = 0.005
+    limited = 0
+    for _ in range(requests):
+        clock[0] += pacer.reserve(clock[0])
+        decision = limiter.take("me")
+        limited += decision.limited
+        clock[0] += latency
+        headers = {k.decode(): v.decode() for k, v in decision.headers()}
+        pacer.answered(clock[0], parse_rate_headers(headers))
+    return clock[0], limited
+
+
+@pytest.mark.parametrize(
+    ("per_hour", "burst", "requests"), [(3600, 100, 400), (14_400, 19, 60), (7200, 3, 40)]
+)
+def test_paced_catch_up_never_hits_429_and_uses_the_budget(per_hour: int, burst: int, requests: int) -> None:
+    took, limited = simulate_catch_up(requests, per_hour, burst)
+    assert limited == 0
+    budget = (requests - (burst + 1)) * 3600 / per_hour  # a burst, then one per interval
+    assert budget <= took <= 1.3 * budget + 0.005 * requests
+
+
+def test_without_rate_headers_nothing_is_paced_and_in_flight_requests_count() -> None:
+    pacer = RatePacer()
+    assert [pacer.reserve(0.0) for _ in range(50)] == [0.0] * 50
+    pacer = RatePacer()
+    pacer.reserve(0.0)
+    pacer.reserve(0.0)  # still in flight when the first answer arrives
+    pacer.answered(1.0, (11, 1, 10.0))  # one left; T <= 10 / 9
+    assert pacer.reserve(1.0) == pytest.approx(10 / 9)  # the in-flight one took the last

@@ -412,3 +412,35 @@ async def test_failing_over_to_a_horizon_with_shorter_history_checks_it_again() 
         assert [g["horizon"] for g in gaps] == [short.url]
         assert any(e["event"] == "horizon-failover" and e["to_url"] == short.url for e in logs)
         assert not [r for r in short.requests if r.path != "/"]
+
+
+# --- rate limit (#11.4) ----------------------------------------------------------------------
+
+
+async def test_catch_up_under_a_rate_limit_gets_no_429_and_takes_the_time_the_budget_allows() -> None:
+    # 14400 an hour: one request per 0.25 s after a burst of 20. 300 ledgers in pages of 10 need
+    # 30 requests: the budget allows them in (30 - 20) * 0.25 = 2.5 s.
+    per_hour, burst, pages = 14_400, 19, 30
+    config = attrs.evolve(SMALL, history_ledgers=300, rate_limit=per_hour, rate_burst=burst)
+    async with open_simulator(config) as sim:
+        expected = sim.records("/ledgers")
+        source = source_for(sim.url, resource="/ledgers", page_limit=10, retry_after_cap=5.0)
+        start = trio.current_time()
+        async with following(source, "0") as (f, _):
+            await f.wait_for(len(expected), within=30)
+            took = trio.current_time() - start
+        check_exact(f.records, expected)
+        assert sim.statuses[429] == 0
+        budget = (pages - (burst + 1)) * 3600 / per_hour
+        print(f"rate-limited catch-up: {took:.2f} s, the budget allows {budget:.2f} s")
+        assert took <= 1.3 * budget
+
+
+async def test_retry_after_is_honoured_on_503_as_on_429() -> None:
+    async with open_simulator(SMALL) as sim:
+        sim.faults.fail_requests(503, count=1, retry_after=1)
+        with structlog.testing.capture_logs() as logs:
+            async with following(source_for(sim.url, retry_after_cap=5.0), "0") as (f, _):
+                await f.wait_for(10)
+        retry = next(e for e in logs if e["event"] == "horizon-retry")
+        assert retry["status"] == 503 and retry["delay"] >= 1.0

@@ -17,7 +17,7 @@ import trio
 import trio.testing
 
 from ingestion.paging import toid_parts, token_key
-from ingestion.simulator import Faults, MalformedKind, Simulator
+from ingestion.simulator import Faults, MalformedKind, Simulator, open_simulator
 from ingestion.simulator.chain import Chain, ChainSpec
 from tests.simulator_fixtures import SMALL, read_stream, running
 
@@ -53,7 +53,7 @@ async def test_page_is_hal_json_with_go_escaped_links(sim: Simulator) -> None:
     assert body["_links"]["self"]["href"] == f"{sim.url}/operations?cursor=&limit=3&order=asc"
     last = body["_embedded"]["records"][-1]["paging_token"]
     assert body["_links"]["next"]["href"] == f"{sim.url}/operations?cursor={last}&limit=3&order=asc"
-    assert r.headers["x-ratelimit-limit"] == "3600"
+    assert "x-ratelimit-limit" not in r.headers  # no --rate-limit: no limiter, no headers
 
 
 async def test_cursor_is_exclusive_and_next_link_continues(sim: Simulator) -> None:
@@ -277,6 +277,45 @@ async def test_rate_limit_fault_answers_429_with_headers_for_n_requests(sim: Sim
         assert {"x-ratelimit-limit", "x-ratelimit-reset"} <= set(r.headers)
         assert r.json()["type"] == "https://stellar.org/horizon-errors/rate_limit_exceeded"
     assert (await get(f"{sim.url}/operations")).status_code == 200
+
+
+async def test_rate_limit_is_horizons_gcra_with_its_headers_problem_and_retry_after() -> None:
+    # 36000 an hour: one request per 0.1 s, bursts of 3 + 1.
+    async with open_simulator(attrs.evolve(SMALL, rate_limit=36_000, rate_burst=3)) as s:
+        seen = []
+        for _ in range(5):
+            r = await get(f"{s.url}/ledgers?limit=1")
+            seen.append((r.status_code, r.headers.get("x-ratelimit-remaining")))
+        assert seen == [(200, "3"), (200, "2"), (200, "1"), (200, "0"), (429, "0")]
+        assert r.headers["x-ratelimit-limit"] == "4" and r.headers["retry-after"] == "1"
+        assert r.json()["type"] == "https://stellar.org/horizon-errors/rate_limit_exceeded"
+        await trio.sleep(0.12)  # one emission interval later, one more request is allowed
+        assert (await get(f"{s.url}/")).status_code == 200
+        assert 429 in [(await get(f"{s.url}/")).status_code for _ in range(3)]
+        # A stream opened without budget gets the 429 problem before any frame.
+        response, frames, _ = await read_stream(f"{s.url}/ledgers?cursor=now")
+        assert response.status_code == 429 and frames == []
+
+
+async def test_a_stream_that_runs_out_of_rate_limit_gets_an_error_event_mid_stream() -> None:
+    # Each new ledger wakes the stream and costs one request, as in Horizon's stream handler.
+    async with open_simulator(attrs.evolve(SMALL, rate_limit=36, rate_burst=2)) as s:
+        async with trio.open_nursery() as nursery:
+            result: list = []
+
+            async def reader() -> None:
+                result.append(await read_stream(f"{s.url}/ledgers?cursor=now&limit=200"))
+
+            nursery.start_soon(reader)
+            await until_streams(s, 1)
+            with trio.fail_after(5):
+                while not result:  # each wake-up by a new ledger spends one of the 3
+                    s.close_ledger()
+                    await trio.sleep(0.05)
+        _, frames, ended = result[0]
+        events = [f.get("event") for f in frames]
+        assert events[0] == "open" and events[-1] == "error" and set(events[1:-1]) == {None}
+        assert frames[-1].get("data") == "problem: rate_limit_exceeded" and ended
 
 
 async def test_server_error_fault_lasts_for_its_seconds(sim: Simulator) -> None:

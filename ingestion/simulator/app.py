@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
@@ -44,6 +43,7 @@ from ingestion.simulator.chain import (
     token_of,
 )
 from ingestion.simulator.faults import MalformedKind
+from ingestion.simulator.ratelimit import RateLimiter
 from ingestion.simulator.strkey import is_valid_account
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ Send = Callable[[Message], Awaitable[None]]
 
 MAX_LIMIT = 200
 DEFAULT_LIMIT = 10
-RATE_LIMIT = 3600  # requests per hour, as horizon.stellar.org advertises
+PUBLIC_RATE_BURST = 100  # the public SDF Horizon: 3600 requests an hour, bursts of 100 (+1)
 _SUB = "(transactions|operations|payments|effects)"
 _ROUTES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("collection", re.compile(r"/(ledgers|transactions|operations|payments|effects)")),
@@ -79,6 +79,12 @@ class SeenRequest:
     query: dict[str, str]
     stream: bool
     at: float  # trio.current_time() on arrival
+
+
+def _client(scope: Scope) -> str:
+    """The client's address: Horizon limits per IP."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
 
 
 class Problem(Exception):
@@ -219,8 +225,13 @@ class HorizonApp:
 
     def __init__(self, sim: Simulator):
         self.sim = sim
-        self._window_start = time.monotonic()
-        self._window_used = 0
+        config = sim.config
+        #: Horizon's per-client limiter (--rate-limit); None: no limit, no X-RateLimit headers.
+        self.limiter = (
+            RateLimiter(config.rate_limit, config.rate_burst, trio.current_time)
+            if config.rate_limit
+            else None
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -251,16 +262,13 @@ class HorizonApp:
         return counted
 
     def _rate_headers(self, exhausted: bool = False) -> list[tuple[bytes, bytes]]:
-        now = time.monotonic()
-        if now - self._window_start >= 3600:
-            self._window_start, self._window_used = now, 0
-        self._window_used += 1
-        remaining = 0 if exhausted else max(0, RATE_LIMIT - self._window_used)
-        reset = int(3600 - (now - self._window_start))
+        """X-RateLimit headers for an armed failure (the ``fail`` knob): the configured limiter's
+        size, or the public Horizon's (bursts of 101), spent when ``exhausted``."""
+        burst = self.sim.config.rate_burst if self.limiter is not None else PUBLIC_RATE_BURST
         return [
-            (b"x-ratelimit-limit", str(RATE_LIMIT).encode()),
-            (b"x-ratelimit-remaining", str(remaining).encode()),
-            (b"x-ratelimit-reset", str(reset).encode()),
+            (b"x-ratelimit-limit", str(burst + 1).encode()),
+            (b"x-ratelimit-remaining", str(0 if exhausted else burst).encode()),
+            (b"x-ratelimit-reset", b"1"),
         ]
 
     async def _respond(
@@ -311,7 +319,17 @@ class HorizonApp:
                 send, failure.status, render.PROBLEM_JSON, render.failure(failure.status), headers
             )
             return
-        rate_headers = self._rate_headers()
+        accept = self._header(scope, b"accept") or ""
+        rate_headers: list[tuple[bytes, bytes]] = []
+        if self.limiter is not None and "text/event-stream" not in accept:
+            # Horizon's middleware; streams are limited by the stream loop instead (_stream).
+            decision = self.limiter.take(_client(scope))
+            rate_headers = decision.headers()
+            if decision.limited:
+                await self._respond(
+                    send, 429, render.PROBLEM_JSON, render.failure(429), rate_headers
+                )
+                return
         if scope["method"] not in ("GET", "HEAD"):
             raise Problem(404, render.not_found())
         path: str = scope["path"]
@@ -330,12 +348,11 @@ class HorizonApp:
             return
         query = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
         params = parse_page_params(query)
-        accept = self._header(scope, b"accept") or ""
         if "text/event-stream" in accept:
             last_event_id = self._header(scope, b"last-event-id")
             if last_event_id:
                 params = attrs.evolve(params, cursor=last_event_id)
-            await self._stream(target, params, base, receive, send)
+            await self._stream(target, params, base, _client(scope), receive, send)
             return
         body = self._page(target, params, base)
         await self._respond(send, 200, render.HAL_JSON, body, rate_headers)
@@ -425,19 +442,26 @@ class HorizonApp:
         query: CollectionQuery,
         params: PageParams,
         base: str,
+        client: str,
         receive: Receive,
         send: Send,
     ) -> None:
         chain = self.sim.chain
         after = parse_cursor(params.cursor, query.collection, chain.latest, descending=False)
+        # Horizon checks the limiter before the stream's first query: limited, the client gets a
+        # plain 429 problem (the stream handler renders it, so no X-RateLimit headers).
+        if self.limiter is not None and self.limiter.take(client).limited:
+            raise Problem(429, render.failure(429))
         headers = [
             (b"content-type", render.EVENT_STREAM),
             (b"cache-control", b"no-cache"),
             (b"access-control-allow-origin", b"*"),
-            *self._rate_headers(),
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         stream = _Stream(self.sim, query, params, after, base.encode(), send, self._keys)
+        if self.limiter is not None:
+            limiter = self.limiter
+            stream.rate_limited = lambda: limiter.take(client).limited
         self.sim.active_streams += 1
         try:
             await self._run_stream(stream, receive, send)
@@ -553,6 +577,8 @@ class _Stream:
         self.sent = 0
         self.previous: tuple[int, bytes] | None = None  # last record event: key, frame
         self.ended_cleanly: bytes | None = None  # the last bytes to send, once over
+        #: Horizon's limiter check on each wake-up by a new ledger: True means limited.
+        self.rate_limited: Callable[[], bool] | None = None
 
     async def _write(self, data: bytes) -> None:
         stall = self.sim.faults.stall_remaining()
@@ -588,6 +614,11 @@ class _Stream:
                     return
             if not keys:
                 await self.sim.wait_for_ledger(seen)
+                if self.rate_limited is not None and self.rate_limited():
+                    # Out of budget mid-stream: Horizon sends an error event and ends the stream.
+                    await self._write(render.sse_error("problem: rate_limit_exceeded"))
+                    self.ended_cleanly = b""
+                    return
 
     def _frame(self, key: int) -> bytes:
         """The record event for ``key``, counted as sent."""

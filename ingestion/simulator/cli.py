@@ -54,6 +54,19 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.retention_ledgers,
         help="keep only the newest N ledgers, as Horizon's history retention; 0: everything",
     )
+    p.add_argument(
+        "--rate-limit",
+        type=int,
+        default=defaults.rate_limit,
+        metavar="PER_HOUR",
+        help="Horizon's per-client rate limit, requests an hour (the public one: 3600); 0: none",
+    )
+    p.add_argument(
+        "--rate-burst",
+        type=int,
+        default=defaults.rate_burst,
+        help="the rate limiter's burst (the public Horizon: 100)",
+    )
     return p
 
 
@@ -71,6 +84,8 @@ def config_from_args(argv: list[str]) -> SimulatorConfig:
         first_ledger=args.first_ledger,
         cache_records=args.cache_records,
         retention_ledgers=args.retention_ledgers,
+        rate_limit=args.rate_limit,
+        rate_burst=args.rate_burst,
     )
 
 

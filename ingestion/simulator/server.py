@@ -41,6 +41,9 @@ class SimulatorConfig:
             that every pass after the first is served from memory.
         retention_ledgers: keep only the newest N ledgers (Horizon's history retention); the
             elder ledger moves up as ledgers close. 0: keep everything.
+        rate_limit, rate_burst: Horizon's per-client limiter (GCRA): ``rate_limit`` requests an
+            hour in bursts of ``rate_burst + 1``, 429 with Horizon's headers and problem beyond,
+            and an ``event: error`` on a stream that runs out. 0: no limit (no headers).
     """
 
     host: str = "127.0.0.1"
@@ -53,6 +56,8 @@ class SimulatorConfig:
     first_ledger: int = 50_000_000
     cache_records: int = 60_000
     retention_ledgers: int = 0
+    rate_limit: int = 0
+    rate_burst: int = 100
 
     def chain_spec(self) -> ChainSpec:
         return ChainSpec(
