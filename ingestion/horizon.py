@@ -365,7 +365,7 @@ class HorizonSource:
             self._failed(follower, failure or Failure(None, "no response"), request)
             return None
         content = response.content
-        nxt = self._speculate(request, content)
+        nxt = self._speculate(request, content, follower.grown_limit(request.limit))
         if nxt is not None:
             nursery.start_soon(self._fetch_ahead, client, nxt)
         outcome = follower.on_page(content)
@@ -377,7 +377,7 @@ class HorizonSource:
             log.info("horizon-caught-up", cursor=follower.cursor, url=request.base_url)
         return nxt
 
-    def _speculate(self, request: PageRequest, content: bytes) -> _PageAhead | None:
+    def _speculate(self, request: PageRequest, content: bytes, limit: int) -> _PageAhead | None:
         """While this page is parsed and committed, Horizon can already render the next one: if
         the page looks full, guess the next request from its last paging token (a text search).
         The guess is used only if it equals the request the follower then decides on."""
@@ -389,7 +389,7 @@ class HorizonSource:
         start = at + len(b'"paging_token": "')
         end = content.find(b'"', start)
         token = content[start:end].decode("ascii", "replace")
-        return _PageAhead(attrs.evolve(request, cursor=token))
+        return _PageAhead(attrs.evolve(request, cursor=token, limit=limit))
 
     async def _fetch_ahead(self, client: httpx.AsyncClient, ahead: _PageAhead) -> None:
         with ahead.scope:
@@ -616,8 +616,11 @@ class HorizonSource:
 
     def _failed(self, follower: HorizonFollower, failure: Failure, request: object) -> None:
         url = _request_url(request)
+        limit = follower.limit
         retry = follower.on_failure(failure, url=url)
         _log_retry(follower, retry, status=failure.status, error=failure.error, url=url)
+        if follower.limit < limit:
+            log.warning("horizon-page-limit-reduced", limit=follower.limit, status=failure.status, url=url)
 
     def _malformed(self, follower: HorizonFollower, bad: Malformed, request: object) -> None:
         url = _request_url(request)

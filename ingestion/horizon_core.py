@@ -571,6 +571,9 @@ class HorizonFollower:
         self.cursor = check_cursor(cursor)
         self.policy = policy
         self.page_limit = page_limit
+        #: The ``limit`` of the next page: ``page_limit``, halved after each 504 (a query too
+        #: heavy for Horizon's timeout) and doubled back after each page that came back.
+        self.limit = page_limit
         self._rng = rng
         # "now" has nothing to page through: the first page would be empty by definition.
         self.mode = Mode.STREAMING if cursor == "now" else Mode.CATCH_UP
@@ -600,7 +603,7 @@ class HorizonFollower:
         url = base + self.resource
         request: PageRequest | StreamRequest
         if self.mode is Mode.CATCH_UP:
-            request = PageRequest(base, url, self.cursor, self.page_limit)
+            request = PageRequest(base, url, self.cursor, self.limit)
         else:
             request = StreamRequest(base, url, self.cursor)
         return Attempt(request, self.take_delay())
@@ -626,13 +629,14 @@ class HorizonFollower:
 
     def on_page(self, content: bytes | str) -> PageOutcome:
         """A 200 page arrived: validate it, advance the cursor, decide paging vs streaming."""
-        outcome = validate_page(content, self.last_token, self.page_limit)
+        outcome = validate_page(content, self.last_token, self.limit)
         if outcome.records:
             self._progress(outcome.records[-1].paging_token)
         if outcome.malformed is not None:
             self._malformed(outcome.malformed)
         else:
             self._succeeded()
+            self.limit = self.grown_limit(self.limit)
             if not outcome.full:
                 self.mode = Mode.STREAMING
         return outcome
@@ -690,7 +694,14 @@ class HorizonFollower:
         """
         if failure.status is not None and not is_retryable_status(failure.status):
             raise SourceFatalError(fatal_message(failure.status, url, failure.error))
+        if failure.status == 504 and self.mode is Mode.CATCH_UP:
+            # Horizon's query timeout: ask for less, so that the query fits; grow back later.
+            self.limit = max(1, self.limit // 2)
         return self._retry(failure.retry_after)
+
+    def grown_limit(self, limit: int) -> int:
+        """The page limit after a page of ``limit`` came back: doubled, up to ``page_limit``."""
+        return min(self.page_limit, limit * 2)
 
     # -- internals
 

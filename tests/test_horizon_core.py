@@ -489,3 +489,27 @@ def test_resource_paths_are_checked() -> None:
     for bad in ("operations", "/operations/", "/trades", "/accounts/G/x/payments", "/"):
         with pytest.raises(ValueError, match="not a Horizon collection path"):
             check_resource(bad)
+
+
+def test_a_504_retries_the_page_with_half_the_limit_then_grows_back() -> None:
+    f = HorizonFollower(["http://h"], "/operations", "0", RetryPolicy(), rng=lambda: 0.5)
+    limits = []
+    for _ in range(3):  # Horizon's query timeout, three times in a row
+        limits.append(f.next_attempt().request.limit)  # type: ignore[union-attr]
+        f.on_failure(Failure(504, "Timeout"), url="http://h/operations")
+    attempt = f.next_attempt()
+    assert isinstance(attempt.request, PageRequest) and attempt.request.cursor == "0"
+    limits.append(attempt.request.limit)
+    assert limits == [200, 100, 50, 25]
+    f.on_page(page(ops(*range(1, 26))))  # full at 25: more to come, and twice as much next time
+    assert f.mode is Mode.CATCH_UP
+    grown = []
+    for first in (26, 76, 176):
+        request = f.next_attempt().request
+        assert isinstance(request, PageRequest)
+        grown.append(request.limit)
+        f.on_page(page(ops(*range(first, first + request.limit))))
+    assert grown == [50, 100, 200]
+    # Other failures do not shrink it.
+    f.on_failure(Failure(503, "Service Unavailable"), url="http://h/operations")
+    assert f.next_attempt().request.limit == 200  # type: ignore[union-attr]

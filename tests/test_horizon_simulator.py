@@ -444,3 +444,19 @@ async def test_retry_after_is_honoured_on_503_as_on_429() -> None:
                 await f.wait_for(10)
         retry = next(e for e in logs if e["event"] == "horizon-retry")
         assert retry["status"] == 503 and retry["delay"] >= 1.0
+
+
+# --- heavy queries (#11.8) -------------------------------------------------------------------
+
+
+async def test_after_504s_the_page_is_retried_with_a_smaller_limit_that_then_grows_back() -> None:
+    async with open_simulator(SMALL) as sim:  # 200 operations
+        sim.faults.fail_requests(504, count=2)
+        with structlog.testing.capture_logs() as logs:
+            async with following(source_for(sim.url), "0") as (f, _):
+                await f.wait_for(200)
+        check_exact(f.records, sim.records("/operations"))
+        limits = [r.query["limit"] for r in sim.requests if not r.stream]
+        assert limits == ["200", "100", "50", "100", "200"]
+        reduced = [e["limit"] for e in logs if e["event"] == "horizon-page-limit-reduced"]
+        assert reduced == [100, 50]
