@@ -147,6 +147,12 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
         "retry_base_ms": (int, 200, "ms, first retry delay after a connection error or 5xx"),
         "retry_cap_ms": (int, 10000, "ms, longest retry delay"),
         "failover_after": (int, 3, "count, consecutive failures before moving to the next URL"),
+        "not_found_give_up_ms": (
+            int,
+            120000,
+            "ms, an account-scoped resource answered 404 (an account not ingested yet) is retried "
+            "and failed over until every URL has answered 404 this long; then the node exits 1",
+        ),
         "on_history_gap": (
             str,
             "stop",
@@ -228,6 +234,7 @@ class HorizonSettings:
     retry_base_ms: int
     retry_cap_ms: int
     failover_after: int
+    not_found_give_up_ms: int
     on_history_gap: str
 
 
@@ -473,6 +480,10 @@ def _check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
     ):
         if horizon[key] <= 0:
             problems.append(f"horizon.{key}: must be positive, got {horizon[key]}")
+    if horizon["not_found_give_up_ms"] < 0:
+        problems.append(
+            f"horizon.not_found_give_up_ms: must be 0 or positive, got {horizon['not_found_give_up_ms']}"
+        )
     if horizon["on_history_gap"] not in ("stop", "skip"):
         problems.append(
             f"horizon.on_history_gap: must be stop or skip, got {horizon['on_history_gap']!r}"

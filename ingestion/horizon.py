@@ -37,6 +37,7 @@ from ingestion.horizon_core import (
     HorizonFollower,
     Malformed,
     Mode,
+    NotFoundTracker,
     PageRequest,
     Retry,
     RetryPolicy,
@@ -44,6 +45,7 @@ from ingestion.horizon_core import (
     StreamSignal,
     check_resource,
     fatal_message,
+    is_account_scoped,
     is_retryable_status,
     parse_retry_after,
     problem_detail,
@@ -125,7 +127,9 @@ class HorizonSource:
             ``[e/2, e]``, ``e = min(retry_cap, retry_base * 2**(n-1))``.
         attempts_per_url: consecutive failures on one URL before moving to the next.
         malformed_retries: refetches of the same malformed data before giving up.
-        retry_after_cap: the longest ``Retry-After`` (429) we honour, in seconds.
+        retry_after_cap: the longest ``Retry-After`` (429, 503) we honour, in seconds.
+        not_found_give_up: seconds every URL must have answered 404 for an account-scoped
+            collection (an account not ingested yet) before the source gives up.
         stream_quick_close: a stream that ends without records after at least this many seconds
             open is reopened at once (Horizon closes quiet streams after 55 s); one that ends
             sooner backs off.
@@ -158,6 +162,7 @@ class HorizonSource:
     malformed_retries: int = 5
     retry_after_cap: float = attrs.field(default=120.0, validator=_positive)
     stream_quick_close: float = 10.0
+    not_found_give_up: float = 120.0
     page_limit: int = MAX_PAGE_LIMIT
     stream_batch_window: float = 0.005
     prefetch: int = 2
@@ -184,6 +189,7 @@ class HorizonSource:
             malformed_retries=self.malformed_retries,
             retry_after_cap=self.retry_after_cap,
             stream_quick_close=self.stream_quick_close,
+            not_found_give_up=self.not_found_give_up,
         )
 
     def follower(self, cursor: str) -> HorizonFollower:
@@ -204,6 +210,7 @@ class HorizonSource:
         policy = self.policy
         timeout = httpx.Timeout(self.read_timeout, connect=self.connect_timeout)
         attempt = 0
+        not_found = NotFoundTracker(self.urls, policy.not_found_give_up)
         async with httpx.AsyncClient(
             timeout=timeout, follow_redirects=True, verify=_ssl_context()
         ) as client:
@@ -229,7 +236,12 @@ class HorizonSource:
                         log.info("horizon-now-resolved", url=base, resource=self.resource, cursor=token)
                         return token
                     failure = _failure_of(response, body[:_MAX_ERROR_BODY])
-                    if not is_retryable_status(response.status_code):
+                    if response.status_code == 404 and is_account_scoped(self.resource):
+                        if not_found.not_found(base, trio.current_time()):
+                            message = fatal_message(404, url, failure.error)
+                            log.error("horizon-fatal", error=message)
+                            raise SourceFatalError(message)
+                    elif not is_retryable_status(response.status_code):
                         message = fatal_message(response.status_code, url, failure.error)
                         log.error("horizon-fatal", error=message)
                         raise SourceFatalError(message)
@@ -617,7 +629,7 @@ class HorizonSource:
     def _failed(self, follower: HorizonFollower, failure: Failure, request: object) -> None:
         url = _request_url(request)
         limit = follower.limit
-        retry = follower.on_failure(failure, url=url)
+        retry = follower.on_failure(failure, url=url, now=trio.current_time())
         _log_retry(follower, retry, status=failure.status, error=failure.error, url=url)
         if follower.limit < limit:
             log.warning("horizon-page-limit-reduced", limit=follower.limit, status=failure.status, url=url)

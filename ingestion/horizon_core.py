@@ -115,7 +115,9 @@ class RetryPolicy:
     follower moves to the next; ``malformed_retries`` bounds refetches of the same bad data.
     A stream that closes without records is reopened at once when it stayed open at least
     ``stream_quick_close`` seconds (a quiet stream that Horizon closed after its 55 s timeout:
-    normal), and backs off only when it closed sooner (a server that closes at once).
+    normal), and backs off only when it closed sooner (a server that closes at once). A 404 for an
+    account-scoped collection is retried until every URL has answered 404 for
+    ``not_found_give_up`` seconds (:class:`NotFoundTracker`).
     """
 
     base: float = 0.25
@@ -124,6 +126,7 @@ class RetryPolicy:
     malformed_retries: int = 5
     retry_after_cap: float = 120.0
     stream_quick_close: float = 10.0
+    not_found_give_up: float = 120.0
 
     def __attrs_post_init__(self) -> None:
         if not (0 < self.base <= self.cap):
@@ -136,6 +139,8 @@ class RetryPolicy:
             raise ValueError("retry-after cap must be > 0")
         if self.stream_quick_close < 0:
             raise ValueError("stream quick-close threshold must be >= 0")
+        if self.not_found_give_up < 0:
+            raise ValueError("not-found give-up time must be >= 0")
 
     def delay(self, attempt: int, u: float) -> float:
         """Seconds to wait before retry number ``attempt`` (>= 1); ``u`` is uniform in [0, 1)."""
@@ -165,6 +170,34 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
 
 
 # --- failures ------------------------------------------------------------------------------------
+
+
+def is_account_scoped(resource: str) -> bool:
+    """True for ``/accounts/G.../...``: Horizon answers 404 for an account it has not ingested
+    yet (a new address, a lagging mirror), which another URL or a later try can fix."""
+    return resource.startswith("/accounts/")
+
+
+class NotFoundTracker:
+    """When to give up on 404s for an account-scoped collection: only once every URL has been
+    answering 404 (and nothing else since) for ``give_up`` seconds. Time is passed in."""
+
+    def __init__(self, urls: Sequence[str], give_up: float) -> None:
+        self.urls = frozenset(u.rstrip("/") for u in urls)
+        self.give_up = give_up
+        self._since: dict[str, float] = {}
+
+    def not_found(self, url: str, now: float) -> bool:
+        """``url`` answered 404 at ``now``; True when it is time to give up."""
+        self._since.setdefault(url.rstrip("/"), now)
+        if set(self._since) < self.urls:
+            return False
+        return now - min(self._since.values()) >= self.give_up
+
+    def found(self) -> None:
+        """Some URL answered with the collection: the account exists."""
+        self._since.clear()
+
 
 
 @attrs.frozen
@@ -583,6 +616,7 @@ class HorizonFollower:
         self.quiet_closes = 0
         self.malformed_strikes = 0
         self._delay = 0.0
+        self._not_found = NotFoundTracker(self.urls, policy.not_found_give_up)
         #: The decision taken on the latest failure or malformed input, for the wrapper to log.
         self.last_retry: Retry | None = None
 
@@ -643,8 +677,7 @@ class HorizonFollower:
 
     def on_stream_open(self) -> None:
         """The stream answered 200 with an event stream: the URL works."""
-        self.failures_on_url = 0
-        self.consecutive_failures = 0
+        self._succeeded()
 
     def on_stream_event(
         self, event: str, event_id: str, data: str
@@ -683,15 +716,25 @@ class HorizonFollower:
             self._delay = self.policy.delay(self.quiet_closes, self._rng())
         return self._delay
 
-    def on_failure(self, failure: Failure, *, url: str) -> Retry:
+    def on_failure(self, failure: Failure, *, url: str, now: float = 0.0) -> Retry:
         """A request failed (transport error, timeout, bad status, ``event: error``).
 
         Retryable failures back off and, after ``attempts_per_url`` in a row on one URL, move to
-        the next URL; a failed stream falls back to paging from the last token.
+        the next URL; a failed stream falls back to paging from the last token. A 404 for an
+        account-scoped collection is retried likewise until every URL has answered 404 for
+        ``policy.not_found_give_up`` seconds (``now`` is the current time).
 
         Raises:
             SourceFatalError: Horizon rejected the request in a way retrying cannot fix.
         """
+        if failure.status == 404 and is_account_scoped(self.resource):
+            if self._not_found.not_found(self.base_url, now):
+                raise SourceFatalError(
+                    fatal_message(404, url, failure.error)
+                    + f" (every URL answered 404 for {self.policy.not_found_give_up:g} s: "
+                    "horizon.not_found_give_up_ms)"
+                )
+            return self._retry(failure.retry_after)
         if failure.status is not None and not is_retryable_status(failure.status):
             raise SourceFatalError(fatal_message(failure.status, url, failure.error))
         if failure.status == 504 and self.mode is Mode.CATCH_UP:
@@ -712,6 +755,7 @@ class HorizonFollower:
     def _succeeded(self) -> None:
         self.failures_on_url = 0
         self.consecutive_failures = 0
+        self._not_found.found()
 
     def _malformed(self, malformed: Malformed) -> None:
         self.malformed_strikes += 1

@@ -45,6 +45,7 @@ def build_source(settings: Settings, store: LeaseStore | None = None) -> Horizon
         retry_base=h.retry_base_ms / 1000,
         retry_cap=h.retry_cap_ms / 1000,
         attempts_per_url=h.failover_after,
+        not_found_give_up=h.not_found_give_up_ms / 1000,
         on_history_gap=h.on_history_gap,
         audit=None if store is None else audit_writer(store),
     )

@@ -513,3 +513,24 @@ def test_a_504_retries_the_page_with_half_the_limit_then_grows_back() -> None:
     # Other failures do not shrink it.
     f.on_failure(Failure(503, "Service Unavailable"), url="http://h/operations")
     assert f.next_attempt().request.limit == 200  # type: ignore[union-attr]
+
+
+def test_an_account_404_is_retried_and_fatal_only_once_every_url_agreed_for_the_give_up_time() -> None:
+    urls = ("http://a", "http://b")
+    resource = "/accounts/GABC/payments"
+    policy = RetryPolicy(base=1.0, cap=8.0, attempts_per_url=1, not_found_give_up=30.0)
+    f = HorizonFollower(urls, resource, "0", policy, rng=lambda: 0.5)
+    missing = Failure(404, "Resource Missing")
+    f.on_failure(missing, url="http://a" + resource, now=0.0)  # a: 404; fail over to b
+    assert f.base_url == "http://b"
+    f.on_failure(missing, url="http://b" + resource, now=1.0)  # both agree now, not for long
+    f.on_failure(missing, url="http://a" + resource, now=29.0)
+    f.on_page(page([]))  # b (a lagging mirror caught up): the account exists, start over
+    f.on_failure(missing, url="http://a" + resource, now=100.0)
+    f.on_failure(missing, url="http://b" + resource, now=120.0)
+    with pytest.raises(SourceFatalError, match="every URL answered 404 for 30 s"):
+        f.on_failure(missing, url="http://a" + resource, now=130.0)
+    # Not account-scoped: a 404 is a wrong path, fatal at once.
+    g = HorizonFollower(urls, "/transactions/" + "ab" * 32 + "/operations", "0", policy)
+    with pytest.raises(SourceFatalError):
+        g.on_failure(missing, url="http://a/x", now=0.0)

@@ -460,3 +460,36 @@ async def test_after_504s_the_page_is_retried_with_a_smaller_limit_that_then_gro
         assert limits == ["200", "100", "50", "100", "200"]
         reduced = [e["limit"] for e in logs if e["event"] == "horizon-page-limit-reduced"]
         assert reduced == [100, 50]
+
+
+# --- account-scoped 404 (#11.5) --------------------------------------------------------------
+
+
+async def test_an_account_one_horizon_has_not_ingested_is_read_from_another_url() -> None:
+    async with open_simulator(SMALL) as lagging, open_simulator(attrs.evolve(SMALL, seed=2)) as full:
+        account = full.chain.accounts[10]
+        resource = f"/accounts/{account}/operations"
+        assert not lagging.chain.knows_account(account) and full.chain.knows_account(account)
+        with structlog.testing.capture_logs() as logs:
+            async with following(source_for([lagging.url, full.url], resource=resource), "0") as (f, _):
+                expected = full.records(resource)
+                await f.wait_for(len(expected))
+        check_exact(f.records, expected)
+        assert [e["status"] for e in logs if e["event"] == "horizon-retry"] == [404] * 3
+        assert any(e["event"] == "horizon-failover" and e["to_url"] == full.url for e in logs)
+
+
+async def test_an_account_every_url_answers_404_for_the_give_up_time_stops_the_source() -> None:
+    async with open_simulator(SMALL) as one, open_simulator(attrs.evolve(SMALL, seed=3)) as two:
+        account = "GAAZI4TCR3TY5OJHCTJC2A4QSY6CJWJH5IAJTGKIN2ER7LBNVKOCCWN7"  # in neither chain
+        assert not one.chain.knows_account(account) and not two.chain.knows_account(account)
+        resource = f"/accounts/{account}/payments"
+        follower = Follower()
+        start = trio.current_time()
+        with trio.fail_after(10):
+            await follower.run(
+                source_for([one.url, two.url], resource=resource, not_found_give_up=0.5), "0"
+            )
+        took = trio.current_time() - start
+        assert isinstance(follower.error, SourceFatalError) and "404" in str(follower.error)
+        assert took >= 0.5 and len([r for r in one.requests if r.path == resource]) >= 2

@@ -490,3 +490,11 @@ async def test_retention_keeps_only_the_newest_ledgers_and_the_elder_ledger_move
         # order=asc from a cursor older than history: silently moved up to the elder ledger
         page = (await get(f"{s.url}/operations?cursor={first_op['paging_token']}&limit=1")).json()
         assert toid_parts(int(page["_embedded"]["records"][0]["paging_token"]))[0] == s.chain.first
+
+
+async def test_an_account_horizon_has_not_ingested_answers_404(sim: Simulator) -> None:
+    unknown = "GAAZI4TCR3TY5OJHCTJC2A4QSY6CJWJH5IAJTGKIN2ER7LBNVKOCCWN7"
+    r = await get(f"{sim.url}/accounts/{unknown}/payments")
+    assert r.status_code == 404 and r.json()["type"].endswith("/not_found")
+    known = sim.chain.accounts[10]
+    assert (await get(f"{sim.url}/accounts/{known}/operations")).status_code == 200

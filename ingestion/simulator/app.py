@@ -138,6 +138,8 @@ def resolve(path: str, sim: Simulator) -> CollectionQuery | int | None:
         if name == "account_sub":
             if not is_valid_account(m.group(1)):
                 raise Problem(400, render.bad_request("account_id", "invalid address"))
+            if not chain.knows_account(m.group(1)):
+                return None  # an account Horizon has not ingested (yet): 404
             return CollectionQuery(m.group(2), path, account=m.group(1))
         if name in ("transaction", "transaction_sub"):
             tx_hash = m.group(1).lower()

@@ -668,6 +668,12 @@ class Chain:
         self._index_secondary()
         return self._tx_by_hash.get(tx_hash)
 
+    def knows_account(self, account: str) -> bool:
+        """Whether the account occurs in the chain (Horizon has ingested it): Horizon answers 404
+        for the collections of an account it does not know."""
+        self._index_secondary()
+        return account in self._by_account
+
     def account_keys(self, account: str, collection: str) -> Sequence[int]:
         """The paging keys of one account's transactions, operations, payments or effects."""
         self._index_secondary()
