@@ -496,5 +496,5 @@ async def test_an_account_horizon_has_not_ingested_answers_404(sim: Simulator) -
     unknown = "GAAZI4TCR3TY5OJHCTJC2A4QSY6CJWJH5IAJTGKIN2ER7LBNVKOCCWN7"
     r = await get(f"{sim.url}/accounts/{unknown}/payments")
     assert r.status_code == 404 and r.json()["type"].endswith("/not_found")
-    known = sim.chain.accounts[10]
+    known = sim.records("/operations")[0]["source_account"]
     assert (await get(f"{sim.url}/accounts/{known}/operations")).status_code == 200
