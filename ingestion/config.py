@@ -153,6 +153,18 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
             "ms, an account-scoped resource answered 404 (an account not ingested yet) is retried "
             "and failed over until every URL has answered 404 this long; then the node exits 1",
         ),
+        "stale_check_ms": (
+            int,
+            30000,
+            "ms between reads of every Horizon URL's / to notice that the one in use is stale "
+            "(only with several URLs); 0: never",
+        ),
+        "stale_after_ledgers": (
+            int,
+            10,
+            "the Horizon in use is stale when its history is more than this many ledgers behind "
+            "its stellar-core or another URL; the node then moves to the freshest (horizon-stale)",
+        ),
         "on_history_gap": (
             str,
             "stop",
@@ -235,6 +247,8 @@ class HorizonSettings:
     retry_cap_ms: int
     failover_after: int
     not_found_give_up_ms: int
+    stale_check_ms: int
+    stale_after_ledgers: int
     on_history_gap: str
 
 
@@ -484,6 +498,9 @@ def _check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
         problems.append(
             f"horizon.not_found_give_up_ms: must be 0 or positive, got {horizon['not_found_give_up_ms']}"
         )
+    for key in ("stale_check_ms", "stale_after_ledgers"):
+        if horizon[key] < 0:
+            problems.append(f"horizon.{key}: must be 0 or positive, got {horizon[key]}")
     if horizon["on_history_gap"] not in ("stop", "skip"):
         problems.append(
             f"horizon.on_history_gap: must be stop or skip, got {horizon['on_history_gap']!r}"

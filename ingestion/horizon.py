@@ -53,6 +53,7 @@ from ingestion.horizon_core import (
 from ingestion.horizon_health import (
     RatePacer,
     RootInfo,
+    assess_staleness,
     cursor_ledger,
     history_gap,
     parse_rate_headers,
@@ -142,6 +143,11 @@ class HorizonSource:
             to another URL). Stop: log ``history-gap`` and raise SourceFatalError before reading
             anything. Skip: write a ``history-gap`` audit entry (through ``audit``), log it, and
             go on from the oldest retained ledger.
+        stale_check_interval: seconds between reads of every URL's ``/`` to notice that the URL
+            in use is stale (0: never; only with several URLs).
+        stale_after_ledgers: the URL in use is stale when its ``history_latest_ledger`` is more
+            than this many ledgers behind its ``core_latest_ledger`` or another URL's; the
+            source then moves to the freshest URL and logs ``horizon-stale``.
         audit: ``await audit(event, fields)`` appends an entry to the job's audit trail under the
             current term and returns False when the term's token is no longer current.
 
@@ -170,6 +176,8 @@ class HorizonSource:
         default="stop", validator=attrs.validators.in_(("stop", "skip"))
     )
     audit: Callable[[str, dict[str, str]], Awaitable[bool]] | None = None
+    stale_check_interval: float = 30.0
+    stale_after_ledgers: int = 10
     _pacers: dict[str, RatePacer] = attrs.field(factory=dict, init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -307,7 +315,13 @@ class HorizonSource:
                 async with trio.open_nursery() as nursery:
                     ahead: _PageAhead | None = None
                     checked: str | None = None  # the URL whose retained history was checked
+                    switch = _Switch()
+                    if len(self.urls) > 1 and self.stale_check_interval > 0:
+                        nursery.start_soon(self._watch_staleness, client, follower, switch)
                     while True:
+                        if switch.to is not None:
+                            follower.switch_url(switch.to)
+                            switch.to = None
                         if follower.base_url != checked:
                             # Each term start and each switch of URL: is our cursor still in
                             # this Horizon's history?
@@ -326,7 +340,9 @@ class HorizonSource:
                                 client, follower, attempt.request, out, ahead, nursery
                             )
                         else:
-                            await self._follow_stream(client, follower, attempt.request, out)
+                            await self._follow_stream(
+                                client, follower, attempt.request, out, switch
+                            )
             except* SourceFatalError as group:
                 exc = _leaves(group)[0]
                 log.error("horizon-fatal", error=str(exc), cursor=follower.cursor)
@@ -426,6 +442,55 @@ class HorizonSource:
                 raise
         return pacer
 
+    # -- staleness
+
+    async def _watch_staleness(
+        self, client: httpx.AsyncClient, follower: HorizonFollower, switch: _Switch
+    ) -> None:
+        """Every ``stale_check_interval``, read every URL's ``/``; when the URL in use is stale,
+        log ``horizon-stale`` and have the pump move to the freshest URL."""
+        while True:
+            await trio.sleep(self.stale_check_interval)
+            current = follower.base_url
+            roots: dict[str, RootInfo | None] = {}
+            async with trio.open_nursery() as nursery:
+                for url in follower.urls:
+                    nursery.start_soon(self._read_root, client, url, roots)
+            if follower.base_url != current or switch.to is not None:
+                continue  # moved meanwhile: judge the new one next time
+            stale = assess_staleness(current, roots, self.stale_after_ledgers)
+            if stale is None:
+                continue
+            log.warning(
+                "horizon-stale",
+                horizon=current,
+                history_latest_ledger=stale.history_latest_ledger,
+                core_latest_ledger=stale.core_latest_ledger,
+                freshest=stale.freshest,
+                freshest_ledger=stale.freshest_ledger,
+                to_url=stale.switch_to,
+                cursor=follower.cursor,
+            )
+            if stale.switch_to is not None:
+                switch.request(stale.switch_to)
+
+    async def _read_root(
+        self, client: httpx.AsyncClient, base: str, out: dict[str, RootInfo | None]
+    ) -> None:
+        """``/`` of ``base`` parsed into ``out[base]`` (None when it cannot be read)."""
+        out[base] = None
+        pacer = await self._pace(base)
+        response = None
+        try:
+            with trio.move_on_after(self.connect_timeout + 2 * self.read_timeout):
+                response = await client.get(base + "/")
+                if response.status_code == 200:
+                    out[base] = RootInfo.parse(response.content)
+        except (httpx.HTTPError, ValueError):
+            pass
+        finally:
+            _answered(pacer, response)
+
     # -- history retention
 
     async def _check_history(self, client: httpx.AsyncClient, follower: HorizonFollower) -> bool:
@@ -506,10 +571,11 @@ class HorizonSource:
         follower: HorizonFollower,
         request: StreamRequest,
         out: trio.MemorySendChannel[Batch],
+        switch: _Switch,
     ) -> None:
         send, receive = trio.open_memory_channel[Record](follower.page_limit)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._read_stream, client, follower, request, send)
+            nursery.start_soon(self._read_stream, client, follower, request, send, switch)
             await self._batch_stream(receive, out)
 
     async def _batch_stream(
@@ -537,8 +603,13 @@ class HorizonSource:
         follower: HorizonFollower,
         request: StreamRequest,
         records: trio.MemorySendChannel[Record],
+        switch: _Switch,
     ) -> None:
-        """One SSE connection: validated records go to ``records``; the end goes to the follower."""
+        """One SSE connection: validated records go to ``records``; the end goes to the follower.
+
+        The staleness watcher may cut the connection short (``switch``), but never while a record
+        is being handed on: only the wait for Horizon is cancelled, so no record is lost.
+        """
         got = 0
         opened = False
         opened_at = 0.0
@@ -555,9 +626,13 @@ class HorizonSource:
             paced: RatePacer | None = pacer
             try:
                 # Until the response head arrives: the connect and read timeouts.
-                with trio.CancelScope(
-                    deadline=trio.current_time() + self.connect_timeout + self.read_timeout
-                ) as scope:
+                with (
+                    trio.CancelScope() as cut,
+                    trio.CancelScope(
+                        deadline=trio.current_time() + self.connect_timeout + self.read_timeout
+                    ) as scope,
+                ):
+                    switch.scope = cut
                     async with aconnect_sse(
                         client,
                         "GET",
@@ -589,7 +664,11 @@ class HorizonSource:
                                     except trio.WouldBlock:
                                         # Waiting for our own consumer is not Horizon idling.
                                         scope.deadline = math.inf
+                                        switch.scope = None
                                         await records.send(result)
+                                        switch.scope = cut
+                                        if switch.to is not None:
+                                            break
                                 elif result is StreamSignal.CLOSED:
                                     break
                                 elif result is StreamSignal.ERROR:
@@ -600,6 +679,16 @@ class HorizonSource:
                                     self._malformed(follower, result, request)
                                     return
                                 scope.deadline = trio.current_time() + idle
+                if switch.to is not None:
+                    log.info(
+                        "horizon-stream-reconnect",
+                        reason="stale",
+                        records=got,
+                        cursor=follower.cursor,
+                        delay=0,
+                        url=request.base_url,
+                    )
+                    return  # the pump moves to the URL the watcher chose
                 if scope.cancelled_caught and not opened:
                     self._failed(follower, Failure(None, "stream request timed out"), request)
                     return
@@ -611,6 +700,7 @@ class HorizonSource:
                 # The records so far were good: reopen from the last one, like a clean close.
                 reason = f"dropped: {_describe(exc)}"
             finally:
+                switch.scope = None
                 if paced is not None:  # no response head: the request is over all the same
                     _answered(paced, None)
             open_for = trio.current_time() - opened_at if opened else 0.0
@@ -670,6 +760,21 @@ def _log_retry(
 
 
 # -- helpers
+
+
+@attrs.define(eq=False)
+class _Switch:
+    """The staleness watcher's request to the pump: move to ``to``. ``scope`` is the wait for a
+    stream's next event, the only thing the watcher may cut short (None while a record is being
+    handed on)."""
+
+    to: str | None = None
+    scope: trio.CancelScope | None = None
+
+    def request(self, url: str) -> None:
+        self.to = url
+        if self.scope is not None:
+            self.scope.cancel("the Horizon in use is stale")
 
 
 @attrs.define(eq=False)

@@ -647,6 +647,19 @@ class HorizonFollower:
         delay, self._delay = self._delay, 0.0
         return delay
 
+    def switch_url(self, url: str) -> None:
+        """Move to ``url`` (one of ``urls``) at once, e.g. away from a stale Horizon: page from the
+        last token there, since the stale one may have held records back.
+
+        Raises:
+            ValueError: not one of the follower's URLs.
+        """
+        self.url_index = self.urls.index(url.rstrip("/"))
+        self.failures_on_url = 0
+        if self.cursor != "now":
+            self.mode = Mode.CATCH_UP
+        self._delay = 0.0
+
     def skip_to(self, cursor: str) -> None:
         """Go on after ``cursor``, a paging token after the current one (skipping a history gap
         the operator chose to skip): the next request pages from there.

@@ -189,3 +189,49 @@ class RatePacer:
         self._sent_since = self._in_flight
 
     _fallback_interval = 1.0
+
+
+# --- staleness -----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Staleness:
+    """The Horizon in use is behind: its history lags its own stellar-core, or another URL."""
+
+    horizon: str
+    history_latest_ledger: int
+    core_latest_ledger: int
+    freshest: str | None  # the URL with the newest history, if another one is ahead
+    freshest_ledger: int | None
+
+    @property
+    def switch_to(self) -> str | None:
+        """Where to go: the freshest other URL when it is ahead of this one, else None."""
+        if self.freshest is None or self.freshest_ledger is None:
+            return None
+        return self.freshest if self.freshest_ledger > self.history_latest_ledger else None
+
+
+def assess_staleness(
+    current: str, roots: dict[str, RootInfo | None], max_lag: int
+) -> Staleness | None:
+    """Whether the Horizon at ``current`` is stale, from every URL's root (None: unreadable).
+
+    A Horizon whose ingestion stalled still answers 200, with nothing new. It is stale when its
+    ``history_latest_ledger`` is more than ``max_lag`` ledgers behind its own
+    ``core_latest_ledger`` or behind another URL's ``history_latest_ledger``. An unreadable root
+    says nothing (failures are the follower's business).
+    """
+    mine = roots.get(current)
+    if mine is None:
+        return None
+    others = {url: root for url, root in roots.items() if url != current and root is not None}
+    freshest = max(others, key=lambda url: others[url].history_latest_ledger, default=None)
+    best = None if freshest is None else others[freshest].history_latest_ledger
+    behind_core = mine.core_latest_ledger - mine.history_latest_ledger
+    behind_best = 0 if best is None else best - mine.history_latest_ledger
+    if behind_core <= max_lag and behind_best <= max_lag:
+        return None
+    return Staleness(
+        current, mine.history_latest_ledger, mine.core_latest_ledger, freshest, best
+    )

@@ -46,6 +46,8 @@ def build_source(settings: Settings, store: LeaseStore | None = None) -> Horizon
         retry_cap=h.retry_cap_ms / 1000,
         attempts_per_url=h.failover_after,
         not_found_give_up=h.not_found_give_up_ms / 1000,
+        stale_check_interval=h.stale_check_ms / 1000,
+        stale_after_ledgers=h.stale_after_ledgers,
         on_history_gap=h.on_history_gap,
         audit=None if store is None else audit_writer(store),
     )

@@ -9,6 +9,8 @@ from ingestion.horizon_health import (
     HistoryGap,
     RatePacer,
     RootInfo,
+    Staleness,
+    assess_staleness,
     cursor_ledger,
     history_gap,
     parse_rate_headers,
@@ -112,3 +114,22 @@ def test_without_rate_headers_nothing_is_paced_and_in_flight_requests_count() ->
     pacer.reserve(0.0)  # still in flight when the first answer arrives
     pacer.answered(1.0, (11, 1, 10.0))  # one left; T <= 10 / 9
     assert pacer.reserve(1.0) == pytest.approx(10 / 9)  # the in-flight one took the last
+
+
+# --- staleness --------------------------------------------------------------------------------
+
+
+def test_a_horizon_behind_its_core_or_another_url_is_stale_and_the_freshest_is_chosen() -> None:
+    a, b, c = "http://a", "http://b", "http://c"
+    fresh = RootInfo(1, 100, 100)
+    assert assess_staleness(a, {a: fresh, b: RootInfo(1, 99, 100)}, max_lag=3) is None
+    # behind another URL (its own core stalled too)
+    stale = assess_staleness(a, {a: RootInfo(1, 90, 90), b: fresh, c: RootInfo(1, 95, 95)}, 3)
+    assert stale == Staleness(a, 90, 90, b, 100) and stale.switch_to == b
+    # behind its own core, nothing better: stale, but nowhere to go
+    alone = assess_staleness(a, {a: RootInfo(1, 90, 100), b: RootInfo(1, 90, 100)}, 3)
+    assert alone is not None and alone.switch_to is None
+    assert assess_staleness(a, {a: RootInfo(1, 90, 100)}, 3) == Staleness(a, 90, 100, None, None)
+    # unreadable roots say nothing
+    assert assess_staleness(a, {a: None, b: fresh}, 3) is None
+    assert assess_staleness(a, {a: fresh, b: None}, 3) is None

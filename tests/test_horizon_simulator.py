@@ -493,3 +493,30 @@ async def test_an_account_every_url_answers_404_for_the_give_up_time_stops_the_s
         took = trio.current_time() - start
         assert isinstance(follower.error, SourceFatalError) and "404" in str(follower.error)
         assert took >= 0.5 and len([r for r in one.requests if r.path == resource]) >= 2
+
+
+# --- stale Horizon (#11.3) -------------------------------------------------------------------
+
+
+async def test_a_stale_horizon_is_left_for_a_fresh_one() -> None:
+    async with open_simulator(SMALL) as stale, open_simulator(SMALL) as fresh:
+        cursor = stale.records("/operations")[-1]["paging_token"]
+        source = source_for(
+            [stale.url, fresh.url], stale_check_interval=0.2, stale_after_ledgers=2
+        )
+        with structlog.testing.capture_logs() as logs:
+            async with following(source, cursor) as (f, _):
+                with trio.fail_after(5):
+                    while not stale.active_streams:  # noqa: ASYNC110 - a counter, bounded
+                        await trio.sleep(0.01)
+                stale.faults.freeze_ingestion(60)  # answers 200 with nothing new from now on
+                await close_ledgers(stale, 5)
+                await close_ledgers(fresh, 5)
+                expected = after(fresh, "/operations", cursor)
+                await f.wait_for(len(expected), within=5)
+        check_exact(f.records, expected)
+        notice = next(e for e in logs if e["event"] == "horizon-stale")
+        assert (notice["horizon"], notice["to_url"]) == (stale.url, fresh.url)
+        assert notice["history_latest_ledger"] == stale.chain.latest
+        assert notice["core_latest_ledger"] == stale.core_latest == fresh.chain.latest
+        assert any(r.path == "/operations" and not r.stream for r in fresh.requests)

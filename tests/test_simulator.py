@@ -498,3 +498,20 @@ async def test_an_account_horizon_has_not_ingested_answers_404(sim: Simulator) -
     assert r.status_code == 404 and r.json()["type"].endswith("/not_found")
     known = sim.records("/operations")[0]["source_account"]
     assert (await get(f"{sim.url}/accounts/{known}/operations")).status_code == 200
+
+
+async def test_frozen_ingestion_answers_200_with_nothing_new_while_core_goes_on(sim: Simulator) -> None:
+    latest = sim.chain.latest
+    async with httpx.AsyncClient(timeout=5) as client:
+        r = await client.post(f"{sim.url}/_simulator/faults", json={"freeze": {"seconds": 0.3}})
+    assert r.status_code == 200 and r.json()["freeze"]["seconds"] > 0
+    sim.close_ledger()
+    sim.close_ledger()
+    root = (await get(f"{sim.url}/")).json()
+    assert (root["history_latest_ledger"], root["core_latest_ledger"]) == (latest, latest + 2)
+    page = (await get(f"{sim.url}/ledgers?order=desc&limit=1")).json()
+    assert page["_embedded"]["records"][0]["sequence"] == latest
+    await trio.sleep(0.35)
+    sim.close_ledger()  # ingestion resumes: the ledgers closed meanwhile reach history
+    root = (await get(f"{sim.url}/")).json()
+    assert root["history_latest_ledger"] == root["core_latest_ledger"] == latest + 3

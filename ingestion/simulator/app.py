@@ -13,6 +13,7 @@ Control endpoint (JSON in and out; not part of Horizon):
   ``{"fail": {"status": 429|500|502|503|504, "count": N | "seconds": T, "retry_after": S},
   "close_stream_after": {"events": N, "streams": M}, "malformed": {"kind": "broken_json" |
   "missing_paging_token" | "token_regression" | "duplicate"}, "stall": {"seconds": T},
+  "freeze": {"seconds": T} (ingestion stalls: stellar-core's ledgers go on, history does not),
   "down": {"seconds": T}}``: arm them (``down`` stops listening right after answering and listens
   again, same port and chain, ``T`` seconds later). Answers 200 with the snapshot, or a 400 problem.
 - ``DELETE /_simulator/faults``: disarm everything.
@@ -400,7 +401,7 @@ class HorizonApp:
             "history_latest_ledger": chain.latest,
             "history_latest_ledger_closed_at": timestamp(chain.spec.closed_at(chain.latest)),
             "history_elder_ledger": chain.first,
-            "core_latest_ledger": chain.latest,
+            "core_latest_ledger": self.sim.core_latest,
             "network_passphrase": NETWORK_PASSPHRASE,
             "current_protocol_version": PROTOCOL_VERSION,
             "supported_protocol_version": PROTOCOL_VERSION,
@@ -526,7 +527,7 @@ class HorizonApp:
         await self._json(send, 200, result)
 
     def _arm(self, data: dict[str, Any]) -> float | None:
-        known = {"fail", "close_stream_after", "malformed", "stall", "down"}
+        known = {"fail", "close_stream_after", "malformed", "stall", "freeze", "down"}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown fault(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -546,6 +547,8 @@ class HorizonApp:
             faults.send_malformed(MalformedKind(data["malformed"]["kind"]))
         if "stall" in data:
             faults.stall_streams(float(data["stall"]["seconds"]))
+        if "freeze" in data:
+            faults.freeze_ingestion(float(data["freeze"]["seconds"]))
         if "down" in data:
             return float(data["down"]["seconds"])
         return None

@@ -89,6 +89,7 @@ class Simulator:
             )
         )
         self.faults = Faults(clock=trio.current_time)
+        self._core_latest = 0
         self.url = ""
         self.active_streams = 0  # open SSE responses, for tests and status
         #: The latest Horizon requests received (not the control endpoint), oldest first.
@@ -106,11 +107,25 @@ class Simulator:
     # -- the chain ------------------------------------------------------------------------------
 
     def close_ledger(self) -> int:
-        """Close one ledger now (wakes streams waiting for it); returns its sequence."""
-        seq = _build_without_gc(self.chain.close_ledger)
+        """Close one ledger now (wakes streams waiting for it); returns its sequence.
+
+        While ingestion is frozen (``faults.freeze_ingestion``) only stellar-core's ledger
+        (:attr:`core_latest`) moves; the ledgers closed meanwhile reach history at the first close
+        after the freeze ends.
+        """
+        self._core_latest = max(self._core_latest, self.chain.latest) + 1
+        if self.faults.ingestion_frozen():
+            return self.chain.latest
+        while self.chain.latest < self._core_latest:
+            _build_without_gc(self.chain.close_ledger)
         self._ledger_closed.set()
         self._ledger_closed = trio.Event()
-        return seq
+        return self.chain.latest
+
+    @property
+    def core_latest(self) -> int:
+        """stellar-core's latest ledger: ahead of ``chain.latest`` while ingestion is frozen."""
+        return max(self._core_latest, self.chain.latest)
 
     async def wait_for_ledger(self, seen: int) -> None:
         """Return once a ledger after ``seen`` has closed."""
