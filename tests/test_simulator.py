@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 
-from ingestion.paging import toid_parts, token_key
+from ingestion.paging import toid, toid_parts, token_key
 from ingestion.simulator import Faults, MalformedKind, Simulator, open_simulator
 from ingestion.simulator.chain import Chain, ChainSpec
 from tests.simulator_fixtures import SMALL, read_stream, running
@@ -515,3 +515,45 @@ async def test_frozen_ingestion_answers_200_with_nothing_new_while_core_goes_on(
     sim.close_ledger()  # ingestion resumes: the ledgers closed meanwhile reach history
     root = (await get(f"{sim.url}/")).json()
     assert root["history_latest_ledger"] == root["core_latest_ledger"] == latest + 3
+
+
+# -- fidelity (#11.9) ----------------------------------------------------------------------------
+
+
+async def test_a_bare_effects_cursor_means_after_all_of_that_operations_effects(sim: Simulator) -> None:
+    effects = sim.records("/effects")
+    op = effects[0]["paging_token"].split("-")[0]
+    later = [e["paging_token"] for e in effects if int(e["paging_token"].split("-")[0]) > int(op)]
+    assert tokens(await get(f"{sim.url}/effects?cursor={op}&limit=200")) == later[:200]
+
+
+async def test_503_is_stale_history_and_502_comes_from_a_proxy_without_a_problem(sim: Simulator) -> None:
+    sim.faults.fail_requests(503, count=1)
+    r = await get(f"{sim.url}/operations")
+    assert r.status_code == 503 and r.json()["type"].endswith("/stale_history")
+    sim.faults.fail_requests(502, count=1)
+    r = await get(f"{sim.url}/operations")
+    assert r.status_code == 502 and r.headers["content-type"] == "text/html"
+    assert b"502 Bad Gateway" in r.content
+
+
+async def test_links_carry_the_numeric_cursor_for_now(sim: Simulator) -> None:
+    body = (await get(f"{sim.url}/operations?cursor=now&limit=5")).json()
+    number = str(toid(sim.chain.latest + 1) - 1)
+    assert body["_links"]["self"]["href"].startswith(f"{sim.url}/operations?cursor={number}&")
+    assert body["_links"]["next"]["href"].startswith(f"{sim.url}/operations?cursor={number}&")
+
+
+async def test_streams_poll_for_new_ledgers_at_the_sse_update_frequency() -> None:
+    async with open_simulator(attrs.evolve(SMALL, sse_update_frequency=0.2)) as s:
+        async with trio.open_nursery() as nursery:
+            result: list = []
+
+            async def reader() -> None:
+                result.append(await read_stream(f"{s.url}/ledgers?cursor=now&limit=2"))
+
+            nursery.start_soon(reader)
+            await until_streams(s, 1)
+            first, second = s.close_ledger(), s.close_ledger()
+        _, frames, _ = result[0]
+        assert [f.get("id") for f in frames[1:3]] == [str(first << 32), str(second << 32)]

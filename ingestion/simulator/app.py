@@ -183,6 +183,9 @@ def parse_cursor(text: str, collection: str, latest: int, descending: bool) -> i
         )
     if value >= 1 << 63:
         raise Problem(400, render.bad_request("cursor", "cursor is out of range"))
+    if m.group(2) is None and collection == "effects":
+        # A bare operation id as an effects cursor: after all of that operation's effects.
+        return key_of(value, 0xFFFF)
     n = int(m.group(2) or 0)
     if n > 0xFFFF:
         raise Problem(400, render.bad_request("cursor", "cursor is out of range"))
@@ -318,6 +321,9 @@ class HorizonApp:
             headers = self._rate_headers(exhausted=failure.status == 429)
             if failure.status in (429, 503):
                 headers.append((b"retry-after", str(failure.retry_after).encode()))
+            if failure.status == 502:  # from the proxy in front of Horizon, not Horizon
+                await self._respond(send, 502, b"text/html", render.BAD_GATEWAY_HTML)
+                return
             await self._respond(
                 send, failure.status, render.PROBLEM_JSON, render.failure(failure.status), headers
             )
@@ -434,7 +440,9 @@ class HorizonApp:
             params.extras,
             order=params.order,
             limit=params.limit,
-            cursor=params.cursor,
+            # Horizon's links carry the cursor as the number it stands for: "now" is the TOID
+            # just after the latest ledger.
+            cursor=str(toid(chain.latest + 1) - 1) if params.cursor == "now" else params.cursor,
             tokens=[token_of(key) for key in keys],
             records=records,
         )
@@ -618,7 +626,13 @@ class _Stream:
                     self.ended_cleanly = render.SSE_BYEBYE
                     return
             if not keys:
-                await self.sim.wait_for_ledger(seen)
+                frequency = self.sim.config.sse_update_frequency
+                if frequency > 0:
+                    # Horizon's streams learn of new ledgers by polling (--sse-update-frequency).
+                    while chain.latest <= seen:  # noqa: ASYNC110 - polling is the point
+                        await trio.sleep(frequency)
+                else:
+                    await self.sim.wait_for_ledger(seen)
                 if self.rate_limited is not None and self.rate_limited():
                     # Out of budget mid-stream: Horizon sends an error event and ends the stream.
                     await self._write(render.sse_error("problem: rate_limit_exceeded"))

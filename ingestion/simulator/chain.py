@@ -35,14 +35,23 @@ PLACEHOLDER_BASE = "http://horizon.invalid"
 KEY_SHIFT = 16
 COLLECTIONS = ("ledgers", "transactions", "operations", "payments", "effects")
 ACCOUNT_COLLECTIONS = ("transactions", "operations", "payments", "effects")
+# Horizon's /payments: these types, and invoke_host_function operations that move assets (SAC
+# transfers: is_payment in Horizon's history_operations).
 PAYMENT_TYPES = frozenset(
-    {"create_account", "payment", "path_payment_strict_receive", "path_payment_strict_send"}
+    {
+        "create_account",
+        "payment",
+        "path_payment_strict_receive",
+        "path_payment_strict_send",
+        "account_merge",
+    }
 )
 NETWORK_PASSPHRASE = "Standalone Network ; February 2017"
 PROTOCOL_VERSION = 23
 # Operation mix: (type, weight).
 OPERATION_MIX: tuple[tuple[str, int], ...] = (
-    ("payment", 34),
+    ("payment", 32),
+    ("account_merge", 2),
     ("create_account", 8),
     ("path_payment_strict_send", 8),
     ("path_payment_strict_receive", 6),
@@ -59,12 +68,14 @@ OPERATION_TYPE_I = {
     "manage_sell_offer": 3,
     "set_options": 5,
     "change_trust": 6,
+    "account_merge": 8,
     "manage_buy_offer": 12,
     "path_payment_strict_send": 13,
     "invoke_host_function": 24,
 }
 EFFECT_TYPE_I = {
     "account_created": 0,
+    "account_removed": 1,
     "account_credited": 2,
     "account_debited": 3,
     "account_thresholds_updated": 4,
@@ -327,7 +338,7 @@ class _LedgerBuilder:
         getattr(self, f"op_{op_type}")(record, effects, involved, source)
         self.records[op_key] = record
         self.kinds["operations"].append(op_key)
-        if op_type in PAYMENT_TYPES:
+        if op_type in PAYMENT_TYPES or record.get("asset_balance_changes"):
             self.kinds["payments"].append(op_key)
         self.participants[op_key] = frozenset(involved)
         for n, (effect_type, account, details) in enumerate(effects, start=1):
@@ -360,6 +371,14 @@ class _LedgerBuilder:
         effects.append(("account_debited", source, {"asset_type": "native", "amount": balance}))
         effects.append(("signer_created", new, {"weight": 1, "public_key": new}))
         involved.add(new)
+
+    def op_account_merge(self, rec: dict, effects: list, involved: set, source: str) -> None:
+        into, value = self.account(), amount(self.stroops(10_000_000, 1_000_000_000))
+        rec.update(account=source, into=into)
+        effects.append(("account_debited", source, {"asset_type": "native", "amount": value}))
+        effects.append(("account_credited", into, {"asset_type": "native", "amount": value}))
+        effects.append(("account_removed", source, {}))
+        involved.add(into)
 
     def op_payment(self, rec: dict, effects: list, involved: set, source: str) -> None:
         asset, to, value = self.asset(), self.account(), amount(self.stroops())

@@ -67,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.rate_burst,
         help="the rate limiter's burst (the public Horizon: 100)",
     )
+    p.add_argument(
+        "--sse-update-frequency",
+        type=_non_negative_float,
+        default=defaults.sse_update_frequency,
+        help="seconds between a stream's polls for new ledgers (Horizon: 5); 0: at once",
+    )
     return p
 
 
@@ -86,6 +92,7 @@ def config_from_args(argv: list[str]) -> SimulatorConfig:
         retention_ledgers=args.retention_ledgers,
         rate_limit=args.rate_limit,
         rate_burst=args.rate_burst,
+        sse_update_frequency=args.sse_update_frequency,
     )
 
 

@@ -228,11 +228,14 @@ FAILURE_PROBLEMS: dict[int, tuple[str, str, str]] = {
         "The server, while acting as a gateway or proxy, received an invalid response from the "
         "upstream server.",
     ),
+    # What Horizon's history routes answer with 503: the history database lags stellar-core.
     503: (
-        "server_over_capacity",
-        "Server Over Capacity",
-        "This horizon server is currently overloaded.  Please wait for several minutes before "
-        "trying your request again.",
+        "stale_history",
+        "Historical DB Is Too Stale",
+        "This horizon instance is configured to reject client requests when it can determine "
+        "that the history database is lagging too far behind the connected instance of "
+        "Stellar-Core or read replica. It's also possible that Stellar-Core is out of sync. "
+        "Please try again later.",
     ),
     504: (
         "timeout",
@@ -247,6 +250,14 @@ FAILURE_PROBLEMS: dict[int, tuple[str, str, str]] = {
 def failure(status: int) -> bytes:
     kind, title, detail = FAILURE_PROBLEMS[status]
     return problem(kind, title, status, detail)
+
+
+# Horizon never answers 502 itself: the proxy in front of it does, with its own page.
+BAD_GATEWAY_HTML = (
+    b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+    b"<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n"
+    b"</body>\r\n</html>\r\n"
+)
 
 
 def sse_record(token: str | None, data: bytes) -> bytes:

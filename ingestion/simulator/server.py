@@ -44,6 +44,8 @@ class SimulatorConfig:
         rate_limit, rate_burst: Horizon's per-client limiter (GCRA): ``rate_limit`` requests an
             hour in bursts of ``rate_burst + 1``, 429 with Horizon's headers and problem beyond,
             and an ``event: error`` on a stream that runs out. 0: no limit (no headers).
+        sse_update_frequency: seconds between a stream's polls for new ledgers, as Horizon's
+            ``--sse-update-frequency`` (Horizon: 5); 0: woken at once when a ledger closes.
     """
 
     host: str = "127.0.0.1"
@@ -58,6 +60,7 @@ class SimulatorConfig:
     retention_ledgers: int = 0
     rate_limit: int = 0
     rate_burst: int = 100
+    sse_update_frequency: float = 0.0
 
     def chain_spec(self) -> ChainSpec:
         return ChainSpec(
