@@ -49,6 +49,7 @@ from ingestion.horizon_core import (
     is_retryable_status,
     parse_retry_after,
     problem_detail,
+    split_resource,
 )
 from ingestion.horizon_health import (
     RatePacer,
@@ -224,8 +225,9 @@ class HorizonSource:
         ) as client:
             while True:
                 base = self.urls[(attempt // policy.attempts_per_url) % len(self.urls)]
-                url = f"{base.rstrip('/')}{self.resource}"
-                params = {"order": "desc", "limit": "1"}
+                path, extra = split_resource(self.resource)
+                url = f"{base.rstrip('/')}{path}"
+                params = {**extra, "order": "desc", "limit": "1"}
                 retry_after = None
                 try:
                     pacer = await self._pace(base)
@@ -532,7 +534,7 @@ class HorizonSource:
         if failure is not None or response is None:
             self._failed(follower, failure or Failure(None, "no response"), url)
             return False
-        gap = history_gap(follower.cursor, info.history_elder_ledger, self.resource)
+        gap = history_gap(follower.cursor, info.history_elder_ledger, follower.path)
         if gap is None:
             return True
         fields = {

@@ -73,19 +73,45 @@ def compact_json(record: Any) -> str:
     return text
 
 
+# Query parameters that change what a collection returns, and the collections that take them.
+_QUERY_PARAMS = {
+    "include_failed": (("true", "false"), ("transactions", "operations", "payments")),
+    "join": (("transactions",), ("operations", "payments")),
+}
+
+
+def split_resource(resource: str) -> tuple[str, dict[str, str]]:
+    """``/operations?join=transactions`` as (``/operations``, ``{"join": "transactions"}``)."""
+    path, _, query = resource.partition("?")
+    params = dict(part.partition("=")[::2] for part in query.split("&") if part)
+    return path, params
+
+
 def check_resource(resource: str) -> str:
-    """Return ``resource`` if it is a Horizon collection path we can follow.
+    """Return ``resource`` if it is a Horizon collection path we can follow, with optional
+    query parameters that change what it returns (``include_failed``, ``join=transactions``).
 
     Raises:
         ValueError: not ``/ledgers``, ``/transactions``, ``/operations``, ``/payments``,
-            ``/effects`` or a scoped one such as ``/accounts/G.../payments``.
+            ``/effects`` or a scoped one such as ``/accounts/G.../payments``, or a query
+            parameter this collection does not take.
     """
-    if not _RESOURCE.fullmatch(resource):
+    path, params = split_resource(resource)
+    if not _RESOURCE.fullmatch(path):
         raise ValueError(
             f"resource {resource!r} is not a Horizon collection path: use one of "
             + ", ".join("/" + c for c in _COLLECTIONS)
             + " or a scoped one such as /accounts/G.../payments"
         )
+    collection = path.rsplit("/", 1)[1]
+    for name, value in params.items():
+        values, collections = _QUERY_PARAMS.get(name, ((), ()))
+        if collection not in collections or value not in values:
+            raise ValueError(
+                f"resource {resource!r}: {name}={value} is not a parameter {path} takes; allowed: "
+                "include_failed=true|false (transactions, operations, payments) and "
+                "join=transactions (operations, payments)"
+            )
     return resource
 
 
@@ -519,10 +545,11 @@ class PageRequest:
     url: str
     cursor: str
     limit: int
+    extra: tuple[tuple[str, str], ...] = ()  # the resource's own query parameters
 
     @property
     def params(self) -> dict[str, str]:
-        return {"order": "asc", "limit": str(self.limit), "cursor": self.cursor}
+        return {**dict(self.extra), "order": "asc", "limit": str(self.limit), "cursor": self.cursor}
 
 
 @attrs.frozen
@@ -532,10 +559,16 @@ class StreamRequest:
     base_url: str
     url: str
     cursor: str
+    extra: tuple[tuple[str, str], ...] = ()  # the resource's own query parameters
 
     @property
     def params(self) -> dict[str, str]:
-        return {"order": "asc", "limit": str(STREAM_LIMIT), "cursor": self.cursor}
+        return {
+            **dict(self.extra),
+            "order": "asc",
+            "limit": str(STREAM_LIMIT),
+            "cursor": self.cursor,
+        }
 
     @property
     def headers(self) -> dict[str, str]:
@@ -601,6 +634,8 @@ class HorizonFollower:
             raise ValueError(f"page limit {page_limit} must be within 1..{MAX_PAGE_LIMIT}")
         self.urls = tuple(u.rstrip("/") for u in urls)
         self.resource = check_resource(resource)
+        self.path, params = split_resource(resource)
+        self._extra = tuple(params.items())
         self.cursor = check_cursor(cursor)
         self.policy = policy
         self.page_limit = page_limit
@@ -634,12 +669,12 @@ class HorizonFollower:
     def next_attempt(self) -> Attempt:
         """The request to send next, and the delay to wait before it."""
         base = self.base_url
-        url = base + self.resource
+        url = base + self.path
         request: PageRequest | StreamRequest
         if self.mode is Mode.CATCH_UP:
-            request = PageRequest(base, url, self.cursor, self.limit)
+            request = PageRequest(base, url, self.cursor, self.limit, self._extra)
         else:
-            request = StreamRequest(base, url, self.cursor)
+            request = StreamRequest(base, url, self.cursor, self._extra)
         return Attempt(request, self.take_delay())
 
     def take_delay(self) -> float:

@@ -534,3 +534,20 @@ def test_an_account_404_is_retried_and_fatal_only_once_every_url_agreed_for_the_
     g = HorizonFollower(urls, "/transactions/" + "ab" * 32 + "/operations", "0", policy)
     with pytest.raises(SourceFatalError):
         g.on_failure(missing, url="http://a/x", now=0.0)
+
+
+def test_a_resource_may_carry_the_parameters_that_change_what_it_returns() -> None:
+    assert check_resource("/operations?include_failed=true&join=transactions")
+    assert check_resource("/accounts/GA/payments?join=transactions")
+    assert check_resource("/transactions?include_failed=false")
+    for bad in ("/ledgers?join=transactions", "/effects?include_failed=true", "/operations?join=ledgers",
+                "/operations?order=desc", "/operations?cursor=5"):
+        with pytest.raises(ValueError, match="not a parameter"):
+            check_resource(bad)
+    f = HorizonFollower(["http://h"], "/payments?join=transactions", "0", RetryPolicy())
+    request = f.next_attempt().request
+    assert request.url == "http://h/payments"
+    assert request.params == {"join": "transactions", "order": "asc", "limit": "200", "cursor": "0"}
+    f.on_page(page([]))
+    stream = f.next_attempt().request
+    assert isinstance(stream, StreamRequest) and stream.params["join"] == "transactions"

@@ -8,6 +8,7 @@ simulator streams (``compact_json`` of the record is exactly the simulator's com
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -520,3 +521,27 @@ async def test_a_stale_horizon_is_left_for_a_fresh_one() -> None:
         assert notice["history_latest_ledger"] == stale.chain.latest
         assert notice["core_latest_ledger"] == stale.core_latest == fresh.chain.latest
         assert any(r.path == "/operations" and not r.stream for r in fresh.requests)
+
+
+# --- resources and parameters (#11.6) --------------------------------------------------------
+
+
+async def test_join_transactions_in_the_resource_embeds_each_operations_transaction() -> None:
+    async with open_simulator(SMALL) as sim:
+        plain = sim.records("/payments")
+        source = source_for(sim.url, resource="/payments?join=transactions", page_limit=7)
+        async with following(source, "0") as (f, _):
+            await f.wait_for(len(plain))  # paged
+            await close_ledgers(sim, 2)
+            everything = sim.records("/payments")
+            await f.wait_for(len(everything))  # streamed
+        transactions = {t["hash"]: t for t in sim.records("/transactions")}
+        assert [r.paging_token for r in f.records] == [p["paging_token"] for p in everything]
+        for record, bare in zip(f.records, everything, strict=True):
+            joined = json.loads(record.body)
+            assert joined["transaction"] == transactions[bare["transaction_hash"]]
+            assert {k: v for k, v in joined.items() if k != "transaction"} == bare
+            fields = list(joined)
+            assert fields[fields.index("transaction_hash") + 1] == "transaction"
+        assert all(r.query.get("join") == "transactions" for r in sim.requests if r.path == "/payments")
+        assert any(r.stream for r in sim.requests if r.path == "/payments")

@@ -557,3 +557,14 @@ async def test_streams_poll_for_new_ledgers_at_the_sse_update_frequency() -> Non
             first, second = s.close_ledger(), s.close_ledger()
         _, frames, _ = result[0]
         assert [f.get("id") for f in frames[1:3]] == [str(first << 32), str(second << 32)]
+
+
+async def test_include_failed_and_join_are_validated_and_echoed_in_links(sim: Simulator) -> None:
+    r = await get(f"{sim.url}/operations?include_failed=maybe")
+    assert r.status_code == 400 and r.json()["extras"]["invalid_field"] == "include_failed"
+    r = await get(f"{sim.url}/operations?join=ledgers")
+    assert r.status_code == 400 and r.json()["extras"]["invalid_field"] == "join"
+    body = (await get(f"{sim.url}/operations?join=transactions&include_failed=true&limit=2")).json()
+    assert "join=transactions" in body["_links"]["next"]["href"]
+    first = body["_embedded"]["records"][0]
+    assert first["transaction"]["hash"] == first["transaction_hash"]

@@ -82,6 +82,14 @@ class SeenRequest:
     at: float  # trio.current_time() on arrival
 
 
+def _joins(query: CollectionQuery, params: PageParams) -> bool:
+    """``join=transactions`` on a collection of operations: embed each one's transaction."""
+    return params.extras.get("join") == "transactions" and query.collection in (
+        "operations",
+        "payments",
+    )
+
+
 def _client(scope: Scope) -> str:
     """The client's address: Horizon limits per IP."""
     client = scope.get("client")
@@ -223,6 +231,10 @@ def parse_page_params(query: dict[str, str]) -> PageParams:
                 render.bad_request("limit", f"limit must be between 1 and {MAX_LIMIT}"),
             )
     extras = {name: query[name] for name in _EXTRA_PARAMS if name in query}
+    if extras.get("include_failed", "false") not in ("true", "false"):
+        raise Problem(400, render.bad_request("include_failed", "must be true or false"))
+    if extras.get("join", "transactions") != "transactions":
+        raise Problem(400, render.bad_request("join", "only transactions can be joined"))
     return PageParams(query.get("cursor", ""), order, limit, limit_text != "", extras)
 
 
@@ -433,7 +445,8 @@ class HorizonApp:
         descending = params.order == "desc"
         after = parse_cursor(params.cursor, query.collection, chain.latest, descending)
         keys = self._keys(query, after, descending, params.limit)
-        records = [render.page_form(chain.content(key >> (KEY_SHIFT + 32)), key) for key in keys]
+        form = render.joined_page_form if _joins(query, params) else render.page_form
+        records = [form(chain.content(key >> (KEY_SHIFT + 32)), key) for key in keys]
         body = render.page(
             base,
             query.path,
@@ -583,6 +596,7 @@ class _Stream:
         # Horizon hands the request's limit (default 10, as for pages) to the stream and says
         # byebye after that many events.
         self.limit = params.limit
+        self.form = render.joined_compact_form if _joins(query, params) else render.compact_form
         self.after = after
         self.base = base
         self.send = send
@@ -641,7 +655,7 @@ class _Stream:
 
     def _frame(self, key: int) -> bytes:
         """The record event for ``key``, counted as sent."""
-        compact = render.compact_form(self.sim.chain.content(key >> (KEY_SHIFT + 32)), key)
+        compact = self.form(self.sim.chain.content(key >> (KEY_SHIFT + 32)), key)
         frame = render.sse_record(token_of(key), render.with_base(compact, self.base))
         self.previous = (key, frame)
         self.after = key
@@ -650,7 +664,7 @@ class _Stream:
 
     async def _event(self, key: int) -> None:
         chain, faults = self.sim.chain, self.sim.faults
-        compact = render.compact_form(chain.content(key >> (KEY_SHIFT + 32)), key)
+        compact = self.form(chain.content(key >> (KEY_SHIFT + 32)), key)
         data = render.with_base(compact, self.base)
         token = token_of(key)
         frame = render.sse_record(token, data)

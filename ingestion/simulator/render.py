@@ -72,6 +72,32 @@ def page_form(content: LedgerContent, key: int) -> bytes:
     return data
 
 
+def with_transaction(content: LedgerContent, key: int) -> dict[str, Any]:
+    """An operation with its transaction embedded, as ``join=transactions`` returns it: Go puts
+    ``transaction`` right after ``transaction_hash`` (the operation's base struct)."""
+    record = content.records[key]
+    tx_key = key & ~(((1 << 12) - 1) << 16)  # the same TOID with operation index 0
+    transaction = content.records[tx_key]
+    out: dict[str, Any] = {}
+    for field, value in record.items():
+        out[field] = value
+        if field == "transaction_hash":
+            out["transaction"] = transaction
+    return out
+
+
+def joined_page_form(content: LedgerContent, key: int) -> bytes:
+    """:func:`page_form` of :func:`with_transaction` (not cached: a rare query)."""
+    out = [_RECORD_INDENT[1:]]
+    _pretty(with_transaction(content, key), _RECORD_INDENT[1:], out)
+    return go_escape("".join(out).encode("utf-8"))
+
+
+def joined_compact_form(content: LedgerContent, key: int) -> bytes:
+    """:func:`compact_form` of :func:`with_transaction`."""
+    return go_json(with_transaction(content, key), indent=False)
+
+
 def _pretty(value: dict[str, Any] | list[Any], indent: str, out: list[str]) -> None:
     """``MarshalIndent`` of a dict or list, much faster than ``json.dumps(indent=2)``.
 
