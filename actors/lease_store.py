@@ -241,6 +241,16 @@ for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
 return {1, 'ok', tonumber(ARGV[2])}
 """
 
+# KEYS: token, lease, audit   ARGV: node, token, audit_maxlen, event, field, value, ...
+_FENCED_AUDIT = """
+local refusal = fencing_refusal(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
+if refusal then return {0, refusal[1], refusal[2]} end
+local entry = {'event', ARGV[4], 'node', ARGV[1], 'token', ARGV[2]}
+for i = 5, #ARGV do entry[#entry + 1] = ARGV[i] end
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', unpack(entry))
+return {1, 'ok', tonumber(ARGV[2])}
+"""
+
 
 # KEYS: the node registry (a sorted set)   ARGV: node, live_ms, forget_ms
 # Heartbeat ``node`` with Redis's clock, forget nodes silent for forget_ms, return the live ones.
@@ -755,6 +765,7 @@ class LeaseStore:
         self._commit = client.register_script(_LUA_HELPERS + _COMMIT)
         self._fenced_hset = client.register_script(_LUA_HELPERS + _FENCED_HSET)
         self._report_health = client.register_script(_LUA_HELPERS + _REPORT_HEALTH)
+        self._fenced_audit = client.register_script(_LUA_HELPERS + _FENCED_AUDIT)
 
     async def follow_primary(self, every: float = FOLLOW_PRIMARY_EVERY) -> None:
         """With Sentinel, ask where the primary is every ``every`` seconds, until cancelled.
@@ -1001,6 +1012,24 @@ class LeaseStore:
         """node -> Redis time (ms) of its source's last successful answer."""
         raw: dict[str, str] = await self._call(self.client.hgetall, self.keys["health"])  # type: ignore[arg-type]
         return {node: int(ms) for node, ms in raw.items()}
+    async def fenced_audit(
+        self, node: str, token: int, event: str, fields: dict[str, str]
+    ) -> CommitRejected | None:
+        """Append ``event`` (with ``node``, ``token`` and ``fields``) to the job's audit stream,
+        only if ``token`` is current and ``node`` holds the lease: a job's own record of something
+        that happened in its term (a skipped history gap). None when written, else the rejection.
+
+        Raises:
+            RedisUnavailable: the outcome is unknown.
+        """
+        args: list[str | int] = [node, token, AUDIT_MAXLEN, event]
+        for field, value in fields.items():
+            args += [field, value]
+        k = self.keys
+        res = await self._call(self._fenced_audit, keys=[k["token"], k["lease"], k["audit"]], args=args)
+        if int(res[0]) == 1:
+            return None
+        return CommitRejected(token=token, reason=res[1], current_token=int(res[2]), stored_cursor=None)
 
     async def committed_cursor(self) -> str | None:
         cursor: str | None = await self._call(self.client.hget, self.keys["cursor"], "cursor")  # type: ignore[arg-type]

@@ -172,6 +172,31 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
             "ms every request to every Horizon URL may fail before a leader hands the lease to a "
             "node that reaches Horizon (at least lease.ttl_ms); 0: auto = 3 * lease.ttl_ms",
         ),
+        "not_found_give_up_ms": (
+            int,
+            120000,
+            "ms, an account-scoped resource answered 404 (an account not ingested yet) is retried "
+            "and failed over until every URL has answered 404 this long; then the node exits 1",
+        ),
+        "stale_check_ms": (
+            int,
+            30000,
+            "ms between reads of every Horizon URL's / to notice that the one in use is stale "
+            "(only with several URLs); 0: never",
+        ),
+        "stale_after_ledgers": (
+            int,
+            10,
+            "the Horizon in use is stale when its history is more than this many ledgers behind "
+            "its stellar-core or another URL; the node then moves to the freshest (horizon-stale)",
+        ),
+        "on_history_gap": (
+            str,
+            "stop",
+            "when the cursor is older than Horizon's retained history (history_elder_ledger): "
+            "stop (log history-gap, write nothing, exit 1) or skip (record the gap in the audit "
+            "stream and resume from the oldest retained ledger)",
+        ),
     },
     "events": {
         "max_len": (
@@ -278,6 +303,10 @@ class HorizonSettings:
     failover_after: int
     parallel_requests: int
     handover_after_ms: int
+    not_found_give_up_ms: int
+    stale_check_ms: int
+    stale_after_ledgers: int
+    on_history_gap: str
 
 
 @attrs.frozen
@@ -659,6 +688,17 @@ def _check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
         problems.append(
             f"horizon.handover_after_ms: {horizon['handover_after_ms']} must be at least lease.ttl_ms "
             f"({lease['ttl_ms']}): the source is probed once per lease TTL"
+        )
+    if horizon["not_found_give_up_ms"] < 0:
+        problems.append(
+            f"horizon.not_found_give_up_ms: must be 0 or positive, got {horizon['not_found_give_up_ms']}"
+        )
+    for key in ("stale_check_ms", "stale_after_ledgers"):
+        if horizon[key] < 0:
+            problems.append(f"horizon.{key}: must be 0 or positive, got {horizon[key]}")
+    if horizon["on_history_gap"] not in ("stop", "skip"):
+        problems.append(
+            f"horizon.on_history_gap: must be stop or skip, got {horizon['on_history_gap']!r}"
         )
     if horizon["retry_cap_ms"] < horizon["retry_base_ms"]:
         problems.append("horizon.retry_cap_ms: must not be below horizon.retry_base_ms")

@@ -21,7 +21,7 @@ import math
 import random
 import ssl
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 
 import attrs
@@ -39,6 +39,7 @@ from ingestion.horizon_core import (
     HorizonFollower,
     Malformed,
     Mode,
+    NotFoundTracker,
     PageRequest,
     Retry,
     RetryPolicy,
@@ -46,11 +47,21 @@ from ingestion.horizon_core import (
     StreamSignal,
     check_resource,
     fatal_message,
+    is_account_scoped,
     is_retryable_status,
     parse_retry_after,
     problem_detail,
+    split_resource,
 )
-from ingestion.paging import token_key
+from ingestion.horizon_health import (
+    RatePacer,
+    RootInfo,
+    assess_staleness,
+    cursor_ledger,
+    history_gap,
+    parse_rate_headers,
+)
+from ingestion.paging import InvalidPagingToken, token_key
 
 log = structlog.get_logger()
 
@@ -120,13 +131,30 @@ class HorizonSource:
             ``[e/2, e]``, ``e = min(retry_cap, retry_base * 2**(n-1))``.
         attempts_per_url: consecutive failures on one URL before moving to the next.
         malformed_retries: refetches of the same malformed data before giving up.
-        retry_after_cap: the longest ``Retry-After`` (429) we honour, in seconds.
+        retry_after_cap: the longest ``Retry-After`` (429, 503) we honour, in seconds.
+        not_found_give_up: seconds every URL must have answered 404 for an account-scoped
+            collection (an account not ingested yet) before the source gives up.
+        stream_quick_close: a stream that ends without records after at least this many seconds
+            open is reopened at once (Horizon closes quiet streams after 55 s); one that ends
+            sooner backs off.
         page_limit: records per page (``limit``), at most 200.
         stream_batch_window: seconds the streaming batcher waits for more records to join a
             batch once one arrived.
         prefetch: batches fetched ahead of the consumer.
         commit_max_records: batches already waiting are handed on merged, up to this many records
             (one commit instead of several).
+        on_history_gap: ``"stop"`` or ``"skip"``: what to do when the cursor is older than the
+            Horizon's retained history (checked from ``/`` before following and after each switch
+            to another URL). Stop: log ``history-gap`` and raise SourceFatalError before reading
+            anything. Skip: write a ``history-gap`` audit entry (through ``audit``), log it, and
+            go on from the oldest retained ledger.
+        stale_check_interval: seconds between reads of every URL's ``/`` to notice that the URL
+            in use is stale (0: never; only with several URLs).
+        stale_after_ledgers: the URL in use is stale when its ``history_latest_ledger`` is more
+            than this many ledgers behind its ``core_latest_ledger`` or another URL's; the
+            source then moves to the freshest URL and logs ``horizon-stale``.
+        audit: ``await audit(event, fields)`` appends an entry to the job's audit trail under the
+            current term and returns False when the term's token is no longer current.
 
     Raises:
         ValueError: a bad URL, resource or setting (a configuration error).
@@ -144,6 +172,8 @@ class HorizonSource:
     attempts_per_url: int = 3
     malformed_retries: int = 5
     retry_after_cap: float = attrs.field(default=120.0, validator=_positive)
+    stream_quick_close: float = 10.0
+    not_found_give_up: float = 120.0
     page_limit: int = MAX_PAGE_LIMIT
     stream_batch_window: float = 0.005
     prefetch: int = 8
@@ -155,6 +185,13 @@ class HorizonSource:
     pages_per_range: int = 4
     # Batches waiting in the prefetch queue are merged into one of at most this many records.
     commit_max_records: int = 1000
+    on_history_gap: str = attrs.field(
+        default="stop", validator=attrs.validators.in_(("stop", "skip"))
+    )
+    audit: Callable[[str, dict[str, str]], Awaitable[bool]] | None = None
+    stale_check_interval: float = 30.0
+    stale_after_ledgers: int = 10
+    _pacers: dict[str, RatePacer] = attrs.field(factory=dict, init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         self.policy  # noqa: B018 -- validates the retry settings now, not on first stream
@@ -172,6 +209,8 @@ class HorizonSource:
             attempts_per_url=self.attempts_per_url,
             malformed_retries=self.malformed_retries,
             retry_after_cap=self.retry_after_cap,
+            stream_quick_close=self.stream_quick_close,
+            not_found_give_up=self.not_found_give_up,
         )
 
     async def probe(self) -> bool:
@@ -209,17 +248,24 @@ class HorizonSource:
         policy = self.policy
         timeout = httpx.Timeout(self.read_timeout, connect=self.connect_timeout)
         attempt = 0
+        not_found = NotFoundTracker(self.urls, policy.not_found_give_up)
         async with httpx.AsyncClient(
             timeout=timeout, follow_redirects=True, verify=_ssl_context()
         ) as client:
             while True:
                 base = self.urls[(attempt // policy.attempts_per_url) % len(self.urls)]
-                url = f"{base.rstrip('/')}{self.resource}"
-                params = {"order": "desc", "limit": "1"}
+                path, extra = split_resource(self.resource)
+                url = f"{base.rstrip('/')}{path}"
+                params = {**extra, "order": "desc", "limit": "1"}
                 retry_after = None
                 try:
-                    with trio.fail_after(self.connect_timeout + 2 * self.read_timeout):
-                        response = await client.get(url, params=params)
+                    pacer = await self._pace(base)
+                    response = None
+                    try:
+                        with trio.fail_after(self.connect_timeout + 2 * self.read_timeout):
+                            response = await client.get(url, params=params)
+                    finally:
+                        _answered(pacer, response)
                     body = response.content
                     if response.status_code == 200:
                         self.health.ok(trio.current_time())
@@ -230,7 +276,12 @@ class HorizonSource:
                         log.info("horizon-now-resolved", url=base, resource=self.resource, cursor=token)
                         return token
                     failure = _failure_of(response, body[:_MAX_ERROR_BODY])
-                    if not is_retryable_status(response.status_code):
+                    if response.status_code == 404 and is_account_scoped(self.resource):
+                        if not_found.not_found(base, trio.current_time()):
+                            message = fatal_message(404, url, failure.error)
+                            log.error("horizon-fatal", error=message)
+                            raise SourceFatalError(message)
+                    elif not is_retryable_status(response.status_code):
                         message = fatal_message(response.status_code, url, failure.error)
                         log.error("horizon-fatal", error=message)
                         raise SourceFatalError(message)
@@ -302,15 +353,31 @@ class HorizonSource:
     ) -> None:
         with out:
             try:
+                checked: str | None = None  # the URL whose retained history was checked
                 if (
                     self.parallel_requests > 1
                     and follower.mode is Mode.CATCH_UP
                     and overlappable(self.resource)
+                    and await self._check_history(client, follower)  # never a silent gap
                 ):
+                    checked = follower.base_url
                     follower = await self._overlapped(client, follower, out)
                 async with trio.open_nursery() as nursery:
                     ahead: _PageAhead | None = None
+                    switch = _Switch()
+                    if len(self.urls) > 1 and self.stale_check_interval > 0:
+                        nursery.start_soon(self._watch_staleness, client, follower, switch)
                     while True:
+                        if switch.to is not None:
+                            follower.switch_url(switch.to)
+                            switch.to = None
+                        if follower.base_url != checked:
+                            # Each term start and each switch of URL: is our cursor still in
+                            # this Horizon's history?
+                            if not await self._check_history(client, follower):
+                                await trio.sleep(follower.take_delay())
+                                continue
+                            checked = follower.base_url
                         attempt = follower.next_attempt()
                         if attempt.delay > 0:
                             await trio.sleep(attempt.delay)
@@ -322,7 +389,9 @@ class HorizonSource:
                                 client, follower, attempt.request, out, ahead, nursery
                             )
                         else:
-                            await self._follow_stream(client, follower, attempt.request, out)
+                            await self._follow_stream(
+                                client, follower, attempt.request, out, switch
+                            )
             except* SourceFatalError as group:
                 exc = _leaves(group)[0]
                 log.error("horizon-fatal", error=str(exc), cursor=follower.cursor)
@@ -336,11 +405,15 @@ class HorizonSource:
         """One page request, bounded as a whole: (the 200 response, None) or (None, why not)."""
         failure: Failure | None = None
         response: httpx.Response | None = None
-        with trio.move_on_after(self.connect_timeout + 2 * self.read_timeout) as scope:
-            try:
-                response = await client.get(request.url, params=request.params)
-            except httpx.HTTPError as exc:  # transport, decoding, too many redirects
-                failure = Failure(None, _describe(exc))
+        pacer = await self._pace(request.base_url)
+        try:
+            with trio.move_on_after(self.connect_timeout + 2 * self.read_timeout) as scope:
+                try:
+                    response = await client.get(request.url, params=request.params)
+                except httpx.HTTPError as exc:  # transport, decoding, too many redirects
+                    failure = Failure(None, _describe(exc))
+        finally:
+            _answered(pacer, response)
         if scope.cancelled_caught:
             failure = Failure(None, "page request timed out")
         elif response is not None and response.status_code != 200:
@@ -370,7 +443,7 @@ class HorizonSource:
             return None
         self.health.ok(trio.current_time())
         content = response.content
-        nxt = self._speculate(request, content)
+        nxt = self._speculate(request, content, follower.grown_limit(request.limit))
         if nxt is not None:
             nursery.start_soon(self._fetch_ahead, client, nxt)
         outcome = follower.on_page(content)
@@ -478,6 +551,8 @@ class HorizonSource:
 
     async def _root(self, client: httpx.AsyncClient, base: str) -> tuple[int, int] | None:
         """(oldest, latest) ledger of Horizon's history, from its root; None when unknown."""
+        response: httpx.Response | None = None
+        pacer = await self._pace(base)
         try:
             with trio.fail_after(self.connect_timeout + self.read_timeout):
                 response = await client.get(base.rstrip("/") + "/")
@@ -485,8 +560,10 @@ class HorizonSource:
             return int(doc["history_elder_ledger"]), int(doc["history_latest_ledger"])
         except (httpx.HTTPError, trio.TooSlowError, ValueError, LookupError, TypeError):
             return None
+        finally:
+            _answered(pacer, response)
 
-    def _speculate(self, request: PageRequest, content: bytes) -> _PageAhead | None:
+    def _speculate(self, request: PageRequest, content: bytes, limit: int) -> _PageAhead | None:
         """While this page is parsed and committed, Horizon can already render the next one: if
         the page looks full, guess the next request from its last paging token (a text search).
         The guess is used only if it equals the request the follower then decides on."""
@@ -498,12 +575,151 @@ class HorizonSource:
         start = at + len(b'"paging_token": "')
         end = content.find(b'"', start)
         token = content[start:end].decode("ascii", "replace")
-        return _PageAhead(attrs.evolve(request, cursor=token))
+        return _PageAhead(attrs.evolve(request, cursor=token, limit=limit))
 
     async def _fetch_ahead(self, client: httpx.AsyncClient, ahead: _PageAhead) -> None:
         with ahead.scope:
             ahead.response, ahead.failure = await self._get_page(client, ahead.request)
         ahead.done.set()
+
+    # -- rate limit
+
+    async def _pace(self, base: str) -> RatePacer:
+        """Wait until the rate limit of ``base`` allows one more request (by the X-RateLimit
+        headers seen so far) and count it; the caller reports its answer with ``_answered``."""
+        pacer = self._pacers.get(base)
+        if pacer is None:
+            pacer = self._pacers[base] = RatePacer()
+        delay = pacer.reserve(trio.current_time())
+        if delay > 0:
+            log.debug("horizon-rate-paced", delay=round(delay, 3), url=base)
+            try:
+                await trio.sleep(delay)
+            except BaseException:
+                pacer.answered(trio.current_time(), None)
+                raise
+        return pacer
+
+    # -- staleness
+
+    async def _watch_staleness(
+        self, client: httpx.AsyncClient, follower: HorizonFollower, switch: _Switch
+    ) -> None:
+        """Every ``stale_check_interval``, read every URL's ``/``; when the URL in use is stale,
+        log ``horizon-stale`` and have the pump move to the freshest URL."""
+        while True:
+            await trio.sleep(self.stale_check_interval)
+            current = follower.base_url
+            roots: dict[str, RootInfo | None] = {}
+            async with trio.open_nursery() as nursery:
+                for url in follower.urls:
+                    nursery.start_soon(self._read_root, client, url, roots)
+            if follower.base_url != current or switch.to is not None:
+                continue  # moved meanwhile: judge the new one next time
+            stale = assess_staleness(current, roots, self.stale_after_ledgers)
+            if stale is None:
+                continue
+            log.warning(
+                "horizon-stale",
+                horizon=current,
+                history_latest_ledger=stale.history_latest_ledger,
+                core_latest_ledger=stale.core_latest_ledger,
+                freshest=stale.freshest,
+                freshest_ledger=stale.freshest_ledger,
+                to_url=stale.switch_to,
+                cursor=follower.cursor,
+            )
+            if stale.switch_to is not None:
+                switch.request(stale.switch_to)
+
+    async def _read_root(
+        self, client: httpx.AsyncClient, base: str, out: dict[str, RootInfo | None]
+    ) -> None:
+        """``/`` of ``base`` parsed into ``out[base]`` (None when it cannot be read)."""
+        out[base] = None
+        pacer = await self._pace(base)
+        response = None
+        try:
+            with trio.move_on_after(self.connect_timeout + 2 * self.read_timeout):
+                response = await client.get(base + "/")
+                if response.status_code == 200:
+                    out[base] = RootInfo.parse(response.content)
+        except (httpx.HTTPError, ValueError):
+            pass
+        finally:
+            _answered(pacer, response)
+
+    # -- history retention
+
+    async def _check_history(self, client: httpx.AsyncClient, follower: HorizonFollower) -> bool:
+        """Compare the cursor with the Horizon's ``history_elder_ledger`` (from ``/``).
+
+        Returns True to go on (no gap, or a gap skipped), False when ``/`` could not be read (the
+        follower has scheduled a retry, maybe on another URL).
+
+        Raises:
+            SourceFatalError: a history gap and ``on_history_gap`` is ``"stop"``.
+        """
+        try:
+            if cursor_ledger(follower.cursor) is None:
+                return True  # no position in history: nothing can be skipped
+        except InvalidPagingToken:
+            return True  # Horizon rejects it with its own clear error
+        base = follower.base_url
+        url = base + "/"
+        response: httpx.Response | None = None
+        failure: Failure | None = None
+        pacer = await self._pace(base)
+        try:
+            with trio.move_on_after(self.connect_timeout + 2 * self.read_timeout) as scope:
+                try:
+                    response = await client.get(url)
+                except httpx.HTTPError as exc:
+                    failure = Failure(None, _describe(exc))
+        finally:
+            _answered(pacer, response)
+        if scope.cancelled_caught:
+            failure = Failure(None, "root request timed out")
+        elif response is not None and response.status_code != 200:
+            failure = _failure_of(response, response.content[:_MAX_ERROR_BODY])
+        if failure is None and response is not None:
+            try:
+                info = RootInfo.parse(response.content)
+            except ValueError as exc:
+                failure = Failure(None, f"malformed root resource: {exc}")
+        if failure is not None or response is None:
+            self._failed(follower, failure or Failure(None, "no response"), url)
+            return False
+        gap = history_gap(follower.cursor, info.history_elder_ledger, follower.path)
+        if gap is None:
+            return True
+        fields = {
+            "cursor": gap.cursor,
+            "cursor_ledger": gap.cursor_ledger,
+            "elder_ledger": gap.elder_ledger,
+            "horizon": base,
+        }
+        if self.on_history_gap == "stop":
+            log.error("history-gap", **fields, action="stop")
+            raise SourceFatalError(
+                f"history gap: the cursor {gap.cursor} (ledger {gap.cursor_ledger}) is older than "
+                f"the oldest ledger {gap.elder_ledger} that {base} keeps; resuming would silently "
+                "skip the records in between, so nothing was written. Point --horizon at a "
+                "Horizon with more history, or set horizon.on_history_gap = \"skip\" to record "
+                "the gap in the audit stream and go on from the oldest ledger"
+            )
+        if self.audit is not None:
+            try:
+                written = await self.audit("history-gap", {k: str(v) for k, v in fields.items()})
+                error = "" if written else "the term's fencing token is no longer current"
+            except Exception as exc:  # the audit writer's own failure (Redis): retry
+                written, error = False, _describe(exc)
+            if not written:
+                self._failed(follower, Failure(None, f"history-gap audit entry: {error}"), url)
+                return False
+        log.warning("history-gap", **fields, action="skip", resume_cursor=gap.resume_cursor)
+        follower.skip_to(gap.resume_cursor)
+        return True
 
     # -- streaming
 
@@ -513,10 +729,11 @@ class HorizonSource:
         follower: HorizonFollower,
         request: StreamRequest,
         out: trio.MemorySendChannel[Batch],
+        switch: _Switch,
     ) -> None:
         send, receive = trio.open_memory_channel[Record](follower.page_limit)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._read_stream, client, follower, request, send)
+            nursery.start_soon(self._read_stream, client, follower, request, send, switch)
             await self._batch_stream(receive, out)
 
     async def _batch_stream(
@@ -544,10 +761,16 @@ class HorizonSource:
         follower: HorizonFollower,
         request: StreamRequest,
         records: trio.MemorySendChannel[Record],
+        switch: _Switch,
     ) -> None:
-        """One SSE connection: validated records go to ``records``; the end goes to the follower."""
+        """One SSE connection: validated records go to ``records``; the end goes to the follower.
+
+        The staleness watcher may cut the connection short (``switch``), but never while a record
+        is being handed on: only the wait for Horizon is cancelled, so no record is lost.
+        """
         got = 0
         opened = False
+        opened_at = 0.0
         idle = self.stream_idle_timeout
         # httpx's own read timeout is only a backstop; the idle deadline below is the real one.
         timeout = httpx.Timeout(
@@ -557,11 +780,17 @@ class HorizonSource:
             pool=self.connect_timeout,
         )
         with records:
+            pacer = await self._pace(request.base_url)
+            paced: RatePacer | None = pacer
             try:
                 # Until the response head arrives: the connect and read timeouts.
-                with trio.CancelScope(
-                    deadline=trio.current_time() + self.connect_timeout + self.read_timeout
-                ) as scope:
+                with (
+                    trio.CancelScope() as cut,
+                    trio.CancelScope(
+                        deadline=trio.current_time() + self.connect_timeout + self.read_timeout
+                    ) as scope,
+                ):
+                    switch.scope = cut
                     async with aconnect_sse(
                         client,
                         "GET",
@@ -571,13 +800,15 @@ class HorizonSource:
                         timeout=timeout,
                     ) as source:
                         response = source.response
+                        paced = None
+                        _answered(pacer, response)
                         if response.status_code != 200:
                             body = await _read_bounded(response)
                             self._failed(follower, _failure_of(response, body), request)
                             return
                         follower.on_stream_open()
                         self.health.ok(trio.current_time())
-                        opened = True
+                        opened, opened_at = True, trio.current_time()
                         log.debug(
                             "horizon-stream-open", url=request.base_url, cursor=request.cursor
                         )
@@ -593,7 +824,11 @@ class HorizonSource:
                                     except trio.WouldBlock:
                                         # Waiting for our own consumer is not Horizon idling.
                                         scope.deadline = math.inf
+                                        switch.scope = None
                                         await records.send(result)
+                                        switch.scope = cut
+                                        if switch.to is not None:
+                                            break
                                 elif result is StreamSignal.CLOSED:
                                     break
                                 elif result is StreamSignal.ERROR:
@@ -604,6 +839,16 @@ class HorizonSource:
                                     self._malformed(follower, result, request)
                                     return
                                 scope.deadline = trio.current_time() + idle
+                if switch.to is not None:
+                    log.info(
+                        "horizon-stream-reconnect",
+                        reason="stale",
+                        records=got,
+                        cursor=follower.cursor,
+                        delay=0,
+                        url=request.base_url,
+                    )
+                    return  # the pump moves to the URL the watcher chose
                 if scope.cancelled_caught and not opened:
                     self._failed(follower, Failure(None, "stream request timed out"), request)
                     return
@@ -614,7 +859,12 @@ class HorizonSource:
                     return
                 # The records so far were good: reopen from the last one, like a clean close.
                 reason = f"dropped: {_describe(exc)}"
-            delay = follower.on_stream_end(got_records=got > 0)
+            finally:
+                switch.scope = None
+                if paced is not None:  # no response head: the request is over all the same
+                    _answered(paced, None)
+            open_for = trio.current_time() - opened_at if opened else 0.0
+            delay = follower.on_stream_end(got_records=got > 0, open_for=open_for)
             log.info(
                 "horizon-stream-reconnect",
                 reason=reason,
@@ -629,8 +879,11 @@ class HorizonSource:
     def _failed(self, follower: HorizonFollower, failure: Failure, request: object) -> None:
         self.health.failed(trio.current_time())
         url = _request_url(request)
-        retry = follower.on_failure(failure, url=url)
+        limit = follower.limit
+        retry = follower.on_failure(failure, url=url, now=trio.current_time())
         _log_retry(follower, retry, status=failure.status, error=failure.error, url=url)
+        if follower.limit < limit:
+            log.warning("horizon-page-limit-reduced", limit=follower.limit, status=failure.status, url=url)
 
     def _malformed(self, follower: HorizonFollower, bad: Malformed, request: object) -> None:
         url = _request_url(request)
@@ -671,6 +924,21 @@ def _log_retry(
 
 
 @attrs.define(eq=False)
+class _Switch:
+    """The staleness watcher's request to the pump: move to ``to``. ``scope`` is the wait for a
+    stream's next event, the only thing the watcher may cut short (None while a record is being
+    handed on)."""
+
+    to: str | None = None
+    scope: trio.CancelScope | None = None
+
+    def request(self, url: str) -> None:
+        self.to = url
+        if self.scope is not None:
+            self.scope.cancel("the Horizon in use is stale")
+
+
+@attrs.define(eq=False)
 class _PageAhead:
     """A page request sent before the follower asked for it (pipelining during catch-up)."""
 
@@ -703,10 +971,15 @@ def _request_url(request: object) -> str:
     return str(request)
 
 
+def _answered(pacer: RatePacer, response: httpx.Response | None) -> None:
+    rate = None if response is None else parse_rate_headers(response.headers)
+    pacer.answered(trio.current_time(), rate)
+
+
 def _failure_of(response: httpx.Response, body: bytes) -> Failure:
     status = response.status_code
     retry_after = None
-    if status == 429:
+    if status in (429, 503):  # Horizon's limiter, and an overloaded or stale server
         retry_after = parse_retry_after(response.headers.get("Retry-After"), time.time())
     return Failure(status, problem_detail(body), retry_after)
 

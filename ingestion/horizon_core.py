@@ -32,6 +32,10 @@ from ingestion.paging import InvalidPagingToken, token_key
 
 #: Horizon's largest page.
 MAX_PAGE_LIMIT = 200
+#: ``limit`` sent on every stream request. Horizon closes a stream (``byebye``) after ``limit``
+#: events and defaults it to the page default, 10: without it a busy collection would be
+#: reconnected every 10 records, each reconnect costing a request of the rate limit.
+STREAM_LIMIT = 200
 
 # One encoder, built once: json.dumps(..., separators=...) builds a new encoder on every call.
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
@@ -69,19 +73,45 @@ def compact_json(record: Any) -> str:
     return text
 
 
+# Query parameters that change what a collection returns, and the collections that take them.
+_QUERY_PARAMS = {
+    "include_failed": (("true", "false"), ("transactions", "operations", "payments")),
+    "join": (("transactions",), ("operations", "payments")),
+}
+
+
+def split_resource(resource: str) -> tuple[str, dict[str, str]]:
+    """``/operations?join=transactions`` as (``/operations``, ``{"join": "transactions"}``)."""
+    path, _, query = resource.partition("?")
+    params = dict(part.partition("=")[::2] for part in query.split("&") if part)
+    return path, params
+
+
 def check_resource(resource: str) -> str:
-    """Return ``resource`` if it is a Horizon collection path we can follow.
+    """Return ``resource`` if it is a Horizon collection path we can follow, with optional
+    query parameters that change what it returns (``include_failed``, ``join=transactions``).
 
     Raises:
         ValueError: not ``/ledgers``, ``/transactions``, ``/operations``, ``/payments``,
-            ``/effects`` or a scoped one such as ``/accounts/G.../payments``.
+            ``/effects`` or a scoped one such as ``/accounts/G.../payments``, or a query
+            parameter this collection does not take.
     """
-    if not _RESOURCE.fullmatch(resource):
+    path, params = split_resource(resource)
+    if not _RESOURCE.fullmatch(path):
         raise ValueError(
             f"resource {resource!r} is not a Horizon collection path: use one of "
             + ", ".join("/" + c for c in _COLLECTIONS)
             + " or a scoped one such as /accounts/G.../payments"
         )
+    collection = path.rsplit("/", 1)[1]
+    for name, value in params.items():
+        values, collections = _QUERY_PARAMS.get(name, ((), ()))
+        if collection not in collections or value not in values:
+            raise ValueError(
+                f"resource {resource!r}: {name}={value} is not a parameter {path} takes; allowed: "
+                "include_failed=true|false (transactions, operations, payments) and "
+                "join=transactions (operations, payments)"
+            )
     return resource
 
 
@@ -109,6 +139,11 @@ class RetryPolicy:
     ``e = min(cap, base * 2**(n-1))``: jittered so that several nodes do not retry in lockstep,
     never more than ``cap``. After ``attempts_per_url`` consecutive failures on one URL the
     follower moves to the next; ``malformed_retries`` bounds refetches of the same bad data.
+    A stream that closes without records is reopened at once when it stayed open at least
+    ``stream_quick_close`` seconds (a quiet stream that Horizon closed after its 55 s timeout:
+    normal), and backs off only when it closed sooner (a server that closes at once). A 404 for an
+    account-scoped collection is retried until every URL has answered 404 for
+    ``not_found_give_up`` seconds (:class:`NotFoundTracker`).
     """
 
     base: float = 0.25
@@ -116,6 +151,8 @@ class RetryPolicy:
     attempts_per_url: int = 3
     malformed_retries: int = 5
     retry_after_cap: float = 120.0
+    stream_quick_close: float = 10.0
+    not_found_give_up: float = 120.0
 
     def __attrs_post_init__(self) -> None:
         if not (0 < self.base <= self.cap):
@@ -126,6 +163,10 @@ class RetryPolicy:
             raise ValueError("malformed retries must be >= 0")
         if self.retry_after_cap <= 0:
             raise ValueError("retry-after cap must be > 0")
+        if self.stream_quick_close < 0:
+            raise ValueError("stream quick-close threshold must be >= 0")
+        if self.not_found_give_up < 0:
+            raise ValueError("not-found give-up time must be >= 0")
 
     def delay(self, attempt: int, u: float) -> float:
         """Seconds to wait before retry number ``attempt`` (>= 1); ``u`` is uniform in [0, 1)."""
@@ -155,6 +196,34 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
 
 
 # --- failures ------------------------------------------------------------------------------------
+
+
+def is_account_scoped(resource: str) -> bool:
+    """True for ``/accounts/G.../...``: Horizon answers 404 for an account it has not ingested
+    yet (a new address, a lagging mirror), which another URL or a later try can fix."""
+    return resource.startswith("/accounts/")
+
+
+class NotFoundTracker:
+    """When to give up on 404s for an account-scoped collection: only once every URL has been
+    answering 404 (and nothing else since) for ``give_up`` seconds. Time is passed in."""
+
+    def __init__(self, urls: Sequence[str], give_up: float) -> None:
+        self.urls = frozenset(u.rstrip("/") for u in urls)
+        self.give_up = give_up
+        self._since: dict[str, float] = {}
+
+    def not_found(self, url: str, now: float) -> bool:
+        """``url`` answered 404 at ``now``; True when it is time to give up."""
+        self._since.setdefault(url.rstrip("/"), now)
+        if set(self._since) < self.urls:
+            return False
+        return now - min(self._since.values()) >= self.give_up
+
+    def found(self) -> None:
+        """Some URL answered with the collection: the account exists."""
+        self._since.clear()
+
 
 
 @attrs.frozen
@@ -476,10 +545,11 @@ class PageRequest:
     url: str
     cursor: str
     limit: int
+    extra: tuple[tuple[str, str], ...] = ()  # the resource's own query parameters
 
     @property
     def params(self) -> dict[str, str]:
-        return {"order": "asc", "limit": str(self.limit), "cursor": self.cursor}
+        return {**dict(self.extra), "order": "asc", "limit": str(self.limit), "cursor": self.cursor}
 
 
 @attrs.frozen
@@ -489,10 +559,16 @@ class StreamRequest:
     base_url: str
     url: str
     cursor: str
+    extra: tuple[tuple[str, str], ...] = ()  # the resource's own query parameters
 
     @property
     def params(self) -> dict[str, str]:
-        return {"order": "asc", "cursor": self.cursor}
+        return {
+            **dict(self.extra),
+            "order": "asc",
+            "limit": str(STREAM_LIMIT),
+            "cursor": self.cursor,
+        }
 
     @property
     def headers(self) -> dict[str, str]:
@@ -558,9 +634,14 @@ class HorizonFollower:
             raise ValueError(f"page limit {page_limit} must be within 1..{MAX_PAGE_LIMIT}")
         self.urls = tuple(u.rstrip("/") for u in urls)
         self.resource = check_resource(resource)
+        self.path, params = split_resource(resource)
+        self._extra = tuple(params.items())
         self.cursor = check_cursor(cursor)
         self.policy = policy
         self.page_limit = page_limit
+        #: The ``limit`` of the next page: ``page_limit``, halved after each 504 (a query too
+        #: heavy for Horizon's timeout) and doubled back after each page that came back.
+        self.limit = page_limit
         self._rng = rng
         # "now" has nothing to page through: the first page would be empty by definition.
         self.mode = Mode.STREAMING if cursor == "now" else Mode.CATCH_UP
@@ -570,6 +651,7 @@ class HorizonFollower:
         self.quiet_closes = 0
         self.malformed_strikes = 0
         self._delay = 0.0
+        self._not_found = NotFoundTracker(self.urls, policy.not_found_give_up)
         #: The decision taken on the latest failure or malformed input, for the wrapper to log.
         self.last_retry: Retry | None = None
 
@@ -587,34 +669,63 @@ class HorizonFollower:
     def next_attempt(self) -> Attempt:
         """The request to send next, and the delay to wait before it."""
         base = self.base_url
-        url = base + self.resource
+        url = base + self.path
         request: PageRequest | StreamRequest
         if self.mode is Mode.CATCH_UP:
-            request = PageRequest(base, url, self.cursor, self.page_limit)
+            request = PageRequest(base, url, self.cursor, self.limit, self._extra)
         else:
-            request = StreamRequest(base, url, self.cursor)
+            request = StreamRequest(base, url, self.cursor, self._extra)
+        return Attempt(request, self.take_delay())
+
+    def take_delay(self) -> float:
+        """The wait decided by the latest outcome (consumed: the next call returns 0)."""
         delay, self._delay = self._delay, 0.0
-        return Attempt(request, delay)
+        return delay
+
+    def switch_url(self, url: str) -> None:
+        """Move to ``url`` (one of ``urls``) at once, e.g. away from a stale Horizon: page from the
+        last token there, since the stale one may have held records back.
+
+        Raises:
+            ValueError: not one of the follower's URLs.
+        """
+        self.url_index = self.urls.index(url.rstrip("/"))
+        self.failures_on_url = 0
+        if self.cursor != "now":
+            self.mode = Mode.CATCH_UP
+        self._delay = 0.0
+
+    def skip_to(self, cursor: str) -> None:
+        """Go on after ``cursor``, a paging token after the current one (skipping a history gap
+        the operator chose to skip): the next request pages from there.
+
+        Raises:
+            ValueError: ``cursor`` is not a paging token after the current cursor.
+        """
+        if self.cursor != "now" and token_key(cursor) <= token_key(self.cursor):
+            raise ValueError(f"cannot skip back from {self.cursor!r} to {cursor!r}")
+        self.cursor = cursor
+        self.mode = Mode.CATCH_UP
 
     # -- outcomes
 
     def on_page(self, content: bytes | str) -> PageOutcome:
         """A 200 page arrived: validate it, advance the cursor, decide paging vs streaming."""
-        outcome = validate_page(content, self.last_token, self.page_limit)
+        outcome = validate_page(content, self.last_token, self.limit)
         if outcome.records:
             self._progress(outcome.records[-1].paging_token)
         if outcome.malformed is not None:
             self._malformed(outcome.malformed)
         else:
             self._succeeded()
+            self.limit = self.grown_limit(self.limit)
             if not outcome.full:
                 self.mode = Mode.STREAMING
         return outcome
 
     def on_stream_open(self) -> None:
         """The stream answered 200 with an event stream: the URL works."""
-        self.failures_on_url = 0
-        self.consecutive_failures = 0
+        self._succeeded()
 
     def on_stream_event(
         self, event: str, event_id: str, data: str
@@ -635,32 +746,53 @@ class HorizonFollower:
             return StreamSignal.ERROR
         return StreamSignal.IGNORE
 
-    def on_stream_end(self, got_records: bool) -> float:
+    def on_stream_end(self, got_records: bool, open_for: float = 0.0) -> float:
         """The stream ended cleanly (``event: close``, EOF or idle): reopen it from the last token.
 
-        Reconnects at once after a stream that delivered records; a run of streams that deliver
-        nothing backs off so that a server that closes at once is not hammered. Returns the delay.
+        Reconnects at once after a stream that delivered records or stayed open at least
+        ``policy.stream_quick_close`` seconds (``open_for``: a sparse collection whose stream
+        Horizon closed at its timeout; Horizon itself asks for ``retry: 10`` ms). A run of
+        streams that close soon after opening with nothing backs off, so that a server that closes
+        at once is not hammered. Returns the delay.
         """
         self.mode = Mode.STREAMING
-        if got_records:
+        if got_records or open_for >= self.policy.stream_quick_close:
+            self.quiet_closes = 0
             self._delay = 0.0
         else:
             self.quiet_closes += 1
             self._delay = self.policy.delay(self.quiet_closes, self._rng())
         return self._delay
 
-    def on_failure(self, failure: Failure, *, url: str) -> Retry:
+    def on_failure(self, failure: Failure, *, url: str, now: float = 0.0) -> Retry:
         """A request failed (transport error, timeout, bad status, ``event: error``).
 
         Retryable failures back off and, after ``attempts_per_url`` in a row on one URL, move to
-        the next URL; a failed stream falls back to paging from the last token.
+        the next URL; a failed stream falls back to paging from the last token. A 404 for an
+        account-scoped collection is retried likewise until every URL has answered 404 for
+        ``policy.not_found_give_up`` seconds (``now`` is the current time).
 
         Raises:
             SourceFatalError: Horizon rejected the request in a way retrying cannot fix.
         """
+        if failure.status == 404 and is_account_scoped(self.resource):
+            if self._not_found.not_found(self.base_url, now):
+                raise SourceFatalError(
+                    fatal_message(404, url, failure.error)
+                    + f" (every URL answered 404 for {self.policy.not_found_give_up:g} s: "
+                    "horizon.not_found_give_up_ms)"
+                )
+            return self._retry(failure.retry_after)
         if failure.status is not None and not is_retryable_status(failure.status):
             raise SourceFatalError(fatal_message(failure.status, url, failure.error))
+        if failure.status == 504 and self.mode is Mode.CATCH_UP:
+            # Horizon's query timeout: ask for less, so that the query fits; grow back later.
+            self.limit = max(1, self.limit // 2)
         return self._retry(failure.retry_after)
+
+    def grown_limit(self, limit: int) -> int:
+        """The page limit after a page of ``limit`` came back: doubled, up to ``page_limit``."""
+        return min(self.page_limit, limit * 2)
 
     # -- internals
 
@@ -671,6 +803,7 @@ class HorizonFollower:
     def _succeeded(self) -> None:
         self.failures_on_url = 0
         self.consecutive_failures = 0
+        self._not_found.found()
 
     def _malformed(self, malformed: Malformed) -> None:
         self.malformed_strikes += 1

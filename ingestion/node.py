@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import signal
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis
@@ -27,7 +28,7 @@ from actors.lease_store import (
 )
 from actors.observe import NodeObserver
 from actors.scheduled import ScheduledJob
-from actors.source import Source
+from actors.source import Source, current_term
 from actors.supervisor import JobRun, NodeSpec, run_jobs
 from actors.token_memory import TokenMemory
 from ingestion.config import ConfigError, JobSettings, Settings, load_action, redact_url
@@ -35,8 +36,11 @@ from ingestion.horizon import HorizonSource
 from ingestion.logs import configure_logging, node_logger
 
 
-def build_source(settings: Settings, job: JobSettings | None = None) -> Source:
-    """The source of ``job`` (default: the node's first job).
+def build_source(
+    settings: Settings, job: JobSettings | None = None, store: LeaseStore | None = None
+) -> Source:
+    """The source of ``job`` (default: the node's first job); ``store`` (the job's) lets the
+    Horizon source write fenced audit entries (a skipped history gap).
 
     Raises:
         ValueError: the job's resource or action cannot be used.
@@ -58,7 +62,22 @@ def build_source(settings: Settings, job: JobSettings | None = None) -> Source:
         retry_cap=h.retry_cap_ms / 1000,
         attempts_per_url=h.failover_after,
         parallel_requests=h.parallel_requests,
+        not_found_give_up=h.not_found_give_up_ms / 1000,
+        stale_check_interval=h.stale_check_ms / 1000,
+        stale_after_ledgers=h.stale_after_ledgers,
+        on_history_gap=h.on_history_gap,
+        audit=None if store is None else audit_writer(store),
     )
+
+
+def audit_writer(store: LeaseStore) -> Callable[[str, dict[str, str]], Awaitable[bool]]:
+    """``await audit(event, fields)``: a fenced audit entry under the calling term's token."""
+
+    async def audit(event: str, fields: dict[str, str]) -> bool:
+        term = current_term.get()
+        return await store.fenced_audit(term.node, term.token, event, fields) is None
+
+    return audit
 
 
 def connect_redis(settings: Settings) -> redis.Redis:
@@ -158,7 +177,7 @@ async def run_node_process(settings: Settings) -> int:
     runs = [
         JobRun(
             stores[j.name],
-            build_source(settings, j),
+            build_source(settings, j, stores[j.name]),
             node_spec(settings, j),
             node_logger(settings.node.id, j.name),
             observers[j.name],

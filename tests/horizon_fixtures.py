@@ -80,6 +80,9 @@ async def _read_head(stream: trio.SocketStream) -> bytes:
     return data
 
 
+_ROOT = b'{"history_elder_ledger": 1, "history_latest_ledger": 100, "core_latest_ledger": 100}'
+
+
 async def _serve_one(stream: trio.SocketStream, handler: Handler) -> None:
     async with stream:
         head = await _read_head(stream)
@@ -92,7 +95,14 @@ async def _serve_one(stream: trio.SocketStream, handler: Handler) -> None:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
         parts = urlsplit(target)
-        reply = await handler(Request(parts.path, dict(parse_qsl(parts.query)), headers))
+        if parts.path == "/":
+            # The root resource (read before resuming, for the history-gap check): a Horizon
+            # that keeps all history.
+            reply: Reply | AsyncIterator[bytes] = Reply(
+                200, _ROOT, {"Content-Type": "application/hal+json; charset=utf-8"}
+            )
+        else:
+            reply = await handler(Request(parts.path, dict(parse_qsl(parts.query)), headers))
         try:
             if isinstance(reply, Reply):
                 out = [f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, 'X')}"]

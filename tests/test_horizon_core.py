@@ -353,6 +353,21 @@ def test_stream_reconnects_at_once_after_records_and_backs_off_when_quiet() -> N
     assert f.mode is Mode.STREAMING
 
 
+def test_a_quiet_stream_closed_at_horizons_timeout_is_reopened_at_once() -> None:
+    f = follower("now")
+    f.next_attempt()
+    quick = f.policy.stream_quick_close
+    # Sparse collection: streams stay open until Horizon's 55 s timeout, then close empty.
+    assert [f.on_stream_end(got_records=False, open_for=55.0) for _ in range(5)] == [0.0] * 5
+    assert f.next_attempt().delay == 0
+    # Closing soon after opening, with nothing: back off, and grow.
+    delays = [f.on_stream_end(got_records=False, open_for=quick / 10) for _ in range(3)]
+    assert delays == [0.75, 1.5, 3.0]
+    # One normal quiet close resets the run.
+    assert f.on_stream_end(got_records=False, open_for=quick) == 0.0
+    assert f.on_stream_end(got_records=False, open_for=0.0) == 0.75
+
+
 def test_a_failed_stream_falls_back_to_paging_from_the_last_token() -> None:
     f = follower(tok(1))
     f.next_attempt()
@@ -474,3 +489,65 @@ def test_resource_paths_are_checked() -> None:
     for bad in ("operations", "/operations/", "/trades", "/accounts/G/x/payments", "/"):
         with pytest.raises(ValueError, match="not a Horizon collection path"):
             check_resource(bad)
+
+
+def test_a_504_retries_the_page_with_half_the_limit_then_grows_back() -> None:
+    f = HorizonFollower(["http://h"], "/operations", "0", RetryPolicy(), rng=lambda: 0.5)
+    limits = []
+    for _ in range(3):  # Horizon's query timeout, three times in a row
+        limits.append(f.next_attempt().request.limit)  # type: ignore[union-attr]
+        f.on_failure(Failure(504, "Timeout"), url="http://h/operations")
+    attempt = f.next_attempt()
+    assert isinstance(attempt.request, PageRequest) and attempt.request.cursor == "0"
+    limits.append(attempt.request.limit)
+    assert limits == [200, 100, 50, 25]
+    f.on_page(page(ops(*range(1, 26))))  # full at 25: more to come, and twice as much next time
+    assert f.mode is Mode.CATCH_UP
+    grown = []
+    for first in (26, 76, 176):
+        request = f.next_attempt().request
+        assert isinstance(request, PageRequest)
+        grown.append(request.limit)
+        f.on_page(page(ops(*range(first, first + request.limit))))
+    assert grown == [50, 100, 200]
+    # Other failures do not shrink it.
+    f.on_failure(Failure(503, "Service Unavailable"), url="http://h/operations")
+    assert f.next_attempt().request.limit == 200  # type: ignore[union-attr]
+
+
+def test_an_account_404_is_retried_and_fatal_only_once_every_url_agreed_for_the_give_up_time() -> None:
+    urls = ("http://a", "http://b")
+    resource = "/accounts/GABC/payments"
+    policy = RetryPolicy(base=1.0, cap=8.0, attempts_per_url=1, not_found_give_up=30.0)
+    f = HorizonFollower(urls, resource, "0", policy, rng=lambda: 0.5)
+    missing = Failure(404, "Resource Missing")
+    f.on_failure(missing, url="http://a" + resource, now=0.0)  # a: 404; fail over to b
+    assert f.base_url == "http://b"
+    f.on_failure(missing, url="http://b" + resource, now=1.0)  # both agree now, not for long
+    f.on_failure(missing, url="http://a" + resource, now=29.0)
+    f.on_page(page([]))  # b (a lagging mirror caught up): the account exists, start over
+    f.on_failure(missing, url="http://a" + resource, now=100.0)
+    f.on_failure(missing, url="http://b" + resource, now=120.0)
+    with pytest.raises(SourceFatalError, match="every URL answered 404 for 30 s"):
+        f.on_failure(missing, url="http://a" + resource, now=130.0)
+    # Not account-scoped: a 404 is a wrong path, fatal at once.
+    g = HorizonFollower(urls, "/transactions/" + "ab" * 32 + "/operations", "0", policy)
+    with pytest.raises(SourceFatalError):
+        g.on_failure(missing, url="http://a/x", now=0.0)
+
+
+def test_a_resource_may_carry_the_parameters_that_change_what_it_returns() -> None:
+    assert check_resource("/operations?include_failed=true&join=transactions")
+    assert check_resource("/accounts/GA/payments?join=transactions")
+    assert check_resource("/transactions?include_failed=false")
+    for bad in ("/ledgers?join=transactions", "/effects?include_failed=true", "/operations?join=ledgers",
+                "/operations?order=desc", "/operations?cursor=5"):
+        with pytest.raises(ValueError, match="not a parameter"):
+            check_resource(bad)
+    f = HorizonFollower(["http://h"], "/payments?join=transactions", "0", RetryPolicy())
+    request = f.next_attempt().request
+    assert request.url == "http://h/payments"
+    assert request.params == {"join": "transactions", "order": "asc", "limit": "200", "cursor": "0"}
+    f.on_page(page([]))
+    stream = f.next_attempt().request
+    assert isinstance(stream, StreamRequest) and stream.params["join"] == "transactions"

@@ -108,7 +108,7 @@ async def test_catch_up_pages_then_streams_with_last_event_id_and_identical_bodi
     [
         (
             problem(404, "Resource Missing", "The resource at the url requested was not found."),
-            ["404", "was not found", "/accounts/GABC/payments", "--resource"],
+            ["404", "was not found", "/ledgers/5/payments", "--resource"],
         ),
         (
             problem(
@@ -134,7 +134,8 @@ async def test_unfixable_4xx_raises_source_fatal_error_naming_url_and_detail(
 
     async with trio.open_nursery() as nursery:
         url = await nursery.start(serve_script, handler)
-        source = fast(url, resource="/accounts/GABC/payments")
+        # Not account-scoped: a 404 is a wrong path, not an account Horizon has yet to ingest.
+        source = fast(url, resource="/ledgers/5/payments")
         with trio.fail_after(5), pytest.raises(SourceFatalError) as info:
             async with source.stream("99") as batches:
                 async for _ in batches:

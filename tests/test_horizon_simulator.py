@@ -8,10 +8,12 @@ simulator streams (``compact_json`` of the record is exactly the simulator's com
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import attrs
 import httpx
 import pytest
 import structlog
@@ -22,7 +24,7 @@ from httpx_sse import aconnect_sse
 from actors.source import Batch, Record, SourceFatalError
 from ingestion.horizon import HorizonSource
 from ingestion.horizon_core import compact_json
-from ingestion.paging import token_key
+from ingestion.paging import toid, token_key
 from ingestion.simulator import MalformedKind, Simulator, SimulatorConfig, open_simulator
 from tests.horizon_fixtures import closed_port_url
 
@@ -153,7 +155,9 @@ async def test_paged_and_streamed_bodies_are_byte_identical_on_the_wire() -> Non
         streamed: dict[str, str] = {}
         async with (
             httpx.AsyncClient(timeout=5) as client,
-            aconnect_sse(client, "GET", sim.url + "/operations", params={"cursor": "0"}) as es,
+            aconnect_sse(
+                client, "GET", sim.url + "/operations", params={"cursor": "0", "limit": "200"}
+            ) as es,
         ):
             async for sse in es.aiter_sse():
                 if sse.event == "message":
@@ -161,6 +165,36 @@ async def test_paged_and_streamed_bodies_are_byte_identical_on_the_wire() -> Non
                     if len(streamed) == 150:
                         break
         assert paged == streamed
+
+
+async def test_every_stream_request_carries_limit_200_so_horizon_does_not_close_every_10() -> None:
+    async with open_simulator(SMALL) as sim:
+        start = sim.records("/operations")[-5]["paging_token"]
+        with structlog.testing.capture_logs() as logs:
+            async with following(source_for(sim.url), start) as (f, _):
+                await f.wait_for(4)
+                await close_ledgers(sim, 6)  # 60 records: one stream, no reconnect every 10
+                await f.wait_for(64)
+        check_exact(f.records, after(sim, "/operations", start))
+        streams = [r for r in sim.requests if r.stream]
+        assert streams and all(r.query.get("limit") == "200" for r in streams)
+        assert not [e for e in logs if e["event"] == "horizon-stream-reconnect"]
+
+
+async def test_a_sparse_stream_closed_at_the_timeout_is_reopened_at_once_not_backed_off() -> None:
+    # Horizon closes a quiet stream after 55 s (here 0.3 s): normal, reconnect at once; only a
+    # stream that closes soon after opening (here within 1 s) is backed off.
+    for timeout, quick_close, backs_off in ((0.3, 0.2, False), (0.0, 1.0, True)):
+        async with open_simulator(attrs.evolve(SMALL, stream_timeout=timeout)) as sim:
+            with structlog.testing.capture_logs() as logs:
+                async with following(source_for(sim.url, stream_quick_close=quick_close), "now"):
+                    await trio.sleep(1.5)
+        delays = [e["delay"] for e in logs if e["event"] == "horizon-stream-reconnect"]
+        assert len(delays) >= 3
+        if backs_off:
+            assert all(d > 0 for d in delays)
+        else:
+            assert delays == [0.0] * len(delays) and len(delays) >= 4
 
 
 # --- faults ----------------------------------------------------------------------------------
@@ -302,3 +336,212 @@ async def test_streamed_live_records_are_batched_together() -> None:
             sim.close_ledger()
             await f.wait_for(10)
         assert len(f.batches) <= 2 and len(f.records) == 10
+
+
+# --- history retention (#11.2) ---------------------------------------------------------------
+
+RETAINED = attrs.evolve(SMALL, retention_ledgers=5)  # 20 ledgers closed, only the newest 5 kept
+
+
+def old_cursor(sim: Simulator, ledgers_in: int = 2) -> str:
+    return str(toid(sim.chain.spec.first_ledger + ledgers_in, 1, 1))
+
+
+async def test_a_cursor_older_than_retained_history_stops_with_history_gap_reading_nothing() -> None:
+    async with open_simulator(RETAINED) as sim:
+        cursor = old_cursor(sim)
+        with structlog.testing.capture_logs() as logs:
+            follower = Follower()
+            with trio.fail_after(5):
+                await follower.run(source_for(sim.url), cursor)
+        assert isinstance(follower.error, SourceFatalError) and not follower.records
+        assert "history gap" in str(follower.error) and "on_history_gap" in str(follower.error)
+        gap = next(e for e in logs if e["event"] == "history-gap")
+        assert gap["log_level"] == "error"
+        assert (gap["cursor"], gap["cursor_ledger"], gap["elder_ledger"], gap["horizon"]) == (
+            cursor, sim.chain.spec.first_ledger + 2, sim.chain.first, sim.url
+        )
+        assert [r.path for r in sim.requests] == ["/"]  # nothing paged, nothing streamed
+
+
+async def test_on_history_gap_skip_audits_the_gap_and_resumes_from_the_elder_ledger() -> None:
+    audited: list[tuple[str, dict[str, str]]] = []
+
+    async def audit(event: str, fields: dict[str, str]) -> bool:
+        audited.append((event, fields))
+        return True
+
+    async with open_simulator(RETAINED) as sim:
+        cursor = old_cursor(sim)
+        retained = sim.records("/operations")
+        source = source_for(sim.url, on_history_gap="skip", audit=audit)
+        async with following(source, cursor) as (f, _):
+            await f.wait_for(len(retained))
+        check_exact(f.records, retained)
+        assert int(retained[0]["paging_token"]) >> 32 == sim.chain.first
+        assert audited == [
+            (
+                "history-gap",
+                {
+                    "cursor": cursor,
+                    "cursor_ledger": str(sim.chain.spec.first_ledger + 2),
+                    "elder_ledger": str(sim.chain.first),
+                    "horizon": sim.url,
+                },
+            )
+        ]
+
+
+async def test_failing_over_to_a_horizon_with_shorter_history_checks_it_again() -> None:
+    async with open_simulator(SMALL) as full, open_simulator(RETAINED) as short:
+        cursor = old_cursor(full, 1)
+        source = source_for([full.url, short.url], page_limit=10)
+        got: list[Record] = []
+        with (
+            structlog.testing.capture_logs() as logs,
+            pytest.raises(SourceFatalError),
+            trio.fail_after(10),
+        ):
+            async with source.stream(cursor) as batches:
+                got.extend((await batches.receive()).records)
+                await full.go_down()  # the rest must come from the Horizon with less history
+                async for batch in batches:
+                    got.extend(batch.records)
+        assert got and int(got[-1].paging_token) >> 32 < short.chain.first
+        check_exact(got, after(full, "/operations", cursor)[: len(got)])
+        gaps = [e for e in logs if e["event"] == "history-gap"]
+        assert [g["horizon"] for g in gaps] == [short.url]
+        assert any(e["event"] == "horizon-failover" and e["to_url"] == short.url for e in logs)
+        assert not [r for r in short.requests if r.path != "/"]
+
+
+# --- rate limit (#11.4) ----------------------------------------------------------------------
+
+
+async def test_catch_up_under_a_rate_limit_gets_no_429_and_takes_the_time_the_budget_allows() -> None:
+    # 14400 an hour: one request per 0.25 s after a burst of 20. 300 ledgers in pages of 10 need
+    # 30 requests: the budget allows them in (30 - 20) * 0.25 = 2.5 s.
+    per_hour, burst, pages = 14_400, 19, 30
+    config = attrs.evolve(SMALL, history_ledgers=300, rate_limit=per_hour, rate_burst=burst)
+    async with open_simulator(config) as sim:
+        expected = sim.records("/ledgers")
+        source = source_for(sim.url, resource="/ledgers", page_limit=10, retry_after_cap=5.0)
+        start = trio.current_time()
+        async with following(source, "0") as (f, _):
+            await f.wait_for(len(expected), within=30)
+            took = trio.current_time() - start
+        check_exact(f.records, expected)
+        assert sim.statuses[429] == 0
+        budget = (pages - (burst + 1)) * 3600 / per_hour
+        print(f"rate-limited catch-up: {took:.2f} s, the budget allows {budget:.2f} s")
+        assert took <= 1.3 * budget
+
+
+async def test_retry_after_is_honoured_on_503_as_on_429() -> None:
+    async with open_simulator(SMALL) as sim:
+        sim.faults.fail_requests(503, count=1, retry_after=1)
+        with structlog.testing.capture_logs() as logs:
+            async with following(source_for(sim.url, retry_after_cap=5.0), "0") as (f, _):
+                await f.wait_for(10)
+        retry = next(e for e in logs if e["event"] == "horizon-retry")
+        assert retry["status"] == 503 and retry["delay"] >= 1.0
+
+
+# --- heavy queries (#11.8) -------------------------------------------------------------------
+
+
+async def test_after_504s_the_page_is_retried_with_a_smaller_limit_that_then_grows_back() -> None:
+    async with open_simulator(SMALL) as sim:  # 200 operations
+        sim.faults.fail_requests(504, count=2)
+        with structlog.testing.capture_logs() as logs:
+            async with following(source_for(sim.url), "0") as (f, _):
+                await f.wait_for(200)
+        check_exact(f.records, sim.records("/operations"))
+        limits = [r.query["limit"] for r in sim.requests if not r.stream]
+        assert limits == ["200", "100", "50", "100", "200"]
+        reduced = [e["limit"] for e in logs if e["event"] == "horizon-page-limit-reduced"]
+        assert reduced == [100, 50]
+
+
+# --- account-scoped 404 (#11.5) --------------------------------------------------------------
+
+
+async def test_an_account_one_horizon_has_not_ingested_is_read_from_another_url() -> None:
+    async with open_simulator(SMALL) as lagging, open_simulator(attrs.evolve(SMALL, seed=2)) as full:
+        account = full.chain.accounts[10]
+        resource = f"/accounts/{account}/operations"
+        assert not lagging.chain.knows_account(account) and full.chain.knows_account(account)
+        with structlog.testing.capture_logs() as logs:
+            async with following(source_for([lagging.url, full.url], resource=resource), "0") as (f, _):
+                expected = full.records(resource)
+                await f.wait_for(len(expected))
+        check_exact(f.records, expected)
+        assert [e["status"] for e in logs if e["event"] == "horizon-retry"] == [404] * 3
+        assert any(e["event"] == "horizon-failover" and e["to_url"] == full.url for e in logs)
+
+
+async def test_an_account_every_url_answers_404_for_the_give_up_time_stops_the_source() -> None:
+    async with open_simulator(SMALL) as one, open_simulator(attrs.evolve(SMALL, seed=3)) as two:
+        account = "GAAZI4TCR3TY5OJHCTJC2A4QSY6CJWJH5IAJTGKIN2ER7LBNVKOCCWN7"  # in neither chain
+        assert not one.chain.knows_account(account) and not two.chain.knows_account(account)
+        resource = f"/accounts/{account}/payments"
+        follower = Follower()
+        start = trio.current_time()
+        with trio.fail_after(10):
+            await follower.run(
+                source_for([one.url, two.url], resource=resource, not_found_give_up=0.5), "0"
+            )
+        took = trio.current_time() - start
+        assert isinstance(follower.error, SourceFatalError) and "404" in str(follower.error)
+        assert took >= 0.5 and len([r for r in one.requests if r.path == resource]) >= 2
+
+
+# --- stale Horizon (#11.3) -------------------------------------------------------------------
+
+
+async def test_a_stale_horizon_is_left_for_a_fresh_one() -> None:
+    async with open_simulator(SMALL) as stale, open_simulator(SMALL) as fresh:
+        cursor = stale.records("/operations")[-1]["paging_token"]
+        source = source_for(
+            [stale.url, fresh.url], stale_check_interval=0.2, stale_after_ledgers=2
+        )
+        with structlog.testing.capture_logs() as logs:
+            async with following(source, cursor) as (f, _):
+                with trio.fail_after(5):
+                    while not stale.active_streams:  # noqa: ASYNC110 - a counter, bounded
+                        await trio.sleep(0.01)
+                stale.faults.freeze_ingestion(60)  # answers 200 with nothing new from now on
+                await close_ledgers(stale, 5)
+                await close_ledgers(fresh, 5)
+                expected = after(fresh, "/operations", cursor)
+                await f.wait_for(len(expected), within=5)
+        check_exact(f.records, expected)
+        notice = next(e for e in logs if e["event"] == "horizon-stale")
+        assert (notice["horizon"], notice["to_url"]) == (stale.url, fresh.url)
+        assert notice["history_latest_ledger"] == stale.chain.latest
+        assert notice["core_latest_ledger"] == stale.core_latest == fresh.chain.latest
+        assert any(r.path == "/operations" and not r.stream for r in fresh.requests)
+
+
+# --- resources and parameters (#11.6) --------------------------------------------------------
+
+
+async def test_join_transactions_in_the_resource_embeds_each_operations_transaction() -> None:
+    async with open_simulator(SMALL) as sim:
+        plain = sim.records("/payments")
+        source = source_for(sim.url, resource="/payments?join=transactions", page_limit=7)
+        async with following(source, "0") as (f, _):
+            await f.wait_for(len(plain))  # paged
+            await close_ledgers(sim, 2)
+            everything = sim.records("/payments")
+            await f.wait_for(len(everything))  # streamed
+        transactions = {t["hash"]: t for t in sim.records("/transactions")}
+        assert [r.paging_token for r in f.records] == [p["paging_token"] for p in everything]
+        for record, bare in zip(f.records, everything, strict=True):
+            joined = json.loads(record.body)
+            assert joined["transaction"] == transactions[bare["transaction_hash"]]
+            assert {k: v for k, v in joined.items() if k != "transaction"} == bare
+            fields = list(joined)
+            assert fields[fields.index("transaction_hash") + 1] == "transaction"
+        assert all(r.query.get("join") == "transactions" for r in sim.requests if r.path == "/payments")
+        assert any(r.stream for r in sim.requests if r.path == "/payments")

@@ -18,8 +18,8 @@ import pytest
 import trio
 import trio.testing
 
-from ingestion.paging import toid_parts, token_key
-from ingestion.simulator import Faults, MalformedKind, Simulator
+from ingestion.paging import toid, toid_parts, token_key
+from ingestion.simulator import Faults, MalformedKind, Simulator, open_simulator
 from ingestion.simulator.chain import Chain, ChainSpec
 from tests.simulator_fixtures import SMALL, read_stream, running
 
@@ -55,7 +55,7 @@ async def test_page_is_hal_json_with_go_escaped_links(sim: Simulator) -> None:
     assert body["_links"]["self"]["href"] == f"{sim.url}/operations?cursor=&limit=3&order=asc"
     last = body["_embedded"]["records"][-1]["paging_token"]
     assert body["_links"]["next"]["href"] == f"{sim.url}/operations?cursor={last}&limit=3&order=asc"
-    assert r.headers["x-ratelimit-limit"] == "3600"
+    assert "x-ratelimit-limit" not in r.headers  # no --rate-limit: no limiter, no headers
 
 
 async def test_cursor_is_exclusive_and_next_link_continues(sim: Simulator) -> None:
@@ -200,6 +200,13 @@ async def test_stream_says_hello_then_records_then_byebye_after_limit(sim: Simul
     assert ended and len(frames) == 5
 
 
+async def test_stream_without_limit_says_byebye_after_ten_events_like_horizon(sim: Simulator) -> None:
+    _, frames, ended = await read_stream(f"{sim.url}/operations?cursor=0")
+    expected = [r["paging_token"] for r in sim.records("/operations")[:10]]
+    assert [f.get("id") for f in frames[1:-1]] == expected
+    assert ended and frames[-1].get("data") == '"byebye"'
+
+
 async def test_stream_events_are_compact_go_json(sim: Simulator) -> None:
     _, frames, _ = await read_stream(f"{sim.url}/effects?limit=1", frames=2)
     data = frames[1].get("data") or ""
@@ -272,6 +279,45 @@ async def test_rate_limit_fault_answers_429_with_headers_for_n_requests(sim: Sim
         assert {"x-ratelimit-limit", "x-ratelimit-reset"} <= set(r.headers)
         assert r.json()["type"] == "https://stellar.org/horizon-errors/rate_limit_exceeded"
     assert (await get(f"{sim.url}/operations")).status_code == 200
+
+
+async def test_rate_limit_is_horizons_gcra_with_its_headers_problem_and_retry_after() -> None:
+    # 3600 an hour: one request per second, bursts of 3 + 1.
+    async with open_simulator(attrs.evolve(SMALL, rate_limit=3600, rate_burst=3)) as s:
+        seen = []
+        for _ in range(5):
+            r = await get(f"{s.url}/ledgers?limit=1")
+            seen.append((r.status_code, r.headers.get("x-ratelimit-remaining")))
+        assert seen == [(200, "3"), (200, "2"), (200, "1"), (200, "0"), (429, "0")]
+        assert r.headers["x-ratelimit-limit"] == "4" and r.headers["retry-after"] == "1"
+        assert r.json()["type"] == "https://stellar.org/horizon-errors/rate_limit_exceeded"
+        await trio.sleep(1.05)  # one emission interval later, one more request is allowed
+        assert (await get(f"{s.url}/")).status_code == 200
+        assert 429 in [(await get(f"{s.url}/")).status_code for _ in range(3)]
+        # A stream opened without budget gets the 429 problem before any frame.
+        response, frames, _ = await read_stream(f"{s.url}/ledgers?cursor=now")
+        assert response.status_code == 429 and frames == []
+
+
+async def test_a_stream_that_runs_out_of_rate_limit_gets_an_error_event_mid_stream() -> None:
+    # Each new ledger wakes the stream and costs one request, as in Horizon's stream handler.
+    async with open_simulator(attrs.evolve(SMALL, rate_limit=36, rate_burst=2)) as s:
+        async with trio.open_nursery() as nursery:
+            result: list = []
+
+            async def reader() -> None:
+                result.append(await read_stream(f"{s.url}/ledgers?cursor=now&limit=200"))
+
+            nursery.start_soon(reader)
+            await until_streams(s, 1)
+            with trio.fail_after(5):
+                while not result:  # each wake-up by a new ledger spends one of the 3
+                    s.close_ledger()
+                    await trio.sleep(0.05)
+        _, frames, ended = result[0]
+        events = [f.get("event") for f in frames]
+        assert events[0] == "open" and events[-1] == "error" and set(events[1:-1]) == {None}
+        assert frames[-1].get("data") == "problem: rate_limit_exceeded" and ended
 
 
 async def test_server_error_fault_lasts_for_its_seconds(sim: Simulator) -> None:
@@ -445,3 +491,97 @@ async def test_live_ledgers_close_at_the_current_time_and_history_stays_in_the_p
     assert old["_embedded"]["records"][0]["closed_at"] == "2025-01-01T00:00:00Z"  # deterministic
     assert all(op["created_at"] == new["closed_at"] for op in ops)
     assert root["history_latest_ledger_closed_at"] == new["closed_at"]
+
+
+async def test_retention_keeps_only_the_newest_ledgers_and_the_elder_ledger_moves_as_they_close() -> None:
+    async for s in running(attrs.evolve(SMALL, retention_ledgers=3)):
+        first_op = s.records("/operations")[0]
+        root = (await get(f"{s.url}/")).json()
+        assert root["history_elder_ledger"] == root["history_latest_ledger"] - 2 == s.chain.first
+        oldest = (await get(f"{s.url}/ledgers?limit=200")).json()["_embedded"]["records"]
+        assert [r["sequence"] for r in oldest] == list(range(s.chain.first, s.chain.latest + 1))
+        s.close_ledger()
+        root = (await get(f"{s.url}/")).json()
+        assert root["history_elder_ledger"] == root["history_latest_ledger"] - 2
+        assert (await get(f"{s.url}/operations/{first_op['id']}")).status_code == 404
+        # order=asc from a cursor older than history: silently moved up to the elder ledger
+        page = (await get(f"{s.url}/operations?cursor={first_op['paging_token']}&limit=1")).json()
+        assert toid_parts(int(page["_embedded"]["records"][0]["paging_token"]))[0] == s.chain.first
+
+
+async def test_an_account_horizon_has_not_ingested_answers_404(sim: Simulator) -> None:
+    unknown = "GAAZI4TCR3TY5OJHCTJC2A4QSY6CJWJH5IAJTGKIN2ER7LBNVKOCCWN7"
+    r = await get(f"{sim.url}/accounts/{unknown}/payments")
+    assert r.status_code == 404 and r.json()["type"].endswith("/not_found")
+    known = sim.records("/operations")[0]["source_account"]
+    assert (await get(f"{sim.url}/accounts/{known}/operations")).status_code == 200
+
+
+async def test_frozen_ingestion_answers_200_with_nothing_new_while_core_goes_on(sim: Simulator) -> None:
+    latest = sim.chain.latest
+    async with httpx.AsyncClient(timeout=5) as client:
+        r = await client.post(f"{sim.url}/_simulator/faults", json={"freeze": {"seconds": 0.3}})
+    assert r.status_code == 200 and r.json()["freeze"]["seconds"] > 0
+    sim.close_ledger()
+    sim.close_ledger()
+    root = (await get(f"{sim.url}/")).json()
+    assert (root["history_latest_ledger"], root["core_latest_ledger"]) == (latest, latest + 2)
+    page = (await get(f"{sim.url}/ledgers?order=desc&limit=1")).json()
+    assert page["_embedded"]["records"][0]["sequence"] == latest
+    await trio.sleep(0.35)
+    sim.close_ledger()  # ingestion resumes: the ledgers closed meanwhile reach history
+    root = (await get(f"{sim.url}/")).json()
+    assert root["history_latest_ledger"] == root["core_latest_ledger"] == latest + 3
+
+
+# -- fidelity (#11.9) ----------------------------------------------------------------------------
+
+
+async def test_a_bare_effects_cursor_means_after_all_of_that_operations_effects(sim: Simulator) -> None:
+    effects = sim.records("/effects")
+    op = effects[0]["paging_token"].split("-")[0]
+    later = [e["paging_token"] for e in effects if int(e["paging_token"].split("-")[0]) > int(op)]
+    assert tokens(await get(f"{sim.url}/effects?cursor={op}&limit=200")) == later[:200]
+
+
+async def test_503_is_stale_history_and_502_comes_from_a_proxy_without_a_problem(sim: Simulator) -> None:
+    sim.faults.fail_requests(503, count=1)
+    r = await get(f"{sim.url}/operations")
+    assert r.status_code == 503 and r.json()["type"].endswith("/stale_history")
+    sim.faults.fail_requests(502, count=1)
+    r = await get(f"{sim.url}/operations")
+    assert r.status_code == 502 and r.headers["content-type"] == "text/html"
+    assert b"502 Bad Gateway" in r.content
+
+
+async def test_links_carry_the_numeric_cursor_for_now(sim: Simulator) -> None:
+    body = (await get(f"{sim.url}/operations?cursor=now&limit=5")).json()
+    number = str(toid(sim.chain.latest + 1) - 1)
+    assert body["_links"]["self"]["href"].startswith(f"{sim.url}/operations?cursor={number}&")
+    assert body["_links"]["next"]["href"].startswith(f"{sim.url}/operations?cursor={number}&")
+
+
+async def test_streams_poll_for_new_ledgers_at_the_sse_update_frequency() -> None:
+    async with open_simulator(attrs.evolve(SMALL, sse_update_frequency=0.2)) as s:
+        async with trio.open_nursery() as nursery:
+            result: list = []
+
+            async def reader() -> None:
+                result.append(await read_stream(f"{s.url}/ledgers?cursor=now&limit=2"))
+
+            nursery.start_soon(reader)
+            await until_streams(s, 1)
+            first, second = s.close_ledger(), s.close_ledger()
+        _, frames, _ = result[0]
+        assert [f.get("id") for f in frames[1:3]] == [str(first << 32), str(second << 32)]
+
+
+async def test_include_failed_and_join_are_validated_and_echoed_in_links(sim: Simulator) -> None:
+    r = await get(f"{sim.url}/operations?include_failed=maybe")
+    assert r.status_code == 400 and r.json()["extras"]["invalid_field"] == "include_failed"
+    r = await get(f"{sim.url}/operations?join=ledgers")
+    assert r.status_code == 400 and r.json()["extras"]["invalid_field"] == "join"
+    body = (await get(f"{sim.url}/operations?join=transactions&include_failed=true&limit=2")).json()
+    assert "join=transactions" in body["_links"]["next"]["href"]
+    first = body["_embedded"]["records"][0]
+    assert first["transaction"]["hash"] == first["transaction_hash"]

@@ -182,3 +182,20 @@ async def test_pages_have_the_recorded_shape_and_escaping(sim: Simulator) -> Non
     assert real_text.startswith('{\n  "_links": {\n    "self": {\n      "href": ')
     assert ours.text.startswith('{\n  "_links": {\n    "self": {\n      "href": ')
     assert '\n    "records": [\n      {\n        "_links": {' in ours.text
+
+
+async def test_payments_hold_the_recorded_payment_types_account_merge_and_asset_moving_invocations(
+    sim: Simulator,
+) -> None:
+    recorded = {
+        record["type"]
+        for path, page in PAGES
+        if "payment" in path.name
+        for record in page["_embedded"]["records"]
+    }
+    assert "account_merge" in recorded
+    ours = sim.records("/payments")
+    types = {record["type"] for record in ours}
+    # Horizon's /payments also has invoke_host_function operations that move assets (SAC).
+    assert {"account_merge", "invoke_host_function"} <= types <= recorded | {"invoke_host_function"}
+    assert all(r["asset_balance_changes"] for r in ours if r["type"] == "invoke_host_function")

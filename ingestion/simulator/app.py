@@ -13,6 +13,7 @@ Control endpoint (JSON in and out; not part of Horizon):
   ``{"fail": {"status": 429|500|502|503|504, "count": N | "seconds": T, "retry_after": S},
   "close_stream_after": {"events": N, "streams": M}, "malformed": {"kind": "broken_json" |
   "missing_paging_token" | "token_regression" | "duplicate"}, "stall": {"seconds": T},
+  "freeze": {"seconds": T} (ingestion stalls: stellar-core's ledgers go on, history does not),
   "down": {"seconds": T}}``: arm them (``down`` stops listening right after answering and listens
   again, same port and chain, ``T`` seconds later). Answers 200 with the snapshot, or a 400 problem.
 - ``DELETE /_simulator/faults``: disarm everything.
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
@@ -44,6 +44,7 @@ from ingestion.simulator.chain import (
     token_of,
 )
 from ingestion.simulator.faults import MalformedKind
+from ingestion.simulator.ratelimit import RateLimiter
 from ingestion.simulator.strkey import is_valid_account
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ Send = Callable[[Message], Awaitable[None]]
 
 MAX_LIMIT = 200
 DEFAULT_LIMIT = 10
-RATE_LIMIT = 3600  # requests per hour, as horizon.stellar.org advertises
+PUBLIC_RATE_BURST = 100  # the public SDF Horizon: 3600 requests an hour, bursts of 100 (+1)
 _SUB = "(transactions|operations|payments|effects)"
 _ROUTES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("collection", re.compile(r"/(ledgers|transactions|operations|payments|effects)")),
@@ -69,6 +70,30 @@ _ROUTES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("operation_sub", re.compile(r"/operations/([^/]+)/(effects)")),
 )
 _EXTRA_PARAMS = ("include_failed", "join")
+
+
+@attrs.frozen
+class SeenRequest:
+    """A Horizon request as the simulator received it (``Simulator.requests``), for tests."""
+
+    path: str
+    query: dict[str, str]
+    stream: bool
+    at: float  # trio.current_time() on arrival
+
+
+def _joins(query: CollectionQuery, params: PageParams) -> bool:
+    """``join=transactions`` on a collection of operations: embed each one's transaction."""
+    return params.extras.get("join") == "transactions" and query.collection in (
+        "operations",
+        "payments",
+    )
+
+
+def _client(scope: Scope) -> str:
+    """The client's address: Horizon limits per IP."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
 
 
 class Problem(Exception):
@@ -122,6 +147,8 @@ def resolve(path: str, sim: Simulator) -> CollectionQuery | int | None:
         if name == "account_sub":
             if not is_valid_account(m.group(1)):
                 raise Problem(400, render.bad_request("account_id", "invalid address"))
+            if not chain.knows_account(m.group(1)):
+                return None  # an account Horizon has not ingested (yet): 404
             return CollectionQuery(m.group(2), path, account=m.group(1))
         if name in ("transaction", "transaction_sub"):
             tx_hash = m.group(1).lower()
@@ -164,6 +191,9 @@ def parse_cursor(text: str, collection: str, latest: int, descending: bool) -> i
         )
     if value >= 1 << 63:
         raise Problem(400, render.bad_request("cursor", "cursor is out of range"))
+    if m.group(2) is None and collection == "effects":
+        # A bare operation id as an effects cursor: after all of that operation's effects.
+        return key_of(value, 0xFFFF)
     n = int(m.group(2) or 0)
     if n > 0xFFFF:
         raise Problem(400, render.bad_request("cursor", "cursor is out of range"))
@@ -201,6 +231,10 @@ def parse_page_params(query: dict[str, str]) -> PageParams:
                 render.bad_request("limit", f"limit must be between 1 and {MAX_LIMIT}"),
             )
     extras = {name: query[name] for name in _EXTRA_PARAMS if name in query}
+    if extras.get("include_failed", "false") not in ("true", "false"):
+        raise Problem(400, render.bad_request("include_failed", "must be true or false"))
+    if extras.get("join", "transactions") != "transactions":
+        raise Problem(400, render.bad_request("join", "only transactions can be joined"))
     return PageParams(query.get("cursor", ""), order, limit, limit_text != "", extras)
 
 
@@ -209,8 +243,13 @@ class HorizonApp:
 
     def __init__(self, sim: Simulator):
         self.sim = sim
-        self._window_start = time.monotonic()
-        self._window_used = 0
+        config = sim.config
+        #: Horizon's per-client limiter (--rate-limit); None: no limit, no X-RateLimit headers.
+        self.limiter = (
+            RateLimiter(config.rate_limit, config.rate_burst, trio.current_time)
+            if config.rate_limit
+            else None
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -226,23 +265,31 @@ class HorizonApp:
             delay = self.sim.config.response_delay_ms
             if delay:
                 await trio.sleep(delay / 1000)  # a real Horizon's query time: no CPU used
+            send = self._counting(send)
             await self._horizon(scope, receive, send)
         except Problem as p:
             await self._respond(send, p.status, render.PROBLEM_JSON, p.body)
 
     # -- plumbing -------------------------------------------------------------------------------
 
+    def _counting(self, send: Send) -> Send:
+        statuses = self.sim.statuses
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                statuses[message["status"]] += 1
+            await send(message)
+
+        return counted
+
     def _rate_headers(self, exhausted: bool = False) -> list[tuple[bytes, bytes]]:
-        now = time.monotonic()
-        if now - self._window_start >= 3600:
-            self._window_start, self._window_used = now, 0
-        self._window_used += 1
-        remaining = 0 if exhausted else max(0, RATE_LIMIT - self._window_used)
-        reset = int(3600 - (now - self._window_start))
+        """X-RateLimit headers for an armed failure (the ``fail`` knob): the configured limiter's
+        size, or the public Horizon's (bursts of 101), spent when ``exhausted``."""
+        burst = self.sim.config.rate_burst if self.limiter is not None else PUBLIC_RATE_BURST
         return [
-            (b"x-ratelimit-limit", str(RATE_LIMIT).encode()),
-            (b"x-ratelimit-remaining", str(remaining).encode()),
-            (b"x-ratelimit-reset", str(reset).encode()),
+            (b"x-ratelimit-limit", str(burst + 1).encode()),
+            (b"x-ratelimit-remaining", str(0 if exhausted else burst).encode()),
+            (b"x-ratelimit-reset", b"1"),
         ]
 
     async def _respond(
@@ -277,17 +324,36 @@ class HorizonApp:
 
     # -- Horizon --------------------------------------------------------------------------------
 
+    def _seen(self, scope: Scope) -> None:
+        query = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
+        stream = "text/event-stream" in (self._header(scope, b"accept") or "")
+        self.sim.requests.append(SeenRequest(scope["path"], query, stream, trio.current_time()))
+
     async def _horizon(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._seen(scope)
         failure = self.sim.faults.take_request_failure()
         if failure is not None:
             headers = self._rate_headers(exhausted=failure.status == 429)
             if failure.status in (429, 503):
                 headers.append((b"retry-after", str(failure.retry_after).encode()))
+            if failure.status == 502:  # from the proxy in front of Horizon, not Horizon
+                await self._respond(send, 502, b"text/html", render.BAD_GATEWAY_HTML)
+                return
             await self._respond(
                 send, failure.status, render.PROBLEM_JSON, render.failure(failure.status), headers
             )
             return
-        rate_headers = self._rate_headers()
+        accept = self._header(scope, b"accept") or ""
+        rate_headers: list[tuple[bytes, bytes]] = []
+        if self.limiter is not None and "text/event-stream" not in accept:
+            # Horizon's middleware; streams are limited by the stream loop instead (_stream).
+            decision = self.limiter.take(_client(scope))
+            rate_headers = decision.headers()
+            if decision.limited:
+                await self._respond(
+                    send, 429, render.PROBLEM_JSON, render.failure(429), rate_headers
+                )
+                return
         if scope["method"] not in ("GET", "HEAD"):
             raise Problem(404, render.not_found())
         path: str = scope["path"]
@@ -306,12 +372,11 @@ class HorizonApp:
             return
         query = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
         params = parse_page_params(query)
-        accept = self._header(scope, b"accept") or ""
         if "text/event-stream" in accept:
             last_event_id = self._header(scope, b"last-event-id")
             if last_event_id:
                 params = attrs.evolve(params, cursor=last_event_id)
-            await self._stream(target, params, base, receive, send)
+            await self._stream(target, params, base, _client(scope), receive, send)
             return
         body = self._page(target, params, base)
         await self._respond(send, 200, render.HAL_JSON, body, rate_headers)
@@ -357,7 +422,7 @@ class HorizonApp:
             "history_latest_ledger": chain.latest,
             "history_latest_ledger_closed_at": timestamp(chain.closed_at(chain.latest)),
             "history_elder_ledger": chain.first,
-            "core_latest_ledger": chain.latest,
+            "core_latest_ledger": self.sim.core_latest,
             "network_passphrase": NETWORK_PASSPHRASE,
             "current_protocol_version": PROTOCOL_VERSION,
             "supported_protocol_version": PROTOCOL_VERSION,
@@ -383,14 +448,17 @@ class HorizonApp:
         descending = params.order == "desc"
         after = parse_cursor(params.cursor, query.collection, chain.latest, descending)
         keys = self._keys(query, after, descending, params.limit)
-        records = [render.page_form(chain.content(key >> (KEY_SHIFT + 32)), key) for key in keys]
+        form = render.joined_page_form if _joins(query, params) else render.page_form
+        records = [form(chain.content(key >> (KEY_SHIFT + 32)), key) for key in keys]
         body = render.page(
             base,
             query.path,
             params.extras,
             order=params.order,
             limit=params.limit,
-            cursor=params.cursor,
+            # Horizon's links carry the cursor as the number it stands for: "now" is the TOID
+            # just after the latest ledger.
+            cursor=str(toid(chain.latest + 1) - 1) if params.cursor == "now" else params.cursor,
             tokens=[token_of(key) for key in keys],
             records=records,
         )
@@ -401,19 +469,26 @@ class HorizonApp:
         query: CollectionQuery,
         params: PageParams,
         base: str,
+        client: str,
         receive: Receive,
         send: Send,
     ) -> None:
         chain = self.sim.chain
         after = parse_cursor(params.cursor, query.collection, chain.latest, descending=False)
+        # Horizon checks the limiter before the stream's first query: limited, the client gets a
+        # plain 429 problem (the stream handler renders it, so no X-RateLimit headers).
+        if self.limiter is not None and self.limiter.take(client).limited:
+            raise Problem(429, render.failure(429))
         headers = [
             (b"content-type", render.EVENT_STREAM),
             (b"cache-control", b"no-cache"),
             (b"access-control-allow-origin", b"*"),
-            *self._rate_headers(),
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         stream = _Stream(self.sim, query, params, after, base.encode(), send, self._keys)
+        if self.limiter is not None:
+            limiter = self.limiter
+            stream.rate_limited = lambda: limiter.take(client).limited
         self.sim.active_streams += 1
         try:
             await self._run_stream(stream, receive, send)
@@ -476,7 +551,7 @@ class HorizonApp:
         await self._json(send, 200, result)
 
     def _arm(self, data: dict[str, Any]) -> float | None:
-        known = {"fail", "close_stream_after", "malformed", "stall", "down"}
+        known = {"fail", "close_stream_after", "malformed", "stall", "freeze", "down"}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown fault(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -496,6 +571,8 @@ class HorizonApp:
             faults.send_malformed(MalformedKind(data["malformed"]["kind"]))
         if "stall" in data:
             faults.stall_streams(float(data["stall"]["seconds"]))
+        if "freeze" in data:
+            faults.freeze_ingestion(float(data["freeze"]["seconds"]))
         if "down" in data:
             return float(data["down"]["seconds"])
         return None
@@ -519,7 +596,10 @@ class _Stream:
     ):
         self.sim = sim
         self.query = query
-        self.limit = params.limit if params.limit_given else None
+        # Horizon hands the request's limit (default 10, as for pages) to the stream and says
+        # byebye after that many events.
+        self.limit = params.limit
+        self.form = render.joined_compact_form if _joins(query, params) else render.compact_form
         self.after = after
         self.base = base
         self.send = send
@@ -527,6 +607,8 @@ class _Stream:
         self.sent = 0
         self.previous: tuple[int, bytes] | None = None  # last record event: key, frame
         self.ended_cleanly: bytes | None = None  # the last bytes to send, once over
+        #: Horizon's limiter check on each wake-up by a new ledger: True means limited.
+        self.rate_limited: Callable[[], bool] | None = None
 
     async def _write(self, data: bytes) -> None:
         stall = self.sim.faults.stall_remaining()
@@ -542,27 +624,41 @@ class _Stream:
             if cutoff is not None and self.sent >= cutoff:
                 self.ended_cleanly = b""  # dropped: no byebye
                 return
-            want = 200 if self.limit is None else min(200, self.limit - self.sent)
+            want = min(MAX_LIMIT, self.limit - self.sent)
             seen = chain.latest
             keys = self.keys(self.query, self.after, False, want)
-            if keys and cutoff is None and self.limit is None and faults.streams_quiet():
+            if keys and cutoff is None and faults.streams_quiet():
                 # Nothing to inject between events: the whole backlog chunk in one write (one
                 # ASGI send per event costs more than rendering it).
                 await self._write(b"".join([self._frame(key) for key in keys]))
+                if self.sent >= self.limit:
+                    self.ended_cleanly = render.SSE_BYEBYE
+                    return
                 continue
             for key in keys:
                 if cutoff is not None and self.sent >= cutoff:
                     break
                 await self._event(key)
-                if self.limit is not None and self.sent >= self.limit:
+                if self.sent >= self.limit:
                     self.ended_cleanly = render.SSE_BYEBYE
                     return
             if not keys:
-                await self.sim.wait_for_ledger(seen)
+                frequency = self.sim.config.sse_update_frequency
+                if frequency > 0:
+                    # Horizon's streams learn of new ledgers by polling (--sse-update-frequency).
+                    while chain.latest <= seen:  # noqa: ASYNC110 - polling is the point
+                        await trio.sleep(frequency)
+                else:
+                    await self.sim.wait_for_ledger(seen)
+                if self.rate_limited is not None and self.rate_limited():
+                    # Out of budget mid-stream: Horizon sends an error event and ends the stream.
+                    await self._write(render.sse_error("problem: rate_limit_exceeded"))
+                    self.ended_cleanly = b""
+                    return
 
     def _frame(self, key: int) -> bytes:
         """The record event for ``key``, counted as sent."""
-        compact = render.compact_form(self.sim.chain.content(key >> (KEY_SHIFT + 32)), key)
+        compact = self.form(self.sim.chain.content(key >> (KEY_SHIFT + 32)), key)
         frame = render.sse_record(token_of(key), render.with_base(compact, self.base))
         self.previous = (key, frame)
         self.after = key
@@ -571,7 +667,7 @@ class _Stream:
 
     async def _event(self, key: int) -> None:
         chain, faults = self.sim.chain, self.sim.faults
-        compact = render.compact_form(chain.content(key >> (KEY_SHIFT + 32)), key)
+        compact = self.form(chain.content(key >> (KEY_SHIFT + 32)), key)
         data = render.with_base(compact, self.base)
         token = token_of(key)
         frame = render.sse_record(token, data)

@@ -35,14 +35,23 @@ PLACEHOLDER_BASE = "http://horizon.invalid"
 KEY_SHIFT = 16
 COLLECTIONS = ("ledgers", "transactions", "operations", "payments", "effects")
 ACCOUNT_COLLECTIONS = ("transactions", "operations", "payments", "effects")
+# Horizon's /payments: these types, and invoke_host_function operations that move assets (SAC
+# transfers: is_payment in Horizon's history_operations).
 PAYMENT_TYPES = frozenset(
-    {"create_account", "payment", "path_payment_strict_receive", "path_payment_strict_send"}
+    {
+        "create_account",
+        "payment",
+        "path_payment_strict_receive",
+        "path_payment_strict_send",
+        "account_merge",
+    }
 )
 NETWORK_PASSPHRASE = "Standalone Network ; February 2017"
 PROTOCOL_VERSION = 23
 # Operation mix: (type, weight).
 OPERATION_MIX: tuple[tuple[str, int], ...] = (
-    ("payment", 34),
+    ("payment", 32),
+    ("account_merge", 2),
     ("create_account", 8),
     ("path_payment_strict_send", 8),
     ("path_payment_strict_receive", 6),
@@ -59,12 +68,14 @@ OPERATION_TYPE_I = {
     "manage_sell_offer": 3,
     "set_options": 5,
     "change_trust": 6,
+    "account_merge": 8,
     "manage_buy_offer": 12,
     "path_payment_strict_send": 13,
     "invoke_host_function": 24,
 }
 EFFECT_TYPE_I = {
     "account_created": 0,
+    "account_removed": 1,
     "account_credited": 2,
     "account_debited": 3,
     "account_thresholds_updated": 4,
@@ -333,7 +344,7 @@ class _LedgerBuilder:
         getattr(self, f"op_{op_type}")(record, effects, involved, source)
         self.records[op_key] = record
         self.kinds["operations"].append(op_key)
-        if op_type in PAYMENT_TYPES:
+        if op_type in PAYMENT_TYPES or record.get("asset_balance_changes"):
             self.kinds["payments"].append(op_key)
         self.participants[op_key] = frozenset(involved)
         for n, (effect_type, account, details) in enumerate(effects, start=1):
@@ -366,6 +377,14 @@ class _LedgerBuilder:
         effects.append(("account_debited", source, {"asset_type": "native", "amount": balance}))
         effects.append(("signer_created", new, {"weight": 1, "public_key": new}))
         involved.add(new)
+
+    def op_account_merge(self, rec: dict, effects: list, involved: set, source: str) -> None:
+        into, value = self.account(), amount(self.stroops(10_000_000, 1_000_000_000))
+        rec.update(account=source, into=into)
+        effects.append(("account_debited", source, {"asset_type": "native", "amount": value}))
+        effects.append(("account_credited", into, {"asset_type": "native", "amount": value}))
+        effects.append(("account_removed", source, {}))
+        involved.add(into)
 
     def op_payment(self, rec: dict, effects: list, involved: set, source: str) -> None:
         asset, to, value = self.asset(), self.account(), amount(self.stroops())
@@ -575,14 +594,26 @@ class Chain:
         spec: what the chain contains.
         history_ledgers: ledgers already closed at start (at least 1: Horizon always has a latest).
         cache_records: about how many built records to keep in memory.
+        retention_ledgers: keep only the newest N ledgers, as Horizon's history retention
+            (``HISTORY_RETENTION_COUNT``): older ones are gone and :attr:`first` (Horizon's
+            ``history_elder_ledger``) moves up as ledgers close. 0: keep everything.
     """
 
-    def __init__(self, spec: ChainSpec, history_ledgers: int = 1, cache_records: int = 60_000):
+    def __init__(
+        self,
+        spec: ChainSpec,
+        history_ledgers: int = 1,
+        cache_records: int = 60_000,
+        retention_ledgers: int = 0,
+    ):
         if not 0 <= spec.ops_per_ledger <= 4000:
             raise ValueError("ops_per_ledger must be between 0 and 4000")
         if not 1 <= spec.first_ledger < (1 << 31) - 10_000_000:
             raise ValueError("first_ledger must be a positive ledger sequence")
+        if retention_ledgers < 0:
+            raise ValueError("retention_ledgers must be >= 0 (0: keep everything)")
         self.spec = spec
+        self.retention_ledgers = retention_ledgers
         self.accounts = [
             strkey.encode_account(hashlib.sha256(f"account:{spec.seed}:{i}".encode()).digest())
             for i in range(96)
@@ -606,6 +637,9 @@ class Chain:
 
     @property
     def first(self) -> int:
+        """The oldest ledger still held (Horizon's ``history_elder_ledger``)."""
+        if self.retention_ledgers:
+            return max(self.spec.first_ledger, self.latest - self.retention_ledgers + 1)
         return self.spec.first_ledger
 
     def closed_at(self, seq: int) -> int:
@@ -668,6 +702,12 @@ class Chain:
         """The paging key of the transaction with this hash, if it exists."""
         self._index_secondary()
         return self._tx_by_hash.get(tx_hash)
+
+    def knows_account(self, account: str) -> bool:
+        """Whether the account occurs in the chain (Horizon has ingested it): Horizon answers 404
+        for the collections of an account it does not know."""
+        self._index_secondary()
+        return account in self._by_account
 
     def account_keys(self, account: str, collection: str) -> Sequence[int]:
         """The paging keys of one account's transactions, operations, payments or effects."""
@@ -742,7 +782,7 @@ class Chain:
 
     def _index_secondary(self) -> None:
         self._secondary_wanted = True
-        for seq in range(self._indexed + 1, self.latest + 1):
+        for seq in range(max(self._indexed + 1, self.first), self.latest + 1):
             content = self.content(seq)
             for collection in ACCOUNT_COLLECTIONS:
                 for key in content.kinds[collection]:

@@ -55,6 +55,31 @@ def _parser() -> argparse.ArgumentParser:
         help="delay every response (a page, a stream's first bytes) this long, sleeping: "
         "a real Horizon's query time",
     )
+    p.add_argument(
+        "--retention-ledgers",
+        type=int,
+        default=defaults.retention_ledgers,
+        help="keep only the newest N ledgers, as Horizon's history retention; 0: everything",
+    )
+    p.add_argument(
+        "--rate-limit",
+        type=int,
+        default=defaults.rate_limit,
+        metavar="PER_HOUR",
+        help="Horizon's per-client rate limit, requests an hour (the public one: 3600); 0: none",
+    )
+    p.add_argument(
+        "--rate-burst",
+        type=int,
+        default=defaults.rate_burst,
+        help="the rate limiter's burst (the public Horizon: 100)",
+    )
+    p.add_argument(
+        "--sse-update-frequency",
+        type=_non_negative_float,
+        default=defaults.sse_update_frequency,
+        help="seconds between a stream's polls for new ledgers (Horizon: 5); 0: at once",
+    )
     return p
 
 
@@ -72,6 +97,10 @@ def config_from_args(argv: list[str]) -> SimulatorConfig:
         first_ledger=args.first_ledger,
         cache_records=args.cache_records,
         response_delay_ms=max(0, args.response_delay_ms),
+        retention_ledgers=args.retention_ledgers,
+        rate_limit=args.rate_limit,
+        rate_burst=args.rate_burst,
+        sse_update_frequency=args.sse_update_frequency,
     )
 
 

@@ -54,6 +54,7 @@ class Faults:
     _cutoff_streams: int = 0
     _malformed: list[MalformedKind] = attrs.Factory(list)
     _stall_until: float | None = None
+    _frozen_until: float | None = None
 
     # -- arming ---------------------------------------------------------------------------------
 
@@ -105,6 +106,23 @@ class Faults:
             raise ValueError("seconds must not be negative")
         self._stall_until = self.clock() + seconds
 
+    def freeze_ingestion(self, seconds: float) -> None:
+        """Stop ingesting for ``seconds``: stellar-core's ledgers go on closing (``core_latest_ledger``
+        in ``/``) but no new ledger reaches history, so every request answers 200 with nothing
+        new, as a Horizon whose ingestion stalled (its ``stale_history`` 503 is off by default)."""
+        if seconds < 0:
+            raise ValueError("seconds must not be negative")
+        self._frozen_until = self.clock() + seconds
+
+    def ingestion_frozen(self) -> bool:
+        """True while ingestion is frozen (consumed when a ledger closes)."""
+        if self._frozen_until is None:
+            return False
+        if self.clock() >= self._frozen_until:
+            self._frozen_until = None
+            return False
+        return True
+
     def clear(self) -> None:
         """Disarm every knob."""
         self._failure = None
@@ -112,6 +130,7 @@ class Faults:
         self._cutoff_streams = 0
         self._malformed.clear()
         self._stall_until = None
+        self._frozen_until = None
 
     # -- consuming (the server) -----------------------------------------------------------------
 
@@ -189,4 +208,7 @@ class Faults:
             "stall": None
             if self._stall_until is None
             else {"seconds": max(0.0, self._stall_until - now)},
+            "freeze": None
+            if self._frozen_until is None
+            else {"seconds": max(0.0, self._frozen_until - now)},
         }

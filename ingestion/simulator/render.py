@@ -72,6 +72,32 @@ def page_form(content: LedgerContent, key: int) -> bytes:
     return data
 
 
+def with_transaction(content: LedgerContent, key: int) -> dict[str, Any]:
+    """An operation with its transaction embedded, as ``join=transactions`` returns it: Go puts
+    ``transaction`` right after ``transaction_hash`` (the operation's base struct)."""
+    record = content.records[key]
+    tx_key = key & ~(((1 << 12) - 1) << 16)  # the same TOID with operation index 0
+    transaction = content.records[tx_key]
+    out: dict[str, Any] = {}
+    for field, value in record.items():
+        out[field] = value
+        if field == "transaction_hash":
+            out["transaction"] = transaction
+    return out
+
+
+def joined_page_form(content: LedgerContent, key: int) -> bytes:
+    """:func:`page_form` of :func:`with_transaction` (not cached: a rare query)."""
+    out = [_RECORD_INDENT[1:]]
+    _pretty(with_transaction(content, key), _RECORD_INDENT[1:], out)
+    return go_escape("".join(out).encode("utf-8"))
+
+
+def joined_compact_form(content: LedgerContent, key: int) -> bytes:
+    """:func:`compact_form` of :func:`with_transaction`."""
+    return go_json(with_transaction(content, key), indent=False)
+
+
 def _pretty(value: dict[str, Any] | list[Any], indent: str, out: list[str]) -> None:
     """``MarshalIndent`` of a dict or list, much faster than ``json.dumps(indent=2)``.
 
@@ -228,11 +254,14 @@ FAILURE_PROBLEMS: dict[int, tuple[str, str, str]] = {
         "The server, while acting as a gateway or proxy, received an invalid response from the "
         "upstream server.",
     ),
+    # What Horizon's history routes answer with 503: the history database lags stellar-core.
     503: (
-        "server_over_capacity",
-        "Server Over Capacity",
-        "This horizon server is currently overloaded.  Please wait for several minutes before "
-        "trying your request again.",
+        "stale_history",
+        "Historical DB Is Too Stale",
+        "This horizon instance is configured to reject client requests when it can determine "
+        "that the history database is lagging too far behind the connected instance of "
+        "Stellar-Core or read replica. It's also possible that Stellar-Core is out of sync. "
+        "Please try again later.",
     ),
     504: (
         "timeout",
@@ -247,6 +276,14 @@ FAILURE_PROBLEMS: dict[int, tuple[str, str, str]] = {
 def failure(status: int) -> bytes:
     kind, title, detail = FAILURE_PROBLEMS[status]
     return problem(kind, title, status, detail)
+
+
+# Horizon never answers 502 itself: the proxy in front of it does, with its own page.
+BAD_GATEWAY_HTML = (
+    b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+    b"<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n"
+    b"</body>\r\n</html>\r\n"
+)
 
 
 def sse_record(token: str | None, data: bytes) -> bytes:

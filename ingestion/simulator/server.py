@@ -6,6 +6,7 @@ the listener is really up; :func:`open_simulator` wraps it as an async context m
 
 from __future__ import annotations
 
+import collections
 import gc
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -16,7 +17,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
-from ingestion.simulator.app import CollectionQuery, HorizonApp, resolve
+from ingestion.simulator.app import CollectionQuery, HorizonApp, SeenRequest, resolve
 from ingestion.simulator.chain import KEY_SHIFT, Chain, ChainSpec
 from ingestion.simulator.faults import Faults
 from ingestion.simulator.render import compact_form, with_base
@@ -40,6 +41,13 @@ class SimulatorConfig:
             that every pass after the first is served from memory.
         response_delay_ms: every Horizon response (a page, a stream's first bytes) is delayed
             this long, sleeping (no CPU): a real Horizon's query time and network.
+        retention_ledgers: keep only the newest N ledgers (Horizon's history retention); the
+            elder ledger moves up as ledgers close. 0: keep everything.
+        rate_limit, rate_burst: Horizon's per-client limiter (GCRA): ``rate_limit`` requests an
+            hour in bursts of ``rate_burst + 1``, 429 with Horizon's headers and problem beyond,
+            and an ``event: error`` on a stream that runs out. 0: no limit (no headers).
+        sse_update_frequency: seconds between a stream's polls for new ledgers, as Horizon's
+            ``--sse-update-frequency`` (Horizon: 5); 0: woken at once when a ledger closes.
     """
 
     host: str = "127.0.0.1"
@@ -52,6 +60,10 @@ class SimulatorConfig:
     first_ledger: int = 50_000_000
     cache_records: int = 60_000
     response_delay_ms: int = 0
+    retention_ledgers: int = 0
+    rate_limit: int = 0
+    rate_burst: int = 100
+    sse_update_frequency: float = 0.0
 
     def chain_spec(self) -> ChainSpec:
         return ChainSpec(
@@ -67,17 +79,29 @@ class Simulator:
         chain: the :class:`Chain`; ``chain.latest`` is the latest closed ledger.
         faults: the :class:`Faults` knobs.
         active_streams: how many SSE responses are open right now.
+        requests, statuses: the latest Horizon requests received and a count of the statuses
+            answered (for tests).
         config: the :class:`SimulatorConfig`.
     """
 
     def __init__(self, config: SimulatorConfig, nursery: trio.Nursery):
         self.config = config
         self.chain = _build_without_gc(
-            lambda: Chain(config.chain_spec(), config.history_ledgers, config.cache_records)
+            lambda: Chain(
+                config.chain_spec(),
+                config.history_ledgers,
+                config.cache_records,
+                retention_ledgers=config.retention_ledgers,
+            )
         )
         self.faults = Faults(clock=trio.current_time)
+        self._core_latest = 0
         self.url = ""
         self.active_streams = 0  # open SSE responses, for tests and status
+        #: The latest Horizon requests received (not the control endpoint), oldest first.
+        self.requests: collections.deque[SeenRequest] = collections.deque(maxlen=10_000)
+        #: How many Horizon responses went out with each status (a stream counts once, as 200).
+        self.statuses: collections.Counter[int] = collections.Counter()
         self._nursery = nursery
         self._app = HorizonApp(self)
         self._port = config.port
@@ -89,11 +113,25 @@ class Simulator:
     # -- the chain ------------------------------------------------------------------------------
 
     def close_ledger(self) -> int:
-        """Close one ledger now (wakes streams waiting for it); returns its sequence."""
-        seq = _build_without_gc(self.chain.close_ledger)
+        """Close one ledger now (wakes streams waiting for it); returns its sequence.
+
+        While ingestion is frozen (``faults.freeze_ingestion``) only stellar-core's ledger
+        (:attr:`core_latest`) moves; the ledgers closed meanwhile reach history at the first close
+        after the freeze ends.
+        """
+        self._core_latest = max(self._core_latest, self.chain.latest) + 1
+        if self.faults.ingestion_frozen():
+            return self.chain.latest
+        while self.chain.latest < self._core_latest:
+            _build_without_gc(self.chain.close_ledger)
         self._ledger_closed.set()
         self._ledger_closed = trio.Event()
-        return seq
+        return self.chain.latest
+
+    @property
+    def core_latest(self) -> int:
+        """stellar-core's latest ledger: ahead of ``chain.latest`` while ingestion is frozen."""
+        return max(self._core_latest, self.chain.latest)
 
     async def wait_for_ledger(self, seen: int) -> None:
         """Return once a ledger after ``seen`` has closed."""
