@@ -161,6 +161,7 @@ class Simulator:
                 low=query.low,
                 high=query.high,
                 account=query.account,
+                entity=query.entity,
             )
             if not keys:
                 return out
