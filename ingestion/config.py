@@ -143,7 +143,8 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
         "resource": (
             str,
             "/operations",
-            "collection to ingest, e.g. /payments or /accounts/G.../effects",
+            "collection to ingest, e.g. /payments, /trades, /accounts/G.../effects, "
+            "/liquidity_pools/ID/trades; may end in ?include_failed=true and/or join=transactions",
         ),
         "start_cursor": (
             str,

@@ -47,7 +47,7 @@ from ingestion.horizon_core import (
     StreamSignal,
     check_resource,
     fatal_message,
-    is_account_scoped,
+    is_entity_scoped,
     is_retryable_status,
     parse_retry_after,
     problem_detail,
@@ -276,7 +276,7 @@ class HorizonSource:
                         log.info("horizon-now-resolved", url=base, resource=self.resource, cursor=token)
                         return token
                     failure = _failure_of(response, body[:_MAX_ERROR_BODY])
-                    if response.status_code == 404 and is_account_scoped(self.resource):
+                    if response.status_code == 404 and is_entity_scoped(self.resource):
                         if not_found.not_found(base, trio.current_time()):
                             message = fatal_message(404, url, failure.error)
                             log.error("horizon-fatal", error=message)

@@ -50,7 +50,7 @@ _GO_ESCAPES = (
 _scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 _WHITESPACE = re.compile(r"[ \t\n\r]*").match
 
-_COLLECTIONS = ("ledgers", "transactions", "operations", "payments", "effects")
+_COLLECTIONS = ("ledgers", "transactions", "operations", "payments", "effects", "trades")
 _RESOURCE = re.compile(r"/(?:[A-Za-z_]+/[A-Za-z0-9_-]+/)?(?:" + "|".join(_COLLECTIONS) + r")")
 
 
@@ -101,7 +101,8 @@ def check_resource(resource: str) -> str:
         raise ValueError(
             f"resource {resource!r} is not a Horizon collection path: use one of "
             + ", ".join("/" + c for c in _COLLECTIONS)
-            + " or a scoped one such as /accounts/G.../payments"
+            + " or a scoped one such as /accounts/G.../payments, /liquidity_pools/{id}/trades, "
+            "/claimable_balances/{id}/operations or /offers/{id}/trades"
         )
     collection = path.rsplit("/", 1)[1]
     for name, value in params.items():
@@ -198,10 +199,11 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
 # --- failures ------------------------------------------------------------------------------------
 
 
-def is_account_scoped(resource: str) -> bool:
-    """True for ``/accounts/G.../...``: Horizon answers 404 for an account it has not ingested
-    yet (a new address, a lagging mirror), which another URL or a later try can fix."""
-    return resource.startswith("/accounts/")
+def is_entity_scoped(resource: str) -> bool:
+    """True for ``/accounts/G.../...``, ``/liquidity_pools/{id}/...`` and
+    ``/claimable_balances/{id}/...``: Horizon answers 404 for an account, pool or balance it has
+    not ingested yet (a new one, a lagging mirror), which another URL or a later try can fix."""
+    return resource.startswith(("/accounts/", "/liquidity_pools/", "/claimable_balances/"))
 
 
 class NotFoundTracker:
@@ -775,7 +777,7 @@ class HorizonFollower:
         Raises:
             SourceFatalError: Horizon rejected the request in a way retrying cannot fix.
         """
-        if failure.status == 404 and is_account_scoped(self.resource):
+        if failure.status == 404 and is_entity_scoped(self.resource):
             if self._not_found.not_found(self.base_url, now):
                 raise SourceFatalError(
                     fatal_message(404, url, failure.error)

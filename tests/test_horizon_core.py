@@ -484,9 +484,14 @@ def test_resource_paths_are_checked() -> None:
         "/effects",
         "/accounts/GALPCCZN4YXA3YMJHKL6CVIECKPLJJCTVMSNYWBTKJW4K5HQLYLDMZTB/payments",
         "/ledgers/123/transactions",
+        "/trades",
+        "/accounts/GALPCCZN4YXA3YMJHKL6CVIECKPLJJCTVMSNYWBTKJW4K5HQLYLDMZTB/trades",
+        "/liquidity_pools/" + "ab" * 32 + "/effects",
+        "/claimable_balances/" + "00" * 36 + "/operations",
+        "/offers/12345/trades",
     ):
         assert check_resource(ok) == ok
-    for bad in ("operations", "/operations/", "/trades", "/accounts/G/x/payments", "/"):
+    for bad in ("operations", "/operations/", "/offers", "/accounts/G/x/payments", "/"):
         with pytest.raises(ValueError, match="not a Horizon collection path"):
             check_resource(bad)
 

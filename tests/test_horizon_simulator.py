@@ -468,7 +468,7 @@ async def test_after_504s_the_page_is_retried_with_a_smaller_limit_that_then_gro
 
 async def test_an_account_one_horizon_has_not_ingested_is_read_from_another_url() -> None:
     async with open_simulator(SMALL) as lagging, open_simulator(attrs.evolve(SMALL, seed=2)) as full:
-        account = full.chain.accounts[10]
+        account = full.records("/operations")[0]["source_account"]
         resource = f"/accounts/{account}/operations"
         assert not lagging.chain.knows_account(account) and full.chain.knows_account(account)
         with structlog.testing.capture_logs() as logs:
@@ -545,3 +545,31 @@ async def test_join_transactions_in_the_resource_embeds_each_operations_transact
             assert fields[fields.index("transaction_hash") + 1] == "transaction"
         assert all(r.query.get("join") == "transactions" for r in sim.requests if r.path == "/payments")
         assert any(r.stream for r in sim.requests if r.path == "/payments")
+
+
+RICH = attrs.evolve(SMALL, ops_per_ledger=40)
+
+
+@pytest.mark.parametrize("scope", ["/trades", "pool-effects", "balance-operations", "account-trades"])
+async def test_trades_pool_and_balance_collections_are_followed_exactly(scope: str) -> None:
+    async with open_simulator(RICH) as sim:
+        ops = sim.records("/operations")
+        if scope == "pool-effects":
+            pool = next(o for o in ops if o["type"].startswith("liquidity_pool_"))["liquidity_pool_id"]
+            resource = f"/liquidity_pools/{pool}/effects"
+        elif scope == "balance-operations":
+            created = next(o for o in ops if o["type"] == "create_claimable_balance")
+            balance = sim.records(f"/operations/{created['id']}/effects")[0]["balance_id"]
+            resource = f"/claimable_balances/{balance}/operations"
+        elif scope == "account-trades":
+            resource = f"/accounts/{sim.records('/trades')[0]['counter_account']}/trades"
+        else:
+            resource = scope
+        expected = sim.records(resource)
+        assert expected
+        async with following(source_for(sim.url, resource=resource, page_limit=5), "0") as (f, _):
+            await f.wait_for(len(expected))
+            await close_ledgers(sim, 3)  # what the stream brings, if anything, must be exact too
+            await trio.sleep(0.2)
+        check_exact(f.records, sim.records(resource)[: len(f.records)])
+        assert len(f.records) >= len(expected)

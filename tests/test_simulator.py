@@ -585,3 +585,56 @@ async def test_include_failed_and_join_are_validated_and_echoed_in_links(sim: Si
     assert "join=transactions" in body["_links"]["next"]["href"]
     first = body["_embedded"]["records"][0]
     assert first["transaction"]["hash"] == first["transaction_hash"]
+
+
+# -- trades, liquidity pools, claimable balances (#11.6) ---------------------------------------
+
+RICH = attrs.evolve(SMALL, history_ledgers=12, ops_per_ledger=40)
+
+
+async def test_trades_have_operation_order_tokens_and_the_scoped_collections_filter_them() -> None:
+    async with open_simulator(RICH) as s:
+        trades = s.records("/trades")
+        assert trades, "the chain has no trades"
+        first = trades[0]
+        op, order = first["paging_token"].split("-")
+        assert first["id"] == first["paging_token"] and int(order) >= 0
+        assert (await get(f"{s.url}/operations/{op}")).json()["type"] in (
+            "manage_sell_offer", "manage_buy_offer", "path_payment_strict_send",
+            "path_payment_strict_receive",
+        )  # fmt: skip
+        assert first["trade_type"] == "orderbook" and set(first["price"]) == {"n", "d"}
+        page = (await get(f"{s.url}/trades?cursor={first['paging_token']}&limit=3")).json()
+        assert tokens_of(page) == [t["paging_token"] for t in trades[1:4]]
+        account = first["base_account"]
+        mine = s.records(f"/accounts/{account}/trades")
+        assert first in mine and all(account in (t["base_account"], t["counter_account"]) for t in mine)
+        offer = s.records(f"/offers/{first['base_offer_id']}/trades")
+        offer_id = first["base_offer_id"]
+        assert offer == [t for t in trades if offer_id in (t["base_offer_id"], t["counter_offer_id"])]
+
+
+async def test_liquidity_pool_and_claimable_balance_collections_hold_what_touched_them() -> None:
+    async with open_simulator(RICH) as s:
+        ops = s.records("/operations")
+        deposit = next(o for o in ops if o["type"].startswith("liquidity_pool_"))
+        pool = deposit["liquidity_pool_id"]
+        pool_ops = s.records(f"/liquidity_pools/{pool}/operations")
+        assert deposit in pool_ops and all(o["liquidity_pool_id"] == pool for o in pool_ops)
+        pool_effects = s.records(f"/liquidity_pools/{pool}/effects")
+        assert {e["type"] for e in pool_effects} <= {"liquidity_pool_deposited", "liquidity_pool_withdrew"}
+        created = next(o for o in ops if o["type"] == "create_claimable_balance")
+        effects = s.records(f"/operations/{created['id']}/effects")
+        balance = effects[0]["balance_id"]
+        balance_ops = s.records(f"/claimable_balances/{balance}/operations")
+        assert balance_ops[0] == created
+        assert all(o["type"] in ("create_claimable_balance", "claim_claimable_balance") for o in balance_ops)
+        txs = s.records(f"/claimable_balances/{balance}/transactions")
+        assert {t["hash"] for t in txs} == {o["transaction_hash"] for o in balance_ops}
+        assert (await get(f"{s.url}/liquidity_pools/{'ab' * 32}/operations")).status_code == 404
+        assert (await get(f"{s.url}/liquidity_pools/xyz/operations")).status_code == 400
+        assert (await get(f"{s.url}/claimable_balances/{'00' * 36}/operations")).status_code == 404
+
+
+def tokens_of(page: dict) -> list[str]:
+    return [r["paging_token"] for r in page["_embedded"]["records"]]

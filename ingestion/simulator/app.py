@@ -39,6 +39,7 @@ from ingestion.simulator.chain import (
     KEY_SHIFT,
     NETWORK_PASSPHRASE,
     PROTOCOL_VERSION,
+    TRADE_BASE,
     key_of,
     timestamp,
     token_of,
@@ -60,10 +61,13 @@ DEFAULT_LIMIT = 10
 PUBLIC_RATE_BURST = 100  # the public SDF Horizon: 3600 requests an hour, bursts of 100 (+1)
 _SUB = "(transactions|operations|payments|effects)"
 _ROUTES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("collection", re.compile(r"/(ledgers|transactions|operations|payments|effects)")),
+    ("collection", re.compile(r"/(ledgers|transactions|operations|payments|effects|trades)")),
     ("ledger", re.compile(r"/ledgers/([^/]+)")),
     ("ledger_sub", re.compile(rf"/ledgers/([^/]+)/{_SUB}")),
-    ("account_sub", re.compile(rf"/accounts/([^/]+)/{_SUB}")),
+    ("account_sub", re.compile(r"/accounts/([^/]+)/(transactions|operations|payments|effects|trades)")),
+    ("pool_sub", re.compile(r"/liquidity_pools/([^/]+)/(transactions|operations|effects|trades)")),
+    ("balance_sub", re.compile(r"/claimable_balances/([^/]+)/(transactions|operations)")),
+    ("offer_sub", re.compile(r"/offers/([^/]+)/(trades)")),
     ("transaction", re.compile(r"/transactions/([^/]+)")),
     ("transaction_sub", re.compile(r"/transactions/([^/]+)/(operations|payments|effects)")),
     ("operation", re.compile(r"/operations/([^/]+)")),
@@ -114,6 +118,7 @@ class CollectionQuery:
     low: int = 0
     high: int | None = None
     account: str | None = None
+    entity: tuple[str, str] | None = None  # a liquidity pool's, claimable balance's or offer's
 
 
 def _int_param(text: str, field: str) -> int:
@@ -150,6 +155,23 @@ def resolve(path: str, sim: Simulator) -> CollectionQuery | int | None:
             if not chain.knows_account(m.group(1)):
                 return None  # an account Horizon has not ingested (yet): 404
             return CollectionQuery(m.group(2), path, account=m.group(1))
+        if name == "pool_sub":
+            pool = m.group(1).lower()
+            if not re.fullmatch(r"[0-9a-f]{64}", pool):
+                raise Problem(400, render.bad_request("liquidity_pool_id", "invalid liquidity pool id"))
+            if not chain.knows_entity("liquidity_pools", pool):
+                return None
+            return CollectionQuery(m.group(2), path, entity=("liquidity_pools", pool))
+        if name == "balance_sub":
+            balance = m.group(1).lower()
+            if not re.fullmatch(r"[0-9a-f]{72}", balance):
+                raise Problem(400, render.bad_request("claimable_balance_id", "invalid balance id"))
+            if not chain.knows_entity("claimable_balances", balance):
+                return None
+            return CollectionQuery(m.group(2), path, entity=("claimable_balances", balance))
+        if name == "offer_sub":
+            offer = str(_int_param(m.group(1), "offer_id"))
+            return CollectionQuery("trades", path, entity=("offers", offer))
         if name in ("transaction", "transaction_sub"):
             tx_hash = m.group(1).lower()
             if not re.fullmatch(r"[0-9a-f]{64}", tx_hash):
@@ -182,7 +204,7 @@ def parse_cursor(text: str, collection: str, latest: int, descending: bool) -> i
         after_latest = key_of(toid(latest + 1))
         return after_latest if descending else after_latest - 1
     m = re.fullmatch(r"(-?[0-9]{1,19})(?:-([0-9]{1,10}))?", text)
-    if m is None or (m.group(2) is not None and collection != "effects"):
+    if m is None or (m.group(2) is not None and collection not in ("effects", "trades")):
         raise Problem(400, render.bad_request("cursor", "cursor must be a valid paging token"))
     value = int(m.group(1))
     if value < 0:
@@ -191,10 +213,12 @@ def parse_cursor(text: str, collection: str, latest: int, descending: bool) -> i
         )
     if value >= 1 << 63:
         raise Problem(400, render.bad_request("cursor", "cursor is out of range"))
-    if m.group(2) is None and collection == "effects":
-        # A bare operation id as an effects cursor: after all of that operation's effects.
+    if m.group(2) is None and collection in ("effects", "trades"):
+        # A bare operation id as an effects (trades) cursor: after all of its effects (trades).
         return key_of(value, 0xFFFF)
     n = int(m.group(2) or 0)
+    if collection == "trades":
+        n += TRADE_BASE  # "<operation>-<order>", order from 0
     if n > 0xFFFF:
         raise Problem(400, render.bad_request("cursor", "cursor is out of range"))
     return key_of(value, n)
@@ -441,6 +465,7 @@ class HorizonApp:
             low=query.low,
             high=query.high,
             account=query.account,
+            entity=query.entity,
         )
 
     def _page(self, query: CollectionQuery, params: PageParams, base: str) -> bytes:

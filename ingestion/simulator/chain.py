@@ -33,8 +33,12 @@ from ingestion.simulator import strkey
 
 PLACEHOLDER_BASE = "http://horizon.invalid"
 KEY_SHIFT = 16
-COLLECTIONS = ("ledgers", "transactions", "operations", "payments", "effects")
-ACCOUNT_COLLECTIONS = ("transactions", "operations", "payments", "effects")
+COLLECTIONS = ("ledgers", "transactions", "operations", "payments", "effects", "trades")
+ACCOUNT_COLLECTIONS = ("transactions", "operations", "payments", "effects", "trades")
+#: Trades of an operation have keys ``key_of(op, TRADE_BASE + order)``: beside its effects
+#: (``key_of(op, n)``, n small) in one key space; their tokens are ``"<op>-<order>"``.
+TRADE_BASE = 0x8000
+POOLS = 4  # liquidity pools, fixed per seed
 # Horizon's /payments: these types, and invoke_host_function operations that move assets (SAC
 # transfers: is_payment in Horizon's history_operations).
 PAYMENT_TYPES = frozenset(
@@ -55,11 +59,15 @@ OPERATION_MIX: tuple[tuple[str, int], ...] = (
     ("create_account", 8),
     ("path_payment_strict_send", 8),
     ("path_payment_strict_receive", 6),
-    ("manage_sell_offer", 12),
-    ("manage_buy_offer", 6),
+    ("manage_sell_offer", 11),
+    ("manage_buy_offer", 5),
     ("change_trust", 8),
     ("invoke_host_function", 10),
-    ("set_options", 8),
+    ("set_options", 6),
+    ("create_claimable_balance", 2),
+    ("claim_claimable_balance", 1),
+    ("liquidity_pool_deposit", 1),
+    ("liquidity_pool_withdraw", 1),
 )
 OPERATION_TYPE_I = {
     "create_account": 0,
@@ -71,6 +79,10 @@ OPERATION_TYPE_I = {
     "account_merge": 8,
     "manage_buy_offer": 12,
     "path_payment_strict_send": 13,
+    "create_claimable_balance": 14,
+    "claim_claimable_balance": 15,
+    "liquidity_pool_deposit": 22,
+    "liquidity_pool_withdraw": 23,
     "invoke_host_function": 24,
 }
 EFFECT_TYPE_I = {
@@ -83,6 +95,11 @@ EFFECT_TYPE_I = {
     "signer_created": 10,
     "trustline_created": 20,
     "trade": 33,
+    "claimable_balance_created": 50,
+    "claimable_balance_claimant_created": 51,
+    "claimable_balance_claimed": 52,
+    "liquidity_pool_deposited": 90,
+    "liquidity_pool_withdrew": 91,
     "contract_credited": 96,
     "contract_debited": 97,
 }
@@ -97,9 +114,21 @@ def key_of(toid_value: int, n: int = 0) -> int:
 
 
 def token_of(key: int) -> str:
-    """The Horizon paging token of a key: ``"<toid>"`` or ``"<toid>-<n>"`` for effects."""
+    """The Horizon paging token of a key: ``"<toid>"``, ``"<toid>-<n>"`` for effects, and
+    ``"<operation>-<order>"`` (order from 0) for trades."""
     n = key & 0xFFFF
+    if n >= TRADE_BASE:
+        return f"{key >> KEY_SHIFT}-{n - TRADE_BASE}"
     return str(key >> KEY_SHIFT) if n == 0 else f"{key >> KEY_SHIFT}-{n}"
+
+
+def pool_ids(seed: int) -> list[str]:
+    """The liquidity pools of a chain (they exist from its first ledger)."""
+    return [hashlib.sha256(f"pool:{seed}:{i}".encode()).hexdigest() for i in range(POOLS)]
+
+
+def _asset_text(asset: Asset) -> str:
+    return "native" if asset is None else f"{asset[1]}:{asset[2]}"
 
 
 def amount(stroops: int) -> str:
@@ -137,6 +166,8 @@ class LedgerContent:
     kinds: dict[str, list[int]]  # collection -> keys in order (ledgers, transactions, ...)
     participants: dict[int, frozenset[str]]  # tx/op key -> accounts involved
     tx_hashes: dict[str, int]
+    # key -> (kind, id) of the pools, claimable balances and offers it touches
+    entities: dict[int, frozenset[tuple[str, str]]] = attrs.Factory(dict)
     compact: dict[int, bytes] = attrs.Factory(dict)  # key -> stream form (render.compact_form)
     pretty: dict[int, bytes] = attrs.Factory(dict)  # key -> page form (render.page_form)
 
@@ -172,6 +203,15 @@ class _LedgerBuilder:
         self.kinds: dict[str, list[int]] = {c: [] for c in COLLECTIONS}
         self.participants: dict[int, frozenset[str]] = {}
         self.tx_hashes: dict[str, int] = {}
+        self.entities: dict[int, frozenset[tuple[str, str]]] = {}
+        self.pools = [
+            (pool, self.assets[(2 * i) % len(self.assets)], self.assets[(2 * i + 1) % len(self.assets)])
+            for i, pool in enumerate(pool_ids(spec.seed))
+        ]
+        self.balances: list[tuple[str, Asset, str, int]] = []  # created in this ledger, unclaimed
+        self._op_toid = 0  # the operation being built
+        self._touched: set[tuple[str, str]] = set()  # entities of the operation being built
+        self._trades: list[dict[str, Any]] = []  # trades of the operation being built
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -247,7 +287,9 @@ class _LedgerBuilder:
             "header_xdr": self.b64(336),
         }
         self.kinds["ledgers"].append(ledger_key)
-        return LedgerContent(seq, self.records, self.kinds, self.participants, self.tx_hashes)
+        return LedgerContent(
+            seq, self.records, self.kinds, self.participants, self.tx_hashes, self.entities
+        )
 
     def transaction(self, tx_order: int, n_ops: int) -> None:
         seq, base = self.seq, PLACEHOLDER_BASE
@@ -256,8 +298,12 @@ class _LedgerBuilder:
         tx_hash = hashlib.sha256(f"tx:{self.spec.seed}:{seq}:{tx_order}".encode()).hexdigest()
         source = self.account()
         involved = {source}
+        touched: set[tuple[str, str]] = set()
         for op_index in range(1, n_ops + 1):
             involved |= self.operation(tx_toid, op_index, tx_hash, source)
+            touched |= self.entities.get(key_of(tx_toid + op_index), frozenset())
+        if touched:
+            self.entities[tx_key] = frozenset(touched)
         fee = 100 * n_ops
         record: dict[str, Any] = {}
         memo_roll = self.rng.random()
@@ -321,6 +367,7 @@ class _LedgerBuilder:
         base = PLACEHOLDER_BASE
         op_toid = tx_toid + op_index
         op_key = key_of(op_toid)
+        self._op_toid = op_toid
         op_type = _OPERATION_TABLE[int(self.random() * len(_OPERATION_TABLE))]
         record: dict[str, Any] = {
             "_links": {
@@ -341,8 +388,37 @@ class _LedgerBuilder:
         }
         effects: list[tuple[str, str, dict[str, Any]]] = []
         involved = {source}
+        self._touched, self._trades = set(), []
+        if op_type == "claim_claimable_balance" and not self.balances:
+            op_type = "create_claimable_balance"  # nothing to claim yet in this ledger
+            record.update(type=op_type, type_i=OPERATION_TYPE_I[op_type])
         getattr(self, f"op_{op_type}")(record, effects, involved, source)
         self.records[op_key] = record
+        touched = frozenset(self._touched)
+        if touched:
+            self.entities[op_key] = touched
+        for order, trade in enumerate(self._trades):
+            trade_key = key_of(op_toid, TRADE_BASE + order)
+            token = f"{op_toid}-{order}"
+            self.records[trade_key] = {
+                "_links": {
+                    "self": {"href": ""},
+                    "base": {"href": f"{base}/accounts/{trade['base_account']}"},
+                    "counter": {"href": f"{base}/accounts/{trade['counter_account']}"},
+                    "operation": {"href": f"{base}/operations/{op_toid}"},
+                },
+                "id": token,
+                "paging_token": token,
+                "ledger_close_time": self.created_at,
+                **trade,
+            }
+            self.kinds["trades"].append(trade_key)
+            self.participants[trade_key] = frozenset(
+                (trade["base_account"], trade["counter_account"])
+            )
+            self.entities[trade_key] = frozenset(
+                {("offers", trade["base_offer_id"]), ("offers", trade["counter_offer_id"])}
+            )
         self.kinds["operations"].append(op_key)
         if op_type in PAYMENT_TYPES or record.get("asset_balance_changes"):
             self.kinds["payments"].append(op_key)
@@ -365,6 +441,8 @@ class _LedgerBuilder:
                 **details,
             }
             self.kinds["effects"].append(key)
+            if touched:
+                self.entities[key] = touched
         return involved
 
     # -- one method per operation type: fill the record, list the effects, add participants ----
@@ -486,6 +564,132 @@ class _LedgerBuilder:
             )
         )
         involved.add(seller)
+        # The trade as /trades shows it: the offer owner is the base, the taker the counter.
+        base_amount, counter_amount = bought_amount, sold_amount
+        self._trades.append(
+            {
+                "trade_type": "orderbook",
+                "base_offer_id": offer_id,
+                "base_account": seller,
+                "base_amount": amount(base_amount),
+                **self.asset_fields("base_", bought),
+                # a taker without a resting offer gets a synthetic offer id: operation id | 2**62
+                "counter_offer_id": str(self._op_toid | 1 << 62),
+                "counter_account": buyer,
+                "counter_amount": amount(counter_amount),
+                **self.asset_fields("counter_", sold),
+                "base_is_seller": True,
+                "price": {"n": str(counter_amount), "d": str(base_amount)},
+            }
+        )
+
+    # -- claimable balances and liquidity pools ------------------------------------------------
+
+    def op_create_claimable_balance(
+        self, rec: dict, effects: list, involved: set, source: str
+    ) -> None:
+        asset, destination, stroops = self.asset(), self.account(), self.stroops()
+        balance_id = "00000000" + hashlib.sha256(
+            f"balance:{self.spec.seed}:{self._op_toid}".encode()
+        ).hexdigest()
+        value = amount(stroops)
+        predicate = {"unconditional": True}
+        rec.update(
+            sponsor=source,
+            asset=_asset_text(asset),
+            amount=value,
+            claimants=[{"destination": destination, "predicate": predicate}],
+        )
+        fields = {"asset": _asset_text(asset), "balance_id": balance_id, "amount": value}
+        effects.append(("claimable_balance_created", source, fields))
+        effects.append(
+            ("claimable_balance_claimant_created", destination, {**fields, "predicate": predicate})
+        )
+        effects.append(
+            ("account_debited", source, {**self.asset_fields("", asset), "amount": value})
+        )
+        self.balances.append((balance_id, asset, destination, stroops))
+        self._touched.add(("claimable_balances", balance_id))
+
+    def op_claim_claimable_balance(
+        self, rec: dict, effects: list, involved: set, source: str
+    ) -> None:
+        balance_id, asset, claimant, stroops = self.balances.pop(0)
+        value = amount(stroops)
+        rec.update(balance_id=balance_id, claimant=claimant)
+        effects.append(
+            (
+                "claimable_balance_claimed",
+                claimant,
+                {"asset": _asset_text(asset), "balance_id": balance_id, "amount": value},
+            )
+        )
+        effects.append(
+            ("account_credited", claimant, {**self.asset_fields("", asset), "amount": value})
+        )
+        involved.add(claimant)
+        self._touched.add(("claimable_balances", balance_id))
+
+    def _pool(self) -> tuple[str, list[dict[str, str]], dict[str, Any]]:
+        pool_id, a, b = self.pools[self.rng.randrange(len(self.pools))]
+        moved = [self.stroops(), self.stroops()]
+        reserves = [self.stroops(10**12, 10**14), self.stroops(10**12, 10**14)]
+        pair = [
+            {"asset": _asset_text(asset), "amount": amount(v)}
+            for asset, v in zip((a, b), moved, strict=True)
+        ]
+        state = {
+            "id": pool_id,
+            "fee_bp": 30,
+            "type": "constant_product",
+            "total_trustlines": str(self.rng.randrange(1, 5000)),
+            "total_shares": amount(self.stroops(10**12, 10**14)),
+            "reserves": [
+                {"asset": _asset_text(asset), "amount": amount(v)}
+                for asset, v in zip((a, b), reserves, strict=True)
+            ],
+        }
+        self._touched.add(("liquidity_pools", pool_id))
+        return pool_id, pair, state
+
+    def op_liquidity_pool_deposit(
+        self, rec: dict, effects: list, involved: set, source: str
+    ) -> None:
+        pool_id, pair, state = self._pool()
+        shares = amount(self.stroops())
+        rec.update(
+            liquidity_pool_id=pool_id,
+            reserves_max=pair,
+            min_price="1.0000000",
+            min_price_r={"n": 1, "d": 1},
+            max_price="2.0000000",
+            max_price_r={"n": 2, "d": 1},
+            reserves_deposited=pair,
+            shares_received=shares,
+        )
+        effects.append(
+            (
+                "liquidity_pool_deposited",
+                source,
+                {"liquidity_pool": state, "reserves_deposited": pair, "shares_received": shares},
+            )
+        )
+
+    def op_liquidity_pool_withdraw(
+        self, rec: dict, effects: list, involved: set, source: str
+    ) -> None:
+        pool_id, pair, state = self._pool()
+        shares = amount(self.stroops())
+        rec.update(
+            liquidity_pool_id=pool_id, reserves_min=pair, shares=shares, reserves_received=pair
+        )
+        effects.append(
+            (
+                "liquidity_pool_withdrew",
+                source,
+                {"liquidity_pool": state, "reserves_received": pair, "shares_redeemed": shares},
+            )
+        )
 
     def _offer(self, rec: dict, effects: list, involved: set, source: str) -> None:
         selling = self.asset()
@@ -630,6 +834,8 @@ class Chain:
         self._indexed = spec.first_ledger - 1
         self._secondary_wanted = False
         self._by_account: dict[str, dict[str, list[int]]] = {}
+        self._by_entity: dict[tuple[str, str], dict[str, list[int]]] = {}
+        self.pools = frozenset(pool_ids(spec.seed))
         self._tx_by_hash: dict[str, int] = {}
         # Ledgers closed while running close at the wall-clock time, as on a real network (the
         # history before them stays in the past, from the spec); kept so a rebuild agrees.
@@ -709,6 +915,15 @@ class Chain:
         self._index_secondary()
         return account in self._by_account
 
+    def knows_entity(self, kind: str, entity: str) -> bool:
+        """Whether a liquidity pool (``liquidity_pools``), claimable balance
+        (``claimable_balances``) or offer (``offers``) occurs in the chain: Horizon answers 404
+        for the collections of one it does not know."""
+        if kind == "liquidity_pools":
+            return entity in self.pools
+        self._index_secondary()
+        return (kind, entity) in self._by_entity
+
     def account_keys(self, account: str, collection: str) -> Sequence[int]:
         """The paging keys of one account's transactions, operations, payments or effects."""
         self._index_secondary()
@@ -725,6 +940,7 @@ class Chain:
         low: int = 0,
         high: int | None = None,
         account: str | None = None,
+        entity: tuple[str, str] | None = None,
     ) -> list[int]:
         """Up to ``limit`` paging keys of ``collection``, strictly beyond the cursor key ``after``.
 
@@ -739,6 +955,10 @@ class Chain:
             return _page_sorted(
                 self.account_keys(account, collection), after, descending, limit, low, high
             )
+        if entity is not None:
+            self._index_secondary()
+            keys = self._by_entity.get(entity, {}).get(collection, ())
+            return _page_sorted(keys, after, descending, limit, low, high)
         if collection == "ledgers":
             return self._page_ledgers(after, descending, limit, low, high)
         if self.spec.ops_per_ledger == 0 or limit <= 0:
@@ -796,6 +1016,12 @@ class Chain:
                             per_account = {c: [] for c in ACCOUNT_COLLECTIONS}
                             self._by_account[account] = per_account
                         per_account[collection].append(key)
+                    for entity in content.entities.get(key, ()):
+                        per_entity = self._by_entity.get(entity)
+                        if per_entity is None:
+                            per_entity = {c: [] for c in ACCOUNT_COLLECTIONS}
+                            self._by_entity[entity] = per_entity
+                        per_entity[collection].append(key)
             self._tx_by_hash.update(content.tx_hashes)
             self._indexed = seq
 

@@ -164,6 +164,7 @@ class Simulator:
                 low=query.low,
                 high=query.high,
                 account=query.account,
+                entity=query.entity,
             )
             if not keys:
                 return out
