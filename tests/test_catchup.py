@@ -65,7 +65,9 @@ def test_effect_and_trade_tokens_and_range_sizes() -> None:
         plan_ranges("0", 1, 2, 0)
 
 
-@pytest.mark.parametrize("resource", ["/operations", "/effects", "/ledgers", "/transactions"])
+@pytest.mark.parametrize(
+    "resource", ["/operations", "/effects", "/ledgers", "/transactions", "/payments", "/trades"]
+)
 async def test_ranges_paged_side_by_side_give_exactly_the_sequential_records_then_the_live_ones(
     resource: str,
 ) -> None:
@@ -80,10 +82,7 @@ async def test_ranges_paged_side_by_side_give_exactly_the_sequential_records_the
             await f.wait_for(len(history), within=60)
             check_exact(f.records, history)
             live = [sim.close_ledger() for _ in range(2)]
-            if resource == "/ledgers":
-                new = [r for r in sim.records("/ledgers") if int(r["sequence"]) in live]
-            else:
-                new = [r for seq in live for r in sim.records(f"/ledgers/{seq}{resource}")]
+            new = [r for r in sim.records(resource) if ledger_of(r["paging_token"]) in live]
             await f.wait_for(len(history) + len(new), within=15)
             await trio.sleep(0.2)
         check_exact(f.records, history + new)
