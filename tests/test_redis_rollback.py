@@ -165,7 +165,9 @@ async def test_acquire_and_commit_wait_for_a_replica_and_report_what_it_did_not_
             await trio.sleep(0.05)
         else:
             raise AssertionError("the replica never came online")
-        store = LeaseStore(connect(primary.url, timeout=0.5), job, min_replicas_acked=1)
+        # A replica on a loaded machine may take a few hundred ms to acknowledge: wait up to 1 s
+        # (half the call bound), so that only the stopped replica below fails to.
+        store = LeaseStore(connect(primary.url, timeout=2.0), job, min_replicas_acked=1)
         grant = await store.acquire("a", 60_000)
         assert isinstance(grant, Acquired) and grant.replid
         ok = await store.commit("a", grant.token, None, [Record("10", "{}")])

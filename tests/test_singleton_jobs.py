@@ -48,7 +48,9 @@ async def test_a_periodic_job_runs_each_run_once_across_a_handoff_with_fenced_si
     assert {r["node"] for r in runs[:10]} == {"a"} and runs[-1]["node"] == "b"
     assert all(r["result"]["fenced_write"] for r in runs)
     assert [r["token"] for r in runs] == sorted(r["token"] for r in runs)
-    assert redis_client.hgetall(state_key) == {"last_run": "40", "token": "2"}
+    # The last side effect was fenced under the token of the leader that ran the last run (2,
+    # unless a loaded machine let b's lease lapse once and b led again under 3).
+    assert redis_client.hgetall(state_key) == {"last_run": "40", "token": str(runs[-1]["token"])}
     # At most the run in flight at the handoff may have been executed twice; recorded once.
     assert len(executed) - 40 in (0, 1)
 
