@@ -446,6 +446,36 @@ def is_sentinel_url(url: str) -> bool:
     return url.partition("://")[0].lower() in SENTINEL_SCHEMES
 
 
+def _credentials(userinfo: str) -> tuple[str | None, str | None]:
+    """(username, password) of a URL's ``user:pass`` part (empty: neither)."""
+    if not userinfo:
+        return None, None
+    user, colon, secret = userinfo.partition(":")
+    if not colon:  # redis://secret@host: a bare word is the password (as redis-py reads it)
+        return None, unquote(user) or None
+    return unquote(user) or None, unquote(secret)
+
+
+def _addresses(hosts: str, default_port: int, what: str) -> list[tuple[str, int]]:
+    """``H:P[,H:P...]`` as (host, port) pairs (a missing port is ``default_port``).
+
+    Raises:
+        BadRedisUrl: an address that is not HOST:PORT.
+    """
+    out: list[tuple[str, int]] = []
+    for part in (p.strip() for p in hosts.split(",")):
+        if not part:
+            continue
+        host, colon, port_text = part.rpartition(":")
+        if not colon:
+            host, port_text = part, str(default_port)
+        host = host.strip("[]")
+        if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise BadRedisUrl(f"{what} address {part!r} is not HOST:PORT")
+        out.append((host, int(port_text)))
+    return out
+
+
 def parse_sentinel_url(url: str) -> SentinelTarget:
     """Parse a Sentinel URL.
 
@@ -456,25 +486,9 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     if not sep or scheme.lower() not in SENTINEL_SCHEMES:
         raise BadRedisUrl("a Sentinel URL starts with redis+sentinel:// or rediss+sentinel://")
     netloc, _, path = rest.partition("/")
-    userinfo, at, hosts = netloc.rpartition("@")
-    username = password = None
-    if at:
-        user, colon, secret = userinfo.partition(":")
-        username = unquote(user) or None
-        password = unquote(secret) if colon else None
-        if not colon:  # redis://secret@host: a bare word is the password (as redis-py reads it)
-            username, password = None, unquote(user) or None
-    sentinels: list[tuple[str, int]] = []
-    for part in (p.strip() for p in hosts.split(",")):
-        if not part:
-            continue
-        host, colon, port_text = part.rpartition(":")
-        if not colon:
-            host, port_text = part, "26379"
-        host = host.strip("[]")
-        if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise BadRedisUrl(f"sentinel address {part!r} is not HOST:PORT")
-        sentinels.append((host, int(port_text)))
+    userinfo, _, hosts = netloc.rpartition("@")
+    username, password = _credentials(userinfo)
+    sentinels = _addresses(hosts, 26379, "sentinel")
     if not sentinels:
         raise BadRedisUrl("names no sentinel (expected redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE)")
     segments = [seg for seg in path.split("?")[0].split("/") if seg]
@@ -523,25 +537,9 @@ def parse_cluster_url(url: str) -> ClusterTarget:
     if not sep or scheme.lower() not in CLUSTER_SCHEMES:
         raise BadRedisUrl("a Redis Cluster URL starts with redis+cluster:// or rediss+cluster://")
     netloc, _, path = rest.partition("/")
-    userinfo, at, hosts = netloc.rpartition("@")
-    username = password = None
-    if at:
-        user, colon, secret = userinfo.partition(":")
-        username = unquote(user) or None
-        password = unquote(secret) if colon else None
-        if not colon:
-            username, password = None, unquote(user) or None
-    nodes: list[tuple[str, int]] = []
-    for part in (p.strip() for p in hosts.split(",")):
-        if not part:
-            continue
-        host, colon, port_text = part.rpartition(":")
-        if not colon:
-            host, port_text = part, "6379"
-        host = host.strip("[]")
-        if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            raise BadRedisUrl(f"cluster node address {part!r} is not HOST:PORT")
-        nodes.append((host, int(port_text)))
+    userinfo, _, hosts = netloc.rpartition("@")
+    username, password = _credentials(userinfo)
+    nodes = _addresses(hosts, 6379, "cluster node")
     if not nodes:
         raise BadRedisUrl("names no node (expected redis+cluster://HOST:PORT[,HOST:PORT...])")
     if path.split("?")[0].strip("/") not in ("", "0"):
