@@ -31,12 +31,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import attrs
+import redis
 
 from actors.lease import LeaseTiming
 from actors.lease_store import (
     CLUSTER_SCHEMES,
     SENTINEL_SCHEMES,
     BadRedisUrl,
+    connect,
     is_sentinel_url,
     parse_cluster_url,
     parse_sentinel_url,
@@ -271,6 +273,18 @@ class RedisSettings:
     tls_ca_file: str
     tls_cert_file: str
     tls_key_file: str
+
+    def connect(self, timeout: float | None = None, connect_timeout: float | None = None) -> redis.Redis:
+        """A client for ``url`` with the TLS files; every call bounded by ``timeout`` seconds
+        (default ``timeout_ms``)."""
+        return connect(
+            self.url,
+            timeout=self.timeout_ms / 1000 if timeout is None else timeout,
+            connect_timeout=connect_timeout,
+            tls_ca_file=self.tls_ca_file or None,
+            tls_cert_file=self.tls_cert_file or None,
+            tls_key_file=self.tls_key_file or None,
+        )
 
 
 @attrs.frozen

@@ -31,7 +31,7 @@ import httpx
 import redis
 import trio
 
-from actors.lease_store import JobState, LeaseStore, RedisUnavailable, StreamInfo, connect
+from actors.lease_store import JobState, LeaseStore, RedisUnavailable, StreamInfo
 from actors.observe import record_time
 from ingestion.config import Settings, load
 from ingestion.paging import InvalidPagingToken, toid_parts, token_key
@@ -105,14 +105,7 @@ def discover_jobs(client: redis.Redis) -> list[str]:
 async def inspect_all(settings: Settings, as_json: bool, horizon: str | None = None) -> int:
     """Every job in Redis: a table (job, leader, token, lease left, cursor, events, lag), or a JSON
     list of the objects ``inspect --job`` prints (without their audit)."""
-    r = settings.redis
-    client = connect(
-        r.url,
-        timeout=max(r.timeout_ms / 1000, 2.0),
-        tls_ca_file=r.tls_ca_file or None,
-        tls_cert_file=r.tls_cert_file or None,
-        tls_key_file=r.tls_key_file or None,
-    )
+    client = settings.redis.connect(timeout=max(settings.redis.timeout_ms / 1000, 2.0))
     resources = {j.name: j.resource for j in settings.jobs if j.kind == "horizon"}
     states: list[tuple[JobState, StreamInfo]] = []
     try:
@@ -182,14 +175,7 @@ def render_jobs(
 async def inspect_job(
     settings: Settings, as_json: bool, audit_count: int = 10, horizon: str | None = None
 ) -> int:
-    r = settings.redis
-    client = connect(
-        r.url,
-        timeout=max(r.timeout_ms / 1000, 2.0),
-        tls_ca_file=r.tls_ca_file or None,
-        tls_cert_file=r.tls_cert_file or None,
-        tls_key_file=r.tls_key_file or None,
-    )
+    client = settings.redis.connect(timeout=max(settings.redis.timeout_ms / 1000, 2.0))
     try:
         store = LeaseStore(client, settings.node.job)
         state = await store.state(audit_count)

@@ -21,7 +21,6 @@ import trio
 from actors.lease_store import (
     LeaseStore,
     NodeRegistry,
-    connect,
     is_sentinel_url,
     parse_sentinel_url,
     sentinel_services,
@@ -80,21 +79,10 @@ def audit_writer(store: LeaseStore) -> Callable[[str, dict[str, str]], Awaitable
     return audit
 
 
-def connect_redis(settings: Settings) -> redis.Redis:
-    r = settings.redis
-    return connect(
-        r.url,
-        timeout=r.timeout_ms / 1000,
-        tls_ca_file=r.tls_ca_file or None,
-        tls_cert_file=r.tls_cert_file or None,
-        tls_key_file=r.tls_key_file or None,
-    )
-
-
 def build_store(settings: Settings, job: str | None = None, client: redis.Redis | None = None) -> LeaseStore:
     """The lease store of ``job`` (default: the first), on ``client`` (default: a new one)."""
     return LeaseStore(
-        client if client is not None else connect_redis(settings),
+        client if client is not None else settings.redis.connect(),
         job or settings.node.job,
         min_replicas_acked=settings.redis.min_replicas_acked,
         events_max_len=settings.events.max_len,
@@ -169,7 +157,7 @@ async def run_node_process(settings: Settings) -> int:
         state_dir=settings.node.state_dir or None,
         clock=getattr(trio.lowlevel.current_clock(), "name", type(trio.lowlevel.current_clock()).__name__),
     )
-    client = connect_redis(settings)
+    client = settings.redis.connect()
     stores = {j.name: build_store(settings, j.name, client) for j in settings.jobs}
     observers = {j.name: NodeObserver(settings.node.id, j.name) for j in settings.jobs}
     fatal: dict[str, str] = {}

@@ -37,7 +37,7 @@ from typing import Any, TextIO
 
 import redis
 
-from actors.lease_store import connect, describe_redis_error, job_keys
+from actors.lease_store import describe_redis_error, job_keys
 from ingestion.config import Settings, load, redact_url
 
 BLOCK_MS = 1000  # each blocking read waits at most this long before it is re-issued
@@ -197,14 +197,8 @@ def run(ns: argparse.Namespace, settings: Settings, out: TextIO) -> int:
     start = _check_from(ns.start if ns.start is not None else ("0" if ns.group else "$"))
     r = settings.redis
     where = redact_url(r.url)
-    client = connect(
-        r.url,
-        timeout=max(r.timeout_ms / 1000, 2.0) + BLOCK_MS / 1000,
-        connect_timeout=max(r.timeout_ms / 1000, 2.0),
-        tls_ca_file=r.tls_ca_file or None,
-        tls_cert_file=r.tls_cert_file or None,
-        tls_key_file=r.tls_key_file or None,
-    )
+    bound = max(r.timeout_ms / 1000, 2.0)
+    client = r.connect(timeout=bound + BLOCK_MS / 1000, connect_timeout=bound)
     tail = Tail(client, settings.node.job, out, where)
     try:
         tail.check_job()
