@@ -95,8 +95,7 @@ class Elector:
     # Asked first: whether this node's source answers (a node that cannot reach it holds off
     # while another can, and campaigns late, as a last resort, when nobody can).
     source_watch: SourceWatch | None = None
-    _held_off: bool = False
-    _source_held_off: bool = False
+    _held_off: set[str] = attrs.Factory(set)  # why campaigns are held off now (logged once each)
     _woken: bool = False  # the last standby wait ended on a release notice or a wake-up
 
     async def _see(self, token: int) -> None:
@@ -187,33 +186,26 @@ class Elector:
             self.observer.election_event("stopped")
 
     async def _source_allows(self, watch: SourceWatch) -> bool:
-        delay = watch.campaign_delay()
-        if delay is None:
-            if not self._source_held_off:
-                self._source_held_off = True
-                self.log.info("campaign-held-off", reason="source-unreachable")
-                self.observer.election_event("campaign-held-off", reason="source-unreachable")
-            await self._standby_until(trio.current_time() + watch.ttl)
-            return False
-        self._source_held_off = False
-        if delay > 0:
-            await self._standby_until(trio.current_time() + delay, wake_on_release=False)
-        return not self._stopping
+        return await self._wait_for_turn(watch.campaign_delay(), watch.ttl, "source-unreachable")
 
     async def _gate_allows(self, gate: CampaignGate) -> bool:
-        """Whether to campaign now (after any delay the gate asks for)."""
         # Woken by a release notice or the balancer: the balancer's view may be a tick old (a node
         # that just left still counted), so it reads the registry again first.
         delay = await gate.campaign_delay(fresh=self._woken)
         self._woken = False
+        return await self._wait_for_turn(delay, gate.recheck, "share-reached")
+
+    async def _wait_for_turn(self, delay: float | None, recheck: float, reason: str) -> bool:
+        """Whether to campaign now: after ``delay``, or (None: held off for ``reason``, said once
+        per stretch) not before ``recheck`` seconds or a wake-up."""
         if delay is None:
-            if not self._held_off:
-                self._held_off = True
-                self.log.info("campaign-held-off", reason="share-reached")
-                self.observer.election_event("campaign-held-off", reason="share-reached")
-            await self._standby_until(trio.current_time() + gate.recheck)
+            if reason not in self._held_off:
+                self._held_off.add(reason)
+                self.log.info("campaign-held-off", reason=reason)
+                self.observer.election_event("campaign-held-off", reason=reason)
+            await self._standby_until(trio.current_time() + recheck)
             return False
-        self._held_off = False
+        self._held_off.discard(reason)
         if delay > 0:
             await self._standby_until(trio.current_time() + delay, wake_on_release=False)
         return not self._stopping
