@@ -86,9 +86,11 @@ async def test_six_jobs_spread_over_three_nodes_and_hold_still(job: str, redis_u
         placed = await wait_balanced(c, NODES, within=15)
         figure("balance-cold-start", seconds=trio.current_time() - started, jobs=6, nodes=3)
         assert Counter(placed.values()) == Counter({n: 2 for n in NODES})
-        # The balance is read from Redis; the log lines of the last takeover may still be on their
-        # way through the pipes: let them arrive before the quiet window starts.
-        await trio.sleep(0.5)
+        # The balance is read from Redis; the log lines of the last takeovers may still be on their
+        # way through the pipes: the quiet window starts once every holder's line has arrived.
+        for name in job_names(c.job):
+            token, holder = parse_lease_value(c.client.get(job_keys(name)["lease"]))
+            await c.log.wait_for("became-leader", holder, job=name, token=token)
         quiet_from = trio.current_time()
         await trio.sleep(5)
         assert holders(c) == placed

@@ -142,12 +142,23 @@ async def follow(*args: str) -> Follower:
     return Follower(proc)
 
 
+async def blocked_in_xread(url: str, within: float = 15.0) -> None:
+    """Until a client of this Redis waits in a blocking XREAD (the follower is reading)."""
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        with trio.fail_after(within):
+            while not any(c.get("cmd") == "xread" for c in client.client_list()):  # noqa: ASYNC110
+                await trio.sleep(0.02)
+    finally:
+        client.close()
+
+
 async def test_follows_new_records_live_until_sigint(redis_server: LocalRedis, job: str) -> None:
     w = Writer(redis_server.url, job)
     await w.commit(3)
     follower = await follow("--redis", redis_server.url, "--job", job)
     try:
-        await trio.sleep(1.5)  # started, at "$": the three existing records are not printed
+        await blocked_in_xread(redis_server.url)  # started, at "$": the three are not printed
         await w.commit(4)
         assert await follower.numbers(4) == [4, 5, 6, 7]
         assert await follower.stop(signal.SIGINT) == 0
