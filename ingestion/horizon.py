@@ -484,10 +484,12 @@ class HorizonSource:
             return follower
         first, last = ledger_of(outcome.records[0].paging_token), ledger_of(follower.last_token)
         span = max(1, last - first + 1)
-        root = await self._root(client, follower.base_url)
+        roots: dict[str, RootInfo | None] = {}
+        await self._read_root(client, follower.base_url, roots)
+        root = roots[follower.base_url]
         if root is None:
             return follower
-        oldest, latest = root
+        oldest, latest = root.history_elder_ledger, root.history_latest_ledger
         per_range = ledgers_per_range(len(outcome.records) / span, self.pages_per_range, self.page_limit)
         plan = plan_ranges(follower.last_token, oldest, latest, per_range)
         if len(plan) < 2:
@@ -548,20 +550,6 @@ class HorizonSource:
                     self._malformed(follower, outcome.malformed, request)
                 elif not outcome.full:
                     return
-
-    async def _root(self, client: httpx.AsyncClient, base: str) -> tuple[int, int] | None:
-        """(oldest, latest) ledger of Horizon's history, from its root; None when unknown."""
-        response: httpx.Response | None = None
-        pacer = await self._pace(base)
-        try:
-            with trio.fail_after(self.connect_timeout + self.read_timeout):
-                response = await client.get(base.rstrip("/") + "/")
-            doc = response.json() if response.status_code == 200 else {}
-            return int(doc["history_elder_ledger"]), int(doc["history_latest_ledger"])
-        except (httpx.HTTPError, trio.TooSlowError, ValueError, LookupError, TypeError):
-            return None
-        finally:
-            _answered(pacer, response)
 
     def _speculate(self, request: PageRequest, content: bytes, limit: int) -> _PageAhead | None:
         """While this page is parsed and committed, Horizon can already render the next one: if
