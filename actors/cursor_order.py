@@ -1,17 +1,20 @@
 """Cursor ordering: the positions a source's records carry, parsed and compared. Pure: no I/O.
 
-A position (a *paging token*) is a non-negative int64 written in canonical decimal, optionally
-followed by ``-<n>`` (a sub-position, e.g. the n-th effect of a Horizon operation). Positions must be
+A position (a *paging token*) is a non-negative int64 written in decimal, optionally followed by
+``-<n>`` (a sub-position, e.g. the n-th effect of a Horizon operation). Horizon writes both parts
+without leading zeros; Stellar RPC's event ids are zero-padded to a fixed width
+(``"%019d-%010d"``): both compare by value, so leading zeros are allowed and mean nothing. Positions must be
 compared as numbers (pairs), never as strings: ``"9" < "10"`` is false as strings. The same rule is
 implemented in Lua inside the commit script (``actors/lease_store.py``), which compares decimal
-strings by (length, text) because Redis's Lua numbers are doubles and cannot hold every int64.
+strings by (length, text) once leading zeros are stripped, because Redis's Lua numbers are doubles
+and cannot hold every int64.
 """
 
 from __future__ import annotations
 
 import re
 
-_TOKEN = re.compile(r"(0|[1-9][0-9]{0,18})(?:-(0|[1-9][0-9]{0,9}))?")
+_TOKEN = re.compile(r"([0-9]{1,19})(?:-([0-9]{1,10}))?")
 
 
 class InvalidPagingToken(ValueError):
@@ -27,10 +30,10 @@ def token_key(token: str) -> tuple[int, int]:
     m = _TOKEN.fullmatch(token)
     if m is None:
         raise InvalidPagingToken(f"not a paging token: {token!r}")
-    position = int(m.group(1))
-    if position >= 1 << 63:
-        raise InvalidPagingToken(f"paging token out of int64 range: {token!r}")
-    return position, int(m.group(2) or 0)
+    position, sub = int(m.group(1)), int(m.group(2) or 0)
+    if position >= 1 << 63 or sub >= 1 << 32:
+        raise InvalidPagingToken(f"paging token out of range (int64, then uint32): {token!r}")
+    return position, sub
 
 
 def is_after(token: str, previous: str | None) -> bool:

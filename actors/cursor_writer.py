@@ -69,8 +69,11 @@ class CursorWriter:
             return CommitRefused(msg.token, "bad-batch", self.highest_token_seen)
         if isinstance(result, Committed):
             self.highest_token_seen = max(self.highest_token_seen, msg.token)
-            if msg.anchor is not None:
-                self.log.info("cursor-anchored", token=msg.token, cursor=msg.anchor)
+            if not msg.records:
+                if msg.previous_cursor is None:
+                    self.log.info("cursor-anchored", token=msg.token, cursor=msg.anchor)
+                else:
+                    self.observer.committed(0, msg.cursor, trio.current_time() - started)
                 return CursorCommitted(msg.token, result.cursor, 0)
             self.observer.committed(
                 len(msg.records), msg.cursor, trio.current_time() - started,

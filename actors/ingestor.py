@@ -157,7 +157,7 @@ class Ingestor:
                         break  # leaves the stream: a source that failed raises from its exit
                 if reading.cancelled_caught:
                     return "revoked", ""
-                msg = CommitCursor(grant.token, committed, batch.records, reply_send)
+                msg = CommitCursor(grant.token, committed, batch.records, reply_send, batch.through)
                 outcome = await self._commit(term, msg, reply_recv)
                 if not isinstance(outcome, CursorCommitted):
                     return self._refused(outcome)

@@ -40,21 +40,26 @@ T = TypeVar("T")
 AUDIT_MAXLEN = 10_000
 FOLLOW_PRIMARY_EVERY = 0.5  # seconds: how stale the Sentinel-named primary may be (follow_primary)
 
-# Shared Lua helpers. Paging tokens are compared as decimal strings by (length, text), which equals
-# numeric order for canonical decimals; Redis's Lua numbers are doubles and cannot hold every int64.
+# Shared Lua helpers. Paging tokens are compared as decimal strings by (length, text) once leading
+# zeros are stripped (Stellar RPC's event ids are zero-padded), which is numeric order; Redis's Lua numbers are doubles and cannot hold every int64.
 _LUA_HELPERS = """
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local function canonical(s)
-  return s == '0' or string.match(s, '^[1-9][0-9]*$') ~= nil
+-- A decimal without its leading zeros ('0' for zero), or nil when not all digits.
+local function digits(s)
+  if string.match(s, '^[0-9]+$') == nil then return nil end
+  local stripped = string.gsub(s, '^0+', '')
+  if stripped == '' then return '0' end
+  return stripped
 end
 local function split_token(t)
   local dash = string.find(t, '-', 1, true)
   local a, b = t, '0'
   if dash then a, b = string.sub(t, 1, dash - 1), string.sub(t, dash + 1) end
-  if not (canonical(a) and canonical(b)) then return nil end
+  a, b = digits(a), digits(b)
+  if not (a and b) then return nil end
   return a, b
 end
 local function num_lt(a, b)
@@ -197,8 +202,10 @@ return 1
 
 # KEYS: token, lease, cursor, events
 # ARGV: node, token, expected previous cursor ('' for none), anchor ('' for none), events max_len
-# (0: keep everything), then paging_token, record pairs. With no records, the anchor alone becomes
-# the cursor: how a job that starts at "now" pins that position durably before its first record.
+# (0: keep everything), then paging_token, record pairs. The anchor, when given, becomes the cursor
+# after the records (it must come after the last of them): alone, it is how a job that starts at
+# "now" pins that position durably before its first record; after records, a source's "read
+# through here" position (Stellar RPC's scanned-through cursor).
 _COMMIT = """
 local stored = redis.call('HGET', KEYS[3], 'cursor') or ''
 local refusal = fencing_refusal(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
@@ -206,19 +213,19 @@ if refusal then return {0, refusal[1], refusal[2], stored} end
 local current = tonumber(ARGV[2])
 if stored ~= ARGV[3] then return {0, 'cursor-moved', current, stored} end
 local last = stored
-if ARGV[4] ~= '' then
-  if not split_token(ARGV[4]) then return {0, 'bad-paging-token', current, stored} end
-  if last ~= '' and not is_after(ARGV[4], last) then
-    return {0, 'not-after-cursor', current, stored}
-  end
-  last = ARGV[4]
-end
 for i = 6, #ARGV, 2 do
   if not split_token(ARGV[i]) then return {0, 'bad-paging-token', current, stored} end
   if last ~= '' and not is_after(ARGV[i], last) then
     return {0, 'not-after-cursor', current, stored}
   end
   last = ARGV[i]
+end
+if ARGV[4] ~= '' then
+  if not split_token(ARGV[4]) then return {0, 'bad-paging-token', current, stored} end
+  if last ~= '' and not is_after(ARGV[4], last) then
+    return {0, 'not-after-cursor', current, stored}
+  end
+  last = ARGV[4]
 end
 for i = 6, #ARGV, 2 do
   redis.call('XADD', KEYS[4], '*', 'paging_token', ARGV[i], 'token', ARGV[2],
@@ -942,17 +949,18 @@ class LeaseStore:
 
         ``previous_cursor`` is the cursor the writer believes is committed; a commit that does not
         continue exactly from it is rejected, so a batch can neither be replayed nor leave a gap.
-        With no records, ``anchor`` (a paging token after the stored cursor) becomes the cursor.
+        ``anchor`` (a paging token after the stored cursor and the last record) then becomes the
+        cursor: alone, it pins a position; after records, it is where the source read through.
 
         Raises:
             ValueError: a record's paging token is malformed or the batch is out of order.
             RedisUnavailable: the outcome is unknown; re-read the cursor before going on
                 (:class:`ReplicationUnconfirmed`: applied by the primary, not replicated as asked).
         """
-        if bool(records) == (anchor is not None):
-            raise ValueError("a commit carries either records or an anchor cursor")
+        if not records and anchor is None:
+            raise ValueError("a commit carries records, an anchor cursor, or both")
         previous = None
-        for token_text in [anchor] if anchor is not None else [r.paging_token for r in records]:
+        for token_text in [r.paging_token for r in records] + ([anchor] if anchor is not None else []):
             key = token_key(token_text)
             if previous is not None and key <= previous:
                 raise ValueError(f"batch out of order at paging token {token_text!r}")

@@ -158,8 +158,9 @@ CommitOutcome = CursorCommitted | CommitRefused | CommitUnknown
 
 @attrs.frozen
 class CommitCursor:
-    """Commit ``records`` (strictly after ``previous_cursor``) under fencing ``token``; with no
-    records, move the cursor to ``anchor`` (pinning where a job that starts at "now" begins)."""
+    """Commit ``records`` (strictly after ``previous_cursor``) under fencing ``token``, then move
+    the cursor on to ``anchor`` when given (after the last record): with no records, pinning
+    where a job that starts at "now" begins, or a source's "read through here" position."""
 
     token: int
     previous_cursor: str | None

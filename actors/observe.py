@@ -42,10 +42,11 @@ class NodeStatus:
 
 
 def record_time(body: str) -> float | None:
-    """The epoch seconds of a Horizon record's ``created_at`` (``closed_at`` for a ledger)."""
+    """The epoch seconds of a Horizon record's ``created_at`` (``closed_at`` for a ledger; a
+    Stellar RPC event's ``ledgerClosedAt``)."""
     try:
         doc = json.loads(body)
-        stamp = doc.get("created_at") or doc.get("closed_at")
+        stamp = doc.get("created_at") or doc.get("closed_at") or doc.get("ledgerClosedAt")
         if not isinstance(stamp, str):
             return None
         return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()

@@ -35,17 +35,29 @@ class Record:
 
 @attrs.frozen
 class Batch:
-    """Consecutive records, in source order. ``cursor`` is the last record's paging token."""
+    """Consecutive records, in source order, and where the source has read through.
+
+    ``cursor`` is the last record's paging token, or ``through`` when given: a position after
+    the last record up to which the source has looked and found nothing more (Stellar RPC's
+    "scanned through ledger N" cursor). A batch with ``through`` may hold no record at all: it
+    then only moves the committed cursor forward, so that a job whose filter matches rarely does
+    not resume from far behind (or from outside the source's retention) after a failover.
+    """
 
     records: tuple[Record, ...]
+    through: str | None = None
 
     @property
     def cursor(self) -> str:
-        return self.records[-1].paging_token
+        return self.through if self.through is not None else self.records[-1].paging_token
 
     def __attrs_post_init__(self) -> None:
-        if not self.records:
-            raise ValueError("a Batch holds at least one record")
+        if not self.records and self.through is None:
+            raise ValueError("a Batch holds at least one record or a through cursor")
+        if self.records and self.through is not None and not is_after(
+            self.through, self.records[-1].paging_token
+        ):
+            raise ValueError(f"through cursor {self.through!r} is not after the batch's last record")
 
 
 @attrs.frozen

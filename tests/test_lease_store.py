@@ -198,4 +198,35 @@ async def test_an_anchor_pins_the_cursor_without_events_and_only_once(
     assert isinstance(again, CommitRejected) and again.reason == "cursor-moved"
     assert await store.commit("a", 1, "77", recs("78")) == Committed(1, "78", 1)
     with pytest.raises(ValueError):
-        await store.commit("a", 1, "78", recs("79"), anchor="80")
+        await store.commit("a", 1, "78", [])  # neither records nor an anchor
+
+
+async def test_records_then_a_read_through_anchor_commit_together(
+    store: LeaseStore, redis_client: redis.Redis
+) -> None:
+    await store.acquire("a", 5000)
+    assert await store.commit("a", 1, None, recs("5", "6"), anchor="9") == Committed(1, "9", 2)
+    assert [f["paging_token"] for _, f in redis_client.xrange(store.keys["events"])] == ["5", "6"]
+    # The next commit continues from the anchor: a record at or before it is refused.
+    stale = await store.commit("a", 1, "9", recs("8"))
+    assert isinstance(stale, CommitRejected) and stale.reason == "not-after-cursor"
+    assert await store.commit("a", 1, "9", [], anchor="12") == Committed(1, "12", 0)
+    with pytest.raises(ValueError):  # an anchor must come after the batch's last record
+        await store.commit("a", 1, "12", recs("13", "14"), anchor="14")
+
+
+async def test_zero_padded_event_ids_compare_by_value(
+    store: LeaseStore, redis_client: redis.Redis
+) -> None:
+    """Stellar RPC ids ("%019d-%010d") and Horizon tokens share one ordering, in Python and Lua."""
+    await store.acquire("a", 5000)
+    first = "0000214748364800001-0000000009"
+    second = "0000214748364800001-0000000010"  # "10" > "9" by value, padded or not
+    assert await store.commit("a", 1, None, recs(first, second)) == Committed(1, second, 2)
+    # 214748364800001 as Horizon writes it is the same position: not after the stored cursor.
+    same = await store.commit("a", 1, second, recs("214748364800001-10"))
+    assert isinstance(same, CommitRejected) and same.reason == "not-after-cursor"
+    through = "0000214752659767295-4294967295"  # ledger 50000's scanned-through cursor
+    assert await store.commit("a", 1, second, [], anchor=through) == Committed(1, through, 0)
+    earlier = await store.commit("a", 1, through, recs("0000214752659767295-0000000001"))
+    assert isinstance(earlier, CommitRejected) and earlier.reason == "not-after-cursor"
