@@ -41,7 +41,8 @@ AUDIT_MAXLEN = 10_000
 FOLLOW_PRIMARY_EVERY = 0.5  # seconds: how stale the Sentinel-named primary may be (follow_primary)
 
 # Shared Lua helpers. Paging tokens are compared as decimal strings by (length, text) once leading
-# zeros are stripped (Stellar RPC's event ids are zero-padded), which is numeric order; Redis's Lua numbers are doubles and cannot hold every int64.
+# zeros are stripped (Stellar RPC's event ids are zero-padded), which is numeric order; Redis's
+# Lua numbers are doubles and cannot hold every int64.
 _LUA_HELPERS = """
 local function now_ms()
   local t = redis.call('TIME')
