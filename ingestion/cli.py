@@ -28,7 +28,8 @@ class UsageError(Exception):
 def _run_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m ingestion [run]",
-        description="Run one ingestion node: join the election and ingest Horizon while leader.",
+        description="Run one ingestion node: join the election and ingest Horizon (or Stellar RPC "
+        "contract events) while leader.",
     )
     p.add_argument("--config", type=Path, help="TOML file (default: ./config.toml if present)")
     p.add_argument("--node-id", help="this node's id (default: <hostname>-<pid>)")
@@ -39,7 +40,28 @@ def _run_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--horizon", action="append", metavar="URL", help="Horizon base URL (repeatable)")
     p.add_argument("--resource", help="Horizon collection path, e.g. /operations (default)")
-    p.add_argument("--start-cursor", help="now (default), 0 or a paging token")
+    p.add_argument(
+        "--start-cursor",
+        help="now (default), 0 or a paging token; for --source rpc: now, 0, a ledger number or an "
+        "event id",
+    )
+    p.add_argument(
+        "--source", choices=("horizon", "rpc"),
+        help="what the jobs follow: a Horizon collection (default) or Stellar RPC contract events",
+    )  # fmt: skip
+    p.add_argument("--rpc", action="append", metavar="URL", help="Stellar RPC URL (repeatable)")
+    p.add_argument(
+        "--contract-id", action="append", metavar="C",
+        help="getEvents filter: a contract id (repeatable, at most 5)",
+    )  # fmt: skip
+    p.add_argument(
+        "--event-type", choices=("contract", "system"), help="getEvents filter: the event type"
+    )
+    p.add_argument(
+        "--topic", action="append", metavar="SEG[,SEG...]",
+        help="getEvents filter: a topic (repeatable, at most 5): 1 to 4 segments, each a base64 "
+        "ScVal, *, sym:NAME, str:TEXT, address:G...|C..., u32:N, i128:N, ..., then optionally **",
+    )  # fmt: skip
     p.add_argument("--redis", metavar="URL", help="redis:// or rediss:// URL")
     p.add_argument("--lease-ttl-ms", type=int, metavar="N", help="lease TTL in milliseconds")
     p.add_argument(
@@ -60,6 +82,12 @@ def _flags_layer(ns: argparse.Namespace) -> dict[str, dict[str, Any]]:
         ("horizon", "urls"): ns.horizon,
         ("horizon", "resource"): ns.resource,
         ("horizon", "start_cursor"): ns.start_cursor,
+        ("rpc", "start_cursor"): ns.start_cursor,
+        ("node", "source"): getattr(ns, "source", None),
+        ("rpc", "urls"): getattr(ns, "rpc", None),
+        ("rpc", "contract_ids"): getattr(ns, "contract_id", None),
+        ("rpc", "event_type"): getattr(ns, "event_type", None),
+        ("rpc", "topics"): getattr(ns, "topic", None),
         ("redis", "url"): ns.redis,
         ("lease", "ttl_ms"): ns.lease_ttl_ms,
         ("events", "max_len"): getattr(ns, "events_max_len", None),
@@ -89,7 +117,8 @@ def cmd_run(argv: Sequence[str]) -> int:
         try:
             build_source(settings, job)
         except ValueError as exc:
-            problems.append(f"jobs.{job.name}: {exc}" if len(settings.jobs) > 1 else f"horizon: {exc}")
+            section = "rpc" if job.kind == "rpc" else "horizon"
+            problems.append(f"jobs.{job.name}: {exc}" if len(settings.jobs) > 1 else f"{section}: {exc}")
     if problems:
         raise ConfigError(problems)
     preflight(settings)

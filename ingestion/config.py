@@ -25,7 +25,7 @@ import os
 import re
 import socket
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -91,6 +91,12 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
             "",
             "directory for the highest fencing token seen, kept across restarts (a file per job; "
             "nodes may share it); empty: memory only",
+        ),
+        "source": (
+            str,
+            "horizon",
+            "what a job follows unless its [jobs.NAME] table says: horizon (a Horizon collection) "
+            "or rpc (Stellar RPC getEvents: contract events)",
         ),
     },
     "redis": {
@@ -201,6 +207,52 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
             "stream and resume from the oldest retained ledger)",
         ),
     },
+    "rpc": {
+        "urls": (
+            "list[str]",
+            ["http://127.0.0.1:8001"],
+            "Stellar RPC URLs (JSON-RPC), tried in order, for jobs whose source is rpc",
+        ),
+        "start_cursor": (
+            str,
+            "now",
+            "where an rpc job starts when nothing is committed: now, 0 (the oldest retained "
+            "ledger), a ledger number (events from that ledger on) or an event id (after it)",
+        ),
+        "event_type": (str, "", "getEvents filter: contract, system, or empty for both"),
+        "contract_ids": (
+            "list[str]",
+            [],
+            "getEvents filter: contract ids (C...), at most 5; empty: every contract",
+        ),
+        "topics": (
+            "list[str]",
+            [],
+            "getEvents filter: at most 5 topics, each SEG[,SEG...] (1 to 4 segments, then an optional "
+            "**): a base64 ScVal, * (any one segment), ** (any rest), or sym:NAME, str:TEXT, "
+            "address:G...|C..., u32:N, i32:N, u64:N, i64:N, u128:N, i128:N, bool:true|false "
+            "(INGESTION_RPC_TOPICS: topics separated by ;)",
+        ),
+        "page_limit": (int, 1000, "events per getEvents request (1 .. 10000)"),
+        "connect_timeout_ms": (int, 2000, "ms, HTTP connect timeout"),
+        "request_timeout_ms": (int, 30000, "ms, the longest one getEvents request may take"),
+        "retry_base_ms": (int, 200, "ms, first retry delay after an error"),
+        "retry_cap_ms": (int, 10000, "ms, longest retry delay"),
+        "failover_after": (int, 3, "count, consecutive failures before moving to the next URL"),
+        "on_history_gap": (
+            str,
+            "stop",
+            "when the cursor is older than the RPC's oldest retained ledger: stop (log "
+            "history-gap, write nothing, exit 1) or skip (record the gap in the audit stream and "
+            "resume from the oldest ledger)",
+        ),
+        "reset_after_ms": (
+            int,
+            60000,
+            "ms every RPC URL may report a latest ledger below the cursor (a lagging node, or a "
+            "network reset) before rpc-network-reset-suspected is logged; the node never jumps",
+        ),
+    },
     "events": {
         "max_len": (
             int,
@@ -233,6 +285,7 @@ class NodeSettings:
     id: str
     jobs: tuple[str, ...]  # the job names this node hosts, in order (see Settings.jobs)
     state_dir: str
+    source: str = "horizon"  # the kind of a job whose table does not say
 
     @property
     def job(self) -> str:
@@ -240,13 +293,25 @@ class NodeSettings:
         return self.jobs[0]
 
 
-JOB_KINDS = ("horizon", "scheduled")
-# A [jobs.NAME] table: key -> (type, help). Missing keys take the [horizon] settings.
+JOB_KINDS = ("horizon", "rpc", "scheduled")
+# A [jobs.NAME] table: key -> (type, help). Missing keys take the [horizon] (or [rpc]) settings.
 JOB_SCHEMA: dict[str, tuple[type | str, str]] = {
-    "kind": (str, "horizon (ingest a Horizon collection) or scheduled (run an action periodically)"),
+    "kind": (
+        str,
+        "horizon (ingest a Horizon collection), rpc (Stellar RPC contract events) or scheduled "
+        "(run an action periodically); default: node.source",
+    ),
     "resource": (str, "the Horizon collection (default: horizon.resource)"),
-    "start_cursor": (str, "where the job starts when nothing is committed (default: horizon.start_cursor)"),
+    "start_cursor": (
+        str,
+        "where the job starts when nothing is committed (default: horizon.start_cursor, or "
+        "rpc.start_cursor for an rpc job)",
+    ),
     "horizon": ("list[str]", "Horizon base URLs for this job (default: horizon.urls)"),
+    "rpc": ("list[str]", "rpc: Stellar RPC URLs for this job (default: rpc.urls)"),
+    "event_type": (str, "rpc: contract, system or empty (default: rpc.event_type)"),
+    "contract_ids": ("list[str]", "rpc: contract ids to follow (default: rpc.contract_ids)"),
+    "topics": ("list[str]", "rpc: topics, each SEG[,SEG...] (default: rpc.topics)"),
     "action": (str, "scheduled: the action to run, module:function (async (run, term) -> dict)"),
     "period_ms": (int, "scheduled: ms between the end of a run and the start of the next"),
 }
@@ -257,12 +322,30 @@ class JobSettings:
     """One elected job hosted by the node."""
 
     name: str
-    kind: str  # "horizon" or "scheduled"
+    kind: str  # "horizon", "rpc" or "scheduled"
     resource: str
     start_cursor: str
     horizon_urls: tuple[str, ...]
     action: str = ""  # scheduled: "module:function"
     period_ms: int = 0
+    rpc_urls: tuple[str, ...] = ()  # rpc: the URLs and the getEvents filter
+    event_type: str = ""
+    contract_ids: tuple[str, ...] = ()
+    topics: tuple[str, ...] = ()  # each "SEG[,SEG...]" as written
+
+    def rpc_filters(self) -> tuple[Any, ...]:
+        """The job's getEvents filters (:class:`ingestion.rpc.protocol.EventFilter`): one filter
+        of the type, contract ids and topics given, or none (every event) when none is given.
+
+        Raises:
+            ValueError: a topic segment that is not a valid ScVal or wildcard.
+        """
+        from ingestion.rpc.protocol import EventFilter, topic_from_text
+
+        if not (self.event_type or self.contract_ids or self.topics):
+            return ()
+        types = (self.event_type,) if self.event_type else ()
+        return (EventFilter(types, self.contract_ids, tuple(topic_from_text(t) for t in self.topics)),)
 
 
 @attrs.frozen
@@ -325,6 +408,23 @@ class HorizonSettings:
 
 
 @attrs.frozen
+class RpcSettings:
+    urls: tuple[str, ...]
+    start_cursor: str
+    event_type: str
+    contract_ids: tuple[str, ...]
+    topics: tuple[str, ...]
+    page_limit: int
+    connect_timeout_ms: int
+    request_timeout_ms: int
+    retry_base_ms: int
+    retry_cap_ms: int
+    failover_after: int
+    on_history_gap: str
+    reset_after_ms: int
+
+
+@attrs.frozen
 class EventsSettings:
     max_len: int
 
@@ -348,6 +448,7 @@ class Settings:
     redis: RedisSettings
     lease: LeaseSettings
     horizon: HorizonSettings
+    rpc: RpcSettings
     events: EventsSettings
     observe: ObserveSettings
     log: LogSettings
@@ -389,11 +490,17 @@ class Settings:
         v = values
         node = v["node"]
         return cls(
-            node=NodeSettings(id=node["id"], jobs=tuple(j.name for j in jobs), state_dir=node["state_dir"]),
+            node=NodeSettings(
+                id=node["id"], jobs=tuple(j.name for j in jobs), state_dir=node["state_dir"],
+                source=node["source"],
+            ),
             jobs=jobs,
             redis=RedisSettings(**v["redis"]),
             lease=LeaseSettings(**v["lease"]),
             horizon=HorizonSettings(**{**v["horizon"], "urls": tuple(v["horizon"]["urls"])}),
+            rpc=RpcSettings(**{
+                **v["rpc"], **{k: tuple(v["rpc"][k]) for k in ("urls", "contract_ids", "topics")}
+            }),
             events=EventsSettings(**v["events"]),
             observe=ObserveSettings(**v["observe"]),
             log=LogSettings(**v["log"]),
@@ -456,7 +563,7 @@ def _resolve_jobs(
             checked = _check_type(f"jobs.{name}.{key}", JOB_SCHEMA[key][0], value, problems)
             if checked is not None:
                 given[key] = checked
-        kind = given.get("kind", "horizon")
+        kind = given.get("kind", v["node"]["source"])
         resource = flag_resource.strip() if eq else given.get("resource", horizon["resource"])
         start = given.get("start_cursor", horizon["start_cursor"])
         urls = tuple(given.get("horizon", horizon["urls"]))
@@ -480,6 +587,9 @@ def _resolve_jobs(
                     problems.append(f"jobs.{name}.horizon: at least one Horizon URL is needed")
             jobs.append(JobSettings(name, kind, resource, start, urls))
             continue
+        if kind == "rpc":
+            jobs.append(_rpc_job(name, entry if eq else "", given, v["rpc"], problems))
+            continue
         action, period = given.get("action", ""), given.get("period_ms", 0)
         if eq:
             problems.append(f"node.job: {entry!r}: a scheduled job takes no resource")
@@ -492,6 +602,74 @@ def _resolve_jobs(
             problems.append(f"jobs.{name}.period_ms: must be positive, got {period}")
         jobs.append(JobSettings(name, kind, "", "0", (), action, period))
     return tuple(jobs)
+
+
+def _rpc_job(
+    name: str, entry: str, given: Mapping[str, Any], rpc: Mapping[str, Any], problems: list[str]
+) -> JobSettings:
+    """An rpc job from its table (``given``) and the [rpc] section; what the section gives was
+    checked there."""
+    if entry:
+        problems.append(f"node.job: {entry!r}: an rpc job takes no resource (it follows getEvents)")
+    start = given.get("start_cursor", rpc["start_cursor"])
+    where = f"jobs.{name}.start_cursor" if "start_cursor" in given else "rpc.start_cursor"
+    _check_rpc_start_cursor(start, where, problems)
+    urls = tuple(given.get("rpc", rpc["urls"]))
+    if "rpc" in given:
+        _check_urls(urls, f"jobs.{name}.rpc", "Stellar RPC", problems)
+    job = JobSettings(
+        name, "rpc", "", start, (),
+        rpc_urls=urls,
+        event_type=given.get("event_type", rpc["event_type"]),
+        contract_ids=tuple(given.get("contract_ids", rpc["contract_ids"])),
+        topics=tuple(given.get("topics", rpc["topics"])),
+    )  # fmt: skip
+    if any(k in given for k in ("event_type", "contract_ids", "topics")):
+        _check_rpc_filter(job, f"jobs.{name}", problems)
+    return job
+
+
+def _check_urls(urls: Sequence[str], where: str, what: str, problems: list[str]) -> None:
+    if not urls:
+        problems.append(f"{where}: at least one {what} URL is needed")
+    for url in urls:
+        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+            problems.append(f"{where}: not an http(s) URL: {url!r}")
+
+
+def _check_rpc_start_cursor(start: str, where: str, problems: list[str]) -> None:
+    from ingestion.rpc.protocol import is_event_id
+
+    if start in ("now", "0") or (start.isdigit() and 0 < int(start) < 1 << 31) or is_event_id(start):
+        return
+    problem = (
+        f"{where}: must be now, 0, a ledger number or an event id (<19 digits>-<10 digits>), "
+        f"got {start!r}"
+    )
+    if problem not in problems:  # the [rpc] default is checked once, not once per job
+        problems.append(problem)
+
+
+def _check_rpc_filter(job: JobSettings, where: str, problems: list[str]) -> None:
+    """The getEvents filter limits and segments, checked here as the server would (exit 2
+    instead of a node that starts and is then refused with -32602)."""
+    from ingestion.rpc.protocol import filters_problem
+
+    if job.event_type not in ("", "contract", "system"):
+        problems.append(f"{where}.event_type: must be contract, system or empty, got {job.event_type!r}")
+        return
+    try:
+        filters = job.rpc_filters()
+    except ValueError as exc:
+        problems.append(f"{where}.topics: {exc}")
+        return
+    problem = filters_problem(filters)
+    if problem:
+        key = "contract_ids" if "contract" in problem else "topics"
+        problems.append(f"{where}.{key}: {problem.removeprefix('filter 1 invalid: ')}")
+    for i, topic in enumerate(job.topics, 1):
+        if not topic.strip():
+            problems.append(f"{where}.topics: topic {i} is empty")
 
 
 def _importable(spec: str) -> bool:
@@ -717,6 +895,7 @@ def _check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
         )
     if horizon["retry_cap_ms"] < horizon["retry_base_ms"]:
         problems.append("horizon.retry_cap_ms: must not be below horizon.retry_base_ms")
+    _check_rpc_section(v, problems)
     max_len = v["events"]["max_len"]
     if max_len < 0:
         problems.append(f"events.max_len: must be 0 (keep everything) or positive, got {max_len}")
@@ -737,6 +916,31 @@ def _check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
         problems.append(f"node.id: must not contain '|', got {v['node']['id']!r}")
 
 
+def _check_rpc_section(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
+    rpc = v["rpc"]
+    if v["node"]["source"] not in ("horizon", "rpc"):
+        problems.append(f"node.source: must be horizon or rpc, got {v['node']['source']!r}")
+    _check_urls(rpc["urls"], "rpc.urls", "Stellar RPC", problems)
+    if not 1 <= rpc["page_limit"] <= 10_000:
+        problems.append(f"rpc.page_limit: must be between 1 and 10000, got {rpc['page_limit']}")
+    for key in (
+        "connect_timeout_ms", "request_timeout_ms", "retry_base_ms", "retry_cap_ms",
+        "failover_after", "reset_after_ms",
+    ):  # fmt: skip
+        if rpc[key] <= 0:
+            problems.append(f"rpc.{key}: must be positive, got {rpc[key]}")
+    if rpc["retry_cap_ms"] < rpc["retry_base_ms"]:
+        problems.append("rpc.retry_cap_ms: must not be below rpc.retry_base_ms")
+    if rpc["on_history_gap"] not in ("stop", "skip"):
+        problems.append(f"rpc.on_history_gap: must be stop or skip, got {rpc['on_history_gap']!r}")
+    section_job = JobSettings(
+        "rpc", "rpc", "", rpc["start_cursor"], (), rpc_urls=tuple(rpc["urls"]),
+        event_type=rpc["event_type"], contract_ids=tuple(rpc["contract_ids"]),
+        topics=tuple(rpc["topics"]),
+    )  # fmt: skip
+    _check_rpc_filter(section_job, "rpc", problems)
+
+
 def read_toml(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as f:
@@ -748,7 +952,8 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 
 def from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """``INGESTION_<SECTION>_<KEY>`` variables as a nested mapping (lists are comma-separated)."""
+    """``INGESTION_<SECTION>_<KEY>`` variables as a nested mapping (lists are comma-separated;
+    ``INGESTION_RPC_TOPICS`` separates topics with ``;``, a topic's segments with ``,``)."""
     out: dict[str, dict[str, Any]] = {}
     problems: list[str] = []
     for name, value in environ.items():
@@ -761,7 +966,9 @@ def from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
             problems.append(f"{name}: unknown setting{hint}")
             continue
         kind = SCHEMA[section][key][0]
-        parsed: Any = [u.strip() for u in value.split(",") if u.strip()] if kind == "list[str]" else value
+        # A topic is itself comma-separated: INGESTION_RPC_TOPICS separates topics with ';'.
+        sep = ";" if (section, key) == ("rpc", "topics") else ","
+        parsed: Any = [u.strip() for u in value.split(sep) if u.strip()] if kind == "list[str]" else value
         out.setdefault(section, {})[key] = parsed
     if problems:
         raise ConfigError(problems)
@@ -819,6 +1026,12 @@ FLAGS = {
     ("horizon", "urls"): "--horizon",
     ("horizon", "resource"): "--resource",
     ("horizon", "start_cursor"): "--start-cursor",
+    ("node", "source"): "--source",
+    ("rpc", "urls"): "--rpc",
+    ("rpc", "start_cursor"): "--start-cursor",
+    ("rpc", "event_type"): "--event-type",
+    ("rpc", "contract_ids"): "--contract-id",
+    ("rpc", "topics"): "--topic",
     ("events", "max_len"): "--events-max-len",
     ("observe", "metrics_port"): "--metrics-port",
     ("observe", "status_port"): "--status-port",
@@ -856,7 +1069,8 @@ def sample_toml() -> str:
         lines.append("")
     lines += [
         "# Jobs: one table per elected job this node hosts (used when node.job is empty). Each key",
-        "# is optional and defaults to the [horizon] setting of the same meaning:",
+        "# is optional and defaults to the [horizon] (for an rpc job: [rpc]) setting of the same",
+        "# meaning:",
     ]
     for key, (_kind, help_) in JOB_SCHEMA.items():
         lines.append(f"#   {key}: {help_}")
@@ -868,6 +1082,13 @@ def sample_toml() -> str:
         "# [jobs.payments]",
         '# resource = "/payments"',
         '# start_cursor = "now"',
+        "#",
+        "# [jobs.transfers]",
+        '# kind = "rpc"',
+        '# rpc = ["http://127.0.0.1:8001"]',
+        '# event_type = "contract"',
+        '# topics = ["sym:transfer,**"]',
+        '# start_cursor = "0"',
         "#",
         "# [jobs.heartbeat]",
         '# kind = "scheduled"',

@@ -50,6 +50,23 @@ def build_source(
         if action is None:
             raise ValueError(f"cannot import the action {job.action!r}")
         return ScheduledJob(action, period=job.period_ms / 1000)
+    if job.kind == "rpc":
+        from ingestion.rpc.source import RpcSource
+
+        r = settings.rpc
+        return RpcSource(
+            urls=job.rpc_urls,
+            filters=job.rpc_filters(),
+            connect_timeout=r.connect_timeout_ms / 1000,
+            request_timeout=r.request_timeout_ms / 1000,
+            retry_base=r.retry_base_ms / 1000,
+            retry_cap=r.retry_cap_ms / 1000,
+            attempts_per_url=r.failover_after,
+            page_limit=r.page_limit,
+            on_history_gap=r.on_history_gap,
+            reset_after=r.reset_after_ms / 1000,
+            audit=None if store is None else audit_writer(store),
+        )
     h = settings.horizon
     return HorizonSource(
         urls=job.horizon_urls,
@@ -67,6 +84,17 @@ def build_source(
         on_history_gap=h.on_history_gap,
         audit=None if store is None else audit_writer(store),
     )
+
+
+def _job_summary(job: JobSettings) -> dict[str, Any]:
+    if job.kind == "horizon":
+        return {"job": job.name, "kind": job.kind, "resource": job.resource or None}
+    if job.kind == "rpc":
+        return {
+            "job": job.name, "kind": job.kind, "rpc": list(job.rpc_urls),
+            "filters": [f.to_json() for f in job.rpc_filters()],
+        }  # fmt: skip
+    return {"job": job.name, "kind": job.kind, "action": job.action}
 
 
 def audit_writer(store: LeaseStore) -> Callable[[str, dict[str, str]], Awaitable[bool]]:
@@ -141,11 +169,7 @@ async def run_node_process(settings: Settings) -> int:
     log.info(
         "node-starting",
         redis=redact_url(settings.redis.url),
-        jobs=[
-            {"job": j.name, "kind": j.kind, "resource": j.resource or None}
-            if j.kind == "horizon" else {"job": j.name, "kind": j.kind, "action": j.action}
-            for j in settings.jobs
-        ],
+        jobs=[_job_summary(j) for j in settings.jobs],
         horizon=list(settings.horizon.urls),
         resource=settings.horizon.resource,
         lease_ttl_ms=settings.lease.ttl_ms,

@@ -1,0 +1,438 @@
+"""The Stellar RPC follower: every decision of the ``getEvents`` source, with no I/O.
+
+:class:`RpcFollower` says which request to send next (:meth:`RpcFollower.next_request`) and what each
+answer means (:meth:`RpcFollower.on_result`, :meth:`RpcFollower.on_error`): a batch of events to
+commit, a read-through cursor, how long to wait, whether to move to another URL, a history gap, or
+a fatal error. :class:`~ingestion.rpc.source.RpcSource` carries the requests out.
+
+Position. The follower always knows where it stands in one of three ways:
+
+- ``OLDEST`` (start cursor ``"0"``): the oldest retained ledger is not known yet. The first request
+  asks from ledger 1; the server answers "startLedger must be within the ledger range: O - L" and
+  the follower starts at ledger O (the range error is the server's documented answer).
+- ``LEDGER`` (start cursor ``N``, or after a skipped history gap): events from ledger N on.
+- ``CURSOR``: events strictly after an event id or a scanned-through cursor (the committed cursor).
+
+Pacing. A full page, or a scan that stopped below the latest ledger (one request scans at most
+10,000 ledgers), means the node is behind: the next request goes at once. Otherwise the node is at
+the tip and waits for the next ledger close: the ledger interval is estimated from the
+``latestLedgerCloseTime`` of successive ledgers (whole seconds, so over several ledgers; from when
+each new ledger was first seen when ledgers close faster than a second), counted from when the
+latest ledger was first seen (the monotonic clock: wall-clock time is never a deadline); a ledger
+that is late is polled for in short steps.
+
+Safety. Nothing the server says can move the position backwards or past events it has not served:
+ids must ascend strictly from the position, the answer's cursor must not be below the last id, and
+a cursor above the server's latest ledger (a lagging node, or a network reset) is never "fixed" by
+jumping: the follower backs off and tries the other URLs, and says loudly when it lasts.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import orjson
+
+from actors.source import Batch, Record
+from ingestion.horizon_core import RetryPolicy
+from ingestion.rpc.protocol import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    MAX_LIMIT,
+    METHOD_NOT_FOUND,
+    PROCESSING_LIMIT,
+    Cursor,
+    EventFilter,
+    InvalidCursor,
+    ledger_range_of,
+)
+
+MIN_PAGE_LIMIT = 10  # a -32001 halves the page down to this, not below
+DEFAULT_INTERVAL = 1.0  # seconds: the ledger interval guessed before two ledgers were seen
+MIN_INTERVAL, MAX_INTERVAL = 0.05, 10.0
+TIP_GRACE = 0.02  # seconds after the expected close before asking
+
+
+class Phase(enum.Enum):
+    OLDEST = "oldest"
+    LEDGER = "ledger"
+    CURSOR = "cursor"
+
+
+@attrs.frozen
+class Note:
+    """A line for the shell to log: ``level`` (info, warning, error), ``event``, fields."""
+
+    level: str
+    event: str
+    fields: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class HistoryGap:
+    """The position is older than the oldest ledger the RPC keeps."""
+
+    cursor: str
+    cursor_ledger: int
+    elder_ledger: int
+    url: str
+
+
+@attrs.frozen
+class Outcome:
+    """What an answer means. Apply in order: notes, fatal, gap, batch, then wait ``delay``."""
+
+    batch: Batch | None = None
+    delay: float = 0.0
+    notes: tuple[Note, ...] = ()
+    fatal: str | None = None
+    gap: HistoryGap | None = None
+    ok: bool = True  # the URL answered usefully (for source health)
+
+
+@attrs.frozen
+class Request:
+    url: str
+    body: bytes  # the JSON-RPC request
+    limit: int
+
+
+@attrs.define
+class RpcFollower:
+    """Follows ``getEvents`` for ``filters`` from a start cursor (see the module docstring).
+
+    Args:
+        urls: RPC endpoints; the follower sticks to one until ``policy.attempts_per_url``
+            consecutive failures, then moves to the next.
+        filters: the request's filters (checked before: see protocol.filters_problem).
+        start: ``"0"``, a ledger number, an event id, or a scanned-through cursor.
+        page_limit: events per request (at most 10,000).
+        reset_after: seconds every URL may report a latest ledger below the position before the
+            follower logs ``rpc-network-reset-suspected`` (and again every ``reset_after``).
+    """
+
+    urls: tuple[str, ...]
+    filters: tuple[EventFilter, ...]
+    start: str
+    policy: RetryPolicy = attrs.field(factory=RetryPolicy)
+    page_limit: int = 1000
+    reset_after: float = 60.0
+    rand: Callable[[], float] = random.random  # uniform in [0, 1): backoff jitter
+    phase: Phase = attrs.field(init=False)
+    position: Cursor | None = attrs.field(init=False, default=None)
+    start_ledger: int = attrs.field(init=False, default=1)
+    url_index: int = attrs.field(init=False, default=0)
+    failures: int = attrs.field(init=False, default=0)  # consecutive, on the current URL
+    round_failures: int = attrs.field(init=False, default=0)  # consecutive, across URLs
+    malformed: int = attrs.field(init=False, default=0)
+    limit: int = attrs.field(init=False)
+    latest: int = attrs.field(init=False, default=0)  # the highest latest ledger seen
+    latest_seen_at: float = attrs.field(init=False, default=0.0)
+    _closes: deque[tuple[int, int, float]] = attrs.field(init=False, factory=lambda: deque(maxlen=8))
+    _overdue: int = attrs.field(init=False, default=0)
+    ahead_since: float | None = attrs.field(init=False, default=None)
+    _ahead_logged_at: float | None = attrs.field(init=False, default=None)
+    _rejected_4xx: set[str] = attrs.field(init=False, factory=set)
+    request_id: int = attrs.field(init=False, default=0)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.urls:
+            raise ValueError("at least one RPC URL is needed")
+        if not 1 <= self.page_limit <= MAX_LIMIT:
+            raise ValueError(f"page_limit {self.page_limit} must be within 1..{MAX_LIMIT}")
+        self.limit = self.page_limit
+        start = self.start.strip()
+        if start == "0":
+            self.phase = Phase.OLDEST
+        elif start.isdigit():
+            self.phase, self.start_ledger = Phase.LEDGER, int(start)
+            if not 0 < self.start_ledger < 1 << 31:
+                raise ValueError(f"start ledger {start} out of range")
+        else:
+            try:
+                self.position = Cursor.parse(start)
+            except InvalidCursor as exc:
+                raise ValueError(
+                    f"not an RPC start cursor: {start!r} (now, 0, a ledger number or an event id)"
+                ) from exc
+            self.phase = Phase.CURSOR
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self.urls[self.url_index % len(self.urls)]
+
+    def describe_position(self) -> str:
+        if self.phase is Phase.CURSOR:
+            return str(self.position)
+        return "0" if self.phase is Phase.OLDEST else str(self.start_ledger)
+
+    def next_request(self) -> Request:
+        params: dict[str, Any] = {"filters": [f.to_json() for f in self.filters]}
+        if self.phase is Phase.CURSOR:
+            params["pagination"] = {"cursor": str(self.position), "limit": self.limit}
+        else:
+            params["startLedger"] = self.start_ledger
+            params["pagination"] = {"limit": self.limit}
+        self.request_id += 1
+        body = orjson.dumps(
+            {"jsonrpc": "2.0", "id": self.request_id, "method": "getEvents", "params": params}
+        )
+        return Request(self.url, body, self.limit)
+
+    def _requested_ledger(self) -> int:
+        """The first ledger the current request scans."""
+        if self.phase is Phase.CURSOR:
+            assert self.position is not None
+            return self.position.successor().ledger
+        return self.start_ledger
+
+    # -- answers ----------------------------------------------------------------------------------
+
+    def on_result(self, result: Any, limit: int, now: float) -> Outcome:
+        """A ``getEvents`` result for a request of ``limit`` events, received at ``now``."""
+        try:
+            page = self._parse(result, limit)
+        except (ValueError, TypeError, KeyError, InvalidCursor) as exc:
+            return self._on_malformed(str(exc), now)
+        events, cursor, latest, close_time = page
+        self.malformed = 0
+        self.failures = self.round_failures = 0
+        self._rejected_4xx.clear()
+        notes: list[Note] = []
+        if self.ahead_since is not None:
+            fields = {"url": self.url, "latest_ledger": latest}
+            notes.append(Note("info", "rpc-caught-up-with-cursor", fields))
+            self.ahead_since = self._ahead_logged_at = None
+        self._saw_latest(latest, close_time, now)
+        if limit < self.page_limit and self.limit == limit:
+            self.limit = min(self.page_limit, limit * 2)
+        records = tuple(
+            Record(paging_token=str(e["id"]), body=orjson.dumps(e).decode()) for e in events
+        )
+        moved = self.position is None or cursor > self.position
+        last = Cursor.parse(events[-1]["id"]) if events else None
+        through = str(cursor) if moved and (last is None or cursor > last) else None
+        batch = Batch(records, through=through) if records or through else None
+        self.phase, self.position = Phase.CURSOR, max(cursor, self.position or cursor)
+        behind = len(events) >= limit or cursor.ledger < latest
+        if behind:
+            self._overdue = 0
+            return Outcome(batch, 0.0, tuple(notes))
+        return Outcome(batch, self.tip_delay(now), tuple(notes))
+
+    def _parse(self, result: Any, limit: int) -> tuple[list[dict[str, Any]], Cursor, int, int | None]:
+        if not isinstance(result, Mapping):
+            raise ValueError("result is not an object")
+        events = result["events"]
+        if not isinstance(events, list):
+            raise ValueError("events is not a list")
+        latest = int(result["latestLedger"])
+        close_raw = result.get("latestLedgerCloseTime")
+        close_time = int(close_raw) if close_raw not in (None, "") else None
+        cursor = Cursor.parse(str(result["cursor"]))
+        floor = self.position
+        previous: Cursor | None = None
+        for e in events:
+            if not isinstance(e, dict) or not isinstance(e.get("id"), str):
+                raise ValueError("an event without an id")
+            at = Cursor.parse(e["id"])
+            if e.get("ledger") != at.ledger:
+                raise ValueError(f"event {e['id']}: ledger {e.get('ledger')!r} is not the id's")
+            if previous is not None and at <= previous:
+                raise ValueError(f"event ids do not ascend at {e['id']}")
+            if floor is not None and self.phase is Phase.CURSOR and at <= floor:
+                raise ValueError(f"event {e['id']} is not after the cursor {floor}")
+            if self.phase is Phase.LEDGER and at.ledger < self.start_ledger:
+                raise ValueError(f"event {e['id']} is before the start ledger {self.start_ledger}")
+            previous = at
+        if len(events) > limit:
+            raise ValueError(f"{len(events)} events for a limit of {limit}")
+        if previous is not None and cursor < previous:
+            raise ValueError(f"cursor {cursor} is below the last event {previous}")
+        if self.phase is Phase.CURSOR and floor is not None and cursor < floor:
+            raise ValueError(f"cursor {cursor} went back from {floor}")
+        return events, cursor, latest, close_time
+
+    def on_error(self, code: int, message: str, now: float) -> Outcome:
+        """A JSON-RPC error answer."""
+        if code == INVALID_REQUEST:
+            span = ledger_range_of(message)
+            if span is not None:
+                return self._out_of_range(span[0], span[1], now)
+            return self._failed(f"RPC error {code}: {message}", now)
+        if code == INVALID_PARAMS:
+            filters = [f.to_json() for f in self.filters]
+            return Outcome(
+                fatal=f"{self.url} rejected the request's parameters: {message} (filters: "
+                f"{orjson.dumps(filters).decode()}); fix the filter it names",
+                ok=True,
+            )
+        if code == METHOD_NOT_FOUND:
+            return Outcome(fatal=f"{self.url} has no getEvents method: is it a Stellar RPC URL?")
+        if code == PROCESSING_LIMIT:
+            notes: tuple[Note, ...] = ()
+            if self.limit > MIN_PAGE_LIMIT:
+                self.limit = max(MIN_PAGE_LIMIT, self.limit // 2)
+                notes = (Note("warning", "rpc-page-limit", {"limit": self.limit, "url": self.url}),)
+            out = self._failed(f"RPC error {code}: {message}", now)
+            return attrs.evolve(out, notes=notes + out.notes, ok=True)
+        return self._failed(f"RPC error {code}: {message}", now)
+
+    def on_http_error(self, status: int, detail: str, retry_after: float | None, now: float) -> Outcome:
+        """An HTTP status other than 200 (429 and 5xx are retried; other 4xx are fatal once
+        every URL has answered one in a row)."""
+        error = f"HTTP {status}: {detail}"[:300]
+        if 400 <= status < 500 and status not in (408, 425, 429):
+            self._rejected_4xx.add(self.url)
+            if len(self._rejected_4xx) == len(set(self.urls)):
+                return Outcome(fatal=f"every RPC URL rejects getEvents: last {self.url} {error}", ok=False)
+        out = self._failed(error, now, move=400 <= status < 500 and status not in (408, 425, 429))
+        if retry_after is not None:
+            wait = max(out.delay, min(retry_after, self.policy.retry_after_cap))
+            out = attrs.evolve(out, delay=wait)
+        return out
+
+    def on_transport_error(self, error: str, now: float) -> Outcome:
+        return self._failed(error, now, reached=False)
+
+    def on_malformed(self, error: str, now: float) -> Outcome:
+        return self._on_malformed(error, now)
+
+    def skip_to(self, ledger: int) -> None:
+        """Go on from ``ledger`` (a history gap recorded and skipped)."""
+        self.phase, self.start_ledger = Phase.LEDGER, ledger
+
+    # -- the ledger clock -------------------------------------------------------------------------
+
+    def _saw_latest(self, latest: int, close_time: int | None, now: float) -> None:
+        if latest > self.latest:
+            self.latest, self.latest_seen_at, self._overdue = latest, now, 0
+            self._closes.append((latest, close_time if close_time is not None else -1, now))
+
+    def interval(self) -> float:
+        """Seconds between ledger closes, estimated from what has been seen (see module doc)."""
+        closes = [c for c in self._closes if c[1] >= 0]
+        estimate = DEFAULT_INTERVAL
+        if len(closes) >= 2:
+            (l0, t0, _), (l1, t1, _) = closes[0], closes[-1]
+            if t1 - t0 >= 2:
+                estimate = (t1 - t0) / (l1 - l0)
+            elif len(self._closes) >= 3:
+                seen = list(self._closes)
+                estimate = (seen[-1][2] - seen[0][2]) / (seen[-1][0] - seen[0][0])
+        return min(MAX_INTERVAL, max(MIN_INTERVAL, estimate))
+
+    def tip_delay(self, now: float) -> float:
+        """How long to wait at the tip before asking again."""
+        interval = self.interval()
+        remaining = self.latest_seen_at + interval - now
+        if remaining > 0:
+            return remaining + TIP_GRACE
+        self._overdue += 1  # the next ledger is late: ask in short steps
+        return min(0.5, max(MIN_INTERVAL, interval / 8))
+
+    # -- failures ---------------------------------------------------------------------------------
+
+    def _out_of_range(self, oldest: int, latest: int, now: float) -> Outcome:
+        wanted = self._requested_ledger()
+        if self.phase is Phase.OLDEST:
+            self.phase, self.start_ledger = Phase.LEDGER, oldest
+            self.failures = self.round_failures = 0
+            note = Note("info", "rpc-start-oldest", {"url": self.url, "oldest_ledger": oldest})
+            return Outcome(notes=(note,))
+        if wanted < oldest:
+            gap = HistoryGap(self.describe_position(), wanted, oldest, self.url)
+            return Outcome(gap=gap)
+        # The position is above this server's latest ledger: a lagging RPC, or the network was
+        # reset. Never jump: try the other URLs, back off, and say so loudly when it lasts.
+        if self.ahead_since is None:
+            self.ahead_since = now
+        fields = {
+            "url": self.url,
+            "cursor": self.describe_position(),
+            "cursor_ledger": wanted,
+            "latest_ledger": latest,
+            "ahead_for_s": round(now - self.ahead_since, 1),
+        }
+        notes = [Note("warning", "rpc-cursor-ahead", fields)]
+        if now - self.ahead_since >= self.reset_after and (
+            self._ahead_logged_at is None or now - self._ahead_logged_at >= self.reset_after
+        ):
+            self._ahead_logged_at = now
+            notes.append(Note("error", "rpc-network-reset-suspected", {
+                **fields,
+                "error": f"every RPC URL has reported a latest ledger below the committed position "
+                f"(ledger {wanted}) for {now - self.ahead_since:.0f} s: a network reset? The node "
+                "will not jump to the new ledgers by itself; an operator must decide where the job "
+                "resumes (clear or set its cursor)",
+            }))  # fmt: skip
+        # Another URL may be ahead of this one: move on at once.
+        out = self._failed(
+            f"cursor ledger {wanted} is above the latest ledger {latest}", now, note=False, move=True
+        )
+        return attrs.evolve(out, notes=tuple(notes) + out.notes, ok=True)
+
+    def _on_malformed(self, error: str, now: float) -> Outcome:
+        self.malformed += 1
+        if self.malformed > self.policy.malformed_retries:
+            return Outcome(fatal=f"{self.url} keeps sending malformed getEvents answers: {error}")
+        return self._failed(f"malformed answer: {error}", now)
+
+    def _failed(
+        self, error: str, now: float, *, reached: bool = True, note: bool = True, move: bool = False
+    ) -> Outcome:
+        """Count a failure and back off; move to the next URL after ``attempts_per_url`` failures
+        on this one (at once with ``move``: this URL cannot do better, so another is tried
+        without waiting until each has had its turn in this round)."""
+        self.failures += 1
+        self.round_failures += 1
+        notes: list[Note] = []
+        if note:
+            notes.append(Note("warning", "rpc-retry", {
+                "url": self.url, "attempt": self.round_failures, "error": error,
+            }))  # fmt: skip
+        switched = False
+        if (move or self.failures >= self.policy.attempts_per_url) and len(self.urls) > 1:
+            before = self.url
+            self.url_index += 1
+            self.failures = 0
+            switched = True
+            notes.append(Note("warning", "rpc-failover", {"from_url": before, "to_url": self.url}))
+        if move and switched and self.round_failures < len(self.urls):
+            delay = 0.0
+        else:
+            delay = self.policy.delay(self.round_failures, self.rand())
+        return Outcome(delay=delay, notes=tuple(notes), ok=reached)
+
+
+def parse_answer(content: bytes) -> tuple[Any, tuple[int, str] | None]:
+    """``(result, None)`` or ``(None, (code, message))`` from a JSON-RPC response body.
+
+    Raises:
+        ValueError: not a JSON-RPC response.
+    """
+    doc = orjson.loads(content)
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON-RPC response object")
+    if isinstance(doc.get("error"), dict):
+        err = doc["error"]
+        return None, (int(err.get("code", 0)), str(err.get("message", "")))
+    if "result" not in doc:
+        raise ValueError("a JSON-RPC response without result or error")
+    return doc["result"], None
+
+
+def request_body(
+    method: str, request_id: int, params: Mapping[str, Any] | Sequence[Any] | None = None
+) -> bytes:
+    doc: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+    if params is not None:
+        doc["params"] = params
+    return orjson.dumps(doc)

@@ -1,0 +1,319 @@
+"""The Stellar RPC source: the one module that talks HTTP to Stellar RPC.
+
+:class:`RpcSource` follows contract events (``getEvents``) for a set of filters from a cursor, across
+retries and failover between several RPC URLs. Every decision is made by the I/O-free
+:class:`~ingestion.rpc.core.RpcFollower`; this module sends the requests, bounds every wait, logs,
+and writes the audit entry of a skipped history gap.
+
+Shape of ``stream(cursor)``: a pump task owns the follower and the HTTP client and sends batches
+into a small buffer, so that the next page is fetched while the consumer commits the previous one.
+Each event is one record (its ``id`` is the paging token, its JSON the body); a page that scanned
+past its last event also carries the scanned-through cursor, committed with it.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+
+import attrs
+import httpx
+import structlog
+import trio
+
+from actors.health import SourceHealth
+from actors.source import Batch, SourceFatalError
+from ingestion.horizon import _ssl_context
+from ingestion.horizon_core import RetryPolicy, parse_retry_after
+from ingestion.rpc.core import Note, Outcome, RpcFollower, parse_answer, request_body
+from ingestion.rpc.protocol import Cursor, EventFilter, filters_problem
+
+log = structlog.get_logger()
+
+_MAX_BODY = 64 * 1024 * 1024  # a 10,000-event page is a few MB; refuse anything absurd
+_MAX_ERROR_BODY = 4096
+
+
+def _check_url(url: str) -> str:
+    parsed = httpx.URL(url)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"RPC URL {url!r} must be an http:// or https:// URL with a host")
+    return url
+
+
+def _urls(value: Sequence[str] | str) -> tuple[str, ...]:
+    urls = (value,) if isinstance(value, str) else tuple(value)
+    if not urls:
+        raise ValueError("at least one RPC URL is needed")
+    return tuple(_check_url(u) for u in urls)
+
+
+def _filters(value: Sequence[EventFilter]) -> tuple[EventFilter, ...]:
+    filters = tuple(value)
+    problem = filters_problem(filters)
+    if problem:
+        raise ValueError(problem)
+    return filters
+
+
+@attrs.frozen
+class RpcSource:
+    """A :class:`~actors.source.Source` of Stellar RPC contract events.
+
+    Args:
+        urls: RPC endpoints (a single string is accepted), tried in order.
+        filters: up to 5 ``getEvents`` filters (OR-ed); none: every event.
+        connect_timeout: seconds to establish a connection.
+        request_timeout: seconds one request may take in all.
+        retry_base, retry_cap, attempts_per_url, malformed_retries, retry_after_cap: as for the
+            Horizon source (see :class:`~ingestion.horizon_core.RetryPolicy`).
+        page_limit: events per request, at most 10,000 (halved after a -32001, then restored).
+        prefetch: pages fetched ahead of the consumer.
+        on_history_gap: ``"stop"`` or ``"skip"``, when the position is older than the oldest
+            ledger the RPC keeps: stop (log ``history-gap``, write nothing, SourceFatalError) or
+            skip (a ``history-gap`` audit entry, then on from the oldest ledger).
+        reset_after: seconds every URL may report a latest ledger below the position before
+            ``rpc-network-reset-suspected`` is logged (an error; repeated every ``reset_after``).
+        audit: ``await audit(event, fields)`` appends an audit entry under the current term.
+
+    Raises:
+        ValueError: a bad URL, filter or setting (a configuration error).
+    """
+
+    urls: tuple[str, ...] = attrs.field(converter=_urls)
+    filters: tuple[EventFilter, ...] = attrs.field(default=(), converter=_filters)
+    connect_timeout: float = 2.0
+    request_timeout: float = 30.0
+    retry_base: float = 0.2
+    retry_cap: float = 10.0
+    attempts_per_url: int = 3
+    malformed_retries: int = 5
+    retry_after_cap: float = 120.0
+    page_limit: int = 1000
+    prefetch: int = 2
+    on_history_gap: str = attrs.field(
+        default="stop", validator=attrs.validators.in_(("stop", "skip"))
+    )
+    reset_after: float = 60.0
+    audit: Callable[[str, dict[str, str]], Awaitable[bool]] | None = None
+    health: SourceHealth = attrs.field(factory=SourceHealth, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.policy  # noqa: B018 -- validates the retry settings now
+        if not 1 <= self.page_limit <= 10_000:
+            raise ValueError(f"page_limit {self.page_limit} must be within 1..10000")
+        if self.connect_timeout <= 0 or self.request_timeout <= 0:
+            raise ValueError("connect_timeout and request_timeout must be > 0")
+
+    @property
+    def policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            base=self.retry_base,
+            cap=self.retry_cap,
+            attempts_per_url=self.attempts_per_url,
+            malformed_retries=self.malformed_retries,
+            retry_after_cap=self.retry_after_cap,
+        )
+
+    def follower(self, cursor: str) -> RpcFollower:
+        try:
+            return RpcFollower(
+                self.urls, self.filters, cursor, self.policy,
+                page_limit=self.page_limit, reset_after=self.reset_after,
+            )  # fmt: skip
+        except ValueError as exc:
+            raise SourceFatalError(str(exc)) from exc
+
+    def _client(self) -> httpx.AsyncClient:
+        timeout = httpx.Timeout(self.request_timeout, connect=self.connect_timeout)
+        return httpx.AsyncClient(timeout=timeout, follow_redirects=True, verify=_ssl_context())
+
+    async def _call(
+        self, client: httpx.AsyncClient, url: str, body: bytes
+    ) -> tuple[httpx.Response, bytes]:
+        """POST a JSON-RPC body; the whole exchange bounded by the request timeout.
+
+        Raises:
+            httpx.HTTPError, trio.TooSlowError: no answer.
+        """
+        with trio.fail_after(self.connect_timeout + self.request_timeout):
+            async with client.stream(
+                "POST", url, content=body, headers={"content-type": "application/json"}
+            ) as response:
+                chunks: list[bytes] = []
+                size = 0
+                limit = _MAX_BODY if response.status_code == 200 else _MAX_ERROR_BODY
+                async for chunk in response.aiter_bytes():
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size >= limit:
+                        if response.status_code == 200:
+                            raise httpx.DecodingError(f"answer larger than {limit} bytes")
+                        break
+                return response, b"".join(chunks)
+
+    async def probe(self) -> bool:
+        """``getLatestLedger`` at each URL in turn until one answers; records it in ``health``.
+        (Not ``getHealth``: it reports a server whose last ledger is over 30 s old as failing,
+        and a stale server is still one this node can reach.)"""
+        async with self._client() as client:
+            for url in self.urls:
+                try:
+                    response, content = await self._call(client, url, request_body("getLatestLedger", 1))
+                    result, error = parse_answer(content) if response.status_code == 200 else (None, None)
+                except (httpx.HTTPError, trio.TooSlowError, ValueError):
+                    continue
+                if error is None and isinstance(result, dict) and "sequence" in result:
+                    self.health.ok(trio.current_time())
+                    return True
+        self.health.failed(trio.current_time())
+        return False
+
+    async def resolve_start(self, cursor: str) -> str:
+        """``"now"`` as the scanned-through cursor of the latest ledger (``getLatestLedger``),
+        asked of the URLs in turn with backoff; other cursors unchanged."""
+        if cursor != "now":
+            return cursor
+        policy = self.policy
+        attempt = 0
+        async with self._client() as client:
+            while True:
+                url = self.urls[(attempt // policy.attempts_per_url) % len(self.urls)]
+                try:
+                    response, content = await self._call(client, url, request_body("getLatestLedger", 1))
+                    if response.status_code != 200:
+                        raise ValueError(f"HTTP {response.status_code}")
+                    result, error = parse_answer(content)
+                    if error is not None:
+                        raise ValueError(f"RPC error {error[0]}: {error[1]}")
+                    latest = int(result["sequence"])
+                    self.health.ok(trio.current_time())
+                    resolved = str(Cursor.through(latest))
+                    log.info("rpc-now-resolved", url=url, latest_ledger=latest, cursor=resolved)
+                    return resolved
+                except (httpx.HTTPError, trio.TooSlowError, ValueError, LookupError, TypeError) as exc:
+                    error_text = _describe(exc)
+                self.health.failed(trio.current_time())
+                attempt += 1
+                delay = policy.delay(attempt, random.random())
+                log.warning("rpc-retry", attempt=attempt, delay=round(delay, 3), error=error_text, url=url)
+                await trio.sleep(delay)
+
+    @trio.as_safe_channel
+    async def stream(self, cursor: str) -> AsyncGenerator[Batch, None]:
+        """Batches of events strictly after ``cursor`` (``"0"``, a ledger, an id or a
+        scanned-through cursor). Runs until cancelled; raises SourceFatalError when the RPC
+        rejects the request for good or a history gap stops the job."""
+        follower = self.follower(cursor)
+        log.info(
+            "rpc-follow",
+            url=follower.url,
+            cursor=cursor,
+            filters=[f.to_json() for f in self.filters],
+            page_limit=self.page_limit,
+        )
+        fatal: list[SourceFatalError] = []
+        send, receive = trio.open_memory_channel[Batch](self.prefetch)
+        async with self._client() as client, trio.open_nursery() as nursery:
+            nursery.start_soon(self._pump, client, follower, send, fatal)
+            with receive:
+                async for batch in receive:
+                    yield batch
+        if fatal:
+            raise fatal[0]
+
+    async def _pump(
+        self,
+        client: httpx.AsyncClient,
+        follower: RpcFollower,
+        send: trio.MemorySendChannel[Batch],
+        fatal: list[SourceFatalError],
+    ) -> None:
+        with send:
+            try:
+                while True:
+                    outcome = await self._exchange(client, follower)
+                    for note in outcome.notes:
+                        _log(note)
+                    if outcome.fatal is not None:
+                        log.error("rpc-fatal", error=outcome.fatal, url=follower.url)
+                        raise SourceFatalError(outcome.fatal)
+                    if outcome.gap is not None:
+                        await self._history_gap(follower, outcome)
+                        continue
+                    if outcome.batch is not None:
+                        await send.send(outcome.batch)
+                    if outcome.delay > 0:
+                        await trio.sleep(outcome.delay)
+            except SourceFatalError as exc:
+                fatal.append(exc)
+
+    async def _exchange(self, client: httpx.AsyncClient, follower: RpcFollower) -> Outcome:
+        request = follower.next_request()
+        try:
+            response, content = await self._call(client, request.url, request.body)
+        except (httpx.HTTPError, trio.TooSlowError) as exc:
+            self.health.failed(trio.current_time())
+            return follower.on_transport_error(_describe(exc), trio.current_time())
+        now = trio.current_time()
+        if response.status_code != 200:
+            self.health.failed(now)
+            retry_after = parse_retry_after(response.headers.get("retry-after"), time.time())
+            detail = content.decode("utf-8", "replace").strip() or response.reason_phrase
+            return follower.on_http_error(response.status_code, detail, retry_after, now)
+        try:
+            result, error = parse_answer(content)
+        except ValueError as exc:
+            self.health.failed(now)
+            return follower.on_malformed(_describe(exc), now)
+        outcome = (
+            follower.on_error(error[0], error[1], now)
+            if error is not None
+            else follower.on_result(result, request.limit, now)
+        )
+        if outcome.ok:
+            self.health.ok(now)
+        else:
+            self.health.failed(now)
+        return outcome
+
+    async def _history_gap(self, follower: RpcFollower, outcome: Outcome) -> None:
+        gap = outcome.gap
+        assert gap is not None
+        fields = {
+            "cursor": gap.cursor,
+            "cursor_ledger": gap.cursor_ledger,
+            "elder_ledger": gap.elder_ledger,
+            "rpc": gap.url,
+        }
+        if self.on_history_gap == "stop":
+            log.error("history-gap", **fields, action="stop")
+            raise SourceFatalError(
+                f"history gap: the cursor {gap.cursor} (ledger {gap.cursor_ledger}) is older than "
+                f"the oldest ledger {gap.elder_ledger} that {gap.url} keeps; resuming would "
+                "silently skip the events in between, so nothing was written. Point --rpc at an "
+                "RPC with a longer retention, or set rpc.on_history_gap = \"skip\" to record the "
+                "gap in the audit stream and go on from the oldest ledger"
+            )
+        if self.audit is not None:
+            try:
+                written = await self.audit("history-gap", {k: str(v) for k, v in fields.items()})
+                error = "" if written else "the term's fencing token is no longer current"
+            except Exception as exc:  # the audit writer's own failure (Redis): retry later
+                written, error = False, _describe(exc)
+            if not written:
+                log.warning("rpc-retry", error=f"history-gap audit entry: {error}", url=gap.url)
+                await trio.sleep(self.policy.delay(1, random.random()))
+                return
+        log.warning("history-gap", **fields, action="skip", resume_ledger=gap.elder_ledger)
+        follower.skip_to(gap.elder_ledger)
+
+
+def _log(note: Note) -> None:
+    getattr(log, note.level)(note.event, **note.fields)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if str(exc) else text

@@ -1,0 +1,85 @@
+"""RPC jobs in the settings: flags, [rpc], [jobs.NAME] tables, and filters checked before start."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ingestion.cli import _flags_layer, _run_parser
+from ingestion.config import ConfigError, Settings, load
+from ingestion.rpc.protocol import EventFilter, segment_from_text
+
+CONTRACT = "CDLZFC3SYJYDZT7K67VZ75HPJVIEUVNIXF47ZG2FB2RMQQVU2HHGCYSC"
+
+
+def settings_from(argv: list[str]) -> Settings:
+    return load(None, {}, _flags_layer(_run_parser().parse_args(argv)))
+
+
+def test_flags_make_one_rpc_job_with_one_filter() -> None:
+    s = settings_from([
+        "--source", "rpc", "--rpc", "http://127.0.0.1:9", "--rpc", "http://127.0.0.1:10",
+        "--event-type", "contract", "--contract-id", CONTRACT, "--topic", "sym:transfer,*,**",
+        "--start-cursor", "123",
+    ])  # fmt: skip
+    (job,) = s.jobs
+    assert job.kind == "rpc" and job.rpc_urls == ("http://127.0.0.1:9", "http://127.0.0.1:10")
+    assert job.start_cursor == "123"
+    assert job.rpc_filters() == (
+        EventFilter(("contract",), (CONTRACT,), ((segment_from_text("sym:transfer"), "*", "**"),)),
+    )
+
+
+def test_job_tables_mix_horizon_and_rpc_jobs() -> None:
+    s = Settings.from_mapping({
+        "rpc": {"urls": ["http://127.0.0.1:9"]},
+        "jobs": {
+            "ops": {"resource": "/operations"},
+            "transfers": {"kind": "rpc", "topics": ["sym:transfer,**"], "start_cursor": "0"},
+            "all-events": {"kind": "rpc", "rpc": ["http://127.0.0.1:11"]},
+        },
+    })  # fmt: skip
+    kinds = {j.name: j.kind for j in s.jobs}
+    assert kinds == {"ops": "horizon", "transfers": "rpc", "all-events": "rpc"}
+    transfers = next(j for j in s.jobs if j.name == "transfers")
+    assert transfers.rpc_urls == ("http://127.0.0.1:9",) and transfers.start_cursor == "0"
+    everything = next(j for j in s.jobs if j.name == "all-events")
+    assert everything.rpc_filters() == () and everything.rpc_urls == ("http://127.0.0.1:11",)
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["--contract-id", CONTRACT] * 6, "rpc.contract_ids: maximum 5 contract IDs per filter"),
+        (["--contract-id", "GABC"], "rpc.contract_ids: contract ID 1 invalid"),
+        (["--topic", "*"] * 6, "rpc.topics: maximum 5 topics per filter"),
+        (["--topic", "**,*"], "rpc.topics: topic 1 invalid: segment 1 invalid: wildcard '**' is only"),
+        (["--topic", "*,*,*,*,*"], "rpc.topics: topic 1 invalid: topic cannot have more than 4 segments"),
+        (["--topic", "sym:transfer,u32:-1"], "rpc.topics: bad u32: segment '-1'"),
+        (["--start-cursor", "abc"], "rpc.start_cursor: must be now, 0, a ledger number or an event id"),
+        (["--rpc", "ftp://x"], "rpc.urls: not an http(s) URL"),
+    ],
+)
+def test_bad_filters_and_settings_are_configuration_errors(argv: list[str], problem: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        settings_from(["--source", "rpc", *argv])
+    assert any(p.startswith(problem) for p in err.value.problems), err.value.problems
+
+
+def test_topics_from_the_environment_are_separated_by_semicolons() -> None:
+    s = load(None, {"INGESTION_NODE_SOURCE": "rpc", "INGESTION_RPC_TOPICS": "sym:transfer,**;sym:mint"}, {})
+    assert s.jobs[0].topics == ("sym:transfer,**", "sym:mint")
+
+
+def test_a_bad_filter_exits_2_with_one_line_naming_it() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "ingestion", "--source", "rpc", "--topic", "**,*", "--redis", "redis://127.0.0.1:1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        "ingestion: configuration error: rpc.topics: topic 1 invalid: segment 1 invalid: "
+        "wildcard '**' is only allowed as the last segment"
+    ]

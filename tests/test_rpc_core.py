@@ -1,0 +1,197 @@
+"""The RPC follower's decisions, alone: no server, no clock but the numbers given."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from ingestion.horizon_core import RetryPolicy
+from ingestion.rpc.core import Phase, RpcFollower, parse_answer
+from ingestion.rpc.protocol import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    PROCESSING_LIMIT,
+    RANGE_MESSAGE,
+    Cursor,
+    EventFilter,
+)
+
+URLS = ("http://a", "http://b")
+POLICY = RetryPolicy(base=0.1, cap=2.0, attempts_per_url=2, malformed_retries=2)
+
+
+def follower(start: str = "0", urls: tuple[str, ...] = URLS, **kw: Any) -> RpcFollower:
+    return RpcFollower(urls, (), start, POLICY, rand=lambda: 0.0, **kw)
+
+
+def event(ledger: int, tx: int = 1, op: int = 0, index: int = 0) -> dict[str, Any]:
+    c = Cursor(ledger, tx, op, index)
+    return {"type": "contract", "ledger": ledger, "id": str(c), "topic": [], "value": "AAAAAQ=="}
+
+
+def result(events: list[dict[str, Any]], cursor: Cursor | str, latest: int, close: int = 1000) -> dict[str, Any]:
+    return {
+        "events": events,
+        "cursor": str(cursor),
+        "latestLedger": latest,
+        "oldestLedger": 1,
+        "latestLedgerCloseTime": str(close),
+        "oldestLedgerCloseTime": "0",
+    }
+
+
+def params(f: RpcFollower) -> dict[str, Any]:
+    return orjson.loads(f.next_request().body)["params"]
+
+
+def test_start_zero_learns_the_oldest_ledger_from_the_range_error() -> None:
+    f = follower("0")
+    assert params(f)["startLedger"] == 1
+    out = f.on_error(INVALID_REQUEST, RANGE_MESSAGE.format(oldest=500, latest=900), now=0)
+    assert out.gap is None and out.delay == 0 and out.notes[0].event == "rpc-start-oldest"
+    assert params(f)["startLedger"] == 500 and "cursor" not in params(f)["pagination"]
+
+
+def test_a_short_page_commits_its_events_and_the_scanned_through_cursor() -> None:
+    f = follower("500")
+    out = f.on_result(result([event(501), event(503)], Cursor.through(900), 900), 1000, now=0)
+    assert out.batch is not None
+    assert [r.paging_token for r in out.batch.records] == [str(Cursor(501, 1)), str(Cursor(503, 1))]
+    assert out.batch.through == str(Cursor.through(900)) == out.batch.cursor
+    assert f.phase is Phase.CURSOR and params(f)["pagination"]["cursor"] == str(Cursor.through(900))
+
+
+def test_a_full_page_ends_at_its_last_event_and_asks_again_at_once() -> None:
+    f = follower("500")
+    events = [event(501, index=i) for i in range(3)]
+    out = f.on_result(result(events, events[-1]["id"], 900), 3, now=0)
+    assert out.batch is not None and out.batch.through is None and out.delay == 0
+    assert out.batch.cursor == events[-1]["id"]
+
+
+def test_a_scan_capped_below_the_latest_ledger_asks_again_at_once() -> None:
+    f = follower("500")
+    out = f.on_result(result([], Cursor.through(10_499), 20_000), 1000, now=0)
+    assert out.delay == 0 and out.batch is not None and not out.batch.records
+    assert out.batch.through == str(Cursor.through(10_499))
+
+
+def test_at_the_tip_it_waits_for_the_next_ledger_close_then_polls_in_short_steps() -> None:
+    f = follower(str(Cursor.through(100)))
+    # Ledgers close every 5 s (whole-second close times), seen as they come.
+    for i, latest in enumerate(range(101, 104)):
+        out = f.on_result(result([], Cursor.through(latest), latest, close=5 * latest), 1000, now=5.0 * i)
+    assert f.interval() == pytest.approx(5.0)
+    assert out.delay == pytest.approx(5.0, abs=0.05)  # the next close is 5 s after ledger 103 was seen
+    # Asked again 5 s later and no ledger yet: short steps, not another 5 s.
+    out = f.on_result(result([], Cursor.through(103), 103, close=515), 1000, now=15.0)
+    assert out.batch is None and 0.05 <= out.delay <= 0.7
+
+
+def test_nothing_new_at_the_tip_gives_no_batch() -> None:
+    f = follower(str(Cursor.through(100)))
+    out = f.on_result(result([], Cursor.through(100), 100), 1000, now=0)
+    assert out.batch is None
+
+
+def test_a_cursor_below_the_oldest_ledger_is_a_history_gap() -> None:
+    f = follower(str(Cursor(100, 2, 0, 1)))
+    out = f.on_error(INVALID_REQUEST, RANGE_MESSAGE.format(oldest=300, latest=900), now=0)
+    assert out.gap is not None and (out.gap.cursor_ledger, out.gap.elder_ledger) == (100, 300)
+    f.skip_to(300)
+    assert params(f)["startLedger"] == 300
+
+
+def test_a_cursor_above_the_latest_ledger_tries_the_other_url_and_never_jumps() -> None:
+    f = follower(str(Cursor.through(1000)), reset_after=30)
+    out = f.on_error(INVALID_REQUEST, RANGE_MESSAGE.format(oldest=1, latest=990), now=0)
+    assert out.gap is None and out.fatal is None and out.delay == 0  # another URL, at once
+    assert [n.event for n in out.notes] == ["rpc-cursor-ahead", "rpc-failover"] and f.url == "http://b"
+    out = f.on_error(INVALID_REQUEST, RANGE_MESSAGE.format(oldest=1, latest=995), now=1)
+    assert out.delay > 0  # every URL is behind: back off
+    # It lasts: said loudly, once per reset_after, and the position never moves.
+    out = f.on_error(INVALID_REQUEST, RANGE_MESSAGE.format(oldest=1, latest=10), now=31)
+    assert "rpc-network-reset-suspected" in [n.event for n in out.notes]
+    out = f.on_error(INVALID_REQUEST, RANGE_MESSAGE.format(oldest=1, latest=10), now=40)
+    assert "rpc-network-reset-suspected" not in [n.event for n in out.notes]
+    assert f.position == Cursor.through(1000)
+    assert params(f)["pagination"]["cursor"] == str(Cursor.through(1000))
+
+
+def test_invalid_params_are_fatal_and_name_the_filter() -> None:
+    flt = EventFilter(("contract",), (), (("AAAADwAAAAh0cmFuc2Zlcg==", "**"),))
+    f = RpcFollower(URLS, (flt,), "0", POLICY)
+    out = f.on_error(INVALID_PARAMS, "filter 1 invalid: topic 1 invalid: bad", now=0)
+    assert out.fatal is not None and "filter 1 invalid" in out.fatal and "transfer" not in out.fatal
+    assert "AAAADwAAAAh0cmFuc2Zlcg==" in out.fatal
+
+
+def test_processing_limit_halves_the_page_then_restores_it() -> None:
+    f = follower("500", page_limit=1000)
+    out = f.on_error(PROCESSING_LIMIT, "request exceeded processing limit threshold", now=0)
+    assert out.fatal is None and out.delay > 0 and f.limit == 500
+    f.on_error(PROCESSING_LIMIT, "request exceeded processing limit threshold", now=1)
+    assert f.limit == 250 and params(f)["pagination"]["limit"] == 250
+    f.on_result(result([], Cursor.through(700), 900), 250, now=2)
+    assert f.limit == 500
+
+
+def test_failures_move_to_the_next_url_and_back_off_boundedly() -> None:
+    f = follower("500")
+    delays = []
+    for i in range(6):
+        out = f.on_transport_error("ConnectError", now=i)
+        delays.append(out.delay)
+    assert f.url_index == 3  # two attempts per URL
+    assert all(0 < d <= POLICY.cap for d in delays) and delays == sorted(delays)
+
+
+def test_429_waits_at_least_retry_after() -> None:
+    f = follower("500")
+    out = f.on_http_error(429, "Too Many Requests", 7.0, now=0)
+    assert out.delay >= 7.0 and out.fatal is None
+
+
+def test_4xx_from_every_url_is_fatal_but_one_bad_url_fails_over() -> None:
+    f = follower("500")
+    out = f.on_http_error(404, "not found", None, now=0)
+    assert out.fatal is None and f.url == "http://b" and out.delay == 0
+    out = f.on_http_error(404, "not found", None, now=0)
+    assert out.fatal is not None and "every RPC URL" in out.fatal
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda e: [e[1], e[0]],  # out of order
+        lambda e: [{**e[0], "ledger": 7}],  # ledger field disagrees with the id
+        lambda e: [{**e[0], "id": "nope"}],
+    ],
+)
+def test_malformed_pages_are_retried_then_fatal(bad: Any) -> None:
+    f = follower("500")
+    events = bad([event(501), event(502)])
+    for _ in range(POLICY.malformed_retries):
+        out = f.on_result(result(events, Cursor.through(600), 900), 1000, now=0)
+        assert out.batch is None and out.fatal is None
+    out = f.on_result(result(events, Cursor.through(600), 900), 1000, now=0)
+    assert out.fatal is not None
+
+
+def test_an_answer_cannot_move_the_position_backwards() -> None:
+    f = follower(str(Cursor.through(600)))
+    out = f.on_result(result([event(550)], Cursor.through(700), 900), 1000, now=0)
+    assert out.batch is None  # an event before the cursor: malformed, nothing committed
+    out = f.on_result(result([], Cursor.through(500), 900), 1000, now=0)
+    assert out.batch is None and f.position == Cursor.through(600)
+
+
+def test_parse_answer() -> None:
+    assert parse_answer(b'{"jsonrpc":"2.0","id":1,"result":{"a":1}}') == ({"a": 1}, None)
+    assert parse_answer(b'{"jsonrpc":"2.0","id":1,"error":{"code":-32001,"message":"x"}}') == (
+        None, (-32001, "x"),
+    )  # fmt: skip
+    with pytest.raises(ValueError):
+        parse_answer(b"[1]")
