@@ -31,7 +31,9 @@ def event(ledger: int, tx: int = 1, op: int = 0, index: int = 0) -> dict[str, An
     return {"type": "contract", "ledger": ledger, "id": str(c), "topic": [], "value": "AAAAAQ=="}
 
 
-def result(events: list[dict[str, Any]], cursor: Cursor | str, latest: int, close: int = 1000) -> dict[str, Any]:
+def result(
+    events: list[dict[str, Any]], cursor: Cursor | str, latest: int, close: int = 1000
+) -> dict[str, Any]:
     return {
         "events": events,
         "cursor": str(cursor),

@@ -47,7 +47,8 @@ def test_the_range_error_gives_oldest_and_latest() -> None:
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        ({"startLedger": 5, "pagination": {"cursor": str(Cursor(5))}}, "ledger ranges and cursor cannot both be set"),
+        ({"startLedger": 5, "pagination": {"cursor": str(Cursor(5))}},
+         "ledger ranges and cursor cannot both be set"),
         ({}, "startLedger must be positive"),
         ({"startLedger": 5, "pagination": {"limit": 10001}}, "limit must not exceed 10000"),
         ({"startLedger": 5, "filters": [{}] * 6}, "maximum 5 filters per request"),
@@ -55,10 +56,13 @@ def test_the_range_error_gives_oldest_and_latest() -> None:
          "filter 1 invalid: filter type invalid: if set, type must be either 'system' or 'contract'"),
         ({"startLedger": 5, "filters": [{"contractIds": [CONTRACT] * 6}]},
          "filter 1 invalid: maximum 5 contract IDs per filter"),
-        ({"startLedger": 5, "filters": [{}, {"contractIds": ["GABC"]}]}, "filter 2 invalid: contract ID 1 invalid"),
-        ({"startLedger": 5, "filters": [{"topics": [["*"]] * 6}]}, "filter 1 invalid: maximum 5 topics per filter"),
+        ({"startLedger": 5, "filters": [{}, {"contractIds": ["GABC"]}]},
+         "filter 2 invalid: contract ID 1 invalid"),
+        ({"startLedger": 5, "filters": [{"topics": [["*"]] * 6}]},
+         "filter 1 invalid: maximum 5 topics per filter"),
         ({"startLedger": 5, "filters": [{"topics": [["*"], ["**", "*"]]}]},
-         "filter 1 invalid: topic 2 invalid: segment 1 invalid: wildcard '**' is only allowed as the last segment"),
+         "filter 1 invalid: topic 2 invalid: segment 1 invalid: "
+         "wildcard '**' is only allowed as the last segment"),
         ({"startLedger": 5, "filters": [{"topics": [["*"] * 5]}]},
          "filter 1 invalid: topic 1 invalid: topic cannot have more than 4 segments"),
         ({"startLedger": 5, "filters": [{"topics": [[]]}]},
