@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -314,3 +314,74 @@ def trimmed_entries(client: redis.Redis, job: str) -> int:
     except redis.ResponseError:
         return 0  # no stream yet
     return int(info.get("entries-added", info["length"])) - int(info["length"])
+
+
+async def fetch_rpc_events(
+    rpc: str,
+    filters: Sequence[Mapping[str, Any]] = (),
+    start_ledger: int | None = None,
+    *,
+    through: str | None,
+) -> list[SourceRecord]:
+    """A Stellar RPC's events for ``filters`` (JSON filters as sent to getEvents) from
+    ``start_ledger`` (None: the oldest ledger it keeps), in order, up to and including the event id
+    ``through``; paged with the RPC's own cursors (a deliberately plain client: not the node's).
+
+    Raises:
+        httpx.HTTPError, RuntimeError: the RPC could not be read, or answered an error.
+    """
+    if through is None:
+        return []
+    goal = token_key(through)
+    out: list[SourceRecord] = []
+
+    async def call(http: httpx.AsyncClient, params: dict[str, Any]) -> dict[str, Any]:
+        body = {"jsonrpc": "2.0", "id": 1, "method": "getEvents", "params": params}
+        response = await http.post(rpc, json=body)
+        response.raise_for_status()
+        doc = response.json()
+        if "error" in doc:
+            raise RuntimeError(f"getEvents: {doc['error']}")
+        result: dict[str, Any] = doc["result"]
+        return result
+
+    async with httpx.AsyncClient(timeout=HTTP_TIMEOUT) as http:
+        if start_ledger is None:
+            health = await http.post(rpc, json={"jsonrpc": "2.0", "id": 1, "method": "getLatestLedger"})
+            health.raise_for_status()
+            probe = await call(http, {"startLedger": health.json()["result"]["sequence"], "filters": []})
+            start_ledger = int(probe["oldestLedger"])
+        params: dict[str, Any] = {
+            "startLedger": start_ledger, "filters": list(filters), "pagination": {"limit": 10_000},
+        }  # fmt: skip
+        while True:
+            result = await call(http, params)
+            for event in result["events"]:
+                out.append(SourceRecord(event["id"], event))
+            if out and token_key(out[-1].paging_token) >= goal:
+                return out
+            if not result["events"] and int(result["cursor"].partition("-")[0]) >> 32 >= int(
+                result["latestLedger"]
+            ):
+                return out  # scanned through the latest ledger
+            params = {"filters": list(filters), "pagination": {"cursor": result["cursor"], "limit": 10_000}}
+
+
+async def verify_rpc_job(
+    redis_url: str,
+    job: str,
+    rpc: str,
+    filters: Sequence[Mapping[str, Any]] = (),
+    start_ledger: int | None = None,
+) -> Verification:
+    """:func:`verify_job` for a job following Stellar RPC events (see :func:`fetch_rpc_events`)."""
+    client = connect(redis_url, timeout=5.0)
+    try:
+        entries = await trio.to_thread.run_sync(read_entries, client, job)
+        grants = await trio.to_thread.run_sync(read_grants, client, job)
+        trimmed = await trio.to_thread.run_sync(trimmed_entries, client, job)
+    finally:
+        client.close()
+    through = entries[-1].paging_token if entries else None
+    source = await fetch_rpc_events(rpc, filters, start_ledger, through=through)
+    return check_stream(entries, source, grants, trimmed=trimmed)

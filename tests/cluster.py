@@ -27,7 +27,7 @@ import trio
 
 from actors.lease_store import connect, job_keys
 from ingestion.local_redis import LocalRedis
-from ingestion.verify import Verification, verify_job
+from ingestion.verify import Verification, verify_job, verify_rpc_job
 
 PYTHON = sys.executable
 CLEANUP_TIMEOUT = 10.0  # seconds for the whole teardown
@@ -236,6 +236,7 @@ class Cluster:
         self.log = log
         self.keys = job_keys(job)
         self.horizon = ""
+        self.rpc = ""  # the simulator's Stellar RPC URL, when it serves one
         self.children: dict[str, Child] = {}
         self.history: list[Child] = []  # every child ever started, for cleanup
         self.client = connect(self.redis_url, timeout=2.0)
@@ -271,6 +272,8 @@ class Cluster:
         ops_per_ledger: int = 10,
         history_ledgers: int = 10,
         response_delay_ms: int = 0,
+        rpc: bool = False,
+        extra: Sequence[str] = (),
     ) -> str:
         await self._spawn(
             "simulator",
@@ -281,10 +284,13 @@ class Cluster:
                 "--history-ledgers", str(history_ledgers),
                 "--response-delay-ms", str(response_delay_ms),
                 "--cache-records", str(max(60_000, 4 * ops_per_ledger * history_ledgers)),
+                *(["--rpc-port", "0"] if rpc else []),
+                *extra,
             ],
         )  # fmt: skip
         listening = await self.log.wait_for("simulator-listening", "simulator", within=30)
         self.horizon = str(listening.fields["url"])
+        self.rpc = str(listening.fields.get("rpc_url") or "")
         return self.horizon
 
     def node_args(
@@ -421,6 +427,12 @@ class Cluster:
     async def verify(self) -> Verification:
         return await verify_job(self.redis_url, self.job, self.horizon)
 
+    async def verify_rpc(
+        self, filters: Sequence[dict[str, Any]] = (), job: str | None = None
+    ) -> Verification:
+        """The job's stream against the simulator's own getEvents paging from the oldest ledger."""
+        return await verify_rpc_job(self.redis_url, job or self.job, self.rpc, filters)
+
     def leaders(self) -> list[LogLine]:
         return self.log.of("became-leader")
 
@@ -454,6 +466,8 @@ async def open_cluster(
     redis_env: dict[str, str] | None = None,
     history_ledgers: int = 10,
     response_delay_ms: int = 0,
+    rpc: bool = False,
+    simulator_extra: Sequence[str] = (),
 ) -> AsyncIterator[Cluster]:
     """Start redis-server and the simulator; yield a :class:`Cluster` to start nodes in.
 
@@ -474,6 +488,7 @@ async def open_cluster(
                 await cluster.start_simulator(
                     ledger_interval=ledger_interval, ops_per_ledger=ops_per_ledger,
                     history_ledgers=history_ledgers, response_delay_ms=response_delay_ms,
+                    rpc=rpc, extra=simulator_extra,
                 )  # fmt: skip
                 yield cluster
             finally:
