@@ -2,13 +2,15 @@
 
 Starts a throwaway redis-server, the bundled Horizon simulator and N nodes as child processes (all
 on 127.0.0.1), prints their election events interleaved, one line each, with a progress line every
-couple of seconds. The nodes share ``--jobs`` jobs (default 3: operations, payments, effects) and
-the balancer spreads their leadership. Then it SIGKILLs the leader of the first job and reports how
-long that job was leaderless, restarts the killed node (it rejoins and gets its share back), hands
-leadership over gracefully with SIGTERM and reports that time too, showing where every job is led
-after each step; and finally checks every job's events stream against the simulator's own records
-(:mod:`ingestion.verify`). Exit status: 0 when the stream verified, 1 when it did not or the demo
-could not run, 2 for a bad flag. Every child is stopped on the way out, Ctrl-C included.
+couple of seconds. The nodes share ``--jobs`` Horizon jobs (default 3: operations, payments,
+effects) and one job following the simulator's Stellar RPC contract events (``--no-rpc-job`` leaves
+it out), and the balancer spreads their leadership. Then it SIGKILLs the leader of the first job
+and reports how long that job was leaderless, restarts the killed node (it rejoins and gets its
+share back), hands leadership over gracefully with SIGTERM and reports that time too, showing where
+every job is led after each step; and finally checks every job's events stream against the
+simulator's own records (:mod:`ingestion.verify`). Exit status: 0 when the stream verified, 1 when
+it did not or the demo could not run, 2 for a bad flag. Every child is stopped on the way out,
+Ctrl-C included.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from typing import Any, TextIO
 
 import attrs
@@ -28,7 +31,7 @@ import trio
 
 from actors.lease_store import connect, job_keys
 from ingestion.local_redis import LocalRedis, RedisServerMissing
-from ingestion.verify import verify_job
+from ingestion.verify import verify_job, verify_rpc_job
 
 SHOWN = (
     "node-starting",
@@ -82,9 +85,12 @@ class Demo:
     out: TextIO
     color: bool
     jobs: int = 1
+    rpc_job: bool = False  # also one job following the simulator's Stellar RPC contract events
     redis: LocalRedis = attrs.field(factory=LocalRedis)
     job: str = "demo"
     horizon: str = ""
+    rpc: str = ""
+    config_dir: str = ""
     lines: list[Line] = attrs.Factory(list)
     procs: dict[str, trio.Process] = attrs.Factory(dict)
     every: list[trio.Process] = attrs.Factory(list)
@@ -172,12 +178,30 @@ class Demo:
         """(job name, resource) of every job the nodes host."""
         return [(self.job + suffix, resource) for suffix, resource in JOBS[: self.jobs]]
 
+    @property
+    def rpc_job_name(self) -> str:
+        return f"{self.job}-contract-events"
+
+    def write_config(self) -> list[str]:
+        """The flags that add the RPC job: a [jobs.NAME] table in a config file of the demo's own
+        (a node's flags describe Horizon jobs only)."""
+        if not self.rpc_job:
+            return []
+        path = os.path.join(self.config_dir, "demo.toml")
+        with open(path, "w") as f:
+            f.write(
+                f'[jobs.{self.rpc_job_name}]\nkind = "rpc"\nrpc = ["{self.rpc}"]\n'
+                'start_cursor = "0"\n'
+            )
+        return ["--config", path, "--job", self.rpc_job_name]
+
     def node_args(self, name: str) -> list[str]:
         jobs = [f for job, res in self.job_specs for f in ("--job", f"{job}={res}")]
         return [
             sys.executable, "-m", "ingestion",
             "--node-id", name,
             *jobs,
+            *self.write_config(),
             "--redis", self.redis.url,
             "--horizon", self.horizon,
             "--start-cursor", "0",
@@ -217,16 +241,17 @@ class Demo:
     def _placement(self) -> dict[str, tuple[str | None, int]]:
         """job -> (lease holder, events) read now; blocking, so run it in a thread."""
         client = connect(self.redis.url, timeout=1.0)
+        jobs = [job for job, _ in self.job_specs] + ([self.rpc_job_name] if self.rpc_job else [])
         try:
             pipe = client.pipeline(transaction=False)
-            for job, _ in self.job_specs:
+            for job in jobs:
                 pipe.get(job_keys(job)["lease"])
                 pipe.xlen(job_keys(job)["events"])
             raw = pipe.execute()
         finally:
             client.close()
         out = {}
-        for i, (job, _) in enumerate(self.job_specs):
+        for i, job in enumerate(jobs):
             lease, events = raw[2 * i], raw[2 * i + 1]
             out[job] = (str(lease).partition("|")[2] if lease else None, int(events))
         return out
@@ -257,6 +282,11 @@ class Demo:
     # -- the show -------------------------------------------------------------------------------
 
     async def run(self) -> bool:
+        with tempfile.TemporaryDirectory(prefix="ingestion-demo-") as config_dir:
+            self.config_dir = config_dir
+            return await self._run()
+
+    async def _run(self) -> bool:
         await trio.to_thread.run_sync(self.redis.start)
         self.say("demo", "redis-server", f"{self.redis.url} (throwaway, no persistence)")
         try:
@@ -276,11 +306,15 @@ class Demo:
             nursery,
             "horizon",
             [sys.executable, "-m", "ingestion", "simulate", "--port", "0",
-             "--ledger-interval", "0.2", "--ops-per-ledger", "10", "--history-ledgers", "20"],
+             "--ledger-interval", "0.2", "--ops-per-ledger", "10", "--history-ledgers", "20",
+             *(["--rpc-port", "0"] if self.rpc_job else [])],
         )  # fmt: skip
         listening = await self.wait_for("simulator-listening", since=since, node="horizon")
         self.horizon = str(listening.fields["url"])
         self.say("demo", "horizon-simulator", f"{self.horizon} (a ledger every 0.2 s)")
+        if self.rpc_job:
+            self.rpc = str(listening.fields["rpc_url"])
+            self.say("demo", "rpc-simulator", f"{self.rpc} (Stellar RPC: {self.rpc_job_name})")
 
         names = [f"node-{i}" for i in range(1, self.nodes + 1)]
         for name in names:
@@ -289,7 +323,7 @@ class Demo:
         phase = self.duration / 4
 
         await trio.sleep(phase)
-        if self.jobs > 1:
+        if self.jobs > 1 or self.rpc_job:
             await self.show_placement("spread")
         leader = await self.leader()
         if leader is None:
@@ -309,7 +343,7 @@ class Demo:
         )
 
         await trio.sleep(phase / 2)
-        if self.jobs > 1:
+        if self.jobs > 1 or self.rpc_job:
             await self.show_placement("after-the-crash")
         rejoins = "it rejoins and gets its share of the jobs back" if self.jobs > 1 else (
             "it rejoins as a standby"
@@ -318,7 +352,7 @@ class Demo:
         await self.start_node(nursery, leader)
 
         await trio.sleep(phase / 2)
-        if self.jobs > 1:
+        if self.jobs > 1 or self.rpc_job:
             await self.show_placement("after-the-restart")
         current = await self.leader()
         if current is None:
@@ -337,7 +371,7 @@ class Demo:
         )
 
         await trio.sleep(phase)
-        if self.jobs > 1:
+        if self.jobs > 1 or self.rpc_job:
             await self.show_placement("after-the-handoff")
         self.say("demo", "stopping", "SIGTERM to every node")
         await self._stop_nodes()
@@ -346,6 +380,10 @@ class Demo:
             result = await verify_job(self.redis.url, job, self.horizon, resource)
             ok = ok and result.ok
             self.say("demo", "verify", (f"{job}: " if self.jobs > 1 else "") + result.summary(), bold=True)
+        if self.rpc_job:
+            result = await verify_rpc_job(self.redis.url, self.rpc_job_name, self.rpc)
+            ok = ok and result.ok
+            self.say("demo", "verify", f"{self.rpc_job_name}: {result.summary()}", bold=True)
         self.say(
             "demo",
             "summary",
@@ -383,6 +421,10 @@ def _parser() -> argparse.ArgumentParser:
         "--jobs", type=int, default=3,
         help=f"how many jobs the nodes share (1 to {len(JOBS)}, default 3)",
     )
+    p.add_argument(
+        "--no-rpc-job", action="store_true",
+        help="leave out the job that follows the simulator's Stellar RPC contract events",
+    )  # fmt: skip
     p.add_argument("--duration", type=float, default=40.0, help="seconds, roughly (default 40)")
     p.add_argument("--no-color", action="store_true", help="never color the output")
     return p
@@ -414,6 +456,7 @@ def main(argv: list[str]) -> int:
         out=sys.stdout,
         color=sys.stdout.isatty() and not args.no_color and "NO_COLOR" not in os.environ,
         jobs=args.jobs,
+        rpc_job=not args.no_rpc_job,
     )
     status = 1
     try:
