@@ -1,0 +1,124 @@
+"""Real processes following Stellar RPC contract events: redis-server, the simulator serving its
+RPC beside Horizon, and nodes run with ``--source rpc``. Every stream is checked event by event
+against the simulator's own ``getEvents`` paging from the oldest ledger (:func:`verify_rpc_job`)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+
+import pytest
+import trio
+
+from ingestion.rpc.protocol import Cursor, segment_from_text
+from tests.cluster import Cluster, figure, open_cluster
+
+pytestmark = pytest.mark.slow
+
+TTL_MS = 1500
+TTL = TTL_MS / 1000
+
+
+def rpc_args(c: Cluster, *extra: str) -> list[str]:
+    return ["--source", "rpc", "--rpc", c.rpc, *extra]
+
+
+async def assert_verified(c: Cluster, at_least: int, filters: list[dict] | None = None) -> None:
+    result = await c.verify_rpc(filters or [])
+    print(f"\nverification: {result.summary()}")
+    assert result.ok, result.summary()
+    assert result.count >= at_least, result.summary()
+
+
+async def test_two_nodes_follow_contract_events_through_sigkill_and_sigterm(job: str) -> None:
+    """Two nodes on one RPC job: SIGKILL the leader, then SIGTERM the next one; the standby takes
+    over each time at the committed cursor (an event id or a scanned-through cursor) and the
+    stream holds every event of the simulator's chain exactly once, in order."""
+    async with open_cluster(job, ttl_ms=TTL_MS, rpc=True, history_ledgers=200) as c:
+        await c.start_node("n1", extra=rpc_args(c))
+        await c.log.wait_for("became-leader", "n1")
+        await c.start_node("n2", extra=rpc_args(c))
+        await c.wait_for_events(200)
+
+        await c.wait_for_progress(20)
+        killed_at = await c.kill("n1")
+        at_death = c.state()
+        taken = await c.log.wait_for("became-leader", since=killed_at, within=TTL + 3)
+        figure("rpc-kill-switch", failover_ms=(taken.at - killed_at) * 1000, lease_ttl_ms=TTL_MS)
+        assert taken.node == "n2" and taken.fields["cursor"] == at_death["cursor"]
+        assert taken.at - killed_at <= TTL + 1.0
+
+        await c.start_node("n1", extra=rpc_args(c))  # back as a standby
+        await c.wait_for_progress(20)
+        asked_at = trio.current_time()
+        c.signal("n2", signal.SIGTERM)
+        handed = await c.log.wait_for("became-leader", since=asked_at, within=5)
+        figure("rpc-graceful-handoff", handoff_ms=(handed.at - asked_at) * 1000)
+        assert handed.node == "n1" and await c.exited("n2") == 0
+        await c.wait_for_progress(20)
+        await c.stop_all()
+        await assert_verified(c, 250)
+        # The committed cursor is the RPC's: an event id, or the scanned-through cursor beyond it.
+        state = c.state()
+        Cursor.parse(state["cursor"])
+
+
+async def test_filters_with_wildcards_select_exactly_what_getevents_selects(job: str) -> None:
+    """``--topic sym:transfer,*,**`` and ``--event-type contract``: the stream is the simulator's
+    own answer to the same filter, event by event; no other event gets in."""
+    transfer = segment_from_text("sym:transfer")
+    filters = [{"type": "contract", "topics": [[transfer, "*", "**"]]}]
+    async with open_cluster(job, ttl_ms=TTL_MS, rpc=True, history_ledgers=200) as c:
+        await c.start_node(
+            "n1", extra=rpc_args(c, "--event-type", "contract", "--topic", "sym:transfer,*,**")
+        )
+        await c.wait_for_events(100)
+        await c.stop_all()
+        await assert_verified(c, 100, filters)
+        entries = c.client.xrange(c.keys["events"], count=1000)
+        topics = [json.loads(fields["record"])["topic"] for _, fields in entries]
+        assert topics and all(t[0] == transfer and len(t) >= 2 for t in topics)
+
+
+async def test_a_cursor_out_of_retention_stops_the_job_with_history_gap_writing_nothing(job: str) -> None:
+    """A job told to start at a ledger the RPC no longer keeps (as a cursor left behind by a long
+    outage): ``history-gap``, nothing written, exit 1; with ``on_history_gap = skip`` the gap is
+    audited and the job goes on from the oldest retained ledger."""
+    extra = ["--retention-ledgers", "150"]
+    async with open_cluster(
+        job, ttl_ms=TTL_MS, rpc=True, history_ledgers=400, simulator_extra=extra
+    ) as c:
+        first_ledger = 50_000_000
+        await c.start_node("n1", extra=rpc_args(c, "--start-cursor", str(first_ledger)), wait=False)
+        assert await c.exited("n1", within=30) == 1
+        gap = c.log.of("history-gap")[0]
+        assert gap.fields["cursor_ledger"] == first_ledger and gap.fields["elder_ledger"] > first_ledger
+        assert gap.fields["rpc"] == c.rpc and gap.fields["level"] == "error"
+        assert c.client.xlen(c.keys["events"]) == 0 and c.client.hget(c.keys["cursor"], "cursor") is None
+
+        await c.start_node(
+            "n2", extra=rpc_args(c, "--start-cursor", str(first_ledger)),
+            env={"INGESTION_RPC_ON_HISTORY_GAP": "skip"},
+        )  # fmt: skip
+        await c.wait_for_events(50)
+        await c.stop_all()
+        audit = [f for _, f in c.client.xrange(c.keys["audit"]) if f["event"] == "history-gap"]
+        assert len(audit) == 1 and int(audit[0]["cursor_ledger"]) == first_ledger
+        elder = int(audit[0]["elder_ledger"])
+        first = json.loads(c.client.xrange(c.keys["events"], count=1)[0][1]["record"])
+        assert first["ledger"] >= elder
+
+
+async def test_a_bad_filter_exits_2_before_the_node_starts(job: str) -> None:
+    """Filters are checked as the server would, before start: one line naming the setting, exit 2
+    (a -32602 from the server itself is fatal too: tests/test_rpc_core.py)."""
+    async with open_cluster(job, ttl_ms=TTL_MS, rpc=True) as c:
+        args = [
+            sys.executable, "-m", "ingestion", "--redis", c.redis_url, "--job", job,
+            "--source", "rpc", "--rpc", c.rpc, "--contract-id", "CNOTACONTRACT",
+        ]  # fmt: skip
+        with trio.fail_after(30):
+            done = await trio.run_process(args, capture_stdout=True, capture_stderr=True, check=False)
+        assert done.returncode == 2
+        assert "rpc.contract_ids: contract ID 1 invalid" in done.stderr.decode()
