@@ -6,7 +6,8 @@ network in front of it) would fail: ``take_request_failure`` when a request arri
 ``stall_remaining`` before each stream frame. Time comes from the ``clock`` given at construction
 (the server passes ``trio.current_time``), so the knobs can be unit-tested with a fake clock.
 Going down and coming back is not a knob here: the :class:`~ingestion.simulator.Simulator` does it,
-because it means stopping the listener.
+because it means stopping the listener. :class:`RpcFaults` are the Stellar RPC server's knobs, in
+the same manner: failed requests, a delay, a lagging or reset node.
 """
 
 from __future__ import annotations
