@@ -510,6 +510,17 @@ async def test_a_reset_node_reports_a_latest_far_below_and_refuses_old_cursors(s
     assert (await events(sim, startLedger=1_000))["events"] == []
 
 
+async def test_the_rpc_server_goes_down_and_comes_back_on_the_same_port(sim: Simulator) -> None:
+    url = sim.rpc_url
+    await sim.rpc_go_down()
+    with pytest.raises(httpx.ConnectError):
+        await post(sim, {"jsonrpc": "2.0", "id": 1, "method": "getNetwork"})
+    async with httpx.AsyncClient(timeout=5) as http:
+        assert (await http.get(f"{sim.url}/")).status_code == 200  # Horizon stays up
+    await sim.rpc_come_up()
+    assert sim.rpc_url == url and "result" in await call(sim, "getNetwork")
+
+
 def test_rpc_faults_count_down_and_expire_by_the_clock() -> None:
     now = [100.0]
     faults = RpcFaults(clock=lambda: now[0])

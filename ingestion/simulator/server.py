@@ -93,7 +93,8 @@ class Simulator:
         requests, statuses: the latest Horizon requests received and a count of the statuses
             answered (for tests).
         rpc_url: ``http://host:rpc_port`` of the Stellar RPC server, "" when there is none.
-        rpc_faults: the RPC server's :class:`RpcFaults` knobs.
+        rpc_faults: the RPC server's :class:`RpcFaults` knobs (:meth:`rpc_go_down` and
+            :meth:`rpc_come_up` stop and restart its listener, on the same port).
         rpc_requests, rpc_statuses, rpc_errors: the latest RPC requests received, a count of
             the HTTP statuses answered and one of the JSON-RPC error codes (for tests).
         config: the :class:`SimulatorConfig`.
@@ -135,6 +136,9 @@ class Simulator:
         self._shutdown: trio.Event | None = None
         self._stopped: trio.Event | None = None
         self._restart_scope: trio.CancelScope | None = None
+        self._rpc_port = config.rpc_port
+        self._rpc_shutdown: trio.Event | None = None
+        self._rpc_stopped: trio.Event | None = None
 
     # -- the chain ------------------------------------------------------------------------------
 
@@ -275,19 +279,44 @@ class Simulator:
         finally:
             stopped.set()
 
+    @property
+    def rpc_is_up(self) -> bool:
+        return self._rpc_stopped is not None and not self._rpc_stopped.is_set()
+
+    async def rpc_go_down(self) -> None:
+        """Stop the RPC listener (connections refused; Horizon and the chain go on); return once
+        down. :meth:`rpc_come_up` listens again on the same port."""
+        if self.rpc_is_up:
+            assert self._rpc_shutdown is not None and self._rpc_stopped is not None
+            self._rpc_shutdown.set()
+            await self._rpc_stopped.wait()
+
+    async def rpc_come_up(self) -> None:
+        """Listen for RPC again (same port); return once listening. No-op when up or when the
+        simulator runs no RPC server."""
+        if self.config.rpc_port is not None and not self.rpc_is_up:
+            await self._nursery.start(self._serve_rpc)
+
     async def _serve_rpc(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The Stellar RPC listener: up for the simulator's whole life (Horizon's downtime knobs
-        leave it alone: it is another service)."""
-        assert self.config.rpc_port is not None
-        config = _hypercorn_config(self.config.host, self.config.rpc_port)
+        """The Stellar RPC listener; Horizon's downtime knobs leave it alone (another service)."""
+        assert self._rpc_port is not None
+        config = _hypercorn_config(self.config.host, self._rpc_port)
+        shutdown, stopped = trio.Event(), trio.Event()
+        self._rpc_shutdown, self._rpc_stopped = shutdown, stopped
+        try:
 
-        async def run(*, task_status: trio.TaskStatus[list[str]]) -> None:
-            await serve(cast(Any, self._rpc_app), config, task_status=task_status)
+            async def run(*, task_status: trio.TaskStatus[list[str]]) -> None:
+                await serve(
+                    cast(Any, self._rpc_app), config, shutdown_trigger=shutdown.wait, task_status=task_status
+                )
 
-        async with trio.open_nursery() as nursery:
-            binds: list[str] = await nursery.start(run)
-            self.rpc_url = binds[0]
-            task_status.started()
+            async with trio.open_nursery() as nursery:
+                binds: list[str] = await nursery.start(run)
+                self.rpc_url = binds[0]
+                self._rpc_port = int(self.rpc_url.rsplit(":", 1)[1])  # port 0: keep the one picked
+                task_status.started()
+        finally:
+            stopped.set()
 
     async def _close_ledgers(self, interval: float) -> None:
         start = trio.current_time()
