@@ -546,6 +546,12 @@ def test_rpc_faults_count_down_and_expire_by_the_clock() -> None:
 def test_rpc_port_flag() -> None:
     assert config_from_args([]).rpc_port is None
     assert config_from_args(["--rpc-port", "0"]).rpc_port == 0
+    assert config_from_args(["--rpc-max-healthy-latency", "0"]).rpc_max_healthy_latency == 0
+
+
+async def test_health_without_a_latency_limit_is_healthy_on_old_history() -> None:
+    async with open_simulator(attrs.evolve(CONFIG, history_ledgers=2, rpc_max_healthy_latency=0)) as sim:
+        assert (await call(sim, "getHealth"))["result"]["status"] == "healthy"
 
 
 async def test_cli_announces_the_rpc_url() -> None:

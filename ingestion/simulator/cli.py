@@ -89,6 +89,13 @@ def _parser() -> argparse.ArgumentParser:
         help="also run a Stellar RPC server (JSON-RPC: getEvents, getHealth, ...) on this port; "
         "0 picks a free port; absent: none",
     )
+    p.add_argument(
+        "--rpc-max-healthy-latency",
+        type=_non_negative_float,
+        default=defaults.rpc_max_healthy_latency,
+        help="getHealth fails once the latest ledger closed longer ago than this (seconds; "
+        "stellar-rpc: 30); 0: always healthy",
+    )
     return p
 
 
@@ -111,6 +118,7 @@ def config_from_args(argv: list[str]) -> SimulatorConfig:
         rate_burst=args.rate_burst,
         sse_update_frequency=args.sse_update_frequency,
         rpc_port=args.rpc_port,
+        rpc_max_healthy_latency=args.rpc_max_healthy_latency,
     )
 
 
