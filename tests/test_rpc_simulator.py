@@ -39,10 +39,10 @@ from ingestion.rpc.protocol import (
     EventFilter,
 )
 from ingestion.simulator import RpcFailureKind, RpcFaults, Simulator, SimulatorConfig, open_simulator
-from ingestion.simulator.chain import NETWORK_PASSPHRASE, PROTOCOL_VERSION, ledger_hash_of
+from ingestion.simulator.chain import NETWORK_PASSPHRASE, PROTOCOL_VERSION, Chain, ChainSpec, ledger_hash_of
 from ingestion.simulator.cli import config_from_args
 from ingestion.simulator.rpc import go_duration
-from ingestion.simulator.rpc_events import scval_b64, stroops_of
+from ingestion.simulator.rpc_events import EventLog, ledger_events, scval_b64, stroops_of
 
 REPO = Path(__file__).resolve().parents[1]
 # 60 ledgers, the newest 50 kept: oldest 50000010, latest 50000059 (system events in 20, 40).
@@ -159,6 +159,19 @@ async def test_a_system_event_closes_every_20th_ledger_after_all_transactions(si
         assert [native(t) for t in e["topic"]] == ["ledger_closed", e["ledger"]]
         last = [x for x in sim.rpc_events() if x["ledger"] == e["ledger"]][-1]
         assert last == e
+
+
+def test_events_are_a_function_of_seed_and_ledger_and_their_cache_is_bounded() -> None:
+    spec = ChainSpec(seed=5, ops_per_ledger=30)
+    one, two = Chain(spec, 40), Chain(spec, 40, cache_records=100)
+    assert [ledger_events(one, s) for s in range(one.first, one.latest + 1)] == [
+        ledger_events(two, s) for s in range(two.first, two.latest + 1)
+    ]
+    log = EventLog(one, cache_events=20)
+    everything = [log.events(s) for s in range(one.first, one.latest + 1)]
+    assert sum(map(len, everything)) > 40 and len(log._cache) <= 20
+    assert [log.events(s) for s in range(one.first, one.latest + 1)] == everything
+    assert log.events(one.latest + 1) == () and log.events(one.first - 1) == ()
 
 
 def test_our_scval_encodings_are_the_sdks() -> None:
