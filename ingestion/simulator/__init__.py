@@ -22,10 +22,15 @@ In-process use (tests)::
 Out of process: ``python -m ingestion simulate --port 0`` prints one JSON line
 ``{"event": "simulator-listening", "url": "http://127.0.0.1:PORT"}`` once it is listening; the
 control endpoint ``/_simulator/faults`` (see :mod:`ingestion.simulator.app`) drives the faults.
+
+With ``rpc_port`` (``--rpc-port``) a Stellar RPC server (:mod:`ingestion.simulator.rpc`) serves
+the same chain's contract events over JSON-RPC (``getEvents``, ``getHealth``, ``getLatestLedger``,
+``getNetwork``) at ``sim.rpc_url``, with faults of its own (``sim.rpc_faults``, or
+``/_simulator/faults`` on the RPC port); ``sim.rpc_events()`` lists what it serves.
 """
 
 from ingestion.simulator.chain import Chain
-from ingestion.simulator.faults import Faults, MalformedKind
+from ingestion.simulator.faults import Faults, MalformedKind, RpcFailureKind, RpcFaults
 from ingestion.simulator.server import (
     Simulator,
     SimulatorConfig,
@@ -37,6 +42,8 @@ __all__ = [
     "Chain",
     "Faults",
     "MalformedKind",
+    "RpcFailureKind",
+    "RpcFaults",
     "Simulator",
     "SimulatorConfig",
     "open_simulator",

@@ -1,8 +1,10 @@
 """``python -m ingestion simulate``: run the Horizon simulator until SIGINT or SIGTERM.
 
 Prints one JSON line on stdout once listening, ``{"event": "simulator-listening", "url": ...}``,
-so that harnesses can read the URL (``--port 0`` picks a free port). Exit status: 0 after a signal,
-2 for a bad flag, 1 when it cannot run (for example the port is taken).
+so that harnesses can read the URL (``--port 0`` picks a free port); with ``--rpc-port`` a Stellar
+RPC server runs too and the line carries ``"rpc_url": ...`` (``--rpc-port 0``: a free port).
+Exit status: 0 after a signal, 2 for a bad flag, 1 when it cannot run (for example the port is
+taken).
 """
 
 from __future__ import annotations
@@ -80,6 +82,20 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.sse_update_frequency,
         help="seconds between a stream's polls for new ledgers (Horizon: 5); 0: at once",
     )
+    p.add_argument(
+        "--rpc-port",
+        type=int,
+        default=None,
+        help="also run a Stellar RPC server (JSON-RPC: getEvents, getHealth, ...) on this port; "
+        "0 picks a free port; absent: none",
+    )
+    p.add_argument(
+        "--rpc-max-healthy-latency",
+        type=_non_negative_float,
+        default=defaults.rpc_max_healthy_latency,
+        help="getHealth fails once the latest ledger closed longer ago than this (seconds; "
+        "stellar-rpc: 30); 0: always healthy",
+    )
     return p
 
 
@@ -101,6 +117,8 @@ def config_from_args(argv: list[str]) -> SimulatorConfig:
         rate_limit=args.rate_limit,
         rate_burst=args.rate_burst,
         sse_update_frequency=args.sse_update_frequency,
+        rpc_port=args.rpc_port,
+        rpc_max_healthy_latency=args.rpc_max_healthy_latency,
     )
 
 
@@ -108,7 +126,10 @@ async def _run(config: SimulatorConfig) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             sim = await nursery.start(serve_simulator, config)
-            print(json.dumps({"event": "simulator-listening", "url": sim.url}), flush=True)
+            listening = {"event": "simulator-listening", "url": sim.url}
+            if sim.rpc_url:
+                listening["rpc_url"] = sim.rpc_url
+            print(json.dumps(listening), flush=True)
             async for _ in signals:
                 nursery.cancel_scope.cancel("signal received")
                 break

@@ -6,7 +6,8 @@ network in front of it) would fail: ``take_request_failure`` when a request arri
 ``stall_remaining`` before each stream frame. Time comes from the ``clock`` given at construction
 (the server passes ``trio.current_time``), so the knobs can be unit-tested with a fake clock.
 Going down and coming back is not a knob here: the :class:`~ingestion.simulator.Simulator` does it,
-because it means stopping the listener.
+because it means stopping the listener. :class:`RpcFaults` are the Stellar RPC server's knobs, in
+the same manner: failed requests, a delay, a lagging or reset node.
 """
 
 from __future__ import annotations
@@ -211,4 +212,137 @@ class Faults:
             "freeze": None
             if self._frozen_until is None
             else {"seconds": max(0.0, self._frozen_until - now)},
+        }
+
+
+# -- the RPC server's knobs -------------------------------------------------------------------------
+
+
+class RpcFailureKind(enum.Enum):
+    """How a failed Stellar RPC request is answered."""
+
+    PROCESSING_LIMIT = "processing_limit"  # HTTP 200, JSON-RPC -32001 (the server's time limit)
+    TOO_MANY_REQUESTS = "http_429"  # from a rate-limiting proxy; Retry-After when given
+    UNAVAILABLE = "http_503"  # from a proxy or load balancer: no backend
+    SERVER_ERROR = "http_500"
+
+
+@attrs.frozen
+class RpcFailure:
+    """Answer requests with ``kind`` while ``remaining`` (a count) or ``until`` (a clock time)."""
+
+    kind: RpcFailureKind
+    remaining: int | None
+    until: float | None
+    retry_after: int | None
+
+
+@attrs.define
+class RpcFaults:
+    """The Stellar RPC server's armed faults. Pure state; time from ``clock`` (as :class:`Faults`).
+
+    Consumed where a real RPC node (or what stands in front of it) would misbehave:
+    :meth:`take_request_failure` when a request arrives, :attr:`delay_ms` before every answer,
+    :meth:`ledger_range` whenever the node says which ledgers it holds.
+
+    Attributes:
+        delay_ms: every answer waits this long (added to the simulator's ``response_delay_ms``).
+        lag_ledgers: the node is this many ledgers behind the chain (it reports and serves up to
+            ``chain.latest - lag_ledgers``), as an RPC node whose ingestion fell behind.
+        reset_to: the node reports this latest ledger however far the chain is (and an oldest no
+            later than it), as after a network (testnet) reset; None: no reset.
+    """
+
+    clock: Callable[[], float]
+    delay_ms: int = 0
+    lag_ledgers: int = 0
+    reset_to: int | None = None
+    _failure: RpcFailure | None = None
+
+    def fail_requests(
+        self,
+        kind: RpcFailureKind | str = RpcFailureKind.PROCESSING_LIMIT,
+        *,
+        count: int | None = None,
+        seconds: float | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        """Answer the next ``count`` requests, or all requests for ``seconds``, with ``kind``
+        (neither: one request). ``retry_after`` adds a ``Retry-After`` header to a 429.
+
+        Raises:
+            ValueError: an unknown kind, both ``count`` and ``seconds``, or a negative value.
+        """
+        kind = RpcFailureKind(kind)
+        if count is not None and seconds is not None:
+            raise ValueError("give count or seconds, not both")
+        if (count is not None and count < 0) or (seconds is not None and seconds < 0):
+            raise ValueError("count and seconds must not be negative")
+        if count is None and seconds is None:
+            count = 1
+        until = None if seconds is None else self.clock() + seconds
+        self._failure = RpcFailure(kind, count, until, retry_after)
+
+    def set_delay(self, ms: int) -> None:
+        if ms < 0:
+            raise ValueError("delay_ms must not be negative")
+        self.delay_ms = ms
+
+    def lag(self, ledgers: int) -> None:
+        if ledgers < 0:
+            raise ValueError("lag_ledgers must not be negative")
+        self.lag_ledgers = ledgers
+
+    def reset(self, latest: int | None) -> None:
+        """Report ``latest`` as the latest ledger (None: undo)."""
+        if latest is not None and latest < 1:
+            raise ValueError("reset_to must be a positive ledger sequence")
+        self.reset_to = latest
+
+    def clear(self) -> None:
+        """Disarm every knob."""
+        self._failure = None
+        self.delay_ms = 0
+        self.lag_ledgers = 0
+        self.reset_to = None
+
+    def take_request_failure(self) -> RpcFailure | None:
+        """Called once per request: the failure to answer with, or None to serve it normally."""
+        failure = self._failure
+        if failure is None:
+            return None
+        if failure.until is not None:
+            if self.clock() >= failure.until:
+                self._failure = None
+                return None
+            return failure
+        assert failure.remaining is not None
+        if failure.remaining <= 0:
+            self._failure = None
+            return None
+        self._failure = attrs.evolve(failure, remaining=failure.remaining - 1)
+        return failure
+
+    def ledger_range(self, chain_first: int, chain_latest: int) -> tuple[int, int]:
+        """``(oldest, latest)`` as this node reports them, given the chain's."""
+        latest = max(1, chain_latest - self.lag_ledgers)
+        if self.reset_to is not None:
+            latest = min(latest, self.reset_to)
+        return min(chain_first, latest), latest
+
+    def snapshot(self) -> dict[str, Any]:
+        """The armed knobs as JSON-ready data (what ``GET /_simulator/faults`` on the RPC port returns)."""
+        failure = self._failure
+        return {
+            "fail": None
+            if failure is None
+            else {
+                "kind": failure.kind.value,
+                "count": failure.remaining,
+                "seconds": None if failure.until is None else max(0.0, failure.until - self.clock()),
+                "retry_after": failure.retry_after,
+            },
+            "delay_ms": self.delay_ms,
+            "lag_ledgers": self.lag_ledgers,
+            "reset_to": self.reset_to,
         }

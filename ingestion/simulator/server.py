@@ -1,7 +1,9 @@
-"""The simulator process-in-a-task: the chain, the ledger clock, and hypercorn serving the app.
+"""The simulator process-in-a-task: the chain, the ledger clock, and hypercorn serving the apps.
 
 :func:`serve_simulator` runs until cancelled and hands a :class:`Simulator` to ``task_status`` once
-the listener is really up; :func:`open_simulator` wraps it as an async context manager.
+the listeners are really up; :func:`open_simulator` wraps it as an async context manager. Horizon
+(:mod:`ingestion.simulator.app`) listens on ``port``; with ``rpc_port`` set, a Stellar RPC server
+(:mod:`ingestion.simulator.rpc`) listens on a port of its own, over the same chain.
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
+from ingestion.rpc.protocol import EventFilter
 from ingestion.simulator.app import CollectionQuery, HorizonApp, SeenRequest, resolve
 from ingestion.simulator.chain import KEY_SHIFT, Chain, ChainSpec
-from ingestion.simulator.faults import Faults
+from ingestion.simulator.faults import Faults, RpcFaults
 from ingestion.simulator.render import compact_form, with_base
+from ingestion.simulator.rpc import RpcApp, SeenRpcRequest
+from ingestion.simulator.rpc_events import EventLog
 
 
 @attrs.frozen
@@ -48,6 +53,10 @@ class SimulatorConfig:
             and an ``event: error`` on a stream that runs out. 0: no limit (no headers).
         sse_update_frequency: seconds between a stream's polls for new ledgers, as Horizon's
             ``--sse-update-frequency`` (Horizon: 5); 0: woken at once when a ledger closes.
+        rpc_port: where the Stellar RPC server listens (on ``host``); 0 picks a free port;
+            None: no RPC server. ``response_delay_ms`` delays its answers too.
+        rpc_max_healthy_latency: ``getHealth`` fails once the latest ledger closed longer ago
+            than this many seconds (stellar-rpc's default: 30); 0: always healthy.
     """
 
     host: str = "127.0.0.1"
@@ -64,6 +73,8 @@ class SimulatorConfig:
     rate_limit: int = 0
     rate_burst: int = 100
     sse_update_frequency: float = 0.0
+    rpc_port: int | None = None
+    rpc_max_healthy_latency: float = 30.0
 
     def chain_spec(self) -> ChainSpec:
         return ChainSpec(
@@ -81,6 +92,11 @@ class Simulator:
         active_streams: how many SSE responses are open right now.
         requests, statuses: the latest Horizon requests received and a count of the statuses
             answered (for tests).
+        rpc_url: ``http://host:rpc_port`` of the Stellar RPC server, "" when there is none.
+        rpc_faults: the RPC server's :class:`RpcFaults` knobs (:meth:`rpc_go_down` and
+            :meth:`rpc_come_up` stop and restart its listener, on the same port).
+        rpc_requests, rpc_statuses, rpc_errors: the latest RPC requests received, a count of
+            the HTTP statuses answered and one of the JSON-RPC error codes (for tests).
         config: the :class:`SimulatorConfig`.
     """
 
@@ -102,13 +118,27 @@ class Simulator:
         self.requests: collections.deque[SeenRequest] = collections.deque(maxlen=10_000)
         #: How many Horizon responses went out with each status (a stream counts once, as 200).
         self.statuses: collections.Counter[int] = collections.Counter()
+        self.rpc_url = ""
+        self.rpc_faults = RpcFaults(clock=trio.current_time)
+        #: The chain's contract events by ledger (built on demand, an LRU of their own).
+        self.rpc_log = EventLog(self.chain)
+        #: The latest RPC requests received (not the control endpoint), oldest first.
+        self.rpc_requests: collections.deque[SeenRpcRequest] = collections.deque(maxlen=10_000)
+        #: How many RPC responses went out with each HTTP status.
+        self.rpc_statuses: collections.Counter[int] = collections.Counter()
+        #: How many JSON-RPC errors went out with each code.
+        self.rpc_errors: collections.Counter[int] = collections.Counter()
         self._nursery = nursery
         self._app = HorizonApp(self)
+        self._rpc_app = RpcApp(self)
         self._port = config.port
         self._ledger_closed = trio.Event()
         self._shutdown: trio.Event | None = None
         self._stopped: trio.Event | None = None
         self._restart_scope: trio.CancelScope | None = None
+        self._rpc_port = config.rpc_port
+        self._rpc_shutdown: trio.Event | None = None
+        self._rpc_stopped: trio.Event | None = None
 
     # -- the chain ------------------------------------------------------------------------------
 
@@ -173,6 +203,11 @@ class Simulator:
                 out.append(json.loads(with_base(compact, base)))
             after = keys[-1]
 
+    def rpc_events(self, filters: tuple[EventFilter, ...] | list[EventFilter] = ()) -> list[dict[str, Any]]:
+        """Every event of the RPC's ledger range (oldest retained to latest) that matches
+        ``filters``, ascending, exactly as ``getEvents`` serves them (base64 format)."""
+        return self._rpc_app.events(tuple(filters))
+
     # -- the HTTP server ------------------------------------------------------------------------
 
     @property
@@ -222,12 +257,7 @@ class Simulator:
     async def _serve(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        config = HypercornConfig()
-        config.bind = [f"{self.config.host}:{self._port}"]
-        config.graceful_timeout = 0.0  # going down drops streams at once, as a crash would
-        config.include_server_header = False
-        config.loglevel = "WARNING"
-        config.accesslog = None
+        config = _hypercorn_config(self.config.host, self._port)
         shutdown, stopped = trio.Event(), trio.Event()
         self._shutdown, self._stopped = shutdown, stopped
         try:
@@ -249,6 +279,45 @@ class Simulator:
         finally:
             stopped.set()
 
+    @property
+    def rpc_is_up(self) -> bool:
+        return self._rpc_stopped is not None and not self._rpc_stopped.is_set()
+
+    async def rpc_go_down(self) -> None:
+        """Stop the RPC listener (connections refused; Horizon and the chain go on); return once
+        down. :meth:`rpc_come_up` listens again on the same port."""
+        if self.rpc_is_up:
+            assert self._rpc_shutdown is not None and self._rpc_stopped is not None
+            self._rpc_shutdown.set()
+            await self._rpc_stopped.wait()
+
+    async def rpc_come_up(self) -> None:
+        """Listen for RPC again (same port); return once listening. No-op when up or when the
+        simulator runs no RPC server."""
+        if self.config.rpc_port is not None and not self.rpc_is_up:
+            await self._nursery.start(self._serve_rpc)
+
+    async def _serve_rpc(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The Stellar RPC listener; Horizon's downtime knobs leave it alone (another service)."""
+        assert self._rpc_port is not None
+        config = _hypercorn_config(self.config.host, self._rpc_port)
+        shutdown, stopped = trio.Event(), trio.Event()
+        self._rpc_shutdown, self._rpc_stopped = shutdown, stopped
+        try:
+
+            async def run(*, task_status: trio.TaskStatus[list[str]]) -> None:
+                await serve(
+                    cast(Any, self._rpc_app), config, shutdown_trigger=shutdown.wait, task_status=task_status
+                )
+
+            async with trio.open_nursery() as nursery:
+                binds: list[str] = await nursery.start(run)
+                self.rpc_url = binds[0]
+                self._rpc_port = int(self.rpc_url.rsplit(":", 1)[1])  # port 0: keep the one picked
+                task_status.started()
+        finally:
+            stopped.set()
+
     async def _close_ledgers(self, interval: float) -> None:
         start = trio.current_time()
         k = 1
@@ -256,6 +325,16 @@ class Simulator:
             await trio.sleep_until(start + k * interval)  # no drift: the trio-util way
             self.close_ledger()
             k += 1
+
+
+def _hypercorn_config(host: str, port: int) -> HypercornConfig:
+    config = HypercornConfig()
+    config.bind = [f"{host}:{port}"]
+    config.graceful_timeout = 0.0  # going down drops streams at once, as a crash would
+    config.include_server_header = False
+    config.loglevel = "WARNING"
+    config.accesslog = None
+    return config
 
 
 def _build_without_gc(build: Callable[[], Any]) -> Any:
@@ -287,6 +366,8 @@ async def serve_simulator(
     async with trio.open_nursery() as nursery:
         sim = Simulator(config, nursery)
         await nursery.start(sim._serve)
+        if config.rpc_port is not None:
+            await nursery.start(sim._serve_rpc)
         if config.ledger_interval:
             nursery.start_soon(sim._close_ledgers, config.ledger_interval)
         task_status.started(sim)

@@ -1,0 +1,348 @@
+"""The simulator's Stellar RPC server: JSON-RPC 2.0 over HTTP, serving the chain's contract events.
+
+It runs beside the Horizon app, on its own port (``SimulatorConfig.rpc_port``), over the same
+:class:`~ingestion.simulator.chain.Chain`: its events (see :mod:`ingestion.simulator.rpc_events`)
+come from the very operations Horizon serves. Methods (``POST /`` with a JSON-RPC request; every
+answer is HTTP 200 with ``result`` or ``error``, as stellar-rpc's):
+
+- ``getEvents``: stellar-rpc's ``get_events.go`` (validation and messages from
+  :mod:`ingestion.rpc.protocol`, the 10,000-ledger scan cap, the cursor rules), base64 or
+  ``xdrFormat: json`` (``topicJson``, ``valueJson``);
+- ``getHealth``: ``healthy``, or -32603 "latency (Xs) since last known ledger closed is too high
+  (>30s)" when the latest ledger closed longer ago than that by the wall clock (history built at
+  start closed in the past: close a ledger first); the close times are JSON numbers here, as in
+  the Go struct;
+- ``getLatestLedger``: the ledger hash as ``id``, ``closeTime`` a JSON string, placeholder
+  ``headerXdr`` / ``metadataXdr``;
+- ``getNetwork``: the passphrase and protocol version (no friendbot).
+
+Errors: bad JSON -32700; not a JSON-RPC request object (a batch included) -32600; an unknown
+method -32601 "method not found"; bad params -32602 with the server's message; a start ledger
+outside the range -32600 "startLedger must be within the ledger range: O - L".
+
+Control endpoint on the RPC port (JSON in and out; not part of Stellar RPC):
+
+- ``GET /_simulator/faults``: the armed RPC faults (:meth:`RpcFaults.snapshot`).
+- ``POST /_simulator/faults`` with any of ``{"fail": {"kind": "processing_limit" | "http_429" |
+  "http_503" | "http_500", "count": N | "seconds": T, "retry_after": S}, "delay_ms": MS,
+  "lag_ledgers": N, "reset_to": L | null}``: arm them; answers 200 with the snapshot, or 400
+  ``{"error": ...}``.
+- ``DELETE /_simulator/faults``: disarm everything.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from ingestion.asgi import Message, Receive, Scope, Send, serve_lifespan
+from ingestion.rpc.protocol import (
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    PROCESSING_LIMIT,
+    EventFilter,
+    GetEventsRequest,
+    RpcError,
+)
+from ingestion.simulator.chain import NETWORK_PASSPHRASE, PROTOCOL_VERSION, ledger_hash_of
+from ingestion.simulator.faults import RpcFailureKind
+from ingestion.simulator.rpc_events import RpcEvent, all_events, json_format, scan
+
+if TYPE_CHECKING:
+    from ingestion.simulator.server import Simulator
+
+JSON = b"application/json"
+DEFAULT_RETENTION_WINDOW = 120_960  # stellar-rpc's default HISTORY_RETENTION_WINDOW: 7 days of ledgers
+MAX_HEALTHY_LATENCY = 30  # seconds: stellar-rpc's default max-healthy-ledger-latency
+_HTTP_FAILURES = {
+    RpcFailureKind.TOO_MANY_REQUESTS: (429, b"Too Many Requests\n"),
+    RpcFailureKind.UNAVAILABLE: (503, b"Service Unavailable\n"),
+    RpcFailureKind.SERVER_ERROR: (500, b"Internal Server Error\n"),
+}
+
+
+@attrs.frozen
+class SeenRpcRequest:
+    """A JSON-RPC request as the simulator received it (``Simulator.rpc_requests``), for tests.
+    ``method`` is None for a body that was not a JSON-RPC request."""
+
+    method: str | None
+    params: Any
+    at: float  # trio.current_time() on arrival
+
+
+def go_duration(seconds: int) -> str:
+    """Go's ``time.Duration.String`` of a whole number of seconds: ``45s``, ``2m5s``, ``1h0m0s``."""
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{minutes}m{secs}s"
+    return f"{secs}s"
+
+
+class RpcApp:
+    """The ASGI callable of the RPC port. One instance per :class:`Simulator`."""
+
+    def __init__(self, sim: Simulator):
+        self.sim = sim
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await serve_lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        body = await _read_body(receive)
+        if scope["path"].startswith("/_simulator/"):
+            await self._control(scope, body, send)
+            return
+        send = self._counting(send)
+        delay = self.sim.config.response_delay_ms + self.sim.rpc_faults.delay_ms
+        if delay:
+            await trio.sleep(delay / 1000)  # a real node's query time and network: no CPU used
+        if scope["method"] != "POST":
+            await _respond(send, 405, b"text/plain; charset=utf-8", b"405 method not allowed\n")
+            return
+        try:
+            answer = self.answer(body, apply_faults=True)
+        except _HttpFailure as failure:
+            status, text = _HTTP_FAILURES[failure.kind]
+            headers = []
+            if status == 429 and failure.retry_after is not None:
+                headers.append((b"retry-after", str(failure.retry_after).encode()))
+            await _respond(send, status, b"text/plain; charset=utf-8", text, headers)
+            return
+        await _respond(send, 200, JSON, answer)
+
+    # -- JSON-RPC -------------------------------------------------------------------------------
+
+    def answer(self, body: bytes, *, apply_faults: bool = False) -> bytes:
+        """The JSON-RPC response to one request body.
+
+        Raises:
+            _HttpFailure: with ``apply_faults``, an armed HTTP-level failure: answer with it.
+        """
+        try:
+            request = json.loads(body)
+        except ValueError as exc:
+            self._seen(None, None)
+            return self._error(None, PARSE_ERROR, f"parse error: {exc}")
+        if not (
+            isinstance(request, dict)
+            and request.get("jsonrpc") == "2.0"
+            and isinstance(request.get("method"), str)
+        ):
+            self._seen(None, request)
+            return self._error(
+                request.get("id") if isinstance(request, dict) else None, INVALID_REQUEST, "invalid request"
+            )
+        request_id, method, params = request.get("id"), request["method"], request.get("params")
+        self._seen(method, params)
+        if apply_faults:
+            failure = self.sim.rpc_faults.take_request_failure()
+            if failure is not None:
+                if failure.kind is RpcFailureKind.PROCESSING_LIMIT:
+                    return self._error(
+                        request_id, PROCESSING_LIMIT, "request exceeded processing limit threshold"
+                    )
+                raise _HttpFailure(failure.kind, failure.retry_after)
+        try:
+            if method == "getEvents":
+                return self._get_events(request_id, params)
+            if method == "getHealth":
+                result: Any = self._get_health()
+            elif method == "getLatestLedger":
+                result = self._get_latest_ledger()
+            elif method == "getNetwork":
+                result = {"passphrase": NETWORK_PASSPHRASE, "protocolVersion": PROTOCOL_VERSION}
+            else:
+                raise RpcError(METHOD_NOT_FOUND, "method not found")
+        except RpcError as error:
+            return self._error(request_id, error.code, error.message)
+        return _envelope(request_id, b'"result":' + _compact(result))
+
+    def ledger_range(self) -> tuple[int, int]:
+        """``(oldest, latest)`` as this node reports them (the faults' lag and reset applied)."""
+        chain = self.sim.chain
+        return self.sim.rpc_faults.ledger_range(chain.first, chain.latest)
+
+    def _get_events(self, request_id: Any, params: Any) -> bytes:
+        try:
+            request = GetEventsRequest.from_params(params)
+            oldest, latest = self.ledger_range()
+            page = scan(self.sim.rpc_log, request, oldest, latest)
+        except RpcError as error:
+            return self._error(request_id, error.code, error.message)
+        render = json_format if request.xdr_format == "json" else _base64_format
+        closed_at = self.sim.chain.closed_at
+        tail = {
+            "cursor": page.cursor,
+            "latestLedger": latest,
+            "oldestLedger": oldest,
+            "latestLedgerCloseTime": str(closed_at(latest)),
+            "oldestLedgerCloseTime": str(closed_at(oldest)),
+        }
+        result = b"".join(
+            (
+                b'"result":{"events":[',
+                b",".join([render(e) for e in page.events]),
+                b"],",
+                _compact(tail)[1:],
+            )
+        )
+        return _envelope(request_id, result)
+
+    def _get_health(self) -> dict[str, Any]:
+        oldest, latest = self.ledger_range()
+        chain = self.sim.chain
+        latest_closed = chain.closed_at(latest)
+        latency = time.time() - latest_closed
+        limit = self.sim.config.rpc_max_healthy_latency
+        if limit and latency > limit:
+            raise RpcError(
+                INTERNAL_ERROR,
+                f"latency ({go_duration(round(latency))}) since last known ledger closed is too high "
+                f"(>{go_duration(round(limit))})",
+            )
+        return {
+            "status": "healthy",
+            "latestLedger": latest,
+            "latestLedgerCloseTime": latest_closed,
+            "oldestLedger": oldest,
+            "oldestLedgerCloseTime": chain.closed_at(oldest),
+            "ledgerRetentionWindow": chain.retention_ledgers or DEFAULT_RETENTION_WINDOW,
+        }
+
+    def _get_latest_ledger(self) -> dict[str, Any]:
+        _, latest = self.ledger_range()
+        chain = self.sim.chain
+        ledger_hash = ledger_hash_of(chain.spec.seed, latest)
+        digest = hashlib.sha256(bytes.fromhex(ledger_hash)).digest()
+        return {
+            "id": ledger_hash,
+            "protocolVersion": PROTOCOL_VERSION,
+            "sequence": latest,
+            "closeTime": str(chain.closed_at(latest)),
+            # Placeholders of a plausible size: nothing in the simulator decodes them.
+            "headerXdr": base64.b64encode(digest * 4).decode("ascii"),
+            "metadataXdr": base64.b64encode(digest * 8).decode("ascii"),
+        }
+
+    def _error(self, request_id: Any, code: int, message: str) -> bytes:
+        self.sim.rpc_errors[code] += 1
+        return _envelope(request_id, b'"error":' + _compact({"code": code, "message": message}))
+
+    def _seen(self, method: str | None, params: Any) -> None:
+        self.sim.rpc_requests.append(SeenRpcRequest(method, params, trio.current_time()))
+
+    def _counting(self, send: Send) -> Send:
+        statuses = self.sim.rpc_statuses
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                statuses[message["status"]] += 1
+            await send(message)
+
+        return counted
+
+    # -- control --------------------------------------------------------------------------------
+
+    async def _control(self, scope: Scope, body: bytes, send: Send) -> None:
+        method, path, faults = scope["method"], scope["path"], self.sim.rpc_faults
+        if path != "/_simulator/faults" or method not in ("GET", "POST", "DELETE"):
+            await _respond(send, 404, JSON, _compact({"error": "not found"}))
+            return
+        try:
+            data = json.loads(body) if body.strip() else {}
+            if not isinstance(data, dict):
+                raise ValueError("the body must be a JSON object")
+            if method == "DELETE":
+                faults.clear()
+            elif method == "POST":
+                self._arm(data)
+        except (ValueError, TypeError, KeyError) as exc:
+            await _respond(send, 400, JSON, _compact({"error": str(exc)}))
+            return
+        await _respond(send, 200, JSON, _compact(faults.snapshot()))
+
+    def _arm(self, data: dict[str, Any]) -> None:
+        known = {"fail", "delay_ms", "lag_ledgers", "reset_to"}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown fault(s) {sorted(unknown)}; known: {sorted(known)}")
+        faults = self.sim.rpc_faults
+        if "fail" in data:
+            spec = data["fail"]
+            faults.fail_requests(
+                RpcFailureKind(spec.get("kind", "processing_limit")),
+                count=None if spec.get("count") is None else int(spec["count"]),
+                seconds=None if spec.get("seconds") is None else float(spec["seconds"]),
+                retry_after=None if spec.get("retry_after") is None else int(spec["retry_after"]),
+            )
+        if "delay_ms" in data:
+            faults.set_delay(int(data["delay_ms"]))
+        if "lag_ledgers" in data:
+            faults.lag(int(data["lag_ledgers"]))
+        if "reset_to" in data:
+            faults.reset(None if data["reset_to"] is None else int(data["reset_to"]))
+
+    def events(self, filters: tuple[EventFilter, ...] = ()) -> list[dict[str, Any]]:
+        """Every event of the node's ledger range matching ``filters``, ascending, as served."""
+        oldest, latest = self.ledger_range()
+        return [json.loads(e.body) for e in all_events(self.sim.rpc_log, oldest, latest, filters)]
+
+
+class _HttpFailure(Exception):
+    """Answer with an HTTP error in place of the JSON-RPC response (an armed fault)."""
+
+    def __init__(self, kind: RpcFailureKind, retry_after: int | None):
+        super().__init__(kind)
+        self.kind = kind
+        self.retry_after = retry_after
+
+
+def _base64_format(event: RpcEvent) -> bytes:
+    return event.body
+
+
+def _compact(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _envelope(request_id: Any, member: bytes) -> bytes:
+    return b'{"jsonrpc":"2.0","id":' + _compact(request_id) + b"," + member + b"}"
+
+
+async def _read_body(receive: Receive) -> bytes:
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
+async def _respond(
+    send: Send,
+    status: int,
+    content_type: bytes,
+    body: bytes,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    all_headers = [
+        (b"content-type", content_type),
+        (b"content-length", str(len(body)).encode()),
+        *(headers or ()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": all_headers})
+    await send({"type": "http.response.body", "body": body})
