@@ -197,3 +197,14 @@ def test_parse_answer() -> None:
     )  # fmt: skip
     with pytest.raises(ValueError):
         parse_answer(b"[1]")
+
+
+def test_one_huge_gap_between_close_times_does_not_stretch_the_wait() -> None:
+    """A network that halted for a while (or a simulator whose history closed long ago) gives one
+    huge gap between close times; the medians keep it from stretching the wait at the tip."""
+    f = follower(str(Cursor.through(100)))
+    closes = [(100, 1_000, 0.0), (101, 500_000, 1.0), (102, 500_001, 2.0), (103, 500_002, 3.0)]
+    for ledger, close, seen in closes:
+        out = f.on_result(result([], Cursor.through(ledger), ledger, close=close), 1000, now=seen)
+    assert f.interval() == pytest.approx(1.0)
+    assert out.delay == pytest.approx(1.0, abs=0.05)

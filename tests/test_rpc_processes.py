@@ -57,7 +57,6 @@ async def test_two_nodes_follow_contract_events_through_sigkill_and_sigterm(job:
         figure("rpc-graceful-handoff", handoff_ms=(handed.at - asked_at) * 1000)
         assert handed.node == "n1" and await c.exited("n2") == 0
         await c.wait_for_progress(20)
-        await c.stop_all()
         await assert_verified(c, 250)
         # The committed cursor is the RPC's: an event id, or the scanned-through cursor beyond it.
         state = c.state()
@@ -74,7 +73,6 @@ async def test_filters_with_wildcards_select_exactly_what_getevents_selects(job:
             "n1", extra=rpc_args(c, "--event-type", "contract", "--topic", "sym:transfer,*,**")
         )
         await c.wait_for_events(100)
-        await c.stop_all()
         await assert_verified(c, 100, filters)
         entries = c.client.xrange(c.keys["events"], count=1000)
         topics = [json.loads(fields["record"])["topic"] for _, fields in entries]
@@ -102,7 +100,6 @@ async def test_a_cursor_out_of_retention_stops_the_job_with_history_gap_writing_
             env={"INGESTION_RPC_ON_HISTORY_GAP": "skip"},
         )  # fmt: skip
         await c.wait_for_events(50)
-        await c.stop_all()
         audit = [f for _, f in c.client.xrange(c.keys["audit"]) if f["event"] == "history-gap"]
         assert len(audit) == 1 and int(audit[0]["cursor_ledger"]) == first_ledger
         elder = int(audit[0]["elder_ledger"])

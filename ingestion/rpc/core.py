@@ -16,10 +16,9 @@ Position. The follower always knows where it stands in one of three ways:
 Pacing. A full page, or a scan that stopped below the latest ledger (one request scans at most
 10,000 ledgers), means the node is behind: the next request goes at once. Otherwise the node is at
 the tip and waits for the next ledger close: the ledger interval is estimated from the
-``latestLedgerCloseTime`` of successive ledgers (whole seconds, so over several ledgers; from when
-each new ledger was first seen when ledgers close faster than a second), counted from when the
-latest ledger was first seen (the monotonic clock: wall-clock time is never a deadline); a ledger
-that is late is polled for in short steps.
+``latestLedgerCloseTime`` of successive ledgers and from when each was first seen (see
+:meth:`RpcFollower.interval`), counted from when the latest ledger was first seen (the monotonic
+clock: wall-clock time is never a deadline); a ledger that is late is polled for in short steps.
 
 Safety. Nothing the server says can move the position backwards or past events it has not served:
 ids must ascend strictly from the position, the answer's cursor must not be below the last id, and
@@ -31,6 +30,7 @@ from __future__ import annotations
 
 import enum
 import random
+import statistics
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -133,7 +133,9 @@ class RpcFollower:
     limit: int = attrs.field(init=False)
     latest: int = attrs.field(init=False, default=0)  # the highest latest ledger seen
     latest_seen_at: float = attrs.field(init=False, default=0.0)
-    _closes: deque[tuple[int, int, float]] = attrs.field(init=False, factory=lambda: deque(maxlen=8))
+    _closes: deque[tuple[int, int, float]] = attrs.field(init=False, factory=lambda: deque(maxlen=2))
+    _close_gaps: deque[float] = attrs.field(init=False, factory=lambda: deque(maxlen=9))
+    _seen_gaps: deque[float] = attrs.field(init=False, factory=lambda: deque(maxlen=9))
     _overdue: int = attrs.field(init=False, default=0)
     ahead_since: float | None = attrs.field(init=False, default=None)
     _ahead_logged_at: float | None = attrs.field(init=False, default=None)
@@ -312,21 +314,26 @@ class RpcFollower:
     # -- the ledger clock -------------------------------------------------------------------------
 
     def _saw_latest(self, latest: int, close_time: int | None, now: float) -> None:
-        if latest > self.latest:
-            self.latest, self.latest_seen_at, self._overdue = latest, now, 0
-            self._closes.append((latest, close_time if close_time is not None else -1, now))
+        if latest <= self.latest:
+            return
+        if self._closes:
+            ledger, closed, seen = self._closes[-1]
+            if close_time is not None and closed >= 0 and close_time >= closed:
+                self._close_gaps.append((close_time - closed) / (latest - ledger))
+            self._seen_gaps.append((now - seen) / (latest - ledger))
+        self.latest, self.latest_seen_at, self._overdue = latest, now, 0
+        self._closes.append((latest, close_time if close_time is not None else -1, now))
 
     def interval(self) -> float:
-        """Seconds between ledger closes, estimated from what has been seen (see module doc)."""
-        closes = [c for c in self._closes if c[1] >= 0]
-        estimate = DEFAULT_INTERVAL
-        if len(closes) >= 2:
-            (l0, t0, _), (l1, t1, _) = closes[0], closes[-1]
-            if t1 - t0 >= 2:
-                estimate = (t1 - t0) / (l1 - l0)
-            elif len(self._closes) >= 3:
-                seen = list(self._closes)
-                estimate = (seen[-1][2] - seen[0][2]) / (seen[-1][0] - seen[0][0])
+        """Seconds between ledger closes, estimated from what has been seen: the median gap
+        between the close times of the ledgers seen (``latestLedgerCloseTime``), and the median
+        gap between the moments they were first seen, whichever is shorter (close times are whole
+        seconds, and a network that halted, or a simulator's history, gives one huge gap: the
+        medians and the smaller of the two keep such a gap from stretching the wait)."""
+        estimates = [
+            statistics.median(gaps) for gaps in (self._close_gaps, self._seen_gaps) if len(gaps) >= 2
+        ]
+        estimate = min(estimates) if estimates else DEFAULT_INTERVAL
         return min(MAX_INTERVAL, max(MIN_INTERVAL, estimate))
 
     def tip_delay(self, now: float) -> float:

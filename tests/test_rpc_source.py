@@ -1,0 +1,176 @@
+"""The RPC source in a real node (in process) against the simulator's Stellar RPC and a real Redis:
+exactly once from the oldest ledger, read-through cursors for sparse filters, ``now``, and every
+kind of trouble a real RPC gives (-32001, 429, 503, a lagging node, a network reset)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import redis
+import structlog
+import trio
+
+from actors.lease_store import job_keys
+from ingestion.local_redis import LocalRedis
+from ingestion.rpc.protocol import Cursor, EventFilter, segment_from_text
+from ingestion.rpc.source import RpcSource
+from ingestion.simulator import Simulator, SimulatorConfig, open_simulator
+from tests.nodes import Recorder, start_node
+
+CONFIG = SimulatorConfig(ledger_interval=None, history_ledgers=300, ops_per_ledger=20, rpc_port=0)
+NOBODY = "CAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAABSC4"  # a valid contract id that emits nothing
+
+
+def source(*urls: str, **kw: Any) -> RpcSource:
+    return RpcSource(urls, retry_base=0.02, retry_cap=0.2, request_timeout=5, **kw)
+
+
+def stream(client: redis.Redis, job: str) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (f["paging_token"], json.loads(f["record"]))
+        for _, f in client.xrange(job_keys(job)["events"])
+    ]
+
+
+def cursor(client: redis.Redis, job: str) -> str | None:
+    value = client.hget(job_keys(job)["cursor"], "cursor")
+    return None if value is None else str(value)
+
+
+async def until(check: Any, within: float = 15.0) -> None:
+    with trio.fail_after(within):
+        while not check():
+            await trio.sleep(0.02)
+
+
+@asynccontextmanager
+async def node(url: str, job: str, src: RpcSource, start: str = "0") -> AsyncIterator[None]:
+    async with trio.open_nursery() as nursery:
+        handle = await start_node(nursery, Recorder(), url, job, "n1", src, start_cursor=start)
+        try:
+            yield
+        finally:
+            await handle.shutdown()
+
+
+def at_tip(client: redis.Redis, job: str, sim: Simulator) -> bool:
+    return cursor(client, job) == str(Cursor.through(sim.chain.latest))
+
+
+async def test_a_node_follows_every_event_from_the_oldest_ledger_exactly_once(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    async with open_simulator(CONFIG) as sim, node(redis_server.url, job, source(sim.rpc_url)):
+        await until(lambda: at_tip(redis_client, job, sim))
+        for _ in range(5):
+            sim.close_ledger()
+        await until(lambda: at_tip(redis_client, job, sim))
+        expected = sim.rpc_events()
+    got = stream(redis_client, job)
+    assert len(got) == len(expected) > 500
+    assert [t for t, _ in got] == [e["id"] for e in expected]
+    assert [r for _, r in got] == expected
+
+
+async def test_a_sparse_filter_still_moves_the_committed_cursor_to_where_it_scanned(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    """No event matches: nothing is written, but the cursor is the scanned-through one, so a
+    failover resumes at the tip, not at the start (or outside the RPC's retention)."""
+    flt = (EventFilter(contract_ids=(NOBODY,)),)
+    async with open_simulator(CONFIG) as sim:
+        async with node(redis_server.url, job, source(sim.rpc_url, filters=flt)):
+            await until(lambda: at_tip(redis_client, job, sim))
+            sim.close_ledger()
+            await until(lambda: at_tip(redis_client, job, sim))
+    assert redis_client.xlen(job_keys(job)["events"]) == 0
+
+
+async def test_now_starts_after_the_latest_ledger_and_only_new_events_follow(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    async with open_simulator(CONFIG) as sim:
+        pinned_at = sim.chain.latest
+        async with node(redis_server.url, job, source(sim.rpc_url), start="now"):
+            await until(lambda: cursor(redis_client, job) is not None)
+            assert cursor(redis_client, job) == str(Cursor.through(pinned_at))
+            for _ in range(3):
+                sim.close_ledger()
+            await until(lambda: at_tip(redis_client, job, sim))
+            new = [e for e in sim.rpc_events() if e["ledger"] > pinned_at]
+    assert [t for t, _ in stream(redis_client, job)] == [e["id"] for e in new] != []
+
+
+async def test_wildcard_topic_filters_select_what_the_server_selects(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    flt = (EventFilter(("contract",), (), ((segment_from_text("sym:transfer"), "*", "**"),)),)
+    async with open_simulator(CONFIG) as sim, node(redis_server.url, job, source(sim.rpc_url, filters=flt)):
+        await until(lambda: at_tip(redis_client, job, sim))
+        expected = sim.rpc_events(flt)
+        everything = sim.rpc_events()
+    assert [r for _, r in stream(redis_client, job)] == expected
+    assert 0 < len(expected) < len(everything)
+
+
+async def test_processing_limits_rate_limits_and_5xx_are_retried_without_losing_or_repeating(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    async with open_simulator(CONFIG) as sim:
+        sim.rpc_faults.fail_requests("processing_limit", count=2)
+        with structlog.testing.capture_logs() as logs:
+            async with node(redis_server.url, job, source(sim.rpc_url, page_limit=400)):
+                await until(lambda: redis_client.xlen(job_keys(job)["events"]) > 0)
+                sim.rpc_faults.fail_requests("http_429", count=1, retry_after=1)
+                sim.close_ledger()
+                await until(lambda: sim.rpc_statuses[429] == 1)
+                sim.rpc_faults.fail_requests("http_503", count=2)
+                sim.close_ledger()
+                await until(lambda: at_tip(redis_client, job, sim))
+                expected = sim.rpc_events()
+        limits = [
+            r.params["pagination"]["limit"] for r in sim.rpc_requests
+            if r.method == "getEvents" and isinstance(r.params, dict)
+        ]  # fmt: skip
+    assert limits[:3] == [400, 200, 100]  # halved after each -32001, then doubled back
+    assert 400 in limits[3:]
+    assert [t for t, _ in stream(redis_client, job)] == [e["id"] for e in expected]
+    retries = [e for e in logs if e["event"] == "rpc-retry"]
+    assert len(retries) >= 5 and any("429" in e["error"] for e in retries)
+
+
+async def test_a_lagging_rpc_is_left_for_one_that_has_the_cursor_and_a_reset_never_jumps(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    async with open_simulator(CONFIG) as a, open_simulator(CONFIG) as b:
+        def close_both() -> None:
+            a.close_ledger()
+            b.close_ledger()
+
+        src = source(a.rpc_url, b.rpc_url, reset_after=0.5)
+        with structlog.testing.capture_logs() as logs:
+            async with node(redis_server.url, job, src):
+                await until(lambda: at_tip(redis_client, job, a))
+                a.rpc_faults.lag(20)  # A falls behind the committed cursor
+                for _ in range(3):
+                    close_both()
+                await until(lambda: at_tip(redis_client, job, b))
+                assert any(e["event"] == "rpc-cursor-ahead" for e in logs)
+                # Both report a latest ledger far below the cursor: a network reset. The node
+                # says so loudly and never jumps; the cursor stays where it is.
+                held = cursor(redis_client, job)
+                a.rpc_faults.reset(CONFIG.first_ledger + 10)
+                b.rpc_faults.reset(CONFIG.first_ledger + 10)
+                await until(lambda: any(e["event"] == "rpc-network-reset-suspected" for e in logs))
+                assert cursor(redis_client, job) == held
+                a.rpc_faults.clear()
+                b.rpc_faults.clear()
+                close_both()
+                await until(lambda: at_tip(redis_client, job, b))
+                expected = b.rpc_events()
+    assert [t for t, _ in stream(redis_client, job)] == [e["id"] for e in expected]
+    reset = next(e for e in logs if e["event"] == "rpc-network-reset-suspected")
+    assert reset["log_level"] == "error" and "will not jump" in reset["error"]
