@@ -42,7 +42,7 @@ def cursor(client: redis.Redis, job: str) -> str | None:
 
 async def until(check: Any, within: float = 15.0) -> None:
     with trio.fail_after(within):
-        while not check():
+        while not check():  # noqa: ASYNC110 -- polls Redis and the simulator
             await trio.sleep(0.02)
 
 
