@@ -134,6 +134,7 @@ class NodeProcess:
         start_cursor: str = "0",
         job: str = "bench",
         extra: Sequence[str] = (),
+        env: dict[str, str] | None = None,
     ) -> NodeProcess:
         args = [
             sys.executable, "-m", "ingestion", "--node-id", node_id, "--job", job,
@@ -141,7 +142,10 @@ class NodeProcess:
             "--start-cursor", start_cursor, "--log-format", "json", "--log-level", "info",
             *extra,
         ]  # fmt: skip
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/tmp")
+        proc = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/tmp",
+            env={**os.environ, **(env or {})},
+        )  # fmt: skip
         node = cls(node_id, proc)
         threading.Thread(target=node._read, daemon=True).start()
         return node

@@ -6,7 +6,8 @@ Sections: ``catchup`` (throughput and memory), ``latency``, ``commit``, ``failov
 ``redis_ha`` (Sentinel failover and the cost of replica acknowledgements), ``memory`` (Redis memory
 per ingested record, with and without retention), ``jobs`` (3 nodes sharing 30 jobs: balance,
 re-lead after SIGKILL, stability, Redis load, RSS by job count), ``source_cut`` (the leader cut off
-from Horizon: time until a standby ingests).
+from Horizon: time until a standby ingests), ``rpc`` (Stellar RPC jobs: catch-up of a full retention
+window, ledger close -> committed at the tip).
 ``--quick`` is a smoke run (smaller history, fewer trials, one TTL) that takes about two minutes;
 the full run takes about ten. A throwaway ``redis-server`` is started on a free loopback port; the
 simulator runs as its own process. Results also go to a JSON file; when
@@ -34,6 +35,7 @@ from benchmarks import (
     latency,
     memory,
     redis_ha,
+    rpc,
     source_cut,
     standby,
 )
@@ -42,7 +44,7 @@ from ingestion.local_redis import LocalRedis
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = (
     "catchup", "latency", "commit", "failover", "standby", "redis_ha", "memory", "jobs", "source_cut",
-    "catchup_curve",
+    "catchup_curve", "rpc",
 )
 
 
@@ -106,6 +108,8 @@ def measure(quick: bool, only: tuple[str, ...], partial: Path | None = None) -> 
                 )  # fmt: skip
             elif section == "source_cut":
                 results[section] = source_cut.run(trials=3 if quick else 12)
+            elif section == "rpc":
+                results[section] = rpc.run(url, quick=quick)
             elif section == "memory":
                 results[section] = memory.run(url, count=20_000 if quick else 100_000)
             print(f"  ({time.monotonic() - started:.0f} s)", flush=True)
@@ -245,6 +249,29 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
             f"handover_after {sc['handover_after_ms']} ms, {sc['trials']} trials: p50 / p99 / max",
             f"{sc['p50_ms']:.0f} / {sc['p99_ms']:.0f} / {sc['max_ms']:.0f} ms",
             f"<= handover_after + ttl + 1 s = {bound} ms", _ok(sc["p99_ms"] <= bound),
+        ))  # fmt: skip
+    rp = r.get("rpc")
+    if rp:
+        cu = rp["catch_up"]
+        rows.append((
+            f"RPC catch-up of a full retention window ({cu['ledgers']:,} ledgers, {cu['events']:,} "
+            "events): plain client building the chain / warm, events/s",
+            f"{cu['bare_cold_eps']:,.0f} / {cu['bare_warm_eps']:,.0f}", "", None,
+        ))  # fmt: skip
+        for run_ in cu["runs"]:
+            rows.append((
+                f"RPC catch-up, node, page limit {run_['limit']:,}: events/s (getEvents requests)",
+                f"{run_['eps']:,.0f} ({run_['requests']}; {run_['ratio_bare_warm']:.2f}x the plain "
+                "warm pass)",
+                "", None,
+            ))  # fmt: skip
+        tip = rp["tip"]
+        rows.append((
+            f"RPC ledger close -> committed at the tip, a ledger every {tip['interval_s']:g} s, "
+            f"{tip['ledgers']} ledgers: p50 / p99 / max (getEvents requests per ledger)",
+            f"{tip['p50_ms']:.0f} / {tip['p99_ms']:.0f} / {tip['max_ms']:.0f} ms "
+            f"({tip['requests_per_ledger']:.2f})",
+            "", None,
         ))  # fmt: skip
     mem = r.get("memory")
     if mem:

@@ -86,10 +86,11 @@ def test_at_the_tip_it_waits_for_the_next_ledger_close_then_polls_in_short_steps
     for i, latest in enumerate(range(101, 104)):
         out = f.on_result(result([], Cursor.through(latest), latest, close=5 * latest), 1000, now=5.0 * i)
     assert f.interval() == pytest.approx(5.0)
-    assert out.delay == pytest.approx(5.0, abs=0.05)  # the next close is 5 s after ledger 103 was seen
-    # Asked again 5 s later and no ledger yet: short steps, not another 5 s.
-    out = f.on_result(result([], Cursor.through(103), 103, close=515), 1000, now=15.0)
-    assert out.batch is None and 0.05 <= out.delay <= 0.7
+    # The next close is due 5 s after ledger 103 was seen: ask half a second early...
+    assert out.delay == pytest.approx(4.5)
+    # ...then in short steps until it is there: not another whole interval.
+    out = f.on_result(result([], Cursor.through(103), 103, close=515), 1000, now=14.5)
+    assert out.batch is None and out.delay == pytest.approx(0.25)
 
 
 def test_nothing_new_at_the_tip_gives_no_batch() -> None:
@@ -207,4 +208,4 @@ def test_one_huge_gap_between_close_times_does_not_stretch_the_wait() -> None:
     for ledger, close, seen in closes:
         out = f.on_result(result([], Cursor.through(ledger), ledger, close=close), 1000, now=seen)
     assert f.interval() == pytest.approx(1.0)
-    assert out.delay == pytest.approx(1.0, abs=0.05)
+    assert out.delay == pytest.approx(0.85)

@@ -18,7 +18,8 @@ Pacing. A full page, or a scan that stopped below the latest ledger (one request
 the tip and waits for the next ledger close: the ledger interval is estimated from the
 ``latestLedgerCloseTime`` of successive ledgers and from when each was first seen (see
 :meth:`RpcFollower.interval`), counted from when the latest ledger was first seen (the monotonic
-clock: wall-clock time is never a deadline); a ledger that is late is polled for in short steps.
+clock: wall-clock time is never a deadline), asking a little early and then in short steps until
+the ledger is there (:meth:`RpcFollower.tip_delay`).
 
 Safety. Nothing the server says can move the position backwards or past events it has not served:
 ids must ascend strictly from the position, the answer's cursor must not be below the last id, and
@@ -55,7 +56,6 @@ from ingestion.rpc.protocol import (
 MIN_PAGE_LIMIT = 10  # a -32001 halves the page down to this, not below
 DEFAULT_INTERVAL = 1.0  # seconds: the ledger interval guessed before two ledgers were seen
 MIN_INTERVAL, MAX_INTERVAL = 0.05, 10.0
-TIP_GRACE = 0.02  # seconds after the expected close before asking
 
 
 class Phase(enum.Enum):
@@ -337,13 +337,21 @@ class RpcFollower:
         return min(MAX_INTERVAL, max(MIN_INTERVAL, estimate))
 
     def tip_delay(self, now: float) -> float:
-        """How long to wait at the tip before asking again."""
+        """How long to wait at the tip before asking again.
+
+        The next ledger is due one interval after the latest was first seen; the follower asks a
+        little before that (``interval * 0.15``, at most 0.5 s) and then every ``interval / 20``
+        (0.05 to 0.25 s) until it is there. So each new ledger is first seen within one short
+        step of its close, and the next wait is anchored on an accurate moment: waiting a whole
+        interval from a late sighting would carry the lateness into every later ledger.
+        """
         interval = self.interval()
-        remaining = self.latest_seen_at + interval - now
+        early = min(0.5, interval * 0.15)
+        remaining = self.latest_seen_at + interval - early - now
         if remaining > 0:
-            return remaining + TIP_GRACE
-        self._overdue += 1  # the next ledger is late: ask in short steps
-        return min(0.5, max(MIN_INTERVAL, interval / 8))
+            return remaining
+        self._overdue += 1
+        return min(0.25, max(MIN_INTERVAL, interval / 20))
 
     # -- failures ---------------------------------------------------------------------------------
 

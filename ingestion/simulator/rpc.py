@@ -28,6 +28,8 @@ Control endpoint on the RPC port (JSON in and out; not part of Stellar RPC):
   "lag_ledgers": N, "reset_to": L | null}``: arm them; answers 200 with the snapshot, or 400
   ``{"error": ...}``.
 - ``DELETE /_simulator/faults``: disarm everything.
+- ``GET /_simulator/requests``: ``{"methods": {name: count}, "statuses": {status: count}}``, the
+  JSON-RPC requests received since start (for benchmarks).
 """
 
 from __future__ import annotations
@@ -244,6 +246,7 @@ class RpcApp:
 
     def _seen(self, method: str | None, params: Any) -> None:
         self.sim.rpc_requests.append(SeenRpcRequest(method, params, trio.current_time()))
+        self.sim.rpc_methods[method or ""] += 1
 
     def _counting(self, send: Send) -> Send:
         statuses = self.sim.rpc_statuses
@@ -259,6 +262,10 @@ class RpcApp:
 
     async def _control(self, scope: Scope, body: bytes, send: Send) -> None:
         method, path, faults = scope["method"], scope["path"], self.sim.rpc_faults
+        if path == "/_simulator/requests" and method == "GET":
+            counts = {"methods": dict(self.sim.rpc_methods), "statuses": dict(self.sim.rpc_statuses)}
+            await _respond(send, 200, JSON, _compact(counts))
+            return
         if path != "/_simulator/faults" or method not in ("GET", "POST", "DELETE"):
             await _respond(send, 404, JSON, _compact({"error": "not found"}))
             return

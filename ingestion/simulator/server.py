@@ -126,6 +126,8 @@ class Simulator:
         self.rpc_requests: collections.deque[SeenRpcRequest] = collections.deque(maxlen=10_000)
         #: How many RPC responses went out with each HTTP status.
         self.rpc_statuses: collections.Counter[int] = collections.Counter()
+        #: JSON-RPC requests received, by method ("" for a body that was not a request).
+        self.rpc_methods: collections.Counter[str] = collections.Counter()
         #: How many JSON-RPC errors went out with each code.
         self.rpc_errors: collections.Counter[int] = collections.Counter()
         self._nursery = nursery

@@ -1,0 +1,217 @@
+"""Stellar RPC jobs: catching up a whole retention window, and ledger close -> committed at the tip.
+
+Catch-up. The simulator runs as its own process with ``--rpc-port 0`` and a history exactly as long
+as its retention window (``--history-ledgers N --retention-ledgers N``), no live ledgers. A plain
+client first pages every event twice (the first pass builds the chain; the second is the server's
+warm speed, the ceiling for anyone); then a node (``--source rpc --start-cursor 0``) follows the
+job from the oldest ledger until its committed cursor is the scanned-through cursor of the latest
+ledger, once per page limit. Figures: events per second (from ``became-leader`` to done), the
+``getEvents`` requests the node sent (the simulator counts them), and the ratio to the plain warm
+pass measured in the same run.
+
+Tip latency. Another simulator closes a ledger every ``interval`` seconds. The harness asks the
+RPC's ``getLatestLedger`` every 5 ms to note when each ledger appears, and reads the job's cursor
+in Redis every 5 ms to note when it reaches that ledger's scanned-through cursor: the difference
+is ledger close -> committed (events and cursor in one fenced commit). Also counted: the node's
+``getEvents`` requests per ledger (it waits for the next close instead of polling in a loop).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import attrs
+import httpx
+import redis
+
+from benchmarks.procs import NodeProcess, _readline_within, percentile, stop_process
+from ingestion.rpc.protocol import Cursor
+
+
+@attrs.define
+class RpcSimulator:
+    process: subprocess.Popen[bytes]
+    rpc: str
+
+    @classmethod
+    def start(cls, *args: str) -> RpcSimulator:
+        command = [
+            sys.executable, "-m", "ingestion", "simulate", "--port", "0", "--rpc-port", "0",
+            "--rpc-max-healthy-latency", "0", *args,
+        ]  # fmt: skip
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE)
+        line = _readline_within(proc, 300)
+        try:
+            return cls(proc, json.loads(line)["rpc_url"])
+        except (ValueError, KeyError):
+            proc.kill()
+            proc.wait()
+            raise RuntimeError(f"simulator did not start: {line!r}") from None
+
+    def call(self, http: httpx.Client, method: str, params: Any = None) -> Any:
+        body: dict[str, Any] = {"jsonrpc": "2.0", "id": 1, "method": method}
+        if params is not None:
+            body["params"] = params
+        doc = http.post(self.rpc, json=body).json()
+        if "error" in doc:
+            raise RuntimeError(f"{method}: {doc['error']}")
+        return doc["result"]
+
+    def requests(self, http: httpx.Client) -> int:
+        counts = http.get(f"{self.rpc}/_simulator/requests").json()
+        return int(counts["methods"].get("getEvents", 0))
+
+    def stop(self) -> None:
+        stop_process(self.process)
+
+
+def _page_everything(sim: RpcSimulator, http: httpx.Client, start: int, limit: int) -> tuple[int, float]:
+    """(events, seconds) for a plain cursor chain from ``start`` to the latest ledger."""
+    began = time.perf_counter()
+    params: dict[str, Any] = {"startLedger": start, "pagination": {"limit": limit}}
+    total = 0
+    while True:
+        result = sim.call(http, "getEvents", params)
+        total += len(result["events"])
+        if Cursor.parse(result["cursor"]).ledger >= int(result["latestLedger"]) and not (
+            len(result["events"]) == limit
+        ):
+            return total, time.perf_counter() - began
+        params = {"pagination": {"cursor": result["cursor"], "limit": limit}}
+
+
+def _cursor(client: redis.Redis, job: str) -> str | None:
+    value = client.hget(f"ingestion:{{{job}}}:cursor", "cursor")
+    return None if value is None else value.decode()
+
+
+def catch_up(redis_url: str, *, ledgers: int, limits: tuple[int, ...], log: Any) -> dict[str, Any]:
+    sim = RpcSimulator.start(
+        "--history-ledgers", str(ledgers), "--retention-ledgers", str(ledgers),
+        "--ops-per-ledger", "20", "--ledger-interval", "0",
+        "--cache-records", str(25 * ledgers + 60_000),
+    )  # fmt: skip
+    client = redis.Redis.from_url(redis_url)
+    out: dict[str, Any] = {"ledgers": ledgers, "runs": []}
+    try:
+        with httpx.Client(timeout=300) as http:
+            latest = int(sim.call(http, "getLatestLedger")["sequence"])
+            oldest = latest - ledgers + 1
+            events, cold = _page_everything(sim, http, oldest, 10_000)
+            _, warm = _page_everything(sim, http, oldest, 10_000)
+            out.update(events=events, bare_cold_eps=events / cold, bare_warm_eps=events / warm)
+            log(
+                f"  {ledgers:,} ledgers, {events:,} events: plain client {events / cold:,.0f} events/s "
+                f"building the chain, {events / warm:,.0f} events/s warm"
+            )
+            done = str(Cursor.through(latest))
+            for limit in limits:
+                job = f"bench-rpc-{limit}"
+                client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token")))
+                before = sim.requests(http)
+                node = NodeProcess.start(
+                    f"rpc-{limit}", redis_url=redis_url, horizon="http://127.0.0.1:9", ttl_ms=5000,
+                    job=job, extra=["--source", "rpc", "--rpc", sim.rpc],
+                    env={"INGESTION_RPC_PAGE_LIMIT": str(limit)},
+                )  # fmt: skip
+                try:
+                    node.event("became-leader", timeout=60)
+                    began = time.monotonic()
+                    deadline = began + 600
+                    while _cursor(client, job) != done:
+                        if time.monotonic() > deadline:
+                            raise TimeoutError(f"limit {limit}: not caught up in 600 s")
+                        time.sleep(0.005)
+                    seconds = time.monotonic() - began
+                finally:
+                    node.stop()
+                stored = client.xlen(f"ingestion:{{{job}}}:events")
+                if stored != events:
+                    raise RuntimeError(f"limit {limit}: {stored} events committed, expected {events}")
+                requests = sim.requests(http) - before
+                run = {
+                    "limit": limit, "seconds": seconds, "eps": events / seconds, "requests": requests,
+                    "ratio_bare_warm": (events / seconds) / (events / warm),
+                }  # fmt: skip
+                out["runs"].append(run)
+                client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token")))
+                log(
+                    f"  node, page limit {limit:>5}: {run['eps']:,.0f} events/s ({seconds:.2f} s, "
+                    f"{requests} getEvents requests; {run['ratio_bare_warm']:.2f}x the plain warm pass)"
+                )
+    finally:
+        sim.stop()
+        client.close()
+    return out
+
+
+def tip_latency(redis_url: str, *, ledgers: int, interval: float, log: Any) -> dict[str, Any]:
+    sim = RpcSimulator.start(
+        "--history-ledgers", "10", "--ops-per-ledger", "20", "--ledger-interval", str(interval)
+    )
+    client = redis.Redis.from_url(redis_url)
+    job = "bench-rpc-tip"
+    client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token")))
+    node = NodeProcess.start(
+        "rpc-tip", redis_url=redis_url, horizon="http://127.0.0.1:9", ttl_ms=5000, job=job,
+        start_cursor="now", extra=["--source", "rpc", "--rpc", sim.rpc],
+    )  # fmt: skip
+    latencies: list[float] = []
+    try:
+        node.event("became-leader", timeout=60)
+        with httpx.Client(timeout=10) as http:
+            # Warm-up: a few ledgers for the node to learn the interval.
+            latest = int(sim.call(http, "getLatestLedger")["sequence"])
+            while int(sim.call(http, "getLatestLedger")["sequence"]) < latest + 3:
+                time.sleep(0.05)
+            before = sim.requests(http)
+            seen = int(sim.call(http, "getLatestLedger")["sequence"])
+            first = seen
+            pending: dict[int, float] = {}
+            end = time.monotonic() + ledgers * interval * 3 + 30
+            while len(latencies) < ledgers and time.monotonic() < end:
+                now_latest = int(sim.call(http, "getLatestLedger")["sequence"])
+                t = time.monotonic()
+                for seq in range(seen + 1, now_latest + 1):
+                    pending[seq] = t
+                seen = max(seen, now_latest)
+                committed = _cursor(client, job)
+                if committed is not None:
+                    at = Cursor.parse(committed).ledger
+                    for seq in sorted(s for s in pending if s <= at):
+                        latencies.append((t - pending.pop(seq)) * 1000)
+                time.sleep(0.005)
+            requests = sim.requests(http) - before
+            closed = seen - first
+    finally:
+        node.stop()
+        sim.stop()
+        client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token")))
+        client.close()
+    out = {
+        "interval_s": interval,
+        "ledgers": len(latencies),
+        "p50_ms": percentile(latencies, 50),
+        "p99_ms": percentile(latencies, 99),
+        "max_ms": max(latencies),
+        "requests_per_ledger": requests / max(1, closed),
+    }
+    log(
+        f"  ledger close -> committed at the tip (a ledger every {interval:g} s, {len(latencies)} "
+        f"ledgers): p50 {out['p50_ms']:.0f} ms, p99 {out['p99_ms']:.0f} ms, max {out['max_ms']:.0f} ms; "
+        f"{out['requests_per_ledger']:.2f} getEvents requests per ledger"
+    )
+    return out
+
+
+def run(redis_url: str, *, quick: bool, log: Any = print) -> dict[str, Any]:
+    return {
+        "catch_up": catch_up(
+            redis_url, ledgers=2_000 if quick else 20_000, limits=(1000, 10_000), log=log
+        ),
+        "tip": tip_latency(redis_url, ledgers=10 if quick else 40, interval=1.0, log=log),
+    }
