@@ -2,7 +2,7 @@
 
 ``--json`` prints the object of CONTRACT.md (``job``, ``leader``, ``token``, ``lease_ttl_ms_left``,
 ``cursor``, ``events``, ``audit``) plus three extra keys: ``stream`` (retention and consumer groups,
-see :func:`stream_doc`), ``leader_source_ok`` (when the leader's Horizon last answered, see
+see :func:`stream_doc`), ``leader_source_ok`` (when the leader's source last answered, see
 :func:`leader_source`) and ``lag``, null unless ``--horizon URL`` is
 given, in which case inspect asks that Horizon for the newest record of the job's resource and
 reports how far the committed cursor is behind it::
@@ -281,7 +281,7 @@ def render_table(
         ("written by token", str(state.cursor_token) if state.cursor_token is not None else "-"),
         ("events", f"{state.events}{trimmed}"),
         ("consumer groups", _groups_text(stream)),
-        ("leader's Horizon", _source_text(source)),
+        ("leader's source", _source_text(source)),
         ("lag", _lag_text(lag)),
     ]
     width = max(len(k) for k, _ in rows)

@@ -175,4 +175,4 @@ async def test_inspect_shows_when_the_leaders_horizon_last_answered(
     source = json.loads(done.stdout)["leader_source_ok"]
     assert 1.4 <= source["seconds_ago"] < 5 and source["at"].endswith("Z")
     table = (await run_inspect("--redis", redis_server.url, "--job", job)).stdout.decode()
-    assert "leader's Horizon" in table and "s ago)" in table
+    assert "leader's source" in table and "s ago)" in table
