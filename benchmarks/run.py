@@ -251,20 +251,25 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
             f"<= handover_after + ttl + 1 s = {bound} ms", _ok(sc["p99_ms"] <= bound),
         ))  # fmt: skip
     rp = r.get("rpc")
-    if rp:
-        cu = rp["catch_up"]
+    for key in ("catch_up", "catch_up_100ms"):
+        cu = (rp or {}).get(key)
+        if not cu:
+            continue
+        delay = f", {cu.get('delay_ms', 0)} ms per answer"
         rows.append((
             f"RPC catch-up of a full retention window ({cu['ledgers']:,} ledgers, {cu['events']:,} "
-            "events): plain client building the chain / warm, events/s",
+            f"events{delay}): plain client building the chain / warm, events/s",
             f"{cu['bare_cold_eps']:,.0f} / {cu['bare_warm_eps']:,.0f}", "", None,
         ))  # fmt: skip
         for run_ in cu["runs"]:
             rows.append((
-                f"RPC catch-up, node, page limit {run_['limit']:,}: events/s (getEvents requests)",
+                f"RPC catch-up{delay}, node, page limit {run_['limit']:,}: events/s (getEvents "
+                "requests)",
                 f"{run_['eps']:,.0f} ({run_['requests']}; {run_['ratio_bare_warm']:.2f}x the plain "
                 "warm pass)",
                 "", None,
             ))  # fmt: skip
+    if rp:
         tip = rp["tip"]
         rows.append((
             f"RPC ledger close -> committed at the tip, a ledger every {tip['interval_s']:g} s, "
