@@ -20,3 +20,20 @@ async def serve_lifespan(receive: Receive, send: Send) -> None:
         elif message["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})
             return
+
+
+async def respond(
+    send: Send,
+    status: int,
+    content_type: bytes,
+    body: bytes,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    """Send a whole response: status, content type and length, extra headers, body."""
+    all_headers = [
+        (b"content-type", content_type),
+        (b"content-length", str(len(body)).encode()),
+        *(headers or ()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": all_headers})
+    await send({"type": "http.response.body", "body": body})

@@ -233,7 +233,12 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
             "address:G...|C..., u32:N, i32:N, u64:N, i64:N, u128:N, i128:N, bool:true|false "
             "(INGESTION_RPC_TOPICS: topics separated by ;)",
         ),
-        "page_limit": (int, 1000, "events per getEvents request (1 .. 10000)"),
+        "page_limit": (
+            int,
+            10000,
+            "events per getEvents request (1 .. 10000; halved after a -32001 processing-limit "
+            "answer, then restored): pages follow one another, so this sets the catch-up pace",
+        ),
         "connect_timeout_ms": (int, 2000, "ms, HTTP connect timeout"),
         "request_timeout_ms": (int, 30000, "ms, the longest one getEvents request may take"),
         "retry_base_ms": (int, 200, "ms, first retry delay after an error"),

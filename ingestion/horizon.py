@@ -33,6 +33,7 @@ from httpx_sse import SSEError, aconnect_sse
 from actors.health import SourceHealth
 from actors.source import Batch, Record, SourceFatalError
 from ingestion.catchup import LedgerRange, ledger_of, ledgers_per_range, overlappable, plan_ranges
+from ingestion.gaps import record_history_gap
 from ingestion.horizon_core import (
     MAX_PAGE_LIMIT,
     Failure,
@@ -687,25 +688,22 @@ class HorizonSource:
             "elder_ledger": gap.elder_ledger,
             "horizon": base,
         }
-        if self.on_history_gap == "stop":
-            log.error("history-gap", **fields, action="stop")
-            raise SourceFatalError(
+        problem = await record_history_gap(
+            fields,
+            on_history_gap=self.on_history_gap,
+            audit=self.audit,
+            stop_message=(
                 f"history gap: the cursor {gap.cursor} (ledger {gap.cursor_ledger}) is older than "
                 f"the oldest ledger {gap.elder_ledger} that {base} keeps; resuming would silently "
                 "skip the records in between, so nothing was written. Point --horizon at a "
                 "Horizon with more history, or set horizon.on_history_gap = \"skip\" to record "
                 "the gap in the audit stream and go on from the oldest ledger"
-            )
-        if self.audit is not None:
-            try:
-                written = await self.audit("history-gap", {k: str(v) for k, v in fields.items()})
-                error = "" if written else "the term's fencing token is no longer current"
-            except Exception as exc:  # the audit writer's own failure (Redis): retry
-                written, error = False, _describe(exc)
-            if not written:
-                self._failed(follower, Failure(None, f"history-gap audit entry: {error}"), url)
-                return False
-        log.warning("history-gap", **fields, action="skip", resume_cursor=gap.resume_cursor)
+            ),
+            resume={"resume_cursor": gap.resume_cursor},
+        )
+        if problem is not None:
+            self._failed(follower, Failure(None, problem), url)
+            return False
         follower.skip_to(gap.resume_cursor)
         return True
 

@@ -291,6 +291,19 @@ async def verify_job(
         redis.RedisError: Redis could not be read.
         httpx.HTTPError: Horizon could not be read.
     """
+    entries, grants, trimmed = await read_evidence(redis_url, job)
+    through = entries[-1].paging_token if entries else None
+    source = await fetch_source(horizon, resource, start_cursor, through=through)
+    return check_stream(entries, source, grants, trimmed=trimmed)
+
+
+async def read_evidence(redis_url: str, job: str) -> tuple[list[StreamEntry], list[Grant], int]:
+    """The job's stream entries, its audit stream's grants, and how many entries retention
+    trimmed, read from Redis.
+
+    Raises:
+        redis.RedisError: Redis could not be read.
+    """
     client = connect(redis_url, timeout=5.0)
     try:
         entries = await trio.to_thread.run_sync(read_entries, client, job)
@@ -298,9 +311,7 @@ async def verify_job(
         trimmed = await trio.to_thread.run_sync(trimmed_entries, client, job)
     finally:
         client.close()
-    through = entries[-1].paging_token if entries else None
-    source = await fetch_source(horizon, resource, start_cursor, through=through)
-    return check_stream(entries, source, grants, trimmed=trimmed)
+    return entries, grants, trimmed
 
 
 def trimmed_entries(client: redis.Redis, job: str) -> int:
@@ -375,13 +386,7 @@ async def verify_rpc_job(
     start_ledger: int | None = None,
 ) -> Verification:
     """:func:`verify_job` for a job following Stellar RPC events (see :func:`fetch_rpc_events`)."""
-    client = connect(redis_url, timeout=5.0)
-    try:
-        entries = await trio.to_thread.run_sync(read_entries, client, job)
-        grants = await trio.to_thread.run_sync(read_grants, client, job)
-        trimmed = await trio.to_thread.run_sync(trimmed_entries, client, job)
-    finally:
-        client.close()
+    entries, grants, trimmed = await read_evidence(redis_url, job)
     through = entries[-1].paging_token if entries else None
     source = await fetch_rpc_events(rpc, filters, start_ledger, through=through)
     return check_stream(entries, source, grants, trimmed=trimmed)

@@ -209,3 +209,17 @@ def test_one_huge_gap_between_close_times_does_not_stretch_the_wait() -> None:
         out = f.on_result(result([], Cursor.through(ledger), ledger, close=close), 1000, now=seen)
     assert f.interval() == pytest.approx(1.0)
     assert out.delay == pytest.approx(0.85)
+
+
+def test_before_it_knows_the_interval_a_new_leader_polls_at_growing_steps() -> None:
+    f = follower(str(Cursor.through(100)))
+    out = f.on_result(result([], Cursor.through(100), 100, close=500), 1000, now=0.0)
+    assert out.delay == pytest.approx(0.85)  # the default guess, 1 s, minus asking early
+    delays = [
+        f.on_result(result([], Cursor.through(100), 100, close=500), 1000, now=1.0 + i).delay
+        for i in range(5)
+    ]
+    assert delays == pytest.approx([0.05, 0.1, 0.2, 0.25, 0.25])
+    # One more ledger seen: the interval is known (here 5 s) and the wait follows it.
+    out = f.on_result(result([], Cursor.through(101), 101, close=505), 1000, now=5.0)
+    assert f.interval() == pytest.approx(5.0) and out.delay == pytest.approx(4.5)

@@ -63,7 +63,10 @@ def at_tip(client: redis.Redis, job: str, sim: Simulator) -> bool:
 async def test_a_node_follows_every_event_from_the_oldest_ledger_exactly_once(
     redis_server: LocalRedis, redis_client: redis.Redis, job: str
 ) -> None:
-    async with open_simulator(CONFIG) as sim, node(redis_server.url, job, source(sim.rpc_url)):
+    # Pages of up to 10,000 events, committed 100 at a time (the read-through cursor on the last).
+    async with open_simulator(CONFIG) as sim, node(
+        redis_server.url, job, source(sim.rpc_url, commit_max_records=100)
+    ):
         await until(lambda: at_tip(redis_client, job, sim))
         for _ in range(5):
             sim.close_ledger()
@@ -174,3 +177,14 @@ async def test_a_lagging_rpc_is_left_for_one_that_has_the_cursor_and_a_reset_nev
     assert [t for t, _ in stream(redis_client, job)] == [e["id"] for e in expected]
     reset = next(e for e in logs if e["event"] == "rpc-network-reset-suspected")
     assert reset["log_level"] == "error" and "will not jump" in reset["error"]
+
+
+def test_a_big_page_is_committed_in_parts_with_the_read_through_cursor_on_the_last() -> None:
+    from actors.source import Batch, Record
+    from ingestion.rpc.source import _chunks
+
+    records = tuple(Record(str(Cursor(5, i + 1)), "{}") for i in range(250))
+    parts = _chunks(Batch(records, through=str(Cursor.through(9))), 100)
+    assert [len(p.records) for p in parts] == [100, 100, 50]
+    assert [p.through for p in parts] == [None, None, str(Cursor.through(9))]
+    assert tuple(r for p in parts for r in p.records) == records

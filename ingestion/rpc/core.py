@@ -120,7 +120,7 @@ class RpcFollower:
     filters: tuple[EventFilter, ...]
     start: str
     policy: RetryPolicy = attrs.field(factory=RetryPolicy)
-    page_limit: int = 1000
+    page_limit: int = 10_000
     reset_after: float = 60.0
     rand: Callable[[], float] = random.random  # uniform in [0, 1): backoff jitter
     phase: Phase = attrs.field(init=False)
@@ -330,9 +330,7 @@ class RpcFollower:
         gap between the moments they were first seen, whichever is shorter (close times are whole
         seconds, and a network that halted, or a simulator's history, gives one huge gap: the
         medians and the smaller of the two keep such a gap from stretching the wait)."""
-        estimates = [
-            statistics.median(gaps) for gaps in (self._close_gaps, self._seen_gaps) if len(gaps) >= 2
-        ]
+        estimates = [statistics.median(gaps) for gaps in (self._close_gaps, self._seen_gaps) if gaps]
         estimate = min(estimates) if estimates else DEFAULT_INTERVAL
         return min(MAX_INTERVAL, max(MIN_INTERVAL, estimate))
 
@@ -351,7 +349,10 @@ class RpcFollower:
         if remaining > 0:
             return remaining
         self._overdue += 1
-        return min(0.25, max(MIN_INTERVAL, interval / 20))
+        step = min(0.25, max(MIN_INTERVAL, interval / 20))
+        if not self._seen_gaps:  # the interval is a guess: do not poll a slow network every 50 ms
+            step = min(0.25, MIN_INTERVAL * 2 ** min(self._overdue - 1, 3))
+        return step
 
     # -- failures ---------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ import trio
 
 from actors.health import SourceHealth
 from actors.source import Batch, SourceFatalError
+from ingestion.gaps import record_history_gap
 from ingestion.horizon import _ssl_context
 from ingestion.horizon_core import RetryPolicy, parse_retry_after
 from ingestion.rpc.core import Note, Outcome, RpcFollower, parse_answer, request_body
@@ -68,8 +69,10 @@ class RpcSource:
         request_timeout: seconds one request may take in all.
         retry_base, retry_cap, attempts_per_url, malformed_retries, retry_after_cap: as for the
             Horizon source (see :class:`~ingestion.horizon_core.RetryPolicy`).
-        page_limit: events per request, at most 10,000 (halved after a -32001, then restored).
+        page_limit: events per request, at most 10,000 (halved after a -32001, then restored):
+            the cursor chain is sequential, so at a real RPC's latency the page size sets the pace.
         prefetch: pages fetched ahead of the consumer.
+        commit_max_records: a page is committed in batches of at most this many events.
         on_history_gap: ``"stop"`` or ``"skip"``, when the position is older than the oldest
             ledger the RPC keeps: stop (log ``history-gap``, write nothing, SourceFatalError) or
             skip (a ``history-gap`` audit entry, then on from the oldest ledger).
@@ -90,8 +93,9 @@ class RpcSource:
     attempts_per_url: int = 3
     malformed_retries: int = 5
     retry_after_cap: float = 120.0
-    page_limit: int = 1000
+    page_limit: int = 10_000
     prefetch: int = 2
+    commit_max_records: int = 1000
     on_history_gap: str = attrs.field(
         default="stop", validator=attrs.validators.in_(("stop", "skip"))
     )
@@ -243,7 +247,8 @@ class RpcSource:
                         await self._history_gap(follower, outcome)
                         continue
                     if outcome.batch is not None:
-                        await send.send(outcome.batch)
+                        for batch in _chunks(outcome.batch, self.commit_max_records):
+                            await send.send(batch)
                     if outcome.delay > 0:
                         await trio.sleep(outcome.delay)
             except SourceFatalError as exc:
@@ -287,27 +292,36 @@ class RpcSource:
             "elder_ledger": gap.elder_ledger,
             "rpc": gap.url,
         }
-        if self.on_history_gap == "stop":
-            log.error("history-gap", **fields, action="stop")
-            raise SourceFatalError(
+        problem = await record_history_gap(
+            fields,
+            on_history_gap=self.on_history_gap,
+            audit=self.audit,
+            stop_message=(
                 f"history gap: the cursor {gap.cursor} (ledger {gap.cursor_ledger}) is older than "
                 f"the oldest ledger {gap.elder_ledger} that {gap.url} keeps; resuming would "
                 "silently skip the events in between, so nothing was written. Point --rpc at an "
                 "RPC with a longer retention, or set rpc.on_history_gap = \"skip\" to record the "
                 "gap in the audit stream and go on from the oldest ledger"
-            )
-        if self.audit is not None:
-            try:
-                written = await self.audit("history-gap", {k: str(v) for k, v in fields.items()})
-                error = "" if written else "the term's fencing token is no longer current"
-            except Exception as exc:  # the audit writer's own failure (Redis): retry later
-                written, error = False, _describe(exc)
-            if not written:
-                log.warning("rpc-retry", error=f"history-gap audit entry: {error}", url=gap.url)
-                await trio.sleep(self.policy.delay(1, random.random()))
-                return
-        log.warning("history-gap", **fields, action="skip", resume_ledger=gap.elder_ledger)
+            ),
+            resume={"resume_ledger": gap.elder_ledger},
+        )
+        if problem is not None:
+            log.warning("rpc-retry", error=problem, url=gap.url)
+            await trio.sleep(self.policy.delay(1, random.random()))
+            return
         follower.skip_to(gap.elder_ledger)
+
+
+def _chunks(batch: Batch, size: int) -> list[Batch]:
+    """``batch`` as batches of at most ``size`` records (the read-through cursor on the last): one
+    commit script never runs long enough to hold up Redis for everyone else."""
+    records = batch.records
+    if len(records) <= size:
+        return [batch]
+    parts = [Batch(records[i : i + size]) for i in range(0, len(records), size)]
+    if batch.through is not None:
+        parts[-1] = Batch(parts[-1].records, through=batch.through)
+    return parts
 
 
 def _log(note: Note) -> None:

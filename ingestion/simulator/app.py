@@ -32,7 +32,7 @@ from urllib.parse import parse_qsl
 import attrs
 import trio
 
-from ingestion.asgi import serve_lifespan
+from ingestion.asgi import respond, serve_lifespan
 from ingestion.paging import toid
 from ingestion.simulator import render
 from ingestion.simulator.chain import (
@@ -292,7 +292,7 @@ class HorizonApp:
             send = self._counting(send)
             await self._horizon(scope, receive, send)
         except Problem as p:
-            await self._respond(send, p.status, render.PROBLEM_JSON, p.body)
+            await respond(send, p.status, render.PROBLEM_JSON, p.body)
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -315,22 +315,6 @@ class HorizonApp:
             (b"x-ratelimit-remaining", str(0 if exhausted else burst).encode()),
             (b"x-ratelimit-reset", b"1"),
         ]
-
-    async def _respond(
-        self,
-        send: Send,
-        status: int,
-        content_type: bytes,
-        body: bytes,
-        headers: list[tuple[bytes, bytes]] | None = None,
-    ) -> None:
-        all_headers = [
-            (b"content-type", content_type),
-            (b"content-length", str(len(body)).encode()),
-            *(headers or ()),
-        ]
-        await send({"type": "http.response.start", "status": status, "headers": all_headers})
-        await send({"type": "http.response.body", "body": body})
 
     @staticmethod
     def _header(scope: Scope, name: bytes) -> str | None:
@@ -361,9 +345,9 @@ class HorizonApp:
             if failure.status in (429, 503):
                 headers.append((b"retry-after", str(failure.retry_after).encode()))
             if failure.status == 502:  # from the proxy in front of Horizon, not Horizon
-                await self._respond(send, 502, b"text/html", render.BAD_GATEWAY_HTML)
+                await respond(send, 502, b"text/html", render.BAD_GATEWAY_HTML)
                 return
-            await self._respond(
+            await respond(
                 send, failure.status, render.PROBLEM_JSON, render.failure(failure.status), headers
             )
             return
@@ -374,7 +358,7 @@ class HorizonApp:
             decision = self.limiter.take(_client(scope))
             rate_headers = decision.headers()
             if decision.limited:
-                await self._respond(
+                await respond(
                     send, 429, render.PROBLEM_JSON, render.failure(429), rate_headers
                 )
                 return
@@ -383,7 +367,7 @@ class HorizonApp:
         path: str = scope["path"]
         base = self._base(scope)
         if path == "/":
-            await self._respond(send, 200, render.HAL_JSON, self._root(base), rate_headers)
+            await respond(send, 200, render.HAL_JSON, self._root(base), rate_headers)
             return
         target = resolve(path, self.sim)
         if target is None:
@@ -392,7 +376,7 @@ class HorizonApp:
             content = self.sim.chain.content(target >> (KEY_SHIFT + 32))
             record = render.go_json(content.records[target])
             body = render.with_base(record, base.encode())
-            await self._respond(send, 200, render.HAL_JSON, body, rate_headers)
+            await respond(send, 200, render.HAL_JSON, body, rate_headers)
             return
         query = dict(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
         params = parse_page_params(query)
@@ -403,7 +387,7 @@ class HorizonApp:
             await self._stream(target, params, base, _client(scope), receive, send)
             return
         body = self._page(target, params, base)
-        await self._respond(send, 200, render.HAL_JSON, body, rate_headers)
+        await respond(send, 200, render.HAL_JSON, body, rate_headers)
 
     def _root(self, base: str) -> bytes:
         chain = self.sim.chain
@@ -603,7 +587,7 @@ class HorizonApp:
         return None
 
     async def _json(self, send: Send, status: int, value: Any) -> None:
-        await self._respond(send, status, b"application/json", json.dumps(value).encode())
+        await respond(send, status, b"application/json", json.dumps(value).encode())
 
 
 class _Stream:

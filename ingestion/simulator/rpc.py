@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ingestion.asgi import Message, Receive, Scope, Send, serve_lifespan
+from ingestion.asgi import Message, Receive, Scope, Send, respond, serve_lifespan
 from ingestion.rpc.protocol import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
@@ -113,7 +113,7 @@ class RpcApp:
         if delay:
             await trio.sleep(delay / 1000)  # a real node's query time and network: no CPU used
         if scope["method"] != "POST":
-            await _respond(send, 405, b"text/plain; charset=utf-8", b"405 method not allowed\n")
+            await respond(send, 405, b"text/plain; charset=utf-8", b"405 method not allowed\n")
             return
         try:
             answer = self.answer(body, apply_faults=True)
@@ -122,9 +122,9 @@ class RpcApp:
             headers = []
             if status == 429 and failure.retry_after is not None:
                 headers.append((b"retry-after", str(failure.retry_after).encode()))
-            await _respond(send, status, b"text/plain; charset=utf-8", text, headers)
+            await respond(send, status, b"text/plain; charset=utf-8", text, headers)
             return
-        await _respond(send, 200, JSON, answer)
+        await respond(send, 200, JSON, answer)
 
     # -- JSON-RPC -------------------------------------------------------------------------------
 
@@ -264,10 +264,10 @@ class RpcApp:
         method, path, faults = scope["method"], scope["path"], self.sim.rpc_faults
         if path == "/_simulator/requests" and method == "GET":
             counts = {"methods": dict(self.sim.rpc_methods), "statuses": dict(self.sim.rpc_statuses)}
-            await _respond(send, 200, JSON, _compact(counts))
+            await respond(send, 200, JSON, _compact(counts))
             return
         if path != "/_simulator/faults" or method not in ("GET", "POST", "DELETE"):
-            await _respond(send, 404, JSON, _compact({"error": "not found"}))
+            await respond(send, 404, JSON, _compact({"error": "not found"}))
             return
         try:
             data = json.loads(body) if body.strip() else {}
@@ -278,9 +278,9 @@ class RpcApp:
             elif method == "POST":
                 self._arm(data)
         except (ValueError, TypeError, KeyError) as exc:
-            await _respond(send, 400, JSON, _compact({"error": str(exc)}))
+            await respond(send, 400, JSON, _compact({"error": str(exc)}))
             return
-        await _respond(send, 200, JSON, _compact(faults.snapshot()))
+        await respond(send, 200, JSON, _compact(faults.snapshot()))
 
     def _arm(self, data: dict[str, Any]) -> None:
         known = {"fail", "delay_ms", "lag_ledgers", "reset_to"}
@@ -339,17 +339,3 @@ async def _read_body(receive: Receive) -> bytes:
             return body
 
 
-async def _respond(
-    send: Send,
-    status: int,
-    content_type: bytes,
-    body: bytes,
-    headers: list[tuple[bytes, bytes]] | None = None,
-) -> None:
-    all_headers = [
-        (b"content-type", content_type),
-        (b"content-length", str(len(body)).encode()),
-        *(headers or ()),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": all_headers})
-    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,52 @@
+"""A history gap, for any source: the job's position is older than what the source still keeps.
+
+Resuming would silently skip the records in between, so by default the job stops before writing
+anything (``history-gap`` logged as an error, :class:`SourceFatalError`). With ``on_history_gap =
+"skip"`` the gap is recorded first, as a ``history-gap`` entry in the job's audit stream fenced by
+the term's token, and the source goes on from the oldest ledger it keeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import structlog
+
+from actors.source import SourceFatalError
+
+log = structlog.get_logger()
+
+Audit = Callable[[str, dict[str, str]], Awaitable[bool]]
+
+
+async def record_history_gap(
+    fields: Mapping[str, Any],
+    *,
+    on_history_gap: str,
+    audit: Audit | None,
+    stop_message: str,
+    resume: Mapping[str, Any],
+) -> str | None:
+    """Act on a gap described by ``fields`` (``cursor``, ``cursor_ledger``, ``elder_ledger`` and
+    the source's URL).
+
+    Returns None once the gap is recorded (the caller resumes from the oldest ledger; ``resume``
+    is logged with it), or why the audit entry could not be written (the caller retries later).
+
+    Raises:
+        SourceFatalError: ``on_history_gap`` is ``"stop"``; ``stop_message`` says what to do.
+    """
+    if on_history_gap == "stop":
+        log.error("history-gap", **fields, action="stop")
+        raise SourceFatalError(stop_message)
+    if audit is not None:
+        try:
+            written = await audit("history-gap", {k: str(v) for k, v in fields.items()})
+            error = "" if written else "the term's fencing token is no longer current"
+        except Exception as exc:  # the audit writer's own failure (Redis): retry later
+            written, error = False, f"{type(exc).__name__}: {exc}"
+        if not written:
+            return f"history-gap audit entry: {error}"
+    log.warning("history-gap", **fields, action="skip", **resume)
+    return None
