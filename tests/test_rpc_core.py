@@ -223,3 +223,16 @@ def test_before_it_knows_the_interval_a_new_leader_polls_at_growing_steps() -> N
     # One more ledger seen: the interval is known (here 5 s) and the wait follows it.
     out = f.on_result(result([], Cursor.through(101), 101, close=505), 1000, now=5.0)
     assert f.interval() == pytest.approx(5.0) and out.delay == pytest.approx(4.5)
+
+
+def test_scanned_through_the_ledger_before_the_oldest_is_no_gap() -> None:
+    """Through ledger 299 and the RPC keeps 300 on: nothing is missing, but it refuses a cursor
+    inside ledger 299; the follower goes on from ledger 300 instead of reporting a gap."""
+    f = follower(str(Cursor.through(299)))
+    out = f.on_error(INVALID_REQUEST, RANGE_MESSAGE.format(oldest=300, latest=900), now=0)
+    assert out.gap is None and out.fatal is None and out.delay == 0
+    assert params(f)["startLedger"] == 300
+    # One event short of the end of ledger 299 is a real gap: the rest of 299 is gone.
+    f = follower(str(Cursor(299, 5)))
+    out = f.on_error(INVALID_REQUEST, RANGE_MESSAGE.format(oldest=300, latest=900), now=0)
+    assert out.gap is not None and out.gap.cursor_ledger == 299

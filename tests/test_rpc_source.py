@@ -188,3 +188,29 @@ def test_a_big_page_is_committed_in_parts_with_the_read_through_cursor_on_the_la
     assert [len(p.records) for p in parts] == [100, 100, 50]
     assert [p.through for p in parts] == [None, None, str(Cursor.through(9))]
     assert tuple(r for p in parts for r in p.records) == records
+
+
+async def test_a_committed_cursor_that_fell_out_of_retention_stops_the_job_writing_nothing(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    """The job ran, stopped, and the RPC's retention moved past its committed cursor: the next
+    term stops with ``history-gap`` (error) instead of resuming from the oldest ledger."""
+    config = SimulatorConfig(
+        ledger_interval=None, history_ledgers=40, ops_per_ledger=20, rpc_port=0, retention_ledgers=60
+    )
+    async with open_simulator(config) as sim:
+        async with node(redis_server.url, job, source(sim.rpc_url)):
+            await until(lambda: at_tip(redis_client, job, sim))
+        held, events = cursor(redis_client, job), redis_client.xlen(job_keys(job)["events"])
+        for _ in range(100):  # the job is stopped while retention moves on past its cursor
+            sim.close_ledger()
+        with structlog.testing.capture_logs() as logs:
+            async with node(redis_server.url, job, source(sim.rpc_url)):
+                await until(lambda: any(e["event"] == "history-gap" for e in logs))
+        elder = sim.chain.first
+    gap = next(e for e in logs if e["event"] == "history-gap")
+    assert gap["log_level"] == "error" and gap["action"] == "stop"
+    assert gap["cursor"] == held and gap["elder_ledger"] == elder and gap["rpc"] == sim.rpc_url
+    assert gap["cursor_ledger"] == Cursor.parse(str(held)).ledger < elder - 1
+    assert cursor(redis_client, job) == held
+    assert redis_client.xlen(job_keys(job)["events"]) == events

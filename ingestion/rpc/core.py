@@ -356,6 +356,15 @@ class RpcFollower:
 
     # -- failures ---------------------------------------------------------------------------------
 
+    def _needed_ledger(self) -> int:
+        """The first ledger whose events the follower still needs: after a scanned-through cursor
+        of ledger L that is L + 1, although a request resuming after it starts in L."""
+        if self.phase is Phase.CURSOR:
+            assert self.position is not None
+            p = self.position
+            return p.ledger + 1 if p == Cursor.through(p.ledger) else p.ledger
+        return self.start_ledger
+
     def _out_of_range(self, oldest: int, latest: int, now: float) -> Outcome:
         wanted = self._requested_ledger()
         if self.phase is Phase.OLDEST:
@@ -364,7 +373,15 @@ class RpcFollower:
             note = Note("info", "rpc-start-oldest", {"url": self.url, "oldest_ledger": oldest})
             return Outcome(notes=(note,))
         if wanted < oldest:
-            gap = HistoryGap(self.describe_position(), wanted, oldest, self.url)
+            needed = self._needed_ledger()
+            if needed >= oldest:
+                # Scanned through the ledger just before the oldest one: nothing is missing, but
+                # the server refuses a cursor inside a ledger it no longer keeps. Go on by ledger.
+                self.phase, self.start_ledger = Phase.LEDGER, needed
+                self.failures = self.round_failures = 0
+                return Outcome()
+            cursor_ledger = self.position.ledger if self.position is not None else wanted
+            gap = HistoryGap(self.describe_position(), cursor_ledger, oldest, self.url)
             return Outcome(gap=gap)
         # The position is above this server's latest ledger: a lagging RPC, or the network was
         # reset. Never jump: try the other URLs, back off, and say so loudly when it lasts.
