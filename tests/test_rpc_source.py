@@ -13,6 +13,7 @@ import redis
 import structlog
 import trio
 
+from actors.elector import IngestionFatal
 from actors.lease_store import job_keys
 from ingestion.local_redis import LocalRedis
 from ingestion.rpc.protocol import Cursor, EventFilter, segment_from_text
@@ -204,10 +205,15 @@ async def test_a_committed_cursor_that_fell_out_of_retention_stops_the_job_writi
         held, events = cursor(redis_client, job), redis_client.xlen(job_keys(job)["events"])
         for _ in range(100):  # the job is stopped while retention moves on past its cursor
             sim.close_ledger()
-        with structlog.testing.capture_logs() as logs:
-            async with node(redis_server.url, job, source(sim.rpc_url)):
-                await until(lambda: any(e["event"] == "history-gap" for e in logs))
+        fatal: list[BaseException] = []
+        with structlog.testing.capture_logs() as logs, trio.fail_after(15):
+            try:
+                async with node(redis_server.url, job, source(sim.rpc_url)):
+                    await trio.sleep_forever()  # the job ends by itself
+            except* IngestionFatal as group:
+                fatal.extend(group.exceptions)
         elder = sim.chain.first
+    assert len(fatal) == 1 and "history gap: the cursor" in str(fatal[0])
     gap = next(e for e in logs if e["event"] == "history-gap")
     assert gap["log_level"] == "error" and gap["action"] == "stop"
     assert gap["cursor"] == held and gap["elder_ledger"] == elder and gap["rpc"] == sim.rpc_url
