@@ -25,6 +25,13 @@ CONFIG = SimulatorConfig(ledger_interval=None, history_ledgers=300, ops_per_ledg
 NOBODY = "CAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAABSC4"  # a valid contract id that emits nothing
 
 
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
 def source(*urls: str, **kw: Any) -> RpcSource:
     return RpcSource(urls, retry_base=0.02, retry_cap=0.2, request_timeout=5, **kw)
 
@@ -211,7 +218,7 @@ async def test_a_committed_cursor_that_fell_out_of_retention_stops_the_job_writi
                 async with node(redis_server.url, job, source(sim.rpc_url)):
                     await trio.sleep_forever()  # the job ends by itself
             except* IngestionFatal as group:
-                fatal.extend(group.exceptions)
+                fatal.extend(_leaves(group))
         elder = sim.chain.first
     assert len(fatal) == 1 and "history gap: the cursor" in str(fatal[0])
     gap = next(e for e in logs if e["event"] == "history-gap")
