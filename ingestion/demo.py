@@ -389,7 +389,11 @@ class Demo:
             "summary",
             f"crash failover {failover_ms:.0f} ms, graceful handoff {handoff_ms:.0f} ms, "
             f"lease TTL {self.ttl_ms} ms"
-            + (f", {self.jobs} jobs on {self.nodes} nodes" if self.jobs > 1 else ""),
+            + (
+                f", {self.jobs + int(self.rpc_job)} jobs on {self.nodes} nodes"
+                if self.jobs > 1 or self.rpc_job
+                else ""
+            ),
         )
         return ok
 
