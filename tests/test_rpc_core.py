@@ -215,11 +215,13 @@ def test_before_it_knows_the_interval_a_new_leader_polls_at_growing_steps() -> N
     f = follower(str(Cursor.through(100)))
     out = f.on_result(result([], Cursor.through(100), 100, close=500), 1000, now=0.0)
     assert out.delay == pytest.approx(0.85)  # the default guess, 1 s, minus asking early
-    delays = [
-        f.on_result(result([], Cursor.through(100), 100, close=500), 1000, now=1.0 + i).delay
-        for i in range(5)
-    ]
+    now, delays = 0.85, []
+    for _ in range(5):
+        delays.append(f.on_result(result([], Cursor.through(100), 100, close=500), 1000, now=now).delay)
+        now += delays[-1]
     assert delays == pytest.approx([0.05, 0.1, 0.2, 0.25, 0.25])
+    # A whole (guessed) interval late: once a second from then on.
+    assert f.on_result(result([], Cursor.through(100), 100, close=500), 1000, now=2.1).delay == 1.0
     # One more ledger seen: the interval is known (here 5 s) and the wait follows it.
     out = f.on_result(result([], Cursor.through(101), 101, close=505), 1000, now=5.0)
     assert f.interval() == pytest.approx(5.0) and out.delay == pytest.approx(4.5)
@@ -236,3 +238,21 @@ def test_scanned_through_the_ledger_before_the_oldest_is_no_gap() -> None:
     f = follower(str(Cursor(299, 5)))
     out = f.on_error(INVALID_REQUEST, RANGE_MESSAGE.format(oldest=300, latest=900), now=0)
     assert out.gap is not None and out.gap.cursor_ledger == 299
+
+
+def test_a_stale_rpc_is_left_for_the_next_url_and_polling_slows_down() -> None:
+    """No new ledger for longer than stale_after: with several URLs, move on (once per period);
+    a whole interval late, poll once an interval (at most a second) instead of in short steps."""
+    f = follower(str(Cursor.through(100)), stale_after=30.0)
+    for i, ledger in enumerate((101, 102, 103)):
+        f.on_result(result([], Cursor.through(ledger), ledger, close=5 * ledger), 1000, now=5.0 * i)
+    stuck = result([], Cursor.through(103), 103, close=515)
+    assert f.on_result(stuck, 1000, now=15.0).delay == pytest.approx(0.25)  # due: short steps
+    assert f.on_result(stuck, 1000, now=20.0).delay == pytest.approx(1.0)  # an interval late: slower
+    out = f.on_result(stuck, 1000, now=41.0)
+    assert [n.event for n in out.notes] == ["rpc-stale"] and f.url == "http://b" and out.delay == 0
+    out = f.on_result(stuck, 1000, now=50.0)
+    assert not out.notes and f.url == "http://b"  # not again before another period
+    single = follower(str(Cursor.through(100)), urls=("http://a",), stale_after=30.0)
+    single.on_result(result([], Cursor.through(101), 101), 1000, now=0.0)
+    assert not single.on_result(result([], Cursor.through(101), 101), 1000, now=100.0).notes

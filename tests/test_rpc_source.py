@@ -227,3 +227,22 @@ async def test_a_committed_cursor_that_fell_out_of_retention_stops_the_job_writi
     assert gap["cursor_ledger"] == Cursor.parse(str(held)).ledger < elder - 1
     assert cursor(redis_client, job) == held
     assert redis_client.xlen(job_keys(job)["events"]) == events
+
+
+async def test_an_rpc_that_stops_ingesting_is_left_for_one_that_goes_on(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    async with open_simulator(CONFIG) as a, open_simulator(CONFIG) as b:
+        src = source(a.rpc_url, b.rpc_url, stale_after=1.0)
+        with structlog.testing.capture_logs() as logs:
+            async with node(redis_server.url, job, src):
+                await until(lambda: at_tip(redis_client, job, a))
+                a.rpc_faults.reset(a.chain.latest)  # A answers, but its latest ledger stops
+                for _ in range(3):
+                    a.close_ledger()
+                    b.close_ledger()
+                await until(lambda: at_tip(redis_client, job, b))
+                expected = b.rpc_events()
+    stale = next(e for e in logs if e["event"] == "rpc-stale")
+    assert stale["url"] == a.rpc_url and stale["to_url"] == b.rpc_url
+    assert [t for t, _ in stream(redis_client, job)] == [e["id"] for e in expected]

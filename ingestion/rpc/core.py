@@ -114,6 +114,8 @@ class RpcFollower:
         page_limit: events per request (at most 10,000).
         reset_after: seconds every URL may report a latest ledger below the position before the
             follower logs ``rpc-network-reset-suspected`` (and again every ``reset_after``).
+        stale_after: seconds without a new ledger at the tip after which, with several URLs, the
+            follower logs ``rpc-stale`` and moves to the next URL (at most once per period).
     """
 
     urls: tuple[str, ...]
@@ -122,6 +124,7 @@ class RpcFollower:
     policy: RetryPolicy = attrs.field(factory=RetryPolicy)
     page_limit: int = 10_000
     reset_after: float = 60.0
+    stale_after: float = 30.0
     rand: Callable[[], float] = random.random  # uniform in [0, 1): backoff jitter
     phase: Phase = attrs.field(init=False)
     position: Cursor | None = attrs.field(init=False, default=None)
@@ -137,6 +140,7 @@ class RpcFollower:
     _close_gaps: deque[float] = attrs.field(init=False, factory=lambda: deque(maxlen=9))
     _seen_gaps: deque[float] = attrs.field(init=False, factory=lambda: deque(maxlen=9))
     _overdue: int = attrs.field(init=False, default=0)
+    _stale_moved_at: float = attrs.field(init=False, default=0.0)
     ahead_since: float | None = attrs.field(init=False, default=None)
     _ahead_logged_at: float | None = attrs.field(init=False, default=None)
     _rejected_4xx: set[str] = attrs.field(init=False, factory=set)
@@ -226,6 +230,18 @@ class RpcFollower:
         behind = len(events) >= limit or cursor.ledger < latest
         if behind:
             self._overdue = 0
+            return Outcome(batch, 0.0, tuple(notes))
+        quiet = now - max(self.latest_seen_at, self._stale_moved_at)
+        if len(self.urls) > 1 and quiet > self.stale_after:
+            # No new ledger for longer than the RPC's own health rule allows (getHealth says
+            # "unhealthy" after 30 s): this RPC may have stopped ingesting; another may not have.
+            before = self.url
+            self.url_index += 1
+            self._stale_moved_at = now
+            notes.append(Note("warning", "rpc-stale", {
+                "url": before, "latest_ledger": self.latest, "quiet_s": round(quiet, 1),
+                "to_url": self.url,
+            }))  # fmt: skip
             return Outcome(batch, 0.0, tuple(notes))
         return Outcome(batch, self.tip_delay(now), tuple(notes))
 
@@ -349,6 +365,8 @@ class RpcFollower:
         if remaining > 0:
             return remaining
         self._overdue += 1
+        if -remaining > interval:  # a whole interval late: a halted network, or a stale RPC
+            return min(interval, 1.0)
         step = min(0.25, max(MIN_INTERVAL, interval / 20))
         if not self._seen_gaps:  # the interval is a guess: do not poll a slow network every 50 ms
             step = min(0.25, MIN_INTERVAL * 2 ** min(self._overdue - 1, 3))

@@ -78,6 +78,8 @@ class RpcSource:
             skip (a ``history-gap`` audit entry, then on from the oldest ledger).
         reset_after: seconds every URL may report a latest ledger below the position before
             ``rpc-network-reset-suspected`` is logged (an error; repeated every ``reset_after``).
+        stale_after: seconds without a new ledger at the tip before, with several URLs, the
+            source moves to the next one (``rpc-stale``): 30 s, the RPC's own ``getHealth`` rule.
         audit: ``await audit(event, fields)`` appends an audit entry under the current term.
 
     Raises:
@@ -100,6 +102,7 @@ class RpcSource:
         default="stop", validator=attrs.validators.in_(("stop", "skip"))
     )
     reset_after: float = 60.0
+    stale_after: float = 30.0
     audit: Callable[[str, dict[str, str]], Awaitable[bool]] | None = None
     health: SourceHealth = attrs.field(factory=SourceHealth, eq=False)
 
@@ -125,6 +128,7 @@ class RpcSource:
             return RpcFollower(
                 self.urls, self.filters, cursor, self.policy,
                 page_limit=self.page_limit, reset_after=self.reset_after,
+                stale_after=self.stale_after,
             )  # fmt: skip
         except ValueError as exc:
             raise SourceFatalError(str(exc)) from exc
