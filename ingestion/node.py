@@ -31,7 +31,7 @@ from actors.source import Source, current_term
 from actors.supervisor import JobRun, NodeSpec, run_jobs
 from actors.token_memory import TokenMemory
 from ingestion.config import ConfigError, JobSettings, Settings, load_action, redact_url
-from ingestion.horizon import HorizonSource
+from ingestion.horizon.source import HorizonSource
 from ingestion.logs import configure_logging, node_logger
 
 

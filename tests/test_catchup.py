@@ -9,7 +9,7 @@ import signal
 import pytest
 import trio
 
-from ingestion.catchup import (
+from ingestion.horizon.catchup import (
     LedgerRange,
     ledger_of,
     ledger_start_cursor,

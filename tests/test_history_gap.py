@@ -12,7 +12,7 @@ import redis
 import trio
 
 from actors.lease_store import job_keys
-from ingestion.horizon import HorizonSource
+from ingestion.horizon.source import HorizonSource
 from ingestion.local_redis import LocalRedis
 from ingestion.node import audit_writer
 from ingestion.simulator import Simulator, SimulatorConfig, open_simulator

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from actors.source import Record, SourceFatalError
-from ingestion.horizon_core import (
+from ingestion.horizon.core import (
     Failure,
     HorizonFollower,
     Malformed,

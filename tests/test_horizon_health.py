@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ingestion.horizon_core import HorizonFollower, Mode, PageRequest, RetryPolicy
-from ingestion.horizon_health import (
+from ingestion.horizon.core import HorizonFollower, Mode, PageRequest, RetryPolicy
+from ingestion.horizon.health import (
     HistoryGap,
     RatePacer,
     RootInfo,

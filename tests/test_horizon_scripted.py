@@ -10,7 +10,7 @@ import structlog
 import trio
 
 from actors.source import Record, SourceFatalError
-from ingestion.horizon import HorizonSource
+from ingestion.horizon.source import HorizonSource
 from ingestion.paging import toid
 from tests.horizon_fixtures import (
     Reply,

@@ -22,8 +22,8 @@ import trio.lowlevel
 from httpx_sse import aconnect_sse
 
 from actors.source import Batch, Record, SourceFatalError
-from ingestion.horizon import HorizonSource
-from ingestion.horizon_core import compact_json
+from ingestion.horizon.core import compact_json
+from ingestion.horizon.source import HorizonSource
 from ingestion.paging import toid, token_key
 from ingestion.simulator import MalformedKind, Simulator, SimulatorConfig, open_simulator
 from tests.horizon_fixtures import closed_port_url

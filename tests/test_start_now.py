@@ -7,7 +7,7 @@ import redis
 import trio
 
 from actors.lease_store import job_keys
-from ingestion.horizon import HorizonSource
+from ingestion.horizon.source import HorizonSource
 from ingestion.local_redis import LocalRedis
 from ingestion.simulator import SimulatorConfig, open_simulator
 from tests.nodes import Recorder, start_node

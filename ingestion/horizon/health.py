@@ -1,6 +1,6 @@
 """Pure decisions about one Horizon server as its root resource and its headers describe it.
 
-No I/O, no clock: ``ingestion/horizon.py`` fetches ``/`` and reads the headers, then asks here.
+No I/O, no clock: ``ingestion/horizon/source.py`` fetches ``/`` and reads the headers, then asks here.
 
 History gap. Horizon keeps only recent history (``HISTORY_RETENTION_COUNT``; the public SDF Horizon
 keeps about a year) and, for ``order=asc``, silently moves a cursor older than its

@@ -4,7 +4,7 @@
 ...) from a cursor: it catches up with ``order=asc`` pages, then follows the Server-Sent Event
 stream, across reconnects, retries and failover between several Horizon URLs. Every decision
 (which request next, validation, backoff, failover, giving up) is made by the I/O-free
-:class:`~ingestion.horizon_core.HorizonFollower`; this module only carries the requests out, bounds
+:class:`~ingestion.horizon.core.HorizonFollower`; this module only carries the requests out, bounds
 every wait, and logs.
 
 Shape of ``stream(cursor)``: one pump task owns the follower and the HTTP client and sends
@@ -15,11 +15,9 @@ whatever arrives within a few milliseconds (up to a page) into one batch.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import random
-import ssl
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
@@ -32,9 +30,9 @@ from httpx_sse import SSEError, aconnect_sse
 
 from actors.health import SourceHealth
 from actors.source import Batch, Record, SourceFatalError
-from ingestion.catchup import LedgerRange, ledger_of, ledgers_per_range, overlappable, plan_ranges
 from ingestion.gaps import record_history_gap
-from ingestion.horizon_core import (
+from ingestion.horizon.catchup import LedgerRange, ledger_of, ledgers_per_range, overlappable, plan_ranges
+from ingestion.horizon.core import (
     MAX_PAGE_LIMIT,
     Failure,
     HorizonFollower,
@@ -54,7 +52,7 @@ from ingestion.horizon_core import (
     problem_detail,
     split_resource,
 )
-from ingestion.horizon_health import (
+from ingestion.horizon.health import (
     RatePacer,
     RootInfo,
     assess_staleness,
@@ -62,23 +60,13 @@ from ingestion.horizon_health import (
     history_gap,
     parse_rate_headers,
 )
+from ingestion.http import ssl_context
 from ingestion.paging import InvalidPagingToken, token_key
 
 log = structlog.get_logger()
 
 # An error body is only read for its problem detail; a misbehaving server cannot make us read more.
 _MAX_ERROR_BODY = 64 * 1024
-
-
-@functools.cache
-def _ssl_context() -> ssl.SSLContext:
-    """One TLS context for every client this process opens.
-
-    httpx builds a new context (loading the CA bundle) for each client unless given one: 100 ms or
-    more of CPU, paid by every term, since each ``stream`` opens its own client. A standby that
-    takes over would pay it between becoming leader and its first request.
-    """
-    return httpx.create_ssl_context()
 
 
 def _warm_up(urls: Sequence[str]) -> None:
@@ -89,7 +77,7 @@ def _warm_up(urls: Sequence[str]) -> None:
     which a standby taking over would otherwise spend between ``became-leader`` and its first
     request.
     """
-    httpx.AsyncHTTPTransport(verify=_ssl_context())  # no connection is opened
+    httpx.AsyncHTTPTransport(verify=ssl_context())  # no connection is opened
     for url in urls:
         httpx.Request("GET", url)
 
@@ -180,7 +168,7 @@ class HorizonSource:
     prefetch: int = 8
     # When a request last succeeded, since when all have failed (source-aware leadership).
     health: SourceHealth = attrs.field(factory=SourceHealth, eq=False)
-    # Overlapped catch-up (ingestion/catchup.py): page requests in flight at once while far behind
+    # Overlapped catch-up (ingestion/horizon/catchup.py): page requests in flight at once while far behind
     # (1: strictly sequential), and the size of each ledger range, in pages.
     parallel_requests: int = 1
     pages_per_range: int = 4
@@ -218,7 +206,7 @@ class HorizonSource:
         """Ask Horizon's root (``/``, cheap) at each URL in turn until one answers 200; records the
         outcome in ``health``. Bounded by the connect and read timeouts per URL."""
         timeout = httpx.Timeout(min(self.read_timeout, 5.0), connect=self.connect_timeout)
-        async with httpx.AsyncClient(timeout=timeout, follow_redirects=True, verify=_ssl_context()) as client:
+        async with httpx.AsyncClient(timeout=timeout, follow_redirects=True, verify=ssl_context()) as client:
             for base in self.urls:
                 try:
                     with trio.fail_after(self.connect_timeout + min(self.read_timeout, 5.0)):
@@ -251,7 +239,7 @@ class HorizonSource:
         attempt = 0
         not_found = NotFoundTracker(self.urls, policy.not_found_give_up)
         async with httpx.AsyncClient(
-            timeout=timeout, follow_redirects=True, verify=_ssl_context()
+            timeout=timeout, follow_redirects=True, verify=ssl_context()
         ) as client:
             while True:
                 base = self.urls[(attempt // policy.attempts_per_url) % len(self.urls)]
@@ -324,7 +312,7 @@ class HorizonSource:
         )
         async with (
             httpx.AsyncClient(
-                timeout=timeout, follow_redirects=True, verify=_ssl_context()
+                timeout=timeout, follow_redirects=True, verify=ssl_context()
             ) as client,
             trio.open_nursery() as nursery,
         ):
@@ -456,7 +444,7 @@ class HorizonSource:
             log.info("horizon-caught-up", cursor=follower.cursor, url=request.base_url)
         return nxt
 
-    # -- overlapped catch-up (see ingestion/catchup.py)
+    # -- overlapped catch-up (see ingestion/horizon/catchup.py)
 
     async def _overlapped(
         self, client: httpx.AsyncClient, follower: HorizonFollower, out: trio.MemorySendChannel[Batch]

@@ -1,7 +1,7 @@
 """The I/O-free core of the Horizon source: paging/streaming decisions, validation and backoff.
 
 :class:`HorizonFollower` is the whole state of following one Horizon collection from a cursor. The
-wrapper (``ingestion/horizon.py``) asks it for the next :class:`Attempt` (which URL, page or
+wrapper (``ingestion/horizon/source.py``) asks it for the next :class:`Attempt` (which URL, page or
 stream, from which cursor, after what delay), carries the request out, and feeds back what happened:
 a page body, a stream event, the end of a stream, or a :class:`Failure`. The follower validates
 every record against the last good paging token, so what it hands back is strictly increasing

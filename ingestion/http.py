@@ -1,0 +1,19 @@
+"""What the HTTP sources (Horizon, Stellar RPC) share."""
+
+from __future__ import annotations
+
+import functools
+import ssl
+
+import httpx
+
+
+@functools.cache
+def ssl_context() -> ssl.SSLContext:
+    """One TLS context for every client this process opens.
+
+    httpx builds a new context (loading the CA bundle) for each client unless given one: 100 ms or
+    more of CPU, paid by every term, since each ``stream`` opens its own client. A standby that
+    takes over would pay it between becoming leader and its first request.
+    """
+    return httpx.create_ssl_context()
