@@ -12,6 +12,9 @@ reports how far the committed cursor is behind it::
             "seconds": 15.0,        # head created_at - created_at of the first uncommitted record
             "error": null}          # or what went wrong asking Horizon (the rest is then null)
 
+With ``--rpc URL`` an RPC job's lag is read from that Stellar RPC instead: ``{"rpc": URL, "head":
+<the latest ledger's scanned-through cursor>, "ledgers", "seconds", "error"}``.
+
 No password ever appears in the output: errors name ``redis.url`` with the password blanked.
 """
 
@@ -91,6 +94,68 @@ async def source_lag(horizon: str, resource: str, cursor: str | None) -> dict[st
     return lag
 
 
+async def rpc_lag(rpc: str, cursor: str | None) -> dict[str, Any]:
+    """How far an RPC job's ``cursor`` is behind the latest ledger of the Stellar RPC at ``rpc``:
+    ``head`` is that ledger's scanned-through cursor, ``ledgers`` the difference in ledgers,
+    ``seconds`` the latest ledger's close time minus the first uncommitted event's."""
+    from ingestion.rpc.protocol import Cursor, InvalidCursor
+
+    lag: dict[str, Any] = {"rpc": rpc, "head": None, "ledgers": None, "seconds": None, "error": None}
+
+    async def call(client: httpx.AsyncClient, method: str, params: Any = None) -> Any:
+        body: dict[str, Any] = {"jsonrpc": "2.0", "id": 1, "method": method}
+        if params is not None:
+            body["params"] = params
+        response = await client.post(rpc, json=body)
+        response.raise_for_status()
+        doc = response.json()
+        if "error" in doc:
+            raise ValueError(f"{method}: {doc['error'].get('message')}")
+        return doc["result"]
+
+    try:
+        with trio.fail_after(HORIZON_TIMEOUT):
+            async with httpx.AsyncClient(timeout=HORIZON_TIMEOUT, follow_redirects=True) as client:
+                latest = await call(client, "getLatestLedger")
+                lag["head"] = str(Cursor.through(int(latest["sequence"])))
+                if cursor is None:
+                    return lag
+                position = Cursor.parse(cursor)
+                lag["ledgers"] = max(0, int(latest["sequence"]) - position.ledger)
+                page = await call(client, "getEvents", {
+                    "filters": [], "pagination": {"cursor": cursor, "limit": 1},
+                })  # fmt: skip
+    except trio.TooSlowError:
+        lag["error"] = f"no answer from the RPC within {HORIZON_TIMEOUT:g} s"
+        return lag
+    except (httpx.HTTPError, ValueError, LookupError, TypeError, InvalidCursor) as exc:
+        lag["error"] = f"{type(exc).__name__}: {exc}"
+        return lag
+    following = page["events"][0] if page["events"] else None
+    newest = float(page["latestLedgerCloseTime"])
+    oldest = record_time(json.dumps(following)) if following is not None else None
+    lag["seconds"] = 0.0 if oldest is None else max(0.0, newest - oldest)
+    return lag
+
+
+def _is_rpc_cursor(cursor: str | None) -> bool:
+    from ingestion.rpc.protocol import is_event_id
+
+    return cursor is not None and len(cursor) == 30 and is_event_id(cursor)
+
+
+async def job_lag(
+    cursor: str | None, resource: str, horizon: str | None, rpc: str | None
+) -> dict[str, Any] | None:
+    """The lag of a job at ``cursor``: against ``rpc`` when its cursor is an RPC event id (or
+    there is no Horizon to ask), else against ``horizon``; None when neither is given."""
+    if rpc and (_is_rpc_cursor(cursor) or not horizon):
+        return await rpc_lag(rpc, cursor)
+    if horizon:
+        return await source_lag(horizon, resource, cursor)
+    return None
+
+
 def discover_jobs(client: redis.Redis) -> list[str]:
     """Every job with state in this Redis (any of its keys), sorted; on a cluster, from every
     master (blocking: run it in a thread)."""
@@ -102,7 +167,9 @@ def discover_jobs(client: redis.Redis) -> list[str]:
     return sorted(names)
 
 
-async def inspect_all(settings: Settings, as_json: bool, horizon: str | None = None) -> int:
+async def inspect_all(
+    settings: Settings, as_json: bool, horizon: str | None = None, rpc: str | None = None
+) -> int:
     """Every job in Redis: a table (job, leader, token, lease left, cursor, events, lag), or a JSON
     list of the objects ``inspect --job`` prints (without their audit)."""
     client = settings.redis.connect(timeout=max(settings.redis.timeout_ms / 1000, 2.0))
@@ -121,7 +188,7 @@ async def inspect_all(settings: Settings, as_json: bool, horizon: str | None = N
     lags: dict[str, dict[str, Any] | None] = {}
     for state, _stream in states:
         resource = resources.get(state.job, settings.horizon.resource)
-        lags[state.job] = await source_lag(horizon, resource, state.cursor) if horizon else None
+        lags[state.job] = await job_lag(state.cursor, resource, horizon, rpc)
     if as_json:
         docs = []
         for state, stream in states:
@@ -173,7 +240,11 @@ def render_jobs(
 
 
 async def inspect_job(
-    settings: Settings, as_json: bool, audit_count: int = 10, horizon: str | None = None
+    settings: Settings,
+    as_json: bool,
+    audit_count: int = 10,
+    horizon: str | None = None,
+    rpc: str | None = None,
 ) -> int:
     client = settings.redis.connect(timeout=max(settings.redis.timeout_ms / 1000, 2.0))
     try:
@@ -186,7 +257,7 @@ async def inspect_job(
         return 1
     finally:
         client.close()
-    lag = await source_lag(horizon, settings.horizon.resource, state.cursor) if horizon else None
+    lag = await job_lag(state.cursor, settings.horizon.resource, horizon, rpc)
     if as_json:
         doc = attrs.asdict(state)
         doc.pop("cursor_token")
@@ -201,7 +272,7 @@ async def inspect_job(
 
 def _lag_text(lag: dict[str, Any] | None) -> str:
     if lag is None:
-        return "- (give --horizon URL to compare with the source)"
+        return "- (give --horizon URL, or --rpc URL for an RPC job, to compare with the source)"
     if lag["error"]:
         return f"unknown: {lag['error']}"
     parts = []
@@ -312,6 +383,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--audit", type=int, default=10, metavar="N", help="audit entries to show")
     p.add_argument("--horizon", metavar="URL", help="also report the lag behind this Horizon")
     p.add_argument("--resource", help="the job's Horizon collection (default: from the config)")
+    p.add_argument(
+        "--rpc", metavar="URL", help="also report an RPC job's lag behind this Stellar RPC"
+    )
     return p
 
 
@@ -332,8 +406,8 @@ def main(argv: Sequence[str]) -> int:
             flags.setdefault(section, {})[key] = value
     settings = load(ns.config, os.environ, flags)
     if ns.job is None:
-        return trio.run(inspect_all, settings, ns.json, ns.horizon)
-    return trio.run(inspect_job, settings, ns.json, ns.audit, ns.horizon)
+        return trio.run(inspect_all, settings, ns.json, ns.horizon, ns.rpc)
+    return trio.run(inspect_job, settings, ns.json, ns.audit, ns.horizon, ns.rpc)
 
 
 if __name__ == "__main__":

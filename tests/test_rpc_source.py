@@ -246,3 +246,23 @@ async def test_an_rpc_that_stops_ingesting_is_left_for_one_that_goes_on(
     stale = next(e for e in logs if e["event"] == "rpc-stale")
     assert stale["url"] == a.rpc_url and stale["to_url"] == b.rpc_url
     assert [t for t, _ in stream(redis_client, job)] == [e["id"] for e in expected]
+
+
+async def test_inspect_reports_an_rpc_jobs_lag_behind_the_rpc(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    from ingestion.inspect import rpc_lag
+
+    async with open_simulator(CONFIG) as sim:
+        async with node(redis_server.url, job, source(sim.rpc_url)):
+            await until(lambda: at_tip(redis_client, job, sim))
+        at = cursor(redis_client, job)
+        caught_up = await rpc_lag(sim.rpc_url, at)
+        for _ in range(4):
+            sim.close_ledger()
+        behind = await rpc_lag(sim.rpc_url, at)
+        first_missed = next(e for e in sim.rpc_events() if e["id"] > str(at))
+    assert caught_up == {"rpc": sim.rpc_url, "head": at, "ledgers": 0, "seconds": 0.0, "error": None}
+    assert behind["ledgers"] == 4 and behind["head"] == str(Cursor.through(sim.chain.latest))
+    assert first_missed["ledger"] == Cursor.parse(str(at)).ledger + 1
+    assert behind["seconds"] is not None and behind["seconds"] >= 0 and behind["error"] is None
