@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -137,20 +137,8 @@ class Faults:
 
     def take_request_failure(self) -> RequestFailure | None:
         """Called once per request: the failure to answer with, or None to serve it normally."""
-        failure = self._failure
-        if failure is None:
-            return None
-        if failure.until is not None:
-            if self.clock() >= failure.until:
-                self._failure = None
-                return None
-            return failure
-        assert failure.remaining is not None
-        if failure.remaining <= 0:
-            self._failure = None
-            return None
-        self._failure = attrs.evolve(failure, remaining=failure.remaining - 1)
-        return failure
+        self._failure, answer = _consume(self._failure, self.clock())
+        return answer
 
     def claim_stream_cutoff(self) -> int | None:
         """Called when a stream opens: end it after this many record events, or None."""
@@ -308,20 +296,8 @@ class RpcFaults:
 
     def take_request_failure(self) -> RpcFailure | None:
         """Called once per request: the failure to answer with, or None to serve it normally."""
-        failure = self._failure
-        if failure is None:
-            return None
-        if failure.until is not None:
-            if self.clock() >= failure.until:
-                self._failure = None
-                return None
-            return failure
-        assert failure.remaining is not None
-        if failure.remaining <= 0:
-            self._failure = None
-            return None
-        self._failure = attrs.evolve(failure, remaining=failure.remaining - 1)
-        return failure
+        self._failure, answer = _consume(self._failure, self.clock())
+        return answer
 
     def ledger_range(self, chain_first: int, chain_latest: int) -> tuple[int, int]:
         """``(oldest, latest)`` as this node reports them, given the chain's."""
@@ -346,3 +322,19 @@ class RpcFaults:
             "lag_ledgers": self.lag_ledgers,
             "reset_to": self.reset_to,
         }
+
+
+_Failure = TypeVar("_Failure", RequestFailure, "RpcFailure")
+
+
+def _consume(failure: _Failure | None, now: float) -> tuple[_Failure | None, _Failure | None]:
+    """An armed failure meeting one request: ``(what stays armed, what to answer with)``. A failure
+    armed for some seconds answers until then; one armed for a count answers that many times."""
+    if failure is None:
+        return None, None
+    if failure.until is not None:
+        return (None, None) if now >= failure.until else (failure, failure)
+    assert failure.remaining is not None
+    if failure.remaining <= 0:
+        return None, None
+    return attrs.evolve(failure, remaining=failure.remaining - 1), failure
