@@ -266,3 +266,19 @@ async def test_inspect_reports_an_rpc_jobs_lag_behind_the_rpc(
     assert behind["ledgers"] == 4 and behind["head"] == str(Cursor.through(sim.chain.latest))
     assert first_missed["ledger"] == Cursor.parse(str(at)).ledger + 1
     assert behind["seconds"] is not None and behind["seconds"] >= 0 and behind["error"] is None
+
+
+async def test_the_rpc_source_takes_part_in_source_aware_leadership() -> None:
+    """``probe()`` (``getLatestLedger``) and ``health`` make it a ProbedSource: the SourceWatch of
+    #14 hands leadership to a node that reaches the RPC when the leader cannot."""
+    from actors.health import ProbedSource
+
+    async with open_simulator(CONFIG) as sim:
+        src = RpcSource((sim.rpc_url,), request_timeout=1.0, connect_timeout=0.5)
+        assert isinstance(src, ProbedSource)
+        assert await src.probe() is True
+        assert src.health.healthy(trio.current_time(), 1.0)
+        await sim.rpc_go_down()
+        assert await src.probe() is False
+        assert src.health.failing_since is not None
+        assert not src.health.healthy(trio.current_time(), 1.0)
