@@ -44,7 +44,7 @@ from ingestion.simulator.chain import (
     timestamp,
     token_of,
 )
-from ingestion.simulator.faults import MalformedKind
+from ingestion.simulator.faults import MalformedKind, check_known, duration_of
 from ingestion.simulator.ratelimit import RateLimiter
 from ingestion.simulator.strkey import is_valid_account
 
@@ -560,17 +560,13 @@ class HorizonApp:
         await self._json(send, 200, result)
 
     def _arm(self, data: dict[str, Any]) -> float | None:
-        known = {"fail", "close_stream_after", "malformed", "stall", "freeze", "down"}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown fault(s) {sorted(unknown)}; known: {sorted(known)}")
+        check_known(data, {"fail", "close_stream_after", "malformed", "stall", "freeze", "down"})
         faults = self.sim.faults
         if "fail" in data:
             spec = data["fail"]
             faults.fail_requests(
                 int(spec.get("status", 429)),
-                count=None if spec.get("count") is None else int(spec["count"]),
-                seconds=None if spec.get("seconds") is None else float(spec["seconds"]),
+                **duration_of(spec),
                 retry_after=int(spec.get("retry_after", 1)),
             )
         if "close_stream_after" in data:

@@ -78,13 +78,7 @@ class Faults:
         """
         if status not in FAILURE_STATUSES:
             raise ValueError(f"status must be one of {FAILURE_STATUSES}, got {status}")
-        if count is not None and seconds is not None:
-            raise ValueError("give count or seconds, not both")
-        if (count is not None and count < 0) or (seconds is not None and seconds < 0):
-            raise ValueError("count and seconds must not be negative")
-        if count is None and seconds is None:
-            count = 1
-        until = None if seconds is None else self.clock() + seconds
+        count, until = _armed_for(count, seconds, self.clock())
         self._failure = RequestFailure(status, count, until, retry_after)
 
     def close_streams_after(self, events: int, *, streams: int = 1) -> None:
@@ -262,13 +256,7 @@ class RpcFaults:
             ValueError: an unknown kind, both ``count`` and ``seconds``, or a negative value.
         """
         kind = RpcFailureKind(kind)
-        if count is not None and seconds is not None:
-            raise ValueError("give count or seconds, not both")
-        if (count is not None and count < 0) or (seconds is not None and seconds < 0):
-            raise ValueError("count and seconds must not be negative")
-        if count is None and seconds is None:
-            count = 1
-        until = None if seconds is None else self.clock() + seconds
+        count, until = _armed_for(count, seconds, self.clock())
         self._failure = RpcFailure(kind, count, until, retry_after)
 
     def set_delay(self, ms: int) -> None:
@@ -325,6 +313,42 @@ class RpcFaults:
 
 
 _Failure = TypeVar("_Failure", RequestFailure, "RpcFailure")
+
+
+def check_known(data: dict[str, Any], known: set[str]) -> None:
+    """A control request's body names only faults this server knows.
+
+    Raises:
+        ValueError: naming the unknown ones and the known ones.
+    """
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"unknown fault(s) {sorted(unknown)}; known: {sorted(known)}")
+
+
+def duration_of(spec: dict[str, Any]) -> dict[str, Any]:
+    """``count`` and ``seconds`` of a control request's ``fail`` spec, as ``fail_requests``
+    keywords (None when absent)."""
+    return {
+        "count": None if spec.get("count") is None else int(spec["count"]),
+        "seconds": None if spec.get("seconds") is None else float(spec["seconds"]),
+    }
+
+
+def _armed_for(count: int | None, seconds: float | None, now: float) -> tuple[int | None, float | None]:
+    """``(count, until)`` of a failure armed for ``count`` requests or ``seconds`` from ``now``
+    (neither: one request).
+
+    Raises:
+        ValueError: both given, or a negative one.
+    """
+    if count is not None and seconds is not None:
+        raise ValueError("give count or seconds, not both")
+    if (count is not None and count < 0) or (seconds is not None and seconds < 0):
+        raise ValueError("count and seconds must not be negative")
+    if count is None and seconds is None:
+        count = 1
+    return count, None if seconds is None else now + seconds
 
 
 def _consume(failure: _Failure | None, now: float) -> tuple[_Failure | None, _Failure | None]:

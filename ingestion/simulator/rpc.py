@@ -55,7 +55,7 @@ from ingestion.rpc.protocol import (
     RpcError,
 )
 from ingestion.simulator.chain import NETWORK_PASSPHRASE, PROTOCOL_VERSION, ledger_hash_of
-from ingestion.simulator.faults import RpcFailureKind
+from ingestion.simulator.faults import RpcFailureKind, check_known, duration_of
 from ingestion.simulator.rpc_events import RpcEvent, all_events, json_format, scan
 
 if TYPE_CHECKING:
@@ -283,17 +283,13 @@ class RpcApp:
         await respond(send, 200, JSON, _compact(faults.snapshot()))
 
     def _arm(self, data: dict[str, Any]) -> None:
-        known = {"fail", "delay_ms", "lag_ledgers", "reset_to"}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown fault(s) {sorted(unknown)}; known: {sorted(known)}")
+        check_known(data, {"fail", "delay_ms", "lag_ledgers", "reset_to"})
         faults = self.sim.rpc_faults
         if "fail" in data:
             spec = data["fail"]
             faults.fail_requests(
                 RpcFailureKind(spec.get("kind", "processing_limit")),
-                count=None if spec.get("count") is None else int(spec["count"]),
-                seconds=None if spec.get("seconds") is None else float(spec["seconds"]),
+                **duration_of(spec),
                 retry_after=None if spec.get("retry_after") is None else int(spec["retry_after"]),
             )
         if "delay_ms" in data:
