@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
 
 import attrs
 import httpx
@@ -79,3 +86,30 @@ async def read_stream(
 async def running(config: SimulatorConfig = SMALL) -> AsyncIterator[Simulator]:
     async with open_simulator(config) as sim:
         yield sim
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@asynccontextmanager
+async def simulator_process(*flags: str) -> AsyncIterator[tuple[trio.Process, dict[str, Any]]]:
+    """``python -m ingestion simulate FLAGS`` as a child process: yields it and the JSON line it
+    announced once listening; killed on the way out if still running."""
+    code = "import sys; from ingestion.simulator.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-c", code, *flags],
+        stdout=subprocess.PIPE,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert proc.stdout is not None
+        with trio.fail_after(15):
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await proc.stdout.receive_some(1)
+        yield proc, json.loads(line)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

@@ -4,13 +4,9 @@ other methods' shapes, and its fault knobs."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -43,8 +39,8 @@ from ingestion.simulator.chain import NETWORK_PASSPHRASE, PROTOCOL_VERSION, Chai
 from ingestion.simulator.cli import config_from_args
 from ingestion.simulator.rpc import go_duration
 from ingestion.simulator.rpc_events import EventLog, ledger_events, scval_b64, stroops_of
+from tests.simulator_fixtures import simulator_process
 
-REPO = Path(__file__).resolve().parents[1]
 # 60 ledgers, the newest 50 kept: oldest 50000010, latest 50000059 (system events in 20, 40).
 CONFIG = SimulatorConfig(
     rpc_port=0, ledger_interval=None, history_ledgers=60, retention_ledgers=50, ops_per_ledger=20, seed=3
@@ -568,20 +564,8 @@ async def test_health_without_a_latency_limit_is_healthy_on_old_history() -> Non
 
 
 async def test_cli_announces_the_rpc_url() -> None:
-    code = "import sys; from ingestion.simulator.cli import main; sys.exit(main(sys.argv[1:]))"
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-c", code, "--port", "0", "--rpc-port", "0", "--history-ledgers", "2"],
-        stdout=subprocess.PIPE,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    try:
-        assert proc.stdout is not None
-        with trio.fail_after(15):
-            line = b""
-            while not line.endswith(b"\n"):
-                line += await proc.stdout.receive_some(1)
-        announced = json.loads(line)
+    flags = ("--port", "0", "--rpc-port", "0", "--history-ledgers", "2")
+    async with simulator_process(*flags) as (proc, announced):
         assert announced["event"] == "simulator-listening" and announced["rpc_url"] != announced["url"]
         async with httpx.AsyncClient(timeout=5) as http:
             body = {"jsonrpc": "2.0", "id": 1, "method": "getNetwork"}
@@ -590,7 +574,3 @@ async def test_cli_announces_the_rpc_url() -> None:
         proc.send_signal(signal.SIGINT)
         with trio.fail_after(10):
             assert await proc.wait() == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()

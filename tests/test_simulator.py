@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import attrs
 import httpx
@@ -21,9 +17,7 @@ import trio.testing
 from ingestion.paging import toid, toid_parts, token_key
 from ingestion.simulator import Faults, MalformedKind, Simulator, open_simulator
 from ingestion.simulator.chain import Chain, ChainSpec
-from tests.simulator_fixtures import SMALL, read_stream, running
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.simulator_fixtures import SMALL, read_stream, running, simulator_process
 
 
 @pytest.fixture
@@ -452,30 +446,12 @@ async def test_ledgers_close_on_the_interval() -> None:
 
 
 async def test_cli_prints_its_url_and_exits_0_on_sigint() -> None:
-    repo = REPO
-    code = "import sys; from ingestion.simulator.cli import main; sys.exit(main(sys.argv[1:]))"
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-c", code, "--port", "0", "--history-ledgers", "2"],
-        stdout=subprocess.PIPE,
-        cwd=repo,
-        env={**os.environ, "PYTHONPATH": str(repo)},
-    )
-    try:
-        assert proc.stdout is not None
-        with trio.fail_after(15):
-            line = b""
-            while not line.endswith(b"\n"):
-                line += await proc.stdout.receive_some(1)
-        announced = json.loads(line)
+    async with simulator_process("--port", "0", "--history-ledgers", "2") as (proc, announced):
         assert announced["event"] == "simulator-listening"
         assert (await get(announced["url"] + "/")).json()["history_latest_ledger"] > 0
         proc.send_signal(signal.SIGINT)
         with trio.fail_after(10):
             assert await proc.wait() == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
 
 
 async def test_live_ledgers_close_at_the_current_time_and_history_stays_in_the_past() -> None:
