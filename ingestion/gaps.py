@@ -14,6 +14,7 @@ from typing import Any
 import structlog
 
 from actors.source import SourceFatalError
+from ingestion.http import describe
 
 log = structlog.get_logger()
 
@@ -45,7 +46,7 @@ async def record_history_gap(
             written = await audit("history-gap", {k: str(v) for k, v in fields.items()})
             error = "" if written else "the term's fencing token is no longer current"
         except Exception as exc:  # the audit writer's own failure (Redis): retry later
-            written, error = False, f"{type(exc).__name__}: {exc}"
+            written, error = False, describe(exc)
         if not written:
             return f"history-gap audit entry: {error}"
     log.warning("history-gap", **fields, action="skip", **resume)

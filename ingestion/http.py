@@ -17,3 +17,9 @@ def ssl_context() -> ssl.SSLContext:
     takes over would pay it between becoming leader and its first request.
     """
     return httpx.create_ssl_context()
+
+
+def describe(exc: BaseException) -> str:
+    """An exception for a log line: its type, and its message when it has one."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -60,7 +60,7 @@ from ingestion.horizon.health import (
     history_gap,
     parse_rate_headers,
 )
-from ingestion.http import ssl_context
+from ingestion.http import describe, ssl_context
 from ingestion.paging import InvalidPagingToken, token_key
 
 log = structlog.get_logger()
@@ -276,9 +276,9 @@ class HorizonSource:
                         raise SourceFatalError(message)
                     error, retry_after = f"HTTP {response.status_code}: {failure.error}", failure.retry_after
                 except (httpx.HTTPError, trio.TooSlowError) as exc:
-                    error = _describe(exc)
+                    error = describe(exc)
                 except (ValueError, LookupError, TypeError) as exc:
-                    error = f"malformed page: {_describe(exc)}"
+                    error = f"malformed page: {describe(exc)}"
                 self.health.failed(trio.current_time())
                 attempt += 1
                 delay = policy.delay(attempt, random.random())
@@ -400,7 +400,7 @@ class HorizonSource:
                 try:
                     response = await client.get(request.url, params=request.params)
                 except httpx.HTTPError as exc:  # transport, decoding, too many redirects
-                    failure = Failure(None, _describe(exc))
+                    failure = Failure(None, describe(exc))
         finally:
             _answered(pacer, response)
         if scope.cancelled_caught:
@@ -652,7 +652,7 @@ class HorizonSource:
                 try:
                     response = await client.get(url)
                 except httpx.HTTPError as exc:
-                    failure = Failure(None, _describe(exc))
+                    failure = Failure(None, describe(exc))
         finally:
             _answered(pacer, response)
         if scope.cancelled_caught:
@@ -829,10 +829,10 @@ class HorizonSource:
                 reason = "idle" if scope.cancelled_caught else "closed"
             except (httpx.HTTPError, SSEError) as exc:
                 if got == 0:
-                    self._failed(follower, Failure(None, _describe(exc)), request)
+                    self._failed(follower, Failure(None, describe(exc)), request)
                     return
                 # The records so far were good: reopen from the last one, like a clean close.
-                reason = f"dropped: {_describe(exc)}"
+                reason = f"dropped: {describe(exc)}"
             finally:
                 switch.scope = None
                 if paced is not None:  # no response head: the request is over all the same
@@ -931,11 +931,6 @@ def _leaves(group: BaseExceptionGroup[SourceFatalError]) -> list[SourceFatalErro
         else:
             out.append(exc)
     return out
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _request_url(request: object) -> str:

@@ -26,7 +26,7 @@ from actors.health import SourceHealth
 from actors.source import Batch, SourceFatalError
 from ingestion.gaps import record_history_gap
 from ingestion.horizon.core import RetryPolicy, parse_retry_after
-from ingestion.http import ssl_context
+from ingestion.http import describe, ssl_context
 from ingestion.rpc.core import Note, Outcome, RpcFollower, parse_answer, request_body
 from ingestion.rpc.protocol import Cursor, EventFilter, filters_problem
 
@@ -201,7 +201,7 @@ class RpcSource:
                     log.info("rpc-now-resolved", url=url, latest_ledger=latest, cursor=resolved)
                     return resolved
                 except (httpx.HTTPError, trio.TooSlowError, ValueError, LookupError, TypeError) as exc:
-                    error_text = _describe(exc)
+                    error_text = describe(exc)
                 self.health.failed(trio.current_time())
                 attempt += 1
                 delay = policy.delay(attempt, random.random())
@@ -264,7 +264,7 @@ class RpcSource:
             response, content = await self._call(client, request.url, request.body)
         except (httpx.HTTPError, trio.TooSlowError) as exc:
             self.health.failed(trio.current_time())
-            return follower.on_transport_error(_describe(exc), trio.current_time())
+            return follower.on_transport_error(describe(exc), trio.current_time())
         now = trio.current_time()
         if response.status_code != 200:
             self.health.failed(now)
@@ -275,7 +275,7 @@ class RpcSource:
             result, error = parse_answer(content)
         except ValueError as exc:
             self.health.failed(now)
-            return follower.on_malformed(_describe(exc), now)
+            return follower.on_malformed(describe(exc), now)
         outcome = (
             follower.on_error(error[0], error[1], now)
             if error is not None
@@ -330,8 +330,3 @@ def _chunks(batch: Batch, size: int) -> list[Batch]:
 
 def _log(note: Note) -> None:
     getattr(log, note.level)(note.event, **note.fields)
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}" if str(exc) else text
