@@ -134,9 +134,8 @@ class RpcFollower:
     round_failures: int = attrs.field(init=False, default=0)  # consecutive, across URLs
     malformed: int = attrs.field(init=False, default=0)
     limit: int = attrs.field(init=False)
-    latest: int = attrs.field(init=False, default=0)  # the highest latest ledger seen
-    latest_seen_at: float = attrs.field(init=False, default=0.0)
-    _closes: deque[tuple[int, int, float]] = attrs.field(init=False, factory=lambda: deque(maxlen=2))
+    # The highest latest ledger seen: (sequence, close time or -1, when first seen).
+    _sighting: tuple[int, int, float] = attrs.field(init=False, default=(0, -1, 0.0))
     _close_gaps: deque[float] = attrs.field(init=False, factory=lambda: deque(maxlen=9))
     _seen_gaps: deque[float] = attrs.field(init=False, factory=lambda: deque(maxlen=9))
     _overdue: int = attrs.field(init=False, default=0)
@@ -167,6 +166,16 @@ class RpcFollower:
                     f"not an RPC start cursor: {start!r} (now, 0, a ledger number or an event id)"
                 ) from exc
             self.phase = Phase.CURSOR
+
+    @property
+    def latest(self) -> int:
+        """The highest latest ledger any answer has reported (0: none yet)."""
+        return self._sighting[0]
+
+    @property
+    def latest_seen_at(self) -> float:
+        """When that ledger was first seen."""
+        return self._sighting[2]
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -332,13 +341,13 @@ class RpcFollower:
     def _saw_latest(self, latest: int, close_time: int | None, now: float) -> None:
         if latest <= self.latest:
             return
-        if self._closes:
-            ledger, closed, seen = self._closes[-1]
+        if self.latest:
+            ledger, closed, seen = self._sighting
             if close_time is not None and closed >= 0 and close_time >= closed:
                 self._close_gaps.append((close_time - closed) / (latest - ledger))
             self._seen_gaps.append((now - seen) / (latest - ledger))
-        self.latest, self.latest_seen_at, self._overdue = latest, now, 0
-        self._closes.append((latest, close_time if close_time is not None else -1, now))
+        self._overdue = 0
+        self._sighting = (latest, close_time if close_time is not None else -1, now)
 
     def interval(self) -> float:
         """Seconds between ledger closes, estimated from what has been seen: the median gap
