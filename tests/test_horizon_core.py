@@ -16,7 +16,6 @@ from ingestion.horizon.core import (
     Malformed,
     Mode,
     PageRequest,
-    RetryPolicy,
     StreamRequest,
     StreamSignal,
     _split_indented_page,
@@ -24,13 +23,13 @@ from ingestion.horizon.core import (
     compact_json,
     compact_record_text,
     fatal_message,
-    parse_retry_after,
     problem_detail,
     split_page,
     validate_page,
     validate_stream_record,
 )
 from ingestion.paging import toid, token_key
+from ingestion.retry import RetryPolicy, parse_retry_after
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "horizon"  # ../shared beside the repo
 AURORA = DATA / "aurora-rs_stellar-horizon-rs"

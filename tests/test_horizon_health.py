@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ingestion.horizon.core import HorizonFollower, Mode, PageRequest, RetryPolicy
+from ingestion.horizon.core import HorizonFollower, Mode, PageRequest
 from ingestion.horizon.health import (
     HistoryGap,
     RatePacer,
@@ -16,6 +16,7 @@ from ingestion.horizon.health import (
     parse_rate_headers,
 )
 from ingestion.paging import toid
+from ingestion.retry import RetryPolicy
 from ingestion.simulator.ratelimit import RateLimiter
 
 

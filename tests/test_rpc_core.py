@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from ingestion.horizon.core import RetryPolicy
+from ingestion.retry import RetryPolicy
 from ingestion.rpc.core import Phase, RpcFollower, parse_answer
 from ingestion.rpc.protocol import (
     INVALID_PARAMS,

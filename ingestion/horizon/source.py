@@ -41,14 +41,12 @@ from ingestion.horizon.core import (
     NotFoundTracker,
     PageRequest,
     Retry,
-    RetryPolicy,
     StreamRequest,
     StreamSignal,
     check_resource,
     fatal_message,
     is_entity_scoped,
     is_retryable_status,
-    parse_retry_after,
     problem_detail,
     split_resource,
 )
@@ -62,6 +60,7 @@ from ingestion.horizon.health import (
 )
 from ingestion.http import describe, ssl_context
 from ingestion.paging import InvalidPagingToken, token_key
+from ingestion.retry import RetryPolicy, parse_retry_after
 
 log = structlog.get_logger()
 

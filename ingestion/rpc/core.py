@@ -40,7 +40,7 @@ import attrs
 import orjson
 
 from actors.source import Batch, Record
-from ingestion.horizon.core import RetryPolicy
+from ingestion.retry import RetryPolicy
 from ingestion.rpc.protocol import (
     INVALID_PARAMS,
     INVALID_REQUEST,

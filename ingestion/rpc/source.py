@@ -25,8 +25,8 @@ import trio
 from actors.health import SourceHealth
 from actors.source import Batch, SourceFatalError
 from ingestion.gaps import record_history_gap
-from ingestion.horizon.core import RetryPolicy, parse_retry_after
 from ingestion.http import describe, ssl_context
+from ingestion.retry import RetryPolicy, parse_retry_after
 from ingestion.rpc.core import Note, Outcome, RpcFollower, parse_answer, request_body
 from ingestion.rpc.protocol import Cursor, EventFilter, filters_problem
 
@@ -68,7 +68,7 @@ class RpcSource:
         connect_timeout: seconds to establish a connection.
         request_timeout: seconds one request may take in all.
         retry_base, retry_cap, attempts_per_url, malformed_retries, retry_after_cap: as for the
-            Horizon source (see :class:`~ingestion.horizon.core.RetryPolicy`).
+            Horizon source (see :class:`~ingestion.retry.RetryPolicy`).
         page_limit: events per request, at most 10,000 (halved after a -32001, then restored):
             the cursor chain is sequential, so at a real RPC's latency the page size sets the pace.
         prefetch: pages fetched ahead of the consumer.
