@@ -5,7 +5,7 @@ A position (a *paging token*) is a non-negative int64 written in decimal, option
 without leading zeros; Stellar RPC's event ids are zero-padded to a fixed width
 (``"%019d-%010d"``): both compare by value, so leading zeros are allowed and mean nothing. Positions must be
 compared as numbers (pairs), never as strings: ``"9" < "10"`` is false as strings. The same rule is
-implemented in Lua inside the commit script (``actors/lease_store.py``), which compares decimal
+implemented in Lua inside the commit script (``actors/lease_store/lua/commit.lua``), which compares decimal
 strings by (length, text) once leading zeros are stripped, because Redis's Lua numbers are doubles
 and cannot hold every int64.
 """

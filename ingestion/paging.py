@@ -3,7 +3,7 @@
 Ledgers, transactions and operations use a TOID, a non-negative int64 written in decimal. Effects use
 ``"<operation toid>-<n>"``. Tokens must be compared as numbers (pairs for effects), never as strings:
 ``"9" < "10"`` is false as strings. The same rule is implemented in Lua inside the commit script
-(``actors/lease_store.py``), which compares decimal strings by (length, text) because Redis's Lua
+(``actors/lease_store/lua/commit.lua``), which compares decimal strings by (length, text) because Redis's Lua
 numbers are doubles and cannot hold every int64 exactly.
 """
 

@@ -1,0 +1,94 @@
+"""The Redis lease store: the one package that talks to Redis.
+
+It owns the key layout, the Lua scripts that make every election step and every commit atomic,
+and the bridge from trio to redis-py. A newcomer finds:
+
+- ``keys``: the key layout (one job's keys under one cluster hash tag; the node registry).
+- ``lua/``: one script per atomic operation, each headed by its KEYS, ARGV and answer;
+  ``scripts`` reads them once.
+- ``connect``: the URL forms (plain, TLS, Sentinel, Cluster), the bounded never-retrying client,
+  and failures in an operator's words.
+- ``results``: what the calls return, and :class:`RedisUnavailable` (outcome unknown).
+- ``store``: :class:`LeaseStore`, one job's lease, token and cursor operations.
+- ``registry``: :class:`NodeRegistry`, the live nodes (for balancing, never for safety).
+- ``notices``: :class:`ReleaseNotices`, the subscription that wakes standbys on a release.
+
+The fencing rule lives inside Redis (``lua/commit.lua``): a commit is applied only if its token
+equals the job's token counter *and* the lease still holds exactly this holder and token, *and*
+its records follow the stored cursor strictly.
+"""
+
+from actors.lease_store.connect import (
+    CLUSTER_SCHEMES,
+    SENTINEL_SCHEMES,
+    BadRedisUrl,
+    ClusterTarget,
+    SentinelTarget,
+    classify_redis_error,
+    connect,
+    describe_redis_error,
+    is_cluster_url,
+    is_sentinel_url,
+    parse_cluster_url,
+    parse_sentinel_url,
+    sentinel_services,
+)
+from actors.lease_store.keys import (
+    AUDIT_MAXLEN,
+    NODE_FORGET_MS,
+    NODE_REGISTRY_KEY,
+    job_keys,
+    parse_lease_value,
+)
+from actors.lease_store.notices import ReleaseNotices
+from actors.lease_store.registry import NodeRegistry
+from actors.lease_store.results import (
+    Acquired,
+    CommitRejected,
+    Committed,
+    GroupInfo,
+    Held,
+    JobState,
+    LeaderInfo,
+    RedisUnavailable,
+    ReplicationUnconfirmed,
+    StateLost,
+    StreamInfo,
+)
+from actors.lease_store.store import FOLLOW_PRIMARY_EVERY, LeaseStore
+
+__all__ = [
+    "AUDIT_MAXLEN",
+    "CLUSTER_SCHEMES",
+    "FOLLOW_PRIMARY_EVERY",
+    "NODE_FORGET_MS",
+    "NODE_REGISTRY_KEY",
+    "SENTINEL_SCHEMES",
+    "Acquired",
+    "BadRedisUrl",
+    "ClusterTarget",
+    "CommitRejected",
+    "Committed",
+    "GroupInfo",
+    "Held",
+    "JobState",
+    "LeaderInfo",
+    "LeaseStore",
+    "NodeRegistry",
+    "RedisUnavailable",
+    "ReleaseNotices",
+    "ReplicationUnconfirmed",
+    "SentinelTarget",
+    "StateLost",
+    "StreamInfo",
+    "classify_redis_error",
+    "connect",
+    "describe_redis_error",
+    "is_cluster_url",
+    "is_sentinel_url",
+    "job_keys",
+    "parse_cluster_url",
+    "parse_lease_value",
+    "parse_sentinel_url",
+    "sentinel_services",
+]

@@ -1,0 +1,22 @@
+"""The Redis key layout: one job's keys (under one cluster hash tag) and the node registry."""
+
+from __future__ import annotations
+
+AUDIT_MAXLEN = 10_000  # entries kept in a job's audit stream (approximately: MAXLEN ~)
+NODE_REGISTRY_KEY = "ingestion:nodes"  # its own key (its own cluster slot): no script mixes it with a job's
+NODE_FORGET_MS = 3_600_000  # a node silent this long is dropped from the registry
+
+
+def job_keys(job: str) -> dict[str, str]:
+    """The Redis keys of one job; the ``{job}`` hash tag keeps them in one cluster slot."""
+    prefix = f"ingestion:{{{job}}}"
+    return {
+        name: f"{prefix}:{name}"
+        for name in ("lease", "token", "cursor", "events", "audit", "leader", "released", "health")
+    }
+
+
+def parse_lease_value(value: str) -> tuple[int, str]:
+    token, _, node = value.partition("|")
+    return int(token), node
+

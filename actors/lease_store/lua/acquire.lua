@@ -1,0 +1,53 @@
+-- acquire: take a job's lease if it is free, with a new fencing token.
+--
+-- KEYS[1] lease    ingestion:{J}:lease   ("token|node", expires after ttl_ms)
+-- KEYS[2] token    ingestion:{J}:token   (the fencing-token counter; only ever increases)
+-- KEYS[3] leader   ingestion:{J}:leader  (hash: node, token, acquired_at_ms, expires_at_ms)
+-- KEYS[4] audit    ingestion:{J}:audit   (stream)
+-- KEYS[5] cursor   ingestion:{J}:cursor  (hash: cursor, token, node)
+-- ARGV[1] node     ARGV[2] ttl_ms     ARGV[3] audit_maxlen
+-- ARGV[4] known_token: the highest token the caller has seen ('0' for none)
+--
+-- Returns {0, lease value, pttl} when held; {2, counter, cursor} when Redis lost the job's state
+-- (nothing issued); else {1, token, previous node, previous token, takeover_ms, cursor,
+-- rolled_back_from} ('' for each unknown).
+
+local held = redis.call('GET', KEYS[1])
+if held then
+  return {0, held, redis.call('PTTL', KEYS[1])}
+end
+-- The caller has seen fencing token known_token. A counter below it means Redis went back in time:
+-- a failover to a replica that missed the newest writes, a restart from an old file, a restore.
+local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+local known = tonumber(ARGV[4] or '0')
+local cursor = redis.call('HGET', KEYS[5], 'cursor') or ''
+if counter < known and cursor == '' then
+  -- Not a rollback but a loss: the job's cursor is gone too. Leading would restart the job from
+  -- its start cursor; that is an operator's decision, so issue nothing.
+  return {2, counter, cursor}
+end
+local now = now_ms()
+-- The counter only ever increases. Floor it at every token known to be used: the caller's, and
+-- the committed cursor's (the counter can be lost while the cursor survives). The new token is then
+-- above every token this node has seen and every token on a surviving commit.
+local floor = math.max(known, tonumber(redis.call('HGET', KEYS[5], 'token') or '0'))
+if counter < floor then
+  redis.call('SET', KEYS[2], floor)
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], token .. '|' .. ARGV[1], 'PX', ARGV[2])
+local prev = redis.call('HMGET', KEYS[3], 'node', 'token', 'expires_at_ms')
+local takeover = ''
+if prev[3] then takeover = math.max(0, now - tonumber(prev[3])) end
+local rolled_back = ''
+if counter < known then rolled_back = counter end
+redis.call('HSET', KEYS[3], 'node', ARGV[1], 'token', token,
+  'acquired_at_ms', now, 'expires_at_ms', now + tonumber(ARGV[2]))
+local entry = {'event', 'became-leader', 'node', ARGV[1], 'token', token,
+  'previous_node', prev[1] or '', 'previous_token', prev[2] or '', 'takeover_ms', takeover}
+if rolled_back ~= '' then
+  table.insert(entry, 'rolled_back_from')
+  table.insert(entry, rolled_back)
+end
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', unpack(entry))
+return {1, token, prev[1] or '', prev[2] or '', takeover, cursor, rolled_back}

@@ -1,0 +1,45 @@
+-- commit: append records to the events stream and move the cursor, fenced by the writer's token.
+--
+-- KEYS[1] token    KEYS[2] lease    KEYS[3] cursor    KEYS[4] events
+-- ARGV[1] node     ARGV[2] token
+-- ARGV[3] the cursor the writer believes is committed ('' for none)
+-- ARGV[4] anchor ('' for none): when given, it becomes the cursor after the records (it must come
+--         after the last of them). Alone, it is how a job that starts at "now" pins that position
+--         durably before its first record; after records, a source's "read through here" position
+--         (Stellar RPC's scanned-through cursor).
+-- ARGV[5] events max_len (0: keep everything)
+-- ARGV[6..] paging_token, record pairs, strictly in paging-token order
+--
+-- Applied only if the token is the counter, the lease holds exactly "token|node", the stored cursor
+-- is ARGV[3], and every paging token is well formed and after the previous one; else nothing changes.
+-- Returns {1, records appended, new cursor, entries trimmed} or {0, reason, counter, stored cursor},
+-- reason one of stale-token, lease-lost, cursor-moved, not-after-cursor, bad-paging-token.
+
+local stored = redis.call('HGET', KEYS[3], 'cursor') or ''
+local refusal = fencing_refusal(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
+if refusal then return {0, refusal[1], refusal[2], stored} end
+local current = tonumber(ARGV[2])
+if stored ~= ARGV[3] then return {0, 'cursor-moved', current, stored} end
+local last = stored
+for i = 6, #ARGV, 2 do
+  if not split_token(ARGV[i]) then return {0, 'bad-paging-token', current, stored} end
+  if last ~= '' and not is_after(ARGV[i], last) then
+    return {0, 'not-after-cursor', current, stored}
+  end
+  last = ARGV[i]
+end
+if ARGV[4] ~= '' then
+  if not split_token(ARGV[4]) then return {0, 'bad-paging-token', current, stored} end
+  if last ~= '' and not is_after(ARGV[4], last) then
+    return {0, 'not-after-cursor', current, stored}
+  end
+  last = ARGV[4]
+end
+for i = 6, #ARGV, 2 do
+  redis.call('XADD', KEYS[4], '*', 'paging_token', ARGV[i], 'token', ARGV[2],
+    'node', ARGV[1], 'record', ARGV[i + 1])
+end
+redis.call('HSET', KEYS[3], 'cursor', last, 'token', ARGV[2], 'node', ARGV[1])
+local trimmed = 0
+if #ARGV > 5 then trimmed = trim_events(KEYS[4], tonumber(ARGV[5])) end
+return {1, (#ARGV - 5) / 2, last, trimmed}

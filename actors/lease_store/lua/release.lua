@@ -1,0 +1,15 @@
+-- release: give the lease up, if still this holder's, and wake the standbys.
+--
+-- KEYS[1] lease    KEYS[2] leader    KEYS[3] audit
+-- ARGV[1] node     ARGV[2] token     ARGV[3] the release channel (ingestion:{J}:released)
+-- ARGV[4] audit_maxlen
+--
+-- Returns 1 when released (and "token|node" published on the channel), 0 when it was not ours.
+
+if redis.call('GET', KEYS[1]) ~= ARGV[2] .. '|' .. ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[2], 'expires_at_ms', now_ms())
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*',
+  'event', 'released', 'node', ARGV[1], 'token', ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[2] .. '|' .. ARGV[1])
+return 1

@@ -1,0 +1,124 @@
+"""Release notices: the pub/sub subscription that wakes standbys the moment a leader releases."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import redis
+import trio
+from redis.sentinel import SentinelConnectionPool
+
+if TYPE_CHECKING:
+    from actors.lease_store.store import LeaseStore
+
+
+class ReleaseNotices:
+    """A subscription to the job's release channel, for standbys that must react at once.
+
+    ``wait(seconds)`` returns the releasing holder's node id when a release notice arrived within
+    that many seconds, else None. Connection trouble is reported as None after the wait (the
+    caller campaigns anyway, so a lost notice costs at most one standby interval). The subscription
+    is renewed every ``RESUBSCRIBE_EVERY`` waits, so a half-open connection (a partition that sent
+    no reset) cannot silence notices for longer than that. One waiter at a time; the pub/sub
+    connection is only ever touched by the worker thread of the current wait (``close`` from the
+    trio side defers to that thread when one is still running, e.g. after a cancelled wait).
+    """
+
+    RESUBSCRIBE_EVERY = 30
+
+    def __init__(self, store: LeaseStore) -> None:
+        self._store = store
+        self._pubsub: Any = None
+        self._waits = 0
+        self._lock = threading.Lock()
+        self._busy = False
+        self._closed = False
+
+    def _wait(self, seconds: float) -> str | None:
+        with self._lock:
+            if self._closed:
+                return None
+            self._busy = True
+        end = time.monotonic() + seconds
+        try:
+            if (
+                self._pubsub is None
+                or self._waits >= self.RESUBSCRIBE_EVERY
+                or self._on_former_primary()
+            ):
+                # Subscribe the new connection first, then read what the old one still holds,
+                # then close it: a notice published in between reaches one or the other.
+                fresh = self._store.client.pubsub(ignore_subscribe_messages=True)
+                fresh.subscribe(self._store.keys["released"])
+                old, self._pubsub = self._pubsub, fresh
+                self._waits = 0
+                held = self._drain(old)
+                if held is not None:
+                    return held
+            self._waits += 1
+            while (left := end - time.monotonic()) > 0:
+                msg = self._pubsub.get_message(timeout=left)
+                if msg is not None and msg.get("type") == "message":
+                    return str(msg.get("data", "")).partition("|")[2]
+        except (redis.RedisError, OSError):
+            self._reset()
+            left = end - time.monotonic()
+            if left > 0:
+                time.sleep(left)
+        finally:
+            with self._lock:
+                self._busy = False
+                if self._closed:
+                    self._reset()
+        return None
+
+    def _on_former_primary(self) -> bool:
+        """With Sentinel: the subscription is on a server that is no longer the primary (whose
+        address ``LeaseStore.follow_primary`` re-reads), where no notice comes."""
+        pool = getattr(self._store.client, "connection_pool", None)
+        conn = getattr(self._pubsub, "connection", None)
+        if not isinstance(pool, SentinelConnectionPool) or conn is None or not pool.master_address:
+            return False
+        return (conn.host, conn.port) != tuple(pool.master_address)
+
+    @staticmethod
+    def _drain(old: Any) -> str | None:
+        """The first notice an old subscription still holds (then close it), else None."""
+        if old is None:
+            return None
+        found = None
+        try:
+            while found is None:
+                msg = old.get_message(timeout=0)
+                if msg is None:
+                    break
+                if msg.get("type") == "message":
+                    found = str(msg.get("data", "")).partition("|")[2]
+        except (redis.RedisError, OSError):
+            pass
+        try:
+            old.close()
+        except (redis.RedisError, OSError):
+            pass
+        return found
+
+    async def wait(self, seconds: float) -> str | None:
+        return await trio.to_thread.run_sync(self._wait, seconds, abandon_on_cancel=True)
+
+    def _reset(self) -> None:
+        if self._pubsub is not None:
+            try:
+                self._pubsub.close()
+            except (redis.RedisError, OSError):
+                pass
+            self._pubsub = None
+        self._waits = 0
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._busy:
+                return  # the running worker closes it when it returns
+        self._reset()

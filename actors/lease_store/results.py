@@ -1,0 +1,136 @@
+"""What the lease store's calls return, and how they fail.
+
+Every call either answers with one of these frozen values or raises :class:`RedisUnavailable`,
+whose outcome the caller must treat as unknown (the command may have been applied).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+class RedisUnavailable(Exception):
+    """A Redis call failed or timed out. Its effect is unknown: it may have been applied."""
+
+
+class ReplicationUnconfirmed(RedisUnavailable):
+    """The primary applied the write but fewer replicas than asked acknowledged it in time
+    (``WAIT``): a failover may still lose it, so its outcome is as unknown as a timed-out call's."""
+
+    def __init__(self, message: str, acked: int, wanted: int) -> None:
+        super().__init__(message)
+        self.acked = acked
+        self.wanted = wanted
+
+
+@attrs.frozen
+class Acquired:
+    """This node now holds the lease under ``token``."""
+
+    token: int
+    previous_node: str | None
+    previous_token: int | None
+    takeover_ms: int | None  # how long the job was leaderless (None: first leader ever)
+    cursor: str | None  # the last committed paging token
+    # Redis's token counter when it was below the caller's known token (Redis went back in time,
+    # e.g. a failover to a replica that missed writes); None when it was not.
+    rolled_back_from: int | None = None
+    # The primary's replication id (changes when a replica is promoted); not part of equality.
+    replid: str | None = attrs.field(default=None, eq=False)
+
+
+@attrs.frozen
+class Held:
+    """Someone holds the lease; it has ``ttl_left_ms`` to live unless renewed."""
+
+    holder: str
+    token: int
+    ttl_left_ms: int
+    replid: str | None = attrs.field(default=None, eq=False)
+
+
+@attrs.frozen
+class StateLost:
+    """Redis's token counter is below a token the caller has seen *and* the job's cursor is gone:
+    Redis lost the job's state (restarted empty, an empty replica promoted). Nothing was issued:
+    leading would restart the job from its start cursor, which is an operator's decision."""
+
+    counter: int
+    cursor: str | None
+    replid: str | None = attrs.field(default=None, eq=False)
+
+
+@attrs.frozen
+class Committed:
+    token: int
+    cursor: str
+    count: int
+    trimmed: int = 0  # events-stream entries the commit's retention trim removed (events_max_len)
+
+
+@attrs.frozen
+class CommitRejected:
+    """Redis refused the commit and changed nothing.
+
+    ``reason`` is one of ``stale-token``, ``lease-lost``, ``cursor-moved``, ``not-after-cursor``,
+    ``bad-paging-token``; ``current_token`` is the job's token counter when Redis checked.
+    """
+
+    token: int
+    reason: str
+    current_token: int
+    stored_cursor: str | None
+
+
+@attrs.frozen
+class LeaderInfo:
+    node: str | None
+    token: int | None
+    lease_ttl_ms_left: int | None
+
+
+@attrs.frozen
+class JobState:
+    """A read-only snapshot for ``inspect`` and the tests."""
+
+    job: str
+    leader: str | None
+    token: int
+    lease_ttl_ms_left: int | None
+    cursor: str | None
+    cursor_token: int | None
+    events: int
+    audit: list[dict[str, str]]
+
+
+@attrs.frozen
+class GroupInfo:
+    """One consumer group on the events stream."""
+
+    name: str
+    consumers: int
+    pending: int  # delivered to a consumer, not yet acknowledged
+    lag: int | None  # entries not yet delivered to the group (None: Redis cannot tell)
+    last_delivered_id: str
+
+    @property
+    def unacknowledged(self) -> int | None:
+        """Entries the group has still to acknowledge: pending plus undelivered."""
+        return None if self.lag is None else self.pending + self.lag
+
+
+@attrs.frozen
+class StreamInfo:
+    """The events stream as its readers see it (for metrics, ``inspect`` and the tests)."""
+
+    length: int
+    entries_added: int  # every entry ever appended, trimmed ones included
+    first_id: str | None
+    last_id: str | None
+    groups: tuple[GroupInfo, ...]
+
+    @property
+    def trimmed(self) -> int:
+        """Entries removed by retention (the stream is only ever trimmed from its head)."""
+        return self.entries_added - self.length
+

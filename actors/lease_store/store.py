@@ -1,0 +1,432 @@
+"""The lease store: one job's lease, fencing-token and cursor operations, each atomic in Redis.
+
+It runs the scripts in ``lua/`` and bridges trio to redis-py's synchronous client (a worker thread
+per call, with ``abandon_on_cancel`` so a cancelled caller never waits on a socket).
+
+Every call is bounded by the client's socket and connect timeouts, which the configuration keeps well
+below the lease safety margin, and redis-py's own retries are switched off: a retry would stretch a
+call past the margin. A call that fails or times out raises :class:`RedisUnavailable`, and the caller
+must treat it as *ambiguous*: the command may or may not have been applied.
+
+The fencing rule lives in Redis: a commit is applied only if its token equals the job's token
+counter *and* the lease still holds exactly this holder and token, *and* its records follow the
+stored cursor strictly. Local checks elsewhere are an optimisation; this one is the guarantee.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import redis
+import trio
+from redis.cluster import RedisCluster
+from redis.sentinel import SentinelConnectionPool
+
+from actors.cursor_order import token_key
+from actors.lease_store import scripts
+from actors.lease_store.connect import client_kwargs, describe_redis_error, redacted_endpoint
+from actors.lease_store.keys import AUDIT_MAXLEN, job_keys, parse_lease_value
+from actors.lease_store.notices import ReleaseNotices
+from actors.lease_store.results import (
+    Acquired,
+    CommitRejected,
+    Committed,
+    GroupInfo,
+    Held,
+    JobState,
+    LeaderInfo,
+    RedisUnavailable,
+    ReplicationUnconfirmed,
+    StateLost,
+    StreamInfo,
+)
+from actors.source import Record
+
+T = TypeVar("T")
+
+FOLLOW_PRIMARY_EVERY = 0.5  # seconds: how stale the Sentinel-named primary may be (follow_primary)
+
+
+class LeaseStore:
+    """Lease, fencing-token and cursor operations for one job, each one atomic in Redis."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        job: str,
+        call_timeout: float | None = None,
+        *,
+        min_replicas_acked: int = 0,
+        replication_wait: float | None = None,
+        events_max_len: int = 0,
+    ) -> None:
+        self.client = client
+        self.job = job
+        # Every call, whole, is bounded by this (default: the client's socket timeout).
+        self.call_timeout = call_timeout or client_kwargs(client).get("socket_timeout") or 1.0
+        # After each acquire and commit, wait (WAIT, same connection) for this many replicas to
+        # acknowledge it, at most ``replication_wait`` seconds (default: half the call bound, so
+        # the script and the WAIT fit in one bounded call).
+        self.min_replicas_acked = min_replicas_acked
+        self.replication_wait_ms = max(
+            1, round(1000 * (replication_wait if replication_wait is not None else self.call_timeout / 2))
+        )
+        # Keep about this many entries in the events stream (0: all), never one that a consumer
+        # group still needs: trimmed inside the commit script, under the same fencing check.
+        self.events_max_len = events_max_len
+        self.keys = job_keys(job)
+        self._stale_topology = False
+        self._where, self._secret = redacted_endpoint(client)
+        self._acquire = client.register_script(scripts.ACQUIRE)
+        self._renew = client.register_script(scripts.RENEW)
+        self._release = client.register_script(scripts.RELEASE)
+        self._commit = client.register_script(scripts.COMMIT)
+        self._fenced_hset = client.register_script(scripts.FENCED_HSET)
+        self._report_health = client.register_script(scripts.REPORT_HEALTH)
+        self._fenced_audit = client.register_script(scripts.FENCED_AUDIT)
+
+    async def follow_primary(self, every: float = FOLLOW_PRIMARY_EVERY) -> None:
+        """With Sentinel, ask where the primary is every ``every`` seconds, until cancelled.
+
+        redis-py asks the sentinels only when it opens a connection, and drops idle connections
+        to a former primary only then; a pooled connection to an old primary that was not told
+        to step down (a planned failover leaves it a writable primary for seconds) would keep
+        taking our writes there. Asking often makes the pool drop them within ``every``. This
+        runs beside the calls, never in their path: sentinels that are slow or gone must not
+        delay or fail a call to a primary that works. Errors are left to the calls to report.
+        """
+        pool = getattr(self.client, "connection_pool", None)
+        if not isinstance(pool, SentinelConnectionPool):
+            return
+        while True:
+            with trio.move_on_after(max(every, 4 * self.call_timeout)):
+                try:
+                    # disconnects idle connections when the primary moved
+                    await trio.to_thread.run_sync(pool.get_master_address, abandon_on_cancel=True)
+                except (redis.RedisError, OSError):
+                    pass
+            await trio.sleep(every)
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        # The socket timeouts bound each read, write and connect, not the whole call (a fresh
+        # connection may handshake, and a script may need loading); this bounds the whole call.
+        # An abandoned worker finishes on its own; its connection is not reused before it does.
+        try:
+            with trio.fail_after(self.call_timeout):
+                return await trio.to_thread.run_sync(
+                    functools.partial(self._fresh_then, fn, *args, **kwargs), abandon_on_cancel=True
+                )
+        except trio.TooSlowError as exc:
+            self._stale_topology = True
+            raise RedisUnavailable(
+                f"{self._where}: timed out: no answer within {self.call_timeout * 1000:.0f} ms"
+            ) from exc
+        except (redis.RedisError, OSError) as exc:
+            if isinstance(exc, redis.ConnectionError | redis.TimeoutError | OSError):
+                self._stale_topology = True  # (a cluster re-reads its slot map before the next call)
+            raise RedisUnavailable(
+                describe_redis_error(exc, where=self._where, secret=self._secret)
+            ) from exc
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """A blocking redis-py call of the caller's, bounded and reported like every store call.
+
+        Raises:
+            RedisUnavailable: it failed or timed out (its effect is unknown).
+        """
+        return await self._call(fn, *args)
+
+    def _script_then_wait(
+        self, script: Any, keys: list[str], args: list[Any], *, replid: bool = False
+    ) -> tuple[Any, int | None, str | None]:
+        """Run ``script`` and, on the same connection right after it, ``WAIT`` for the replicas
+        (when asked for) and ``INFO replication`` (when ``replid``): one round trip, in a worker
+        thread. Returns (the script's answer, replicas that acknowledged or None, the replid)."""
+        for attempt in (1, 2):
+            conn = self._connection_for(keys[0])
+            pipe = conn.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            if self.min_replicas_acked:
+                pipe.execute_command("WAIT", self.min_replicas_acked, self.replication_wait_ms)
+            if replid:
+                pipe.info("replication")
+            out = pipe.execute(raise_on_error=False)
+            if isinstance(out[0], redis.exceptions.NoScriptError) and attempt == 1:
+                # A primary that never saw the script (a fresh or newly promoted one): NOSCRIPT
+                # means nothing ran, so loading it and running again is safe.
+                conn.script_load(script.script)
+                continue
+            if isinstance(out[0], redis.exceptions.AskError | redis.exceptions.MovedError):
+                # Cluster: the job's slot is served elsewhere now (a failover, a resharding);
+                # nothing ran here. Re-read the slot map, and run again once.
+                self._stale_topology = True
+                if attempt == 1:
+                    continue
+            for item in out:
+                if isinstance(item, Exception):
+                    raise item
+            acked = int(out[1]) if self.min_replicas_acked else None
+            info = out[-1] if replid else None
+            return out[0], acked, (info or {}).get("master_replid") if info is not None else None
+        raise AssertionError("unreachable")
+
+    def _fresh_then(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn``; on a cluster whose slot map may be stale (a failed call), re-read it first."""
+        if self._stale_topology and isinstance(self.client, RedisCluster):
+            self._stale_topology = False
+            self.client.nodes_manager.initialize()
+        return fn(*args, **kwargs)
+
+    def _connection_for(self, key: str) -> redis.Redis:
+        """The client that talks to the server holding ``key``: on a cluster, the master of the
+        key's slot (so that a script, ``WAIT`` and ``INFO`` share one connection)."""
+        if not isinstance(self.client, RedisCluster):
+            return self.client
+        if self._stale_topology:
+            self._stale_topology = False
+            self.client.nodes_manager.initialize()
+        node = self.client.get_node_from_key(key)
+        conn: redis.Redis = self.client.get_redis_connection(node)
+        return conn
+
+    def _check_acked(self, what: str, acked: int | None) -> None:
+        if acked is not None and acked < self.min_replicas_acked:
+            raise ReplicationUnconfirmed(
+                f"{self._where}: {what} applied by the primary but acknowledged by {acked} of the "
+                f"{self.min_replicas_acked} replicas asked for within {self.replication_wait_ms} ms "
+                "(redis.min_replicas_acked): a failover may lose it",
+                acked,
+                self.min_replicas_acked,
+            )
+
+    async def acquire(self, node: str, ttl_ms: int, known_token: int = 0) -> Acquired | Held | StateLost:
+        """Take the lease if it is free. ``known_token``: the highest fencing token the caller has
+        seen. If Redis's counter is below it (Redis went back in time) the new token is floored
+        above it and ``rolled_back_from`` says so; if the job's cursor is gone as well, Redis lost
+        the job and nothing is issued (:class:`StateLost`).
+
+        Raises:
+            RedisUnavailable: the outcome is unknown (a lease may have been granted);
+                :class:`ReplicationUnconfirmed` when granted but not replicated as asked.
+        """
+        k = self.keys
+        res, acked, replid = await self._call(
+            self._script_then_wait,
+            self._acquire,
+            [k["lease"], k["token"], k["leader"], k["audit"], k["cursor"]],
+            [node, ttl_ms, AUDIT_MAXLEN, known_token],
+            replid=True,
+        )
+        if int(res[0]) == 2:
+            return StateLost(counter=int(res[1]), cursor=res[2] or None, replid=replid)
+        if int(res[0]) == 0:
+            token, holder = parse_lease_value(res[1])
+            return Held(holder=holder, token=token, ttl_left_ms=int(res[2]), replid=replid)
+        self._check_acked("the lease grant", acked)
+        _, token, prev_node, prev_token, takeover, cursor, rolled_back = res
+        return Acquired(
+            token=int(token),
+            previous_node=prev_node or None,
+            previous_token=int(prev_token) if prev_token else None,
+            takeover_ms=int(takeover) if takeover != "" else None,
+            cursor=cursor or None,
+            rolled_back_from=int(rolled_back) if rolled_back != "" else None,
+            replid=replid,
+        )
+
+    async def renew(self, node: str, token: int, ttl_ms: int) -> bool:
+        """Extend the lease if it still holds exactly ``node`` and ``token``; False if lost."""
+        k = self.keys
+        res = await self._call(self._renew, keys=[k["lease"], k["leader"]], args=[node, token, ttl_ms])
+        return bool(int(res))
+
+    async def release(self, node: str, token: int) -> bool:
+        """Give the lease up (if still ours) and wake the standbys; False if it was not ours."""
+        k = self.keys
+        res = await self._call(
+            self._release,
+            keys=[k["lease"], k["leader"], k["audit"]],
+            args=[node, token, k["released"], AUDIT_MAXLEN],
+        )
+        return bool(int(res))
+
+    async def commit(
+        self,
+        node: str,
+        token: int,
+        previous_cursor: str | None,
+        records: Sequence[Record],
+        anchor: str | None = None,
+    ) -> Committed | CommitRejected:
+        """Append ``records`` to the events stream and advance the cursor, fenced by ``token``.
+
+        ``previous_cursor`` is the cursor the writer believes is committed; a commit that does not
+        continue exactly from it is rejected, so a batch can neither be replayed nor leave a gap.
+        ``anchor`` (a paging token after the stored cursor and the last record) then becomes the
+        cursor: alone, it pins a position; after records, it is where the source read through.
+
+        Raises:
+            ValueError: a record's paging token is malformed or the batch is out of order.
+            RedisUnavailable: the outcome is unknown; re-read the cursor before going on
+                (:class:`ReplicationUnconfirmed`: applied by the primary, not replicated as asked).
+        """
+        if not records and anchor is None:
+            raise ValueError("a commit carries records, an anchor cursor, or both")
+        previous = None
+        for token_text in [r.paging_token for r in records] + ([anchor] if anchor is not None else []):
+            key = token_key(token_text)
+            if previous is not None and key <= previous:
+                raise ValueError(f"batch out of order at paging token {token_text!r}")
+            previous = key
+        args: list[str | int] = [
+            node, token, previous_cursor or "", anchor or "", self.events_max_len
+        ]
+        for r in records:
+            args.append(r.paging_token)
+            args.append(r.body)
+        k = self.keys
+        res, acked, _ = await self._call(
+            self._script_then_wait, self._commit, [k["token"], k["lease"], k["cursor"], k["events"]], args
+        )
+        if int(res[0]) == 1:
+            self._check_acked("the commit", acked)
+            return Committed(token=token, count=int(res[1]), cursor=res[2], trimmed=int(res[3]))
+        return CommitRejected(
+            token=token, reason=res[1], current_token=int(res[2]), stored_cursor=res[3] or None
+        )
+
+    async def fenced_hset(
+        self, node: str, token: int, key: str, mapping: dict[str, str]
+    ) -> CommitRejected | None:
+        """Set fields of the hash ``key`` only if ``token`` is current and ``node`` holds the lease.
+
+        For singleton jobs' own side effects (beyond the events stream): returns None when applied,
+        else the rejection. ``key`` should carry the job's hash tag (``job_keys``) on a cluster.
+
+        Raises:
+            RedisUnavailable: the outcome is unknown.
+        """
+        args: list[str | int] = [node, token]
+        for field, value in mapping.items():
+            args += [field, value]
+        k = self.keys
+        res = await self._call(self._fenced_hset, keys=[k["token"], k["lease"], key], args=args)
+        if int(res[0]) == 1:
+            return None
+        return CommitRejected(token=token, reason=res[1], current_token=int(res[2]), stored_cursor=None)
+
+    async def report_health(self, node: str, age_ms: int | None, window_ms: int) -> list[str]:
+        """Record that ``node``'s source answered ``age_ms`` ago (None: it does not answer now);
+        returns the nodes whose source answered within ``window_ms`` (Redis time).
+
+        Raises:
+            RedisUnavailable: failed or timed out.
+        """
+        k = self.keys["health"]
+        args = [node, "" if age_ms is None else max(0, age_ms), window_ms]
+        healthy: list[str] = await self._call(self._report_health, keys=[k], args=args)
+        return healthy
+
+    async def source_health(self) -> dict[str, int]:
+        """node -> Redis time (ms) of its source's last successful answer."""
+        raw: dict[str, str] = await self._call(self.client.hgetall, self.keys["health"])  # type: ignore[arg-type]
+        return {node: int(ms) for node, ms in raw.items()}
+    async def fenced_audit(
+        self, node: str, token: int, event: str, fields: dict[str, str]
+    ) -> CommitRejected | None:
+        """Append ``event`` (with ``node``, ``token`` and ``fields``) to the job's audit stream,
+        only if ``token`` is current and ``node`` holds the lease: a job's own record of something
+        that happened in its term (a skipped history gap). None when written, else the rejection.
+
+        Raises:
+            RedisUnavailable: the outcome is unknown.
+        """
+        args: list[str | int] = [node, token, AUDIT_MAXLEN, event]
+        for field, value in fields.items():
+            args += [field, value]
+        k = self.keys
+        res = await self._call(self._fenced_audit, keys=[k["token"], k["lease"], k["audit"]], args=args)
+        if int(res[0]) == 1:
+            return None
+        return CommitRejected(token=token, reason=res[1], current_token=int(res[2]), stored_cursor=None)
+
+    async def committed_cursor(self) -> str | None:
+        cursor: str | None = await self._call(self.client.hget, self.keys["cursor"], "cursor")  # type: ignore[arg-type]
+        return cursor
+
+    async def leader(self) -> LeaderInfo:
+        def read() -> LeaderInfo:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(self.keys["lease"])
+            pipe.pttl(self.keys["lease"])
+            value, ttl = pipe.execute()
+            if value is None:
+                return LeaderInfo(None, None, None)
+            token, node = parse_lease_value(value)
+            return LeaderInfo(node, token, int(ttl) if int(ttl) >= 0 else None)
+
+        return await self._call(read)
+
+    async def state(self, audit_count: int = 10) -> JobState:
+        k = self.keys
+
+        def read() -> JobState:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(k["lease"])
+            pipe.pttl(k["lease"])
+            pipe.get(k["token"])
+            pipe.hgetall(k["cursor"])
+            pipe.xlen(k["events"])
+            pipe.xrevrange(k["audit"], count=audit_count)
+            lease, ttl, token, cursor, events, audit = pipe.execute()
+            leader = parse_lease_value(lease)[1] if lease else None
+            return JobState(
+                job=self.job,
+                leader=leader,
+                token=int(token or 0),
+                lease_ttl_ms_left=int(ttl) if lease and int(ttl) >= 0 else None,
+                cursor=cursor.get("cursor"),
+                cursor_token=int(cursor["token"]) if "token" in cursor else None,
+                events=int(events),
+                audit=[{"id": entry_id, **fields} for entry_id, fields in reversed(audit)],
+            )
+
+        return await self._call(read)
+
+    async def events_info(self) -> StreamInfo:
+        """Length, trimmed entries and consumer groups of the events stream (read-only)."""
+        key = self.keys["events"]
+
+        def read() -> StreamInfo:
+            try:
+                info: Any = self.client.xinfo_stream(key)
+            except redis.ResponseError as exc:
+                if "no such key" in str(exc).lower():
+                    return StreamInfo(0, 0, None, None, ())
+                raise
+            groups: Any = self.client.xinfo_groups(key)
+            first, last = info.get("first-entry"), info.get("last-entry")
+            return StreamInfo(
+                length=int(info["length"]),
+                # Redis 7.0 counts appended entries; before it, assume nothing was trimmed
+                entries_added=int(info.get("entries-added", info["length"])),
+                first_id=first[0] if first else None,
+                last_id=last[0] if last else None,
+                groups=tuple(
+                    GroupInfo(
+                        name=g["name"],
+                        consumers=int(g["consumers"]),
+                        pending=int(g["pending"]),
+                        lag=int(g["lag"]) if g.get("lag") is not None else None,
+                        last_delivered_id=g["last-delivered-id"],
+                    )
+                    for g in groups
+                ),
+            )
+
+        return await self._call(read)
+
+    def release_notices(self) -> ReleaseNotices:
+        return ReleaseNotices(self)
