@@ -42,22 +42,6 @@ class LogLine:
     fields: dict[str, Any]
 
 
-def most_leaders_at_once(lines: list[Any]) -> int:
-    """The most nodes leading at the same moment, from ``became-leader``/``lost-leadership`` lines
-    (anything with ``.at``, ``.node``, ``.event``), in the order they happened. A node that dies
-    without a word stops leading when another node's ``became-leader`` names it as previous."""
-    leading: set[str] = set()
-    most = 0
-    for e in sorted(lines, key=lambda e: e.at):
-        if e.event == "became-leader":
-            leading.discard(str(e.fields.get("previous_node")))
-            leading.add(e.node)
-        elif e.event in ("lost-leadership", "node-stopped"):
-            leading.discard(e.node)
-        most = max(most, len(leading))
-    return most
-
-
 class EventLog:
     """Every process's log lines, in the order the harness read them."""
 

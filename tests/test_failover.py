@@ -28,7 +28,6 @@ from tests.cluster import (
     Cluster,
     faketime_available,
     figure,
-    most_leaders_at_once,
     open_cluster,
 )
 from tests.conftest import make_store
@@ -214,9 +213,17 @@ async def test_six_nodes_started_in_the_same_instant_elect_exactly_one_leader(jo
                 assert e.fields["leader"] == leader.node
                 assert e.fields["token"] == leader.fields["token"]
         await c.wait_for_progress(300)  # several lease lifetimes: still one leader at a time
-        # (a step-down under CI load is allowed; two leaders at once never)
-        assert most_leaders_at_once(c.log.lines) == 1, c.log.tail()
-        assert c.state()["lease"] == f"{leader.fields['token']}|{leader.node}"
+        # A step-down under CI load is allowed; two leaders for one term never: each grant is a new
+        # token, and the lease names the holder of the newest one (or nobody, between two terms).
+        state = c.state()
+        if state["lease"] is not None:
+            holder = await c.log.wait_for("became-leader", token=state["token"])
+            assert state["lease"] == f"{state['token']}|{holder.node}", c.log.tail()
+        terms = [(e.fields["token"], e.node) for e in c.leaders()]
+        assert len({t for t, _n in terms}) == len(terms), f"a token granted twice: {terms}"
+        print(f"\nsix nodes: {len(terms)} terms: {terms}")
+        # Two writers at once are judged on Redis's clock: the checker finds any entry written
+        # under a token after the next token's grant (the audit stream).
         await assert_verified(c, 300)
 
 
