@@ -1,0 +1,89 @@
+"""The layers of the configuration and their merge: defaults < ``config.toml`` <
+``INGESTION_<SECTION>_<KEY>`` < flags."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ingestion.config.checks import did_you_mean
+from ingestion.config.schema import SCHEMA
+from ingestion.config.settings import ConfigError, Settings
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError([f"--config: cannot read {path}: {exc.strerror}"]) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"--config: {path} is not valid TOML: {exc}"]) from exc
+
+
+def from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """``INGESTION_<SECTION>_<KEY>`` variables as a nested mapping (lists are comma-separated;
+    ``INGESTION_RPC_TOPICS`` separates topics with ``;``, a topic's segments with ``,``)."""
+    out: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    for name, value in environ.items():
+        if not name.startswith("INGESTION_"):
+            continue
+        rest = name[len("INGESTION_") :].lower()
+        section, _, key = rest.partition("_")
+        if section not in SCHEMA or key not in SCHEMA[section]:
+            hint = did_you_mean(rest, {f"{s}_{k}": 1 for s in SCHEMA for k in SCHEMA[s]})
+            problems.append(f"{name}: unknown setting{hint}")
+            continue
+        kind = SCHEMA[section][key][0]
+        # A topic is itself comma-separated: INGESTION_RPC_TOPICS separates topics with ';'.
+        sep = ";" if (section, key) == ("rpc", "topics") else ","
+        parsed: Any = [u.strip() for u in value.split(sep) if u.strip()] if kind == "list[str]" else value
+        out.setdefault(section, {})[key] = parsed
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def merge(*layers: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    merged: dict[str, dict[str, Any]] = {}
+    for layer in layers:
+        for section, values in layer.items():
+            if isinstance(values, Mapping):
+                merged.setdefault(section, {}).update(values)
+            else:
+                merged[section] = values  # type: ignore[assignment]  # reported by from_mapping
+    return merged
+
+
+def load(
+    config_path: Path | None,
+    environ: Mapping[str, str],
+    flags: Mapping[str, Mapping[str, Any]],
+) -> Settings:
+    """Defaults < config file < environment < flags. ``config_path`` None: ./config.toml if any.
+
+    Raises:
+        ConfigError: every problem found, one line each (a bad environment variable and a bad
+            value in the file are reported together).
+    """
+    if config_path is None:
+        candidate = Path("config.toml")
+        file_layer = read_toml(candidate) if candidate.is_file() else {}
+    else:
+        file_layer = read_toml(config_path)
+    problems: list[str] = []
+    try:
+        env_layer = from_environment(environ)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+        env_layer = {}
+    try:
+        settings = Settings.from_mapping(merge(file_layer, env_layer, flags))
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems)
+    return settings

@@ -1,0 +1,265 @@
+"""Every setting, by section: its type, default and help; the ``[jobs.NAME]`` keys; the flags.
+
+The one table the rest of the package reads: :func:`~ingestion.config.settings.Settings.from_mapping`
+checks values against it, the environment layer knows its variables from it, and
+:func:`~ingestion.config.sample.sample_toml` writes the repo-root ``config.toml`` from it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The schema: section -> key -> (type, default, help). Types: int, float, str, list[str], bool.
+SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
+    "node": {
+        "id": (str, "", "this node's id in logs and in Redis; empty: <hostname>-<pid>"),
+        "job": (
+            "list[str]",
+            [],
+            "the singleton jobs this node hosts, each NAME or NAME=RESOURCE (--job repeated); "
+            "empty: every [jobs.NAME] table, or one job named horizon when there is none",
+        ),
+        "state_dir": (
+            str,
+            "",
+            "directory for the highest fencing token seen, kept across restarts (a file per job; "
+            "nodes may share it); empty: memory only",
+        ),
+        "source": (
+            str,
+            "horizon",
+            "what a job follows unless its [jobs.NAME] table says: horizon (a Horizon collection) "
+            "or rpc (Stellar RPC getEvents: contract events)",
+        ),
+    },
+    "redis": {
+        "url": (
+            str,
+            "redis://127.0.0.1:6379/0",
+            "redis:// or rediss:// (TLS) URL; user:password@ for an ACL user, :password@ for "
+            "requirepass; redis+sentinel://[user:pass@]H:P[,H:P...]/SERVICE[/DB] (rediss+sentinel:// "
+            "for TLS) to follow Sentinel's primary; redis+cluster://[user:pass@]H:P[,H:P...] "
+            "(rediss+cluster://) for Redis Cluster",
+        ),
+        "min_replicas_acked": (
+            int,
+            -1,
+            "replicas that must acknowledge (WAIT) each acquire and commit, else it counts as "
+            "unknown and the term ends; -1: auto = 1 with Sentinel, 0 otherwise",
+        ),
+        "timeout_ms": (
+            int,
+            0,
+            "ms, bound on every Redis call; 0: auto = min(500, safety_margin_ms / 2)",
+        ),
+        "tls_ca_file": (
+            str,
+            "",
+            "CA bundle (PEM) to verify a rediss:// server; empty: system store",
+        ),
+        "tls_cert_file": (str, "", "client certificate (PEM) for a server with tls-auth-clients"),
+        "tls_key_file": (str, "", "private key (PEM) of tls_cert_file"),
+    },
+    "lease": {
+        "ttl_ms": (int, 5000, "ms, lease time-to-live in Redis (100 .. 3600000)"),
+        "renew_interval_ms": (int, 0, "ms between renewals; 0: auto = ttl_ms / 5"),
+        "safety_margin_ms": (
+            int,
+            0,
+            "ms, ingestion stops this long before the lease could end; 0: auto = ttl_ms / 5",
+        ),
+        "clock_drift": (
+            float,
+            0.01,
+            "fraction, allowed clock-rate difference between node and Redis (0 .. 0.5)",
+        ),
+        "standby_jitter_ms": (
+            int,
+            25,
+            "ms, upper bound of the random delay added to a standby's wake-up",
+        ),
+    },
+    "horizon": {
+        "urls": ("list[str]", ["http://127.0.0.1:8000"], "Horizon base URLs, tried in order"),
+        "resource": (
+            str,
+            "/operations",
+            "collection to ingest, e.g. /payments, /trades, /accounts/G.../effects, "
+            "/liquidity_pools/ID/trades; may end in ?include_failed=true and/or join=transactions",
+        ),
+        "start_cursor": (
+            str,
+            "now",
+            "where a job starts when nothing is committed: now, 0 or a paging token",
+        ),
+        "connect_timeout_ms": (int, 2000, "ms, HTTP connect timeout"),
+        "read_timeout_ms": (int, 30000, "ms, HTTP read timeout for a page request"),
+        "stream_idle_timeout_ms": (
+            int,
+            65000,
+            "ms, reconnect a stream silent this long (Horizon closes its own after 55 s)",
+        ),
+        "retry_base_ms": (int, 200, "ms, first retry delay after a connection error or 5xx"),
+        "retry_cap_ms": (int, 10000, "ms, longest retry delay"),
+        "failover_after": (int, 3, "count, consecutive failures before moving to the next URL"),
+        "parallel_requests": (
+            int,
+            8,
+            "count, page requests in flight at once while catching up a network-wide collection "
+            "(ledger ranges paged side by side, committed in order); 1: strictly sequential",
+        ),
+        "handover_after_ms": (
+            int,
+            0,
+            "ms every request to every Horizon URL may fail before a leader hands the lease to a "
+            "node that reaches Horizon (at least lease.ttl_ms); 0: auto = 3 * lease.ttl_ms",
+        ),
+        "not_found_give_up_ms": (
+            int,
+            120000,
+            "ms, an account-scoped resource answered 404 (an account not ingested yet) is retried "
+            "and failed over until every URL has answered 404 this long; then the node exits 1",
+        ),
+        "stale_check_ms": (
+            int,
+            30000,
+            "ms between reads of every Horizon URL's / to notice that the one in use is stale "
+            "(only with several URLs); 0: never",
+        ),
+        "stale_after_ledgers": (
+            int,
+            10,
+            "the Horizon in use is stale when its history is more than this many ledgers behind "
+            "its stellar-core or another URL; the node then moves to the freshest (horizon-stale)",
+        ),
+        "on_history_gap": (
+            str,
+            "stop",
+            "when the cursor is older than Horizon's retained history (history_elder_ledger): "
+            "stop (log history-gap, write nothing, exit 1) or skip (record the gap in the audit "
+            "stream and resume from the oldest retained ledger)",
+        ),
+    },
+    "rpc": {
+        "urls": (
+            "list[str]",
+            ["http://127.0.0.1:8001"],
+            "Stellar RPC URLs (JSON-RPC), tried in order, for jobs whose source is rpc",
+        ),
+        "start_cursor": (
+            str,
+            "now",
+            "where an rpc job starts when nothing is committed: now, 0 (the oldest retained "
+            "ledger), a ledger number (events from that ledger on) or an event id (after it)",
+        ),
+        "event_type": (str, "", "getEvents filter: contract, system, or empty for both"),
+        "contract_ids": (
+            "list[str]",
+            [],
+            "getEvents filter: contract ids (C...), at most 5; empty: every contract",
+        ),
+        "topics": (
+            "list[str]",
+            [],
+            "getEvents filter: at most 5 topics, each SEG[,SEG...] (1 to 4 segments, then an optional "
+            "**): a base64 ScVal, * (any one segment), ** (any rest), or sym:NAME, str:TEXT, "
+            "address:G...|C..., u32:N, i32:N, u64:N, i64:N, u128:N, i128:N, bool:true|false "
+            "(INGESTION_RPC_TOPICS: topics separated by ;)",
+        ),
+        "page_limit": (
+            int,
+            10000,
+            "events per getEvents request (1 .. 10000; halved after a -32001 processing-limit "
+            "answer, then restored): pages follow one another, so this sets the catch-up pace",
+        ),
+        "connect_timeout_ms": (int, 2000, "ms, HTTP connect timeout"),
+        "request_timeout_ms": (int, 30000, "ms, the longest one getEvents request may take"),
+        "retry_base_ms": (int, 200, "ms, first retry delay after an error"),
+        "retry_cap_ms": (int, 10000, "ms, longest retry delay"),
+        "failover_after": (int, 3, "count, consecutive failures before moving to the next URL"),
+        "on_history_gap": (
+            str,
+            "stop",
+            "when the cursor is older than the RPC's oldest retained ledger: stop (log "
+            "history-gap, write nothing, exit 1) or skip (record the gap in the audit stream and "
+            "resume from the oldest ledger)",
+        ),
+        "reset_after_ms": (
+            int,
+            60000,
+            "ms every RPC URL may report a latest ledger below the cursor (a lagging node, or a "
+            "network reset) before rpc-network-reset-suspected is logged; the node never jumps",
+        ),
+    },
+    "events": {
+        "max_len": (
+            int,
+            0,
+            "keep about this many entries in the events stream, never one a consumer group has "
+            "not acknowledged (trimmed in each commit); 0: keep everything (the safe default: "
+            "the stream then grows without bound, size Redis for it or set this)",
+        ),
+    },
+    "observe": {
+        "listen_host": (str, "127.0.0.1", "address the status and metrics endpoints listen on"),
+        "metrics_port": (int, 0, "Prometheus /metrics and /healthz HTTP port; 0: off"),
+        "status_port": (
+            int,
+            0,
+            "WebSocket status port (python -m ingestion watch ws://host:port); 0: off",
+        ),
+    },
+    "log": {
+        "level": (str, "info", "debug, info, warning or error"),
+        "format": (str, "auto", "json, console, or auto (console on a terminal, else json)"),
+    },
+}
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+JOB_KINDS = ("horizon", "rpc", "scheduled")
+# A [jobs.NAME] table: key -> (type, help). Missing keys take the [horizon] (or [rpc]) settings.
+JOB_SCHEMA: dict[str, tuple[type | str, str]] = {
+    "kind": (
+        str,
+        "horizon (ingest a Horizon collection), rpc (Stellar RPC contract events) or scheduled "
+        "(run an action periodically); default: node.source",
+    ),
+    "resource": (str, "the Horizon collection (default: horizon.resource)"),
+    "start_cursor": (
+        str,
+        "where the job starts when nothing is committed (default: horizon.start_cursor, or "
+        "rpc.start_cursor for an rpc job)",
+    ),
+    "horizon": ("list[str]", "Horizon base URLs for this job (default: horizon.urls)"),
+    "rpc": ("list[str]", "rpc: Stellar RPC URLs for this job (default: rpc.urls)"),
+    "event_type": (str, "rpc: contract, system or empty (default: rpc.event_type)"),
+    "contract_ids": ("list[str]", "rpc: contract ids to follow (default: rpc.contract_ids)"),
+    "topics": ("list[str]", "rpc: topics, each SEG[,SEG...] (default: rpc.topics)"),
+    "action": (str, "scheduled: the action to run, module:function (async (run, term) -> dict)"),
+    "period_ms": (int, "scheduled: ms between the end of a run and the start of the next"),
+}
+
+
+# The command-line flag of a setting, where there is one (documentation; tests keep it true).
+FLAGS = {
+    ("node", "id"): "--node-id",
+    ("node", "job"): "--job",
+    ("redis", "url"): "--redis",
+    ("lease", "ttl_ms"): "--lease-ttl-ms",
+    ("horizon", "urls"): "--horizon",
+    ("horizon", "resource"): "--resource",
+    ("horizon", "start_cursor"): "--start-cursor",
+    ("node", "source"): "--source",
+    ("rpc", "urls"): "--rpc",
+    ("rpc", "start_cursor"): "--start-cursor",
+    ("rpc", "event_type"): "--event-type",
+    ("rpc", "contract_ids"): "--contract-id",
+    ("rpc", "topics"): "--topic",
+    ("events", "max_len"): "--events-max-len",
+    ("observe", "metrics_port"): "--metrics-port",
+    ("observe", "status_port"): "--status-port",
+    ("log", "level"): "--log-level",
+    ("log", "format"): "--log-format",
+}

@@ -1,0 +1,149 @@
+"""The configuration's values, one frozen class per section, and one per hosted job."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import redis
+
+from actors.lease import LeaseTiming
+from actors.lease_store import connect
+
+
+@attrs.frozen
+class NodeSettings:
+    id: str
+    jobs: tuple[str, ...]  # the job names this node hosts, in order (see Settings.jobs)
+    state_dir: str
+    source: str = "horizon"  # the kind of a job whose table does not say
+
+    @property
+    def job(self) -> str:
+        """The first job: what single-job commands (``tail``) read by default."""
+        return self.jobs[0]
+
+
+@attrs.frozen
+class JobSettings:
+    """One elected job hosted by the node."""
+
+    name: str
+    kind: str  # "horizon", "rpc" or "scheduled"
+    resource: str
+    start_cursor: str
+    horizon_urls: tuple[str, ...]
+    action: str = ""  # scheduled: "module:function"
+    period_ms: int = 0
+    rpc_urls: tuple[str, ...] = ()  # rpc: the URLs and the getEvents filter
+    event_type: str = ""
+    contract_ids: tuple[str, ...] = ()
+    topics: tuple[str, ...] = ()  # each "SEG[,SEG...]" as written
+
+    def rpc_filters(self) -> tuple[Any, ...]:
+        """The job's getEvents filters (:class:`ingestion.rpc.protocol.EventFilter`): one filter
+        of the type, contract ids and topics given, or none (every event) when none is given.
+
+        Raises:
+            ValueError: a topic segment that is not a valid ScVal or wildcard.
+        """
+        from ingestion.rpc.protocol import EventFilter, topic_from_text
+
+        if not (self.event_type or self.contract_ids or self.topics):
+            return ()
+        types = (self.event_type,) if self.event_type else ()
+        return (EventFilter(types, self.contract_ids, tuple(topic_from_text(t) for t in self.topics)),)
+
+
+@attrs.frozen
+class RedisSettings:
+    url: str
+    timeout_ms: int
+    min_replicas_acked: int
+    tls_ca_file: str
+    tls_cert_file: str
+    tls_key_file: str
+
+    def connect(self, timeout: float | None = None, connect_timeout: float | None = None) -> redis.Redis:
+        """A client for ``url`` with the TLS files; every call bounded by ``timeout`` seconds
+        (default ``timeout_ms``)."""
+        return connect(
+            self.url,
+            timeout=self.timeout_ms / 1000 if timeout is None else timeout,
+            connect_timeout=connect_timeout,
+            tls_ca_file=self.tls_ca_file or None,
+            tls_cert_file=self.tls_cert_file or None,
+            tls_key_file=self.tls_key_file or None,
+        )
+
+
+@attrs.frozen
+class LeaseSettings:
+    ttl_ms: int
+    renew_interval_ms: int
+    safety_margin_ms: int
+    clock_drift: float
+    standby_jitter_ms: int
+
+    @property
+    def timing(self) -> LeaseTiming:
+        return LeaseTiming(
+            ttl=self.ttl_ms / 1000,
+            renew_interval=self.renew_interval_ms / 1000,
+            margin=self.safety_margin_ms / 1000,
+            drift=self.clock_drift,
+        )
+
+
+@attrs.frozen
+class HorizonSettings:
+    urls: tuple[str, ...]
+    resource: str
+    start_cursor: str
+    connect_timeout_ms: int
+    read_timeout_ms: int
+    stream_idle_timeout_ms: int
+    retry_base_ms: int
+    retry_cap_ms: int
+    failover_after: int
+    parallel_requests: int
+    handover_after_ms: int
+    not_found_give_up_ms: int
+    stale_check_ms: int
+    stale_after_ledgers: int
+    on_history_gap: str
+
+
+@attrs.frozen
+class RpcSettings:
+    urls: tuple[str, ...]
+    start_cursor: str
+    event_type: str
+    contract_ids: tuple[str, ...]
+    topics: tuple[str, ...]
+    page_limit: int
+    connect_timeout_ms: int
+    request_timeout_ms: int
+    retry_base_ms: int
+    retry_cap_ms: int
+    failover_after: int
+    on_history_gap: str
+    reset_after_ms: int
+
+
+@attrs.frozen
+class EventsSettings:
+    max_len: int
+
+
+@attrs.frozen
+class ObserveSettings:
+    listen_host: str
+    metrics_port: int
+    status_port: int
+
+
+@attrs.frozen
+class LogSettings:
+    level: str
+    format: str
