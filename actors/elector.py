@@ -379,7 +379,7 @@ class Elector:
         if isinstance(msg, ShutdownRequested):
             self._stopping = True
             return machine.shutdown(), None
-        if isinstance(msg, HandBack):
+        if isinstance(msg, HandBack) and msg.token == token:
             return machine.hand_back(token, LostReason(msg.reason)), None
         if isinstance(msg, TermEnded) and msg.token == token:
             if msg.reason == "source-fatal":

@@ -102,8 +102,8 @@ class SourceWatch:
     handover_after: float  # seconds
     log: Any
     observer: Any
-    leading: Callable[[], bool]
-    hand_over: Callable[[], Awaitable[None]]
+    leading: Callable[[], int | None]  # the token of the term this node leads, None if none
+    hand_over: Callable[[int], Awaitable[None]]  # end that term (ignored once it has ended)
     peers_healthy: bool = False
     _reported: bool | None = None  # the last state logged (log each change once)
     _checked: bool = False
@@ -132,11 +132,12 @@ class SourceWatch:
         await self.check()
         while True:
             # A leader looks twice per TTL: the hand-over comes at most half a TTL late.
-            await trio.sleep(self.ttl / 2 if self.leading() else self.ttl)
+            await trio.sleep(self.ttl / 2 if self.leading() is not None else self.ttl)
             await self.check()
 
     async def check(self) -> None:
-        leading = self.leading()
+        term = self.leading()  # the decision below is about this term, even if it ends meanwhile
+        leading = term is not None
         health = self.source.health
         last_ok = health.last_ok
         # A standby probes every period; a leader's own requests are its evidence, unless none
@@ -168,7 +169,7 @@ class SourceWatch:
                     "source-unreachable", failing_s=round(health.failing_for(now), 3),
                     others_healthy=self.peers_healthy,
                 )  # fmt: skip
-        if not leading:
+        if term is None:
             return
         verdict = decide(leading=True, healthy=healthy, failing_for=health.failing_for(now),
                          handover_after=self.handover_after, peers_healthy=self.peers_healthy)  # fmt: skip
@@ -176,7 +177,7 @@ class SourceWatch:
             self.log.warning(
                 "source-unavailable", handover=True, failing_s=round(health.failing_for(now), 3)
             )
-            await self.hand_over()
+            await self.hand_over(term)
         elif health.failing_for(now) >= self.handover_after and not self._said_everywhere:
             # Nobody can reach the source: keep the lease and keep retrying; say so once.
             self._said_everywhere = True

@@ -106,10 +106,12 @@ class CampaignNow:
 
 @attrs.frozen
 class HandBack:
-    """End the current term gracefully so that another node leads: the balancer's (this node
+    """End term ``token`` gracefully so that another node leads: the balancer's (this node
     holds more than its share, ``rebalanced``) or the source watch's (``source-unavailable``).
-    Without a term it changes nothing."""
+    The sender decided on that term; if it has ended meanwhile (another term, or none, now),
+    the hand-back changes nothing."""
 
+    token: int
     reason: str = "rebalanced"
 
 

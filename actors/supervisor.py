@@ -13,6 +13,7 @@ Elector is started last; when it returns (after a shutdown request) the node is 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import attrs
@@ -79,12 +80,24 @@ class NodeHandle:
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # busy (it will look soon anyway) or stopped
 
-    async def hand_back(self) -> None:
-        """Ask the node to end its current term gracefully and stay a standby (balancing)."""
+    async def hand_back(self, token: int | None = None) -> None:
+        """Ask the node to end term ``token`` gracefully and stay a standby (balancing); by
+        default the term it leads now, as its observer says (nothing when it leads none). A
+        term that has ended by the time the Elector reads the request is not followed by
+        another's end: the Elector ignores a hand-back for any term but its current one."""
+        token = token if token is not None else leading_term(self.observer)
+        if token is None:
+            return
         try:
-            await self._inbox.send(HandBack())
+            await self._inbox.send(HandBack(token))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+
+
+def leading_term(observer: NodeObserver) -> int | None:
+    """The token of the term the node leads now, None when it leads none."""
+    status = observer.snapshot()
+    return status.token if status.role == "leader" else None
 
 
 async def listen_for_releases(
@@ -148,15 +161,15 @@ async def run_node(
         if spec.handover_after is not None and isinstance(source, ProbedSource):
             to_elector = elector_send.clone()
 
-            async def hand_over() -> None:
+            async def hand_over(token: int) -> None:
                 try:
-                    await to_elector.send(HandBack(LostReason.SOURCE_UNAVAILABLE.value))
+                    await to_elector.send(HandBack(token, LostReason.SOURCE_UNAVAILABLE.value))
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
 
             watch = SourceWatch(
                 store, spec.node, source, spec.ttl_ms / 1000, spec.handover_after, log, observer,
-                leading=lambda: observer.snapshot().role == "leader", hand_over=hand_over,
+                leading=functools.partial(leading_term, observer), hand_over=hand_over,
             )  # fmt: skip
             await nursery.start(watch.run)
         elector = Elector(
@@ -237,6 +250,7 @@ async def run_jobs(
             ttl = jobs[0].spec.ttl_ms
 
             async def hand_back(job: str) -> None:
+                # The term the balancer saw leading: read in the same step as its decision.
                 if job in handles:
                     await handles[job].hand_back()
 
