@@ -22,7 +22,7 @@ import trio
 
 from actors.lease_store import Acquired, StateLost
 from ingestion.local_redis import LocalRedis
-from ingestion.verify import read_entries
+from ingestion.verify import read_entries, read_grants
 from tests.cluster import (
     ClockFake,
     Cluster,
@@ -41,8 +41,11 @@ JITTER = 0.025
 MARGIN = TTL / 5
 RENEW = TTL / 5
 DRIFT = 0.01
-# Redis round trips, process scheduling on a 2-core machine, and the log pipe to the harness.
-ALLOWANCE = 0.3
+# Beyond the lease arithmetic: Redis round trips, process scheduling and the log pipe to the
+# harness. About 0.3 s on an idle machine; 1 s leaves room for a 2-core machine starved by other
+# suites, and stays below what a takeover that waited out one more lease would add (a TTL less
+# at most one renew interval, 1.2 s), so such a takeover still fails the bounds below.
+ALLOWANCE = 1.0
 
 
 async def assert_verified(cluster: Cluster, at_least: int) -> None:
@@ -83,16 +86,18 @@ async def test_kill_switch_standby_takes_over_within_window_at_committed_cursor(
             assert taken.fields["previous_node"] == leader
             assert taken.fields["previous_token"] == at_death["cursor_token"]
             assert taken.fields["token"] == at_death["token"] + 1
-            # Redis's own measure of the leaderless gap: expiry to grant.
-            assert 0 <= taken.fields["takeover_ms"] <= (JITTER + ALLOWANCE) * 1000
+            # Redis's own measure of the leaderless gap, expiry to grant: the standby's jitter and
+            # an acquire, tens of ms; one more lease would make it at least a TTL.
+            assert 0 <= taken.fields["takeover_ms"] <= (JITTER + ALLOWANCE) * 1000 < TTL_MS
             leader = taken.node
             await c.wait_for_progress(100)
         await assert_verified(c, 500)
 
 
-async def test_graceful_handoff_takes_under_500_ms(job: str) -> None:
+async def test_graceful_handoff_does_not_wait_out_the_lease(job: str) -> None:
     """SIGTERM the leader: it finishes its commit, releases the lease and exits 0; a standby that
-    hears the release notice leads within a few hundred milliseconds (the TTL is not waited out)."""
+    hears the release notice leads within tens of milliseconds (asserted: within the allowance for
+    a loaded machine, which is less than the TTL)."""
     async with open_cluster(job, ttl_ms=TTL_MS) as c:
         await c.start_node("n1")
         await c.log.wait_for("became-leader", "n1")
@@ -105,7 +110,7 @@ async def test_graceful_handoff_takes_under_500_ms(job: str) -> None:
             taken = await c.log.wait_for("became-leader", since=asked, within=TTL + 2)
             handoff = taken.at - asked
             figure("graceful-handoff", handoff_ms=handoff * 1000, lease_ttl_ms=TTL_MS)
-            assert handoff < 0.5, f"handoff took {handoff:.3f}s"
+            assert handoff < ALLOWANCE, f"handoff took {handoff:.3f}s"
             lost = await c.log.wait_for("lost-leadership", leader, since=asked)
             assert lost.fields["reason"] == "shutdown"
             assert await c.exited(leader) == 0
@@ -173,14 +178,21 @@ async def test_partitioned_leader_stops_before_its_lease_expires_and_rejoins_aft
         stop_at = min([lost.at] + [e.at for e in stopped])
         assert lost.fields["token"] == first.fields["token"]
         assert lost.fields["reason"] in ("redis-unavailable", "lease-expired")
-        # The last renewal that could have reached Redis was sent before the cut.
-        assert stop_at - cut_at <= TTL * (1 - DRIFT) - MARGIN + 0.1
-        # Redis keeps the lease at least `margin` longer than the leader's own deadline.
-        assert taken.at - stop_at >= MARGIN / 2
+        # The last renewal that could have reached Redis was sent before the cut, so the ingest
+        # deadline is at most ttl * (1 - drift) - margin after it (plus the allowance for a loaded
+        # machine); a leader that ran on for one more lease would miss this.
+        assert stop_at - cut_at <= TTL * (1 - DRIFT) - MARGIN + ALLOWANCE
+        # That the leader stopped before the successor's grant is judged on one clock, Redis's:
+        # its last entry (stream id) against the audit stream's grant of the next token.
+        old_token, new_token = first.fields["token"], taken.fields["token"]
+        last_old_ms = max(e.written_ms for e in read_entries(c.client, c.job) if e.token == old_token)
+        grant_ms = next(g.granted_ms for g in read_grants(c.client, c.job) if g.token == new_token)
+        assert last_old_ms < grant_ms, (last_old_ms, grant_ms)
         figure(
             "partition",
             leader_stopped_after_cut_ms=(stop_at - cut_at) * 1000,
             stopped_before_takeover_ms=(taken.at - stop_at) * 1000,
+            last_write_before_grant_ms=grant_ms - last_old_ms,
             failover_ms=(taken.at - cut_at) * 1000,
             lease_ttl_ms=TTL_MS,
             margin_ms=MARGIN * 1000,
@@ -349,7 +361,7 @@ async def test_wrong_and_jumping_wall_clocks_change_nothing(job: str, tmp_path: 
         asked = c.signal(taken.node, signal.SIGTERM)
         handed = await c.log.wait_for("became-leader", since=asked, within=TTL + 2)
         figure("clock-skew-graceful", handoff_ms=(handed.at - asked) * 1000, new_leader=handed.node)
-        assert handed.at - asked < 0.5
+        assert handed.at - asked < ALLOWANCE
         await c.wait_for_progress(100)
         assert not [e for e in c.log.of("process-exited") if e.fields["returncode"] not in (0, -9)]
         await assert_verified(c, 300)
