@@ -14,7 +14,7 @@ import trio
 
 from actors.clock import CLOCK_ID, BootClock
 from actors.lease import Extended, LeaseMachine, LeaseTiming, Lost, LostReason
-from actors.lease_store import job_keys
+from actors.lease_store import Acquired, job_keys
 from actors.source import Batch, Record, SyntheticSource
 from ingestion.local_redis import LocalRedis
 from tests.conftest import make_store
@@ -168,9 +168,15 @@ async def test_a_node_stopped_after_an_acquire_with_unknown_outcome_frees_the_le
         proxy.set_mode("blackhole")
         await b.shutdown()
         await rec.wait_for("stopped", "b")
-        # a campaigns when b's lease would have expired; its acquire is held by the network.
+        # a campaigns when b's lease would have expired; its acquire times out in the network.
         await rec.wait_for("redis-unavailable", "a", within=10)
-        proxy.set_mode("forward")  # ...and now reaches Redis: the lease is a's
+        # Whether those bytes ever left a's process is up to the connection pool (a timed-out
+        # handshake sends no script), so the late application is made certain: the same acquire,
+        # for a's id, applied by Redis while a still hears nothing.
+        late = await make_store(redis_server.url, job).acquire("a", int(timing.ttl * 1000))
+        assert isinstance(late, Acquired), late
+        assert redis_client.get(lease_key) == f"{late.token}|a"
+        proxy.set_mode("forward")
         await a.shutdown()
         await rec.wait_for("stopped", "a", within=5)
         assert not rec.of("became-leader", "a")
