@@ -18,12 +18,13 @@ import attrs
 import redis
 from redis.cluster import RedisCluster
 
-from ingestion.local_redis import LocalRedis, RedisServerMissing, free_port
+from ingestion.local_redis import LocalRedis, RedisServerMissing, free_port, start_retrying
 
 
 def cluster_port() -> int:
-    """A free loopback port whose cluster-bus port (port + 10000) is free too."""
-    while True:
+    """A loopback port whose cluster-bus port (port + 10000) was free too a moment ago (the node
+    is started with :func:`start_retrying`: either may be taken before it binds them)."""
+    for _ in range(100):  # most picks fit: ports above 55535 have no bus port
         port = free_port()
         if port + 10000 > 65535:
             continue
@@ -33,6 +34,7 @@ def cluster_port() -> int:
             except OSError:
                 continue
         return port
+    raise RuntimeError("no loopback port with a free cluster-bus port in 100 picks")
 
 
 @attrs.define
@@ -51,15 +53,7 @@ class RedisClusterGroup:
         if cli is None:
             raise RedisServerMissing("redis-cli is not installed (Debian: apt-get install -y redis-tools)")
         for _ in range(self.masters * (1 + self.replicas)):
-            server = LocalRedis(port=cluster_port())
-            server.extra_args = (
-                "--cluster-enabled", "yes",
-                "--cluster-config-file", str(server.directory / "nodes.conf"),
-                "--cluster-node-timeout", str(self.node_timeout_ms),
-                # a replica that lost its master long ago may still be promoted (tests kill masters)
-                "--cluster-replica-validity-factor", "0",
-            )  # fmt: skip
-            self.servers.append(server.start())
+            self.servers.append(start_retrying(self._node))
         done = subprocess.run(
             [cli, "--cluster", "create", *(f"127.0.0.1:{s.port}" for s in self.servers),
              "--cluster-replicas", str(self.replicas), "--cluster-yes"],
@@ -72,6 +66,17 @@ class RedisClusterGroup:
             )
         self.wait_ok(timeout)
         return self
+
+    def _node(self) -> LocalRedis:
+        server = LocalRedis(port=cluster_port())
+        server.extra_args = (
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", str(server.directory / "nodes.conf"),
+            "--cluster-node-timeout", str(self.node_timeout_ms),
+            # a replica that lost its master long ago may still be promoted (tests kill masters)
+            "--cluster-replica-validity-factor", "0",
+        )  # fmt: skip
+        return server
 
     def wait_ok(self, timeout: float = 30.0) -> None:
         """Until every running node says cluster_state:ok and every slot is served."""

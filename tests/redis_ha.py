@@ -26,7 +26,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ingestion.local_redis import LocalRedis, free_port
+from ingestion.local_redis import LocalRedis
 
 SERVICE = "ingest"
 
@@ -87,25 +87,22 @@ class SentinelGroup:
             self.servers.append(replica)
         self.wait_replicas_synced()
         for i in range(3):
-            port = free_port()
-            conf = self._dir(f"sentinel{i}") / "sentinel.conf"
+            conf = self._dir(f"sentinel{i}") / "sentinel.conf"  # its port: --port, picked by start()
             conf.write_text(
-                f"port {port}\nbind 127.0.0.1\nprotected-mode no\n"
+                "bind 127.0.0.1\nprotected-mode no\n"
                 f"sentinel resolve-hostnames no\nsentinel announce-ip 127.0.0.1\n"
                 f"sentinel monitor {SERVICE} 127.0.0.1 {primary.port} 2\n"
                 f"sentinel down-after-milliseconds {SERVICE} {self.down_after_ms}\n"
                 f"sentinel failover-timeout {SERVICE} {self.failover_timeout_ms}\n"
                 f"sentinel parallel-syncs {SERVICE} 1\n"
             )
-            sentinel = LocalRedis(
-                port=port, directory=conf.parent, config_file=conf, extra_args=("--sentinel",)
-            )
+            sentinel = LocalRedis(directory=conf.parent, config_file=conf, extra_args=("--sentinel",))
             self.sentinels.append(sentinel.start())
             if self.down_after_ms <= 1000:
                 # Sentinel pings every min(down-after, 1 s) and counts a fresh link as down about
                 # a second after it opened: with down-after 1 s, a just-promoted primary could be
                 # marked down and failed over again. Ping twice per down-after period instead.
-                c = _client(port)
+                c = _client(sentinel.port)
                 try:
                     c.execute_command("SENTINEL", "DEBUG", "ping-period", self.down_after_ms // 2)
                 finally:

@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,10 @@ from actors.observe import NodeObserver
 from actors.source import SyntheticSource
 from actors.supervisor import NodeSpec, run_node
 from ingestion.config import Settings
-from ingestion.local_redis import LocalRedis, free_port
+from ingestion.local_redis import LocalRedis, free_port, start_retrying
 from ingestion.node import build_store
 from tests.nodes import FAST_TIMING, Recorder
+from tests.ports import closed_port
 
 PASSWORD = "Sup3r-S3cret-pw"
 ACL_PASSWORD = "acl-Pa55-word"
@@ -34,19 +35,31 @@ LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)
 
 @pytest.fixture(scope="module")
 def password_redis() -> Iterator[LocalRedis]:
-    server = LocalRedis(extra_args=("--requirepass", PASSWORD)).start()
+    server = LocalRedis(password=PASSWORD, extra_args=("--requirepass", PASSWORD)).start()
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
 def acl_redis() -> Iterator[LocalRedis]:
-    server = LocalRedis(extra_args=(
+    server = LocalRedis(username="ingest", password=ACL_PASSWORD, extra_args=(
         "--user", "default", "off",
         "--user", "ingest", "on", f">{ACL_PASSWORD}", "~ingestion:*", "&*", "+@all",
     )).start()  # fmt: skip
     yield server
     server.stop()
+
+
+def start_with_tls_port(build: Callable[[int], LocalRedis]) -> tuple[LocalRedis, int]:
+    """``build(tls_port)`` started, with a TLS port picked afresh whenever one was taken."""
+    tls_ports: list[int] = []
+
+    def fresh() -> LocalRedis:
+        tls_ports.append(free_port())
+        return build(tls_ports[-1])
+
+    server = start_retrying(fresh)
+    return server, tls_ports[-1]
 
 
 class TlsRedis:
@@ -71,15 +84,14 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedis]:
     server_cert.private_key_pem.write_to_path(files["server_key"])
     client_cert.cert_chain_pems[0].write_to_path(files["client_cert"])
     client_cert.private_key_pem.write_to_path(files["client_key"])
-    tls_port = free_port()
-    server = LocalRedis(extra_args=(
+    server, tls_port = start_with_tls_port(lambda tls_port: LocalRedis(password=PASSWORD, extra_args=(
         "--requirepass", PASSWORD,
         "--tls-port", str(tls_port),
         "--tls-cert-file", files["server_cert"],
         "--tls-key-file", files["server_key"],
         "--tls-ca-cert-file", files["ca"],
         "--tls-auth-clients", "yes",
-    )).start()  # fmt: skip
+    )))  # fmt: skip
     yield TlsRedis(server, tls_port, files)
     server.stop()
 
@@ -137,7 +149,7 @@ def _cases(tls: TlsRedis, password: LocalRedis, acl: LocalRedis) -> list[tuple[S
          "TLS handshake failed", f"rediss://127.0.0.1:{tls.tls_port}/0"),
         (settings_for(tls.url("redis")),
          "connection closed by the server", f"redis://127.0.0.1:{tls.tls_port}/0"),
-        (settings_for(f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0"),
+        (settings_for(f"redis://:{PASSWORD}@127.0.0.1:{closed_port()}/0"),
          "connection refused", "redis://127.0.0.1:"),
     ]  # fmt: skip
 
@@ -187,7 +199,7 @@ def test_node_process_logs_never_show_the_password(password_redis: LocalRedis, t
     env = {k: v for k, v in os.environ.items() if not k.startswith("INGESTION_")}
     url = f"redis://:wrong-{PASSWORD}@127.0.0.1:{password_redis.port}/0"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ingestion", "--redis", url, "--horizon", f"http://127.0.0.1:{free_port()}",
+        [sys.executable, "-m", "ingestion", "--redis", url, "--horizon", f"http://127.0.0.1:{closed_port()}",
          "--node-id", "leaky", "--lease-ttl-ms", "1500", "--log-format", "json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
     )  # fmt: skip
@@ -228,19 +240,19 @@ async def test_rediss_sentinel_reaches_sentinels_and_the_primary_over_tls(
     client.private_key_pem.write_to_path(files["client_key"])
     tls = ("--tls-cert-file", files["cert"], "--tls-key-file", files["key"],
            "--tls-ca-cert-file", files["ca"])  # fmt: skip
-    primary_tls = free_port()
-    primary = LocalRedis(extra_args=("--tls-port", str(primary_tls), *tls)).start()
-    sentinel_tls = free_port()
+    primary, primary_tls = start_with_tls_port(
+        lambda port: LocalRedis(extra_args=("--tls-port", str(port), *tls))
+    )
     conf = tmp_path / "sentinel.conf"
     conf.write_text(
         "sentinel resolve-hostnames no\n"
         f"sentinel monitor ingest 127.0.0.1 {primary_tls} 1\n"
         "sentinel down-after-milliseconds ingest 5000\n"
     )
-    sentinel = LocalRedis(
+    sentinel, sentinel_tls = start_with_tls_port(lambda port: LocalRedis(
         directory=tmp_path, config_file=conf,
-        extra_args=("--sentinel", "--tls-port", str(sentinel_tls), "--tls-replication", "yes", *tls),
-    ).start()  # fmt: skip
+        extra_args=("--sentinel", "--tls-port", str(port), "--tls-replication", "yes", *tls),
+    ))  # fmt: skip
     try:
         url = f"rediss+sentinel://127.0.0.1:{sentinel_tls}/ingest"
         settings = settings_for(
