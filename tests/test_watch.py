@@ -13,10 +13,12 @@ import trio
 from actors.observe import NodeObserver
 from actors.source import SyntheticSource
 from actors.supervisor import NodeHandle, NodeSpec, run_node
-from ingestion.local_redis import LocalRedis, free_port
+from ingestion.local_redis import LocalRedis
 from ingestion.status import serve_status
 from ingestion.watch import ClusterView, describe_event, normalise_url, watch
 from tests.nodes import FAST_TIMING, Recorder, store_for
+from tests.ports import closed_port
+from tests.tcp_proxy import TcpProxy
 
 LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)
 
@@ -44,9 +46,10 @@ async def wait_for_line(out: Screen, text: str, within: float = 10.0) -> str:
 
 
 async def start_node_with_status(
-    nursery: trio.Nursery, rec: Recorder, url: str, job: str, name: str, port: int
+    nursery: trio.Nursery, rec: Recorder, url: str, job: str, name: str, proxy: TcpProxy
 ) -> tuple[NodeHandle, trio.CancelScope]:
-    """A node and its status socket, in a scope the test can cancel to make the node vanish."""
+    """A node and its status socket (on a port of its own, behind ``proxy``, which forwards to it
+    from now on), in a scope the test can cancel to make the node vanish."""
     observer = NodeObserver(name, job)
     observer.listeners.append(rec.listener(name))
     log = structlog.get_logger().bind(node=name, job=job)
@@ -55,7 +58,8 @@ async def start_node_with_status(
     async def node(*, task_status: trio.TaskStatus[tuple[NodeHandle, trio.CancelScope]]) -> None:
         with trio.CancelScope() as scope:
             async with trio.open_nursery() as inner:
-                await inner.start(serve_status, "127.0.0.1", port, observer, log)
+                proxy.target_port = await inner.start(serve_status, "127.0.0.1", 0, observer, log)
+                proxy.set_mode("forward")
                 handle = await inner.start(run_node, store_for(url, job), LIVE, spec, log, observer)
                 task_status.started((handle, scope))
 
@@ -67,25 +71,31 @@ async def test_watch_shows_the_leader_the_standby_a_failover_and_a_node_coming_b
     redis_server: LocalRedis, job: str
 ) -> None:
     rec = Recorder()
-    ports = {"a": free_port(), "b": free_port()}
     out = Screen()
     async with trio.open_nursery() as nursery:
-        urls = [f"ws://127.0.0.1:{ports[n]}/" for n in ("a", "b")]
+        # watch's URLs are proxies listening for the whole test (no port to lose to another
+        # process while a node is down); a refusing proxy is a node that is not there.
+        proxies = {n: TcpProxy(0) for n in ("a", "b")}
+        for proxy in proxies.values():
+            proxy.set_mode("refuse")
+            await nursery.start(proxy.serve)
+        urls = [f"ws://127.0.0.1:{proxies[n].port}/" for n in ("a", "b")]
         await nursery.start(lambda *, task_status: watch(urls, out, task_status=task_status))
         await wait_for_line(out, "unreachable")  # nothing listens yet: shown, and retried
 
-        _, kill_a = await start_node_with_status(nursery, rec, redis_server.url, job, "a", ports["a"])
+        _, kill_a = await start_node_with_status(nursery, rec, redis_server.url, job, "a", proxies["a"])
         await rec.wait_for("became-leader", "a")
-        await start_node_with_status(nursery, rec, redis_server.url, job, "b", ports["b"])
+        await start_node_with_status(nursery, rec, redis_server.url, job, "b", proxies["b"])
         await rec.wait_for("standby", "b")
         await wait_for_line(out, "cluster  leader: a (token 1) | standby: b")
         kill_a.cancel()  # node a vanishes (its process dies; the lease is released on the way out)
+        proxies["a"].set_mode("refuse")  # and its address with it
         took = await wait_for_line(out, "b became leader with token 2, taking over from a (token 1)")
         assert "ms leaderless" in took
         await wait_for_line(out, "a: unreachable")
         await wait_for_line(out, "cluster  leader: b (token 2) | standby: none | down: a")
 
-        await start_node_with_status(nursery, rec, redis_server.url, job, "a", ports["a"])
+        await start_node_with_status(nursery, rec, redis_server.url, job, "a", proxies["a"])
         await wait_for_line(out, "a: reachable again")
         await wait_for_line(out, "cluster  leader: b (token 2) | standby: a")
         nursery.cancel_scope.cancel()
@@ -117,7 +127,7 @@ def test_watch_cli_needs_a_url_and_exits_cleanly_after_duration() -> None:
     cmd = [sys.executable, "-m", "ingestion", "watch"]
     no_url = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     assert no_url.returncode == 2 and "URL" in no_url.stderr
-    port = free_port()
+    port = closed_port()
     timed = subprocess.run(
         [*cmd, "--lines", "--duration", "0.5", f"127.0.0.1:{port}"],
         capture_output=True, text=True, timeout=30,
