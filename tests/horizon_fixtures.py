@@ -15,6 +15,8 @@ from urllib.parse import parse_qsl, urlsplit
 import attrs
 import trio
 
+from tests.ports import closed_port
+
 
 @attrs.frozen
 class Request:
@@ -140,9 +142,7 @@ async def serve_script(
 
 
 async def closed_port_url() -> str:
-    """A URL on 127.0.0.1 where nothing listens (connections are refused)."""
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
-    for listener in listeners:
-        await listener.aclose()
-    return f"http://127.0.0.1:{port}"
+    """A URL on 127.0.0.1 where nothing listens (connections are refused), and nothing will: the
+    port stays held (:func:`tests.ports.closed_port`)."""
+    await trio.lowlevel.checkpoint()
+    return f"http://127.0.0.1:{closed_port()}"
