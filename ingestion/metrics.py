@@ -1,13 +1,21 @@
-"""Prometheus metrics and a health probe for one node, served over HTTP with hypercorn on trio.
+"""Prometheus metrics and the health probes of one node, served over HTTP with hypercorn on trio.
 
 Each node has its own :class:`prometheus_client.CollectorRegistry` (never the global one), so that
 several in-process nodes can be scraped side by side. Gauges and counters are read from the
 :class:`~actors.observe.NodeObserver` at scrape time; only the commit-latency histogram keeps
-state of its own, fed by the observer's ``committed`` notifications.
+state of its own, fed by the observer's ``committed`` notifications. The per-job label is
+``ingestion_job``: ``job`` and ``instance`` are Prometheus's own target labels, and a metric label
+of either name would be renamed ``exported_job`` at scrape.
 
-Endpoints (both GET):
+Endpoints (all GET or HEAD):
 
-- ``/metrics``: the Prometheus text exposition.
+- ``/metrics``: the Prometheus text exposition (and the process collector's ``process_*``).
+- ``/livez``: ``200 {"status": "alive", "node"}`` whenever it answers: the handler runs on the
+  node's one trio loop, so an answer proves the loop is not stuck. Restart the node when it fails.
+- ``/readyz``: ``200 {"status": "ready", ...}`` while at least one job can be served: it has joined
+  the election, has not stopped, its source is not known to be down, and Redis answered a read of
+  its keys within the last lease TTL; ``503 {"status": "not-ready", "reasons": [...]}`` otherwise.
+  Redis is read again (one bounded call per job) when its last answer is older than a quarter TTL.
 - ``/healthz``: ``200 {"status": "ok", ...}`` while the node process runs its election loop (leader
   or standby, Redis reachable or not: a node that cannot reach Redis is safely standing by and a
   restart would not help), ``503`` once the node has stopped. ``source_up`` says whether the
@@ -22,24 +30,35 @@ import math
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import attrs
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from actors.lease_store import RedisUnavailable, StreamInfo
-from actors.observe import NodeObserver
+from actors.observe import NodeObserver, NodeStatus
+from ingestion import __version__
 from ingestion.asgi import Receive, Scope, Send, serve_lifespan
 
 COMMIT_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, math.inf)
-
+JOB_LABEL = "ingestion_job"  # not "job": that is Prometheus's own target label
+PATHS = ("/metrics", "/livez", "/readyz", "/healthz")
 
 
 class _ObserverCollector(Collector):
     """Everything that can be read from the observers' snapshots when Prometheus scrapes: one
-    sample per job for each metric (label ``job``)."""
+    sample per job for each metric (label ``ingestion_job``)."""
 
     def __init__(self, observers: Sequence[NodeObserver], clock: Callable[[], float]) -> None:
         self._observers = observers
@@ -47,8 +66,12 @@ class _ObserverCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snaps = [o.snapshot() for o in self._observers]
+        build = GaugeMetricFamily(
+            "ingestion_build_info", "The running version of ingestion (always 1).", labels=["version"]
+        )
+        build.add_metric([__version__], 1)
         info = GaugeMetricFamily(
-            "ingestion_node_info", "This node's id and jobs (always 1).", labels=["node", "job"]
+            "ingestion_node_info", "This node's id and jobs (always 1).", labels=["node", JOB_LABEL]
         )
         leader = _gauge("ingestion_leader", "1 while this node holds the job's lease, else 0.")
         token = _gauge(
@@ -62,7 +85,7 @@ class _ObserverCollector(Collector):
         elections = _counter("ingestion_elections", "Terms this node has won.")
         losses = CounterMetricFamily(
             "ingestion_leadership_losses", "Terms this node has lost, by reason.",
-            labels=["job", "reason"],
+            labels=[JOB_LABEL, "reason"],
         )  # fmt: skip
         rejections = _counter(
             "ingestion_fencing_rejections",
@@ -109,25 +132,103 @@ class _ObserverCollector(Collector):
                 lag.add_metric(job, s.source_lag_seconds)
             if s.source_up is not None:
                 source_up.add_metric(job, 1 if s.source_up else 0)
-        yield from (info, leader, token, remaining, elections, losses, rejections, redis_errors,
+        yield from (build, info, leader, token, remaining, elections, losses, rejections, redis_errors,
                     ingested, commits, leaderless, lag, source_up)  # fmt: skip
 
 
 def _gauge(name: str, documentation: str) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, documentation, labels=["job"])
+    return GaugeMetricFamily(name, documentation, labels=[JOB_LABEL])
 
 
 def _counter(name: str, documentation: str) -> CounterMetricFamily:
-    return CounterMetricFamily(name, documentation, labels=["job"])
+    return CounterMetricFamily(name, documentation, labels=[JOB_LABEL])
 
 
-class _StreamCollector(Collector):
-    """Each job's events stream as read from Redis at the last scrape (absent when unread)."""
+@attrs.define
+class RedisAnswers:
+    """When Redis last answered a read of each job's keys (trio time), and the last error."""
 
-    def __init__(self) -> None:
+    ttl: float
+    answered: dict[str, float] = attrs.Factory(dict)
+    errors: dict[str, str] = attrs.Factory(dict)
+
+    def ok(self, job: str, now: float) -> None:
+        self.answered[job] = now
+        self.errors.pop(job, None)
+
+    def failed(self, job: str, error: str) -> None:
+        self.errors[job] = error
+
+    def up(self, job: str, now: float) -> bool:
+        """Redis answered for ``job`` within the last TTL."""
+        at = self.answered.get(job)
+        return at is not None and now - at <= self.ttl
+
+    def older_than(self, jobs: Sequence[str], age: float, now: float) -> bool:
+        return any(now - self.answered.get(job, -math.inf) > age for job in jobs)
+
+
+def job_readiness(snap: NodeStatus, redis: RedisAnswers | None, now: float) -> list[str]:
+    """Why this node cannot serve ``snap.job`` now (empty: it can). ``redis`` None: not checked."""
+    reasons = []
+    if snap.role == "stopped":
+        reasons.append("stopped")
+    elif snap.role == "starting":
+        reasons.append("not yet joined the election")
+    if redis is not None and not redis.up(snap.job, now):
+        at = redis.answered.get(snap.job)
+        since = "never" if at is None else f"not for {now - at:.1f} s"
+        error = redis.errors.get(snap.job)
+        reasons.append(f"Redis answered {since}" + (f" ({error})" if error else ""))
+    if snap.source_up is False:
+        reasons.append("its source is unreachable")
+    return reasons
+
+
+def readiness(
+    snaps: Sequence[NodeStatus], redis: RedisAnswers | None, now: float
+) -> tuple[bool, dict[str, Any]]:
+    """``(ready, the /readyz document)``: ready while at least one job can be served."""
+    jobs: dict[str, Any] = {}
+    reasons: list[str] = []
+    for snap in snaps:
+        why = job_readiness(snap, redis, now)
+        jobs[snap.job] = {
+            "ready": not why,
+            "role": snap.role,
+            "redis_up": None if redis is None else redis.up(snap.job, now),
+            "source_up": snap.source_up,
+            "reasons": why,
+        }
+        reasons += [f"{snap.job}: {reason}" for reason in why]
+    ready = any(doc["ready"] for doc in jobs.values())
+    status = "ready" if ready else "not-ready"
+    doc: dict[str, Any] = {"status": status, "node": snaps[0].node, "jobs": jobs}
+    if not ready:
+        doc["reasons"] = reasons
+    return ready, doc
+
+
+class _RedisCollector(Collector):
+    """Whether Redis answers each job, and each job's events stream as read from Redis at the
+    last scrape (absent when unread)."""
+
+    def __init__(self, answers: RedisAnswers, jobs: Sequence[str], clock: Callable[[], float]) -> None:
         self.info: dict[str, StreamInfo] = {}
+        self._answers = answers
+        self._jobs = jobs
+        self._clock = clock
 
     def collect(self) -> Iterator[Metric]:
+        if self._jobs:
+            up = _gauge(
+                "ingestion_redis_up",
+                "1 while Redis answered a read of the job's keys within the last lease TTL, else 0.",
+            )
+            now = self._clock()
+            for job in self._jobs:
+                up.add_metric([job], 1 if self._answers.up(job, now) else 0)
+            yield up
         if not self.info:
             return
         entries = _gauge("ingestion_events_stream_entries", "Entries in the job's events stream now.")
@@ -139,7 +240,7 @@ class _StreamCollector(Collector):
             "ingestion_consumer_group_lag_entries",
             "Entries a consumer group on the events stream has not acknowledged yet (pending plus "
             "not yet delivered); trimming waits for the slowest group.",
-            labels=["job", "group"],
+            labels=[JOB_LABEL, "group"],
         )
         slowest = _gauge(
             "ingestion_consumer_group_lag_max_entries",
@@ -161,27 +262,36 @@ StreamReader = Callable[[], Awaitable[StreamInfo]]
 
 class NodeMetrics:
     """The metrics of one node process: a private registry fed by its jobs' observers, and by
-    their events streams read from Redis at each scrape (``stream_info``: job -> reader)."""
+    their events streams read from Redis at each scrape (``stream_info``: job -> reader). The
+    same reads tell whether Redis answers (``ingestion_redis_up``, ``/readyz``); ``ttl`` is the
+    lease TTL in seconds, how old an answer may be."""
 
     def __init__(
         self,
         observers: NodeObserver | Sequence[NodeObserver],
         clock: Callable[[], float] = trio.current_time,
         stream_info: Mapping[str, StreamReader] | StreamReader | None = None,
+        ttl: float = 5.0,
     ):
         self.observers = [observers] if isinstance(observers, NodeObserver) else list(observers)
         self.observer = self.observers[0]
+        self.clock = clock
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_ObserverCollector(self.observers, clock))
         if stream_info is not None and not isinstance(stream_info, Mapping):
             stream_info = {self.observer.job: stream_info}
         self._stream_info = dict(stream_info or {})
-        self._stream = _StreamCollector()
+        self.redis = RedisAnswers(ttl)
+        self._refreshing = trio.Lock()
+        self._stream = _RedisCollector(self.redis, list(self._stream_info), clock)
         self.registry.register(self._stream)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         self.commit_latency = Histogram(
             "ingestion_commit_latency_seconds",
             "Time from sending a fenced commit to Redis until its answer.",
-            labelnames=["job"],
+            labelnames=[JOB_LABEL],
             buckets=COMMIT_LATENCY_BUCKETS,
             registry=self.registry,
         )
@@ -195,28 +305,41 @@ class NodeMetrics:
         if event == "committed":
             self.commit_latency.labels(job).observe(float(fields["latency"]))
 
-    async def refresh(self) -> None:
+    async def refresh(self, *, older_than: float = 0.0) -> None:
         """Read each job's events stream from Redis (one bounded call each, side by side); a job
-        whose stream cannot be read is left out of this scrape rather than shown stale."""
-        fresh: dict[str, StreamInfo] = {}
+        whose stream cannot be read is left out of this scrape rather than shown stale. With
+        ``older_than``, only when some job's last answer is older than that (seconds)."""
+        async with self._refreshing:
+            jobs = list(self._stream_info)
+            if older_than and not self.redis.older_than(jobs, older_than, self.clock()):
+                return
+            fresh: dict[str, StreamInfo] = {}
 
-        async def read(job: str, reader: StreamReader) -> None:
-            try:
-                fresh[job] = await reader()
-            except RedisUnavailable:
-                pass
+            async def read(job: str, reader: StreamReader) -> None:
+                try:
+                    fresh[job] = await reader()
+                except RedisUnavailable as exc:
+                    self.redis.failed(job, str(exc))
+                else:
+                    self.redis.ok(job, self.clock())
 
-        async with trio.open_nursery() as nursery:
-            for job, reader in self._stream_info.items():
-                nursery.start_soon(read, job, reader)
-        self._stream.info = fresh
+            async with trio.open_nursery() as nursery:
+                for job, reader in self._stream_info.items():
+                    nursery.start_soon(read, job, reader)
+            self._stream.info = fresh
+
+    async def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """``(ready, document)`` for ``/readyz``, reading Redis again if its answer is old."""
+        await self.refresh(older_than=self.redis.ttl / 4)
+        snaps = [o.snapshot() for o in self.observers]
+        return readiness(snaps, self.redis if self._stream_info else None, self.clock())
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
 
 def metrics_app(metrics: NodeMetrics) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
-    """A tiny ASGI app: ``/metrics`` and ``/healthz``, nothing else."""
+    """A tiny ASGI app: ``/metrics``, ``/livez``, ``/readyz`` and ``/healthz``, nothing else."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -225,15 +348,22 @@ def metrics_app(metrics: NodeMetrics) -> Callable[[Scope, Receive, Send], Awaita
         if scope["type"] != "http":
             return
         path = scope["path"]
+        doc: dict[str, Any]
         if scope["method"] not in ("GET", "HEAD"):
             status, ctype, body = 405, "text/plain", b"method not allowed\n"
         elif path == "/metrics":
             await metrics.refresh()
             status, ctype, body = 200, CONTENT_TYPE_LATEST, metrics.exposition()
+        elif path == "/livez":
+            doc = {"status": "alive", "node": metrics.observer.node}
+            status, ctype, body = 200, "application/json", json.dumps(doc).encode()
+        elif path == "/readyz":
+            ready, doc = await metrics.readiness()
+            status, ctype, body = (200 if ready else 503), "application/json", json.dumps(doc).encode()
         elif path in ("/healthz", "/health"):
             snaps = [o.snapshot() for o in metrics.observers]
             ok = any(snap.role != "stopped" for snap in snaps)
-            doc: dict[str, Any] = {"status": "ok" if ok else "stopped", "node": snaps[0].node}
+            doc = {"status": "ok" if ok else "stopped", "node": snaps[0].node}
             if len(snaps) == 1:
                 doc.update(job=snaps[0].job, role=snaps[0].role, source_up=snaps[0].source_up)
             else:
@@ -241,7 +371,7 @@ def metrics_app(metrics: NodeMetrics) -> Callable[[Scope, Receive, Send], Awaita
                 doc["source_up"] = {snap.job: snap.source_up for snap in snaps}
             status, ctype, body = (200 if ok else 503), "application/json", json.dumps(doc).encode()
         else:
-            status, ctype, body = 404, "text/plain", b"not found: try /metrics or /healthz\n"
+            status, ctype, body = 404, "text/plain", f"not found: try {', '.join(PATHS)}\n".encode()
         await send(
             {
                 "type": "http.response.start",
@@ -261,9 +391,12 @@ async def serve_metrics(
     log: Any,
     *,
     stream_info: Mapping[str, StreamReader] | StreamReader | None = None,
+    ttl: float = 5.0,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``/metrics`` and ``/healthz`` on ``host:port`` until cancelled.
+    """Serve ``/metrics``, ``/livez``, ``/readyz`` and ``/healthz`` on ``host:port`` until
+    cancelled. ``stream_info`` reads each job's stream (and so tells whether Redis answers);
+    ``ttl`` is the lease TTL in seconds.
 
     ``port`` 0 picks a free port. Calls ``task_status.started(port)`` with the bound port once the
     socket listens. Every connection is bounded by hypercorn's keep-alive and read timeouts.
@@ -271,7 +404,7 @@ async def serve_metrics(
     Raises:
         OSError: the address cannot be bound.
     """
-    metrics = NodeMetrics(observer, stream_info=stream_info)
+    metrics = NodeMetrics(observer, stream_info=stream_info, ttl=ttl)
     config = HypercornConfig()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
@@ -286,7 +419,7 @@ async def serve_metrics(
                 functools.partial(serve, metrics_app(metrics), config, mode="asgi")  # type: ignore[arg-type]
             )
             bound_port = int(binds[0].rsplit(":", 1)[-1])
-            log.info("metrics-listening", host=host, port=bound_port, paths=["/metrics", "/healthz"])
+            log.info("metrics-listening", host=host, port=bound_port, paths=list(PATHS))
             task_status.started(bound_port)
     finally:
         metrics.close()

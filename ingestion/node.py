@@ -250,7 +250,7 @@ async def _start_endpoints(
 
         readers = {job: store.events_info for job, store in stores.items()}
         await nursery.start(
-            functools.partial(serve_metrics, stream_info=readers),
+            functools.partial(serve_metrics, stream_info=readers, ttl=settings.lease.ttl_ms / 1000),
             o.listen_host, o.metrics_port, observers, log,
         )  # fmt: skip
     if o.status_port:
