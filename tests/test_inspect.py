@@ -93,18 +93,18 @@ async def test_inspect_shows_leader_cursor_takeover_audit_and_lag_behind_horizon
 async def test_inspect_reports_an_unreachable_horizon_as_unknown_lag(
     redis_server: LocalRedis, job: str
 ) -> None:
-    from ingestion.local_redis import free_port
+    from tests.ports import closed_port
 
     done = await run_inspect("--redis", redis_server.url, "--job", job, "--json",
-                             "--horizon", f"http://127.0.0.1:{free_port()}")  # fmt: skip
+                             "--horizon", f"http://127.0.0.1:{closed_port()}")  # fmt: skip
     assert done.returncode == 0
     assert json.loads(done.stdout)["lag"]["error"].startswith("ConnectError")
 
 
 async def test_inspect_with_an_unreachable_redis_exits_1_naming_the_setting() -> None:
-    from ingestion.local_redis import free_port
+    from tests.ports import closed_port
 
-    done = await run_inspect("--redis", f"redis://u:hunter2@127.0.0.1:{free_port()}/0", "--json")
+    done = await run_inspect("--redis", f"redis://u:hunter2@127.0.0.1:{closed_port()}/0", "--json")
     err = done.stderr.decode()
     assert done.returncode == 1
     assert "redis.url redis://u@127.0.0.1:" in err and "connection refused" in err

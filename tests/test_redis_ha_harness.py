@@ -14,7 +14,8 @@ import redis
 import trio
 from redis.sentinel import Sentinel
 
-from ingestion.local_redis import LocalRedis, free_port
+from ingestion.local_redis import LocalRedis
+from tests.ports import closed_port
 from tests.redis_ha import SERVICE, SentinelGroup
 
 
@@ -58,7 +59,7 @@ def test_a_sentinel_url_naming_an_unknown_service_exits_2_with_one_line(
     job: str, tmp_path: Path
 ) -> None:
     conf = tmp_path / "sentinel.conf"
-    conf.write_text(f"sentinel monitor other 127.0.0.1 {free_port()} 1\n")
+    conf.write_text(f"sentinel monitor other 127.0.0.1 {closed_port()} 1\n")
     sentinel = LocalRedis(directory=tmp_path, config_file=conf, extra_args=("--sentinel",)).start()
     try:
         done = subprocess.run(
@@ -76,7 +77,7 @@ def test_a_sentinel_url_naming_an_unknown_service_exits_2_with_one_line(
 
 
 async def test_unreachable_sentinels_make_the_node_wait_without_leading(job: str) -> None:
-    ports = [free_port(), free_port()]
+    ports = [closed_port(), closed_port()]
     url = f"redis+sentinel://u:s3cret@127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}/ingest"
     process = await trio.lowlevel.open_process(
         _node(url, job), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
