@@ -75,8 +75,11 @@ async def start_node(
     jitter: float = 0.01,
     state_dir: str | None = None,
     store: LeaseStore | None = None,
+    handover_after: float | None = None,
 ) -> NodeHandle:
-    spec = NodeSpec(node, job, int(timing.ttl * 1000), timing, jitter, start_cursor, state_dir)
+    spec = NodeSpec(
+        node, job, int(timing.ttl * 1000), timing, jitter, start_cursor, state_dir, handover_after
+    )
     log = structlog.get_logger().bind(node=node, job=job)
     from actors.observe import NodeObserver
 

@@ -8,7 +8,9 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
+import attrs
 import redis
 import structlog
 import trio
@@ -19,9 +21,11 @@ from ingestion.local_redis import LocalRedis
 from ingestion.rpc.protocol import Cursor, EventFilter, segment_from_text
 from ingestion.rpc.source import RpcSource
 from ingestion.simulator import Simulator, SimulatorConfig, open_simulator
-from tests.nodes import Recorder, start_node
+from tests.nodes import FAST_TIMING, Recorder, start_node
+from tests.tcp_proxy import TcpProxy
 
 CONFIG = SimulatorConfig(ledger_interval=None, history_ledgers=300, ops_per_ledger=20, rpc_port=0)
+HANDOVER_AFTER = FAST_TIMING.ttl  # seconds: the least horizon.handover_after allows
 NOBODY = "CAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAABSC4"  # a valid contract id that emits nothing
 
 
@@ -268,17 +272,45 @@ async def test_inspect_reports_an_rpc_jobs_lag_behind_the_rpc(
     assert behind["seconds"] is not None and behind["seconds"] >= 0 and behind["error"] is None
 
 
-async def test_the_rpc_source_takes_part_in_source_aware_leadership() -> None:
-    """``probe()`` (``getLatestLedger``) and ``health`` make it a ProbedSource: the SourceWatch of
-    #14 hands leadership to a node that reaches the RPC when the leader cannot."""
+async def test_a_leader_cut_off_from_the_rpc_hands_over_to_a_node_that_reaches_it(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    """``probe()`` (``getLatestLedger``) and ``health`` make the RPC source a ProbedSource, so the
+    SourceWatch of #14 works for it: a leader whose RPC stops answering (every packet dropped)
+    hands the lease, gracefully, to a node that reaches the RPC, which resumes at the cursor."""
     from actors.health import ProbedSource
 
-    async with open_simulator(CONFIG) as sim:
-        src = RpcSource((sim.rpc_url,), request_timeout=1.0, connect_timeout=0.5)
-        assert isinstance(src, ProbedSource)
-        assert await src.probe() is True
-        assert src.health.healthy(trio.current_time(), 1.0)
-        await sim.rpc_go_down()
-        assert await src.probe() is False
-        assert src.health.failing_since is not None
-        assert not src.health.healthy(trio.current_time(), 1.0)
+    async with open_simulator(attrs.evolve(CONFIG, ledger_interval=0.1)) as sim:
+        rec = Recorder()
+        async with trio.open_nursery() as nursery:
+            proxy: TcpProxy = await nursery.start(TcpProxy(urlsplit(sim.rpc_url).port).serve)
+            via_proxy = sim.rpc_url.replace(f":{proxy.target_port}", f":{proxy.port}")
+            cut_off = RpcSource((via_proxy,), retry_base=0.02, retry_cap=0.2, request_timeout=0.5)
+            assert isinstance(cut_off, ProbedSource)
+            a = await start_node(nursery, rec, redis_server.url, job, "a", cut_off,
+                                 handover_after=HANDOVER_AFTER)  # fmt: skip
+            await rec.wait_for("became-leader", "a")
+            b = await start_node(nursery, rec, redis_server.url, job, "b", source(sim.rpc_url),
+                                 handover_after=HANDOVER_AFTER)  # fmt: skip
+            await rec.wait_for("standby", "b")
+            await until(lambda: cursor(redis_client, job) is not None)
+            proxy.set_mode("blackhole")
+            cut_at = trio.current_time()
+            # handover_after from a's last good answer, one watch period (TTL/2) and one probe.
+            bound = HANDOVER_AFTER + FAST_TIMING.ttl + 2.0
+            lost = await rec.wait_for("lost-leadership", "a", reason="source-unavailable", within=bound)
+            taken = await rec.wait_for("became-leader", "b", within=5)
+            print(f"\nrpc cut -> handed over {lost.at - cut_at:.2f} s, b leads {taken.at - cut_at:.2f} s")
+            assert taken.fields["previous_node"] == "a"
+            at_handover = cursor(redis_client, job)
+            await until(lambda: cursor(redis_client, job) != at_handover)  # b ingests
+            assert not [e for e in rec.of("became-leader", "a") if e.at >= cut_at]  # not taken back
+            await b.shutdown()
+            await a.shutdown()
+            nursery.cancel_scope.cancel()
+        expected = [e["id"] for e in sim.rpc_events()]
+    entries = redis_client.xrange(job_keys(job)["events"])
+    ids = [f["paging_token"] for _id, f in entries]
+    assert ids == expected[: len(ids)], "a gap, duplicate or reordering across the handover"
+    tokens = [int(f["token"]) for _id, f in entries]
+    assert tokens == sorted(tokens) and {1, 2} <= set(tokens)
