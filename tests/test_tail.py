@@ -142,12 +142,25 @@ async def follow(*args: str) -> Follower:
     return Follower(proc)
 
 
-async def blocked_in_xread(url: str, within: float = 15.0) -> None:
-    """Until a client of this Redis waits in a blocking XREAD (the follower is reading)."""
+def client_ids(url: str) -> set[str]:
+    """The ids of the clients connected to this Redis now."""
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        return {c["id"] for c in client.client_list()}
+    finally:
+        client.close()
+
+
+async def blocked_in_xread(url: str, before: set[str], within: float = 15.0) -> None:
+    """Until a client of this Redis that was not connected ``before`` (the follower's: other
+    tests' clients may be there too) is blocked (flag ``b``) in an XREAD."""
     client = redis.Redis.from_url(url, decode_responses=True)
     try:
         with trio.fail_after(within):
-            while not any(c.get("cmd") == "xread" for c in client.client_list()):  # noqa: ASYNC110
+            while not any(  # noqa: ASYNC110 (polling Redis)
+                c["id"] not in before and c.get("cmd") == "xread" and "b" in c.get("flags", "")
+                for c in client.client_list()
+            ):
                 await trio.sleep(0.02)
     finally:
         client.close()
@@ -156,9 +169,10 @@ async def blocked_in_xread(url: str, within: float = 15.0) -> None:
 async def test_follows_new_records_live_until_sigint(redis_server: LocalRedis, job: str) -> None:
     w = Writer(redis_server.url, job)
     await w.commit(3)
+    before = client_ids(redis_server.url)
     follower = await follow("--redis", redis_server.url, "--job", job)
     try:
-        await blocked_in_xread(redis_server.url)  # started, at "$": the three are not printed
+        await blocked_in_xread(redis_server.url, before)  # started, at "$": the three are not printed
         await w.commit(4)
         assert await follower.numbers(4) == [4, 5, 6, 7]
         assert await follower.stop(signal.SIGINT) == 0
