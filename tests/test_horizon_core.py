@@ -5,7 +5,6 @@ from __future__ import annotations
 import email.utils
 import itertools
 import json
-from pathlib import Path
 
 import pytest
 
@@ -30,18 +29,15 @@ from ingestion.horizon.core import (
 )
 from ingestion.paging import toid, token_key
 from ingestion.retry import RetryPolicy, parse_retry_after
+from tests import recorded
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "horizon"  # ../shared beside the repo
-AURORA = DATA / "aurora-rs_stellar-horizon-rs"
+AURORA = recorded.HORIZON / "aurora-rs_stellar-horizon-rs"  # outside the repository
 URL_A = "http://a.example"
 URL_B = "http://b.example"
 
 
 def real_page(name: str) -> bytes:
-    path = AURORA / name
-    if not path.exists():
-        pytest.skip(f"recorded Horizon data not available: {path}")
-    return path.read_bytes()
+    return recorded.require(AURORA / name).read_bytes()
 
 
 def page(records: list[dict[str, object]]) -> bytes:

@@ -1,7 +1,7 @@
 """The simulator's records and pages have the shapes of the recorded real Horizon responses.
 
 The recordings live outside the repository (``../shared/data/horizon``, see its PROVENANCE.md);
-these tests are skipped when it is absent.
+these tests are skipped when it is absent (:mod:`tests.recorded`; the one skip CI allows).
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ import pytest
 
 from ingestion.paging import toid_parts
 from ingestion.simulator import Simulator, SimulatorConfig
+from tests import recorded
 from tests.simulator_fixtures import running
 
-RECORDED = Path(__file__).resolve().parents[2] / "shared" / "data" / "horizon"
-pytestmark = pytest.mark.skipif(not RECORDED.is_dir(), reason=f"no recordings at {RECORDED}")
+RECORDED = recorded.HORIZON
+pytestmark = recorded.needed
 
 TOID = re.compile(r"[1-9][0-9]*")
 EFFECT_TOKEN = re.compile(r"[1-9][0-9]*-[1-9][0-9]*")

@@ -7,12 +7,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import stellar_sdk  # a dependency of the package: missing is an error, never a skip
 import trio
 
 from ingestion.simulator import Simulator, SimulatorConfig
 from tests.simulator_fixtures import running
-
-stellar_sdk = pytest.importorskip("stellar_sdk")
 
 
 @pytest.fixture

@@ -1,0 +1,44 @@
+"""Recorded real Horizon responses, which live outside the repository.
+
+They sit in ``../shared/data/horizon`` beside the checkout (see its PROVENANCE.md) and are not
+copied in, so a clean clone elsewhere (CI's) has none. ``INGESTION_RECORDED_DATA`` points at them
+explicitly; then they must be there.
+
+Tests that read them skip, when they are absent, through :func:`require` / :data:`needed` only,
+with :data:`SKIP_REASON`: under ``CI=true`` the conftest lets through no other skip and reports
+how many of these did not run.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ENV = "INGESTION_RECORDED_DATA"
+HORIZON = Path(os.environ.get(ENV) or Path(__file__).resolve().parents[2] / "shared" / "data" / "horizon")
+SKIP_REASON = "recorded Horizon data lies outside the repository and is absent"
+
+
+def present() -> bool:
+    return HORIZON.is_dir()
+
+
+def absence_excused() -> bool:
+    """Whether a test may skip for want of the recordings under ``CI=true``: only when they are
+    absent from the default place, not when ``INGESTION_RECORDED_DATA`` named a place."""
+    return not present() and not os.environ.get(ENV)
+
+
+def require(path: Path) -> Path:
+    """``path`` under :data:`HORIZON`; the test skips (with :data:`SKIP_REASON`) without the
+    recordings, and fails when they are there but ``path`` is not."""
+    if not present():
+        pytest.skip(f"{SKIP_REASON}: {HORIZON}")
+    assert path.exists(), f"{path} is missing from the recordings"
+    return path
+
+
+needed = pytest.mark.skipif(not present(), reason=f"{SKIP_REASON}: {HORIZON}")
+"""Mark for tests (or ``pytestmark`` of modules) that read the recordings."""
