@@ -39,6 +39,7 @@ class NodeStatus:
     leaderless_seconds: float = 0.0  # sum of the leaderless gaps this node's takeovers ended
     source_up: bool | None = None  # the source answered recently (None: not watched)
     source_last_ok: float | None = None  # trio time of the source's last successful answer
+    history_gaps: dict[str, int] = attrs.Factory(dict)  # by action: stop or skip
 
 
 def record_time(body: str) -> float | None:
@@ -90,6 +91,7 @@ class NodeObserver:
     losses: dict[str, int] = attrs.Factory(dict)
     source_up: bool | None = None
     source_last_ok: float | None = None
+    history_gaps: dict[str, int] = attrs.Factory(dict)
     recent_commit_latencies: deque[float] = attrs.Factory(lambda: deque(maxlen=1024))
     listeners: list[Listener] = attrs.Factory(list)
     wall_clock: Callable[[], float] = time.time
@@ -137,6 +139,12 @@ class NodeObserver:
         """The source watch's latest view: reachable or not, and its last good answer."""
         self.source_up, self.source_last_ok = up, last_ok
 
+    def history_gap(self, action: str, **fields: Any) -> None:
+        """The source found the job's position older than its retained history (``action``:
+        ``stop`` or ``skip``; ``fields`` as the ``history-gap`` log line)."""
+        self.history_gaps[action] = self.history_gaps.get(action, 0) + 1
+        self._tell("history-gap", {**fields, "action": action})
+
     def deadline(self, ingest_deadline: float | None) -> None:
         self.ingest_deadline = ingest_deadline
 
@@ -178,4 +186,5 @@ class NodeObserver:
             leaderless_seconds=self.leaderless_seconds,
             source_up=self.source_up,
             source_last_ok=self.source_last_ok,
+            history_gaps=dict(self.history_gaps),
         )

@@ -4,10 +4,14 @@ Resuming would silently skip the records in between, so by default the job stops
 anything (``history-gap`` logged as an error, :class:`SourceFatalError`). With ``on_history_gap =
 "skip"`` the gap is recorded first, as a ``history-gap`` entry in the job's audit stream fenced by
 the term's token, and the source goes on from the oldest ledger it keeps.
+
+Either way the gap is told to the listener in :data:`history_gap_listener` (the node process sets
+one that counts gaps per job for the metrics), since a stopped job leaves nothing in Redis.
 """
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -19,6 +23,17 @@ from ingestion.http import describe
 log = structlog.get_logger()
 
 Audit = Callable[[str, dict[str, str]], Awaitable[bool]]
+GapListener = Callable[[str, Mapping[str, Any]], None]  # (action, the log line's fields)
+
+history_gap_listener: contextvars.ContextVar[GapListener | None] = contextvars.ContextVar(
+    "history_gap_listener", default=None
+)
+
+
+def _tell(action: str, fields: Mapping[str, Any]) -> None:
+    listener = history_gap_listener.get()
+    if listener is not None:
+        listener(action, fields)
 
 
 async def record_history_gap(
@@ -40,6 +55,7 @@ async def record_history_gap(
     """
     if on_history_gap == "stop":
         log.error("history-gap", **fields, action="stop")
+        _tell("stop", fields)
         raise SourceFatalError(stop_message)
     if audit is not None:
         try:
@@ -50,4 +66,5 @@ async def record_history_gap(
         if not written:
             return f"history-gap audit entry: {error}"
     log.warning("history-gap", **fields, action="skip", **resume)
+    _tell("skip", fields)
     return None

@@ -132,7 +132,16 @@ class _ObserverCollector(Collector):
                 lag.add_metric(job, s.source_lag_seconds)
             if s.source_up is not None:
                 source_up.add_metric(job, 1 if s.source_up else 0)
-        yield from (build, info, leader, token, remaining, elections, losses, rejections, redis_errors,
+        gaps = CounterMetricFamily(
+            "ingestion_history_gaps",
+            "Times the job's position was older than the source's retained history, by action "
+            "(stop: the job stopped, skip: records were skipped on purpose).",
+            labels=[JOB_LABEL, "action"],
+        )
+        for s in snaps:
+            for action, count in sorted(s.history_gaps.items()):
+                gaps.add_metric([s.job, action], count)
+        yield from (build, info, gaps, leader, token, remaining, elections, losses, rejections, redis_errors,
                     ingested, commits, leaderless, lag, source_up)  # fmt: skip
 
 

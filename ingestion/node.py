@@ -31,8 +31,10 @@ from actors.source import Source, current_term
 from actors.supervisor import JobRun, NodeSpec, run_jobs
 from actors.token_memory import TokenMemory
 from ingestion.config import ConfigError, JobSettings, Settings, load_action, redact_url
+from ingestion.gaps import history_gap_listener
 from ingestion.horizon.source import HorizonSource
 from ingestion.logs import configure_logging, node_logger
+from ingestion.sd_notify import notify
 
 
 def build_source(
@@ -144,6 +146,21 @@ def preflight(settings: Settings) -> None:
         ])
 
 
+def _tell_service_manager(log: Any, state: str) -> None:
+    """``READY=1`` once serving, ``STOPPING=1`` on shutdown: for a systemd ``Type=notify`` unit."""
+    try:
+        notify(state)
+    except OSError as exc:
+        log.warning("sd-notify-failed", state=state, error=str(exc))
+
+
+def _count_history_gap(observers: dict[str, NodeObserver], action: str, fields: Any) -> None:
+    """A job's source met a history gap: the job is bound in the calling task's log context."""
+    job = structlog.contextvars.get_contextvars().get("job")
+    if job in observers:
+        observers[job].history_gap(action, **fields)
+
+
 def node_spec(settings: Settings, job: JobSettings | None = None) -> NodeSpec:
     job = job or settings.jobs[0]
     return NodeSpec(
@@ -184,6 +201,7 @@ async def run_node_process(settings: Settings) -> int:
     client = settings.redis.connect()
     stores = {j.name: build_store(settings, j.name, client) for j in settings.jobs}
     observers = {j.name: NodeObserver(settings.node.id, j.name) for j in settings.jobs}
+    history_gap_listener.set(functools.partial(_count_history_gap, observers))
     fatal: dict[str, str] = {}
     signalled = False
     runs = [
@@ -215,6 +233,7 @@ async def run_node_process(settings: Settings) -> int:
                         nursery.cancel_scope.cancel()
 
                 handle = await nursery.start(jobs_then_stop)
+                _tell_service_manager(log, "READY=1")
                 await _start_endpoints(nursery, settings, list(observers.values()), log, stores)
                 async for signum in signals:
                     name = signal.Signals(signum).name
@@ -224,6 +243,7 @@ async def run_node_process(settings: Settings) -> int:
                         break
                     signalled = True
                     log.info("shutdown-requested", signal=name)
+                    _tell_service_manager(log, "STOPPING=1")
                     await handle.shutdown(name)
     finally:
         client.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 
 import httpx
+import pytest
 import redis
 import structlog
 import trio
@@ -13,10 +14,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from actors.lease_store import Acquired, LeaseStore, connect
 from actors.observe import NodeObserver
-from actors.source import SyntheticSource
+from actors.source import SourceFatalError, SyntheticSource
 from ingestion import __version__
+from ingestion.gaps import history_gap_listener, record_history_gap
 from ingestion.local_redis import LocalRedis
 from ingestion.metrics import NodeMetrics, serve_metrics
+from ingestion.node import _count_history_gap
 from tests.conftest import make_store
 from tests.nodes import Recorder, start_node
 
@@ -282,3 +285,21 @@ def test_a_node_is_ready_while_one_job_can_be_served() -> None:
     ready, doc = trio.run(metrics.readiness)
     assert not ready
     assert doc["reasons"] == ["a: its source is unreachable", "b: stopped"]
+
+
+async def test_history_gaps_are_counted_by_action_for_the_job_that_met_them() -> None:
+    observers = {"a": NodeObserver("n", "a"), "b": NodeObserver("n", "b")}
+    metrics = NodeMetrics(list(observers.values()))
+    gap = {"cursor": "12-1", "cursor_ledger": 12, "elder_ledger": 40, "horizon": "http://h"}
+    # As in a node process: the listener is set for the whole node, the job bound in its tasks.
+    history_gap_listener.set(functools.partial(_count_history_gap, observers))
+    structlog.contextvars.bind_contextvars(job="b")
+    with pytest.raises(SourceFatalError):
+        await record_history_gap(gap, on_history_gap="stop", audit=None, stop_message="x", resume={})
+    assert await record_history_gap(gap, on_history_gap="skip", audit=None, stop_message="x",
+                                    resume={}) is None  # fmt: skip
+    structlog.contextvars.unbind_contextvars("job")
+    text = metrics.exposition().decode()
+    assert value(text, "ingestion_history_gaps_total", ingestion_job="b", action="stop") == 1
+    assert value(text, "ingestion_history_gaps_total", ingestion_job="b", action="skip") == 1
+    assert value(text, "ingestion_history_gaps_total", ingestion_job="a", action="stop") is None

@@ -1,0 +1,24 @@
+"""What the tests of deploy/ share: the repository's deploy folder, and external tools that CI
+must have (scripts/setup installs them) but a developer's machine may lack."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+
+
+def require_tool(name: str, package: str) -> str:
+    """The path of ``name``; skips the test when it is missing, except under CI (``CI=true``),
+    where scripts/setup installs it and its absence is a failure."""
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed (Debian package {package}; scripts/setup installs it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
