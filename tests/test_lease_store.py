@@ -173,12 +173,17 @@ async def test_a_silent_redis_is_unavailable_within_the_bound_of_the_whole_call(
     async with trio.open_nursery() as nursery:
         proxy: TcpProxy = await nursery.start(TcpProxy(redis_server.port).serve)
         proxy.set_mode("blackhole")
-        store = LeaseStore(connect(f"redis://127.0.0.1:{proxy.port}/0", timeout=0.2), job)
+        timeout = 0.5
+        store = LeaseStore(connect(f"redis://127.0.0.1:{proxy.port}/0", timeout=timeout), job)
         for call in (store.acquire("a", 5000), store.commit("a", 1, None, recs("1"))):
             started = trio.current_time()
             with pytest.raises(RedisUnavailable, match="timed out"):
                 await call
-            assert trio.current_time() - started < 0.2 + 0.1
+            took = trio.current_time() - started
+            print(f"\na silent Redis: the call gave up after {took:.3f} s (timeout {timeout} s)")
+            # One timeout, not one per step (connect, handshake, script load, command): the next
+            # multiple is 2x; the rest of that is slack for a loaded machine.
+            assert took < 2 * timeout
         nursery.cancel_scope.cancel()
 
 
