@@ -434,7 +434,9 @@ async def test_catch_up_under_a_rate_limit_gets_no_429_and_takes_the_time_the_bu
         assert sim.statuses[429] == 0
         budget = (pages - (burst + 1)) * 3600 / per_hour
         print(f"rate-limited catch-up: {took:.2f} s, the budget allows {budget:.2f} s")
-        assert took <= 1.3 * budget
+        # Paced by the budget, not by back-offs: a source that waited out even one Retry-After
+        # cap (5 s) on top would exceed this; the rest is slack for a loaded machine.
+        assert took <= 2 * budget
 
 
 async def test_retry_after_is_honoured_on_503_as_on_429() -> None:
