@@ -138,9 +138,9 @@ class _ObserverCollector(Collector):
             "(stop: the job stopped, skip: records were skipped on purpose).",
             labels=[JOB_LABEL, "action"],
         )
-        for s in snaps:
-            for action, count in sorted(s.history_gaps.items()):
-                gaps.add_metric([s.job, action], count)
+        for s in snaps:  # both present from the start, at 0: increase() sees the first gap
+            for action in ("skip", "stop"):
+                gaps.add_metric([s.job, action], s.history_gaps.get(action, 0))
         yield from (build, info, gaps, leader, token, remaining, elections, losses, rejections, redis_errors,
                     ingested, commits, leaderless, lag, source_up)  # fmt: skip
 

@@ -302,4 +302,4 @@ async def test_history_gaps_are_counted_by_action_for_the_job_that_met_them() ->
     text = metrics.exposition().decode()
     assert value(text, "ingestion_history_gaps_total", ingestion_job="b", action="stop") == 1
     assert value(text, "ingestion_history_gaps_total", ingestion_job="b", action="skip") == 1
-    assert value(text, "ingestion_history_gaps_total", ingestion_job="a", action="stop") is None
+    assert value(text, "ingestion_history_gaps_total", ingestion_job="a", action="stop") == 0
