@@ -24,6 +24,7 @@ from actors.messages import (
     FencingTokenRejected,
 )
 from actors.observe import NodeObserver
+from actors.token_memory import TokenMemory
 
 # Rejections that mean "this writer is no longer the leader", as opposed to a bad batch.
 FENCING_REASONS = frozenset({"stale-token", "lease-lost"})
@@ -38,6 +39,9 @@ class CursorWriter:
     log: Any
     observer: NodeObserver
     highest_token_seen: int = 0
+    # The node's memory of the job (shared with the Elector): the first commit is recorded there,
+    # so that a Redis that later forgets the job is known to have lost something.
+    memory: TokenMemory | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with self.inbox, self.elector:
@@ -69,6 +73,8 @@ class CursorWriter:
             return CommitRefused(msg.token, "bad-batch", self.highest_token_seen)
         if isinstance(result, Committed):
             self.highest_token_seen = max(self.highest_token_seen, msg.token)
+            if self.memory is not None and not self.memory.committed:
+                await self._remember_commit(self.memory, msg.token)
             if not msg.records:
                 if msg.previous_cursor is None:
                     self.log.info("cursor-anchored", token=msg.token, cursor=msg.anchor)
@@ -92,6 +98,12 @@ class CursorWriter:
             stored_cursor=result.stored_cursor,
         )
         return CommitRefused(msg.token, result.reason, result.current_token)
+
+    async def _remember_commit(self, memory: TokenMemory, token: int) -> None:
+        try:
+            await trio.to_thread.run_sync(memory.saw_commit)
+        except (OSError, ValueError) as exc:
+            self.log.warning("token-memory-failed", token=token, error=str(exc))
 
     async def _fenced(
         self, msg: CommitCursor, reason: str, current: int, *, local: bool

@@ -83,6 +83,9 @@ class Elector:
     # floors the next token above it, so no token this node has seen is ever issued again, even
     # by a Redis that went back in time.
     known_token: int = 0
+    # Whether this node has seen the job commit (a cursor in an answer, or its own commit, which
+    # the CursorWriter records in ``memory``): only then is an empty Redis a lost job.
+    known_committed: bool = False
     memory: TokenMemory | None = None
     _replid: str | None = None  # the primary's replication id at the last answer
     # A lease under this node's id may be ours (not a duplicate node's) only on the first campaign
@@ -110,6 +113,18 @@ class Elector:
         elif self.memory is not None:
             self.memory.raise_to(token)
 
+    async def _see_commit(self) -> None:
+        if self.known_committed:
+            return
+        self.known_committed = True
+        if self.memory is not None and self.memory.path is not None:
+            try:
+                await trio.to_thread.run_sync(self.memory.saw_commit)
+            except (OSError, ValueError) as exc:
+                self.log.warning("token-memory-failed", token=self.known_token, error=str(exc))
+        elif self.memory is not None:
+            self.memory.saw_commit()
+
     def _check_primary(self, replid: str | None, rolled_back_from: int | None, cursor: str | None) -> None:
         """Log ``redis-failover-detected`` when the primary changed (its replication id) or Redis
         went back in time (a counter below the known token)."""
@@ -135,6 +150,7 @@ class Elector:
         machine = LeaseMachine(self.timing)
         if self.memory is not None:
             self.known_token = max(self.known_token, self.memory.value)
+            self.known_committed = self.known_committed or self.memory.committed
         with self.inbox, self.heartbeat, self.ingestor:
             task_status.started()
             failures = 0
@@ -145,7 +161,11 @@ class Elector:
                     continue
                 sent_at = trio.current_time()
                 try:
-                    answer = await self.store.acquire(self.node, self.ttl_ms, self.known_token)
+                    if self.memory is not None and self.memory.committed:
+                        self.known_committed = True  # the CursorWriter saw this node commit
+                    answer = await self.store.acquire(
+                        self.node, self.ttl_ms, self.known_token, self.known_committed
+                    )
                 except RedisUnavailable as exc:
                     if self.gate is not None:
                         self.gate.campaign_done()
@@ -173,6 +193,8 @@ class Elector:
                     # granted by the current primary); fencing keeps an older holder harmless.
                     self._check_primary(answer.replid, None, None)
                     await self._see(answer.token)
+                    if answer.committed:
+                        await self._see_commit()
                     if answer.holder != self.node:
                         self._own_lease_possible = False
                     await self._stand_by(answer)
@@ -180,6 +202,8 @@ class Elector:
                     self._own_lease_possible = False
                     self._check_primary(answer.replid, answer.rolled_back_from, answer.cursor)
                     await self._see(answer.token)
+                    if answer.cursor is not None:
+                        await self._see_commit()
                     await self._lead(machine, answer, sent_at)
             if self._own_lease_possible:
                 await self._release_if_ours()
@@ -223,7 +247,8 @@ class Elector:
                 self.log.warning("release-failed", token=None, error=str(exc))
 
     async def _state_lost(self, counter: int, cursor: str | None, holder: str | None) -> None:
-        """Redis's token counter went backwards *and* the job's cursor is gone: Redis lost the job.
+        """Redis's token counter went backwards *and* the job's cursor is gone although this node
+        saw the job commit: Redis lost the job.
         Leading now would restart it from the start cursor, so stay standby (and say so, loudly)
         until an operator restores Redis or accepts the loss (restarts the nodes without their
         token memory). A rollback that kept a cursor is not this: see ``_check_primary``."""

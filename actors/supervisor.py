@@ -133,10 +133,13 @@ async def run_node(
     ingestor_send, ingestor_recv = trio.open_memory_channel[IngestorInput](4)
     writer_send, writer_recv = trio.open_memory_channel[CommitCursor](0)
 
+    # What this node knows of the job on this Redis deployment (durable with a state directory).
+    memory = TokenMemory(spec.job, spec.state_dir, deployment=store.deployment)
+
     async with trio.open_nursery() as nursery:
         await nursery.start(
             CursorWriter(
-                store, spec.node, writer_recv, elector_send.clone(), log, observer
+                store, spec.node, writer_recv, elector_send.clone(), log, observer, memory=memory
             ).run
         )
         await nursery.start(
@@ -184,7 +187,7 @@ async def run_node(
             ingestor_send,
             log,
             observer,
-            memory=TokenMemory(spec.job, spec.state_dir),
+            memory=memory,
             gate=gate,
             source_watch=watch,
         )

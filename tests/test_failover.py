@@ -436,9 +436,14 @@ async def test_acquire_refuses_to_issue_a_token_below_one_the_caller_has_seen(
     grant = await store.acquire("a", 60_000)
     assert isinstance(grant, Acquired) and grant.token == 1
     assert await store.release("a", 1)
-    lost = await store.acquire("b", 60_000, known_token=5)
+    # A caller that saw the job commit, and no cursor: Redis lost the job.
+    lost = await store.acquire("b", 60_000, known_token=5, known_committed=True)
     assert lost == StateLost(counter=1, cursor=None)
     state = await store.state()
     assert state.token == 1 and state.leader is None  # nothing issued, no lease taken
-    again = await store.acquire("b", 60_000, known_token=1)
+    again = await store.acquire("b", 60_000, known_token=1, known_committed=True)
     assert isinstance(again, Acquired) and again.token == 2
+    assert await store.release("b", 2)
+    # Nothing was ever committed: nothing lost, the token is floored above the caller's.
+    floored = await store.acquire("b", 60_000, known_token=5)
+    assert isinstance(floored, Acquired) and floored.token == 6 and floored.rolled_back_from == 2

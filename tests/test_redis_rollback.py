@@ -84,9 +84,10 @@ async def test_acquire_after_a_rollback_floors_above_the_known_token_and_audits_
     assert after.token == 4 and after.rolled_back_from == 1 and after.cursor == "10"
     last = redis_client.xrevrange(job_keys(job)["audit"], count=1)[0][1]
     assert last["rolled_back_from"] == "1" and last["token"] == "4"
-    # A loss is not a rollback: with the cursor gone too, nothing is issued.
+    # A loss is not a rollback: with the cursor gone too, nothing is issued (to a caller that saw
+    # the job commit: tests/test_state_lost.py has the caller that did not).
     redis_client.delete(*job_keys(job).values())
-    lost = await store.acquire("b", 60_000, known_token=4)
+    lost = await store.acquire("b", 60_000, known_token=4, known_committed=True)
     assert lost == StateLost(counter=0, cursor=None)
     assert redis_client.get(job_keys(job)["token"]) is None
 
@@ -115,7 +116,8 @@ async def test_a_restarted_node_never_reuses_a_token_after_redis_goes_back_in_ti
         else:
             # Redis's counter said 1; the node remembered 2 across its restart.
             assert grant.fields["token"] == 3, grant.fields
-            assert (tmp_path / "state" / f"{job}.token").read_text().strip() == "3"
+            remembered = TokenMemory(job, state, deployment=make_store(redis_server.url, job).deployment)
+            assert remembered.value == 3 and remembered.committed
     assert assert_exactly_once_in_order(redis_client, job) > 0
     tokens = [int(t) for _i, t, _n in events_in_stream(redis_client, job)]
     assert tokens == sorted(tokens) and set(tokens) == {1, 3}  # term 2's records went back

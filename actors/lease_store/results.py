@@ -46,13 +46,15 @@ class Held:
     holder: str
     token: int
     ttl_left_ms: int
+    committed: bool = False  # the job has a committed cursor (it has committed at least once)
     replid: str | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen
 class StateLost:
-    """Redis's token counter is below a token the caller has seen *and* the job's cursor is gone:
-    Redis lost the job's state (restarted empty, an empty replica promoted). Nothing was issued:
+    """Redis's token counter is below a token the caller has seen *and* the job's cursor is gone
+    although the caller saw the job commit: Redis lost the job's state (restarted empty, an empty
+    replica promoted). Nothing was issued:
     leading would restart the job from its start cursor, which is an operator's decision."""
 
     counter: int

@@ -26,7 +26,13 @@ from redis.sentinel import SentinelConnectionPool
 
 from actors.cursor_order import token_key
 from actors.lease_store import scripts
-from actors.lease_store.connect import client_kwargs, describe_redis_error, redacted_endpoint
+from actors.lease_store.connect import (
+    ClusterTarget,
+    SentinelTarget,
+    client_kwargs,
+    describe_redis_error,
+    redacted_endpoint,
+)
 from actors.lease_store.keys import AUDIT_MAXLEN, job_keys, parse_lease_value
 from actors.lease_store.notices import ReleaseNotices
 from actors.lease_store.results import (
@@ -47,6 +53,23 @@ from actors.source import Record
 T = TypeVar("T")
 
 FOLLOW_PRIMARY_EVERY = 0.5  # seconds: how stale the Sentinel-named primary may be (follow_primary)
+
+
+def deployment_name(client: redis.Redis) -> str:
+    """Which Redis deployment ``client`` talks to, without credentials and stable across nodes
+    that list the same servers in another order: ``redis:H:P/DB``, ``unix:PATH/DB``,
+    ``sentinel:H:P,H:P/SERVICE/DB`` or ``cluster:H:P,H:P`` (addresses sorted)."""
+    ctarget: ClusterTarget | None = getattr(client, "cluster_target", None)
+    if ctarget is not None:
+        return "cluster:" + ",".join(sorted(f"{h}:{p}" for h, p in ctarget.nodes))
+    target: SentinelTarget | None = getattr(client, "sentinel_target", None)
+    if target is not None:
+        sentinels = ",".join(sorted(f"{h}:{p}" for h, p in target.sentinels))
+        return f"sentinel:{sentinels}/{target.service}/{target.db}"
+    kw = client.connection_pool.connection_kwargs
+    if "path" in kw:
+        return f"unix:{kw['path']}/{kw.get('db', 0)}"
+    return f"redis:{kw.get('host')}:{kw.get('port')}/{kw.get('db', 0)}"
 
 
 class LeaseStore:
@@ -77,6 +100,7 @@ class LeaseStore:
         # group still needs: trimmed inside the commit script, under the same fencing check.
         self.events_max_len = events_max_len
         self.keys = job_keys(job)
+        self.deployment = deployment_name(client)  # names the node's token memory file
         self._stale_topology = False
         self._where, self._secret = redacted_endpoint(client)
         self._acquire = client.register_script(scripts.ACQUIRE)
@@ -201,11 +225,14 @@ class LeaseStore:
                 self.min_replicas_acked,
             )
 
-    async def acquire(self, node: str, ttl_ms: int, known_token: int = 0) -> Acquired | Held | StateLost:
+    async def acquire(
+        self, node: str, ttl_ms: int, known_token: int = 0, known_committed: bool = False
+    ) -> Acquired | Held | StateLost:
         """Take the lease if it is free. ``known_token``: the highest fencing token the caller has
         seen. If Redis's counter is below it (Redis went back in time) the new token is floored
-        above it and ``rolled_back_from`` says so; if the job's cursor is gone as well, Redis lost
-        the job and nothing is issued (:class:`StateLost`).
+        above it and ``rolled_back_from`` says so; if the job's cursor is gone as well and the
+        caller has seen the job commit (``known_committed``), Redis lost the job and nothing is
+        issued (:class:`StateLost`). :class:`Held` says whether the job has committed.
 
         Raises:
             RedisUnavailable: the outcome is unknown (a lease may have been granted);
@@ -216,14 +243,17 @@ class LeaseStore:
             self._script_then_wait,
             self._acquire,
             [k["lease"], k["token"], k["leader"], k["audit"], k["cursor"]],
-            [node, ttl_ms, AUDIT_MAXLEN, known_token],
+            [node, ttl_ms, AUDIT_MAXLEN, known_token, 1 if known_committed else 0],
             replid=True,
         )
         if int(res[0]) == 2:
             return StateLost(counter=int(res[1]), cursor=res[2] or None, replid=replid)
         if int(res[0]) == 0:
             token, holder = parse_lease_value(res[1])
-            return Held(holder=holder, token=token, ttl_left_ms=int(res[2]), replid=replid)
+            return Held(
+                holder=holder, token=token, ttl_left_ms=int(res[2]), committed=bool(int(res[3])),
+                replid=replid,
+            )  # fmt: skip
         self._check_acked("the lease grant", acked)
         _, token, prev_node, prev_token, takeover, cursor, rolled_back = res
         return Acquired(

@@ -7,23 +7,28 @@
 -- KEYS[5] cursor   ingestion:{J}:cursor  (hash: cursor, token, node)
 -- ARGV[1] node     ARGV[2] ttl_ms     ARGV[3] audit_maxlen
 -- ARGV[4] known_token: the highest token the caller has seen ('0' for none)
+-- ARGV[5] known_committed: '1' when the caller has seen this job commit (a cursor), else '0'
 --
--- Returns {0, lease value, pttl} when held; {2, counter, cursor} when Redis lost the job's state
--- (nothing issued); else {1, token, previous node, previous token, takeover_ms, cursor,
+-- Returns {0, lease value, pttl, committed} when held (committed: 1 when the job has a cursor,
+-- so that standbys learn it); {2, counter, cursor} when Redis lost the job's state (nothing
+-- issued); else {1, token, previous node, previous token, takeover_ms, cursor,
 -- rolled_back_from} ('' for each unknown).
 
+local cursor = redis.call('HGET', KEYS[5], 'cursor') or ''
 local held = redis.call('GET', KEYS[1])
 if held then
-  return {0, held, redis.call('PTTL', KEYS[1])}
+  local committed = 0
+  if cursor ~= '' then committed = 1 end
+  return {0, held, redis.call('PTTL', KEYS[1]), committed}
 end
 -- The caller has seen fencing token known_token. A counter below it means Redis went back in time:
 -- a failover to a replica that missed the newest writes, a restart from an old file, a restore.
 local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
 local known = tonumber(ARGV[4] or '0')
-local cursor = redis.call('HGET', KEYS[5], 'cursor') or ''
-if counter < known and cursor == '' then
-  -- Not a rollback but a loss: the job's cursor is gone too. Leading would restart the job from
-  -- its start cursor; that is an operator's decision, so issue nothing.
+if counter < known and cursor == '' and ARGV[5] == '1' then
+  -- Not a rollback but a loss: the job had committed (the caller saw it) and its cursor is gone
+  -- too. Leading would restart the job from its start cursor; that is an operator's decision,
+  -- so issue nothing. (A job that never committed lost nothing: it is floored like a rollback.)
   return {2, counter, cursor}
 end
 local now = now_ms()
