@@ -322,3 +322,122 @@ def redacted_endpoint(client: redis.Redis) -> tuple[str, str | None]:
     where = f"{scheme}://{user}{kw.get('host')}:{kw.get('port')}/{kw.get('db', 0)}"
     return where, kw.get("password")
 
+
+
+def _resp_probe(host: str, port: int, timeout: float) -> str | None:
+    """What answers at ``host:port`` when it is not Redis: a short description, or None when it
+    speaks RESP (or cannot be reached: an outage)."""
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(b"PING\r\n\r\n")  # Redis ignores the empty line; HTTP sees a request end
+            first = sock.recv(64)
+    except OSError:
+        return None
+    if first[:1] in (b"+", b"-", b":", b"$", b"*", b"_", b",", b"#", b"%", b"~", b">", b"|", b"!", b"="):
+        return None
+    if not first or first[:1] == b"\x15":
+        return None  # closed, or a TLS alert: the TLS-port case, reported as an outage with its hint
+    if first.startswith((b"HTTP/", b"<")):
+        return f"an HTTP server answers at {host}:{port}, not Redis: check the host and port in redis.url"
+    return (
+        f"the server at {host}:{port} does not speak the Redis protocol (it answered "
+        f"{first[:20]!r}): check the host and port in redis.url"
+    )
+
+
+def diagnose_redis(
+    url: str,
+    keys: list[str],
+    *,
+    timeout: float,
+    tls_ca_file: str | None = None,
+    tls_cert_file: str | None = None,
+    tls_key_file: str | None = None,
+) -> str | None:
+    """A mistake in ``url`` that retrying cannot fix, found by asking what it reaches, as the rest
+    of one line after ``redis.url ...: `` (with the fix); None when all is well or Redis cannot be
+    reached now (an outage, to be retried). Blocking: for start-up, before the node runs.
+
+    Checked: sentinels that are not sentinels, a server that does not speak RESP, a database index
+    beyond the server's ``databases``, credentials refused (``WRONGPASS``, ``NOAUTH``) and an ACL
+    that denies ``keys`` (``NOPERM``).
+    """
+    if is_sentinel_url(url):
+        target = parse_sentinel_url(url)
+        for host, port in target.sentinels:
+            client = redis.Redis(
+                host=host, port=port, socket_timeout=timeout, socket_connect_timeout=timeout,
+                retry=Retry(NoBackoff(), 0), decode_responses=True, ssl=target.tls,
+            )  # fmt: skip
+            try:
+                client.sentinel_masters()
+            except redis.ResponseError as exc:
+                if "unknown command" in str(exc).lower():
+                    return (
+                        f"{host}:{port} is not a sentinel (it answered: {str(exc).split(',')[0]}): "
+                        "list the sentinels' addresses, or use redis://HOST:PORT/DB for a plain Redis"
+                    )
+            except (redis.RedisError, OSError):
+                pass
+            finally:
+                client.close()
+    try:
+        client = connect(
+            url, timeout=timeout, tls_ca_file=tls_ca_file, tls_cert_file=tls_cert_file,
+            tls_key_file=tls_key_file,
+        )  # fmt: skip
+    except redis.RedisError:
+        return None  # a cluster whose seeds do not answer: an outage
+    try:
+        client.ping()
+        for key in keys:
+            client.exists(key)
+    except redis.RedisError as exc:
+        return _mistake(exc, url, client, timeout)
+    finally:
+        client.close()
+    return None
+
+
+def _mistake(exc: redis.RedisError, url: str, client: Any, timeout: float) -> str | None:
+    text = str(exc)
+    if "DB index is out of range" in text:
+        kw = client_kwargs(client)
+        db = kw.get("db", "?")
+        count = "its `databases` setting"
+        try:
+            pool = client.connection_pool
+            probe = redis.Redis(connection_pool=redis.ConnectionPool(
+                connection_class=pool.connection_class, **{**kw, "db": 0}
+            ))  # fmt: skip
+            try:
+                count = f"{probe.config_get('databases')['databases']} databases"
+            finally:
+                probe.close()
+        except (redis.RedisError, KeyError, TypeError, AttributeError):
+            pass  # CONFIG denied, or a Sentinel pool: the message names the setting instead
+        return (
+            f"database {db} does not exist on this server (it has {count}): use a database number "
+            "below that in redis.url, or raise `databases` in redis.conf"
+        )
+    if isinstance(exc, redis.AuthenticationError) or "WRONGPASS" in text or "NOAUTH" in text:
+        return f"authentication failed ({text.strip()}): fix the user and password in redis.url"
+    if isinstance(exc, redis.exceptions.NoPermissionError) or "NOPERM" in text:
+        return (
+            f"permission denied by the Redis ACL ({text.strip()}): the user needs the ingestion:* "
+            "keys, &* channels and scripting (see the Redis ACL section of docs/OPERATIONS.md)"
+        )
+    # A server that is not Redis may close, answer garbage, or wait for more (an HTTP server
+    # reading a request's headers): ask it in a way any of them answers.
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError) and (
+        classify_redis_error(exc) != "connection refused"
+    ):
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        if parts.scheme == "redis" and parts.hostname:
+            return _resp_probe(parts.hostname, parts.port or 6379, timeout)
+    return None

@@ -28,7 +28,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from actors.lease_store import (
     CLUSTER_SCHEMES,
@@ -218,6 +218,16 @@ def _check_redis_url(redis_: dict[str, Any], problems: list[str]) -> None:
             parse_sentinel_url(url)
         except BadRedisUrl as exc:
             problems.append(f"redis.url: {redact_url(url)!r} {exc}")
+    elif scheme in ("redis", "rediss", "unix"):
+        parts = urlsplit(url)
+        dbs = [] if scheme == "unix" else [parts.path.strip("/")]
+        dbs += [value for name, value in parse_qsl(parts.query) if name == "db"]
+        for db in dbs:
+            if db and not db.isdigit():
+                problems.append(
+                    f"redis.url: the database must be a number such as /0, got {db!r} in "
+                    f"{redact_url(url)!r}"
+                )
     elif scheme in CLUSTER_SCHEMES:
         try:
             parse_cluster_url(url)
