@@ -9,25 +9,33 @@ still released, under a short shielded scope).
 
 from __future__ import annotations
 
+import errno
 import functools
+import json
 import signal
-from collections.abc import Awaitable, Callable
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import redis
 import structlog
 import trio
 
+from actors.clock import BootClock
 from actors.lease_store import (
     LeaseStore,
     NodeRegistry,
+    RedisUnavailable,
+    diagnose_redis,
     is_sentinel_url,
+    job_keys,
     parse_sentinel_url,
     sentinel_services,
 )
 from actors.observe import NodeObserver
 from actors.scheduled import ScheduledJob
-from actors.source import Source, current_term
+from actors.source import Batch, Source, SourceFatalError, current_term
 from actors.supervisor import JobRun, NodeSpec, run_jobs
 from actors.token_memory import TokenMemory
 from ingestion.config import ConfigError, JobSettings, Settings, load_action, redact_url
@@ -119,13 +127,35 @@ def build_store(settings: Settings, job: str | None = None, client: redis.Redis 
     )
 
 
+def check_sources(settings: Settings) -> None:
+    """Build every job's source once, to report what cannot be built as configuration errors.
+
+    Raises:
+        ConfigError: one line per job whose resource or action cannot be used.
+    """
+    problems = []
+    for job in settings.jobs:
+        try:
+            build_source(settings, job)
+        except ValueError as exc:
+            section = "rpc" if job.kind == "rpc" else "horizon"
+            problems.append(f"jobs.{job.name}: {exc}" if len(settings.jobs) > 1 else f"{section}: {exc}")
+    if problems:
+        raise ConfigError(problems)
+
+
+PREFLIGHT_TIMEOUT = 2.0  # seconds, each start-up question to Redis
+
+
 def preflight(settings: Settings) -> None:
     """Checks that need more than the settings' text, before the node starts.
 
     Raises:
-        ConfigError: the token memory in node.state_dir is unusable, or every sentinel that
-            answered says it does not monitor the URL's service. Sentinels that do not answer
-            are an outage, not a configuration error: the node starts, logs
+        ConfigError: the token memory in node.state_dir is unusable; what the Redis URL reaches is
+            wrong in a way retrying cannot fix (not a sentinel, not Redis, no such database,
+            credentials refused, an ACL that denies the job's keys); or every sentinel that
+            answered says it does not monitor the URL's service. Redis or sentinels that do not
+            answer are an outage, not a configuration error: the node starts, logs
             ``redis-unavailable`` and waits for them.
     """
     for job in settings.node.jobs:
@@ -133,17 +163,149 @@ def preflight(settings: Settings) -> None:
             TokenMemory(job, settings.node.state_dir or None)
         except (OSError, ValueError) as exc:
             raise ConfigError([f"node.state_dir: {exc}"]) from exc
-    url = settings.redis.url
+    r = settings.redis
+    url = r.url
+    timeout = max(r.timeout_ms / 1000, PREFLIGHT_TIMEOUT)
+    mistake = diagnose_redis(
+        url, [job_keys(j)["cursor"] for j in settings.node.jobs], timeout=timeout,
+        tls_ca_file=r.tls_ca_file or None, tls_cert_file=r.tls_cert_file or None,
+        tls_key_file=r.tls_key_file or None,
+    )  # fmt: skip
+    if mistake:
+        raise ConfigError([f"redis.url {redact_url(url)}: {mistake}"])
     if not is_sentinel_url(url):
         return
     target = parse_sentinel_url(url)
-    _unreachable, known = sentinel_services(target, settings.redis.timeout_ms / 1000)
+    _unreachable, known = sentinel_services(target, r.timeout_ms / 1000)
     if known and not any(target.service in services for services in known.values()):
         monitored = sorted({s for services in known.values() for s in services})
         raise ConfigError([
             f"redis.url: no sentinel at {','.join(known)} monitors a service named "
             f"{target.service!r} (they monitor: {', '.join(monitored) or 'nothing'})"
         ])
+
+
+class StartupError(Exception):
+    """The node cannot start: one line naming the setting (exit 2)."""
+
+
+def start_node(settings: Settings) -> int:
+    """Run the node until it stops; its exit status.
+
+    Raises:
+        ConfigError: a listen socket could not be bound, or Redis holds the job under another
+            source (one line naming the setting), before the node campaigned.
+    """
+    try:
+        return trio.run(run_node_process, settings, clock=BootClock())
+    except* StartupError as group:
+        raise ConfigError([str(e) for e in _leaves(group)]) from None
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
+def source_identity(job: JobSettings) -> str:
+    """What a job follows, as recorded in its cursor hash (field ``source``) by its first term:
+    ``horizon /operations``, ``rpc [<getEvents filters>]``, ``scheduled module:function``."""
+    if job.kind == "horizon":
+        return f"horizon {job.resource}"
+    if job.kind == "rpc":
+        filters = [f.to_json() for f in job.rpc_filters()]
+        if not filters:
+            return "rpc (every event)"
+        return "rpc " + json.dumps(filters, separators=(",", ":"), sort_keys=True)
+    return f"scheduled {job.action}"
+
+
+def _cursor_kind(cursor: str | None) -> str | None:
+    """The kind of source a committed cursor belongs to (a job older than the recorded identity):
+    an RPC event id or a Horizon paging token."""
+    if cursor is None or cursor in ("0", "now"):
+        return None
+    from ingestion.rpc.protocol import is_event_id
+
+    # An RPC event id is always <19 digits>-<10 digits>; a Horizon effect's token is not padded.
+    return "rpc" if len(cursor) == 30 and is_event_id(cursor) else "horizon"
+
+
+def identity_conflict(job: JobSettings, recorded: str | None, cursor: str | None) -> str | None:
+    """One line when the job's Redis state was written by a source configured otherwise."""
+    if job.kind not in ("horizon", "rpc"):
+        return None
+    mine = source_identity(job)
+    if recorded is not None:
+        if recorded == mine:
+            return None
+        theirs = recorded
+    else:
+        kind = _cursor_kind(cursor)
+        if kind in (None, job.kind):
+            return None
+        what = "an RPC event id" if kind == "rpc" else "a Horizon paging token"
+        theirs = f"{kind} (its cursor {cursor} is {what})"
+    return (
+        f"node.job: job {job.name!r} in Redis follows {theirs}, this node is configured for "
+        f"{mine}: give this job another name (--job NAME) or configure it as the other nodes"
+    )
+
+
+class IdentifiedSource:
+    """A job's source that, at the start of each term, records what it follows in the job's
+    cursor hash (a fenced write, so only the leader's lands) or refuses to run when Redis says
+    another source wrote this job. Everything else is the wrapped source's."""
+
+    def __init__(self, inner: Source, store: LeaseStore, job: JobSettings) -> None:
+        self.inner = inner
+        self.store = store
+        self.job = job
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def resolve_start(self, cursor: str) -> str:
+        return await self.inner.resolve_start(cursor)
+
+    @asynccontextmanager
+    async def stream(self, cursor: str) -> AsyncIterator[trio.abc.ReceiveChannel[Batch]]:
+        await self._record()
+        async with self.inner.stream(cursor) as batches:
+            yield batches
+
+    async def _record(self) -> None:
+        key = job_keys(self.job.name)["cursor"]
+        fields: Any = await self.store.run(self.store.client.hmget, key, ["source", "cursor"])
+        recorded, stored_cursor = fields
+        conflict = identity_conflict(self.job, recorded, stored_cursor)
+        if conflict:
+            raise SourceFatalError(conflict)
+        if recorded is None:
+            term = current_term.get()
+            await self.store.fenced_hset(term.node, term.token, key, {"source": source_identity(self.job)})
+
+
+async def check_identities(settings: Settings, stores: dict[str, LeaseStore]) -> None:
+    """Refuse to start (``StartupError``) when a hosted job's Redis state belongs to a source
+    configured otherwise; Redis not answering is left to the terms (they check again)."""
+    problems = []
+    for job in settings.jobs:
+        store = stores[job.name]
+        try:
+            fields: Any = await store.run(
+                store.client.hmget, job_keys(job.name)["cursor"], ["source", "cursor"]
+            )
+            recorded, cursor = fields
+        except RedisUnavailable:
+            continue
+        conflict = identity_conflict(job, recorded, cursor)
+        if conflict:
+            problems.append(StartupError(conflict))
+    if problems:
+        raise ExceptionGroup("jobs configured otherwise", problems)
 
 
 def _tell_service_manager(log: Any, state: str) -> None:
@@ -207,7 +369,7 @@ async def run_node_process(settings: Settings) -> int:
     runs = [
         JobRun(
             stores[j.name],
-            build_source(settings, j, stores[j.name]),
+            _identified(build_source(settings, j, stores[j.name]), stores[j.name], j),
             node_spec(settings, j),
             node_logger(settings.node.id, j.name),
             observers[j.name],
@@ -232,9 +394,11 @@ async def run_node_process(settings: Settings) -> int:
                     finally:
                         nursery.cancel_scope.cancel()
 
+                # Everything that can refuse to start does so before the node campaigns.
+                await _start_endpoints(nursery, settings, list(observers.values()), log, stores)
+                await check_identities(settings, stores)
                 handle = await nursery.start(jobs_then_stop)
                 _tell_service_manager(log, "READY=1")
-                await _start_endpoints(nursery, settings, list(observers.values()), log, stores)
                 async for signum in signals:
                     name = signal.Signals(signum).name
                     if signalled:
@@ -256,6 +420,39 @@ async def run_node_process(settings: Settings) -> int:
     return 0
 
 
+def _identified(source: Source, store: LeaseStore, job: JobSettings) -> Source:
+    return IdentifiedSource(source, store, job) if job.kind in ("horizon", "rpc") else source
+
+
+def _listen_problem(exc: OSError, key: str, host: str, port: int) -> str:
+    """One line for a listen socket that could not be bound, naming the setting and the fix."""
+    flag = "--metrics-port" if key == "metrics_port" else "--status-port"
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"observe.{key}: port {port} on {host} is already in use (another process listens "
+            f"there): choose another {flag}, or stop that process"
+        )
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"observe.listen_host: cannot listen on {host!r}: {exc.strerror or exc}: give an "
+            "address of this machine, such as 127.0.0.1 or 0.0.0.0 (INGESTION_OBSERVE_LISTEN_HOST)"
+        )
+    if exc.errno == errno.EACCES:
+        return f"observe.{key}: port {port} needs privileges: choose a port above 1023 ({flag})"
+    return f"observe.{key}: cannot listen on {host}:{port}: {exc.strerror or exc}"
+
+
+async def _bind(
+    nursery: trio.Nursery, key: str, host: str, port: int, serve: Callable[..., Awaitable[None]],
+    *args: Any,
+) -> None:
+    """Start one listening endpoint; a socket that cannot be bound is a ``StartupError``."""
+    try:
+        await nursery.start(serve, host, port, *args)
+    except* OSError as group:
+        raise StartupError(_listen_problem(_leaves(group)[0], key, host, port)) from None  # type: ignore[arg-type]
+
+
 async def _start_endpoints(
     nursery: trio.Nursery,
     settings: Settings,
@@ -269,11 +466,12 @@ async def _start_endpoints(
         from ingestion.metrics import serve_metrics
 
         readers = {job: store.events_info for job, store in stores.items()}
-        await nursery.start(
+        await _bind(
+            nursery, "metrics_port", o.listen_host, o.metrics_port,
             functools.partial(serve_metrics, stream_info=readers, ttl=settings.lease.ttl_ms / 1000),
-            o.listen_host, o.metrics_port, observers, log,
+            observers, log,
         )  # fmt: skip
     if o.status_port:
         from ingestion.status import serve_status
 
-        await nursery.start(serve_status, o.listen_host, o.status_port, observers, log)
+        await _bind(nursery, "status_port", o.listen_host, o.status_port, serve_status, observers, log)

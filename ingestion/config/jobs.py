@@ -43,8 +43,8 @@ def resolve_jobs(
     v: dict[str, dict[str, Any]], tables: Any, problems: list[str]
 ) -> tuple[JobSettings, ...]:
     """The jobs this node hosts: ``node.job`` entries (NAME or NAME=RESOURCE) if any, else every
-    ``[jobs.NAME]`` table, else one job named ``horizon``; each filled from its table, then from
-    the [horizon] settings."""
+    ``[jobs.NAME]`` table, else one job named after ``node.source`` (``horizon`` or ``rpc``); each
+    filled from its table, then from the [horizon] (or [rpc]) settings."""
     horizon = v["horizon"]
     if not isinstance(tables, Mapping):
         problems.append("jobs: must be tables, one per job: [jobs.NAME]")
@@ -52,7 +52,8 @@ def resolve_jobs(
     for name, table in tables.items():
         if not isinstance(table, Mapping):
             problems.append(f"jobs.{name}: must be a table of settings")
-    entries = list(v["node"]["job"]) or list(tables) or ["horizon"]
+    # The default job is named after its source, so that a Horizon and an RPC node never share one.
+    entries = list(v["node"]["job"]) or list(tables) or [v["node"]["source"]]
     jobs: list[JobSettings] = []
     seen: set[str] = set()
     for entry in entries:

@@ -17,7 +17,8 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
             "list[str]",
             [],
             "the singleton jobs this node hosts, each NAME or NAME=RESOURCE (--job repeated); "
-            "empty: every [jobs.NAME] table, or one job named horizon when there is none",
+            "empty: every [jobs.NAME] table, or when there is none one job named after "
+            "node.source (horizon or rpc)",
         ),
         "state_dir": (
             str,
