@@ -1,7 +1,11 @@
-"""The command line: ``python -m ingestion [run|simulate|inspect|tail|watch|demo] ...`` (CONTRACT.md).
+"""The command line: ``ingestion [run|simulate|inspect|tail|watch|demo|verify|check-config] ...``.
+
+Installed as the ``ingestion`` console script and run by ``python -m ingestion``; with no
+subcommand (``python -m ingestion --node-id n1 ...``) it means ``run``.
 
 Exit status: 0 after a clean shutdown, 2 for a usage or configuration error (one line per problem on
-stderr, naming the setting), 1 for a fatal runtime error.
+stderr, naming the setting or flag), 1 for a fatal runtime error, 130 when interrupted (Ctrl-C)
+before the node runs.
 """
 
 from __future__ import annotations
@@ -9,69 +13,138 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-import trio
+from ingestion import __version__
 
-from actors.clock import BootClock
-from ingestion.config import ConfigError, Settings, load
-
-COMMANDS = ("run", "simulate", "inspect", "tail", "watch", "demo")
+# Subcommand -> its one line in ``ingestion --help``.
+COMMANDS = {
+    "run": "run one node: join the election and ingest while leader (the default)",
+    "simulate": "run the bundled Horizon (and Stellar RPC) simulator",
+    "inspect": "show every job's state in Redis, or one job's (--job)",
+    "tail": "print a job's events stream, one record per line",
+    "watch": "show several nodes' status sockets live",
+    "demo": "a local cluster, a killed leader and the takeover, to watch",
+    "verify": "check a job's events stream against its source (exit 0: exactly once, 1: not)",
+    "check-config": "print every setting, resolved and validated, with where it came from",
+    "version": "print the version",
+}
 
 
 class UsageError(Exception):
-    pass
+    """A bad command line: printed as one line, exit 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose mistakes are one line (``UsageError``), not usage plus error."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog.removeprefix('ingestion ')}: {message} (see {self.prog} --help)")
+
+
+def env_name(section: str, key: str) -> str:
+    return f"INGESTION_{section.upper()}_{key.upper()}"
+
+
+def setting_help(text: str, *settings: tuple[str, str]) -> str:
+    """``text`` followed by the setting's default and environment variable (the schema's)."""
+    from ingestion.config import SCHEMA
+
+    section, key = settings[0]
+    default = SCHEMA[section][key][1]
+    shown = ",".join(default) if isinstance(default, list) else default
+    if shown == "" or shown == []:
+        shown = "none"
+    envs = " or ".join(env_name(s, k) for s, k in settings)
+    return f"{text} (default: {shown}; env {envs}; setting {section}.{key})".replace("%", "%%")
 
 
 def _run_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m ingestion [run]",
+    p = OneLineParser(
+        prog="ingestion run",
         description="Run one ingestion node: join the election and ingest Horizon (or Stellar RPC "
-        "contract events) while leader.",
+        "contract events) while leader. Settings: defaults < config.toml < INGESTION_<SECTION>_<KEY> "
+        "< flags.",
     )
-    p.add_argument("--config", type=Path, help="TOML file (default: ./config.toml if present)")
-    p.add_argument("--node-id", help="this node's id (default: <hostname>-<pid>)")
+    h = setting_help
+    p.add_argument(
+        "--config", type=Path, metavar="PATH",
+        help="TOML file (default: ./config.toml if present; no environment variable)",
+    )  # fmt: skip
+    p.add_argument(
+        "--node-id", metavar="ID", help=h("this node's id; none: <hostname>-<pid>", ("node", "id"))
+    )
     p.add_argument(
         "--job", action="append", metavar="NAME[=RESOURCE]",
-        help="a singleton job to host (repeatable; RESOURCE defaults to --resource; default: "
-        "every [jobs.NAME] table, or one job named horizon)",
-    )
-    p.add_argument("--horizon", action="append", metavar="URL", help="Horizon base URL (repeatable)")
-    p.add_argument("--resource", help="Horizon collection path, e.g. /operations (default)")
+        help=h("a singleton job to host (repeatable; RESOURCE defaults to --resource); none: every "
+               "[jobs.NAME] table, or one job named after --source (horizon or rpc)", ("node", "job")),
+    )  # fmt: skip
     p.add_argument(
-        "--start-cursor",
-        help="now (default), 0 or a paging token; for --source rpc: now, 0, a ledger number or an "
-        "event id",
-    )
+        "--horizon", action="append", metavar="URL",
+        help=h("Horizon base URL (repeatable)", ("horizon", "urls")),
+    )  # fmt: skip
+    p.add_argument(
+        "--resource", metavar="PATH",
+        help=h("Horizon collection path, e.g. /payments (Horizon jobs only)", ("horizon", "resource")),
+    )  # fmt: skip
+    p.add_argument(
+        "--start-cursor", metavar="CURSOR",
+        help=h("where a job starts when nothing is committed: now, 0 or a paging token; for "
+               "--source rpc: now, 0, a ledger number or an event id",
+               ("horizon", "start_cursor"), ("rpc", "start_cursor")),
+    )  # fmt: skip
     p.add_argument(
         "--source", choices=("horizon", "rpc"),
-        help="what the jobs follow: a Horizon collection (default) or Stellar RPC contract events",
+        help=h("what the jobs follow: a Horizon collection or Stellar RPC contract events",
+               ("node", "source")),
     )  # fmt: skip
-    p.add_argument("--rpc", action="append", metavar="URL", help="Stellar RPC URL (repeatable)")
+    p.add_argument(
+        "--rpc", action="append", metavar="URL", help=h("Stellar RPC URL (repeatable)", ("rpc", "urls"))
+    )
     p.add_argument(
         "--contract-id", action="append", metavar="C",
-        help="getEvents filter: a contract id (repeatable, at most 5)",
+        help=h("getEvents filter: a contract id (repeatable, at most 5; RPC jobs only)",
+               ("rpc", "contract_ids")),
     )  # fmt: skip
     p.add_argument(
-        "--event-type", choices=("contract", "system"), help="getEvents filter: the event type"
-    )
+        "--event-type", choices=("contract", "system"),
+        help=h("getEvents filter: the event type (RPC jobs only); none: both", ("rpc", "event_type")),
+    )  # fmt: skip
     p.add_argument(
         "--topic", action="append", metavar="SEG[,SEG...]",
-        help="getEvents filter: a topic (repeatable, at most 5): 1 to 4 segments, each a base64 "
-        "ScVal, *, sym:NAME, str:TEXT, address:G...|C..., u32:N, i128:N, ..., then optionally **",
+        help=h("getEvents filter: a topic (repeatable, at most 5; RPC jobs only): 1 to 4 segments, "
+               "each a base64 ScVal, *, sym:NAME, str:TEXT, address:G...|C..., u32:N, i128:N, ..., "
+               "then optionally **", ("rpc", "topics")),
     )  # fmt: skip
-    p.add_argument("--redis", metavar="URL", help="redis:// or rediss:// URL")
-    p.add_argument("--lease-ttl-ms", type=int, metavar="N", help="lease TTL in milliseconds")
+    p.add_argument(
+        "--redis", metavar="URL",
+        help=h("redis://, rediss://, unix://, redis+sentinel://H:P[,H:P...]/SERVICE[/DB] or "
+               "redis+cluster://H:P[,H:P...]", ("redis", "url")),
+    )  # fmt: skip
+    p.add_argument(
+        "--lease-ttl-ms", type=int, metavar="N",
+        help=h("lease TTL in milliseconds", ("lease", "ttl_ms")),
+    )  # fmt: skip
     p.add_argument(
         "--events-max-len", type=int, metavar="N",
-        help="keep about N events-stream entries, never unacknowledged ones (0: all)",
-    )
-    p.add_argument("--metrics-port", type=int, metavar="N", help="Prometheus /metrics port")
-    p.add_argument("--status-port", type=int, metavar="N", help="WebSocket status port")
-    p.add_argument("--log-level", help="debug, info, warning or error")
-    p.add_argument("--log-format", choices=("json", "console", "auto"), help="log rendering")
+        help=h("keep about N events-stream entries, never unacknowledged ones; 0: all",
+               ("events", "max_len")),
+    )  # fmt: skip
+    p.add_argument(
+        "--metrics-port", type=int, metavar="N",
+        help=h("Prometheus /metrics port; 0: off", ("observe", "metrics_port")),
+    )  # fmt: skip
+    p.add_argument(
+        "--status-port", type=int, metavar="N",
+        help=h("WebSocket status port; 0: off", ("observe", "status_port")),
+    )  # fmt: skip
+    p.add_argument("--log-level", metavar="LEVEL", help=h("debug, info, warning or error", ("log", "level")))
+    p.add_argument(
+        "--log-format", choices=("json", "console", "auto"),
+        help=h("log rendering; auto: console on a terminal, else json", ("log", "format")),
+    )  # fmt: skip
     return p
 
 
@@ -103,26 +176,94 @@ def _flags_layer(ns: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return layer
 
 
-def load_settings(ns: argparse.Namespace) -> Settings:
+def load_settings(ns: argparse.Namespace) -> Any:
+    from ingestion.config import load
+
     return load(ns.config, os.environ, _flags_layer(ns))
+
+
+# Flags that only mean something for one kind of job: given while no hosted job is of that kind,
+# they would be silently ignored.
+_SOURCE_FLAGS = {
+    "--resource": ("resource", "horizon"),
+    "--contract-id": ("contract_id", "rpc"),
+    "--event-type": ("event_type", "rpc"),
+    "--topic": ("topic", "rpc"),
+}
+
+
+def check_source_flags(ns: argparse.Namespace, settings: Any) -> None:
+    """Raises UsageError for a flag that applies to no hosted job (``--topic`` with Horizon jobs)."""
+    kinds = {job.kind for job in settings.jobs}
+    for flag, (attr, kind) in _SOURCE_FLAGS.items():
+        if getattr(ns, attr, None) is not None and kind not in kinds:
+            hosted = ", ".join(sorted(f"{j.name} ({j.kind})" for j in settings.jobs))
+            other = "--source rpc" if kind == "rpc" else "--source horizon"
+            raise UsageError(
+                f"{flag}: only for {'an RPC' if kind == 'rpc' else 'a Horizon'} job, and this node "
+                f"hosts {hosted}: drop {flag}, or follow {kind} with {other}"
+            )
 
 
 def cmd_run(argv: Sequence[str]) -> int:
     ns = _run_parser().parse_args(argv)
     settings = load_settings(ns)
-    from ingestion.node import build_source, preflight, run_node_process
+    check_source_flags(ns, settings)
+    from ingestion.node import check_sources, preflight, start_node
 
-    problems = []
-    for job in settings.jobs:
-        try:
-            build_source(settings, job)
-        except ValueError as exc:
-            section = "rpc" if job.kind == "rpc" else "horizon"
-            problems.append(f"jobs.{job.name}: {exc}" if len(settings.jobs) > 1 else f"{section}: {exc}")
-    if problems:
-        raise ConfigError(problems)
+    check_sources(settings)
     preflight(settings)
-    return trio.run(run_node_process, settings, clock=BootClock())
+    return start_node(settings)
+
+
+def cmd_check_config(argv: Sequence[str]) -> int:
+    """Resolve and validate every setting exactly as ``run`` would with the same flags, touching no
+    network; print each with its value and where it came from. Exit 0, or 2 with one line per
+    problem."""
+    import json
+
+    from ingestion.config import from_environment, redact_url
+    from ingestion.config.layers import file_layer, resolved_with_sources
+
+    parser = _run_parser()
+    parser.prog = "ingestion check-config"
+    parser.description = (
+        "Resolve and validate every setting as `ingestion run` would with the same flags (no "
+        "network): each printed with its value and source (default, auto, file, env or flag). "
+        "Exit 0, or 2 with one line per problem."
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+    ns = parser.parse_args(argv)
+    settings = load_settings(ns)
+    check_source_flags(ns, settings)
+    from ingestion.node import check_sources, source_identity
+
+    check_sources(settings)
+    rows = resolved_with_sources(
+        settings, file_layer(ns.config), from_environment(os.environ), _flags_layer(ns)
+    )
+    rows = [(name, redact_url(v) if name == "redis.url" else v, src) for name, v, src in rows]
+    jobs = [{"job": j.name, "kind": j.kind, "follows": source_identity(j)} for j in settings.jobs]
+    if ns.json:
+        print(json.dumps({
+            "settings": {name: {"value": value, "source": src} for name, value, src in rows},
+            "jobs": jobs,
+        }))  # fmt: skip
+        return 0
+    width = max(len(name) for name, _, _ in rows)
+    for name, value, src in rows:
+        shown = ",".join(map(str, value)) if isinstance(value, list) else value
+        print(f"{name:<{width}}  {src:<7}  {shown}")
+    for job in jobs:
+        print(f"job {job['job']}: {job['follows']}")
+    print("configuration OK")
+    return 0
+
+
+def cmd_verify(argv: Sequence[str]) -> int:
+    from ingestion.verify import main
+
+    return main(list(argv))
 
 
 def cmd_inspect(argv: Sequence[str]) -> int:
@@ -155,21 +296,68 @@ def cmd_demo(argv: Sequence[str]) -> int:
     return main(list(argv))
 
 
+def cmd_version(argv: Sequence[str]) -> int:
+    if argv:
+        raise UsageError(f"ingestion version: takes no arguments, got {' '.join(argv)}")
+    print(f"ingestion {__version__}")
+    return 0
+
+
+def top_help() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = [
+        "usage: ingestion [--version] [--help] COMMAND [FLAGS...]",
+        "       python -m ingestion [run] [FLAGS...]",
+        "",
+        "Highly available Stellar Horizon / Stellar RPC ingestion into Redis, with fencing tokens.",
+        "",
+        "commands:",
+        *(f"  {name:<{width}}  {text}" for name, text in COMMANDS.items()),
+        "",
+        "With no command, the flags are run's: `python -m ingestion --node-id n1 ...`.",
+        "`ingestion COMMAND --help` shows a command's flags, with defaults and environment variables.",
+    ]
+    return "\n".join(lines)
+
+
+HANDLERS: dict[str, Callable[[Sequence[str]], int]] = {
+    "run": cmd_run,
+    "simulate": cmd_simulate,
+    "inspect": cmd_inspect,
+    "tail": cmd_tail,
+    "watch": cmd_watch,
+    "demo": cmd_demo,
+    "verify": cmd_verify,
+    "check-config": cmd_check_config,
+    "version": cmd_version,
+}
+
+
+def _only_interrupts(group: BaseExceptionGroup[Any]) -> bool:
+    rest = group.split(KeyboardInterrupt)[1]
+    return rest is None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help", "help"):
+        print(top_help())
+        return 0
+    if args and args[0] in ("-V", "--version"):
+        args[0] = "version"
     command = "run"
-    if args and args[0] in COMMANDS:
+    if args and args[0] in HANDLERS:
         command = args.pop(0)
-    handlers = {
-        "run": cmd_run,
-        "simulate": cmd_simulate,
-        "inspect": cmd_inspect,
-        "tail": cmd_tail,
-        "watch": cmd_watch,
-        "demo": cmd_demo,
-    }
+    elif args and not args[0].startswith("-"):
+        print(
+            f"ingestion: unknown command {args[0]!r}: one of {', '.join(HANDLERS)} (see ingestion --help)",
+            file=sys.stderr,
+        )
+        return 2
+    from ingestion.config import ConfigError
+
     try:
-        return handlers[command](args)
+        return HANDLERS[command](args)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"ingestion: configuration error: {problem}", file=sys.stderr)
@@ -179,4 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-
+    except BaseExceptionGroup as group:
+        # Ctrl-C inside a nursery, before the node's own signal handling is in place.
+        if _only_interrupts(group):
+            return 130
+        raise

@@ -169,13 +169,18 @@ class Tail:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m ingestion tail",
+    from ingestion.cli import OneLineParser
+
+    p = OneLineParser(
+        prog="ingestion tail",
         description="Print a job's events stream, one record (Horizon's JSON) per line.",
     )
     p.add_argument("--config", type=Path, help="TOML file (default: ./config.toml if present)")
     p.add_argument("--redis", metavar="URL", help="the Redis the nodes use (default: from the config)")
-    p.add_argument("--job", help="the job to read (default: horizon)")
+    p.add_argument(
+        "--job", help="the job to read (default: the configured one: horizon, or rpc with "
+        "INGESTION_NODE_SOURCE=rpc; env INGESTION_NODE_JOB)"
+    )
     p.add_argument(
         "--from", dest="start", metavar="ID|0|$",
         help="after this stream entry id; 0: from the first; $: only new ones (default: $, "

@@ -390,3 +390,149 @@ async def verify_rpc_job(
     through = entries[-1].paging_token if entries else None
     source = await fetch_rpc_events(rpc, filters, start_ledger, through=through)
     return check_stream(entries, source, grants, trimmed=trimmed)
+
+
+async def _before(horizon: str, resource: str, paging_token: str) -> str:
+    """The paging token of the record just before ``paging_token`` in ``resource`` ("0": none)."""
+    async with httpx.AsyncClient(base_url=horizon.rstrip("/"), timeout=HTTP_TIMEOUT) as http:
+        response = await http.get(
+            resource, params={"order": "desc", "limit": 1, "cursor": paging_token}
+        )
+        response.raise_for_status()
+        records = response.json()["_embedded"]["records"]
+    return str(records[0]["paging_token"]) if records else "0"
+
+
+async def verify_configured_job(settings: Any, job: Any, source_url: str) -> Verification:
+    """Check ``job`` (:class:`~ingestion.config.JobSettings`) as configured: its stream against
+    ``source_url`` (a Horizon or a Stellar RPC, after the job's kind), from its start cursor.
+
+    A job that started at ``now`` (or, on RPC, after an event id) is checked from its first
+    entry on: the source's records before it are not the job's.
+
+    Raises:
+        redis.RedisError, httpx.HTTPError, RuntimeError: Redis or the source could not be read.
+    """
+    entries, grants, trimmed = await read_evidence(settings.redis.url, job.name)
+    through = entries[-1].paging_token if entries else None
+    start = job.start_cursor
+    if job.kind == "rpc":
+        from ingestion.rpc.protocol import Cursor
+
+        filters = [f.to_json() for f in job.rpc_filters()]
+        if start == "0":
+            ledger = None
+        elif start.isdigit():
+            ledger = int(start)
+        elif entries:
+            ledger = Cursor.parse(entries[0].paging_token).ledger
+        else:
+            ledger = None
+        source = await fetch_rpc_events(source_url, filters, ledger, through=through)
+        if start != "0" and not start.isdigit() and entries:
+            first = token_key(entries[0].paging_token)
+            source = [r for r in source if token_key(r.paging_token) >= first]
+            trimmed = 0
+        return check_stream(entries, source, grants, trimmed=trimmed)
+    if start == "now":
+        start = await _before(source_url, job.resource, entries[0].paging_token) if entries else "0"
+        trimmed = 0
+    source = await fetch_source(source_url, job.resource, start, through=through)
+    return check_stream(entries, source, grants, trimmed=trimmed)
+
+
+def _parser() -> Any:
+    from ingestion.cli import OneLineParser, setting_help
+
+    p = OneLineParser(
+        prog="ingestion verify",
+        description="Check a job's events stream against its source: every source record exactly "
+        "once, in order, as the source serves it, each written under the fencing token then current. "
+        "Exit 0: OK; 1: a problem (listed) or the source or Redis could not be read; 2: usage.",
+    )
+    p.add_argument("--config", metavar="PATH", help="TOML file (default: ./config.toml if present)")
+    p.add_argument("--redis", metavar="URL", help=setting_help("the nodes' Redis", ("redis", "url")))
+    p.add_argument(
+        "--job", metavar="NAME",
+        help="the job to check, as configured (kind, resource or filter, start cursor) (default: "
+        "the first configured job)",
+    )  # fmt: skip
+    p.add_argument("--source", choices=("horizon", "rpc"), help=setting_help(
+        "the job's kind, when no [jobs.NAME] table says", ("node", "source")
+    ))
+    p.add_argument("--horizon", metavar="URL", help="the Horizon to compare with (default: the job's first)")
+    p.add_argument("--rpc", metavar="URL", help="the Stellar RPC to compare with (default: the job's first)")
+    p.add_argument("--resource", metavar="PATH", help=setting_help(
+        "a Horizon job's collection", ("horizon", "resource")
+    ))
+    p.add_argument("--start-cursor", metavar="CURSOR", help=setting_help(
+        "where the job started", ("horizon", "start_cursor"), ("rpc", "start_cursor")
+    ))
+    p.add_argument("--topic", action="append", metavar="SEG[,SEG...]", help=setting_help(
+        "an RPC job's topic filter (repeatable)", ("rpc", "topics")
+    ))
+    p.add_argument("--contract-id", action="append", metavar="C", help=setting_help(
+        "an RPC job's contract filter (repeatable)", ("rpc", "contract_ids")
+    ))
+    p.add_argument("--event-type", choices=("contract", "system"), help=setting_help(
+        "an RPC job's event type filter", ("rpc", "event_type")
+    ))
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``verify`` with these flags; returns the exit status.
+
+    Raises:
+        ConfigError, UsageError: a bad setting or flag (the CLI prints it and exits 2).
+    """
+    import os
+    import sys
+    from pathlib import Path
+
+    from ingestion.cli import UsageError
+    from ingestion.config import load, redact_url
+
+    ns = _parser().parse_args(list(argv))
+    flags: dict[str, dict[str, Any]] = {}
+    for (section, key), value in {
+        ("redis", "url"): ns.redis,
+        ("node", "job"): [ns.job] if ns.job else None,
+        ("node", "source"): ns.source,
+        ("horizon", "resource"): ns.resource,
+        ("horizon", "start_cursor"): ns.start_cursor,
+        ("rpc", "start_cursor"): ns.start_cursor,
+        ("rpc", "topics"): ns.topic,
+        ("rpc", "contract_ids"): ns.contract_id,
+        ("rpc", "event_type"): ns.event_type,
+    }.items():
+        if value is not None:
+            flags.setdefault(section, {})[key] = value
+    settings = load(Path(ns.config) if ns.config else None, os.environ, flags)
+    job = settings.jobs[0]
+    if job.kind not in ("horizon", "rpc"):
+        raise UsageError(f"verify: job {job.name!r} is {job.kind}: only Horizon and RPC jobs have a source")
+    url = (ns.rpc or job.rpc_urls[0]) if job.kind == "rpc" else (ns.horizon or job.horizon_urls[0])
+    where = redact_url(settings.redis.url)
+    try:
+        client = connect(settings.redis.url, timeout=5.0)
+        try:
+            exists = client.exists(*job_keys(job.name).values())
+        finally:
+            client.close()
+        if not exists:
+            raise UsageError(
+                f"verify: no job {job.name!r} at {where}: nothing was ever elected or committed "
+                "for it (check --job and --redis)"
+            )
+        result = trio.run(verify_configured_job, settings, job, url)
+    except redis.RedisError as exc:
+        from actors.lease_store import describe_redis_error
+
+        print(f"ingestion: verify: {describe_redis_error(exc, where=where)}", file=sys.stderr)
+        return 1
+    except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
+        print(f"ingestion: verify: cannot read {url}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(f"job {job.name} ({job.kind}, {url}): {result.summary()}")
+    return 0 if result.ok else 1

@@ -69,11 +69,7 @@ def load(
         ConfigError: every problem found, one line each (a bad environment variable and a bad
             value in the file are reported together).
     """
-    if config_path is None:
-        candidate = Path("config.toml")
-        file_layer = read_toml(candidate) if candidate.is_file() else {}
-    else:
-        file_layer = read_toml(config_path)
+    file = file_layer(config_path)
     problems: list[str] = []
     try:
         env_layer = from_environment(environ)
@@ -81,9 +77,45 @@ def load(
         problems.extend(exc.problems)
         env_layer = {}
     try:
-        settings = Settings.from_mapping(merge(file_layer, env_layer, flags))
+        settings = Settings.from_mapping(merge(file, env_layer, flags))
     except ConfigError as exc:
         problems.extend(exc.problems)
     if problems:
         raise ConfigError(problems)
     return settings
+
+
+def file_layer(config_path: Path | None) -> dict[str, Any]:
+    """The config file's settings: ``config_path``, else ./config.toml when there is one."""
+    if config_path is None:
+        candidate = Path("config.toml")
+        return read_toml(candidate) if candidate.is_file() else {}
+    return read_toml(config_path)
+
+
+def resolved_with_sources(
+    settings: Settings,
+    file: Mapping[str, Any],
+    env: Mapping[str, Mapping[str, Any]],
+    flags: Mapping[str, Mapping[str, Any]],
+) -> list[tuple[str, Any, str]]:
+    """Every setting as ``(section.key, value in force, where it came from)``: ``flag``, ``env``,
+    ``file``, ``default``, or ``auto`` (a default derived from other settings)."""
+    out: list[tuple[str, Any, str]] = []
+    for section, keys in SCHEMA.items():
+        values = getattr(settings, section)
+        for key, (_kind, default, _help) in keys.items():
+            value = settings.node.jobs if (section, key) == ("node", "job") else getattr(values, key)
+            if isinstance(value, tuple):
+                value = list(value)
+            source = "default"
+            for name, layer in (("flag", flags), ("env", env), ("file", file)):
+                given = layer.get(section)
+                if isinstance(given, Mapping) and key in given:
+                    source = name
+                    break
+            else:
+                if value != default:
+                    source = "auto"
+            out.append((f"{section}.{key}", value, source))
+    return out

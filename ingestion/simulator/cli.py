@@ -3,16 +3,19 @@
 Prints one JSON line on stdout once listening, ``{"event": "simulator-listening", "url": ...}``,
 so that harnesses can read the URL (``--port 0`` picks a free port); with ``--rpc-port`` a Stellar
 RPC server runs too and the line carries ``"rpc_url": ...`` (``--rpc-port 0``: a free port).
-Exit status: 0 after a signal, 2 for a bad flag, 1 when it cannot run (for example the port is
-taken).
+Exit status: 0 after a signal, 2 for a bad flag or an address it cannot listen on (one line
+naming the flag), 130 on Ctrl-C while it starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import signal
+import socket
 import sys
+from typing import Any
 
 import trio
 
@@ -135,20 +138,54 @@ async def _run(config: SimulatorConfig) -> None:
                 break
 
 
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
+def listen_problem(exc: OSError, config: SimulatorConfig) -> str:
+    """One line naming the flag that could not be listened on, and the fix."""
+    text = exc.strerror or str(exc)
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        return f"--host: cannot listen on {config.host!r}: {text}: give an address of this machine"
+    if exc.errno == errno.EADDRINUSE:
+        given = [f"--port {config.port}"] if config.port else []
+        given += [f"--rpc-port {config.rpc_port}"] if config.rpc_port else []
+        port = " or ".join(given) or "--port"
+        return f"{port}: already in use on {config.host} (another process listens there): choose another"
+    return f"cannot listen on {config.host}: {text}"
+
+
 def main(argv: list[str]) -> int:
-    """Run the simulator with these flags (no ``simulate`` word); return the exit status."""
+    """Run the simulator with these flags (no ``simulate`` word); return the exit status:
+    2 for a bad flag or an address it cannot listen on, 130 on Ctrl-C while starting."""
     try:
         config = config_from_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    status = 0
     try:
         trio.run(_run, config)
-    except* (OSError, ValueError) as group:
-        for error in group.exceptions:
-            print(f"simulator: {error}", file=sys.stderr)
-        status = 1
-    return status
+    except KeyboardInterrupt:
+        return 130
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if all(isinstance(e, KeyboardInterrupt) for e in leaves):
+            return 130
+        listen = [e for e in leaves if isinstance(e, OSError)]
+        if listen:
+            print(f"ingestion: simulate: {listen_problem(listen[0], config)}", file=sys.stderr)
+            return 2
+        bad = [e for e in leaves if isinstance(e, ValueError)]
+        if not bad:
+            raise
+        print(f"ingestion: simulate: {bad[0]}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"ingestion: simulate: {listen_problem(exc, config)}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
