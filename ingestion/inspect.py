@@ -34,9 +34,9 @@ import httpx
 import redis
 import trio
 
-from actors.lease_store import JobState, LeaseStore, RedisUnavailable, StreamInfo
+from actors.lease_store import JobState, LeaseStore, RedisUnavailable, StreamInfo, job_keys
 from actors.observe import record_time
-from ingestion.config import Settings, load
+from ingestion.config import Settings, load, redact_url
 from ingestion.paging import InvalidPagingToken, toid_parts, token_key
 
 HORIZON_TIMEOUT = 5.0  # seconds, the whole lag query
@@ -249,6 +249,14 @@ async def inspect_job(
     client = settings.redis.connect(timeout=max(settings.redis.timeout_ms / 1000, 2.0))
     try:
         store = LeaseStore(client, settings.node.job)
+        if not await store.run(client.exists, *job_keys(settings.node.job).values()):
+            print(
+                f"ingestion: inspect: no job {settings.node.job!r} at {redact_url(settings.redis.url)}: "
+                "nothing was ever elected or committed for it (check --job and --redis; without "
+                "--job every job is listed)",
+                file=sys.stderr,
+            )
+            return 2
         state = await store.state(audit_count)
         stream = await store.events_info()
         source = await leader_source(store, state.leader)
@@ -372,9 +380,15 @@ def render_table(
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ingestion inspect", description="Show a job's state.")
+    from ingestion.cli import OneLineParser, setting_help
+
+    p = OneLineParser(
+        prog="ingestion inspect",
+        description="Show every job's state in Redis, or one job's. Exit 0; 2 for a bad flag or "
+        "an unknown job; 1 when Redis cannot be read.",
+    )
     p.add_argument("--config", type=Path, help="TOML file (default: ./config.toml if present)")
-    p.add_argument("--redis", metavar="URL", help="redis:// or rediss:// URL")
+    p.add_argument("--redis", metavar="URL", help=setting_help("the nodes' Redis", ("redis", "url")))
     p.add_argument("--job", help="the job to show (default: every job in Redis, as a table)")
     p.add_argument(
         "--json", action="store_true",
@@ -396,6 +410,10 @@ def main(argv: Sequence[str]) -> int:
         ConfigError: a bad setting (the CLI prints it and exits 2).
     """
     ns = _parser().parse_args(list(argv))
+    if ns.audit < 1:
+        from ingestion.cli import UsageError
+
+        raise UsageError(f"inspect: --audit: must be at least 1, got {ns.audit}")
     flags: dict[str, dict[str, Any]] = {}
     for (section, key), value in {
         ("redis", "url"): ns.redis,

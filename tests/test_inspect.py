@@ -32,6 +32,9 @@ async def run_inspect(*args: str) -> trio.CompletedProcess[bytes]:
 async def test_inspect_json_of_an_empty_job_has_the_contract_keys(
     redis_server: LocalRedis, job: str
 ) -> None:
+    client = connect(redis_server.url, timeout=2.0)
+    client.set(f"ingestion:{{{job}}}:token", 0)  # a job that exists, with nothing committed yet
+    client.close()
     done = await run_inspect("--redis", redis_server.url, "--job", job, "--json")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
@@ -95,10 +98,27 @@ async def test_inspect_reports_an_unreachable_horizon_as_unknown_lag(
 ) -> None:
     from tests.ports import closed_port
 
+    client = connect(redis_server.url, timeout=2.0)
+    client.set(f"ingestion:{{{job}}}:token", 0)  # a job that exists
+    client.close()
     done = await run_inspect("--redis", redis_server.url, "--job", job, "--json",
                              "--horizon", f"http://127.0.0.1:{closed_port()}")  # fmt: skip
     assert done.returncode == 0
     assert json.loads(done.stdout)["lag"]["error"].startswith("ConnectError")
+
+
+async def test_inspect_of_an_unknown_job_or_a_bad_flag_is_exit_2_with_one_line(
+    redis_server: LocalRedis, job: str
+) -> None:
+    for args, says in (
+        (["--job", job], f"ingestion: inspect: no job {job!r} at "),
+        (["--job", job, "--audit", "0"], "ingestion: inspect: --audit: must be at least 1, got 0"),
+        (["--bogus"], "ingestion: inspect: unrecognized arguments: --bogus"),
+    ):
+        done = await run_inspect("--redis", redis_server.url, *args)
+        lines = done.stderr.decode().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith(says), lines
+        assert not done.stdout
 
 
 async def test_inspect_with_an_unreachable_redis_exits_1_naming_the_setting() -> None:

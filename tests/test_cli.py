@@ -1,0 +1,258 @@
+"""The command line as an operator meets it: real processes, their exit status and stderr.
+
+Each mistake gets one line on stderr naming the setting and exit 2, never a traceback, and a node
+that cannot start says so before it campaigns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from actors.lease_store import connect
+from ingestion import __version__
+from ingestion.cli import COMMANDS, _run_parser
+from ingestion.local_redis import LocalRedis
+from tests.ports import closed_port
+
+INGESTION = Path(sys.executable).parent / "ingestion"
+
+
+def env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("INGESTION_")}
+
+
+def run(
+    *args: str, timeout: float = 30, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ingestion", *args],
+        capture_output=True, text=True, timeout=timeout, env={**env(), **(extra_env or {})},
+    )  # fmt: skip
+
+
+def one_line(done: subprocess.CompletedProcess[str], status: int = 2) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == status, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def listening() -> Iterator[int]:
+    """A loopback port another process (this one) already listens on."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    yield int(s.getsockname()[1])
+    s.close()
+
+
+def test_the_installed_command_lists_every_subcommand_and_prints_the_version() -> None:
+    done = subprocess.run([str(INGESTION), "--help"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0
+    for name in ("run", "simulate", "inspect", "tail", "watch", "demo", "verify", "check-config"):
+        assert any(line.split()[:1] == [name] for line in done.stdout.splitlines()), name
+    assert set(COMMANDS) >= {"verify", "check-config"}
+    for argv in (["--version"], ["version"]):
+        done = subprocess.run([str(INGESTION), *argv], capture_output=True, text=True, timeout=30)
+        assert (done.returncode, done.stdout.strip()) == (0, f"ingestion {__version__}")
+
+
+def test_every_run_flag_shows_its_default_and_environment_variable() -> None:
+    for action in _run_parser()._actions:
+        if action.dest in ("help", "config"):
+            continue
+        assert "default: " in (action.help or "") and "env INGESTION_" in (action.help or ""), action.dest
+    done = subprocess.run([str(INGESTION), "run", "--help"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and "INGESTION_REDIS_URL" in done.stdout and "--metrics-port" in done.stdout
+
+
+def test_an_unknown_flag_or_command_is_one_line() -> None:
+    assert one_line(run("--no-such-flag")).startswith("ingestion: run: unrecognized arguments")
+    assert one_line(run("inspekt")).startswith("ingestion: unknown command 'inspekt'")
+
+
+@pytest.mark.parametrize("flag", ["--metrics-port", "--status-port"])
+def test_a_busy_listen_port_is_one_line_before_campaigning(
+    redis_server: LocalRedis, job: str, listening: int, flag: str
+) -> None:
+    done = run("--redis", redis_server.url, "--job", job, flag, str(listening), "--log-format", "json")
+    setting = "observe.metrics_port" if flag == "--metrics-port" else "observe.status_port"
+    line = one_line(done)
+    assert line.startswith(f"ingestion: configuration error: {setting}: port {listening}")
+    assert "already in use" in line
+    assert "became-leader" not in done.stdout and "standby" not in done.stdout
+
+
+def test_a_bad_listen_host_is_one_line_naming_the_setting(redis_server: LocalRedis, job: str) -> None:
+    done = run(
+        "--redis", redis_server.url, "--job", job, "--metrics-port", "0", "--status-port", "1",
+        "--log-format", "json", extra_env={"INGESTION_OBSERVE_LISTEN_HOST": "no-such-host.invalid"},
+    )  # fmt: skip
+    assert one_line(done).startswith("ingestion: configuration error: observe.listen_host: ")
+    assert "became-leader" not in done.stdout
+
+
+def test_the_simulator_on_a_busy_port_is_one_line(listening: int) -> None:
+    line = one_line(run("simulate", "--port", str(listening)))
+    assert line.startswith(f"ingestion: simulate: --port {listening}: already in use")
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.1, 0.2, 0.4])
+def test_ctrl_c_during_start_up_exits_without_a_traceback(
+    redis_server: LocalRedis, job: str, delay: float
+) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-m", "ingestion", "--redis", redis_server.url, "--job", job,
+         "--log-format", "json"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env(),
+    )  # fmt: skip
+    time.sleep(delay)
+    child.send_signal(signal.SIGINT)
+    _out, err = child.communicate(timeout=30)
+    assert "Traceback" not in err and not err.strip(), err
+    # 130 while it starts; 0 once the node runs (its graceful shutdown).
+    assert child.returncode in (0, 130)
+
+
+def test_a_database_that_is_not_a_number_is_exit_2() -> None:
+    line = one_line(run("check-config", "--redis", "redis://127.0.0.1:6390/abc"))
+    assert line == (
+        "ingestion: configuration error: redis.url: the database must be a number such as /0, "
+        "got 'abc' in 'redis://127.0.0.1:6390/abc'"
+    )
+
+
+def test_a_database_beyond_the_servers_databases_is_exit_2(redis_server: LocalRedis, job: str) -> None:
+    url = redis_server.url.rsplit("/", 1)[0] + "/99"
+    line = one_line(run("--redis", url, "--job", job), 2)
+    assert line.startswith(f"ingestion: configuration error: redis.url {url}: database 99 does not exist")
+
+
+def test_a_sentinel_url_pointed_at_a_plain_redis_is_exit_2(redis_server: LocalRedis, job: str) -> None:
+    address = redis_server.url.split("//")[1].split("/")[0]
+    line = one_line(run("--redis", f"redis+sentinel://{address}/mymaster", "--job", job))
+    assert line.startswith("ingestion: configuration error: redis.url")
+    assert f"{address} is not a sentinel" in line
+
+
+def test_a_redis_url_pointed_at_an_http_server_is_exit_2() -> None:
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "ingestion", "simulate", "--port", "0", "--ledger-interval", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env(),
+    )  # fmt: skip
+    try:
+        assert sim.stdout is not None
+        url = json.loads(sim.stdout.readline())["url"]
+        port = url.rsplit(":", 1)[1]
+        line = one_line(run("--redis", f"redis://127.0.0.1:{port}/0", "--job", "j"))
+        assert "an HTTP server answers at" in line and "redis.url" in line
+    finally:
+        sim.terminate()
+        sim.wait(timeout=10)
+
+
+def test_refused_credentials_and_acl_are_exit_2(redis_server: LocalRedis, job: str) -> None:
+    admin = connect(redis_server.url, timeout=2.0)
+    user = f"u-{job}"
+    admin.acl_setuser(user, enabled=True, passwords=["+secret"], keys=["other:*"], commands=["+@all"])
+    try:
+        address = redis_server.url.split("//")[1]
+        line = one_line(run("--redis", f"redis://{user}:wrong@{address}", "--job", job))
+        assert "authentication failed" in line and "wrong" not in line
+        line = one_line(run("--redis", f"redis://{user}:secret@{address}", "--job", job))
+        assert "permission denied by the Redis ACL" in line
+    finally:
+        admin.acl_deluser(user)
+        admin.close()
+
+
+def test_an_unreachable_redis_is_still_retried_not_refused(job: str) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-m", "ingestion", "--redis", f"redis://127.0.0.1:{closed_port()}/0",
+         "--job", job, "--log-format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+    )  # fmt: skip
+    try:
+        time.sleep(3)
+        assert child.poll() is None  # still waiting for Redis
+    finally:
+        child.send_signal(signal.SIGTERM)
+        child.communicate(timeout=30)
+
+
+def test_the_default_job_is_named_after_the_source() -> None:
+    done = run("check-config", "--source", "rpc", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["jobs"] == [{"job": "rpc", "kind": "rpc", "follows": "rpc (every event)"}]
+    assert doc["settings"]["node.source"] == {"value": "rpc", "source": "flag"}
+    assert doc["settings"]["node.job"]["value"] == ["rpc"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--source", "rpc", "--resource", "/payments"], "ingestion: --resource: only for a Horizon job"),
+        (["--topic", "sym:transfer"], "ingestion: --topic: only for an RPC job"),
+        (["--event-type", "contract"], "ingestion: --event-type: only for an RPC job"),
+    ],
+)
+def test_a_flag_for_the_other_source_is_exit_2(argv: list[str], says: str) -> None:
+    assert one_line(run(*argv, "--redis", f"redis://127.0.0.1:{closed_port()}/0")).startswith(says)
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"source": "horizon /operations", "cursor": "12884905985"}, "follows horizon /operations"),
+        ({"cursor": "12884905985"}, "follows horizon (its cursor 12884905985 is a Horizon paging token)"),
+    ],
+)
+def test_a_node_configured_for_another_source_refuses_the_job(
+    redis_server: LocalRedis, job: str, fields: dict[str, str], says: str
+) -> None:
+    client: redis.Redis = connect(redis_server.url, timeout=2.0)
+    client.hset(f"ingestion:{{{job}}}:cursor", mapping=fields)
+    client.close()
+    done = run("--redis", redis_server.url, "--job", job, "--source", "rpc", "--rpc",
+               f"http://127.0.0.1:{closed_port()}", "--log-format", "json")  # fmt: skip
+    line = one_line(done)
+    assert line.startswith(f"ingestion: configuration error: node.job: job {job!r} in Redis {says}")
+    assert "this node is configured for rpc (every event)" in line
+    assert "became-leader" not in done.stdout
+
+
+def test_check_config_names_where_each_setting_came_from(tmp_path: Path) -> None:
+    (tmp_path / "c.toml").write_text("[lease]\nttl_ms = 6000\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "ingestion", "check-config", "--config", str(tmp_path / "c.toml"),
+         "--redis", "redis://:pw@127.0.0.1:1/3", "--json"],
+        capture_output=True, text=True, timeout=30, env={**env(), "INGESTION_LOG_LEVEL": "debug"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)["settings"]
+    assert got["lease.ttl_ms"] == {"value": 6000, "source": "file"}
+    assert got["log.level"] == {"value": "debug", "source": "env"}
+    assert got["redis.url"] == {"value": "redis://:***@127.0.0.1:1/3", "source": "flag"}
+    assert got["lease.renew_interval_ms"] == {"value": 1200, "source": "auto"}
+    assert got["events.max_len"] == {"value": 0, "source": "default"}
+    assert "pw" not in done.stdout
+    line = one_line(run("check-config", "--lease-ttl-ms", "5"))
+    assert line.startswith("ingestion: configuration error: lease.ttl_ms: ")
+
+
+def test_verify_an_unknown_job_is_exit_2(redis_server: LocalRedis, job: str) -> None:
+    line = one_line(run("verify", "--redis", redis_server.url, "--job", job))
+    assert line.startswith(f"ingestion: verify: no job {job!r} at ")
