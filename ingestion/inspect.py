@@ -1,6 +1,6 @@
 """``python -m ingestion inspect``: the job's state as read from Redis, as a table or JSON.
 
-``--json`` prints the object of CONTRACT.md (``job``, ``leader``, ``token``, ``lease_ttl_ms_left``,
+``--json`` prints one object (``job``, ``leader``, ``token``, ``lease_ttl_ms_left``,
 ``cursor``, ``events``, ``audit``) plus three extra keys: ``stream`` (retention and consumer groups,
 see :func:`stream_doc`), ``leader_source_ok`` (when the leader's source last answered, see
 :func:`leader_source`) and ``lag``, null unless ``--horizon URL`` is
@@ -392,7 +392,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--job", help="the job to show (default: every job in Redis, as a table)")
     p.add_argument(
         "--json", action="store_true",
-        help="print JSON: one object (CONTRACT.md) with --job, else a list of them",
+        help="print JSON: one object with --job, else a list of them",
     )
     p.add_argument("--audit", type=int, default=10, metavar="N", help="audit entries to show")
     p.add_argument("--horizon", metavar="URL", help="also report the lag behind this Horizon")

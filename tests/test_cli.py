@@ -6,6 +6,7 @@ that cannot start says so before it campaigns.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -256,3 +257,40 @@ def test_check_config_names_where_each_setting_came_from(tmp_path: Path) -> None
 def test_verify_an_unknown_job_is_exit_2(redis_server: LocalRedis, job: str) -> None:
     line = one_line(run("verify", "--redis", redis_server.url, "--job", job))
     assert line.startswith(f"ingestion: verify: no job {job!r} at ")
+
+
+async def test_the_first_term_records_the_source_and_verify_checks_the_stream(
+    redis_server: LocalRedis, job: str
+) -> None:
+    """A Horizon node's first term writes ``source`` into the cursor hash; ``ingestion verify``
+    then finds the stream exactly once (exit 0), and a forged entry makes it exit 1."""
+    import trio
+
+    from ingestion.simulator.server import SimulatorConfig, open_simulator
+
+    config = SimulatorConfig(ledger_interval=None, history_ledgers=5, ops_per_ledger=3)
+    client: redis.Redis = connect(redis_server.url, timeout=2.0)
+    key = f"ingestion:{{{job}}}:cursor"
+    async with open_simulator(config) as sim:
+        args = ["--redis", redis_server.url, "--job", job, "--horizon", sim.url, "--start-cursor", "0",
+                "--lease-ttl-ms", "1000", "--log-format", "json"]  # fmt: skip
+        async with trio.open_nursery() as nursery:
+            node = await nursery.start(functools.partial(
+                trio.run_process, [sys.executable, "-m", "ingestion", *args], env=env(),
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
+            ))  # fmt: skip
+            with trio.fail_after(20):
+                while client.xlen(f"ingestion:{{{job}}}:events") < 15:  # noqa: ASYNC110 (another process)
+                    await trio.sleep(0.1)
+            node.send_signal(signal.SIGTERM)
+        assert client.hget(key, "source") == "horizon /operations"
+        verify = ["verify", "--redis", redis_server.url, "--job", job, "--horizon", sim.url,
+                  "--start-cursor", "0"]  # fmt: skip
+        done = await trio.to_thread.run_sync(functools.partial(run, *verify))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "exactly once, in order: OK" in done.stdout
+        first = client.xrange(f"ingestion:{{{job}}}:events", count=1)[0][1]
+        client.xadd(f"ingestion:{{{job}}}:events", first)  # a duplicate, as a broken writer would
+        done = await trio.to_thread.run_sync(functools.partial(run, *verify))
+        assert done.returncode == 1 and "FAILED" in done.stdout, done.stdout + done.stderr
+    client.close()
