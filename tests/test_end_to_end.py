@@ -4,6 +4,7 @@ live ledgers; checked record by record against the simulator."""
 
 from __future__ import annotations
 
+import pytest
 import redis
 import trio
 
@@ -13,7 +14,10 @@ from ingestion.horizon.core import compact_json
 from ingestion.horizon.source import HorizonSource
 from ingestion.local_redis import LocalRedis
 from ingestion.simulator import SimulatorConfig, open_simulator
+from ingestion.verify import SourceRecord, check_stream, read_entries, read_grants
 from tests.nodes import Recorder, start_node
+
+pytestmark = pytest.mark.slow  # 50,000 records: about 20 s on a loaded 2-core machine
 
 TIMING = LeaseTiming(ttl=5.0, renew_interval=1.0, margin=1.0)
 
@@ -55,5 +59,9 @@ async def test_50k_history_then_live_ledgers_through_a_handoff_exactly_once(
         assert fields["paging_token"] == want["paging_token"]
         assert fields["record"] == compact_json(want)  # byte for byte what Horizon streams
     writers = [f["node"] for _id, f in entries]
-    assert writers[0] == "a" and writers[-1] == "b"
-    assert writers == sorted(writers)  # a's records, then b's: no interleaving, no overlap
+    assert writers[0] == "a" and "b" in writers
+    # No interleaving, no overlap, judged on Redis's clock: each token's entries written by its
+    # holder between its grant and the next (a step-down on a loaded machine may add terms).
+    source = [SourceRecord(r["paging_token"], r) for r in expected]
+    result = check_stream(read_entries(redis_client, job), source, read_grants(redis_client, job))
+    assert result.ok, result.summary()
