@@ -167,26 +167,43 @@ class LeaseStore:
     ) -> tuple[Any, int | None, str | None]:
         """Run ``script`` and, on the same connection right after it, ``WAIT`` for the replicas
         (when asked for) and ``INFO replication`` (when ``replid``): one round trip, in a worker
-        thread. Returns (the script's answer, replicas that acknowledged or None, the replid)."""
-        for attempt in (1, 2):
-            conn = self._connection_for(keys[0])
+        thread. Returns (the script's answer, replicas that acknowledged or None, the replid).
+
+        On a cluster, ``MOVED`` (the slot is served elsewhere now) re-reads the slot map and runs
+        it again once; ``ASK`` (the slot is being migrated and its keys are on the target already)
+        runs it on the target after ``ASKING``, on one connection, without touching the slot map,
+        which names the source until the migration ends. Both mean nothing ran where they came
+        from, as does ``NOSCRIPT`` (the script is loaded and run again)."""
+        ask: tuple[str, int] | None = None
+        loaded = moved = False
+        while True:
+            conn = self._connection_for(keys[0]) if ask is None else self._node_at(*ask)
             pipe = conn.pipeline(transaction=False)
+            if ask is not None:
+                pipe.execute_command("ASKING")  # lets the next command in on the importing node
             pipe.evalsha(script.sha, len(keys), *keys, *args)
             if self.min_replicas_acked:
                 pipe.execute_command("WAIT", self.min_replicas_acked, self.replication_wait_ms)
             if replid:
                 pipe.info("replication")
             out = pipe.execute(raise_on_error=False)
-            if isinstance(out[0], redis.exceptions.NoScriptError) and attempt == 1:
-                # A primary that never saw the script (a fresh or newly promoted one): NOSCRIPT
-                # means nothing ran, so loading it and running again is safe.
+            if ask is not None:
+                out = out[1:]
+            if isinstance(out[0], redis.exceptions.NoScriptError) and not loaded:
+                # A primary that never saw the script (a fresh or newly promoted one, a migration
+                # target): nothing ran, so loading it and running again is safe.
+                loaded = True
                 conn.script_load(script.script)
                 continue
+            if isinstance(out[0], redis.exceptions.AskError) and ask is None:
+                ask = (out[0].host, out[0].port)
+                continue
             if isinstance(out[0], redis.exceptions.AskError | redis.exceptions.MovedError):
-                # Cluster: the job's slot is served elsewhere now (a failover, a resharding);
-                # nothing ran here. Re-read the slot map, and run again once.
+                # The slot is served elsewhere now (a failover, the end of a migration): re-read
+                # the slot map, and run again once.
                 self._stale_topology = True
-                if attempt == 1:
+                if not moved:
+                    moved, ask, loaded = True, None, False
                     continue
             for item in out:
                 if isinstance(item, Exception):
@@ -194,7 +211,18 @@ class LeaseStore:
             acked = int(out[1]) if self.min_replicas_acked else None
             info = out[-1] if replid else None
             return out[0], acked, (info or {}).get("master_replid") if info is not None else None
-        raise AssertionError("unreachable")
+
+    def _node_at(self, host: str, port: int) -> redis.Redis:
+        """The cluster's client for the master at ``host:port`` (an ``ASK`` target)."""
+        assert isinstance(self.client, RedisCluster)
+        node = self.client.get_node(host=host, port=port)
+        if node is None:  # a master the slot map does not know yet
+            self.client.nodes_manager.initialize()
+            node = self.client.get_node(host=host, port=port)
+        if node is None:
+            raise redis.exceptions.ClusterError(f"ASK names {host}:{port}, not in the cluster")
+        conn: redis.Redis = self.client.get_redis_connection(node)
+        return conn
 
     def _fresh_then(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn``; on a cluster whose slot map may be stale (a failed call), re-read it first."""

@@ -1,0 +1,76 @@
+"""Redis Cluster: a job's slot migrated to another master while a node ingests into it.
+
+During a migration (``CLUSTER SETSLOT MIGRATING/IMPORTING``, then ``MIGRATE``) the source master
+answers ``ASK`` for a key it no longer has: the command must be sent to the target *after
+``ASKING``*, on the same connection. The slot map still names the source until ``SETSLOT NODE``,
+so re-reading it (as for ``MOVED``) leads back to the source: a store that does that fails every
+script call for as long as the migration lasts. Real cluster, real slot migration, an in-process
+node committing throughout; the stream is checked exactly once at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+import trio
+
+from actors.lease_store import LeaseStore, connect, job_keys
+from actors.source import SyntheticSource
+from tests.nodes import Recorder, start_node
+from tests.redis_cluster import RedisClusterGroup, redis_cluster
+
+LIVE = SyntheticSource(total=None, batch_size=5, interval=0.01)
+ASK_WINDOW = 3.0  # seconds every key sits on the target while the map still names the source
+
+
+@pytest.fixture(scope="module")
+def cluster3() -> Iterator[RedisClusterGroup]:
+    with redis_cluster(masters=3, replicas=0) as group:
+        yield group
+
+
+def _node(group: RedisClusterGroup, port: int) -> redis.Redis:
+    return redis.Redis(host="127.0.0.1", port=port, decode_responses=True, socket_timeout=5)
+
+
+async def test_a_slot_migration_under_load_is_followed_with_asking(
+    cluster3: RedisClusterGroup, job: str
+) -> None:
+    keys = job_keys(job)
+    source_server = cluster3.server_for(keys["lease"])
+    target_server = next(s for s in cluster3.servers if s.port != source_server.port)
+    source, target = _node(cluster3, source_server.port), _node(cluster3, target_server.port)
+    slot = int(source.cluster("keyslot", keys["lease"]))
+    source_id, target_id = source.cluster("myid"), target.cluster("myid")
+    rec = Recorder()
+    store = LeaseStore(connect(cluster3.url, timeout=0.5), job)
+    async with trio.open_nursery() as nursery:
+        a = await start_node(nursery, rec, cluster3.url, job, "a", LIVE, store=store)
+        await rec.wait_for("became-leader", "a", token=1)
+        await rec.wait_for("committed", "a", count=5)
+        target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        while moving := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+            source.execute_command(
+                "MIGRATE", "127.0.0.1", target_server.port, "", 0, 5000, "KEYS", *moving
+            )
+        # Every key is on the target now; the slot map still says the source.
+        migrated_at = trio.current_time()
+        before = len(rec.of("committed", "a"))
+        await trio.sleep(ASK_WINDOW)
+        during = [e for e in rec.of("committed", "a")[before:] if e.at >= migrated_at]
+        lost = [e for e in rec.of("lost-leadership", "a") if e.at >= migrated_at]
+        for server in (target, source):
+            server.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        await rec.wait_for("committed", "a", count=len(rec.of("committed", "a")) + 5)
+        await a.shutdown()
+        await rec.wait_for("stopped", "a")
+    assert len(during) >= 20, f"{len(during)} commits in {ASK_WINDOW} s of ASK; lost {lost}"
+    assert not lost
+    entries = target.xrange(keys["events"])
+    indexes = [SyntheticSource.index_of(f["paging_token"]) for _id, f in entries]
+    assert indexes == list(range(1, len(indexes) + 1))
+    assert source.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
+    print(f"\n{len(during)} commits in {ASK_WINDOW} s with every key on the importing master")
