@@ -256,3 +256,22 @@ def test_a_stale_rpc_is_left_for_the_next_url_and_polling_slows_down() -> None:
     single = follower(str(Cursor.through(100)), urls=("http://a",), stale_after=30.0)
     single.on_result(result([], Cursor.through(101), 101), 1000, now=0.0)
     assert not single.on_result(result([], Cursor.through(101), 101), 1000, now=100.0).notes
+
+
+def test_an_answer_past_its_own_latest_ledger_is_refused() -> None:
+    """A cursor (or an event) beyond the answer's ``latestLedger`` would commit a position past
+    ledgers that have not closed: the answer is malformed, nothing is committed, the position
+    stays, and a server that keeps saying it is given up on like any malformed one."""
+    f = follower("500")
+    out = f.on_result(result([], Cursor.through(905), 900), 1000, now=0)
+    assert out.batch is None and out.fatal is None and out.delay > 0
+    assert f.phase is Phase.LEDGER and params(f)["startLedger"] == 500
+    out = f.on_result(result([event(901)], Cursor.through(901), 900), 1000, now=1)
+    assert out.batch is None and f.phase is Phase.LEDGER
+    # Up to the latest ledger's largest cursor is fine.
+    out = f.on_result(result([event(900)], Cursor.through(900), 900), 1000, now=2)
+    assert out.batch is not None and out.batch.cursor == str(Cursor.through(900))
+    for _ in range(POLICY.malformed_retries + 1):
+        last = f.on_result(result([], Cursor.through(901), 900), 1000, now=3)
+    assert last.fatal is not None and "latest ledger" in last.fatal
+    assert f.position == Cursor.through(900)

@@ -22,7 +22,8 @@ clock: wall-clock time is never a deadline), asking a little early and then in s
 the ledger is there (:meth:`RpcFollower.tip_delay`).
 
 Safety. Nothing the server says can move the position backwards or past events it has not served:
-ids must ascend strictly from the position, the answer's cursor must not be below the last id, and
+ids must ascend strictly from the position, the answer's cursor must not be below the last id nor
+past the answer's own latest ledger (an answer that says so is malformed: nothing is committed), and
 a cursor above the server's latest ledger (a lagging node, or a network reset) is never "fixed" by
 jumping: the follower backs off and tries the other URLs, and says loudly when it lasts.
 """
@@ -51,6 +52,7 @@ from ingestion.rpc.protocol import (
     EventFilter,
     InvalidCursor,
     ledger_range_of,
+    past_latest,
 )
 
 MIN_PAGE_LIMIT = 10  # a -32001 halves the page down to this, not below
@@ -278,11 +280,17 @@ class RpcFollower:
                 raise ValueError(f"event {e['id']} is not after the cursor {floor}")
             if self.phase is Phase.LEDGER and at.ledger < self.start_ledger:
                 raise ValueError(f"event {e['id']} is before the start ledger {self.start_ledger}")
+            if at.ledger > latest:
+                raise ValueError(f"event {e['id']} is after the answer's latest ledger {latest}")
             previous = at
         if len(events) > limit:
             raise ValueError(f"{len(events)} events for a limit of {limit}")
         if previous is not None and cursor < previous:
             raise ValueError(f"cursor {cursor} is below the last event {previous}")
+        if past_latest(cursor, latest):
+            # Committing it would put the position past ledgers that have not closed: their
+            # events would never be read.
+            raise ValueError(f"cursor {cursor} is past the answer's latest ledger {latest}")
         if self.phase is Phase.CURSOR and floor is not None and cursor < floor:
             raise ValueError(f"cursor {cursor} went back from {floor}")
         return events, cursor, latest, close_time

@@ -9,7 +9,8 @@ server does and the node can check its own filters before it starts.
   the event's index. Ids ascend in ledger, transaction, operation, event order.
 - An answer's ``cursor`` is the last event's id when the page is full, else the largest cursor of
   the last ledger scanned (``endLedger - 1``: "scanned through"); a request with
-  ``pagination.cursor`` resumes strictly after it.
+  ``pagination.cursor`` resumes strictly after it. Neither is ever past the answer's
+  ``latestLedger`` (:func:`past_latest`).
 - Filters are OR-ed; inside one filter, type, contract ids and topics are AND-ed; a filter's topics
   are OR-ed; a topic is 1 to 4 segments, each an exact base64 ScVal or ``*`` (any one segment),
   optionally followed by a trailing ``**`` (any number of further segments, zero included).
@@ -105,6 +106,13 @@ class Cursor:
         wraps a uint32 around: after a scanned-through cursor the scan starts within the same
         ledger, past every event in it)."""
         return attrs.evolve(self, event=(self.event + 1) & MAX_EVENT)
+
+
+def past_latest(cursor: Cursor, latest: int) -> bool:
+    """Whether ``cursor`` lies beyond ledger ``latest``, the newest closed ledger an answer reports
+    (``latestLedger``): a server scans at most through it (``endLedger - 1 <= latestLedger``), so an
+    answer's cursor or event past it names ledgers that have not closed, and is not to be believed."""
+    return cursor > Cursor.through(latest)
 
 
 def is_event_id(text: str) -> bool:
