@@ -1,31 +1,25 @@
-"""Spreading the leadership of many jobs over the live nodes: the rule, the gate, the actor.
+"""Spreading the leadership of many jobs over the live nodes: the gate and the actor.
 
 Safety stays with each job's lease and fencing token; the balancer only decides *when a node
 campaigns* and *when it hands a lease back*, so a wrong decision (a stale view of the live nodes, a
-clock jump, a pause) can delay work but never create two writers.
-
-The rule (:class:`BalanceRule`, pure):
+clock jump, a pause) can delay work but never create two writers. The decisions themselves are
+:mod:`actors.liveness`'s (pure): the share over the nodes able to lead the node's jobs, the
+placement of free leases (the best-ranked able node with room campaigns at once), adoption (a
+lease free for a TTL is campaigned for even at the share), and the hand-back of the worst-placed
+job another able node would take, after ``OVER_TICKS`` ticks over the share.
 
 - Live nodes heartbeat into a Redis sorted set scored with Redis ``TIME`` (:class:`NodeRegistry`);
   a node is live while its last heartbeat is younger than the liveness window.
-- A node leads at most ``share = ceil(jobs / live nodes)`` jobs. It campaigns for a free job only
-  while it leads (or is about to lead) fewer.
-- Jobs are tried in rendezvous-hash order: for each job the live nodes are ranked by
-  ``hash(job, node)``, and a node waits ``rank * step`` before campaigning, so when a job is free
-  the best-ranked node with room takes it. The placement is sticky: a joining node takes over
-  only the jobs it must for the shares to even out, about ``jobs / (n + 1)``.
-- A node over its share for two consecutive ticks hands back one lease per tick (its worst-ranked
-  job), gracefully: the in-flight commit finishes, the lease is released, a notice wakes the
-  others. While membership is stable nobody is over, so nothing moves.
+- Which nodes are able to lead a job comes from its source watch (``ingestion:{J}:health``); a job
+  without one counts every live node. Which node leads a job comes from its Elector.
 
-:class:`Balancer` is the thin actor: it heartbeats, feeds the rule the live nodes and the jobs its
-node leads, and asks an Elector to hand back when the rule says so. Each job's Elector asks its
-:class:`JobGate` before every campaign.
+:class:`Balancer` is the thin actor: it heartbeats, builds the node's :class:`Picture` and asks an
+Elector to hand back when the rules say so. Each job's Elector asks its :class:`JobGate` before
+every campaign.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
@@ -34,10 +28,20 @@ import attrs
 import trio
 
 from actors.lease_store import NodeRegistry, RedisUnavailable
+from actors.liveness import (  # noqa: F401  (re-exported)
+    MAX_RANK_DELAY,
+    OVER_TICKS,
+    RANK_STEP,
+    SHARE_RECHECK_TTLS,
+    BalanceState,
+    Campaign,
+    Picture,
+    campaign,
+    hand_back,
+    preference,
+    rendezvous_score,
+)
 
-RANK_STEP = 0.05  # seconds a node waits per place it ranks below the best live node for a job
-MAX_RANK_DELAY = 0.5  # seconds: the longest such wait
-OVER_TICKS = 2  # consecutive ticks over the share before a lease is handed back
 RECHECK_TICKS = 4  # a held-off Elector asks again after this many ticks unless woken before
 FRESH_VIEW = 0.02  # seconds: a view younger than this counts as fresh
 PENDING_FOR = 5.0  # seconds an allowed campaign counts as a lease at most (if never answered)
@@ -51,10 +55,11 @@ class CampaignGate(Protocol):
         """Seconds to wait before asking again after a refusal."""
         ...
 
-    async def campaign_delay(self, *, fresh: bool = False) -> float | None:
+    async def campaign_delay(self, *, fresh: bool = False, free_for: float | None = None) -> float | None:
         """None: do not campaign now (ask again after ``recheck``, on a release notice or when
         woken); else campaign after this many seconds. ``fresh``: decide on a view of the live
-        nodes read now (after a release notice)."""
+        nodes read now (after a release notice). ``free_for``: how long the Elector knows the
+        lease to have been free (None: held, or not known)."""
         ...
 
     def campaign_done(self) -> None:
@@ -62,55 +67,41 @@ class CampaignGate(Protocol):
         ...
 
 
-def rendezvous_score(job: str, node: str) -> int:
-    digest = hashlib.blake2b(f"{job}\0{node}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
-
-
-def preference(job: str, nodes: Iterable[str]) -> list[str]:
-    """``nodes`` best first for ``job`` (highest rendezvous score; ties by name)."""
-    return sorted(set(nodes), key=lambda n: (-rendezvous_score(job, n), n))
-
-
 @attrs.define
 class BalanceRule:
-    """The balancing decisions of one node, as a pure state machine (no I/O, no clock)."""
+    """The balancing rules over the live nodes alone (every node able to lead every job): a
+    plain-data front to :mod:`actors.liveness` for callers without health or leader views."""
 
     node: str
     jobs: tuple[str, ...]
     live: tuple[str, ...] = ()
-    over_ticks: int = 0
+    state: BalanceState = attrs.Factory(BalanceState)
 
     def __attrs_post_init__(self) -> None:
         self.live = tuple(sorted(set(self.live) | {self.node}))
 
     @property
+    def picture(self) -> Picture:
+        return Picture(self.node, frozenset(self.live), self.jobs)
+
+    @property
     def share(self) -> int:
-        return max(1, math.ceil(len(self.jobs) / len(self.live)))
+        return self.picture.share
+
+    @property
+    def over_ticks(self) -> int:
+        return self.state.over_ticks
 
     def rank(self, job: str) -> int:
-        """This node's place (0 = best) among the live nodes for ``job``."""
-        return preference(job, self.live).index(self.node)
+        return self.picture.rank(job)
 
     def campaign_delay(self, job: str, held: Iterable[str]) -> float | None:
-        """None when this node already leads its share (``held``: the jobs it leads or is about to
-        lead, ``job`` not counted); else how long to wait before campaigning for ``job``."""
-        if len(set(held) - {job}) >= self.share:
-            return None
-        return min(MAX_RANK_DELAY, self.rank(job) * RANK_STEP)
+        decision = campaign(self.picture, job, held, free_for=None, ttl=1.0)
+        return decision.delay if isinstance(decision, Campaign) else None
 
     def tick(self, live: Iterable[str], held: Iterable[str]) -> str | None:
-        """A new view of the live nodes and of the jobs this node leads; returns the job to hand
-        back now, if any (one per tick, only after ``OVER_TICKS`` ticks over the share)."""
         self.live = tuple(sorted(set(live) | {self.node}))
-        leading = sorted(set(held) & set(self.jobs))
-        if len(leading) <= self.share:
-            self.over_ticks = 0
-            return None
-        self.over_ticks += 1
-        if self.over_ticks < OVER_TICKS:
-            return None
-        return max(leading, key=lambda job: (self.rank(job), job))  # the worst-placed one
+        return hand_back(self.picture, held, self.state)
 
 
 @attrs.define
@@ -122,11 +113,12 @@ class JobGate:
 
     @property
     def recheck(self) -> float:
-        # A safety net only: the balancer wakes held-off Electors when the picture changes.
-        return self.balancer.interval * RECHECK_TICKS
+        # At the share, the Elector looks at the lease again this often (adoption); otherwise a
+        # safety net only: the balancer wakes held-off Electors when the picture changes.
+        return min(self.balancer.interval * RECHECK_TICKS, SHARE_RECHECK_TTLS * self.balancer.ttl)
 
-    async def campaign_delay(self, *, fresh: bool = False) -> float | None:
-        return await self.balancer.campaign_delay(self.job, fresh=fresh)
+    async def campaign_delay(self, *, fresh: bool = False, free_for: float | None = None) -> float | None:
+        return await self.balancer.campaign_delay(self.job, fresh=fresh, free_for=free_for)
 
     def campaign_done(self) -> None:
         self.balancer.campaign_done(self.job)
@@ -137,8 +129,10 @@ class Balancer:
     """The node's balancing actor: one per node process, for all its jobs.
 
     ``leading(job)`` tells whether this node leads ``job`` now; ``hand_back(job)`` asks that job's
-    Elector to end its term gracefully. ``interval`` is the tick; the liveness window is
-    ``live_window_ms`` (a node silent longer is not counted).
+    Elector to end its term gracefully; ``able(job)``: the other nodes able to lead it (None:
+    unknown, every live node); ``holder(job)``: who leads it as this node last saw (None: free or
+    unknown). ``interval`` is the tick; the liveness window is ``live_window_ms``; ``ttl`` the
+    lease TTL (seconds).
     """
 
     registry: NodeRegistry
@@ -150,23 +144,41 @@ class Balancer:
     log: Any
     interval: float
     live_window_ms: int
-    rule: BalanceRule = attrs.field(init=False)
+    ttl: float = 1.0
+    able: Callable[[str], frozenset[str] | None] = lambda job: None
+    holder: Callable[[str], str | None] = lambda job: None
+    live: tuple[str, ...] = ()
+    state: BalanceState = attrs.Factory(BalanceState)
+    stopped: set[str] = attrs.Factory(set)  # jobs stopped for good on this node
     # job -> when a campaign was allowed, until its answer: campaigns in flight count as leases, so
     # that the node's Electors, asking side by side, cannot all go for a lease at once.
     _pending: dict[str, float] = attrs.Factory(dict)
+    _adopting: set[str] = attrs.Factory(set)
     _viewed_at: float = -math.inf
     _registry_down: bool = False
-    _last_share: int | None = None
+    _last_signature: tuple[object, ...] | None = None
     draining: bool = False  # the node is shutting down: hand nothing back, campaign for nothing
     _refreshing: trio.Event | None = None
     _last_leading: frozenset[str] = frozenset()
     _held_off: set[str] = attrs.Factory(set)  # jobs whose Elector was told to hold off
 
     def __attrs_post_init__(self) -> None:
-        self.rule = BalanceRule(self.node, tuple(self.jobs))
+        self.live = (self.node,)
 
     def gate(self, job: str) -> JobGate:
         return JobGate(self, job)
+
+    def picture(self) -> Picture:
+        jobs = tuple(j for j in self.jobs if j not in self.stopped)
+        able = {j: a for j in jobs if (a := self.able(j)) is not None}
+        leaders = {j: (self.node if self.leading(j) else self.holder(j)) for j in jobs}
+        return Picture(self.node, frozenset(self.live), jobs, able, leaders)
+
+    def job_stopped(self, job: str) -> None:
+        """``job`` failed for good on this node: it no longer counts in the share."""
+        self.stopped.add(job)
+        self._pending.pop(job, None)
+        self._wake_standbys()
 
     def leading_jobs(self) -> set[str]:
         return {job for job in self.jobs if self.leading(job)}
@@ -179,9 +191,15 @@ class Balancer:
 
     def campaign_done(self, job: str) -> None:
         """A campaign has its answer. If it did not win, its slot is free again: the Electors
-        held off meanwhile may now go (one of them may find a free lease)."""
+        held off meanwhile may now go (one of them may find a free lease). An adopted lease is
+        remembered with the picture it was adopted under (not handed back until that changes)."""
         self._pending.pop(job, None)
-        if not self.leading(job):
+        adopting = job in self._adopting
+        self._adopting.discard(job)
+        if self.leading(job):
+            if adopting:
+                self.state.adopt(job, self.picture())
+        else:
             self._wake_held_off()
 
     def _wake_held_off(self) -> None:
@@ -189,19 +207,24 @@ class Balancer:
             self.wake(job)
         self._held_off.clear()
 
-    async def campaign_delay(self, job: str, *, fresh: bool = False) -> float | None:
-        if self.draining:
+    async def campaign_delay(
+        self, job: str, *, fresh: bool = False, free_for: float | None = None
+    ) -> float | None:
+        if self.draining or job in self.stopped:
             return None
         age = trio.current_time() - self._viewed_at
         if age > (FRESH_VIEW if fresh else self.interval):
             await self._refresh()
-        delay = self.rule.campaign_delay(job, self.held())
-        if delay is None:
+        decision = campaign(self.picture(), job, self.held(), free_for=free_for, ttl=self.ttl)
+        if not isinstance(decision, Campaign):
             self._held_off.add(job)
-        else:
-            self._held_off.discard(job)
-            self._pending[job] = trio.current_time()
-        return delay
+            return None
+        self._held_off.discard(job)
+        self._pending[job] = trio.current_time()
+        if decision.adopting:
+            self._adopting.add(job)
+            self.log.info("campaign-adopting", free_s=round(free_for or 0.0, 3))
+        return decision.delay
 
     async def _refresh(self) -> None:
         """Heartbeat and read the live nodes (concurrent callers share one read)."""
@@ -227,12 +250,13 @@ class Balancer:
             self._registry_down = False
             self.log.info("balancer-registry-available")
         self._viewed_at = trio.current_time()
-        before = self.rule.live
-        self.rule.live = tuple(sorted(set(live) | {self.node}))
-        if self.rule.live != before or self._last_share != self.rule.share:
-            self._last_share = self.rule.share
+        self.live = tuple(sorted(set(live) | {self.node}))
+        picture = self.picture()
+        signature = (picture.signature(), picture.share)
+        if signature != self._last_signature:
+            self._last_signature = signature
             self.log.info(
-                "balancer-view", live=list(self.rule.live), share=self.rule.share, jobs=len(self.jobs)
+                "balancer-view", live=list(self.live), share=picture.share, jobs=len(picture.jobs)
             )
             self._wake_standbys()
 
@@ -240,7 +264,7 @@ class Balancer:
         """The picture changed: every job this node does not lead should be asked about again."""
         leading = self.leading_jobs()
         for job in self.jobs:
-            if job not in leading:
+            if job not in leading and job not in self.stopped:
                 self.wake(job)
         self._held_off.clear()
 
@@ -252,11 +276,12 @@ class Balancer:
         if leading < self._last_leading:
             self._wake_standbys()  # this node leads fewer jobs: room for others
         self._last_leading = frozenset(leading)
-        job = self.rule.tick(self.rule.live, leading)
+        picture = self.picture()
+        job = hand_back(picture, leading, self.state)
         if job is not None:
             self.log.info(
-                "handing-back", handed_job=job, share=self.rule.share, leading=len(leading),
-                live=len(self.rule.live),
+                "handing-back", handed_job=job, share=picture.share, leading=len(leading),
+                live=len(self.live),
             )  # fmt: skip
             await self.hand_back(job)
 

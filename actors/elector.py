@@ -100,6 +100,11 @@ class Elector:
     source_watch: SourceWatch | None = None
     _held_off: set[str] = attrs.Factory(set)  # why campaigns are held off now (logged once each)
     _woken: bool = False  # the last standby wait ended on a release notice or a wake-up
+    # What this node knows of the lease while standby (for the balancer's placement and for
+    # adoption, actors/liveness.py): its holder, when it would expire, since when it is free.
+    seen_holder: str | None = None
+    _known_expiry: float | None = None
+    _free_since: float | None = None
 
     async def _see(self, token: int) -> None:
         if token <= self.known_token:
@@ -197,6 +202,7 @@ class Elector:
                         await self._see_commit()
                     if answer.holder != self.node:
                         self._own_lease_possible = False
+                    self._saw_holder(answer.holder, answer.ttl_left_ms)
                     await self._stand_by(answer)
                 else:
                     self._own_lease_possible = False
@@ -215,9 +221,34 @@ class Elector:
     async def _gate_allows(self, gate: CampaignGate) -> bool:
         # Woken by a release notice or the balancer: the balancer's view may be a tick old (a node
         # that just left still counted), so it reads the registry again first.
-        delay = await gate.campaign_delay(fresh=self._woken)
+        if "share-reached" in self._held_off:
+            await self._look_at_lease()  # held off at the share: is the lease free, and how long?
+        now = trio.current_time()
+        free_for = None if self._free_since is None else now - self._free_since
+        delay = await gate.campaign_delay(fresh=self._woken, free_for=free_for)
         self._woken = False
         return await self._wait_for_turn(delay, gate.recheck, "share-reached")
+
+    def _saw_holder(self, holder: str | None, ttl_left_ms: int | None) -> None:
+        now = trio.current_time()
+        if holder is not None:
+            self.seen_holder, self._free_since = holder, None
+            if ttl_left_ms is not None:
+                self._known_expiry = now + ttl_left_ms / 1000
+            return
+        self.seen_holder = None
+        if self._free_since is None:
+            # Free at the latest since the expiry this node was last told of.
+            expiry = self._known_expiry
+            self._free_since = min(now, expiry) if expiry is not None else now
+
+    async def _look_at_lease(self) -> None:
+        """One bounded read of the lease (who holds it, for how long); nothing on failure."""
+        try:
+            info = await self.store.leader()
+        except RedisUnavailable:
+            return
+        self._saw_holder(info.node, info.lease_ttl_ms_left)
 
     async def _wait_for_turn(self, delay: float | None, recheck: float, reason: str) -> bool:
         """Whether to campaign now: after ``delay``, or (None: held off for ``reason``, said once
@@ -298,9 +329,11 @@ class Elector:
                 msg = await self.inbox.receive()
                 if isinstance(msg, ShutdownRequested):
                     self._stopping = True
-                elif (
-                    wake_on_release and isinstance(msg, ReleaseNoticed) and msg.holder != self.node
-                ):
+                elif isinstance(msg, ReleaseNoticed) and msg.holder != self.node:
+                    self._known_expiry = None
+                    self._saw_holder(None, None)  # free from now
+                    if not wake_on_release:
+                        continue
                     self._woken = True
                     await trio.sleep(random.uniform(0, self.jitter / 4))
                     return
@@ -313,6 +346,7 @@ class Elector:
     async def _lead(self, machine: LeaseMachine, grant: Acquired, sent_at: float) -> None:
         term = machine.granted(grant.token, sent_at)
         self._last_standby = None
+        self.seen_holder, self._free_since, self._known_expiry = self.node, None, None
         cursor = grant.cursor or self.start_cursor
         fields = {
             "token": grant.token,
@@ -337,6 +371,8 @@ class Elector:
                 # so a standby need not wait out the TTL. Ingestion is being cancelled with us, and a
                 # commit still in flight in Redis is rejected once the lease is gone.
                 await self._release(grant.token)
+        # This node ended the term: as far as it knows the lease is free from now.
+        self.seen_holder, self._free_since, self._known_expiry = None, trio.current_time(), None
         if term_ended is not None and term_ended.reason == "source-fatal":
             raise IngestionFatal(term_ended.detail)
         if (

@@ -1,21 +1,20 @@
 """Source-aware leadership: the node best able to reach the source is the one that leads.
 
-A source that can tell its own health carries a :class:`SourceHealth` (``source.health``): when
-its last request succeeded, since when every request has failed, and a cheap ``probe()``. Each job
-then runs a :class:`SourceWatch` beside its Elector. Once per lease TTL it probes the source (a
-standby; a leader's own requests are evidence enough), records the node as healthy in Redis when
-the source answered recently (``ingestion:{J}:health``, a hash of node -> the Redis time of its
-last success), and reads which other nodes are healthy. The rule (:func:`decide`, pure):
+A source that can tell its own health carries a :class:`~actors.liveness.SourceHealth`
+(``source.health``): when the job's own requests last succeeded, since when they have failed, and
+a ``probe()`` of the job's own resource. Each job then runs a :class:`SourceWatch` beside its
+Elector. Once per lease TTL (twice while leading) it probes the source when the job's own
+requests gave no recent evidence, records the node in Redis (``ingestion:{J}:health``: the Redis
+time of its last success and, while failing, since when it fails), and reads which nodes are
+able to lead the job. The rules are :mod:`actors.liveness`'s (rule 1, :func:`decide`):
 
 - **A leader hands over** when every request to its source has failed for ``handover_after`` *and*
-  another node reports a healthy source: it ends its term gracefully (finish the commit, release
-  with a notice) with reason ``source-unavailable``.
+  another node reports a working source: it ends its term gracefully with reason
+  ``source-unavailable``. A probe never clears a failure the job's own requests set.
 - **When nobody can reach the source**, the leader keeps the lease and keeps retrying; it says so
   once (``source-unavailable`` with ``handover: false``), not in a loop. No leadership change.
-- **A standby campaigns** while its own source answered within two TTLs. One whose source does not
-  answer holds off while another node is healthy (so a node that just handed over does not take
-  the lease back until its source answers again), and campaigns only as a last resort, after a
-  delay, when no node is healthy: someone must hold the lease.
+- **A standby campaigns** while its own source works. One whose source fails holds off while
+  another node's works, and campaigns only as a last resort, after a delay, when no node's does.
 
 Safety does not depend on any of this (the lease and the fencing token do); it decides only which
 node leads.
@@ -23,7 +22,6 @@ node leads.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -31,35 +29,14 @@ import attrs
 import trio
 
 from actors.lease_store import LeaseStore, RedisUnavailable
-
-HEALTHY_WITHIN_TTLS = 2.0  # a source that answered within this many TTLs counts as reachable
-LAST_RESORT_TTLS = 0.5  # an unhealthy node campaigns this many TTLs late, when nobody is healthy
-
-
-@attrs.define
-class SourceHealth:
-    """What a source knows of its own reachability (trio time)."""
-
-    last_ok: float | None = None
-    failing_since: float | None = None  # the first failure since the last success
-
-    def ok(self, now: float) -> None:
-        self.last_ok = now
-        self.failing_since = None
-
-    def failed(self, now: float) -> None:
-        if self.failing_since is None:
-            self.failing_since = now
-
-    def failing_for(self, now: float) -> float:
-        """How long the source has been unreachable: 0 unless the latest request failed; then
-        since the last success (the last evidence it answered), or the first failure if none."""
-        if self.failing_since is None:
-            return 0.0
-        return now - (self.last_ok if self.last_ok is not None else self.failing_since)
-
-    def healthy(self, now: float, within: float) -> bool:
-        return self.last_ok is not None and now - self.last_ok <= within and self.failing_since is None
+from actors.liveness import (  # the sources import SourceHealth from here
+    HEALTHY_WITHIN_TTLS,
+    LAST_RESORT_TTLS,
+    SourceHealth,
+    Verdict,
+    advertise,
+    decide,
+)
 
 
 @runtime_checkable
@@ -67,28 +44,9 @@ class ProbedSource(Protocol):
     health: SourceHealth
 
     async def probe(self) -> bool:
-        """One cheap, bounded request to the source; records the outcome in ``health``."""
+        """One bounded request for the job's own resource: whether it answered. The watch records
+        the answer in ``health`` (a leader's probe never clears its own requests' failure)."""
         ...
-
-
-class Verdict(enum.Enum):
-    CAMPAIGN = "campaign"
-    HOLD_OFF = "hold-off"  # another node can reach the source and this one cannot
-    LAST_RESORT = "last-resort"  # nobody can: campaign late
-    HAND_OVER = "hand-over"
-    KEEP = "keep"
-
-
-def decide(*, leading: bool, healthy: bool, failing_for: float, handover_after: float,
-           peers_healthy: bool) -> Verdict:  # fmt: skip
-    """The source-aware rule, from this node's view (pure)."""
-    if leading:
-        if failing_for >= handover_after and peers_healthy:
-            return Verdict.HAND_OVER
-        return Verdict.KEEP
-    if healthy:
-        return Verdict.CAMPAIGN
-    return Verdict.HOLD_OFF if peers_healthy else Verdict.LAST_RESORT
 
 
 @attrs.define
@@ -105,6 +63,7 @@ class SourceWatch:
     leading: Callable[[], int | None]  # the token of the term this node leads, None if none
     hand_over: Callable[[int], Awaitable[None]]  # end that term (ignored once it has ended)
     peers_healthy: bool = False
+    able: frozenset[str] | None = None  # the other nodes able to lead the job (None: not read yet)
     _reported: bool | None = None  # the last state logged (log each change once)
     _checked: bool = False
     _said_everywhere: bool = False
@@ -143,18 +102,23 @@ class SourceWatch:
         # A standby probes every period; a leader's own requests are its evidence, unless none
         # succeeded for a period (a quiet stream, or a blackholed one: only a probe can tell).
         if not leading or last_ok is None or trio.current_time() - last_ok > self.ttl / 2:
-            with trio.move_on_after(self.ttl / 2 if leading else self.ttl) as probing:
-                await self.source.probe()
-            if probing.cancelled_caught:
-                health.failed(trio.current_time())
+            answered = False
+            with trio.move_on_after(self.ttl / 2 if leading else self.ttl):
+                answered = await self.source.probe()
+            health.probed(
+                trio.current_time(), answered, leading=leading, quarantine=self.handover_after
+            )
         now = trio.current_time()
         healthy = self.healthy()
-        age_ms = round(1000 * (now - health.last_ok)) if health.last_ok is not None else None
+        said = advertise(health)  # with "failing since": peers stop counting this node at once
+        age_ms = round(1000 * (now - said.last_ok)) if said.last_ok is not None else None
+        failing_ms = round(1000 * (now - said.failing_since)) if said.failing_since is not None else None
         try:
             peers = await self.store.report_health(
-                self.node, age_ms if healthy else None, round(1000 * HEALTHY_WITHIN_TTLS * self.ttl)
+                self.node, age_ms, round(1000 * HEALTHY_WITHIN_TTLS * self.ttl), failing_ms
             )
-            self.peers_healthy = bool(set(peers) - {self.node})
+            self.able = frozenset(peers) - {self.node}
+            self.peers_healthy = bool(self.able)
         except RedisUnavailable:
             pass  # keep the last view of the others; the Elector copes with Redis on its own
         self._checked = True
@@ -185,3 +149,12 @@ class SourceWatch:
                 "source-unavailable", handover=False, failing_s=round(health.failing_for(now), 3),
                 reason="no node reports a reachable source",
             )  # fmt: skip
+
+    async def forget(self) -> None:
+        """The job stopped on this node for good: remove its health entries, so that no peer
+        counts this node as able to lead the job (bounded, shielded: this is cleanup)."""
+        with trio.move_on_after(1.0, shield=True):
+            try:
+                await self.store.forget_health(self.node)
+            except RedisUnavailable:
+                pass  # the entry ages out after HEALTHY_WITHIN_TTLS TTLs

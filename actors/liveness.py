@@ -63,14 +63,17 @@ def preference(job: str, nodes: Iterable[str]) -> list[str]:
 class SourceHealth:
     """What a source knows of its own reachability for one job (times passed in).
 
-    ``ok``/``failed``: the job's own requests (pages, streams, a probe of the job's own
-    resource). ``probed``: a probe of something else (a server's root): its success is evidence
-    only while nothing failed, and it never clears a failure the job's requests set.
+    ``ok``/``failed``: the job's own requests (pages, streams). ``probed``: a probe's answer. A
+    probe never clears a failure the job's own requests set while they are still being made (a
+    leader's, or a standby's for ``quarantine`` after its last failed request): a server that
+    answers the probe but fails every page or stream is failing for this job. A standby, which
+    makes no requests of its own, takes a probe as its evidence after that.
     """
 
     last_ok: float | None = None
     failing_since: float | None = None  # the first failure since the last success
     probe_failing_since: float | None = None
+    last_failed: float | None = None  # the job's own last failed request
 
     def ok(self, now: float) -> None:
         self.last_ok = now
@@ -78,10 +81,11 @@ class SourceHealth:
         self.probe_failing_since = None
 
     def failed(self, now: float) -> None:
+        self.last_failed = now
         if self.failing_since is None:
             self.failing_since = now
 
-    def probed(self, now: float, answered: bool) -> None:
+    def probed(self, now: float, answered: bool, *, leading: bool = False, quarantine: float = 0.0) -> None:
         if not answered:
             if self.probe_failing_since is None:
                 self.probe_failing_since = now
@@ -89,6 +93,8 @@ class SourceHealth:
         self.probe_failing_since = None
         if self.failing_since is None:
             self.last_ok = now
+        elif not leading and (self.last_failed is None or now - self.last_failed >= quarantine):
+            self.ok(now)
 
     @property
     def failing(self) -> bool:

@@ -65,6 +65,9 @@ class NodeHandle:
     spec: NodeSpec
     observer: NodeObserver
     _inbox: trio.MemorySendChannel[ElectorInput | ReleaseNoticed]
+    # For the balancer: the job's source watch (which nodes can lead it) and Elector (who leads).
+    watch: SourceWatch | None = None
+    elector: Elector | None = None
 
     async def shutdown(self, signal: str = "request") -> None:
         """Ask the node to stop gracefully: finish the in-flight commit, release the lease."""
@@ -175,6 +178,7 @@ async def run_node(
                 leading=functools.partial(leading_term, observer), hand_over=hand_over,
             )  # fmt: skip
             await nursery.start(watch.run)
+        handle.watch = watch
         elector = Elector(
             store,
             spec.node,
@@ -192,6 +196,7 @@ async def run_node(
             source_watch=watch,
         )
         elector_send.close()
+        handle.elector = elector
 
         async def elector_then_stop(*, task_status: trio.TaskStatus[None]) -> None:
             try:
@@ -272,6 +277,9 @@ async def run_jobs(
                 log=log,
                 interval=max(0.1, ttl / 4000),
                 live_window_ms=ttl,
+                ttl=ttl / 1000,
+                able=lambda job: w.able if job in handles and (w := handles[job].watch) else None,
+                holder=lambda job: e.seen_holder if job in handles and (e := handles[job].elector) else None,
             )
             await nursery.start(balancer.run)
         left = len(jobs)
@@ -288,6 +296,12 @@ async def run_jobs(
                     task_status=task_status,
                 )  # fmt: skip
             except* IngestionFatal as group:
+                # Stopped here only: no longer counted as able to lead it, nor in the share.
+                if balancer is not None:
+                    balancer.job_stopped(job.spec.job)
+                handle = handles.get(job.spec.job)
+                if handle is not None and handle.watch is not None:
+                    await handle.watch.forget()
                 if on_fatal is not None:
                     on_fatal(job.spec.job, str(group.exceptions[0]))
             finally:

@@ -44,7 +44,7 @@ class SourceHealth:
         if self.failing_since is None:
             self.failing_since = now
 
-    def probed(self, now: float, answered: bool) -> None:
+    def probed(self, now: float, answered: bool, *, leading: bool = False, quarantine: float = 0.0) -> None:
         self.ok(now) if answered else self.failed(now)
 
     def failing_for(self, now: float) -> float:

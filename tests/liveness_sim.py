@@ -79,7 +79,8 @@ class World:
     def __init__(self, seed: int, rules: ModuleType, *, probe_root: bool = False) -> None:
         self.rng = random.Random(seed)
         self.rules = rules
-        self.probe_root = probe_root  # the source's probe asks the server's root, not the job
+        # The probe asks the server's root (the old Horizon probe), not the job's own resource.
+        self.probe_root = probe_root
         self.t = 0
         self.all_jobs = tuple(f"j{i}" for i in range(self.rng.randint(2, 5)))
         self.nodes: dict[str, Node] = {}
@@ -249,12 +250,8 @@ class World:
             j.watch_at = self.t + (TTL // 2 if j.leading else TTL)
             h = j.health
             if not j.leading or h.last_ok is None or self.t - h.last_ok > TTL / 2:
-                if self.probe_root:
-                    h.probed(self.t, self.root_ok[(node.name, job)])
-                elif self.data_ok[(node.name, job)]:
-                    h.ok(self.t)
-                else:
-                    h.failed(self.t)
+                answers = (self.root_ok if self.probe_root else self.data_ok)[(node.name, job)]
+                h.probed(self.t, answers, leading=j.leading, quarantine=HANDOVER)
             entry = self.rules.advertise(h)
             if entry is not None:  # (the old rules wrote nothing while failing)
                 self.health = {**self.health, job: {**self.health[job], node.name: entry}}

@@ -375,22 +375,38 @@ class LeaseStore:
             return None
         return CommitRejected(token=token, reason=res[1], current_token=int(res[2]), stored_cursor=None)
 
-    async def report_health(self, node: str, age_ms: int | None, window_ms: int) -> list[str]:
-        """Record that ``node``'s source answered ``age_ms`` ago (None: it does not answer now);
-        returns the nodes whose source answered within ``window_ms`` (Redis time).
+    async def report_health(
+        self, node: str, age_ms: int | None, window_ms: int, failing_ms: int | None = None
+    ) -> list[str]:
+        """Record that ``node``'s source answered ``age_ms`` ago (None: never) and, explicitly,
+        that it has been failing for ``failing_ms`` (None: it is not failing); returns the nodes
+        whose source answered within ``window_ms`` (Redis time) and is not failing.
 
         Raises:
             RedisUnavailable: failed or timed out.
         """
         k = self.keys["health"]
-        args = [node, "" if age_ms is None else max(0, age_ms), window_ms]
+        args = [
+            node, "" if age_ms is None else max(0, age_ms), window_ms,
+            "" if failing_ms is None else max(0, failing_ms),
+        ]  # fmt: skip
         healthy: list[str] = await self._call(self._report_health, keys=[k], args=args)
         return healthy
 
+    async def forget_health(self, node: str) -> None:
+        """Remove ``node``'s health entries: it no longer hosts the job (stopped for it here).
+
+        Raises:
+            RedisUnavailable: failed or timed out.
+        """
+        await self._call(self.client.hdel, self.keys["health"], node, f"failing:{node}")
+
     async def source_health(self) -> dict[str, int]:
-        """node -> Redis time (ms) of its source's last successful answer."""
+        """node -> Redis time (ms) of its source's last successful answer (failing markers
+        left out)."""
         raw: dict[str, str] = await self._call(self.client.hgetall, self.keys["health"])  # type: ignore[arg-type]
-        return {node: int(ms) for node, ms in raw.items()}
+        return {node: int(ms) for node, ms in raw.items() if not node.startswith("failing:")}
+
     async def fenced_audit(
         self, node: str, token: int, event: str, fields: dict[str, str]
     ) -> CommitRejected | None:

@@ -202,20 +202,22 @@ class HorizonSource:
         )
 
     async def probe(self) -> bool:
-        """Ask Horizon's root (``/``, cheap) at each URL in turn until one answers 200; records the
-        outcome in ``health``. Bounded by the connect and read timeouts per URL."""
+        """Ask for the job's own resource (its newest record: ``order=desc&limit=1``) at each URL
+        in turn until one answers 200; a Horizon that answers ``/`` but fails the job's requests
+        is failing for this job. Records nothing (the source watch does). Bounded by the connect
+        and read timeouts per URL."""
         timeout = httpx.Timeout(min(self.read_timeout, 5.0), connect=self.connect_timeout)
+        path, extra = split_resource(self.resource)
+        params = {**extra, "order": "desc", "limit": "1"}
         async with httpx.AsyncClient(timeout=timeout, follow_redirects=True, verify=ssl_context()) as client:
             for base in self.urls:
                 try:
                     with trio.fail_after(self.connect_timeout + min(self.read_timeout, 5.0)):
-                        response = await client.get(base.rstrip("/") + "/")
+                        response = await client.get(f"{base.rstrip('/')}{path}", params=params)
                 except (httpx.HTTPError, trio.TooSlowError):
                     continue
                 if response.status_code == 200:
-                    self.health.ok(trio.current_time())
                     return True
-        self.health.failed(trio.current_time())
         return False
 
     def follower(self, cursor: str) -> HorizonFollower:

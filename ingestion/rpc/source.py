@@ -162,9 +162,10 @@ class RpcSource:
                 return response, b"".join(chunks)
 
     async def probe(self) -> bool:
-        """``getLatestLedger`` at each URL in turn until one answers; records it in ``health``.
+        """``getLatestLedger`` at each URL in turn until one answers.
         (Not ``getHealth``: it reports a server whose last ledger is over 30 s old as failing,
-        and a stale server is still one this node can reach.)"""
+        and a stale server is still one this node can reach.) Records nothing: the source watch
+        does, and a leader's probe never clears a failure of its own ``getEvents`` requests."""
         async with self._client() as client:
             for url in self.urls:
                 try:
@@ -173,9 +174,7 @@ class RpcSource:
                 except (httpx.HTTPError, trio.TooSlowError, ValueError):
                     continue
                 if error is None and isinstance(result, dict) and "sequence" in result:
-                    self.health.ok(trio.current_time())
                     return True
-        self.health.failed(trio.current_time())
         return False
 
     async def resolve_start(self, cursor: str) -> str:

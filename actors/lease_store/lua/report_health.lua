@@ -1,17 +1,34 @@
--- report_health: record when a node's source last answered (Redis time), list the healthy nodes.
+-- report_health: record a node's source health for a job (Redis time), list the able nodes.
 --
--- KEYS[1] the job's health hash (ingestion:{J}:health: node -> ms of its last source success)
+-- KEYS[1] the job's health hash (ingestion:{J}:health): field <node> -> ms of its source's last
+--         success; field failing:<node> -> ms since which its source has been failing (present
+--         only while it fails)
 -- ARGV[1] node
--- ARGV[2] age_ms of the node's last source success ('' when it does not answer now: not recorded)
+-- ARGV[2] age_ms of the node's last source success ('' when it never answered: not recorded)
 -- ARGV[3] window_ms
+-- ARGV[4] failing_ms: how long the node's source has been failing ('' when it is not: the
+--         failing:<node> field is removed)
 --
--- Returns the nodes whose source answered within window_ms.
+-- Returns the nodes whose source answered within window_ms and is not failing.
 
 local now = now_ms()
 if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], ARGV[1], now - tonumber(ARGV[2])) end
-local out = {}
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[1], 'failing:' .. ARGV[1], now - tonumber(ARGV[4]))
+else
+  redis.call('HDEL', KEYS[1], 'failing:' .. ARGV[1])
+end
 local all = redis.call('HGETALL', KEYS[1])
+local failing = {}
 for i = 1, #all, 2 do
-  if now - tonumber(all[i + 1]) <= tonumber(ARGV[3]) then table.insert(out, all[i]) end
+  if string.sub(all[i], 1, 8) == 'failing:' then failing[string.sub(all[i], 9)] = true end
+end
+local out = {}
+for i = 1, #all, 2 do
+  local node = all[i]
+  if string.sub(node, 1, 8) ~= 'failing:' and not failing[node]
+      and now - tonumber(all[i + 1]) <= tonumber(ARGV[3]) then
+    table.insert(out, node)
+  end
 end
 return out
