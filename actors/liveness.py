@@ -164,7 +164,8 @@ def decide(*, leading: bool, healthy: bool, failing_for: float, handover_after: 
 class Picture:
     """One node's view of the jobs it hosts, as of its last reads.
 
-    ``able``: job -> the *other* nodes able to lead it (a job absent: unknown, every live node).
+    ``able``: job -> the *other* nodes able to lead it, from its health hash (a job absent:
+    unknown, every live node).
     ``leaders``: job -> its holder as last seen (absent or None: free, or unknown).
     """
 
@@ -175,9 +176,11 @@ class Picture:
     leaders: Mapping[str, str | None] = attrs.field(factory=dict)
 
     def able_nodes(self, job: str) -> frozenset[str]:
+        # Known ability wins over the registry: a node hosting a single job runs no balancer
+        # and so never heartbeats into it; a crashed node's entry stops counting within
+        # HEALTHY_WITHIN_TTLS TTLs.
         others = self.able.get(job)
-        live = self.live if others is None else (others & self.live)
-        return frozenset(live) | {self.node}
+        return frozenset(self.live if others is None else others) | {self.node}
 
     @property
     def share(self) -> int:
