@@ -86,9 +86,10 @@ async def test_kill_switch_standby_takes_over_within_window_at_committed_cursor(
             assert taken.fields["previous_node"] == leader
             assert taken.fields["previous_token"] == at_death["cursor_token"]
             assert taken.fields["token"] == at_death["token"] + 1
-            # Redis's own measure of the leaderless gap, expiry to grant: the standby's jitter and
-            # an acquire, tens of ms; one more lease would make it at least a TTL.
-            assert 0 <= taken.fields["takeover_ms"] <= (JITTER + ALLOWANCE) * 1000 < TTL_MS
+            # Redis's own measure of the leaderless gap, from the dead leader's last renewal to the
+            # grant: the lease's remaining TTL (a whole TTL from that renewal), the standby's
+            # jitter and an acquire; one more lease would add at least a TTL.
+            assert TTL_MS <= taken.fields["takeover_ms"] <= (TTL + JITTER + ALLOWANCE) * 1000
             leader = taken.node
             await c.wait_for_progress(100)
         await assert_verified(c, 500)

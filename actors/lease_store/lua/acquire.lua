@@ -2,7 +2,8 @@
 --
 -- KEYS[1] lease    ingestion:{J}:lease   ("token|node", expires after ttl_ms)
 -- KEYS[2] token    ingestion:{J}:token   (the fencing-token counter; only ever increases)
--- KEYS[3] leader   ingestion:{J}:leader  (hash: node, token, acquired_at_ms, expires_at_ms)
+-- KEYS[3] leader   ingestion:{J}:leader  (hash: node, token, acquired_at_ms, expires_at_ms,
+--                  alive_at_ms: the holder's grant, latest renewal or release, Redis time)
 -- KEYS[4] audit    ingestion:{J}:audit   (stream)
 -- KEYS[5] cursor   ingestion:{J}:cursor  (hash: cursor, token, node)
 -- ARGV[1] node     ARGV[2] ttl_ms     ARGV[3] audit_maxlen
@@ -12,7 +13,8 @@
 -- Returns {0, lease value, pttl, committed} when held (committed: 1 when the job has a cursor,
 -- so that standbys learn it); {2, counter, cursor} when Redis lost the job's state (nothing
 -- issued); else {1, token, previous node, previous token, takeover_ms, cursor,
--- rolled_back_from} ('' for each unknown).
+-- rolled_back_from} ('' for each unknown). takeover_ms: how long the job was leaderless, from the
+-- previous holder's last sign of life (alive_at_ms; expires_at_ms for a hash written before it).
 
 local cursor = redis.call('HGET', KEYS[5], 'cursor') or ''
 local held = redis.call('GET', KEYS[1])
@@ -41,13 +43,16 @@ if counter < floor then
 end
 local token = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], token .. '|' .. ARGV[1], 'PX', ARGV[2])
-local prev = redis.call('HMGET', KEYS[3], 'node', 'token', 'expires_at_ms')
+local prev = redis.call('HMGET', KEYS[3], 'node', 'token', 'alive_at_ms', 'expires_at_ms')
+-- A holder that crashed led nobody since its last renewal at the latest: its lease's remaining
+-- TTL is part of the outage (counting from the expiry would report a few ms of jitter).
+local alive = prev[3] or prev[4]
 local takeover = ''
-if prev[3] then takeover = math.max(0, now - tonumber(prev[3])) end
+if alive then takeover = math.max(0, now - tonumber(alive)) end
 local rolled_back = ''
 if counter < known then rolled_back = counter end
 redis.call('HSET', KEYS[3], 'node', ARGV[1], 'token', token,
-  'acquired_at_ms', now, 'expires_at_ms', now + tonumber(ARGV[2]))
+  'acquired_at_ms', now, 'expires_at_ms', now + tonumber(ARGV[2]), 'alive_at_ms', now)
 local entry = {'event', 'became-leader', 'node', ARGV[1], 'token', token,
   'previous_node', prev[1] or '', 'previous_token', prev[2] or '', 'takeover_ms', takeover}
 if rolled_back ~= '' then

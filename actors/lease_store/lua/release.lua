@@ -4,11 +4,13 @@
 -- ARGV[1] node     ARGV[2] token     ARGV[3] the release channel (ingestion:{J}:released)
 -- ARGV[4] audit_maxlen
 --
--- Returns 1 when released (and "token|node" published on the channel), 0 when it was not ours.
+-- Returns 1 when released (and "token|node" published on the channel; the leader hash's
+-- expires_at_ms and alive_at_ms set to now: leaderless from here), 0 when it was not ours.
 
 if redis.call('GET', KEYS[1]) ~= ARGV[2] .. '|' .. ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[2], 'expires_at_ms', now_ms())
+local now = now_ms()
+redis.call('HSET', KEYS[2], 'expires_at_ms', now, 'alive_at_ms', now)
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*',
   'event', 'released', 'node', ARGV[1], 'token', ARGV[2])
 redis.call('PUBLISH', ARGV[3], ARGV[2] .. '|' .. ARGV[1])
