@@ -216,6 +216,18 @@ def cmd_run(argv: Sequence[str]) -> int:
     return start_node(settings)
 
 
+def _check_config_parser() -> argparse.ArgumentParser:
+    parser = _run_parser()
+    parser.prog = "ingestion check-config"
+    parser.description = (
+        "Resolve and validate every setting as `ingestion run` would with the same flags (no "
+        "network): each printed with its value and source (default, auto, file, env or flag). "
+        "Exit 0, or 2 with one line per problem."
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+    return parser
+
+
 def cmd_check_config(argv: Sequence[str]) -> int:
     """Resolve and validate every setting exactly as ``run`` would with the same flags, touching no
     network; print each with its value and where it came from. Exit 0, or 2 with one line per
@@ -225,15 +237,7 @@ def cmd_check_config(argv: Sequence[str]) -> int:
     from ingestion.config import from_environment, redact_url
     from ingestion.config.layers import file_layer, resolved_with_sources
 
-    parser = _run_parser()
-    parser.prog = "ingestion check-config"
-    parser.description = (
-        "Resolve and validate every setting as `ingestion run` would with the same flags (no "
-        "network): each printed with its value and source (default, auto, file, env or flag). "
-        "Exit 0, or 2 with one line per problem."
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
-    ns = parser.parse_args(argv)
+    ns = _check_config_parser().parse_args(argv)
     settings = load_settings(ns)
     check_source_flags(ns, settings)
     from ingestion.node import check_sources, source_identity
@@ -301,6 +305,29 @@ def cmd_version(argv: Sequence[str]) -> int:
         raise UsageError(f"ingestion version: takes no arguments, got {' '.join(argv)}")
     print(f"ingestion {__version__}")
     return 0
+
+
+def parser_of(command: str) -> argparse.ArgumentParser | None:
+    """The parser behind ``ingestion COMMAND`` (None: ``version``, which takes no flags), as used by
+    the generated reference (``python -m ingestion.reference``)."""
+    if command == "run":
+        return _run_parser()
+    if command == "check-config":
+        return _check_config_parser()
+    if command == "version":
+        return None
+    from importlib import import_module
+
+    module = {
+        "simulate": "ingestion.simulator.cli",
+        "inspect": "ingestion.inspect",
+        "tail": "ingestion.tail",
+        "watch": "ingestion.watch",
+        "demo": "ingestion.demo",
+        "verify": "ingestion.verify",
+    }[command]
+    parser: argparse.ArgumentParser = import_module(module)._parser()
+    return parser
 
 
 def top_help() -> str:
