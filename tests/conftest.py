@@ -9,9 +9,11 @@ the run ends with a line saying how many did not run.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -19,6 +21,7 @@ import redis
 from actors.lease_store import LeaseStore, connect
 from ingestion.local_redis import LocalRedis
 from tests import recorded
+from tests.nodes import lease_store
 from tests.redis_ha import sentinel_group  # noqa: F401  (a fixture)
 
 CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
@@ -102,5 +105,19 @@ def redis_client(redis_server: LocalRedis) -> Iterator[redis.Redis]:
     client.close()
 
 
+@pytest.fixture
+def open_store() -> Iterator[Callable[..., LeaseStore]]:
+    """``open_store(url, job, timeout=..., **options)``: a lease store on a client of its own
+    (:func:`tests.nodes.lease_store`); every one the test opened is closed when it ends."""
+    with contextlib.ExitStack() as opened:
+
+        def open_(url: str, job: str, **options: Any) -> LeaseStore:
+            return opened.enter_context(lease_store(url, job, **options))
+
+        yield open_
+
+
 def make_store(url: str, job: str, timeout: float = 0.25) -> LeaseStore:
+    """Superseded by the ``open_store`` fixture, which closes the client; kept until the modules
+    still importing it (written concurrently) move over."""
     return LeaseStore(connect(url, timeout=timeout), job)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import attrs
@@ -11,11 +12,14 @@ import trio
 
 from actors.lease import LeaseTiming
 from actors.lease_store import LeaseStore, connect
+from actors.observe import NodeObserver
 from actors.source import Source
 from actors.supervisor import NodeHandle, NodeSpec, run_node
 
 FAST_TIMING = LeaseTiming(ttl=1.5, renew_interval=0.3, margin=0.4, drift=0.01)
 REDIS_TIMEOUT = 0.15
+
+OpenStore = Callable[..., LeaseStore]  # the ``open_store`` fixture: ``(url, job, *, timeout=..., **options)``
 
 
 @attrs.define
@@ -58,8 +62,34 @@ class Recorder:
                 await self._changed.wait()
 
 
-def store_for(url: str, job: str, timeout: float = REDIS_TIMEOUT) -> LeaseStore:
-    return LeaseStore(connect(url, timeout=timeout), job)
+@contextmanager
+def lease_store(
+    url: str, job: str, *, timeout: float = REDIS_TIMEOUT, **options: Any
+) -> Iterator[LeaseStore]:
+    """A lease store for ``job`` on a Redis client of its own, closed on the way out.
+
+    ``timeout`` bounds each call (the nodes' own, by default); ``options`` go to :class:`LeaseStore`.
+    The ``open_store`` fixture opens these for the length of a test.
+    """
+    client = connect(url, timeout=timeout)
+    try:
+        yield LeaseStore(client, job, **options)
+    finally:
+        client.close()
+
+
+async def _run_node_on_own_store(
+    url: str,
+    job: str,
+    source: Source,
+    spec: NodeSpec,
+    log: Any,
+    observer: NodeObserver,
+    *,
+    task_status: trio.TaskStatus[NodeHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    with lease_store(url, job) as store:
+        await run_node(store, source, spec, log, observer, task_status=task_status)
 
 
 async def start_node(
@@ -81,11 +111,11 @@ async def start_node(
         node, job, int(timing.ttl * 1000), timing, jitter, start_cursor, state_dir, handover_after
     )
     log = structlog.get_logger().bind(node=node, job=job)
-    from actors.observe import NodeObserver
-
     observer = NodeObserver(node, job)
     observer.listeners.append(recorder.listener(node))
-    handle: NodeHandle = await nursery.start(
-        run_node, store or store_for(url, job), source, spec, log, observer
-    )
+    handle: NodeHandle
+    if store is None:  # the node's own store, closed when the node ends
+        handle = await nursery.start(_run_node_on_own_store, url, job, source, spec, log, observer)
+    else:
+        handle = await nursery.start(run_node, store, source, spec, log, observer)
     return handle

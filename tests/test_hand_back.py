@@ -15,7 +15,7 @@ import trio
 from actors.lease_store import Acquired, Held, LeaseStore, StateLost
 from actors.source import SyntheticSource
 from ingestion.local_redis import LocalRedis
-from tests.nodes import Recorder, start_node, store_for
+from tests.nodes import OpenStore, Recorder, start_node
 
 LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)
 
@@ -23,9 +23,8 @@ LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)
 class PausedCampaigns(LeaseStore):
     """A real lease store whose acquires wait, once armed, until the test lets them go."""
 
-    def __init__(self, url: str, job: str) -> None:
-        base = store_for(url, job)
-        super().__init__(base.client, job, base.call_timeout)
+    def __init__(self, base: LeaseStore) -> None:
+        super().__init__(base.client, base.job, base.call_timeout)
         self.armed = False
         self.waiting = trio.Event()
         self.go = trio.Event()
@@ -39,10 +38,10 @@ class PausedCampaigns(LeaseStore):
 
 
 async def test_a_hand_back_queued_during_a_campaign_does_not_end_the_next_term(
-    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
 ) -> None:
     rec = Recorder()
-    store = PausedCampaigns(redis_server.url, job)
+    store = PausedCampaigns(open_store(redis_server.url, job))
     async with trio.open_nursery() as nursery:
         a = await start_node(nursery, rec, redis_server.url, job, "a", LIVE, store=store)
         await rec.wait_for("became-leader", "a", token=1)

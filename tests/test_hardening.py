@@ -17,8 +17,7 @@ from actors.lease import Extended, LeaseMachine, LeaseTiming, Lost, LostReason
 from actors.lease_store import Acquired, job_keys
 from actors.source import Batch, Record, SyntheticSource
 from ingestion.local_redis import LocalRedis
-from tests.conftest import make_store
-from tests.nodes import FAST_TIMING, Recorder, start_node
+from tests.nodes import FAST_TIMING, OpenStore, Recorder, start_node
 from tests.tcp_proxy import TcpProxy
 from tests.test_election import assert_exactly_once_in_order
 
@@ -26,11 +25,11 @@ LIVE_SOURCE = SyntheticSource(total=None, batch_size=5, interval=0.02)
 
 
 async def test_a_notice_published_while_nobody_waits_survives_the_resubscription(
-    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
 ) -> None:
     """A notice that reached the old subscription between two waits must not be dropped when the
     next wait renews the subscription (it used to close the old connection unread)."""
-    store = make_store(redis_server.url, job)
+    store = open_store(redis_server.url, job, timeout=0.25)
     notices = store.release_notices()
     try:
         assert await notices.wait(0.05) is None  # subscribed
@@ -40,7 +39,6 @@ async def test_a_notice_published_while_nobody_waits_survives_the_resubscription
         assert await notices.wait(1.0) == "other-node"
     finally:
         notices.close()
-        store.client.close()
 
 
 class BadBatches:
@@ -149,7 +147,7 @@ async def test_two_processes_with_one_node_id_do_not_livelock(
 
 
 async def test_a_node_stopped_after_an_acquire_with_unknown_outcome_frees_the_lease(
-    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
 ) -> None:
     """The acquire left while Redis was unreachable, timed out, and was applied later (it sat in
     the network): the node, asked to stop, finds the lease under its id and releases it instead of
@@ -173,7 +171,7 @@ async def test_a_node_stopped_after_an_acquire_with_unknown_outcome_frees_the_le
         # Whether those bytes ever left a's process is up to the connection pool (a timed-out
         # handshake sends no script), so the late application is made certain: the same acquire,
         # for a's id, applied by Redis while a still hears nothing.
-        late = await make_store(redis_server.url, job).acquire("a", int(timing.ttl * 1000))
+        late = await open_store(redis_server.url, job, timeout=0.25).acquire("a", int(timing.ttl * 1000))
         assert isinstance(late, Acquired), late
         assert redis_client.get(lease_key) == f"{late.token}|a"
         proxy.set_mode("forward")

@@ -4,7 +4,6 @@ records the gap in the audit stream and resumes from the oldest retained ledger.
 
 from __future__ import annotations
 
-import json
 import sys
 
 import pytest
@@ -16,7 +15,8 @@ from ingestion.horizon.source import HorizonSource
 from ingestion.local_redis import LocalRedis
 from ingestion.node import audit_writer
 from ingestion.simulator import Simulator, SimulatorConfig, open_simulator
-from tests.nodes import Recorder, start_node, store_for
+from tests.helpers import json_lines, wait_until
+from tests.nodes import OpenStore, Recorder, start_node
 
 CONFIG = SimulatorConfig(ledger_interval=None, history_ledgers=10, ops_per_ledger=4, retention_ledgers=20)
 
@@ -27,9 +27,8 @@ async def ingest_everything_then_stop(sim: Simulator, url: str, job: str, client
     total = len(sim.records("/operations"))
     async with trio.open_nursery() as nursery:
         node = await start_node(nursery, Recorder(), url, job, "first", source)
-        with trio.fail_after(10):
-            while client.xlen(job_keys(job)["events"]) < total:  # noqa: ASYNC110
-                await trio.sleep(0.02)
+        events = job_keys(job)["events"]
+        await wait_until(lambda: client.xlen(events) >= total, 10, what=f"all {total} records in the stream")
         await node.shutdown()
     cursor = client.hget(job_keys(job)["cursor"], "cursor")
     assert cursor == sim.records("/operations")[-1]["paging_token"]
@@ -54,7 +53,7 @@ async def test_a_stopped_job_restarted_after_its_cursor_fell_out_of_retention_ex
         with trio.fail_after(30):
             done = await trio.run_process(args, capture_stdout=True, capture_stderr=True, check=False)
         elder = sim.chain.first
-    lines = [json.loads(line) for line in done.stdout.decode().splitlines() if line.startswith("{")]
+    lines = json_lines(done.stdout)
     assert done.returncode == 1, done.stderr.decode()[-2000:]
     gap = next(e for e in lines if e["event"] == "history-gap")
     assert gap["level"] == "error"
@@ -68,7 +67,7 @@ async def test_a_stopped_job_restarted_after_its_cursor_fell_out_of_retention_ex
 
 
 async def test_on_history_gap_skip_writes_a_fenced_audit_entry_and_resumes_from_the_elder_ledger(
-    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
 ) -> None:
     async with open_simulator(CONFIG) as sim:
         cursor = await ingest_everything_then_stop(sim, redis_server.url, job, redis_client)
@@ -76,7 +75,7 @@ async def test_on_history_gap_skip_writes_a_fenced_audit_entry_and_resumes_from_
         for _ in range(40):
             sim.close_ledger()
         retained = [r["paging_token"] for r in sim.records("/operations")]
-        store = store_for(redis_server.url, job)
+        store = open_store(redis_server.url, job)
         source = HorizonSource(
             sim.url, "/operations", retry_base=0.05, retry_cap=0.2,
             on_history_gap="skip", audit=audit_writer(store),
@@ -85,9 +84,11 @@ async def test_on_history_gap_skip_writes_a_fenced_audit_entry_and_resumes_from_
         async with trio.open_nursery() as nursery:
             node = await start_node(nursery, rec, redis_server.url, job, "skipper", source, store=store)
             led = await rec.wait_for("became-leader", "skipper")
-            with trio.fail_after(10):
-                while redis_client.xlen(job_keys(job)["events"]) < events_before + len(retained):  # noqa: ASYNC110
-                    await trio.sleep(0.02)
+            wanted = events_before + len(retained)
+            await wait_until(
+                lambda: redis_client.xlen(job_keys(job)["events"]) >= wanted, 10,
+                what=f"the {len(retained)} retained records in the stream after the gap",
+            )  # fmt: skip
             await node.shutdown()
         elder = sim.chain.first
     keys = job_keys(job)

@@ -20,8 +20,7 @@ from ingestion.gaps import history_gap_listener, record_history_gap
 from ingestion.local_redis import LocalRedis
 from ingestion.metrics import NodeMetrics, serve_metrics
 from ingestion.node import _count_history_gap
-from tests.conftest import make_store
-from tests.nodes import Recorder, start_node
+from tests.nodes import OpenStore, Recorder, start_node
 
 LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)
 LOG = structlog.get_logger()
@@ -181,10 +180,11 @@ async def test_events_stream_length_trimmed_and_the_slowest_group_are_read_at_ea
         nursery.cancel_scope.cancel()
 
 
-async def test_no_metric_label_clashes_with_prometheus_target_labels() -> None:
+async def test_no_metric_label_clashes_with_prometheus_target_labels(open_store: OpenStore) -> None:
     observer = NodeObserver("a", "j")
     observer.election_event("lost-leadership", token=1, reason="shutdown")
-    metrics = NodeMetrics(observer, stream_info={"j": make_store("redis://127.0.0.1:1", "j").events_info})
+    store = open_store("redis://127.0.0.1:1", "j", timeout=0.25)
+    metrics = NodeMetrics(observer, stream_info={"j": store.events_info})
     families = list(text_string_to_metric_families(metrics.exposition().decode()))
     labels = {name for f in families for s in f.samples for name in s.labels}
     assert "ingestion_job" in labels
@@ -213,9 +213,9 @@ async def test_livez_answers_whatever_the_node_state() -> None:
 
 
 async def test_readyz_waits_for_the_election_then_fails_once_redis_is_silent_for_a_ttl(
-    private_redis: LocalRedis, job: str
+    private_redis: LocalRedis, job: str, open_store: OpenStore
 ) -> None:
-    store = make_store(private_redis.url, job)
+    store = open_store(private_redis.url, job, timeout=0.25)
     observer = NodeObserver("n", job)
     ttl = 0.5
     async with trio.open_nursery() as nursery:
@@ -255,10 +255,12 @@ async def test_readyz_waits_for_the_election_then_fails_once_redis_is_silent_for
         nursery.cancel_scope.cancel()
 
 
-async def test_readyz_is_503_when_redis_never_answered_and_names_the_error(job: str) -> None:
+async def test_readyz_is_503_when_redis_never_answered_and_names_the_error(
+    job: str, open_store: OpenStore
+) -> None:
     observer = NodeObserver("n", job)
     observer.election_event("standby", leader=None, token=None)
-    store = make_store("redis://127.0.0.1:1/0", job)  # nothing listens on port 1
+    store = open_store("redis://127.0.0.1:1/0", job, timeout=0.25)  # nothing listens on port 1
     async with trio.open_nursery() as nursery:
         port = await nursery.start(
             functools.partial(serve_metrics, stream_info={job: store.events_info}),

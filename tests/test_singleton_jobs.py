@@ -12,15 +12,16 @@ from actors.lease_store import CommitRejected, LeaseStore, job_keys
 from actors.scheduled import ScheduledJob
 from actors.source import SyntheticSource, TermContext
 from ingestion.local_redis import LocalRedis
-from tests.nodes import Recorder, start_node, store_for
+from tests.helpers import wait_until
+from tests.nodes import OpenStore, Recorder, start_node
 
 
 async def test_a_periodic_job_runs_each_run_once_across_a_handoff_with_fenced_side_effects(
-    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
 ) -> None:
     keys = job_keys(job)
     state_key = f"ingestion:{{{job}}}:retention"
-    effects = store_for(redis_server.url, job)
+    effects = open_store(redis_server.url, job)
     executed: list[tuple[int, int]] = []
 
     async def retention(run: int, term: TermContext) -> dict[str, Any]:
@@ -39,9 +40,9 @@ async def test_a_periodic_job_runs_each_run_once_across_a_handoff_with_fenced_si
         await rec.wait_for("committed", "a", count=10)
         await a.shutdown()
         await rec.wait_for("became-leader", "b")
-        with trio.fail_after(10):
-            while redis_client.hget(keys["cursor"], "cursor") != "40":  # noqa: ASYNC110
-                await trio.sleep(0.02)
+        await wait_until(
+            lambda: redis_client.hget(keys["cursor"], "cursor") == "40", 10, what="run 40 committed"
+        )
         await b.shutdown()
     runs = [json.loads(f["record"]) for _id, f in redis_client.xrange(keys["events"])]
     assert [r["run"] for r in runs] == list(range(1, 41))
@@ -56,9 +57,9 @@ async def test_a_periodic_job_runs_each_run_once_across_a_handoff_with_fenced_si
 
 
 async def test_a_stale_leaders_side_effect_is_rejected(
-    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
 ) -> None:
-    store: LeaseStore = store_for(redis_server.url, job, timeout=1.0)
+    store: LeaseStore = open_store(redis_server.url, job, timeout=1.0)
     state_key = f"ingestion:{{{job}}}:state"
     await store.acquire("a", 5000)
     assert await store.fenced_hset("a", 1, state_key, {"v": "1"}) is None

@@ -17,8 +17,7 @@ from actors.lease_store import Acquired, Held, StateLost, job_keys
 from actors.source import Batch, Record, SyntheticSource
 from actors.token_memory import TokenMemory
 from ingestion.local_redis import LocalRedis
-from tests.conftest import make_store
-from tests.nodes import Recorder, start_node
+from tests.nodes import OpenStore, Recorder, start_node
 
 SLOW = SyntheticSource(total=None, batch_size=5, interval=0.05)
 
@@ -56,9 +55,9 @@ async def test_a_counter_lost_before_the_first_commit_does_not_stop_the_job(
 
 
 async def test_acquire_says_state_lost_only_to_a_caller_that_saw_a_commit(
-    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
 ) -> None:
-    store = make_store(redis_server.url, job)
+    store = open_store(redis_server.url, job, timeout=0.25)
     grant = await store.acquire("a", 60_000)
     assert isinstance(grant, Acquired) and grant.token == 1
     held = await store.acquire("b", 60_000, known_token=1)

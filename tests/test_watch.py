@@ -16,7 +16,7 @@ from actors.supervisor import NodeHandle, NodeSpec, run_node
 from ingestion.local_redis import LocalRedis
 from ingestion.status import serve_status
 from ingestion.watch import ClusterView, describe_event, normalise_url, watch
-from tests.nodes import FAST_TIMING, Recorder, store_for
+from tests.nodes import FAST_TIMING, Recorder, lease_store
 from tests.ports import closed_port
 from tests.tcp_proxy import TcpProxy
 
@@ -56,11 +56,11 @@ async def start_node_with_status(
     spec = NodeSpec(name, job, int(FAST_TIMING.ttl * 1000), FAST_TIMING, 0.01, "0")
 
     async def node(*, task_status: trio.TaskStatus[tuple[NodeHandle, trio.CancelScope]]) -> None:
-        with trio.CancelScope() as scope:
+        with trio.CancelScope() as scope, lease_store(url, job) as store:
             async with trio.open_nursery() as inner:
                 proxy.target_port = await inner.start(serve_status, "127.0.0.1", 0, observer, log)
                 proxy.set_mode("forward")
-                handle = await inner.start(run_node, store_for(url, job), LIVE, spec, log, observer)
+                handle = await inner.start(run_node, store, LIVE, spec, log, observer)
                 task_status.started((handle, scope))
 
     result: tuple[NodeHandle, trio.CancelScope] = await nursery.start(node)

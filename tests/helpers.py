@@ -1,0 +1,77 @@
+"""Waiting for a condition and reading a child's JSON lines: the two things many tests do.
+
+A test that polls (Redis, a counter, a flag another process sets) calls :func:`wait_until` with the
+bound it allows and words for what it waits for, so a run that times out says what never happened
+instead of a bare ``TooSlowError``. A test that runs a node or a tool as a child process reads its
+structured log with :func:`json_lines` (the whole output, after exit) or :func:`read_json_lines`
+(as it is written, in a task of its own).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import trio
+
+T = TypeVar("T")
+
+POLL_EVERY = 0.02
+
+
+async def wait_until(predicate: Callable[[], T], within: float, *, what: str, every: float = POLL_EVERY) -> T:
+    """Call ``predicate`` every ``every`` seconds until it returns something true, and return that.
+
+    Args:
+        predicate: a cheap synchronous check (a Redis read, a counter, a list of log lines); it is
+            called once more at the deadline, so a condition met while the test slept still counts.
+        within: seconds to wait, at most.
+        what: the condition in words, for the failure message.
+
+    Raises:
+        AssertionError: ``predicate`` was still false ``within`` seconds later, naming ``what``.
+    """
+    with trio.move_on_after(within):
+        while True:
+            value = predicate()
+            if value:
+                return value
+            await trio.sleep(every)
+    value = predicate()
+    if value:
+        return value
+    raise AssertionError(f"waited {within} s for {what}, in vain")
+
+
+def json_lines(output: bytes | str) -> list[dict[str, Any]]:
+    """The JSON objects among a finished child's output lines (other lines, e.g. a traceback, are
+    skipped)."""
+    text = output.decode() if isinstance(output, bytes) else output
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+async def output_lines(stream: trio.abc.ReceiveStream) -> AsyncIterator[bytes]:
+    """Each complete line a child writes to ``stream`` (without its newline) as it arrives, then
+    the unterminated rest, if any, once the stream ends (or is closed under us)."""
+    buffer = b""
+    while True:
+        try:
+            chunk = await stream.receive_some(65536)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            chunk = b""
+        if not chunk:
+            break
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        for line in complete:
+            yield line
+    if buffer:
+        yield buffer
+
+
+async def read_json_lines(stream: trio.abc.ReceiveStream, into: list[dict[str, Any]]) -> None:
+    """Append each JSON object line the child writes to ``stream`` to ``into``, until it ends."""
+    async for line in output_lines(stream):
+        if line.startswith(b"{"):
+            into.append(json.loads(line))
