@@ -154,6 +154,7 @@ class Balancer:
     # that the node's Electors, asking side by side, cannot all go for a lease at once.
     _pending: dict[str, float] = attrs.Factory(dict)
     _adopting: set[str] = attrs.Factory(set)
+    _seen: set[str] = attrs.Factory(set)  # every node ever seen live in the registry
     _viewed_at: float = -math.inf
     _registry_down: bool = False
     _last_signature: tuple[object, ...] | None = None
@@ -172,7 +173,8 @@ class Balancer:
         jobs = tuple(j for j in self.jobs if j not in self.stopped)
         able = {j: a for j in jobs if (a := self.able(j)) is not None}
         leaders = {j: (self.node if self.leading(j) else self.holder(j)) for j in jobs}
-        return Picture(self.node, frozenset(self.live), jobs, able, leaders)
+        departed = frozenset(self._seen - set(self.live))
+        return Picture(self.node, frozenset(self.live), jobs, able, leaders, departed)
 
     def job_stopped(self, job: str) -> None:
         """``job`` failed for good on this node: it no longer counts in the share."""
@@ -251,6 +253,7 @@ class Balancer:
             self.log.info("balancer-registry-available")
         self._viewed_at = trio.current_time()
         self.live = tuple(sorted(set(live) | {self.node}))
+        self._seen |= set(self.live)
         picture = self.picture()
         signature = (picture.signature(), picture.share)
         if signature != self._last_signature:

@@ -174,13 +174,14 @@ class Picture:
     jobs: tuple[str, ...]
     able: Mapping[str, frozenset[str]] = attrs.field(factory=dict)
     leaders: Mapping[str, str | None] = attrs.field(factory=dict)
+    departed: frozenset[str] = frozenset()  # seen in the registry, no longer live there
 
     def able_nodes(self, job: str) -> frozenset[str]:
-        # Known ability wins over the registry: a node hosting a single job runs no balancer
-        # and so never heartbeats into it; a crashed node's entry stops counting within
-        # HEALTHY_WITHIN_TTLS TTLs.
+        # Known ability wins over the registry (a node hosting a single job runs no balancer and
+        # so never heartbeats into it), except for a node that left it: a drained node is gone
+        # at once, not after its health entry ages out.
         others = self.able.get(job)
-        return frozenset(self.live if others is None else others) | {self.node}
+        return (frozenset(self.live if others is None else others) - self.departed) | {self.node}
 
     @property
     def share(self) -> int:

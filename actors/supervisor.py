@@ -233,6 +233,9 @@ class JobsHandle:
             self.balancer.draining = True
             await self.balancer.leave()
         for handle in self.handles.values():
+            if handle.watch is not None:
+                await handle.watch.forget()  # no longer able: the placement skips this node
+        for handle in self.handles.values():
             await handle.shutdown(signal)
 
 

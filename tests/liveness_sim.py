@@ -199,7 +199,10 @@ class World:
             for job in node.jobs
         }
         leaders = {job: (node.name if j.leading else j.seen_holder) for job, j in node.jobs.items()}
-        return self.rules.Picture(node.name, live, tuple(sorted(node.jobs)), able, leaders)
+        departed = frozenset(registry) - live
+        if self.rules is _old_rules():
+            return self.rules.Picture(node.name, live, tuple(sorted(node.jobs)), able, leaders)
+        return self.rules.Picture(node.name, live, tuple(sorted(node.jobs)), able, leaders, departed)
 
     def held(self, node: Node) -> set[str]:
         return {job for job, j in node.jobs.items() if j.leading or j.campaign_at is not None}
@@ -430,3 +433,9 @@ def run(seed: int, rules: ModuleType, *, events: int = 12, probe_root: bool = Fa
         world.trace[-25:]
     )
     return world
+
+
+def _old_rules() -> ModuleType:
+    from tests import liveness_old_rules
+
+    return liveness_old_rules
