@@ -7,13 +7,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import attrs
+import redis
 import structlog
 import trio
 
 from actors.lease import LeaseTiming
-from actors.lease_store import LeaseStore, connect
+from actors.lease_store import LeaseStore, connect, job_keys
 from actors.observe import NodeObserver
-from actors.source import Source
+from actors.source import Source, SyntheticSource
 from actors.supervisor import NodeHandle, NodeSpec, run_node
 
 FAST_TIMING = LeaseTiming(ttl=1.5, renew_interval=0.3, margin=0.4, drift=0.01)
@@ -119,3 +120,19 @@ async def start_node(
     else:
         handle = await nursery.start(run_node, store, source, spec, log, observer)
     return handle
+
+
+def events_in_stream(client: redis.Redis, job: str) -> list[tuple[int, str, str]]:
+    """(record index, token, node) for every entry of the job's events stream, in order: the
+    records of a :class:`SyntheticSource`."""
+    entries = client.xrange(job_keys(job)["events"])
+    return [
+        (SyntheticSource.index_of(f["paging_token"]), f["token"], f["node"]) for _id, f in entries
+    ]
+
+
+def assert_exactly_once_in_order(client: redis.Redis, job: str) -> int:
+    """The job's events stream holds synthetic records 1..n, each once, in order; returns n."""
+    indexes = [i for i, _t, _n in events_in_stream(client, job)]
+    assert indexes == list(range(1, len(indexes) + 1)), "gap, duplicate or reordering"
+    return len(indexes)

@@ -13,24 +13,10 @@ from actors.lease_store import job_keys
 from actors.source import SyntheticSource
 from ingestion.local_redis import LocalRedis
 from ingestion.verify import SourceRecord, check_stream, read_entries, read_grants
-from tests.nodes import FAST_TIMING, Recorder, start_node
+from tests.nodes import FAST_TIMING, Recorder, assert_exactly_once_in_order, events_in_stream, start_node
 from tests.tcp_proxy import TcpProxy
 
 LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)
-
-
-def events_in_stream(client: redis.Redis, job: str) -> list[tuple[int, str, str]]:
-    """(record index, token, node) for every entry of the job's events stream, in order."""
-    entries = client.xrange(job_keys(job)["events"])
-    return [
-        (SyntheticSource.index_of(f["paging_token"]), f["token"], f["node"]) for _id, f in entries
-    ]
-
-
-def assert_exactly_once_in_order(client: redis.Redis, job: str) -> int:
-    indexes = [i for i, _t, _n in events_in_stream(client, job)]
-    assert indexes == list(range(1, len(indexes) + 1)), "gap, duplicate or reordering"
-    return len(indexes)
 
 
 def assert_one_writer_per_term(client: redis.Redis, job: str) -> int:

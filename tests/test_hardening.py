@@ -17,9 +17,8 @@ from actors.lease import Extended, LeaseMachine, LeaseTiming, Lost, LostReason
 from actors.lease_store import Acquired, job_keys
 from actors.source import Batch, Record, SyntheticSource
 from ingestion.local_redis import LocalRedis
-from tests.nodes import FAST_TIMING, OpenStore, Recorder, start_node
+from tests.nodes import FAST_TIMING, OpenStore, Recorder, assert_exactly_once_in_order, start_node
 from tests.tcp_proxy import TcpProxy
-from tests.test_election import assert_exactly_once_in_order
 
 LIVE_SOURCE = SyntheticSource(total=None, batch_size=5, interval=0.02)
 

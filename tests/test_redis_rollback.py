@@ -19,8 +19,7 @@ from actors.source import SyntheticSource
 from actors.token_memory import TokenMemory
 from ingestion.local_redis import LocalRedis
 from tests.conftest import make_store
-from tests.nodes import Recorder, start_node
-from tests.test_election import assert_exactly_once_in_order, events_in_stream
+from tests.nodes import Recorder, assert_exactly_once_in_order, events_in_stream, start_node
 
 SLOW = SyntheticSource(total=None, batch_size=5, interval=0.05)
 
