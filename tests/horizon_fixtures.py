@@ -15,8 +15,6 @@ from urllib.parse import parse_qsl, urlsplit
 import attrs
 import trio
 
-from tests.ports import closed_port
-
 
 @attrs.frozen
 class Request:
@@ -139,10 +137,3 @@ async def serve_script(
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, serve, listeners)
         task_status.started(f"http://127.0.0.1:{port}")
-
-
-async def closed_port_url() -> str:
-    """A URL on 127.0.0.1 where nothing listens (connections are refused), and nothing will: the
-    port stays held (:func:`tests.ports.closed_port`)."""
-    await trio.lowlevel.checkpoint()
-    return f"http://127.0.0.1:{closed_port()}"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import socket
 
+import trio
+
 _held: list[socket.socket] = []
 
 
@@ -18,3 +20,10 @@ def closed_port() -> int:
     s.bind(("127.0.0.1", 0))
     _held.append(s)
     return int(s.getsockname()[1])
+
+
+async def closed_port_url() -> str:
+    """A URL on 127.0.0.1 where nothing listens (connections are refused), and nothing will: the
+    port stays held (:func:`closed_port`)."""
+    await trio.lowlevel.checkpoint()
+    return f"http://127.0.0.1:{closed_port()}"

@@ -1,7 +1,9 @@
-"""Helpers for the simulator tests: a running simulator and a raw SSE reader."""
+"""Helpers for the simulator tests: a running simulator, a raw SSE reader, and a HorizonSource
+following a simulator whose records it is checked against."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -14,7 +16,12 @@ from typing import Any
 import attrs
 import httpx
 import trio
+import trio.lowlevel
 
+from actors.source import Batch, Record, SourceFatalError
+from ingestion.horizon.core import compact_json
+from ingestion.horizon.source import HorizonSource
+from ingestion.paging import token_key
 from ingestion.simulator import Simulator, SimulatorConfig, open_simulator
 
 SAFETY_SECONDS = 5.0  # no test stream should take this long; fail rather than hang
@@ -113,3 +120,75 @@ async def simulator_process(*flags: str) -> AsyncIterator[tuple[trio.Process, di
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def source_for(urls: str | list[str], **settings: Any) -> HorizonSource:
+    """A HorizonSource with short timeouts and retries (``settings`` override them)."""
+    defaults: dict[str, Any] = {
+        "connect_timeout": 2.0,
+        "read_timeout": 2.0,
+        "stream_idle_timeout": 5.0,
+        "retry_base": 0.02,
+        "retry_cap": 0.2,
+        "retry_after_cap": 0.2,
+    }
+    defaults.update(settings)
+    return HorizonSource(urls, **defaults)
+
+
+class Follower:
+    """Runs ``source.stream(cursor)`` in the background and records every batch."""
+
+    def __init__(self) -> None:
+        self.batches: list[Batch] = []
+        self.records: list[Record] = []
+        self.error: BaseException | None = None
+        self._changed = trio.Event()
+
+    async def run(self, source: HorizonSource, cursor: str) -> None:
+        try:
+            async with source.stream(cursor) as batches:
+                async for batch in batches:
+                    self.batches.append(batch)
+                    self.records.extend(batch.records)
+                    self._changed.set()
+                    self._changed = trio.Event()
+        except SourceFatalError as exc:
+            self.error = exc
+            self._changed.set()
+
+    async def wait_for(self, count: int, within: float = 15.0) -> None:
+        with trio.fail_after(within):
+            while len(self.records) < count and self.error is None:
+                await self._changed.wait()
+
+
+@asynccontextmanager
+async def following(
+    source: HorizonSource, cursor: str
+) -> AsyncIterator[tuple[Follower, trio.Nursery]]:
+    follower = Follower()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(follower.run, source, cursor)
+        yield follower, nursery
+        nursery.cancel_scope.cancel()
+
+
+def check_exact(got: list[Record], expected: list[dict[str, Any]]) -> None:
+    """Same records in the same order; bodies exactly as the simulator streams them."""
+    assert [r.paging_token for r in got] == [e["paging_token"] for e in expected]
+    for record, want in zip(got, expected, strict=True):
+        assert record.body == compact_json(want), record.paging_token
+    keys = [token_key(r.paging_token) for r in got]
+    assert all(a < b for a, b in itertools.pairwise(keys))
+
+
+def after(sim: Simulator, resource: str, cursor: str) -> list[dict[str, Any]]:
+    key = token_key(cursor)
+    return [r for r in sim.records(resource) if token_key(r["paging_token"]) > key]
+
+
+async def close_ledgers(sim: Simulator, n: int) -> None:
+    for _ in range(n):
+        sim.close_ledger()
+        await trio.lowlevel.checkpoint()

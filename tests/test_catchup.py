@@ -19,7 +19,7 @@ from ingestion.horizon.catchup import (
 )
 from ingestion.simulator import SimulatorConfig, open_simulator
 from tests.cluster import open_cluster
-from tests.test_horizon_simulator import check_exact, following, source_for
+from tests.simulator_fixtures import check_exact, following, source_for
 
 
 def toid(ledger: int, tx: int = 0, op: int = 0) -> int:

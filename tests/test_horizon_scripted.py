@@ -12,15 +12,8 @@ import trio
 from actors.source import Record, SourceFatalError
 from ingestion.horizon.source import HorizonSource
 from ingestion.paging import toid
-from tests.horizon_fixtures import (
-    Reply,
-    Request,
-    closed_port_url,
-    page_reply,
-    problem,
-    serve_script,
-    sse_frame,
-)
+from tests.horizon_fixtures import Reply, Request, page_reply, problem, serve_script, sse_frame
+from tests.ports import closed_port_url
 
 
 def tok(i: int) -> str:

@@ -7,11 +7,7 @@ simulator streams (``compact_json`` of the record is exactly the simulator's com
 
 from __future__ import annotations
 
-import itertools
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
 
 import attrs
 import httpx
@@ -21,85 +17,14 @@ import trio
 import trio.lowlevel
 from httpx_sse import aconnect_sse
 
-from actors.source import Batch, Record, SourceFatalError
-from ingestion.horizon.core import compact_json
-from ingestion.horizon.source import HorizonSource
-from ingestion.paging import toid, token_key
+from actors.source import Record, SourceFatalError
+from ingestion.paging import toid
 from ingestion.simulator import MalformedKind, Simulator, SimulatorConfig, open_simulator
-from tests.horizon_fixtures import closed_port_url
+from tests.helpers import wait_until
+from tests.ports import closed_port_url
+from tests.simulator_fixtures import Follower, after, check_exact, close_ledgers, following, source_for
 
 SMALL = SimulatorConfig(ledger_interval=None, history_ledgers=20, ops_per_ledger=10)
-
-
-def source_for(urls: str | list[str], **settings: Any) -> HorizonSource:
-    defaults: dict[str, Any] = {
-        "connect_timeout": 2.0,
-        "read_timeout": 2.0,
-        "stream_idle_timeout": 5.0,
-        "retry_base": 0.02,
-        "retry_cap": 0.2,
-        "retry_after_cap": 0.2,
-    }
-    defaults.update(settings)
-    return HorizonSource(urls, **defaults)
-
-
-class Follower:
-    """Runs ``source.stream(cursor)`` in the background and records every batch."""
-
-    def __init__(self) -> None:
-        self.batches: list[Batch] = []
-        self.records: list[Record] = []
-        self.error: BaseException | None = None
-        self._changed = trio.Event()
-
-    async def run(self, source: HorizonSource, cursor: str) -> None:
-        try:
-            async with source.stream(cursor) as batches:
-                async for batch in batches:
-                    self.batches.append(batch)
-                    self.records.extend(batch.records)
-                    self._changed.set()
-                    self._changed = trio.Event()
-        except SourceFatalError as exc:
-            self.error = exc
-            self._changed.set()
-
-    async def wait_for(self, count: int, within: float = 15.0) -> None:
-        with trio.fail_after(within):
-            while len(self.records) < count and self.error is None:
-                await self._changed.wait()
-
-
-@asynccontextmanager
-async def following(
-    source: HorizonSource, cursor: str
-) -> AsyncIterator[tuple[Follower, trio.Nursery]]:
-    follower = Follower()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(follower.run, source, cursor)
-        yield follower, nursery
-        nursery.cancel_scope.cancel()
-
-
-def check_exact(got: list[Record], expected: list[dict[str, Any]]) -> None:
-    """Same records in the same order; bodies exactly as the simulator streams them."""
-    assert [r.paging_token for r in got] == [e["paging_token"] for e in expected]
-    for record, want in zip(got, expected, strict=True):
-        assert record.body == compact_json(want), record.paging_token
-    keys = [token_key(r.paging_token) for r in got]
-    assert all(a < b for a, b in itertools.pairwise(keys))
-
-
-def after(sim: Simulator, resource: str, cursor: str) -> list[dict[str, Any]]:
-    key = token_key(cursor)
-    return [r for r in sim.records(resource) if token_key(r["paging_token"]) > key]
-
-
-async def close_ledgers(sim: Simulator, n: int) -> None:
-    for _ in range(n):
-        sim.close_ledger()
-        await trio.lowlevel.checkpoint()
 
 
 # --- catch-up and live -----------------------------------------------------------------------
@@ -137,10 +62,14 @@ async def test_cursor_now_yields_only_new_records() -> None:
     async with open_simulator(SMALL) as sim:
         before = len(sim.records("/operations"))
         async with following(source_for(sim.url), "now") as (f, _):
-            with trio.fail_after(10):
-                while len(f.records) < 20:  # ledgers closed before the stream opened are not new
-                    await close_ledgers(sim, 1)
-                    await trio.sleep(0.1)
+
+            def twenty_new_records() -> bool:  # ledgers closed before the stream opened are not new
+                if len(f.records) >= 20:
+                    return True
+                sim.close_ledger()
+                return False
+
+            await wait_until(twenty_new_records, 10, what="20 records from new ledgers", every=0.1)
         full = sim.records("/operations")
         start = [r["paging_token"] for r in full].index(f.records[0].paging_token)
         assert start >= before
@@ -509,9 +438,9 @@ async def test_a_stale_horizon_is_left_for_a_fresh_one() -> None:
         )
         with structlog.testing.capture_logs() as logs:
             async with following(source, cursor) as (f, _):
-                with trio.fail_after(5):
-                    while not stale.active_streams:  # noqa: ASYNC110 - a counter, bounded
-                        await trio.sleep(0.01)
+                await wait_until(
+                    lambda: stale.active_streams, 5, what="a stream open on the stale Horizon", every=0.01
+                )
                 stale.faults.freeze_ingestion(60)  # answers 200 with nothing new from now on
                 await close_ledgers(stale, 5)
                 await close_ledgers(fresh, 5)
