@@ -1,4 +1,4 @@
-"""Waiting for a condition and reading a child's JSON lines: the two things many tests do.
+"""Waiting for a condition, and running a child and reading its JSON lines: what many tests do.
 
 A test that polls (Redis, a counter, a flag another process sets) calls :func:`wait_until` with the
 bound it allows and words for what it waits for, so a run that times out says what never happened
@@ -10,6 +10,7 @@ structured log with :func:`json_lines` (the whole output, after exit) or :func:`
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -42,6 +43,12 @@ async def wait_until(predicate: Callable[[], T], within: float, *, what: str, ev
     if value:
         return value
     raise AssertionError(f"waited {within} s for {what}, in vain")
+
+
+def child_env() -> dict[str, str]:
+    """The environment for a child ``python -m ingestion``: ours without ``INGESTION_*``, so a
+    setting exported where the tests run cannot change what the child is told."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("INGESTION_")}
 
 
 def json_lines(output: bytes | str) -> list[dict[str, Any]]:

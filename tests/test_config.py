@@ -12,6 +12,7 @@ import pytest
 from actors.lease_store import parse_sentinel_url
 from ingestion.cli import _run_parser
 from ingestion.config import FLAGS, SCHEMA, ConfigError, Settings, load, redact_url, sample_toml
+from tests.helpers import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -157,7 +158,7 @@ def test_sentinel_urls_parse_and_say_what_is_missing() -> None:
 def test_cli_exits_2_with_one_line_per_problem_naming_the_setting(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[lease]\nttl_ms = 50\nrenew_intervall_ms = 3\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INGESTION_")}
+    env = child_env()
     env["INGESTION_OBSERVE_STATUS_PORT"] = "x"
     done = subprocess.run(
         [sys.executable, "-m", "ingestion", "--config", str(bad), "--redis", "redis://:pw@h:1/0",

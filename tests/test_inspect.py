@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any
 
@@ -16,16 +15,16 @@ from actors.source import Record
 from ingestion.local_redis import LocalRedis
 from ingestion.paging import toid_parts, token_key
 from ingestion.simulator.server import SimulatorConfig, open_simulator
+from tests.helpers import child_env
 
 CONTRACT_KEYS = {"job", "leader", "token", "lease_ttl_ms_left", "cursor", "events", "audit"}
 
 
 async def run_inspect(*args: str) -> trio.CompletedProcess[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INGESTION_")}
     with trio.fail_after(30):
         return await trio.run_process(
             [sys.executable, "-m", "ingestion", "inspect", *args],
-            capture_stdout=True, capture_stderr=True, check=False, env=env,
+            capture_stdout=True, capture_stderr=True, check=False, env=child_env(),
         )  # fmt: skip
 
 

@@ -18,7 +18,7 @@ import trio
 from ingestion.paging import token_key
 from ingestion.verify import fetch_source
 from tests.cluster import open_cluster
-from tests.test_tail import env
+from tests.helpers import child_env, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ async def test_trimming_through_failovers_keeps_every_untrimmed_record_exactly_o
         reader = await trio.lowlevel.open_process(
             [sys.executable, "-m", "ingestion", "tail", "--redis", c.redis_url, "--job", job,
              "--group", "reader"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env(),
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=child_env(),
         )  # fmt: skip
         printed = bytearray()
 
@@ -66,12 +66,11 @@ async def test_trimming_through_failovers_keeps_every_untrimmed_record_exactly_o
                     assert await c.terminate(name) == 0
 
             # The reader catches up with everything committed, then stops.
-            with trio.fail_after(20):
-                while True:
-                    group = c.client.xinfo_groups(key)[0]
-                    if group["lag"] == 0 and group["pending"] == 0:
-                        break
-                    await trio.sleep(0.1)
+            def caught_up() -> bool:
+                group = c.client.xinfo_groups(key)[0]
+                return bool(group["lag"] == 0 and group["pending"] == 0)
+
+            await wait_until(caught_up, 20, what="the reader caught up (no lag, none pending)", every=0.1)
             # It flushes each line before acknowledging it; read_output reads the pipe to its end.
             reader.send_signal(signal.SIGINT)
             with trio.fail_after(10):

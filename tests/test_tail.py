@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from actors.lease_store import Acquired, LeaseStore, connect, job_keys
 from actors.source import Record
 from ingestion.local_redis import LocalRedis
 from ingestion.tail import one_line
+from tests.helpers import child_env, wait_until
 
 
 def body(i: int) -> str:
@@ -41,15 +41,11 @@ class Writer:
         self.cursor, self.next = records[-1].paging_token, self.next + count
 
 
-def env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("INGESTION_")}
-
-
 async def tail(*args: str) -> subprocess.CompletedProcess[bytes]:
     with trio.fail_after(30):
         return await trio.run_process(
             [sys.executable, "-m", "ingestion", "tail", *args],
-            capture_stdout=True, capture_stderr=True, check=False, env=env(),
+            capture_stdout=True, capture_stderr=True, check=False, env=child_env(),
         )  # fmt: skip
 
 
@@ -137,7 +133,7 @@ class Follower:
 async def follow(*args: str) -> Follower:
     proc = await trio.lowlevel.open_process(
         [sys.executable, "-m", "ingestion", "tail", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env(),
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=child_env(),
     )  # fmt: skip
     return Follower(proc)
 
@@ -156,12 +152,14 @@ async def blocked_in_xread(url: str, before: set[str], within: float = 15.0) -> 
     tests' clients may be there too) is blocked (flag ``b``) in an XREAD."""
     client = redis.Redis.from_url(url, decode_responses=True)
     try:
-        with trio.fail_after(within):
-            while not any(  # noqa: ASYNC110 (polling Redis)
+        await wait_until(
+            lambda: any(
                 c["id"] not in before and c.get("cmd") == "xread" and "b" in c.get("flags", "")
                 for c in client.client_list()
-            ):
-                await trio.sleep(0.02)
+            ),
+            within,
+            what="the follower blocked in XREAD",
+        )
     finally:
         client.close()
 
