@@ -1,4 +1,4 @@
-"""Structured logging: JSON lines on stdout (CONTRACT.md), or a readable console rendering.
+"""Structured logging: JSON lines on stdout (docs/REFERENCE.md), or a readable console rendering.
 
 Every line carries ``event``, ``timestamp`` (ISO 8601, UTC), ``level``, and the ``node`` and ``job``
 bound by the caller. Wall-clock time appears here and nowhere else.

@@ -41,7 +41,12 @@ KEY_MEANINGS: dict[str, tuple[str, str]] = {
         "stream",
         "one entry per source record: `paging_token`, `token`, `node`, `record` (CONSUMING.md)",
     ),
-    "audit": ("stream", "`became-leader`, `released` and `history-gap` entries (the last 10,000 or so)"),
+    "audit": (
+        "stream",
+        "the last 10,000 or so of: `became-leader` (`previous_node`, `previous_token`, `takeover_ms`; "
+        "`rolled_back_from` after a rollback), `released`, and `history-gap` (`cursor`, `cursor_ledger`, "
+        '`elder_ledger`, `horizon` or `rpc`; only with `on_history_gap = "skip"`)',
+    ),
     "leader": ("hash", "the last holder, its token and its lease's end (Redis time): gives `takeover_ms`"),
     "released": ("pub/sub channel", "release notices that wake the standbys"),
     "health": ("hash", "node -> Redis time (ms) its source last answered (source-aware leadership)"),

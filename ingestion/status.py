@@ -16,7 +16,7 @@ Every client gets, as JSON text messages:
      "redis_errors": 0, "leaderless_seconds": 0.8, "source_up": true,
      "source_ok_seconds_ago": 0.4, "time": "2025-01-01T00:00:00.000Z"}
 
-``event`` (the election event's fields as in the logs, CONTRACT.md)::
+``event`` (the election event's fields as in the logs, docs/REFERENCE.md)::
 
     {"type": "event", "event": "became-leader", "node": "a", "job": "horizon",
      "time": "...", "token": 7, "previous_node": "b", "takeover_ms": 812, ...}

@@ -1,4 +1,4 @@
-"""Logging: JSON lines with the CONTRACT.md keys, console rendering, levels, and no passwords."""
+"""Logging: JSON lines with the keys in docs/REFERENCE.md, console rendering, levels, no passwords."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from tests.test_failover import ALLOWANCE, TTL_MS, assert_verified
 
 pytestmark = pytest.mark.slow
 DOWN_AFTER_MS = 1000
-# README, "Redis high availability": detection (down-after) + promotion (about 1 s) + one lease
+# docs/FAILOVER.md, "Redis high availability": detection (down-after) + promotion (about 1 s) + one lease
 # TTL, plus an allowance for the Redis-retry backoff and a loaded 2-core machine.
 FIRST_COMMIT_BOUND_MS = DOWN_AFTER_MS + 1000 + TTL_MS + 2500
 ECHO = bool(__import__("os").environ.get("ECHO"))
