@@ -30,6 +30,7 @@ from actors.messages import (
 )
 from actors.observe import NodeObserver
 from ingestion.local_redis import LocalRedis
+from tests.helpers import wait_until
 from tests.tcp_proxy import TcpProxy
 
 # Long enough that nothing expires while a test is talking to the Elector.
@@ -75,12 +76,10 @@ class ElectorUnderTest:
 
 async def logged(logs: list[dict[str, Any]], event: str, within: float = 5.0) -> dict[str, Any]:
     """The first captured log line of ``event``, waiting (bounded) for it."""
-    with trio.fail_after(within):
-        while True:
-            found = [e for e in logs if e["event"] == event]
-            if found:
-                return found[0]
-            await trio.sleep(0.01)
+    found = await wait_until(
+        lambda: [e for e in logs if e["event"] == event], within, what=f"{event} logged", every=0.01
+    )
+    return found[0]
 
 
 def events(logs: list[dict[str, Any]], match: Callable[[dict[str, Any]], bool] = lambda e: True) -> list[str]:

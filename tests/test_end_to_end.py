@@ -15,6 +15,7 @@ from ingestion.horizon.source import HorizonSource
 from ingestion.local_redis import LocalRedis
 from ingestion.simulator import SimulatorConfig, open_simulator
 from ingestion.verify import SourceRecord, check_stream, read_entries, read_grants
+from tests.helpers import wait_until
 from tests.nodes import Recorder, start_node
 
 pytestmark = pytest.mark.slow  # 50,000 records: about 20 s on a loaded 2-core machine
@@ -23,9 +24,7 @@ TIMING = LeaseTiming(ttl=5.0, renew_interval=1.0, margin=1.0)
 
 
 async def wait_for_events(client: redis.Redis, key: str, count: int, within: float) -> None:
-    with trio.fail_after(within):
-        while client.xlen(key) < count:  # noqa: ASYNC110 - Redis is another process
-            await trio.sleep(0.05)
+    await wait_until(lambda: client.xlen(key) >= count, within, what=f"{count} events in {key}", every=0.05)
 
 
 async def test_50k_history_then_live_ledgers_through_a_handoff_exactly_once(

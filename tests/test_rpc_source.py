@@ -21,6 +21,7 @@ from ingestion.local_redis import LocalRedis
 from ingestion.rpc.protocol import Cursor, EventFilter, segment_from_text
 from ingestion.rpc.source import RpcSource
 from ingestion.simulator import Simulator, SimulatorConfig, open_simulator
+from tests.helpers import wait_until
 from tests.nodes import FAST_TIMING, Recorder, start_node
 from tests.tcp_proxy import TcpProxy
 
@@ -52,11 +53,6 @@ def cursor(client: redis.Redis, job: str) -> str | None:
     return None if value is None else str(value)
 
 
-async def until(check: Any, within: float = 15.0) -> None:
-    with trio.fail_after(within):
-        while not check():  # noqa: ASYNC110 -- polls Redis and the simulator
-            await trio.sleep(0.02)
-
 
 @asynccontextmanager
 async def node(url: str, job: str, src: RpcSource, start: str = "0") -> AsyncIterator[None]:
@@ -72,6 +68,11 @@ def at_tip(client: redis.Redis, job: str, sim: Simulator) -> bool:
     return cursor(client, job) == str(Cursor.through(sim.chain.latest))
 
 
+async def until_at_tip(client: redis.Redis, job: str, sim: Simulator, within: float = 15.0) -> None:
+    """Until the job's committed cursor reads through ``sim``'s latest ledger."""
+    await wait_until(lambda: at_tip(client, job, sim), within, what="the cursor through the latest ledger")
+
+
 async def test_a_node_follows_every_event_from_the_oldest_ledger_exactly_once(
     redis_server: LocalRedis, redis_client: redis.Redis, job: str
 ) -> None:
@@ -79,10 +80,10 @@ async def test_a_node_follows_every_event_from_the_oldest_ledger_exactly_once(
     async with open_simulator(CONFIG) as sim, node(
         redis_server.url, job, source(sim.rpc_url, commit_max_records=100)
     ):
-        await until(lambda: at_tip(redis_client, job, sim))
+        await until_at_tip(redis_client, job, sim)
         for _ in range(5):
             sim.close_ledger()
-        await until(lambda: at_tip(redis_client, job, sim))
+        await until_at_tip(redis_client, job, sim)
         expected = sim.rpc_events()
     got = stream(redis_client, job)
     assert len(got) == len(expected) > 500
@@ -98,9 +99,9 @@ async def test_a_sparse_filter_still_moves_the_committed_cursor_to_where_it_scan
     flt = (EventFilter(contract_ids=(NOBODY,)),)
     async with open_simulator(CONFIG) as sim:
         async with node(redis_server.url, job, source(sim.rpc_url, filters=flt)):
-            await until(lambda: at_tip(redis_client, job, sim))
+            await until_at_tip(redis_client, job, sim)
             sim.close_ledger()
-            await until(lambda: at_tip(redis_client, job, sim))
+            await until_at_tip(redis_client, job, sim)
     assert redis_client.xlen(job_keys(job)["events"]) == 0
 
 
@@ -110,11 +111,11 @@ async def test_now_starts_after_the_latest_ledger_and_only_new_events_follow(
     async with open_simulator(CONFIG) as sim:
         pinned_at = sim.chain.latest
         async with node(redis_server.url, job, source(sim.rpc_url), start="now"):
-            await until(lambda: cursor(redis_client, job) is not None)
+            await wait_until(lambda: cursor(redis_client, job) is not None, 15, what="a committed cursor")
             assert cursor(redis_client, job) == str(Cursor.through(pinned_at))
             for _ in range(3):
                 sim.close_ledger()
-            await until(lambda: at_tip(redis_client, job, sim))
+            await until_at_tip(redis_client, job, sim)
             new = [e for e in sim.rpc_events() if e["ledger"] > pinned_at]
     assert [t for t, _ in stream(redis_client, job)] == [e["id"] for e in new] != []
 
@@ -124,7 +125,7 @@ async def test_wildcard_topic_filters_select_what_the_server_selects(
 ) -> None:
     flt = (EventFilter(("contract",), (), ((segment_from_text("sym:transfer"), "*", "**"),)),)
     async with open_simulator(CONFIG) as sim, node(redis_server.url, job, source(sim.rpc_url, filters=flt)):
-        await until(lambda: at_tip(redis_client, job, sim))
+        await until_at_tip(redis_client, job, sim)
         expected = sim.rpc_events(flt)
         everything = sim.rpc_events()
     assert [r for _, r in stream(redis_client, job)] == expected
@@ -138,13 +139,14 @@ async def test_processing_limits_rate_limits_and_5xx_are_retried_without_losing_
         sim.rpc_faults.fail_requests("processing_limit", count=2)
         with structlog.testing.capture_logs() as logs:
             async with node(redis_server.url, job, source(sim.rpc_url, page_limit=400)):
-                await until(lambda: redis_client.xlen(job_keys(job)["events"]) > 0)
+                events = job_keys(job)["events"]
+                await wait_until(lambda: redis_client.xlen(events) > 0, 15, what="a first event")
                 sim.rpc_faults.fail_requests("http_429", count=1, retry_after=1)
                 sim.close_ledger()
-                await until(lambda: sim.rpc_statuses[429] == 1)
+                await wait_until(lambda: sim.rpc_statuses[429] == 1, 15, what="one 429 answered")
                 sim.rpc_faults.fail_requests("http_503", count=2)
                 sim.close_ledger()
-                await until(lambda: at_tip(redis_client, job, sim))
+                await until_at_tip(redis_client, job, sim)
                 expected = sim.rpc_events()
         limits = [
             r.params["pagination"]["limit"] for r in sim.rpc_requests
@@ -168,23 +170,26 @@ async def test_a_lagging_rpc_is_left_for_one_that_has_the_cursor_and_a_reset_nev
         src = source(a.rpc_url, b.rpc_url, reset_after=0.5)
         with structlog.testing.capture_logs() as logs:
             async with node(redis_server.url, job, src):
-                await until(lambda: at_tip(redis_client, job, a))
+                await until_at_tip(redis_client, job, a)
                 a.rpc_faults.lag(20)  # A falls behind the committed cursor
                 for _ in range(3):
                     close_both()
-                await until(lambda: at_tip(redis_client, job, b))
+                await until_at_tip(redis_client, job, b)
                 assert any(e["event"] == "rpc-cursor-ahead" for e in logs)
                 # Both report a latest ledger far below the cursor: a network reset. The node
                 # says so loudly and never jumps; the cursor stays where it is.
                 held = cursor(redis_client, job)
                 a.rpc_faults.reset(CONFIG.first_ledger + 10)
                 b.rpc_faults.reset(CONFIG.first_ledger + 10)
-                await until(lambda: any(e["event"] == "rpc-network-reset-suspected" for e in logs))
+                await wait_until(
+                    lambda: any(e["event"] == "rpc-network-reset-suspected" for e in logs), 15,
+                    what="rpc-network-reset-suspected logged",
+                )
                 assert cursor(redis_client, job) == held
                 a.rpc_faults.clear()
                 b.rpc_faults.clear()
                 close_both()
-                await until(lambda: at_tip(redis_client, job, b))
+                await until_at_tip(redis_client, job, b)
                 expected = b.rpc_events()
     assert [t for t, _ in stream(redis_client, job)] == [e["id"] for e in expected]
     reset = next(e for e in logs if e["event"] == "rpc-network-reset-suspected")
@@ -212,7 +217,7 @@ async def test_a_committed_cursor_that_fell_out_of_retention_stops_the_job_writi
     )
     async with open_simulator(config) as sim:
         async with node(redis_server.url, job, source(sim.rpc_url)):
-            await until(lambda: at_tip(redis_client, job, sim))
+            await until_at_tip(redis_client, job, sim)
         held, events = cursor(redis_client, job), redis_client.xlen(job_keys(job)["events"])
         for _ in range(100):  # the job is stopped while retention moves on past its cursor
             sim.close_ledger()
@@ -240,12 +245,12 @@ async def test_an_rpc_that_stops_ingesting_is_left_for_one_that_goes_on(
         src = source(a.rpc_url, b.rpc_url, stale_after=1.0)
         with structlog.testing.capture_logs() as logs:
             async with node(redis_server.url, job, src):
-                await until(lambda: at_tip(redis_client, job, a))
+                await until_at_tip(redis_client, job, a)
                 a.rpc_faults.reset(a.chain.latest)  # A answers, but its latest ledger stops
                 for _ in range(3):
                     a.close_ledger()
                     b.close_ledger()
-                await until(lambda: at_tip(redis_client, job, b))
+                await until_at_tip(redis_client, job, b)
                 expected = b.rpc_events()
     stale = next(e for e in logs if e["event"] == "rpc-stale")
     assert stale["url"] == a.rpc_url and stale["to_url"] == b.rpc_url
@@ -259,7 +264,7 @@ async def test_inspect_reports_an_rpc_jobs_lag_behind_the_rpc(
 
     async with open_simulator(CONFIG) as sim:
         async with node(redis_server.url, job, source(sim.rpc_url)):
-            await until(lambda: at_tip(redis_client, job, sim))
+            await until_at_tip(redis_client, job, sim)
         at = cursor(redis_client, job)
         caught_up = await rpc_lag(sim.rpc_url, at)
         for _ in range(4):
@@ -293,7 +298,7 @@ async def test_a_leader_cut_off_from_the_rpc_hands_over_to_a_node_that_reaches_i
             b = await start_node(nursery, rec, redis_server.url, job, "b", source(sim.rpc_url),
                                  handover_after=HANDOVER_AFTER)  # fmt: skip
             await rec.wait_for("standby", "b")
-            await until(lambda: cursor(redis_client, job) is not None)
+            await wait_until(lambda: cursor(redis_client, job) is not None, 15, what="a committed cursor")
             proxy.set_mode("blackhole")
             cut_at = trio.current_time()
             # handover_after from a's last good answer, one watch period (TTL/2) and one probe.
@@ -303,7 +308,9 @@ async def test_a_leader_cut_off_from_the_rpc_hands_over_to_a_node_that_reaches_i
             print(f"\nrpc cut -> handed over {lost.at - cut_at:.2f} s, b leads {taken.at - cut_at:.2f} s")
             assert taken.fields["previous_node"] == "a"
             at_handover = cursor(redis_client, job)
-            await until(lambda: cursor(redis_client, job) != at_handover)  # b ingests
+            await wait_until(  # b ingests
+                lambda: cursor(redis_client, job) != at_handover, 15, what="a cursor past the handover"
+            )
             assert not [e for e in rec.of("became-leader", "a") if e.at >= cut_at]  # not taken back
             await b.shutdown()
             await a.shutdown()

@@ -17,6 +17,7 @@ import trio.testing
 from ingestion.paging import toid, toid_parts, token_key
 from ingestion.simulator import Faults, MalformedKind, Simulator, open_simulator
 from ingestion.simulator.chain import Chain, ChainSpec
+from tests.helpers import wait_until
 from tests.simulator_fixtures import SMALL, read_stream, running, simulator_process
 
 
@@ -218,9 +219,7 @@ async def test_last_event_id_overrides_cursor(sim: Simulator) -> None:
 
 async def until_streams(sim: Simulator, count: int) -> None:
     """Wait (bounded) until ``count`` streams are open: no guessing with sleeps under load."""
-    with trio.fail_after(5):
-        while sim.active_streams < count:  # noqa: ASYNC110 - polling a counter is fine in a test
-            await trio.sleep(0.01)
+    await wait_until(lambda: sim.active_streams >= count, 5, what=f"{count} open streams", every=0.01)
 
 
 async def test_stream_sends_new_records_as_ledgers_close(sim: Simulator) -> None:
@@ -249,9 +248,7 @@ async def test_stream_ends_with_byebye_at_the_connection_timeout() -> None:
 async def test_client_disconnect_ends_the_stream_task(sim: Simulator) -> None:
     _, frames, ended = await read_stream(f"{sim.url}/operations?cursor=now", frames=1)
     assert not ended and frames[0].get("event") == "open"
-    with trio.fail_after(2):
-        while sim.active_streams:  # noqa: ASYNC110 - polling a counter is fine in a test
-            await trio.sleep(0.01)
+    await wait_until(lambda: not sim.active_streams, 2, what="no open stream", every=0.01)
 
 
 async def test_stream_with_a_bad_cursor_fails_before_hello_with_a_problem(sim: Simulator) -> None:
@@ -310,10 +307,14 @@ async def test_a_stream_that_runs_out_of_rate_limit_gets_an_error_event_mid_stre
 
             nursery.start_soon(reader)
             await until_streams(s, 1)
-            with trio.fail_after(5):
-                while not result:  # each wake-up by a new ledger spends one of the 3
-                    s.close_ledger()
-                    await trio.sleep(0.05)
+
+            def stream_ended() -> bool:  # each wake-up by a new ledger spends one of the 3
+                if result:
+                    return True
+                s.close_ledger()
+                return False
+
+            await wait_until(stream_ended, 5, what="the rate-limited stream ended", every=0.05)
         _, frames, ended = result[0]
         events = [f.get("event") for f in frames]
         assert events[0] == "open" and events[-1] == "error" and set(events[1:-1]) == {None}
@@ -387,9 +388,7 @@ async def test_go_down_refuses_connections_then_comes_back_with_the_same_chain(
     await sim.go_down(0.3)
     with pytest.raises(httpx.ConnectError):
         await get(f"{sim.url}/")
-    with trio.fail_after(3):
-        while not sim.is_up:  # noqa: ASYNC110 - polling a flag is fine in a test
-            await trio.sleep(0.02)
+    await wait_until(lambda: sim.is_up, 3, what="the simulator up again")
     assert (await get(f"{sim.url}/operations?limit=200")).content == before
 
 
@@ -425,16 +424,12 @@ async def test_control_endpoint_arms_and_clears_faults(sim: Simulator) -> None:
         assert r.json()["latest_ledger"] == latest + 2
         r = await client.post("/_simulator/faults", json={"down": {"seconds": 1.0}})
         assert r.status_code == 200
-    with trio.fail_after(5):
-        while sim.is_up:  # noqa: ASYNC110 - polling a flag is fine in a test
-            await trio.sleep(0.01)
+    await wait_until(lambda: not sim.is_up, 5, what="the simulator down", every=0.01)
     async with httpx.AsyncClient(base_url=sim.url) as fresh:
         if not sim.is_up:  # on a starved machine it may already be back
             with pytest.raises(httpx.ConnectError):
                 await fresh.get("/")
-        with trio.fail_after(5):
-            while not sim.is_up:  # noqa: ASYNC110
-                await trio.sleep(0.02)
+        await wait_until(lambda: sim.is_up, 5, what="the simulator up again")
         assert (await fresh.get("/")).status_code == 200
 
 

@@ -10,6 +10,7 @@ from actors.lease_store import job_keys
 from ingestion.horizon.source import HorizonSource
 from ingestion.local_redis import LocalRedis
 from ingestion.simulator import SimulatorConfig, open_simulator
+from tests.helpers import wait_until
 from tests.nodes import Recorder, start_node
 
 
@@ -25,9 +26,10 @@ async def test_now_is_pinned_once_and_a_successor_ingests_what_arrived_while_lea
             a = await start_node(nursery, rec, redis_server.url, job, "a", source, start_cursor="now")
             await rec.wait_for("became-leader", "a")
             keys = job_keys(job)
-            with trio.fail_after(5):
-                while redis_client.hget(keys["cursor"], "cursor") is None:  # noqa: ASYNC110
-                    await trio.sleep(0.01)
+            await wait_until(
+                lambda: redis_client.hget(keys["cursor"], "cursor") is not None, 5,
+                what="a committed cursor", every=0.01,
+            )  # fmt: skip
             assert redis_client.hget(keys["cursor"], "cursor") == newest_at_start
             await a.shutdown()
             # Leaderless: two ledgers close. A fresh "now" would skip them; the pinned cursor not.
@@ -39,9 +41,10 @@ async def test_now_is_pinned_once_and_a_successor_ingests_what_arrived_while_lea
             expected = [r["paging_token"] for r in sim.records("/operations")]
             expected = expected[expected.index(newest_at_start) + 1 :]
             assert len(expected) == 8
-            with trio.fail_after(10):
-                while redis_client.xlen(keys["events"]) < len(expected):  # noqa: ASYNC110
-                    await trio.sleep(0.02)
+            await wait_until(
+                lambda: redis_client.xlen(keys["events"]) >= len(expected), 10,
+                what=f"the {len(expected)} records after the start",
+            )  # fmt: skip
             await b.shutdown()
     got = [f["paging_token"] for _id, f in redis_client.xrange(keys["events"])]
     assert got == expected
