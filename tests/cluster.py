@@ -28,6 +28,7 @@ import trio
 from actors.lease_store import connect, job_keys
 from ingestion.local_redis import LocalRedis
 from ingestion.verify import Verification, verify_job, verify_rpc_job
+from tests.helpers import output_lines, wait_until
 
 PYTHON = sys.executable
 CLEANUP_TIMEOUT = 10.0  # seconds for the whole teardown
@@ -135,21 +136,8 @@ class Child:
 async def _read_lines(child: Child, log: EventLog) -> None:
     stream = child.process.stdout
     assert stream is not None
-    buffer = b""
-    while True:
-        try:
-            data = await stream.receive_some(65536)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            data = b""
-        at = trio.current_time()
-        if not data:
-            break
-        buffer += data
-        *complete, buffer = buffer.split(b"\n")
-        for raw in complete:
-            _record(child.name, raw, at, log)
-    if buffer:
-        _record(child.name, buffer, trio.current_time(), log)
+    async for raw in output_lines(stream):
+        _record(child.name, raw, trio.current_time(), log)  # no checkpoint since it arrived
     await child.process.wait()
     log.add(LogLine(trio.current_time(), child.name, "process-exited",
                     {"returncode": child.process.returncode, "pid": child.process.pid}))  # fmt: skip
@@ -381,15 +369,16 @@ class Cluster:
     async def wait_for_events(self, count: int, within: float = 20.0) -> int:
         """Wait until at least ``count`` entries were appended to the events stream (polled: no
         log line marks a commit)."""
-        with trio.fail_after(within):
-            while True:
-                try:
-                    n = self.events_added()
-                except redis.RedisError:
-                    n = -1  # a Redis failover in progress: the harness asks again
-                if n >= count:
-                    return n
-                await trio.sleep(0.05)
+
+        def reached() -> list[int]:
+            try:
+                n = self.events_added()
+            except redis.RedisError:
+                return []  # a Redis failover in progress: the harness asks again
+            return [n] if n >= count else []
+
+        (n,) = await wait_until(reached, within, what=f"{count} entries added to the events", every=0.05)
+        return n
 
     async def events_now(self, within: float = 20.0) -> int:
         """The events stream's length, asked until Redis answers (through a failover)."""
