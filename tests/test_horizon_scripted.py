@@ -13,7 +13,6 @@ from actors.source import Record, SourceFatalError
 from ingestion.horizon.source import HorizonSource
 from ingestion.paging import toid
 from tests.horizon_fixtures import Reply, Request, page_reply, problem, serve_script, sse_frame
-from tests.ports import closed_port_url
 
 
 def tok(i: int) -> str:
@@ -194,36 +193,6 @@ async def test_error_event_and_idle_stream_reconnect_from_the_last_token() -> No
     assert any(e["event"] == "horizon-stream-reconnect" and e["reason"] == "idle" for e in logs)
 
 
-async def test_fails_over_from_a_dead_url_and_resumes_from_the_same_cursor() -> None:
-    async def handler(request: Request) -> Reply:
-        first = (int(request.query["cursor"]) >> 32) + 1
-        return page_reply([rec(i) for i in range(first, first + 3)])
-
-    dead = await closed_port_url()
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(serve_script, handler)
-        with structlog.testing.capture_logs() as logs:
-            got = await collect(fast([dead, url], attempts_per_url=2), tok(10), 6)
-        nursery.cancel_scope.cancel()
-    assert [r.paging_token for r in got] == [tok(i) for i in range(11, 17)]
-    failover = [e for e in logs if e["event"] == "horizon-failover"]
-    assert failover[0]["from_url"] == dead and failover[0]["to_url"] == url
-    assert [e["attempt"] for e in logs if e["event"] == "horizon-retry"] == [1, 2]
-
-
-async def test_leaving_early_closes_everything_promptly() -> None:
-    async def handler(request: Request) -> Reply:
-        first = 1 if request.query["cursor"] == "0" else (int(request.query["cursor"]) >> 32) + 1
-        return page_reply([rec(i) for i in range(first, first + 3)])
-
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(serve_script, handler)
-        for _ in range(3):
-            got = await collect(fast(url, prefetch=2), "0", 1)
-            assert got[0].paging_token == tok(1)
-        nursery.cancel_scope.cancel()
-
-
 def test_bad_settings_are_configuration_errors() -> None:
     with pytest.raises(ValueError, match="http"):
         HorizonSource(["ftp://x"])
@@ -255,27 +224,6 @@ async def test_next_pages_are_fetched_while_the_consumer_holds_a_batch() -> None
                 second = await batches.receive()
         nursery.cancel_scope.cancel()
     assert first.cursor == tok(3) and second.records[0].paging_token == tok(4)
-
-
-async def test_429_waits_as_long_as_retry_after_says() -> None:
-    calls: list[float] = []
-
-    async def handler(request: Request) -> Reply:
-        calls.append(trio.current_time())
-        if len(calls) == 1:
-            reply = problem(429, "Rate Limit Exceeded", "The rate limit ... is over.")
-            return Reply(429, reply.body, {**reply.headers, "Retry-After": "1"})
-        return page_reply([rec(1)])
-
-    async with trio.open_nursery() as nursery:
-        url = await nursery.start(serve_script, handler)
-        with structlog.testing.capture_logs() as logs:
-            got = await collect(fast(url, retry_after_cap=5.0), "0", 1)
-        nursery.cancel_scope.cancel()
-    assert [r.paging_token for r in got] == [tok(1)]
-    assert calls[1] - calls[0] >= 1.0
-    (retry,) = [e for e in logs if e["event"] == "horizon-retry"]
-    assert retry["status"] == 429 and retry["delay"] == 1.0 and "Rate Limit" in retry["error"]
 
 
 async def test_a_page_request_that_never_answers_is_timed_out_and_retried() -> None:

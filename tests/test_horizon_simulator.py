@@ -216,6 +216,30 @@ async def test_fails_over_from_a_closed_port_to_the_simulator() -> None:
         assert switch[0]["from_url"] == dead and switch[0]["to_url"] == sim.url
 
 
+async def test_fails_over_from_a_dead_url_and_resumes_from_the_same_cursor() -> None:
+    async with open_simulator(SMALL) as sim:
+        start = sim.records("/operations")[9]["paging_token"]
+        dead = await closed_port_url()
+        source = source_for([dead, sim.url], attempts_per_url=2, page_limit=3)
+        with structlog.testing.capture_logs() as logs:
+            async with following(source, start) as (f, _):
+                await f.wait_for(6)
+        check_exact(f.records[:6], after(sim, "/operations", start)[:6])
+        failover = [e for e in logs if e["event"] == "horizon-failover"]
+        assert failover[0]["from_url"] == dead and failover[0]["to_url"] == sim.url
+        assert [e["attempt"] for e in logs if e["event"] == "horizon-retry"] == [1, 2]
+
+
+async def test_leaving_early_closes_everything_promptly() -> None:
+    async with open_simulator(SMALL) as sim:
+        first = sim.records("/operations")[0]["paging_token"]
+        for _ in range(3):
+            with trio.fail_after(10):
+                async with source_for(sim.url, page_limit=3, prefetch=2).stream("0") as batches:
+                    batch = await batches.receive()
+            assert batch.records[0].paging_token == first
+
+
 async def test_fails_over_between_two_simulators_when_the_first_dies() -> None:
     async with open_simulator(SMALL) as one, open_simulator(SMALL) as two:
         source = source_for([one.url, two.url], attempts_per_url=2)
@@ -366,6 +390,19 @@ async def test_catch_up_under_a_rate_limit_gets_no_429_and_takes_the_time_the_bu
         # Paced by the budget, not by back-offs: a source that waited out even one Retry-After
         # cap (5 s) on top would exceed this; the rest is slack for a loaded machine.
         assert took <= 2 * budget
+
+
+async def test_429_waits_as_long_as_retry_after_says() -> None:
+    async with open_simulator(SMALL) as sim:
+        sim.faults.fail_requests(429, count=1, retry_after=1)
+        with structlog.testing.capture_logs() as logs:
+            async with following(source_for(sim.url, retry_after_cap=5.0), "0") as (f, _):
+                await f.wait_for(1)
+        refused, retried = sim.requests[0], sim.requests[1]
+        assert retried.at - refused.at >= 1.0
+        check_exact(f.records[:1], sim.records("/operations")[:1])
+        (retry,) = [e for e in logs if e["event"] == "horizon-retry"]
+        assert retry["status"] == 429 and retry["delay"] == 1.0 and "Rate Limit" in retry["error"]
 
 
 async def test_retry_after_is_honoured_on_503_as_on_429() -> None:
