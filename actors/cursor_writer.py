@@ -1,9 +1,12 @@
-"""The CursorWriter: the only actor that writes to Redis on the data path.
+"""The CursorWriter: the only actor that writes on the data path.
 
 Every commit reaches it as a :class:`CommitCursor` message carrying the fencing token. It refuses
-locally a token it already knows to be stale, then runs the fenced commit script, and answers on the
-message's reply channel. When Redis rejects a token it logs ``fencing-token-rejected`` and tells the
-Elector, which steps the node down.
+locally a token it already knows to be stale, then commits through the job's sink
+(``actors/sink.py``: the Redis commit script by default, a fenced PostgreSQL transaction with a
+Postgres sink), and answers on the message's reply channel. A sink that keeps its own cursor is
+first told of each new term (:class:`OpenTerm`: its fence raised, its cursor read). When the sink
+rejects a token it logs ``fencing-token-rejected`` (with ``sink``) and tells the Elector, which
+steps the node down.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 import attrs
 import trio
 
-from actors.lease_store import Committed, LeaseStore, RedisUnavailable
+from actors.lease_store import CommitRejected, Committed, LeaseStore, RedisUnavailable
 from actors.messages import (
     CommitCursor,
     CommitOutcome,
@@ -22,8 +25,13 @@ from actors.messages import (
     CursorCommitted,
     ElectorInput,
     FencingTokenRejected,
+    OpenTerm,
+    SinkOpened,
+    WriterInput,
+    WriterOutcome,
 )
 from actors.observe import NodeObserver
+from actors.sink import RedisStreamSink, Sink, SinkUnavailable
 from actors.token_memory import TokenMemory
 
 # Rejections that mean "this writer is no longer the leader", as opposed to a bad batch.
@@ -34,7 +42,7 @@ FENCING_REASONS = frozenset({"stale-token", "lease-lost"})
 class CursorWriter:
     store: LeaseStore
     node: str
-    inbox: trio.MemoryReceiveChannel[CommitCursor]
+    inbox: trio.MemoryReceiveChannel[WriterInput]
     elector: trio.MemorySendChannel[ElectorInput]
     log: Any
     observer: NodeObserver
@@ -42,26 +50,54 @@ class CursorWriter:
     # The node's memory of the job (shared with the Elector): the first commit is recorded there,
     # so that a Redis that later forgets the job is known to have lost something.
     memory: TokenMemory | None = None
+    # Where the records go (default: the events stream through ``store``).
+    sink: Sink | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.sink is None:
+            self.sink = RedisStreamSink(self.store)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with self.inbox, self.elector:
             task_status.started()
             async for msg in self.inbox:
-                outcome = await self._commit(msg)
+                outcome: WriterOutcome
+                if isinstance(msg, OpenTerm):
+                    outcome = await self._open(msg)
+                else:
+                    outcome = await self._commit(msg)
                 try:
                     msg.reply.send_nowait(outcome)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
                     pass  # the term that asked is already over; its successor re-reads Redis
 
+    async def _open(self, msg: OpenTerm) -> WriterOutcome:
+        """A new term's first step in a sink that keeps its cursor: raise its fence, read it."""
+        assert self.sink is not None
+        if msg.token < self.highest_token_seen:
+            return await self._fenced(msg, "stale-token", self.highest_token_seen, local=True)
+        try:
+            result = await self.sink.open_term(self.node, msg.token)
+        except (SinkUnavailable, RedisUnavailable) as exc:
+            self.log.warning("term-open-unknown", token=msg.token, sink=self.sink.name, error=str(exc))
+            return CommitUnknown(msg.token, str(exc))
+        if isinstance(result, CommitRejected):
+            self.highest_token_seen = max(self.highest_token_seen, result.current_token)
+            return await self._fenced(msg, result.reason, result.current_token, local=False)
+        self.highest_token_seen = max(self.highest_token_seen, msg.token)
+        self.log.info("sink-term-opened", token=msg.token, sink=self.sink.name, cursor=result.cursor)
+        return SinkOpened(msg.token, result.cursor)
+
     async def _commit(self, msg: CommitCursor) -> CommitOutcome:
+        assert self.sink is not None
         if msg.token < self.highest_token_seen:
             return await self._fenced(msg, "stale-token", self.highest_token_seen, local=True)
         started = trio.current_time()
         try:
-            result = await self.store.commit(
+            result = await self.sink.commit(
                 self.node, msg.token, msg.previous_cursor, msg.records, anchor=msg.anchor
             )
-        except RedisUnavailable as exc:
+        except (RedisUnavailable, SinkUnavailable) as exc:
             self.log.warning(
                 "commit-outcome-unknown", token=msg.token, cursor=msg.cursor, error=str(exc)
             )
@@ -73,7 +109,11 @@ class CursorWriter:
             return CommitRefused(msg.token, "bad-batch", self.highest_token_seen)
         if isinstance(result, Committed):
             self.highest_token_seen = max(self.highest_token_seen, msg.token)
-            if self.memory is not None and not self.memory.committed:
+            # Only a cursor kept in Redis can be lost with Redis's state (StateLost); a sink
+            # that keeps its own cursor survives a Redis that forgot the job.
+            if self.memory is not None and not self.memory.committed and isinstance(
+                self.sink, RedisStreamSink
+            ):
                 await self._remember_commit(self.memory, msg.token)
             if not msg.records:
                 if msg.previous_cursor is None:
@@ -106,16 +146,20 @@ class CursorWriter:
             self.log.warning("token-memory-failed", token=token, error=str(exc))
 
     async def _fenced(
-        self, msg: CommitCursor, reason: str, current: int, *, local: bool
+        self, msg: CommitCursor | OpenTerm, reason: str, current: int, *, local: bool
     ) -> CommitRefused:
-        fields = {
+        assert self.sink is not None
+        cursor = msg.cursor if isinstance(msg, CommitCursor) else ""
+        fields: dict[str, str | int] = {
             "token": msg.token,
             "current_token": current,
-            "cursor": msg.cursor,
+            "cursor": cursor,
             "rejection": reason,
-            "checked_by": "writer" if local else "redis",
+            "checked_by": "writer" if local else self.sink.name,
         }
+        if not isinstance(self.sink, RedisStreamSink):
+            fields["sink"] = self.sink.name
         self.log.warning("fencing-token-rejected", **fields)
         self.observer.fencing_rejected(**fields)
-        await self.elector.send(FencingTokenRejected(msg.token, current, msg.cursor))
+        await self.elector.send(FencingTokenRejected(msg.token, current, cursor))
         return CommitRefused(msg.token, reason, current)

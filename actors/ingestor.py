@@ -21,7 +21,6 @@ import trio
 from actors.cursor_writer import FENCING_REASONS
 from actors.messages import (
     CommitCursor,
-    CommitOutcome,
     CommitRefused,
     CommitUnknown,
     CursorCommitted,
@@ -30,7 +29,11 @@ from actors.messages import (
     LeaseExtended,
     LeaseGranted,
     LeaseRevoked,
+    OpenTerm,
+    SinkOpened,
     TermEnded,
+    WriterInput,
+    WriterOutcome,
 )
 from actors.source import Source, SourceFatalError, TermContext, current_term
 
@@ -71,11 +74,15 @@ class Ingestor:
     source: Source
     node: str
     control: trio.MemoryReceiveChannel[IngestorInput]
-    writer: trio.MemorySendChannel[CommitCursor]
+    writer: trio.MemorySendChannel[WriterInput]
     elector: trio.MemorySendChannel[ElectorInput]
     log: Any
     term: _Term | None = None
     commit_drain: float = 1.0  # seconds: the longest wait for an in-flight commit at term end
+    # The job's sink keeps its own cursor (PostgreSQL): each term first opens itself there
+    # (fence raised, cursor read) and resumes from that cursor, else from ``start_cursor``.
+    sink_keeps_cursor: bool = False
+    start_cursor: str = "0"
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with self.control, self.writer, self.elector:
@@ -101,7 +108,7 @@ class Ingestor:
 
     async def _run_term(self, term: _Term) -> None:
         reason, detail = "revoked", ""
-        reply_send, reply_recv = trio.open_memory_channel[CommitOutcome](1)
+        reply_send, reply_recv = trio.open_memory_channel[WriterOutcome](1)
         with reply_send, reply_recv:
             try:
                 with term.scope:
@@ -127,12 +134,20 @@ class Ingestor:
     async def _ingest(
         self,
         term: _Term,
-        reply_send: trio.MemorySendChannel[CommitOutcome],
-        reply_recv: trio.MemoryReceiveChannel[CommitOutcome],
+        reply_send: trio.MemorySendChannel[WriterOutcome],
+        reply_recv: trio.MemoryReceiveChannel[WriterOutcome],
     ) -> tuple[str, str]:
         grant = term.grant
         committed = grant.committed_cursor
         cursor = grant.cursor
+        if self.sink_keeps_cursor:
+            opened = await self._commit(term, OpenTerm(grant.token, reply_send), reply_recv)
+            if not isinstance(opened, SinkOpened):
+                return self._refused(opened)
+            committed = opened.cursor
+            cursor = committed if committed is not None else self.start_cursor
+            if term.stopping:
+                return "revoked", ""
         if committed is None and cursor == "now":
             # Pin "now" once, durably: a leader that died before its first record must not let
             # its successor start at a later "now" and skip what came in between.
@@ -172,9 +187,9 @@ class Ingestor:
     async def _commit(
         self,
         term: _Term,
-        msg: CommitCursor,
-        reply_recv: trio.MemoryReceiveChannel[CommitOutcome],
-    ) -> CommitOutcome:
+        msg: WriterInput,
+        reply_recv: trio.MemoryReceiveChannel[WriterOutcome],
+    ) -> WriterOutcome:
         await self.writer.send(msg)  # delivered once this returns (unbuffered channel)
         term.commit_in_flight = True
         outcome = await reply_recv.receive()
@@ -182,7 +197,7 @@ class Ingestor:
         return outcome
 
     @staticmethod
-    def _refused(outcome: CommitOutcome) -> tuple[str, str]:
+    def _refused(outcome: WriterOutcome) -> tuple[str, str]:
         """Why a term ends after a commit that did not succeed."""
         if isinstance(outcome, CommitUnknown):
             return "commit-unknown", outcome.error

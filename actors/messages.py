@@ -3,8 +3,10 @@
 Elector -> Heartbeat:     StartRenewing, StopRenewing
 Elector -> Ingestor:      LeaseGranted, LeaseExtended, LeaseRevoked
 Heartbeat -> Elector:     RenewSucceeded, RenewFailed, RenewRejected
-Ingestor -> CursorWriter: CommitCursor (carrying the fencing token and a reply channel)
-CursorWriter -> Ingestor: CursorCommitted, CommitRefused, CommitUnknown (on the reply channel)
+Ingestor -> CursorWriter: OpenTerm (a sink that keeps its own cursor), CommitCursor (carrying the
+                          fencing token and a reply channel)
+CursorWriter -> Ingestor: SinkOpened, CursorCommitted, CommitRefused, CommitUnknown (on the reply
+                          channel)
 CursorWriter -> Elector:  FencingTokenRejected
 Ingestor -> Elector:      TermEnded
 supervisor -> Elector:    ShutdownRequested
@@ -159,6 +161,28 @@ CommitOutcome = CursorCommitted | CommitRefused | CommitUnknown
 
 
 @attrs.frozen
+class SinkOpened:
+    """The sink accepted term ``token`` (its fence raised to it) and keeps the job's cursor:
+    ``cursor`` is the one committed there (None: nothing yet)."""
+
+    token: int
+    cursor: str | None
+
+
+@attrs.frozen
+class OpenTerm:
+    """A new term's first step where the sink keeps its own cursor (``actors/sink.py``): raise
+    the sink's fence to ``token`` and read the committed cursor there. Answered with
+    :class:`SinkOpened`, or :class:`CommitRefused` / :class:`CommitUnknown` (the term ends)."""
+
+    token: int
+    reply: trio.MemorySendChannel[CommitOutcome | SinkOpened] = attrs.field(eq=False, repr=False)
+
+
+WriterOutcome = CommitOutcome | SinkOpened
+
+
+@attrs.frozen
 class CommitCursor:
     """Commit ``records`` (strictly after ``previous_cursor``) under fencing ``token``, then move
     the cursor on to ``anchor`` when given (after the last record): with no records, pinning
@@ -167,9 +191,12 @@ class CommitCursor:
     token: int
     previous_cursor: str | None
     records: tuple[Record, ...]
-    reply: trio.MemorySendChannel[CommitOutcome] = attrs.field(eq=False, repr=False)
+    reply: trio.MemorySendChannel[CommitOutcome | SinkOpened] = attrs.field(eq=False, repr=False)
     anchor: str | None = None
 
     @property
     def cursor(self) -> str:
         return self.anchor if self.anchor is not None else self.records[-1].paging_token
+
+
+WriterInput = CommitCursor | OpenTerm

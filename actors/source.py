@@ -17,7 +17,7 @@ import contextvars
 import json
 from collections.abc import AsyncGenerator
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -60,12 +60,24 @@ class Batch:
             raise ValueError(f"through cursor {self.through!r} is not after the batch's last record")
 
 
+class Fence(Protocol):
+    """Something job code can write to under a term's fence (e.g. a PostgreSQL fence)."""
+
+    def fenced(self, node: str, token: int) -> AbstractAsyncContextManager[Any]: ...
+
+
 @attrs.frozen
 class TermContext:
     """The leadership term a source runs in: job code uses ``token`` to fence its own writes."""
 
     node: str
     token: int
+
+    def fenced(self, target: Fence) -> AbstractAsyncContextManager[Any]:
+        """``async with term.fenced(pg) as tx:``: a transaction of ``target`` that applies only
+        while this term's token still holds the job's fence there (``ingestion/postgres/sink.py``
+        ``PostgresFence``)."""
+        return target.fenced(self.node, self.token)
 
 
 # Set by the Ingestor for the duration of each term; a source's tasks inherit it.

@@ -30,14 +30,15 @@ from actors.lease import LeaseTiming, LostReason
 from actors.lease_store import LeaseStore, NodeRegistry
 from actors.messages import (
     CampaignNow,
-    CommitCursor,
     ElectorInput,
     HandBack,
     HeartbeatInput,
     IngestorInput,
     ShutdownRequested,
+    WriterInput,
 )
 from actors.observe import NodeObserver
+from actors.sink import RedisStreamSink, Sink
 from actors.source import Source
 from actors.token_memory import TokenMemory
 
@@ -125,16 +126,19 @@ async def run_node(
     observer: NodeObserver | None = None,
     *,
     gate: CampaignGate | None = None,
+    sink: Sink | None = None,
     task_status: trio.TaskStatus[NodeHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run one node until it is asked to shut down (returns) or ingestion fails fatally (raises).
 
-    ``gate``: asked before every campaign (the balancer, when one process hosts several jobs)."""
+    ``gate``: asked before every campaign (the balancer, when one process hosts several jobs).
+    ``sink``: where the job's records and cursor go (default: the events stream in ``store``)."""
+    job_sink: Sink = sink if sink is not None else RedisStreamSink(store)
     observer = observer or NodeObserver(spec.node, spec.job)
     elector_send, elector_recv = trio.open_memory_channel[ElectorInput | ReleaseNoticed](16)
     heartbeat_send, heartbeat_recv = trio.open_memory_channel[HeartbeatInput](4)
     ingestor_send, ingestor_recv = trio.open_memory_channel[IngestorInput](4)
-    writer_send, writer_recv = trio.open_memory_channel[CommitCursor](0)
+    writer_send, writer_recv = trio.open_memory_channel[WriterInput](0)
 
     # What this node knows of the job on this Redis deployment (durable with a state directory).
     memory = TokenMemory(spec.job, spec.state_dir, deployment=store.deployment)
@@ -142,7 +146,8 @@ async def run_node(
     async with trio.open_nursery() as nursery:
         await nursery.start(
             CursorWriter(
-                store, spec.node, writer_recv, elector_send.clone(), log, observer, memory=memory
+                store, spec.node, writer_recv, elector_send.clone(), log, observer, memory=memory,
+                sink=job_sink,
             ).run
         )
         await nursery.start(
@@ -157,8 +162,10 @@ async def run_node(
             ).run
         )
         ingestor = Ingestor(source, spec.node, ingestor_recv, writer_send, elector_send.clone(), log)
-        # An in-flight commit is answered within the store's call bound: wait that long for it.
-        ingestor.commit_drain = store.call_timeout + 0.25
+        # An in-flight commit is answered within the sink's call bound: wait that long for it.
+        ingestor.commit_drain = job_sink.call_timeout + 0.25
+        ingestor.sink_keeps_cursor = not isinstance(job_sink, RedisStreamSink)
+        ingestor.start_cursor = spec.start_cursor
         await nursery.start(ingestor.run)
         nursery.start_soon(listen_for_releases, store, elector_send.clone())
         nursery.start_soon(store.follow_primary)  # returns at once without Sentinel
@@ -217,6 +224,7 @@ class JobRun:
     spec: NodeSpec
     log: Any
     observer: NodeObserver
+    sink: Sink | None = None  # None: the events stream in ``store``
 
 
 @attrs.define
@@ -296,7 +304,7 @@ async def run_jobs(
                 await run_node(
                     job.store, job.source, job.spec, job.log, job.observer,
                     gate=balancer.gate(job.spec.job) if balancer is not None else None,
-                    task_status=task_status,
+                    sink=job.sink, task_status=task_status,
                 )  # fmt: skip
             except* IngestionFatal as group:
                 # Stopped here only: no longer counted as able to lead it, nor in the share.

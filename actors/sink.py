@@ -1,0 +1,120 @@
+"""Where a job's records and cursor live: the sink the CursorWriter commits through.
+
+The election always stays in Redis; the *data* may live elsewhere. A :class:`Sink` does two
+things, each atomic and fenced where the data lives:
+
+- ``open_term(node, token)``: the first step of every term. A sink that keeps its own cursor
+  (PostgreSQL) raises its fence for the job to ``token`` there (it never goes down) and answers
+  the cursor committed there; the Redis stream sink keeps its cursor in the lease store, which the
+  grant already read, so it does nothing (``TermOpened(cursor=None, own_cursor=False)``).
+- ``commit(node, token, previous_cursor, records, anchor)``: append the records and move the
+  cursor, only if ``token`` still holds the fence and the records continue exactly from
+  ``previous_cursor``. Answers :class:`~actors.lease_store.Committed` or
+  :class:`~actors.lease_store.CommitRejected` (the same reasons as the Redis commit script), or
+  raises :class:`SinkUnavailable` (or ``RedisUnavailable``): the outcome is unknown and the term
+  must end, never retry.
+
+:func:`continuation` is the continuity rule both sinks share, pure: the Redis sink runs it again
+in Lua, a SQL sink runs it in the client and checks the stored cursor in its transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import attrs
+
+from actors.cursor_order import InvalidPagingToken, is_after, token_key
+from actors.lease_store import CommitRejected, Committed, LeaseStore
+from actors.source import Record
+
+
+class SinkUnavailable(Exception):
+    """A sink call failed or timed out: its effect is unknown (it may have been applied)."""
+
+
+@attrs.frozen
+class TermOpened:
+    """The sink accepted the term. ``own_cursor``: the sink keeps the job's cursor, and
+    ``cursor`` is the one committed there (None: nothing yet); else the lease store's counts."""
+
+    cursor: str | None
+    own_cursor: bool
+
+
+class Sink(Protocol):
+    """One job's records and cursor (see the module docstring)."""
+
+    @property
+    def name(self) -> str:
+        """``redis`` or ``postgres``: logged with fencing rejections (``sink``)."""
+        ...
+
+    @property
+    def call_timeout(self) -> float:
+        """Seconds: the longest one call may take (an in-flight commit's drain)."""
+        ...
+
+    async def open_term(self, node: str, token: int) -> TermOpened | CommitRejected: ...
+
+    async def commit(
+        self,
+        node: str,
+        token: int,
+        previous_cursor: str | None,
+        records: Sequence[Record],
+        anchor: str | None = None,
+    ) -> Committed | CommitRejected: ...
+
+
+def continuation(previous_cursor: str | None, records: Sequence[Record], anchor: str | None) -> str | None:
+    """The cursor after a batch, or why the batch cannot follow ``previous_cursor``.
+
+    Returns the new cursor (the anchor when given, else the last record's paging token) or None
+    when the batch is empty with no anchor. Every paging token must be well formed and strictly
+    after the one before it, the first strictly after ``previous_cursor`` (None: the start).
+
+    Raises:
+        ValueError: ``bad-paging-token`` or ``not-after-cursor`` (the Redis script's reasons).
+    """
+    last = previous_cursor
+    for token in [r.paging_token for r in records] + ([anchor] if anchor is not None else []):
+        try:
+            token_key(token)
+            after = is_after(token, last)
+        except InvalidPagingToken as exc:
+            raise ValueError("bad-paging-token") from exc
+        if not after:
+            raise ValueError("not-after-cursor")
+        last = token
+    return last if (records or anchor is not None) else None
+
+
+class RedisStreamSink:
+    """Today's sink: the job's events stream and cursor in Redis, committed by the lease store's
+    commit script (fenced by the lease itself)."""
+
+    def __init__(self, store: LeaseStore) -> None:
+        self.store = store
+
+    @property
+    def name(self) -> str:
+        return "redis"
+
+    @property
+    def call_timeout(self) -> float:
+        return self.store.call_timeout
+
+    async def open_term(self, node: str, token: int) -> TermOpened | CommitRejected:
+        return TermOpened(cursor=None, own_cursor=False)  # the grant carried Redis's cursor
+
+    async def commit(
+        self,
+        node: str,
+        token: int,
+        previous_cursor: str | None,
+        records: Sequence[Record],
+        anchor: str | None = None,
+    ) -> Committed | CommitRejected:
+        return await self.store.commit(node, token, previous_cursor, records, anchor=anchor)

@@ -1,0 +1,399 @@
+"""The PostgreSQL sink: a job's records and cursor in PostgreSQL, fenced there again.
+
+psycopg 3's released async connection is built for asyncio, so this runs its synchronous
+connection the way the lease store runs redis-py: each call in a worker thread
+(``trio.to_thread.run_sync(..., abandon_on_cancel=True)``), the whole call bounded by
+``trio.fail_after(call_timeout)``. A call that fails or times out raises
+:class:`~actors.sink.SinkUnavailable` and its connection is dropped (closed by its own thread once
+that returns); the outcome is unknown, and the CursorWriter ends the term: an ambiguous commit is
+never retried, the next term reads the cursor again in its first transaction.
+
+Each call is one statement of one of the two functions in ``ingestion/postgres/sql.py`` in
+autocommit mode: one round trip, one transaction, no lock held across a client's pause (a
+SIGSTOPped leader holds no row lock). The server bounds a statement that outlives its client
+(``statement_timeout``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import psycopg
+import trio
+
+from actors.lease_store import CommitRejected, Committed
+from actors.sink import SinkUnavailable, TermOpened, continuation
+from actors.source import Record
+from ingestion.postgres import sql
+
+T = TypeVar("T")
+
+_PASSWORD = re.compile(r"((?:^|[?&\s])password=)[^&\s]*")
+
+
+def is_postgres_url(url: str) -> bool:
+    return url.startswith(("postgres://", "postgresql://"))
+
+
+def redact(url: str) -> str:
+    """The URL without its password (``user:***@``, ``password=***``)."""
+    scheme, sep, rest = url.partition("://")
+    if sep:
+        netloc, slash, path = rest.partition("/")
+        userinfo, at, hostport = netloc.rpartition("@")
+        if at and ":" in userinfo:
+            netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
+        url = f"{scheme}{sep}{netloc}{slash}{path}"
+    return _PASSWORD.sub(r"\1***", url)
+
+
+def describe(exc: BaseException, url: str) -> str:
+    """One line for a failed call, naming the setting, never the password."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    password = psycopg.conninfo.conninfo_to_dict(url).get("password") if is_postgres_url(url) else None
+    if password:
+        text = text.replace(str(password), "***")
+    return f"sink.url {redact(url)}: {text}"
+
+
+def is_config_error(exc: BaseException) -> bool:
+    """A failure that retrying cannot fix: credentials, privileges, no such database."""
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege | psycopg.errors.InvalidCatalogName
+                  | psycopg.errors.InvalidAuthorizationSpecification | psycopg.errors.InvalidPassword):
+        return True  # fmt: skip
+    text = str(exc)
+    return any(s in text for s in (
+        "password authentication failed", "no password supplied", "does not exist",
+        "permission denied", "role \"",
+    ))  # fmt: skip
+
+
+def connect(url: str, timeout: float, application: str = "ingestion") -> psycopg.Connection[Any]:
+    """A fresh autocommit connection whose statements the server bounds as well."""
+    ms = max(100, round(timeout * 1000))
+    return psycopg.connect(
+        url,
+        autocommit=True,
+        connect_timeout=max(2, round(timeout + 0.5)),
+        application_name=application,
+        options=f"-c statement_timeout={4 * ms} -c idle_in_transaction_session_timeout={8 * ms}",
+    )
+
+
+def ensure_schema(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Create what is missing of the contract in ``schema`` (``ingestion/postgres/sql.py``);
+    serialised between nodes by an advisory lock.
+
+    Raises:
+        SchemaMismatch: a table exists with other columns.
+        psycopg.Error: the server refused (privileges) or failed.
+    """
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"ingestion-schema:{schema}",))
+        exists = conn.execute(
+            "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)
+        ).fetchone()
+        if exists is None:
+            conn.execute(f"CREATE SCHEMA {sql.quoted(schema)}")  # type: ignore[arg-type]
+        for table in sql.COLUMNS:
+            found = conn.execute(
+                "SELECT column_name, data_type FROM information_schema.columns "
+                "WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
+                (schema, table),
+            ).fetchall()
+            problem = sql.column_problem(schema, table, [(str(c), str(t)) for c, t in found])
+            if problem:
+                raise sql.SchemaMismatch(problem)
+            if not found:
+                conn.execute(sql.create_table(schema, table))  # type: ignore[arg-type]
+        for name in sql.FUNCTIONS:
+            row = conn.execute(
+                "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                "WHERE n.nspname = %s AND p.proname = %s", (schema, name),
+            ).fetchone()
+            if row is None or row[0] != sql.function_body(schema, name):
+                conn.execute(sql.create_function(schema, name))  # type: ignore[arg-type]
+
+
+class PostgresSink:
+    """One job's records and cursor in ``schema`` at ``url`` (see the module docstring)."""
+
+    def __init__(
+        self, url: str, job: str, *, schema: str = "ingestion", call_timeout: float = 1.0,
+        events_max_len: int = 0, application: str = "ingestion",
+    ) -> None:
+        self.url = url
+        self.job = job
+        self.schema = schema
+        self.events_max_len = events_max_len
+        self.application = application
+        self._call_timeout = call_timeout
+        self._conn: psycopg.Connection[Any] | None = None
+        self._schema_ready = False
+        self._q = sql.quoted(schema)
+
+    @property
+    def name(self) -> str:
+        return "postgres"
+
+    @property
+    def call_timeout(self) -> float:
+        return self._call_timeout
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def _with_connection(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """In a worker thread: run ``fn`` on the sink's connection (opened when missing)."""
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            conn = connect(self.url, self._call_timeout, self.application)
+            self._conn = conn
+        try:
+            if not self._schema_ready:
+                ensure_schema(conn, self.schema)
+                self._schema_ready = True
+            return fn(conn)
+        except BaseException:
+            if self._conn is conn:
+                self._conn = None
+            conn.close()
+            raise
+        finally:
+            if self._conn is not conn:  # abandoned by a timed-out caller meanwhile
+                conn.close()
+
+    async def call(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Run ``fn(connection)`` in a worker thread, bounded by ``call_timeout``.
+
+        Raises:
+            SinkUnavailable: it failed or timed out (its effect is unknown).
+        """
+        try:
+            with trio.fail_after(self._call_timeout):
+                return await trio.to_thread.run_sync(
+                    functools.partial(self._with_connection, fn), abandon_on_cancel=True
+                )
+        except trio.TooSlowError as exc:
+            self._conn = None  # its thread closes it when it returns
+            raise SinkUnavailable(
+                f"sink.url {redact(self.url)}: timed out: no answer within "
+                f"{self._call_timeout * 1000:.0f} ms"
+            ) from exc
+        except (psycopg.Error, sql.SchemaMismatch, OSError) as exc:
+            raise SinkUnavailable(describe(exc, self.url)) from exc
+
+    async def open_term(self, node: str, token: int) -> TermOpened | CommitRejected:
+        def run(conn: psycopg.Connection[Any]) -> tuple[Any, ...] | None:
+            return conn.execute(
+                f"SELECT * FROM {self._q}.open_term(%s, %s)", (self.job, token)  # type: ignore[arg-type]
+            ).fetchone()
+
+        row = await self.call(run)
+        assert row is not None
+        ok, fence, cursor = row
+        if not ok:
+            return CommitRejected(token=token, reason="stale-token", current_token=int(fence),
+                                  stored_cursor=None)  # fmt: skip
+        return TermOpened(cursor=cursor, own_cursor=True)
+
+    async def commit(
+        self,
+        node: str,
+        token: int,
+        previous_cursor: str | None,
+        records: Sequence[Record],
+        anchor: str | None = None,
+    ) -> Committed | CommitRejected:
+        """Append ``records`` and move the cursor in one fenced transaction.
+
+        Raises:
+            ValueError: nothing to commit.
+            SinkUnavailable: the outcome is unknown.
+        """
+        if not records and anchor is None:
+            raise ValueError("a commit carries records, an anchor cursor, or both")
+        try:
+            cursor = continuation(previous_cursor, records, anchor)
+        except ValueError as exc:
+            return CommitRejected(token=token, reason=str(exc), current_token=token,
+                                  stored_cursor=previous_cursor)  # fmt: skip
+        tokens = [r.paging_token for r in records]
+        bodies = [r.body for r in records]
+        params = (self.job, token, previous_cursor, cursor, self.events_max_len, tokens, bodies)
+
+        def run(conn: psycopg.Connection[Any]) -> tuple[Any, ...] | None:
+            return conn.execute(
+                f"SELECT * FROM {self._q}.commit_batch(%s, %s, %s, %s, %s, %s::text[], %s::text[])",  # type: ignore[arg-type]
+                params,
+            ).fetchone()
+
+        row = await self.call(run)
+        assert row is not None
+        answer = sql.CommitAnswer.from_row(row)
+        if answer.ok:
+            return Committed(token=token, cursor=answer.stored or "", count=len(records),
+                             trimmed=answer.trimmed)  # fmt: skip
+        return CommitRejected(token=token, reason=answer.reason, current_token=answer.fence,
+                              stored_cursor=answer.stored)  # fmt: skip
+
+
+class FencedTransaction:
+    """Job code's own SQL inside a transaction that holds the job's fence (see
+    :meth:`PostgresFence.fenced`). ``execute`` runs one statement in a worker thread."""
+
+    def __init__(self, fence: PostgresFence, conn: psycopg.Connection[Any]) -> None:
+        self._fence = fence
+        self._conn = conn
+
+    async def execute(
+        self, query: str, params: Sequence[Any] | dict[str, Any] | None = None
+    ) -> list[tuple[Any, ...]]:
+        """Run ``query``; its rows (empty for a statement without any).
+
+        Raises:
+            SinkUnavailable: it failed or timed out (the transaction will not commit).
+        """
+        def run() -> list[tuple[Any, ...]]:
+            cur = self._conn.execute(query, params)  # type: ignore[arg-type]
+            return cur.fetchall() if cur.description is not None else []
+
+        return await self._fence._run(run)
+
+
+class FenceRejected(Exception):
+    """The job's fence in PostgreSQL holds a newer token: this term is over; nothing was written."""
+
+    def __init__(self, job: str, token: int, fence: int) -> None:
+        super().__init__(f"job {job!r}: token {token} is stale, the fence holds {fence}")
+        self.token = token
+        self.fence = fence
+
+
+class PostgresFence:
+    """Fenced writes for job code: ``async with term.fenced(fence) as tx: await tx.execute(...)``
+    (``actors.source.TermContext.fenced``). Each use opens a transaction on a connection of its
+    own, raises the job's fence to the term's token like a new term's first transaction (refused,
+    :class:`FenceRejected`, when it is higher) and holds the fence row locked until the
+    transaction commits, so no newer term's transaction can interleave. A commit that loses its
+    connection is unknown (:class:`~actors.sink.SinkUnavailable`): job code must be idempotent."""
+
+    def __init__(self, url: str, job: str, *, schema: str = "ingestion", call_timeout: float = 2.0) -> None:
+        self.url = url
+        self.job = job
+        self.schema = schema
+        self.call_timeout = call_timeout
+        self._q = sql.quoted(schema)
+        self._schema_ready = False
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        try:
+            with trio.fail_after(self.call_timeout):
+                return await trio.to_thread.run_sync(fn, abandon_on_cancel=True)
+        except trio.TooSlowError as exc:
+            raise SinkUnavailable(f"sink.url {redact(self.url)}: timed out") from exc
+        except (psycopg.Error, OSError) as exc:
+            raise SinkUnavailable(describe(exc, self.url)) from exc
+
+    @asynccontextmanager
+    async def fenced(self, node: str, token: int) -> AsyncIterator[FencedTransaction]:
+        def begin() -> psycopg.Connection[Any]:
+            conn = connect(self.url, self.call_timeout, f"ingestion-job:{self.job}")
+            try:
+                if not self._schema_ready:
+                    ensure_schema(conn, self.schema)
+                    self._schema_ready = True
+                conn.execute("BEGIN")
+                row = conn.execute(
+                    f"SELECT ok, fence FROM {self._q}.open_term(%s, %s)", (self.job, token)  # type: ignore[arg-type]
+                ).fetchone()
+                assert row is not None
+                if not row[0]:
+                    conn.execute("ROLLBACK")
+                    raise FenceRejected(self.job, token, int(row[1]))
+                conn.execute(
+                    f"SELECT 1 FROM {self._q}.fences WHERE job = %s FOR UPDATE", (self.job,)  # type: ignore[arg-type]
+                )
+            except BaseException:
+                conn.close()
+                raise
+            return conn
+
+        conn = await self._run(begin)
+        try:
+            yield FencedTransaction(self, conn)
+            await self._run(functools.partial(conn.execute, "COMMIT"))
+        finally:
+            await trio.to_thread.run_sync(conn.close, abandon_on_cancel=True)
+
+
+def read_events(
+    url: str, schema: str, job: str, after_seq: int = 0, limit: int = 1000, timeout: float = 5.0
+) -> list[tuple[int, str, int, str]]:
+    """(seq, paging_token, token, record JSON) after ``after_seq``, in order (read-only tools)."""
+    with connect(url, timeout, "ingestion-read") as conn:
+        rows = conn.execute(
+            f"SELECT seq, paging_token, token, record::text FROM {sql.quoted(schema)}.events "  # type: ignore[arg-type]
+            "WHERE job = %s AND seq > %s ORDER BY seq LIMIT %s",
+            (job, after_seq, limit),
+        ).fetchall()
+    return [(int(s), str(p), int(t), str(r)) for s, p, t, r in rows]
+
+
+def job_state(url: str, schema: str, job: str, timeout: float = 5.0) -> dict[str, Any]:
+    """A job's state in the sink: cursor, fence, rows kept, first and last ``seq``, terms."""
+    q = sql.quoted(schema)
+    with connect(url, timeout, "ingestion-read") as conn:
+        cur = conn.execute(f"SELECT cursor, token FROM {q}.cursors WHERE job = %s", (job,)).fetchone()  # type: ignore[arg-type]
+        fence = conn.execute(f"SELECT token FROM {q}.fences WHERE job = %s", (job,)).fetchone()  # type: ignore[arg-type]
+        count, first, last = conn.execute(
+            f"SELECT count(*), min(seq), max(seq) FROM {q}.events WHERE job = %s", (job,)  # type: ignore[arg-type]
+        ).fetchone() or (0, None, None)
+        terms = conn.execute(
+            f"SELECT token, after_seq FROM {q}.terms WHERE job = %s ORDER BY token", (job,)  # type: ignore[arg-type]
+        ).fetchall()
+    return {
+        "sink": "postgres", "schema": schema, "cursor": cur[0] if cur else None,
+        "cursor_token": int(cur[1]) if cur else None, "fence": int(fence[0]) if fence else None,
+        "events": int(count), "first_seq": first, "last_seq": last,
+        "terms": [{"token": int(t), "after_seq": int(s)} for t, s in terms],
+    }  # fmt: skip
+
+
+def check_job(url: str, schema: str, job: str, timeout: float = 30.0) -> tuple[list[str], int]:
+    """Verify a job's rows: exactly once, in order (paging tokens strictly rising along ``seq``),
+    ``seq`` without gaps, tokens never decreasing and never below the fence history. Returns
+    (problems, rows checked)."""
+    from actors.cursor_order import token_key
+
+    q = sql.quoted(schema)
+    with connect(url, timeout, "ingestion-verify") as conn:
+        rows = conn.execute(
+            f"SELECT seq, token, paging_token FROM {q}.events WHERE job = %s ORDER BY seq", (job,)  # type: ignore[arg-type]
+        ).fetchall()
+        terms = conn.execute(
+            f"SELECT token, after_seq FROM {q}.terms WHERE job = %s ORDER BY token", (job,)  # type: ignore[arg-type]
+        ).fetchall()
+        cur = conn.execute(f"SELECT cursor FROM {q}.cursors WHERE job = %s", (job,)).fetchone()  # type: ignore[arg-type]
+    problems = sql.verify_fences([(int(s), int(t)) for s, t, _ in rows], [(int(t), int(a)) for t, a in terms])
+    previous: str | None = None
+    for seq, _t, pt in rows:
+        if previous is not None and token_key(pt) <= token_key(previous):
+            problems.append(f"seq {seq}: paging token {pt} not after {previous} (duplicate or out of order)")
+        previous = pt
+    if rows and cur is not None and token_key(cur[0]) < token_key(previous or "0"):
+        problems.append(f"cursor {cur[0]} is behind the last row's paging token {previous}")
+    return problems, len(rows)
+
+
+def payload(notify: str) -> dict[str, Any]:
+    """A ``NOTIFY`` payload as sent by ``commit_batch``: ``{"job", "seq", "cursor"}``."""
+    value: dict[str, Any] = json.loads(notify)
+    return value

@@ -1,0 +1,237 @@
+"""The PostgreSQL sink's contract: its tables, its two functions, and the migration rule. Pure:
+SQL text and decisions, no I/O (``ingestion/postgres/sink.py`` runs them).
+
+Tables, in the schema ``sink.schema`` (default ``ingestion``), one set shared by every job:
+
+- ``events (job, seq, paging_token, token, record jsonb, committed_at)``: the records, ``seq``
+  1, 2, 3, ... per job in commit order (primary key ``(job, seq)``), ``token`` the fencing token
+  of the term that committed the row.
+- ``cursors (job, cursor, token)``: the committed cursor of each job and the token that moved it.
+- ``fences (job, token)``: the highest token that opened a term for the job; it only ever rises.
+- ``terms (job, token, after_seq, opened_at)``: the fence's history: term ``token`` opened when
+  the job's last row was ``after_seq`` (what ``verify`` judges a job by).
+
+Two functions, each one statement and so one transaction, the way the Redis commit script is one
+atomic call:
+
+- ``open_term(job, token)``: raises the fence to ``token`` (refused when it is higher already),
+  records the raise in ``terms``, answers the committed cursor.
+- ``commit_batch(job, token, previous, cursor, max_len, paging_tokens[], records[])``: locks the
+  fence row, refuses unless it holds exactly ``token`` (``stale-token`` when higher,
+  ``term-not-open`` when lower) and the stored cursor is ``previous`` (``cursor-moved``), inserts the
+  rows after the job's last ``seq``, moves the cursor, deletes rows beyond ``max_len`` (0: keep
+  all), and ``NOTIFY``s channel ``<schema>_events`` with ``{"job", "seq", "cursor"}``, delivered
+  when the transaction commits. The batch's own order and its continuity from ``previous`` are
+  checked before it is sent (``actors.sink.continuation``), as the Redis script checks them.
+
+Migration rule: at start the sink creates what is missing and never alters or drops anything. A
+table that exists must have at least the columns below with these types (extra columns are
+allowed: a later version may only add columns, nullable or with a default); the functions are
+replaced when their text differs from this version's.
+"""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+
+SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+# table -> (column, information_schema data_type), the contract's columns.
+COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    "fences": (("job", "text"), ("token", "bigint")),
+    "cursors": (("job", "text"), ("cursor", "text"), ("token", "bigint")),
+    "events": (
+        ("job", "text"),
+        ("seq", "bigint"),
+        ("paging_token", "text"),
+        ("token", "bigint"),
+        ("record", "jsonb"),
+        ("committed_at", "timestamp with time zone"),
+    ),
+    "terms": (("job", "text"), ("token", "bigint"), ("after_seq", "bigint"),
+              ("opened_at", "timestamp with time zone")),
+}  # fmt: skip
+
+_TABLES = {
+    "fences": "job text PRIMARY KEY, token bigint NOT NULL",
+    "cursors": "job text PRIMARY KEY, cursor text NOT NULL, token bigint NOT NULL",
+    "events": (
+        "job text NOT NULL, seq bigint NOT NULL, paging_token text NOT NULL, token bigint NOT NULL, "
+        "record jsonb NOT NULL, committed_at timestamptz NOT NULL DEFAULT now(), "
+        "PRIMARY KEY (job, seq)"
+    ),
+    "terms": (
+        "job text NOT NULL, token bigint NOT NULL, after_seq bigint NOT NULL, "
+        "opened_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (job, token)"
+    ),
+}
+
+OPEN_TERM_BODY = """
+DECLARE
+  fence bigint;
+  last bigint;
+BEGIN
+  INSERT INTO {s}.fences (job, token) VALUES (p_job, 0) ON CONFLICT (job) DO NOTHING;
+  SELECT f.token INTO fence FROM {s}.fences f WHERE f.job = p_job FOR UPDATE;
+  IF fence > p_token THEN
+    RETURN QUERY SELECT false, fence, NULL::text;
+    RETURN;
+  END IF;
+  IF fence < p_token THEN
+    UPDATE {s}.fences SET token = p_token WHERE job = p_job;
+    SELECT coalesce(max(e.seq), 0) INTO last FROM {s}.events e WHERE e.job = p_job;
+    INSERT INTO {s}.terms (job, token, after_seq) VALUES (p_job, p_token, last)
+      ON CONFLICT DO NOTHING;
+  END IF;
+  RETURN QUERY SELECT true, p_token, (SELECT c.cursor FROM {s}.cursors c WHERE c.job = p_job);
+END
+"""
+
+COMMIT_BODY = """
+DECLARE
+  fence bigint;
+  stored text;
+  last bigint;
+  n bigint := coalesce(array_length(p_tokens, 1), 0);
+  trimmed bigint := 0;
+BEGIN
+  SELECT f.token INTO fence FROM {s}.fences f WHERE f.job = p_job FOR UPDATE;
+  SELECT c.cursor INTO stored FROM {s}.cursors c WHERE c.job = p_job;
+  IF fence IS NULL OR fence < p_token THEN
+    RETURN QUERY SELECT false, 'term-not-open'::text, coalesce(fence, 0), stored, 0::bigint, 0::bigint;
+    RETURN;
+  END IF;
+  IF fence > p_token THEN
+    RETURN QUERY SELECT false, 'stale-token'::text, fence, stored, 0::bigint, 0::bigint;
+    RETURN;
+  END IF;
+  IF stored IS DISTINCT FROM p_previous THEN
+    RETURN QUERY SELECT false, 'cursor-moved'::text, fence, stored, 0::bigint, 0::bigint;
+    RETURN;
+  END IF;
+  SELECT coalesce(max(e.seq), 0) INTO last FROM {s}.events e WHERE e.job = p_job;
+  IF n > 0 THEN
+    INSERT INTO {s}.events (job, seq, paging_token, token, record)
+      SELECT p_job, last + r.i, r.pt, p_token, p_records[r.i]::jsonb
+      FROM unnest(p_tokens) WITH ORDINALITY AS r(pt, i);
+  END IF;
+  INSERT INTO {s}.cursors (job, cursor, token) VALUES (p_job, p_cursor, p_token)
+    ON CONFLICT (job) DO UPDATE SET cursor = excluded.cursor, token = excluded.token;
+  IF p_max_len > 0 AND n > 0 THEN
+    DELETE FROM {s}.events e WHERE e.job = p_job AND e.seq <= last + n - p_max_len;
+    GET DIAGNOSTICS trimmed = ROW_COUNT;
+  END IF;
+  PERFORM pg_notify({channel},
+    json_build_object('job', p_job, 'seq', last + n, 'cursor', p_cursor)::text);
+  RETURN QUERY SELECT true, ''::text, fence, p_cursor, last + n, trimmed;
+END
+"""
+
+FUNCTIONS = {
+    "open_term": (
+        "p_job text, p_token bigint",
+        "TABLE(ok boolean, fence bigint, cursor text)",
+        OPEN_TERM_BODY,
+    ),
+    "commit_batch": (
+        "p_job text, p_token bigint, p_previous text, p_cursor text, p_max_len bigint, "
+        "p_tokens text[], p_records text[]",
+        "TABLE(ok boolean, reason text, fence bigint, stored text, last_seq bigint, trimmed bigint)",
+        COMMIT_BODY,
+    ),
+}
+
+
+class SchemaMismatch(ValueError):
+    """A table of the sink's schema exists with other columns: one line naming ``sink.schema``."""
+
+
+def quoted(schema: str) -> str:
+    """``schema`` as an SQL identifier (config has checked it against :data:`SCHEMA_NAME`).
+
+    Raises:
+        ValueError: not a plain lower-case identifier.
+    """
+    if not SCHEMA_NAME.fullmatch(schema):
+        raise ValueError(f"not a plain lower-case SQL identifier: {schema!r}")
+    return f'"{schema}"'
+
+
+def channel(schema: str) -> str:
+    """The ``NOTIFY`` channel a commit signals: ``<schema>_events`` (``ingestion_events``)."""
+    return f"{schema}_events"
+
+
+def create_table(schema: str, table: str) -> str:
+    return f"CREATE TABLE IF NOT EXISTS {quoted(schema)}.{table} ({_TABLES[table]})"
+
+
+def function_body(schema: str, name: str) -> str:
+    body = FUNCTIONS[name][2]
+    return body.replace("{s}", quoted(schema)).replace("{channel}", f"'{channel(schema)}'")
+
+
+def create_function(schema: str, name: str) -> str:
+    params, returns, _ = FUNCTIONS[name]
+    return (
+        f"CREATE OR REPLACE FUNCTION {quoted(schema)}.{name}({params}) RETURNS {returns} "
+        f"LANGUAGE plpgsql AS $fn${function_body(schema, name)}$fn$"
+    )
+
+
+def column_problem(schema: str, table: str, found: list[tuple[str, str]]) -> str | None:
+    """Why ``table`` (its (column, data_type) pairs, empty: missing) breaks the contract, or None."""
+    have = dict(found)
+    missing = [f"{c} {t}" for c, t in COLUMNS[table] if have.get(c) != t]
+    if not found or not missing:
+        return None
+    return (
+        f"sink.schema: table {schema}.{table} exists with other columns (lacks {', '.join(missing)}): "
+        f"give another sink.schema, or move that table away"
+    )
+
+
+@attrs.frozen
+class CommitAnswer:
+    """What ``commit_batch`` answered (one row)."""
+
+    ok: bool
+    reason: str
+    fence: int
+    stored: str | None
+    last_seq: int
+    trimmed: int
+
+    @classmethod
+    def from_row(cls, row: tuple[object, ...]) -> CommitAnswer:
+        ok, reason, fence, stored, last_seq, trimmed = row
+        return cls(bool(ok), str(reason), int(fence), stored if stored is None else str(stored),  # type: ignore[call-overload]
+                   int(last_seq), int(trimmed))  # type: ignore[call-overload]
+
+
+def verify_fences(rows: list[tuple[int, int]], terms: list[tuple[int, int]]) -> list[str]:
+    """Judge a job's rows by its fence history. ``rows``: (seq, token) in ``seq`` order;
+    ``terms``: (token, after_seq) in token order. Returns one line per violation.
+
+    A row is good when its token never decreases along ``seq`` and, once term ``t`` opened after
+    row ``s``, no row past ``s`` carries a token below ``t``: the fence refused every such commit.
+    (A row just before the raise may carry the older token: the stale leader's commit that landed
+    before the new term's first transaction, harmless by continuity.)"""
+    problems: list[str] = []
+    previous_seq, previous_token = 0, 0
+    floors = sorted(terms, key=lambda t: t[1])
+    k, floor = 0, 0
+    for seq, token in rows:
+        if seq != previous_seq + 1 and previous_seq:
+            problems.append(f"seq {seq} follows {previous_seq}: a gap")
+        if token < previous_token:
+            problems.append(f"seq {seq}: token {token} after token {previous_token}")
+        while k < len(floors) and floors[k][1] < seq:
+            floor = max(floor, floors[k][0])
+            k += 1
+        if token < floor:
+            problems.append(f"seq {seq}: token {token} committed after the fence rose to {floor}")
+        previous_seq, previous_token = seq, token
+    return problems

@@ -1,0 +1,157 @@
+"""The PostgreSQL sink against a real server (Debian's postgres, started here), and its pure parts
+(continuity, the fence-history check, the column contract) alone."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+import structlog
+import trio
+
+from actors.cursor_writer import CursorWriter
+from actors.lease_store import CommitRejected, Committed
+from actors.messages import CommitCursor, CommitRefused, CursorCommitted, OpenTerm, SinkOpened
+from actors.observe import NodeObserver
+from actors.sink import TermOpened, continuation
+from actors.source import Record, SyntheticSource, TermContext
+from ingestion.postgres import sql
+from ingestion.postgres.local import LocalPostgres
+from ingestion.postgres.sink import (
+    FenceRejected,
+    PostgresFence,
+    PostgresSink,
+    check_job,
+    connect,
+    ensure_schema,
+    read_events,
+)
+
+SRC = SyntheticSource(total=None)
+
+
+def recs(first: int, last: int) -> list[Record]:
+    return [SRC.record(i) for i in range(first, last + 1)]
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[LocalPostgres]:
+    server = LocalPostgres().start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+def test_continuation_is_the_redis_scripts_rule() -> None:
+    assert continuation(None, recs(1, 3), None) == SRC.token_of(3)
+    assert continuation(SRC.token_of(3), [], SRC.token_of(9)) == SRC.token_of(9)
+    with pytest.raises(ValueError, match="not-after-cursor"):
+        continuation(SRC.token_of(3), recs(3, 4), None)
+    with pytest.raises(ValueError, match="not-after-cursor"):
+        continuation(None, recs(1, 2), SRC.token_of(1))
+    with pytest.raises(ValueError, match="bad-paging-token"):
+        continuation(None, [Record("x", "{}")], None)
+
+
+def test_fence_history_judges_rows_by_when_the_fence_rose() -> None:
+    # term 2 opened after row 2; a stale term-1 row before the raise is fine, after it is not
+    assert sql.verify_fences([(1, 1), (2, 1), (3, 2)], [(1, 0), (2, 2)]) == []
+    assert sql.verify_fences([(1, 1), (2, 2), (3, 1)], [(1, 0), (2, 1)]) != []
+    assert sql.verify_fences([(1, 1), (3, 1)], [(1, 0)]) == ["seq 3 follows 1: a gap"]
+
+
+def test_a_table_with_other_columns_breaks_the_contract() -> None:
+    assert sql.column_problem("ingestion", "events", []) is None
+    line = sql.column_problem("ingestion", "events", [("job", "text"), ("id", "integer")])
+    assert line is not None and line.startswith("sink.schema: table ingestion.events")
+
+
+async def test_commits_are_fenced_continuous_and_notified(pg: LocalPostgres) -> None:
+    sink = PostgresSink(pg.url, "j1", call_timeout=5)
+    assert await sink.open_term("a", 1) == TermOpened(None, True)
+    listener = psycopg.connect(pg.url, autocommit=True)
+    listener.execute("LISTEN ingestion_events")
+    done = await sink.commit("a", 1, None, recs(1, 3))
+    assert done == Committed(token=1, cursor=SRC.token_of(3), count=3)
+    note = next(listener.notifies(timeout=2, stop_after=1))
+    assert json.loads(note.payload) == {"job": "j1", "seq": 3, "cursor": SRC.token_of(3)}
+    listener.close()
+    # a replayed batch: the stored cursor moved on
+    replay = await sink.commit("a", 1, None, recs(1, 3))
+    assert isinstance(replay, CommitRejected) and replay.reason == "cursor-moved"
+    # a new term raises the fence and reads the cursor there ...
+    other = PostgresSink(pg.url, "j1", call_timeout=5)
+    assert await other.open_term("b", 2) == TermOpened(SRC.token_of(3), True)
+    # ... after which the old term's commit changes nothing
+    stale = await sink.commit("a", 1, SRC.token_of(3), recs(4, 5))
+    assert stale == CommitRejected(1, "stale-token", 2, SRC.token_of(3))
+    assert await sink.open_term("a", 1) == CommitRejected(1, "stale-token", 2, None)
+    assert await other.commit("b", 2, SRC.token_of(3), recs(4, 5)) == Committed(2, SRC.token_of(5), 2)
+    rows = read_events(pg.url, "ingestion", "j1")
+    assert [(s, p, t) for s, p, t, _ in rows] == [
+        (i, SRC.token_of(i), 1 if i <= 3 else 2) for i in range(1, 6)
+    ]
+    assert json.loads(rows[0][3]) == json.loads(SRC.record(1).body)
+    assert check_job(pg.url, "ingestion", "j1") == ([], 5)
+    sink.close()
+    other.close()
+
+
+async def test_retention_keeps_the_newest_max_len_rows(pg: LocalPostgres) -> None:
+    sink = PostgresSink(pg.url, "kept", call_timeout=5, events_max_len=4)
+    await sink.open_term("a", 1)
+    cursor = None
+    for first in range(1, 20, 3):
+        done = await sink.commit("a", 1, cursor, recs(first, first + 2))
+        assert isinstance(done, Committed)
+        cursor = done.cursor
+    rows = read_events(pg.url, "ingestion", "kept")
+    assert [s for s, *_ in rows] == [18, 19, 20, 21]
+    sink.close()
+
+
+async def test_the_cursor_writer_steps_down_on_a_postgres_fence(pg: LocalPostgres) -> None:
+    sink = PostgresSink(pg.url, "w", call_timeout=5)
+    inbox_send, inbox = trio.open_memory_channel[CommitCursor | OpenTerm](0)
+    elector_send, elector_recv = trio.open_memory_channel[object](4)
+    observer = NodeObserver("a", "w")
+    writer = CursorWriter(None, "a", inbox, elector_send, structlog.get_logger(), observer, sink=sink)  # type: ignore[arg-type]
+    reply_send, reply_recv = trio.open_memory_channel[object](1)
+    with structlog.testing.capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            await inbox_send.send(OpenTerm(1, reply_send))  # type: ignore[arg-type]
+            assert await reply_recv.receive() == SinkOpened(1, None)
+            await inbox_send.send(CommitCursor(1, None, tuple(recs(1, 2)), reply_send))  # type: ignore[arg-type]
+            assert await reply_recv.receive() == CursorCommitted(1, SRC.token_of(2), 2)
+            assert await PostgresSink(pg.url, "w", call_timeout=5).open_term("b", 7) == TermOpened(
+                SRC.token_of(2), True
+            )
+            await inbox_send.send(CommitCursor(1, SRC.token_of(2), tuple(recs(3, 3)), reply_send))  # type: ignore[arg-type]
+            assert await reply_recv.receive() == CommitRefused(1, "stale-token", 7)
+            assert (await elector_recv.receive()).current_token == 7  # type: ignore[attr-defined]
+            inbox_send.close()
+    fenced = [e for e in logs if e["event"] == "fencing-token-rejected"]
+    assert fenced and fenced[0]["sink"] == "postgres" and fenced[0]["checked_by"] == "postgres"
+    sink.close()
+
+
+async def test_job_code_writes_only_under_the_current_fence(pg: LocalPostgres) -> None:
+    pg.psql("CREATE TABLE IF NOT EXISTS public.notes (k text PRIMARY KEY, v int)")
+    fence = PostgresFence(pg.url, "proj", call_timeout=5)
+    async with TermContext("a", 3).fenced(fence) as tx:
+        await tx.execute("INSERT INTO public.notes VALUES ('x', 3)")
+    with pytest.raises(FenceRejected):
+        async with TermContext("old", 2).fenced(fence) as tx:
+            await tx.execute("UPDATE public.notes SET v = 2")
+    with connect(pg.url, 5) as conn:
+        assert conn.execute("SELECT v FROM public.notes").fetchall() == [(3,)]
+
+
+def test_an_existing_table_with_other_columns_is_refused(pg: LocalPostgres) -> None:
+    pg.psql("CREATE SCHEMA odd; CREATE TABLE odd.events (id int)")
+    with connect(pg.url, 5) as conn, pytest.raises(sql.SchemaMismatch, match="sink.schema: table odd.events"):
+        ensure_schema(conn, "odd")
