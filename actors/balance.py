@@ -96,7 +96,10 @@ class BalanceRule:
         return self.picture.rank(job)
 
     def campaign_delay(self, job: str, held: Iterable[str]) -> float | None:
-        decision = campaign(self.picture, job, held, free_for=None, ttl=1.0)
+        held = set(held) - {job}
+        # What this node holds is all it knows of the leaders: the placement counts it.
+        picture = attrs.evolve(self.picture, leaders=dict.fromkeys(held, self.node))
+        decision = campaign(picture, job, held, free_for=None, ttl=1.0)
         return decision.delay if isinstance(decision, Campaign) else None
 
     def tick(self, live: Iterable[str], held: Iterable[str]) -> str | None:

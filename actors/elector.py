@@ -227,6 +227,16 @@ class Elector:
         free_for = None if self._free_since is None else now - self._free_since
         delay = await gate.campaign_delay(fresh=self._woken, free_for=free_for)
         self._woken = False
+        if delay is not None and delay > 0:
+            # A rendezvous delay (another node is better placed, or this is a standby's look at
+            # a held lease): a release notice meanwhile changes the picture, so ask again on a
+            # fresh view rather than wait the delay out (the placement may now say "at once").
+            self._held_off.discard("share-reached")
+            await self._standby_until(trio.current_time() + delay, wake_on_campaign=False)
+            if self._woken:
+                gate.campaign_done()  # this campaign is abandoned: not in flight any more
+                return False
+            return not self._stopping
         return await self._wait_for_turn(delay, gate.recheck, "share-reached")
 
     def _saw_holder(self, holder: str | None, ttl_left_ms: int | None) -> None:
@@ -320,9 +330,14 @@ class Elector:
         wait = standby_wait(held.ttl_left_ms, self.ttl_ms, random.uniform(0, self.jitter))
         await self._standby_until(trio.current_time() + wait)
 
-    async def _standby_until(self, deadline: float, *, wake_on_release: bool = True) -> None:
+    async def _standby_until(
+        self, deadline: float, *, wake_on_release: bool = True, wake_on_campaign: bool | None = None
+    ) -> None:
         """Wait until ``deadline``, a shutdown request or (unless told not to) a release notice or
-        a balancer's wake-up (``CampaignNow``); ``self._woken`` says whether one of those ended it."""
+        a balancer's wake-up (``CampaignNow``; by default as for release notices);
+        ``self._woken`` says whether one of those ended it."""
+        if wake_on_campaign is None:
+            wake_on_campaign = wake_on_release
         self._woken = False
         while not self._stopping:
             with trio.move_on_at(deadline):
@@ -337,7 +352,7 @@ class Elector:
                     self._woken = True
                     await trio.sleep(random.uniform(0, self.jitter / 4))
                     return
-                elif wake_on_release and isinstance(msg, CampaignNow):
+                elif wake_on_campaign and isinstance(msg, CampaignNow):
                     self._woken = True
                     return
                 continue  # a late message about a finished term

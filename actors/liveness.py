@@ -239,13 +239,17 @@ def campaign(
     ``held``: the jobs this node leads or campaigns for (``job`` not counted); ``free_for``:
     seconds this node knows the lease to have been free (None: held, or not known to be free).
     """
+    # The placement first: it already counts what this node leads against the share, and a
+    # campaign in flight here (a fallback for a job placed elsewhere, a standby's look at a held
+    # lease) must not hold back a job the placement gives this node, or the released lease waits
+    # out that campaign's rendezvous delay (issue 23: 54 ms instead of a few).
+    if picture.placement().get(job) == picture.node:
+        return Campaign(0.0)
     delay = min(MAX_RANK_DELAY, picture.rank(job) * RANK_STEP)
     if len(set(held) - {job}) >= picture.share:
         if free_for is not None and free_for >= ADOPT_AFTER_TTLS * ttl:
             return Campaign(delay, adopting=True)
         return HoldOff("share-reached")
-    if picture.placement().get(job) == picture.node:
-        return Campaign(0.0)
     return Campaign(delay)
 
 

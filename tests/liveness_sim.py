@@ -130,8 +130,8 @@ class World:
             j = node.jobs.get(job)
             if j is not None and not j.leading and node.name != name and not self.paused(node):
                 j.free_since, j.seen_holder = self.t, None
-                if j.campaign_at is None:
-                    j.next_ask = self.t
+                # A notice wakes a standby, also out of a rendezvous delay (it asks again).
+                j.campaign_at, j.next_ask = None, self.t
 
     def stop_job(self, name: str, job: str) -> None:
         """The job fails fatally on this node only: its tree ends (lease released), the node's
