@@ -133,6 +133,12 @@ def _run_parser() -> argparse.ArgumentParser:
                ("events", "max_len")),
     )  # fmt: skip
     p.add_argument(
+        "--sink", metavar="URL",
+        help=h("postgresql://USER:PASSWORD@HOST:PORT/DB: the jobs' records and cursors in "
+               "PostgreSQL (the election stays in Redis); default: the Redis events stream",
+               ("sink", "url")),
+    )  # fmt: skip
+    p.add_argument(
         "--metrics-port", type=int, metavar="N",
         help=h("Prometheus /metrics port; 0: off", ("observe", "metrics_port")),
     )  # fmt: skip
@@ -164,6 +170,7 @@ def _flags_layer(ns: argparse.Namespace) -> dict[str, dict[str, Any]]:
         ("redis", "url"): ns.redis,
         ("lease", "ttl_ms"): ns.lease_ttl_ms,
         ("events", "max_len"): getattr(ns, "events_max_len", None),
+        ("sink", "url"): getattr(ns, "sink", None),
         ("observe", "metrics_port"): getattr(ns, "metrics_port", None),
         ("observe", "status_port"): getattr(ns, "status_port", None),
         ("log", "level"): getattr(ns, "log_level", None),

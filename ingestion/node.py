@@ -35,6 +35,7 @@ from actors.lease_store import (
 )
 from actors.observe import NodeObserver
 from actors.scheduled import ScheduledJob
+from actors.sink import Sink
 from actors.source import Batch, Source, SourceFatalError, current_term
 from actors.supervisor import JobRun, NodeSpec, run_jobs
 from actors.token_memory import TokenMemory
@@ -127,6 +128,37 @@ def build_store(settings: Settings, job: str | None = None, client: redis.Redis 
     )
 
 
+PREFLIGHT_TIMEOUT = 2.0  # seconds, each start-up question to Redis (or PostgreSQL)
+
+
+def build_sink(settings: Settings, job: JobSettings, store: LeaseStore) -> Sink | None:
+    """The job's sink when it is not the Redis events stream (``job.sink``, a PostgreSQL URL)."""
+    if not job.sink:
+        return None
+    from ingestion.postgres.sink import PostgresSink
+
+    return PostgresSink(
+        job.sink, job.name, schema=settings.sink.schema, call_timeout=store.call_timeout,
+        events_max_len=settings.events.max_len, application=f"ingestion:{settings.node.id}",
+    )  # fmt: skip
+
+
+def check_sinks(settings: Settings, timeout: float = PREFLIGHT_TIMEOUT) -> None:
+    """Create what is missing of each PostgreSQL sink's schema, or refuse to start.
+
+    Raises:
+        ConfigError: one line naming ``sink.url`` (credentials, privileges, no such database) or
+            ``sink.schema`` (a table with other columns). A server that does not answer is an
+            outage, not a configuration error: each term tries again.
+    """
+    from ingestion.postgres.sink import sink_problem
+
+    for url in sorted({j.sink for j in settings.jobs if j.sink}):
+        problem = sink_problem(url, settings.sink.schema, timeout)
+        if problem:
+            raise ConfigError([problem])
+
+
 def check_sources(settings: Settings) -> None:
     """Build every job's source once, to report what cannot be built as configuration errors.
 
@@ -144,7 +176,6 @@ def check_sources(settings: Settings) -> None:
         raise ConfigError(problems)
 
 
-PREFLIGHT_TIMEOUT = 2.0  # seconds, each start-up question to Redis
 
 
 def preflight(settings: Settings) -> None:
@@ -163,6 +194,7 @@ def preflight(settings: Settings) -> None:
             TokenMemory(job, settings.node.state_dir or None)
         except (OSError, ValueError) as exc:
             raise ConfigError([f"node.state_dir: {exc}"]) from exc
+    check_sinks(settings)
     r = settings.redis
     url = r.url
     timeout = max(r.timeout_ms / 1000, PREFLIGHT_TIMEOUT)
@@ -362,6 +394,7 @@ async def run_node_process(settings: Settings) -> int:
     )
     client = settings.redis.connect()
     stores = {j.name: build_store(settings, j.name, client) for j in settings.jobs}
+    sinks = {j.name: build_sink(settings, j, stores[j.name]) for j in settings.jobs}
     observers = {j.name: NodeObserver(settings.node.id, j.name) for j in settings.jobs}
     history_gap_listener.set(functools.partial(_count_history_gap, observers))
     fatal: dict[str, str] = {}
@@ -373,6 +406,7 @@ async def run_node_process(settings: Settings) -> int:
             node_spec(settings, j),
             node_logger(settings.node.id, j.name),
             observers[j.name],
+            sinks[j.name],
         )
         for j in settings.jobs
     ]
@@ -411,6 +445,9 @@ async def run_node_process(settings: Settings) -> int:
                     await handle.shutdown(name)
     finally:
         client.close()
+        for sink in sinks.values():
+            if sink is not None:
+                sink.close()  # type: ignore[attr-defined]
     if fatal and not signalled:
         log.error("node-stopped", reason="ingestion-fatal", error="; ".join(
             f"{job}: {error}" for job, error in fatal.items()

@@ -240,6 +240,19 @@ def _check_redis_url(redis_: dict[str, Any], problems: list[str]) -> None:
         )
 
 
+def _check_sink(url: str, where: str, problems: list[str]) -> None:
+    if url and not url.startswith(("postgres://", "postgresql://")):
+        problems.append(
+            f"{where}: must be empty (the Redis events stream) or a postgresql:// or postgres:// "
+            f"URL, got {redact_url(url)!r}"
+        )
+
+
+def check_sink(url: str, where: str, problems: list[str]) -> None:
+    """A job's ``sink`` (``jobs.NAME.sink``): empty or a PostgreSQL URL."""
+    _check_sink(url, where, problems)
+
+
 def check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
     lease, redis_, horizon, observe, log = v["lease"], v["redis"], v["horizon"], v["observe"], v["log"]
     if not 100 <= lease["ttl_ms"] <= 3_600_000:
@@ -323,6 +336,11 @@ def check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
     if horizon["retry_cap_ms"] < horizon["retry_base_ms"]:
         problems.append("horizon.retry_cap_ms: must not be below horizon.retry_base_ms")
     _check_rpc_section(v, problems)
+    _check_sink(v["sink"]["url"], "sink.url", problems)
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", v["sink"]["schema"]):
+        problems.append(
+            f"sink.schema: must be a plain lower-case SQL identifier, got {v['sink']['schema']!r}"
+        )
     max_len = v["events"]["max_len"]
     if max_len < 0:
         problems.append(f"events.max_len: must be 0 (keep everything) or positive, got {max_len}")

@@ -7,9 +7,12 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+import attrs
+
 from ingestion.config.checks import (
     check_rpc_filter,
     check_rpc_start_cursor,
+    check_sink,
     check_type,
     check_urls,
     did_you_mean,
@@ -113,7 +116,18 @@ def resolve_jobs(
         if period <= 0:
             problems.append(f"jobs.{name}.period_ms: must be positive, got {period}")
         jobs.append(JobSettings(name, kind, "", "0", (), action, period))
-    return tuple(jobs)
+    return tuple(_with_sink(j, tables, v["sink"]["url"], problems) for j in jobs)
+
+
+def _with_sink(job: JobSettings, tables: Mapping[str, Any], default: str, problems: list[str]) -> JobSettings:
+    """The job with its sink: its table's ``sink``, else ``sink.url``."""
+    table = tables.get(job.name, {})
+    sink = table.get("sink", default) if isinstance(table, Mapping) else default
+    if not isinstance(sink, str):
+        return job  # reported by the type check
+    if isinstance(table, Mapping) and "sink" in table:
+        check_sink(sink, f"jobs.{job.name}.sink", problems)
+    return attrs.evolve(job, sink=sink)
 
 
 def _rpc_job(

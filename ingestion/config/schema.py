@@ -201,6 +201,21 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
             "the stream then grows without bound, size Redis for it or set this)",
         ),
     },
+    "sink": {
+        "url": (
+            str,
+            "",
+            "where jobs' records and cursors go: empty for the Redis events stream, or "
+            "postgresql://USER:PASSWORD@HOST:PORT/DB (postgres:// too; libpq parameters such as "
+            "?sslmode=verify-full&sslrootcert=FILE) for PostgreSQL; the election stays in Redis",
+        ),
+        "schema": (
+            str,
+            "ingestion",
+            "PostgreSQL schema of the sink's tables (created at start when missing; see "
+            "docs/POSTGRES.md)",
+        ),
+    },
     "observe": {
         "listen_host": (str, "127.0.0.1", "address the status and metrics endpoints listen on"),
         "metrics_port": (int, 0, "Prometheus /metrics and /healthz HTTP port; 0: off"),
@@ -240,6 +255,7 @@ JOB_SCHEMA: dict[str, tuple[type | str, str]] = {
     "topics": ("list[str]", "rpc: topics, each SEG[,SEG...] (default: rpc.topics)"),
     "action": (str, "scheduled: the action to run, module:function (async (run, term) -> dict)"),
     "period_ms": (int, "scheduled: ms between the end of a run and the start of the next"),
+    "sink": (str, "where this job's records and cursor go (default: sink.url)"),
 }
 
 
@@ -259,6 +275,7 @@ FLAGS = {
     ("rpc", "contract_ids"): "--contract-id",
     ("rpc", "topics"): "--topic",
     ("events", "max_len"): "--events-max-len",
+    ("sink", "url"): "--sink",
     ("observe", "metrics_port"): "--metrics-port",
     ("observe", "status_port"): "--status-port",
     ("log", "level"): "--log-level",

@@ -39,6 +39,7 @@ class JobSettings:
     event_type: str = ""
     contract_ids: tuple[str, ...] = ()
     topics: tuple[str, ...] = ()  # each "SEG[,SEG...]" as written
+    sink: str = ""  # the job's sink URL: "" for the Redis events stream, else postgresql://
 
     def rpc_filters(self) -> tuple[Any, ...]:
         """The job's getEvents filters (:class:`ingestion.rpc.protocol.EventFilter`): one filter
@@ -134,6 +135,12 @@ class RpcSettings:
 @attrs.frozen
 class EventsSettings:
     max_len: int
+
+
+@attrs.frozen
+class SinkSettings:
+    url: str
+    schema: str
 
 
 @attrs.frozen

@@ -20,6 +20,7 @@ from ingestion.config.sections import (
     ObserveSettings,
     RedisSettings,
     RpcSettings,
+    SinkSettings,
 )
 
 
@@ -42,6 +43,7 @@ class Settings:
     observe: ObserveSettings
     log: LogSettings
     jobs: tuple[JobSettings, ...] = ()
+    sink: SinkSettings = attrs.field(factory=lambda: SinkSettings("", "ingestion"))
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> Settings:
@@ -93,4 +95,5 @@ class Settings:
             events=EventsSettings(**v["events"]),
             observe=ObserveSettings(**v["observe"]),
             log=LogSettings(**v["log"]),
+            sink=SinkSettings(**v["sink"]),
         )
