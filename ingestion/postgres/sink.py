@@ -397,3 +397,19 @@ def payload(notify: str) -> dict[str, Any]:
     """A ``NOTIFY`` payload as sent by ``commit_batch``: ``{"job", "seq", "cursor"}``."""
     value: dict[str, Any] = json.loads(notify)
     return value
+
+
+def sink_problem(url: str, schema: str, timeout: float) -> str | None:
+    """At start: create what is missing of ``schema`` at ``url``; one line when retrying cannot
+    help (credentials, privileges, no such database: ``sink.url``; other columns: ``sink.schema``),
+    None when it is ready or the server does not answer (an outage: each term tries again)."""
+    try:
+        with connect(url, timeout, "ingestion-check") as conn:
+            ensure_schema(conn, schema)
+    except sql.SchemaMismatch as exc:
+        return str(exc)
+    except psycopg.Error as exc:
+        if is_config_error(exc):
+            return describe(exc, url)
+        return None
+    return None
