@@ -153,5 +153,33 @@ async def test_job_code_writes_only_under_the_current_fence(pg: LocalPostgres) -
 
 def test_an_existing_table_with_other_columns_is_refused(pg: LocalPostgres) -> None:
     pg.psql("CREATE SCHEMA odd; CREATE TABLE odd.events (id int)")
-    with connect(pg.url, 5) as conn, pytest.raises(sql.SchemaMismatch, match="sink.schema: table odd.events"):
-        ensure_schema(conn, "odd")
+    with connect(pg.url, 5) as conn:
+        with pytest.raises(sql.SchemaMismatch, match=r"sink\.schema: table odd\.events"):
+            ensure_schema(conn, "odd")
+
+
+async def test_the_payment_projector_is_fenced_and_idempotent_by_paging_token(pg: LocalPostgres) -> None:
+    from ingestion.postgres.projector import projector
+
+    def payment(i: int, to: str, amount: str) -> Record:
+        token = SRC.token_of(i)
+        body = json.dumps({"id": token, "paging_token": token, "type": "payment", "to": to, "amount": amount})
+        return Record(token, body)
+
+    sink = PostgresSink(pg.url, "payments", call_timeout=5)
+    await sink.open_term("a", 1)
+    first = [payment(1, "GA", "1.5"), payment(2, "GB", "2"), payment(3, "GA", "0.5")]
+    await sink.commit("a", 1, None, first)
+    action = projector(pg.url, "payments", "totals")
+    assert (await action(1, TermContext("a", 4)))["rows"] == 3
+    assert (await action(2, TermContext("a", 4)))["rows"] == 0  # nothing new: no double count
+    await sink.commit("a", 1, SRC.token_of(3), [payment(4, "GB", "3")])
+    with pytest.raises(FenceRejected):
+        await action(3, TermContext("old", 3))  # a stale leader projects nothing
+    assert (await action(3, TermContext("b", 5)))["rows"] == 1
+    with connect(pg.url, 5) as conn:
+        totals = conn.execute(
+            "SELECT account, total, payments FROM ingestion.payment_totals ORDER BY 1"
+        ).fetchall()
+    assert [(a, str(t), n) for a, t, n in totals] == [("GA", "2.0", 2), ("GB", "5", 2)]
+    sink.close()
