@@ -49,9 +49,12 @@ async def test_a_renewal_that_overran_its_slot_skips_to_the_next_future_slot(
         t0 = trio.current_time()
         await control_send.send(StartRenewing(1, t0))
 
+        # Each jump waits until the Heartbeat sleeps for its next slot (no renewal in flight).
+        await trio.testing.wait_all_tasks_blocked()
         mock_clock.jump(1.0)
         assert await to_elector.receive() == RenewSucceeded(1, t0 + 1)
 
+        await trio.testing.wait_all_tasks_blocked()
         mock_clock.jump(1.0)
         await store.in_flight.wait()  # the renewal of slot t0+2 is in flight...
         mock_clock.jump(2.5)  # ...until t0+4.5
