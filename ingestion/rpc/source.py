@@ -162,18 +162,31 @@ class RpcSource:
                 return response, b"".join(chunks)
 
     async def probe(self) -> bool:
-        """``getLatestLedger`` at each URL in turn until one answers.
-        (Not ``getHealth``: it reports a server whose last ledger is over 30 s old as failing,
-        and a stale server is still one this node can reach.) Records nothing: the source watch
-        does, and a leader's probe never clears a failure of its own ``getEvents`` requests."""
+        """Ask for the job's own resource at each URL in turn until one answers: the latest
+        ledger (``getLatestLedger``), then ``getEvents`` with the job's filters from that ledger,
+        ``limit: 1``. A server that answers ``getLatestLedger`` but fails ``getEvents`` is failing
+        for this job (not ``getHealth`` either: it calls a server whose last ledger is over 30 s
+        old failing, and a stale server is still one this node can reach). Records nothing: the
+        source watch does, and a leader's probe never clears a failure of its own ``getEvents``
+        requests. Each request is bounded by the connect and request timeouts (the watch bounds
+        the whole probe)."""
+        filters = [f.to_json() for f in self.filters]
         async with self._client() as client:
             for url in self.urls:
                 try:
                     response, content = await self._call(client, url, request_body("getLatestLedger", 1))
-                    result, error = parse_answer(content) if response.status_code == 200 else (None, None)
+                    latest, _ = parse_answer(content) if response.status_code == 200 else (None, None)
+                    if not isinstance(latest, dict) or not isinstance(latest.get("sequence"), int):
+                        continue
+                    params = {"startLedger": latest["sequence"], "filters": filters,
+                              "pagination": {"limit": 1}}  # fmt: skip
+                    response, content = await self._call(client, url, request_body("getEvents", 2, params))
+                    if response.status_code != 200:
+                        continue
+                    result, error = parse_answer(content)
                 except (httpx.HTTPError, trio.TooSlowError, ValueError):
                     continue
-                if error is None and isinstance(result, dict) and "sequence" in result:
+                if error is None and isinstance(result, dict) and isinstance(result.get("events"), list):
                     return True
         return False
 
