@@ -12,9 +12,13 @@ and cannot hold every int64.
 
 from __future__ import annotations
 
+import operator
 import re
+from collections.abc import Sequence
 
 _TOKEN = re.compile(r"([0-9]{1,19})(?:-([0-9]{1,10}))?")
+# Positions without a sub-position, one per line: a whole batch of them checked in one match.
+_PLAIN_LINES = re.compile(r"[0-9]{1,19}(?:\n[0-9]{1,19})*")
 
 
 class InvalidPagingToken(ValueError):
@@ -39,3 +43,30 @@ def token_key(token: str) -> tuple[int, int]:
 def is_after(token: str, previous: str | None) -> bool:
     """True when ``token`` sorts strictly after ``previous`` (anything is after ``None``)."""
     return previous is None or token_key(token) > token_key(previous)
+
+
+def ascending_after(tokens: Sequence[str], after: str | None = None) -> bool:
+    """True when every token is well formed and sorts strictly after the one before it, the first
+    strictly after ``after`` (when given; a malformed ``after`` gives False).
+
+    The same rule as :func:`token_key` pair by pair, at a fraction of its cost for a batch of plain
+    positions (one regular-expression match over them all, C-level conversions and comparisons):
+    it runs on every record a node ingests.
+    """
+    if not tokens:
+        return True
+    try:
+        floor = None if after is None else token_key(after)
+        if _PLAIN_LINES.fullmatch("\n".join(tokens)):
+            keys = list(map(int, tokens))
+            if keys[-1] >= 1 << 63 or max(keys) >= 1 << 63:
+                return False
+            if floor is not None and (keys[0], 0) <= floor:
+                return False
+            return all(map(operator.lt, keys, keys[1:]))
+        pairs = [token_key(t) for t in tokens]
+    except InvalidPagingToken:
+        return False
+    if floor is not None and pairs[0] <= floor:
+        return False
+    return all(map(operator.lt, pairs, pairs[1:]))

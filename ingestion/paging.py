@@ -9,11 +9,12 @@ numbers are doubles and cannot hold every int64 exactly.
 
 from __future__ import annotations
 
-from actors.cursor_order import InvalidPagingToken, is_after, token_key
+from actors.cursor_order import InvalidPagingToken, ascending_after, is_after, token_key
 
 __all__ = [
     "TOID_LEDGER_SHIFT",
     "InvalidPagingToken",
+    "ascending_after",
     "is_after",
     "toid",
     "toid_parts",

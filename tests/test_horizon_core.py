@@ -187,47 +187,64 @@ def test_indented_page_compacts_to_exactly_what_horizon_streams() -> None:
         assert record.body == compact_json(json.loads(record.body))
 
 
-def test_a_quote_colon_inside_a_string_falls_back_to_reserializing() -> None:
+def test_a_quote_colon_inside_a_string_is_compacted_exactly() -> None:
     rec = {"paging_token": tok(1), "memo": 'he said ": hi', "k\\": "v"}
     pretty = json.dumps({"_embedded": {"records": [rec]}}, indent=2, ensure_ascii=False)
     (record,) = validate_page(pretty, None).records
     assert record.body == compact_json(rec) and json.loads(record.body) == rec
 
 
+def _general(text: str) -> list[Record]:
+    return [Record(r["paging_token"], compact_record_text(r, t)) for r, t in split_page(text)]
+
+
+def _fast(text: str) -> list[Record] | None:
+    out = _split_indented_page(text.encode(), None, 200)
+    return None if out is None else list(out.records)
+
+
 def test_the_fast_split_of_indented_pages_agrees_with_the_general_one() -> None:
-    """Pages in Go's indented layout take a fast path; it must give exactly the general path's
-    records and bodies, and step aside (None) for anything else."""
+    """Indented pages whose records are all good take a fast path (a parser's compaction and
+    cut, nothing decoded but the tokens); it must give exactly the general path's records and
+    bodies, and step aside (None) for anything else."""
     for name in (
         "pubnet_operations_asc_200__all_operations@2f77f0c.json",
         "pubnet_effects_asc_200__all_effects@2f77f0c.json",
         "pubnet_transactions_asc_200__all_transactions.json",
     ):
         text = real_page(name).decode()
-        slow = [(r, compact_record_text(r, t)) for r, t in split_page(text)]
-        assert _split_indented_page(text) == slow, name  # real Horizon pages take the fast path
+        assert _fast(text) == _general(text), name  # real Horizon pages take the fast path
     recs = ops(1, 2, 3)
     go_layout = json.dumps({"_links": {}, "_embedded": {"records": recs}}, indent=2)
-    fast = _split_indented_page(go_layout)
-    assert fast is not None and [t for _, t in fast] == [compact_json(r) for r in recs]
-    # not the layout, a nested separator look-alike, a quote-colon inside a string: general path
-    assert _split_indented_page(page(recs).decode()) is None
+    assert _fast(go_layout) == [Record(r["paging_token"], compact_json(r)) for r in recs]
+    # a page on one line is kept as sent: the general path
+    assert _fast(page(recs).decode()) is None
     tricky = [{**recs[0], "x": [{"a": 1}, {"b": 2}]}, recs[1]]
     text = json.dumps({"_links": {}, "_embedded": {"records": tricky}}, indent=2)
-    assert _split_indented_page(text) == [(r, compact_json(r)) for r in tricky]
-    # whatever a server puts around the records, a wrong split is never taken
+    assert _fast(text) == [Record(r["paging_token"], compact_json(r)) for r in tricky]
+    # whatever a server puts around the records, the parser cuts exactly them
     extra = {"_links": {}, "_embedded": {"records": recs, "other": [{"k": "v"}]}}
     text = json.dumps(extra, indent=2)
-    assert _split_indented_page(text) in (None, [(r, compact_json(r)) for r in recs])
+    assert _fast(text) == [Record(r["paging_token"], compact_json(r)) for r in recs]
     assert [r.body for r in validate_page(text, None).records] == [compact_json(r) for r in recs]
     decoy = {"_embedded": {"records": [{"paging_token": "1", "evil": 1}]}}
     compact_page = json.dumps(
         {"_links": {"x": "DECOY"}, "_embedded": {"records": [{"paging_token": "1"}]}},
         separators=(",", ":"),
     ).replace('"DECOY"', json.dumps(decoy, indent=2))
-    assert _split_indented_page(compact_page) is None
+    assert _fast(compact_page) == [Record("1", '{"paging_token":"1"}')]
     assert [r.body for r in validate_page(compact_page, None).records] == ['{"paging_token":"1"}']
+    # a quote-colon inside a string is kept as written (no re-serializing)
     quoted = [{**recs[0], "memo": 'he said \\": hi'}]
-    assert _split_indented_page(json.dumps({"_embedded": {"records": quoted}}, indent=2)) is None
+    text = json.dumps({"_embedded": {"records": quoted}}, indent=2)
+    assert _fast(text) == [Record(r["paging_token"], json.dumps(r, separators=(",", ":"))) for r in quoted]
+    # anything wrong in a record: the general path says which, keeping those before it
+    for bad in ({"id": "x"}, {"paging_token": 12}, {"paging_token": "abc"}, "s", {"paging_token": tok(1)}):
+        text = json.dumps({"_embedded": {"records": [*ops(1, 2), bad]}}, indent=2)
+        assert _fast(text) is None
+    assert _split_indented_page(go_layout.encode(), tok(1), 200) is None  # not after the cursor
+    outcome = _split_indented_page(go_layout.encode(), "0", 3)
+    assert outcome is not None and outcome.full and outcome.malformed is None
 
 
 def test_every_truncation_of_a_page_is_broken_json() -> None:

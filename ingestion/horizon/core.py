@@ -24,10 +24,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
+import msgspec
 import orjson
 
 from actors.source import Record, SourceFatalError
-from ingestion.paging import InvalidPagingToken, token_key
+from ingestion.paging import InvalidPagingToken, ascending_after, token_key
 from ingestion.retry import RetryPolicy
 
 #: Horizon's largest page.
@@ -339,9 +340,12 @@ def validate_page(
     :func:`compact_record_text`): what Horizon streams for the same record.
     """
     try:
+        # Decoding checks the UTF-8 (the fast path works on the bytes: its parser does not).
         text = content if isinstance(content, str) else content.decode("utf-8")
-        fast = _split_indented_page(text)
-        raw = fast if fast is not None else split_page(text)
+        fast = _split_indented_page(text.encode() if isinstance(content, str) else content, after, limit)
+        if fast is not None:
+            return fast
+        raw = split_page(text)
     except UnicodeDecodeError as exc:
         return PageOutcome((), Malformed("broken-json", f"{exc}: {_excerpt(content)}"), False)
     except NotAPage as exc:
@@ -355,52 +359,60 @@ def validate_page(
         if isinstance(bad, Malformed):
             return PageOutcome(tuple(records), bad, False)
         token, last_key = bad
-        body = rec_text if fast is not None else compact_record_text(rec, rec_text)
-        records.append(Record(token, body))
+        records.append(Record(token, compact_record_text(rec, rec_text)))
     return PageOutcome(tuple(records), None, len(raw) >= limit)
 
 
-# How Go's json.MarshalIndent (two-space indent) lays out a Horizon page's records array.
-_RECORDS_OPEN = '\n  "_embedded": {\n    "records": [\n      {'
-_RECORDS_CLOSE = "\n      }\n    ]\n  }"
-_RECORD_SEPARATOR = "\n      },\n      {"
+class _Tokens(msgspec.Struct):
+    paging_token: str
 
 
-def _split_indented_page(text: str) -> list[tuple[Any, str]] | None:
-    """The fast path of :func:`split_page` for pages laid out as Horizon writes them.
+class _EmbeddedTokens(msgspec.Struct):
+    records: list[_Tokens]
 
-    The whole page is parsed (orjson: so broken JSON anywhere is still caught); the
-    records' texts are cut at the record separators of Go's indented layout (records sit at depth
-    three, so ``"\n      },\n      {"`` occurs only between two of them) and compacted all at
-    once, which is what costs most when done record by record. The pieces, parsed again, must equal
-    the parsed records, or the page is left to :func:`split_page`: returns None whenever the layout
-    is not exactly the expected one, never a wrong split.
+
+class _PageTokens(msgspec.Struct):
+    _embedded: _EmbeddedTokens
+
+
+class _EmbeddedTexts(msgspec.Struct):
+    records: list[msgspec.Raw]
+
+
+class _PageTexts(msgspec.Struct):
+    _embedded: _EmbeddedTexts
+
+
+_PAGE_TOKENS = msgspec.json.Decoder(_PageTokens)
+_PAGE_TEXTS = msgspec.json.Decoder(_PageTexts)
+
+
+def _split_indented_page(content: bytes, after: str | None, limit: int) -> PageOutcome | None:
+    """The fast path of :func:`validate_page` for an indented page whose records are all good.
+
+    Nothing is decoded into Python values but the paging tokens. The whole page is compacted by a
+    JSON parser (msgspec's ``format`` with no indentation: it checks the whole document, strictly,
+    and removes exactly the whitespace between tokens, keeping strings, escapes and numbers as the
+    server wrote them: Go's ``json.Compact``, what Horizon's stream sends). Two typed decodes of
+    the compact page then give each record's exact text (``msgspec.Raw``: a parser's cut, not a
+    text search) and its ``paging_token``; the tokens are checked all at once (well formed, after
+    ``after``, strictly ascending). Returns None for anything else (a page on one line is kept as
+    sent; broken JSON, a record that is not an object or lacks a token, tokens out of order): the
+    general path then finds exactly which record is bad and keeps those before it. ``content``
+    must be valid UTF-8 (the caller checks: the parser does not).
     """
-    start = text.find(_RECORDS_OPEN)
-    end = text.rfind(_RECORDS_CLOSE)
-    if start < 0 or end < start or '\\": ' in text or "\x00" in text:
+    if b"\n" not in content:
         return None
     try:
-        doc = orjson.loads(text)  # strict JSON; anything it refuses goes the general way
-        records = doc["_embedded"]["records"]
-    except (ValueError, KeyError, TypeError):
+        compact = msgspec.json.format(content, indent=-1)
+        tokens = [r.paging_token for r in _PAGE_TOKENS.decode(compact)._embedded.records]
+        texts = _PAGE_TEXTS.decode(compact)._embedded.records
+    except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    if not isinstance(records, list) or not records:
+    if not tokens or not ascending_after(tokens, after):
         return None
-    region = text[start + len(_RECORDS_OPEN) - 1 : end + 8]  # from the first "{" to the last "}"
-    region = region.replace(_RECORD_SEPARATOR, "}\x00{")
-    compact = "".join(map(str.lstrip, region.split("\n"))).replace('": ', '":')
-    pieces = compact.split("\x00")
-    if len(pieces) != len(records):
-        return None
-    # The pieces must be exactly the records: a second (compact, fast) parse proves it, whatever
-    # the server put around or inside the records array.
-    try:
-        if orjson.loads("[" + ",".join(pieces) + "]") != records:
-            return None
-    except ValueError:
-        return None
-    return list(zip(records, pieces, strict=True))
+    records = tuple(map(Record, tokens, [bytes(t).decode() for t in texts]))
+    return PageOutcome(records, None, len(records) >= limit)
 
 
 def compact_record_text(record: Any, text: str) -> str:
