@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from ingestion.retry import RetryPolicy
-from ingestion.rpc.core import Phase, RpcFollower, parse_answer
+from ingestion.rpc.core import Phase, RpcFollower, parse_answer, read_events
 from ingestion.rpc.protocol import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -275,3 +275,45 @@ def test_an_answer_past_its_own_latest_ledger_is_refused() -> None:
         last = f.on_result(result([], Cursor.through(901), 900), 1000, now=3)
     assert last.fatal is not None and "latest ledger" in last.fatal
     assert f.position == Cursor.through(900)
+
+
+def _answer(res: dict[str, Any], indent: bool = False) -> bytes:
+    doc = {"jsonrpc": "2.0", "id": 1, "result": res}
+    return orjson.dumps(doc, option=orjson.OPT_INDENT_2 if indent else 0)
+
+
+def test_a_page_read_without_decoding_its_events_agrees_with_the_general_path() -> None:
+    """read_events + on_events (the catch-up path: each event kept as its text) gives the batch
+    on_result gives for the decoded answer: same tokens, same bodies (compact), same cursor."""
+    events = [event(501, index=i) for i in range(3)] + [event(502), event(510, tx=2, op=3)]
+    for indent in (False, True):
+        for start, res, limit in (
+            ("500", result(events, Cursor.through(900), 900), 1000),
+            ("500", result(events, events[-1]["id"], 900), 5),
+            ("0500", result([], Cursor.through(800), 900), 1000),
+        ):
+            fast, slow = follower(start), follower(start)
+            page = read_events(_answer(res, indent))
+            assert page is not None
+            got = fast.on_events(page, limit, now=0)
+            want = slow.on_result(parse_answer(_answer(res, indent))[0], limit, now=0)
+            assert got is not None and got.batch == want.batch and got.delay == want.delay
+            assert fast.position == slow.position
+
+
+def test_a_page_that_breaks_a_rule_is_left_to_the_general_path() -> None:
+    events = [event(501), event(503)]
+    out_of_order = result([events[1], events[0]], Cursor.through(900), 900)
+    wrong_ledger = result([{**events[0], "ledger": 7}], Cursor.through(900), 900)
+    past_latest = result(events, Cursor.through(901), 900)
+    below_last = result(events, str(Cursor(502, 1)), 900)
+    for res in (out_of_order, wrong_ledger, past_latest, below_last):
+        page = read_events(_answer(res))
+        assert page is not None and follower("500").on_events(page, 1000, now=0) is None
+        assert follower("500").on_result(res, 1000, now=0).batch is None  # malformed
+    page = read_events(_answer(result(events, Cursor.through(900), 900)))
+    assert page is not None and follower("500").on_events(page, 1, now=0) is None  # over the limit
+    f = follower(str(Cursor(503, 1)))
+    assert f.on_events(page, 1000, now=0) is None  # not after the position
+    for content in (b'{"jsonrpc":"2.0","id":1,"error":{"code":-32600,"message":"x"}}', b"{", b"\xff"):
+        assert read_events(content) is None

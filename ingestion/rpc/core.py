@@ -31,13 +31,17 @@ jumping: the follower backs off and tries the other URLs, and says loudly when i
 from __future__ import annotations
 
 import enum
+import itertools
+import operator
 import random
+import re
 import statistics
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import msgspec
 import orjson
 
 from actors.source import Batch, Record
@@ -45,6 +49,7 @@ from ingestion.retry import RetryPolicy
 from ingestion.rpc.protocol import (
     INVALID_PARAMS,
     INVALID_REQUEST,
+    MAX_EVENT,
     MAX_LIMIT,
     METHOD_NOT_FOUND,
     PROCESSING_LIMIT,
@@ -219,6 +224,58 @@ class RpcFollower:
         except (ValueError, TypeError, KeyError, InvalidCursor) as exc:
             return self._on_malformed(str(exc), now)
         events, cursor, latest, close_time = page
+        records = tuple(
+            Record(paging_token=str(e["id"]), body=orjson.dumps(e).decode()) for e in events
+        )
+        return self._accepted(records, cursor, latest, close_time, limit, now)
+
+    def on_events(self, page: EventsPage, limit: int, now: float) -> Outcome | None:
+        """A ``getEvents`` result read by :func:`read_events` (ids and ledgers only, each event kept
+        as its text): the same rules as :meth:`on_result`, checked over the whole page at once.
+        None when a rule fails: the caller then gives the decoded answer to :meth:`on_result`,
+        which says which event broke which rule."""
+        try:
+            cursor = Cursor.parse(page.cursor)
+        except InvalidCursor:
+            return None
+        if not self._plausible(page, cursor, limit):
+            return None
+        records = tuple(map(Record, page.ids, page.texts))
+        return self._accepted(records, cursor, page.latest, page.close_time, limit, now)
+
+    def _plausible(self, page: EventsPage, cursor: Cursor, limit: int) -> bool:
+        """:meth:`_parse`'s rules over a whole page: C-level passes, no per-event objects."""
+        ids, latest = page.ids, page.latest
+        if len(ids) > limit or past_latest(cursor, latest):
+            return False
+        floor = self.position
+        if self.phase is Phase.CURSOR and floor is not None and cursor < floor:
+            return False
+        if not ids:
+            return True
+        if not _EVENT_IDS("\n".join(ids)):
+            return False
+        toids = list(map(int, (i.partition("-")[0] for i in ids)))
+        subs = list(map(int, (i.partition("-")[2] for i in ids)))
+        if max(toids) >= 1 << 63 or max(subs) > MAX_EVENT:
+            return False
+        if list(map(operator.rshift, toids, itertools.repeat(32))) != page.ledgers:
+            return False
+        keys = list(map(_event_key, toids, subs))
+        if not all(map(operator.lt, keys, keys[1:])):
+            return False
+        first, last = Cursor.parse(ids[0]), Cursor.parse(ids[-1])
+        if floor is not None and self.phase is Phase.CURSOR and first <= floor:
+            return False
+        if self.phase is Phase.LEDGER and first.ledger < self.start_ledger:
+            return False
+        return last.ledger <= latest and not cursor < last
+
+    def _accepted(
+        self, records: tuple[Record, ...], cursor: Cursor, latest: int, close_time: int | None,
+        limit: int, now: float,
+    ) -> Outcome:  # fmt: skip
+        """A checked page: the batch to commit and when to ask again."""
         self.malformed = 0
         self.failures = self.round_failures = 0
         self._rejected_4xx.clear()
@@ -230,15 +287,12 @@ class RpcFollower:
         self._saw_latest(latest, close_time, now)
         if limit < self.page_limit and self.limit == limit:
             self.limit = min(self.page_limit, limit * 2)
-        records = tuple(
-            Record(paging_token=str(e["id"]), body=orjson.dumps(e).decode()) for e in events
-        )
         moved = self.position is None or cursor > self.position
-        last = Cursor.parse(events[-1]["id"]) if events else None
+        last = Cursor.parse(records[-1].paging_token) if records else None
         through = str(cursor) if moved and (last is None or cursor > last) else None
         batch = Batch(records, through=through) if records or through else None
         self.phase, self.position = Phase.CURSOR, max(cursor, self.position or cursor)
-        behind = len(events) >= limit or cursor.ledger < latest
+        behind = len(records) >= limit or cursor.ledger < latest
         if behind:
             self._overdue = 0
             return Outcome(batch, 0.0, tuple(notes))
@@ -478,6 +532,81 @@ class RpcFollower:
         else:
             delay = self.policy.delay(self.round_failures, self.rand())
         return Outcome(delay=delay, notes=tuple(notes), ok=reached)
+
+
+_EVENT_IDS = re.compile(r"[0-9]+-[0-9]+(?:\n[0-9]+-[0-9]+)*").fullmatch
+
+
+def _event_key(toid: int, event: int) -> int:
+    return (toid << 32) | event  # orders as Cursor does: (ledger, tx, op) is the TOID's order
+
+
+class _EventHead(msgspec.Struct):
+    id: str
+    ledger: int
+
+
+class _HeadsResult(msgspec.Struct):
+    events: list[_EventHead]
+    latestLedger: int  # the wire's names
+    cursor: str
+    latestLedgerCloseTime: str | int | None = None
+
+
+class _HeadsAnswer(msgspec.Struct):
+    result: _HeadsResult
+
+
+class _TextsResult(msgspec.Struct):
+    events: list[msgspec.Raw]
+
+
+class _TextsAnswer(msgspec.Struct):
+    result: _TextsResult
+
+
+_HEADS = msgspec.json.Decoder(_HeadsAnswer)
+_TEXTS = msgspec.json.Decoder(_TextsAnswer)
+
+
+@attrs.frozen
+class EventsPage:
+    """A ``getEvents`` result as :func:`read_events` reads it: each event's ``id``, ``ledger`` and
+    text (as sent, line breaks between tokens removed), the answer's latest ledger, its close time
+    and cursor."""
+
+    ids: list[str]
+    ledgers: list[int]
+    texts: list[str]
+    latest: int
+    close_time: int | None
+    cursor: str
+
+
+def read_events(content: bytes) -> EventsPage | None:
+    """A ``getEvents`` answer read without decoding its events into Python values: a JSON parser
+    checks the whole answer (strictly: msgspec), and gives each event's exact text (its own cut,
+    not a text search) and, in a second typed pass, its ``id`` and ``ledger``. Line breaks and
+    indentation between tokens are removed (msgspec's ``format``: strings and numbers kept as
+    sent). None for anything but a plain result with well-typed fields (a JSON-RPC error, a
+    missing field, broken JSON, invalid UTF-8): :func:`parse_answer` then reads it the general
+    way, and says what is wrong."""
+    try:
+        content.decode("utf-8")  # the parser does not check the UTF-8
+        if b"\n" in content:
+            content = msgspec.json.format(content, indent=-1)
+        heads = _HEADS.decode(content).result
+        texts = _TEXTS.decode(content).result.events
+        close = heads.latestLedgerCloseTime
+        close_time = int(close) if close not in (None, "") else None
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, ValueError):
+        return None
+    events = heads.events
+    return EventsPage(
+        ids=[e.id for e in events], ledgers=[e.ledger for e in events],
+        texts=[bytes(t).decode() for t in texts], latest=heads.latestLedger, close_time=close_time,
+        cursor=heads.cursor,
+    )  # fmt: skip
 
 
 def parse_answer(content: bytes) -> tuple[Any, tuple[int, str] | None]:

@@ -27,7 +27,7 @@ from actors.source import Batch, SourceFatalError
 from ingestion.gaps import record_history_gap
 from ingestion.http import describe, ssl_context
 from ingestion.retry import RetryPolicy, parse_retry_after
-from ingestion.rpc.core import Note, Outcome, RpcFollower, parse_answer, request_body
+from ingestion.rpc.core import Note, Outcome, RpcFollower, parse_answer, read_events, request_body
 from ingestion.rpc.protocol import Cursor, EventFilter, filters_problem
 
 log = structlog.get_logger()
@@ -283,16 +283,19 @@ class RpcSource:
             retry_after = parse_retry_after(response.headers.get("retry-after"), time.time())
             detail = content.decode("utf-8", "replace").strip() or response.reason_phrase
             return follower.on_http_error(response.status_code, detail, retry_after, now)
-        try:
-            result, error = parse_answer(content)
-        except ValueError as exc:
-            self.health.failed(now)
-            return follower.on_malformed(describe(exc), now)
-        outcome = (
-            follower.on_error(error[0], error[1], now)
-            if error is not None
-            else follower.on_result(result, request.limit, now)
-        )
+        page = read_events(content)
+        outcome = None if page is None else follower.on_events(page, request.limit, now)
+        if outcome is None:  # not a plain good page: read it the general way, which says why
+            try:
+                result, error = parse_answer(content)
+            except ValueError as exc:
+                self.health.failed(now)
+                return follower.on_malformed(describe(exc), now)
+            outcome = (
+                follower.on_error(error[0], error[1], now)
+                if error is not None
+                else follower.on_result(result, request.limit, now)
+            )
         if outcome.ok:
             self.health.ok(now)
         else:
