@@ -16,6 +16,7 @@ stored cursor strictly. Local checks elsewhere are an optimisation; this one is 
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -24,7 +25,7 @@ import trio
 from redis.cluster import RedisCluster
 from redis.sentinel import SentinelConnectionPool
 
-from actors.cursor_order import token_key
+from actors.cursor_order import ascending_after, token_key
 from actors.lease_store import scripts
 from actors.lease_store.connect import (
     ClusterTarget,
@@ -332,18 +333,18 @@ class LeaseStore:
         """
         if not records and anchor is None:
             raise ValueError("a commit carries records, an anchor cursor, or both")
-        previous = None
-        for token_text in [r.paging_token for r in records] + ([anchor] if anchor is not None else []):
-            key = token_key(token_text)
-            if previous is not None and key <= previous:
-                raise ValueError(f"batch out of order at paging token {token_text!r}")
-            previous = key
+        tokens = [r.paging_token for r in records] + ([anchor] if anchor is not None else [])
+        if not ascending_after(tokens):  # one pass over the batch; the slow one says where
+            previous = None
+            for token_text in tokens:
+                key = token_key(token_text)
+                if previous is not None and key <= previous:
+                    raise ValueError(f"batch out of order at paging token {token_text!r}")
+                previous = key
         args: list[str | int] = [
             node, token, previous_cursor or "", anchor or "", self.events_max_len
         ]
-        for r in records:
-            args.append(r.paging_token)
-            args.append(r.body)
+        args += itertools.chain.from_iterable((r.paging_token, r.body) for r in records)
         k = self.keys
         res, acked, _ = await self._call(
             self._script_then_wait, self._commit, [k["token"], k["lease"], k["cursor"], k["events"]], args
