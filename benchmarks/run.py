@@ -8,6 +8,8 @@ per ingested record, with and without retention), ``jobs`` (3 nodes sharing 30 j
 re-lead after SIGKILL, stability, Redis load, RSS by job count), ``source_cut`` (the leader cut off
 from Horizon: time until a standby ingests), ``rpc`` (Stellar RPC jobs: catch-up of a full retention
 window, ledger close -> committed at the tip).
+``liveness``: issue 23's combined faults against the bound B, and the SIGTERM handoff of a node
+leading two of four jobs.
 ``--quick`` is a smoke run (smaller history, fewer trials, one TTL) that takes about two minutes;
 the full run takes about ten. A throwaway ``redis-server`` is started on a free loopback port; the
 simulator runs as its own process. Results also go to a JSON file; when
@@ -33,6 +35,7 @@ from benchmarks import (
     failover,
     jobs,
     latency,
+    liveness,
     memory,
     redis_ha,
     rpc,
@@ -44,7 +47,7 @@ from ingestion.local_redis import LocalRedis
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = (
     "catchup", "latency", "commit", "failover", "standby", "redis_ha", "memory", "jobs", "source_cut",
-    "catchup_curve", "rpc",
+    "liveness", "catchup_curve", "rpc",
 )
 
 
@@ -108,6 +111,8 @@ def measure(quick: bool, only: tuple[str, ...], partial: Path | None = None) -> 
                 )  # fmt: skip
             elif section == "source_cut":
                 results[section] = source_cut.run(trials=3 if quick else 12)
+            elif section == "liveness":
+                results[section] = liveness.run(trials=3 if quick else 20, handoffs=2 if quick else 10)
             elif section == "rpc":
                 results[section] = rpc.run(url, quick=quick)
             elif section == "memory":
@@ -249,6 +254,25 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
             f"handover_after {sc['handover_after_ms']} ms, {sc['trials']} trials: p50 / p99 / max",
             f"{sc['p50_ms']:.0f} / {sc['p99_ms']:.0f} / {sc['max_ms']:.0f} ms",
             f"<= handover_after + ttl + 1 s = {bound} ms", _ok(sc["p99_ms"] <= bound),
+        ))  # fmt: skip
+    lv = r.get("liveness")
+    if lv:
+        settings = f"ttl {lv['ttl_ms']} ms, handover_after {lv['handover_after_ms']} ms"
+        for key, what in (("cut", "Horizon cut off (TCP proxy)"),
+                          ("root_only", "Horizon answers / but 503 for the job (HTTP proxy)")):
+            v = lv[key]
+            rows.append((
+                f"liveness: 2 nodes x 2 jobs, the leader's {what}, {settings}, {v['trials']} trials: "
+                "fault -> the other node's grant (Redis clock), p50 / p99 / max",
+                f"{v['p50_ms']:.0f} / {v['p99_ms']:.0f} / {v['max_ms']:.0f} ms",
+                f"p99 <= B = {lv['bound_ms']:.0f} ms", _ok(v["p99_ms"] <= lv["bound_ms"]),
+            ))
+        h = lv["handoff"]
+        rows.append((
+            f"liveness: 3 nodes x 4 jobs, SIGTERM a node leading two, {h['trials']} jobs: release -> "
+            "grant (audit stream), p50 / p99 / max",
+            f"{h['p50_ms']:.0f} / {h['p99_ms']:.0f} / {h['max_ms']:.0f} ms",
+            "p99 < 50 ms (no rendezvous delay)", _ok(h["p99_ms"] < 50),
         ))  # fmt: skip
     rp = r.get("rpc")
     for key in ("catch_up", "catch_up_100ms"):
