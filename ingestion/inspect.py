@@ -15,7 +15,14 @@ reports how far the committed cursor is behind it::
 With ``--rpc URL`` an RPC job's lag is read from that Stellar RPC instead: ``{"rpc": URL, "head":
 <the latest ledger's scanned-through cursor>, "ledgers", "seconds", "error"}``.
 
-No password ever appears in the output: errors name ``redis.url`` with the password blanked.
+A job whose sink is PostgreSQL (``--sink``, ``sink.url`` or its ``[jobs.NAME] sink``) keeps its
+records and cursor there: ``cursor`` and ``events`` are then read from PostgreSQL, ``stream`` is
+null, and ``sink`` holds the job's state there (``cursor_token``, ``fence``, ``first_seq``,
+``last_seq`` and the fence history ``terms``); the election (leader, token, lease, audit) is still
+Redis's.
+
+No password ever appears in the output: errors name ``redis.url`` (or ``sink.url``) with the
+password blanked.
 """
 
 from __future__ import annotations
@@ -40,6 +47,39 @@ from ingestion.config import Settings, load, redact_url
 from ingestion.paging import InvalidPagingToken, toid_parts, token_key
 
 HORIZON_TIMEOUT = 5.0  # seconds, the whole lag query
+POSTGRES_TIMEOUT = 5.0  # seconds, reading one job's state in a PostgreSQL sink
+
+
+class SinkUnreadable(Exception):
+    """A PostgreSQL sink could not be read (one line, the password blanked)."""
+
+
+async def postgres_state(url: str, schema: str, job: str) -> dict[str, Any]:
+    """A job's state in a PostgreSQL sink (:func:`ingestion.postgres.sink.job_state`), bounded.
+
+    Raises:
+        SinkUnreadable: PostgreSQL did not answer in time or refused.
+    """
+    import psycopg
+
+    from ingestion.postgres.sink import describe, job_state, redact
+
+    try:
+        with trio.fail_after(POSTGRES_TIMEOUT + 1):
+            state = await trio.to_thread.run_sync(
+                job_state, url, schema, job, POSTGRES_TIMEOUT, abandon_on_cancel=True
+            )
+    except trio.TooSlowError as exc:
+        raise SinkUnreadable(f"sink.url {redact(url)}: no answer within {POSTGRES_TIMEOUT:g} s") from exc
+    except psycopg.Error as exc:
+        raise SinkUnreadable(describe(exc, url)) from exc
+    return {**state, "url": redact(url)}
+
+
+def _with_sink(state: JobState, sink: dict[str, Any]) -> JobState:
+    """The job's Redis state with its cursor and record count from its PostgreSQL sink."""
+    return attrs.evolve(state, cursor=sink["cursor"], cursor_token=sink["cursor_token"],
+                        events=sink["events"])  # fmt: skip
 
 
 def ledger_of(paging_token: str) -> int | None:
@@ -172,15 +212,25 @@ async def inspect_all(
 ) -> int:
     """Every job in Redis: a table (job, leader, token, lease left, cursor, events, lag), or a JSON
     list of the objects ``inspect --job`` prints (without their audit)."""
+    from ingestion.postgres.sink import configured_sink
+
     client = settings.redis.connect(timeout=max(settings.redis.timeout_ms / 1000, 2.0))
     resources = {j.name: j.resource for j in settings.jobs if j.kind == "horizon"}
     states: list[tuple[JobState, StreamInfo]] = []
+    sinks: dict[str, dict[str, Any]] = {}
     try:
         names = await LeaseStore(client, "-").run(discover_jobs, client)
         for name in names:
             store = LeaseStore(client, name)
-            states.append((await store.state(1), await store.events_info()))
+            state = await store.state(1)
+            if url := configured_sink(settings, name):
+                sinks[name] = await postgres_state(url, settings.sink.schema, name)
+                state = _with_sink(state, sinks[name])
+            states.append((state, await store.events_info()))
     except RedisUnavailable as exc:
+        print(f"ingestion: cannot read the jobs: {exc}", file=sys.stderr)
+        return 1
+    except SinkUnreadable as exc:
         print(f"ingestion: cannot read the jobs: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -196,16 +246,20 @@ async def inspect_all(
             doc.pop("cursor_token")
             doc.pop("audit")
             doc["lag"] = lags[state.job]
-            doc["stream"] = stream_doc(stream)
+            doc["stream"] = None if state.job in sinks else stream_doc(stream)
+            if state.job in sinks:
+                doc["sink"] = sinks[state.job]
             docs.append(doc)
         print(json.dumps(docs))
     else:
-        print(render_jobs(states, lags))
+        print(render_jobs(states, lags, set(sinks)))
     return 0
 
 
 def render_jobs(
-    states: Sequence[tuple[JobState, StreamInfo]], lags: dict[str, dict[str, Any] | None]
+    states: Sequence[tuple[JobState, StreamInfo]],
+    lags: dict[str, dict[str, Any] | None],
+    in_postgres: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> str:
     if not states:
         return "no jobs in this Redis"
@@ -219,6 +273,8 @@ def render_jobs(
                 f"{lag['ledgers']} ledgers" if lag["ledgers"] is not None else "?"
             )
         trimmed = f" (+{stream.trimmed} trimmed)" if stream.trimmed else ""
+        if state.job in in_postgres:
+            trimmed = " (postgres)"
         rows.append((
             state.job,
             state.leader or "(none)",
@@ -246,14 +302,23 @@ async def inspect_job(
     horizon: str | None = None,
     rpc: str | None = None,
 ) -> int:
+    from ingestion.postgres.sink import configured_sink, job_known
+
+    job = settings.node.job
+    sink_url = configured_sink(settings, job)
+    sink: dict[str, Any] | None = None
     client = settings.redis.connect(timeout=max(settings.redis.timeout_ms / 1000, 2.0))
     try:
-        store = LeaseStore(client, settings.node.job)
-        if not await store.run(client.exists, *job_keys(settings.node.job).values()):
+        store = LeaseStore(client, job)
+        in_redis = await store.run(client.exists, *job_keys(job).values())
+        if sink_url:
+            sink = await postgres_state(sink_url, settings.sink.schema, job)
+        if not in_redis and not (sink is not None and job_known(sink)):
+            where = redact_url(settings.redis.url) + (f" or in {sink['url']}" if sink else "")
             print(
-                f"ingestion: inspect: no job {settings.node.job!r} at {redact_url(settings.redis.url)}: "
-                "nothing was ever elected or committed for it (check --job and --redis; without "
-                "--job every job is listed)",
+                f"ingestion: inspect: no job {job!r} at {where}: nothing was ever elected or "
+                "committed for it (check --job, --redis and --sink; without --job every job is "
+                "listed)",
                 file=sys.stderr,
             )
             return 2
@@ -261,20 +326,27 @@ async def inspect_job(
         stream = await store.events_info()
         source = await leader_source(store, state.leader)
     except RedisUnavailable as exc:
-        print(f"ingestion: cannot read job {settings.node.job!r}: {exc}", file=sys.stderr)
+        print(f"ingestion: cannot read job {job!r}: {exc}", file=sys.stderr)
+        return 1
+    except SinkUnreadable as exc:
+        print(f"ingestion: cannot read job {job!r}: {exc}", file=sys.stderr)
         return 1
     finally:
         client.close()
+    if sink is not None:
+        state = _with_sink(state, sink)
     lag = await job_lag(state.cursor, settings.horizon.resource, horizon, rpc)
     if as_json:
         doc = attrs.asdict(state)
         doc.pop("cursor_token")
         doc["lag"] = lag
-        doc["stream"] = stream_doc(stream)
+        doc["stream"] = None if sink is not None else stream_doc(stream)
+        if sink is not None:
+            doc["sink"] = sink
         doc["leader_source_ok"] = source
         print(json.dumps(doc))
     else:
-        print(render_table(state, lag, stream, source))
+        print(render_table(state, lag, None if sink is not None else stream, source, sink))
     return 0
 
 
@@ -348,6 +420,7 @@ def render_table(
     lag: dict[str, Any] | None,
     stream: StreamInfo | None = None,
     source: dict[str, Any] | None = None,
+    sink: dict[str, Any] | None = None,
 ) -> str:
     ttl = state.lease_ttl_ms_left
     trimmed = f" ({stream.trimmed} trimmed by retention)" if stream and stream.trimmed else ""
@@ -358,11 +431,20 @@ def render_table(
         ("lease ttl left", f"{ttl} ms" if ttl is not None else "-"),
         ("cursor", state.cursor or "(nothing committed)"),
         ("written by token", str(state.cursor_token) if state.cursor_token is not None else "-"),
-        ("events", f"{state.events}{trimmed}"),
-        ("consumer groups", _groups_text(stream)),
-        ("leader's source", _source_text(source)),
-        ("lag", _lag_text(lag)),
     ]
+    if sink is None:
+        rows += [("events", f"{state.events}{trimmed}"), ("consumer groups", _groups_text(stream))]
+    else:
+        seqs = f", seq {sink['first_seq']}..{sink['last_seq']}" if sink["events"] else ""
+        terms = sink["terms"]
+        shown = ", ".join(f"{t['token']} after seq {t['after_seq']}" for t in terms[-5:])
+        rows += [
+            ("sink", f"postgres {sink['url']} schema {sink['schema']}"),
+            ("rows", f"{sink['events']}{seqs}"),
+            ("fence", str(sink["fence"]) if sink["fence"] is not None else "(never raised)"),
+            ("terms", f"{len(terms)}" + (f" (latest: {shown})" if terms else "")),
+        ]
+    rows += [("leader's source", _source_text(source)), ("lag", _lag_text(lag))]
     width = max(len(k) for k, _ in rows)
     lines = [f"{key:<{width}}  {value}" for key, value in rows]
     lines.append("")
@@ -389,6 +471,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", type=Path, help="TOML file (default: ./config.toml if present)")
     p.add_argument("--redis", metavar="URL", help=setting_help("the nodes' Redis", ("redis", "url")))
+    p.add_argument("--sink", metavar="URL", help=setting_help(
+        "a PostgreSQL sink: the jobs' cursors and records are read there", ("sink", "url")
+    ))
     p.add_argument("--job", help="the job to show (default: every job in Redis, as a table)")
     p.add_argument(
         "--json", action="store_true",
@@ -417,6 +502,7 @@ def main(argv: Sequence[str]) -> int:
     flags: dict[str, dict[str, Any]] = {}
     for (section, key), value in {
         ("redis", "url"): ns.redis,
+        ("sink", "url"): ns.sink,
         ("node", "job"): ns.job,
         ("horizon", "resource"): ns.resource,
     }.items():

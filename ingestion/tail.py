@@ -16,6 +16,13 @@ Two ways to read:
   consumers deduplicate by ``paging_token``. The default consumer name is ``tail``, the same on
   every run, so that a restarted ``tail`` finds what its predecessor left pending.
 
+A job whose sink is PostgreSQL (``--sink``, ``sink.url`` or its ``[jobs.NAME] sink``) is read from
+its ``events`` rows instead, in ``seq`` order (``--from SEQ``: after that ``seq``; ``0``: from the
+first row; ``$``: only new ones). While following, ``tail`` ``LISTEN``s on the commits' ``NOTIFY``
+channel and reads as soon as one of the job's commits is notified, waiting at most ``BLOCK_MS``
+before it reads anyway. The record is PostgreSQL's ``jsonb`` text: the same JSON value, its keys in
+``jsonb``'s order. PostgreSQL has no consumer groups: a reader keeps its last ``seq`` itself.
+
 Without ``--count`` it follows the stream live until SIGINT or SIGTERM (exit 0); with ``--count N``
 it exits 0 after N records, waiting for them when the stream has fewer. Errors are one line on
 stderr: 2 for a usage error or a job that does not exist, 1 when Redis cannot be reached (a
@@ -168,6 +175,76 @@ class Tail:
                 yield reply[0][1]
 
 
+class PostgresTail:
+    """The reading loop for a job whose sink is PostgreSQL (blocking, a foreground command)."""
+
+    def __init__(self, url: str, schema: str, job: str, out: TextIO) -> None:
+        from ingestion.postgres.sink import EventsFollower, redact
+
+        self.follower = EventsFollower(url, schema, job, timeout=5.0)
+        self.url = url
+        self.where = f"{redact(url)} (schema {schema})"
+        self.job = job
+        self.out = out
+        self.printed = 0
+
+    def run(self, ns: argparse.Namespace) -> int:
+        import psycopg
+
+        from ingestion.postgres.sink import describe, job_known, job_state
+
+        if ns.group:
+            raise TailError(
+                "--group: a PostgreSQL job has no consumer groups: keep the last seq you read and "
+                "give it to --from", 2,
+            )  # fmt: skip
+        start = ns.start if ns.start is not None else "$"
+        if start != "$" and not start.isdigit():
+            raise TailError(f"--from: for a PostgreSQL job, a seq (0: from the first) or $, got {start!r}", 2)
+        try:
+            if not job_known(job_state(self.url, self.follower.schema, self.job)):
+                raise TailError(
+                    f"no job {self.job!r} at {self.where}: nothing was ever committed for it "
+                    "(check --job and --sink)", 2,
+                )  # fmt: skip
+            after = self.follower.last_seq() if start == "$" else int(start)
+            self._follow(after, ns.count)
+        except psycopg.Error as exc:
+            raise TailError(describe(exc, self.url), 1) from exc
+        finally:
+            self.follower.close()
+        return 0
+
+    def _follow(self, after: int, count: int | None) -> None:
+        import psycopg
+
+        from ingestion.postgres.sink import describe
+
+        lost_since: float | None = None
+        while count is None or self.printed < count:
+            want = READ_COUNT if count is None else min(READ_COUNT, count - self.printed)
+            try:
+                rows = self.follower.read(after, want)
+                if not rows:
+                    self.follower.wait(BLOCK_MS / 1000)  # a commit's NOTIFY, or read again anyway
+            except psycopg.OperationalError as exc:
+                self.follower.close()
+                now = time.monotonic()
+                lost_since = lost_since if lost_since is not None else now
+                if now - lost_since > RECONNECT_FOR:
+                    lost = f"lost PostgreSQL for {RECONNECT_FOR:g} s: {describe(exc, self.url)}"
+                    raise TailError(lost, 1) from exc
+                time.sleep(0.5)
+                continue
+            lost_since = None
+            for _seq, _paging_token, _token, record in rows:
+                self.out.write(one_line(record) + "\n")
+                self.printed += 1
+            if rows:
+                self.out.flush()
+                after = rows[-1][0]
+
+
 def _parser() -> argparse.ArgumentParser:
     from ingestion.cli import OneLineParser
 
@@ -178,13 +255,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, help="TOML file (default: ./config.toml if present)")
     p.add_argument("--redis", metavar="URL", help="the Redis the nodes use (default: from the config)")
     p.add_argument(
+        "--sink", metavar="URL",
+        help="a PostgreSQL sink: read the job's rows there, following its NOTIFY channel "
+        "(default: from the config; env INGESTION_SINK_URL)",
+    )
+    p.add_argument(
         "--job", help="the job to read (default: the configured one: horizon, or rpc with "
         "INGESTION_NODE_SOURCE=rpc; env INGESTION_NODE_JOB)"
     )
     p.add_argument(
         "--from", dest="start", metavar="ID|0|$",
-        help="after this stream entry id; 0: from the first; $: only new ones (default: $, "
-        "or 0 when a --group is created)",
+        help="after this stream entry id (a PostgreSQL job: after this seq); 0: from the first; "
+        "$: only new ones (default: $, or 0 when a --group is created)",
     )
     p.add_argument("--count", type=int, metavar="N", help="exit after N records (default: follow)")
     p.add_argument("--group", metavar="G", help="read as consumer group G and acknowledge")
@@ -199,6 +281,11 @@ def run(ns: argparse.Namespace, settings: Settings, out: TextIO) -> int:
         raise TailError(f"--count: must be positive, got {ns.count}", 2)
     if ns.consumer != "tail" and not ns.group:
         raise TailError("--consumer: only with --group", 2)
+    from ingestion.postgres.sink import configured_sink
+
+    sink = configured_sink(settings, settings.node.job)
+    if sink:
+        return PostgresTail(sink, settings.sink.schema, settings.node.job, out).run(ns)
     start = _check_from(ns.start if ns.start is not None else ("0" if ns.group else "$"))
     r = settings.redis
     where = redact_url(r.url)
@@ -230,6 +317,8 @@ def main(argv: Sequence[str]) -> int:
         flags["redis"] = {"url": ns.redis}
     if ns.job is not None:
         flags["node"] = {"job": ns.job}
+    if ns.sink is not None:
+        flags["sink"] = {"url": ns.sink}
     settings = load(ns.config, os.environ, flags)
 
     def on_term(_signum: int, _frame: FrameType | None) -> None:

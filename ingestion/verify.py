@@ -10,9 +10,14 @@ Three questions, answered from evidence the nodes cannot fake:
    backwards along the stream, and each token's entries must carry the node that the audit stream
    says was granted that token and lie, by Redis's own clock (stream IDs), between that grant and
    the next one: a leader that lost its lease wrote nothing after its successor was elected.
+   A job whose sink is PostgreSQL is judged by its fence history instead (``terms``: when each
+   token raised the fence there, ``ingestion.postgres.sql.verify_fences``): PostgreSQL, not
+   Redis, decides which commit lands, and a stale commit may land before the newer term's first
+   transaction (docs/POSTGRES.md, "Why a stale write cannot land").
 
 :func:`check_stream` is the pure core (plain values in, a :class:`Verification` out);
-:func:`verify_job` gathers the evidence from Redis and Horizon and runs it.
+:func:`verify_job` gathers the evidence from Redis and Horizon and runs it;
+:func:`read_postgres_evidence` reads a PostgreSQL job's rows and fence history instead.
 """
 
 from __future__ import annotations
@@ -80,6 +85,7 @@ class Verification:
     tokens: tuple[int, ...]  # the distinct fencing tokens along the stream, in stream order
     problems: tuple[str, ...]
     trimmed: int = 0  # records before the first entry, removed by retention
+    fence_terms: int | None = None  # a PostgreSQL job: the terms of its fence history
 
     @property
     def ok(self) -> bool:
@@ -91,6 +97,8 @@ class Verification:
             f"{self.count} records{kept}, paging tokens {self.first} .. {self.last}, "
             f"fencing tokens {_ranges(self.tokens)}"
         )
+        if self.fence_terms is not None:
+            head += f" (PostgreSQL, judged by the fence history: {self.fence_terms} terms)"
         if self.ok:
             return f"{head}: exactly once, in order: OK"
         return f"{head}: FAILED\n  " + "\n  ".join(self.problems)
@@ -403,17 +411,52 @@ async def _before(horizon: str, resource: str, paging_token: str) -> str:
     return str(records[0]["paging_token"]) if records else "0"
 
 
+async def read_postgres_evidence(
+    url: str, schema: str, job: str
+) -> tuple[list[StreamEntry], int, list[str], int]:
+    """A PostgreSQL job's rows as entries (``entry_id`` ``seq N``), how many rows retention
+    deleted before the first (``seq`` is dense from 1), the fence-history problems
+    (:func:`ingestion.postgres.sink.check_job`) and the number of terms.
+
+    Raises:
+        psycopg.Error: PostgreSQL could not be read.
+    """
+    from ingestion.postgres.sink import check_job, job_state, read_all_events
+
+    rows = await trio.to_thread.run_sync(read_all_events, url, schema, job)
+    fence_problems, _checked = await trio.to_thread.run_sync(check_job, url, schema, job)
+    state = await trio.to_thread.run_sync(job_state, url, schema, job)
+    entries = [StreamEntry(f"seq {seq}", pt, token, "", record) for seq, pt, token, record in rows]
+    trimmed = rows[0][0] - 1 if rows else 0
+    return entries, trimmed, fence_problems, len(state["terms"])
+
+
 async def verify_configured_job(settings: Any, job: Any, source_url: str) -> Verification:
-    """Check ``job`` (:class:`~ingestion.config.JobSettings`) as configured: its stream against
-    ``source_url`` (a Horizon or a Stellar RPC, after the job's kind), from its start cursor.
+    """Check ``job`` (:class:`~ingestion.config.JobSettings`) as configured: its stream (or, for a
+    job whose sink is PostgreSQL, its rows) against ``source_url`` (a Horizon or a Stellar RPC,
+    after the job's kind), from its start cursor.
 
     A job that started at ``now`` (or, on RPC, after an event id) is checked from its first
     entry on: the source's records before it are not the job's.
 
     Raises:
-        redis.RedisError, httpx.HTTPError, RuntimeError: Redis or the source could not be read.
+        redis.RedisError, psycopg.Error, httpx.HTTPError, RuntimeError: Redis, PostgreSQL or the
+            source could not be read.
     """
+    if job.sink:
+        entries, trimmed, fence_problems, terms = await read_postgres_evidence(
+            job.sink, settings.sink.schema, job.name
+        )
+        result = await _check_against_source(job, entries, None, trimmed, source_url)
+        problems = result.problems + tuple(fence_problems[: MAX_PROBLEMS])
+        return attrs.evolve(result, problems=problems, fence_terms=terms)
     entries, grants, trimmed = await read_evidence(settings.redis.url, job.name)
+    return await _check_against_source(job, entries, grants, trimmed, source_url)
+
+
+async def _check_against_source(
+    job: Any, entries: list[StreamEntry], grants: list[Grant] | None, trimmed: int, source_url: str
+) -> Verification:
     through = entries[-1].paging_token if entries else None
     start = job.start_cursor
     if job.kind == "rpc":
@@ -447,11 +490,15 @@ def _parser() -> Any:
     p = OneLineParser(
         prog="ingestion verify",
         description="Check a job's events stream against its source: every source record exactly "
-        "once, in order, as the source serves it, each written under the fencing token then current. "
-        "Exit 0: OK; 1: a problem (listed) or the source or Redis could not be read; 2: usage.",
+        "once, in order, as the source serves it, each written under the fencing token then current "
+        "(a job whose sink is PostgreSQL: its rows there, judged by the fence history). Exit 0: OK; "
+        "1: a problem (listed) or the source, Redis or PostgreSQL could not be read; 2: usage.",
     )
     p.add_argument("--config", metavar="PATH", help="TOML file (default: ./config.toml if present)")
     p.add_argument("--redis", metavar="URL", help=setting_help("the nodes' Redis", ("redis", "url")))
+    p.add_argument("--sink", metavar="URL", help=setting_help(
+        "a PostgreSQL sink: check the job's rows there, judged by its fence history", ("sink", "url")
+    ))
     p.add_argument(
         "--job", metavar="NAME",
         help="the job to check, as configured (kind, resource or filter, start cursor) (default: "
@@ -497,6 +544,7 @@ def main(argv: Sequence[str]) -> int:
     flags: dict[str, dict[str, Any]] = {}
     for (section, key), value in {
         ("redis", "url"): ns.redis,
+        ("sink", "url"): ns.sink,
         ("node", "job"): [ns.job] if ns.job else None,
         ("node", "source"): ns.source,
         ("horizon", "resource"): ns.resource,
@@ -513,6 +561,8 @@ def main(argv: Sequence[str]) -> int:
     if job.kind not in ("horizon", "rpc"):
         raise UsageError(f"verify: job {job.name!r} is {job.kind}: only Horizon and RPC jobs have a source")
     url = (ns.rpc or job.rpc_urls[0]) if job.kind == "rpc" else (ns.horizon or job.horizon_urls[0])
+    if job.sink:
+        return _verify_postgres_job(settings, job, url)
     where = redact_url(settings.redis.url)
     try:
         client = connect(settings.redis.url, timeout=5.0)
@@ -530,6 +580,35 @@ def main(argv: Sequence[str]) -> int:
         from actors.lease_store import describe_redis_error
 
         print(f"ingestion: verify: {describe_redis_error(exc, where=where)}", file=sys.stderr)
+        return 1
+    except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
+        print(f"ingestion: verify: cannot read {url}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(f"job {job.name} ({job.kind}, {url}): {result.summary()}")
+    return 0 if result.ok else 1
+
+
+def _verify_postgres_job(settings: Any, job: Any, url: str) -> int:
+    """``verify`` of a job whose sink is PostgreSQL: its rows there against the source, judged
+    by the fence history. Exit 0, 1 (a problem, or PostgreSQL or the source unreadable), or
+    :class:`~ingestion.cli.UsageError` (2) for a job PostgreSQL knows nothing of."""
+    import sys
+
+    import psycopg
+
+    from ingestion.cli import UsageError
+    from ingestion.postgres.sink import describe, job_known, job_state, redact
+
+    schema = settings.sink.schema
+    try:
+        if not job_known(job_state(job.sink, schema, job.name)):
+            raise UsageError(
+                f"verify: no job {job.name!r} in schema {schema} at {redact(job.sink)}: nothing was "
+                "ever committed for it (check --job, --sink and sink.schema)"
+            )
+        result = trio.run(verify_configured_job, settings, job, url)
+    except psycopg.Error as exc:
+        print(f"ingestion: verify: {describe(exc, job.sink)}", file=sys.stderr)
         return 1
     except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
         print(f"ingestion: verify: cannot read {url}: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -413,3 +413,86 @@ def sink_problem(url: str, schema: str, timeout: float) -> str | None:
             return describe(exc, url)
         return None
     return None
+
+
+# --- read-only tools: verify, inspect, tail --------------------------------------------------------
+
+
+def configured_sink(settings: Any, job: str) -> str:
+    """A job's sink as configured: its ``[jobs.NAME] sink``, else ``sink.url`` (empty: the Redis
+    events stream)."""
+    for j in settings.jobs:
+        if j.name == job:
+            return str(j.sink)
+    return str(settings.sink.url)
+
+
+def job_known(state: dict[str, Any]) -> bool:
+    """Whether :func:`job_state` found anything of the job (a fence, a cursor or a row)."""
+    return state["fence"] is not None or state["cursor"] is not None or state["events"] > 0
+
+
+def read_all_events(
+    url: str, schema: str, job: str, page: int = 5000, timeout: float = 30.0
+) -> list[tuple[int, str, int, str]]:
+    """Every row of the job, in ``seq`` order, read in pages (verify)."""
+    out: list[tuple[int, str, int, str]] = []
+    while True:
+        rows = read_events(url, schema, job, out[-1][0] if out else 0, page, timeout)
+        out += rows
+        if len(rows) < page:
+            return out
+
+
+class EventsFollower:
+    """A job's rows after a ``seq``, woken by the ``NOTIFY`` each commit sends (``tail``).
+
+    Blocking (a foreground command): one connection that ``LISTEN``s on the schema's channel and
+    reads. :meth:`wait` returns after a notification or ``seconds``, whichever comes first: a
+    missed notification (a reconnect) costs at most one wait, never a row.
+    """
+
+    def __init__(self, url: str, schema: str, job: str, timeout: float = 5.0) -> None:
+        self.url = url
+        self.schema = schema
+        self.job = job
+        self.timeout = timeout
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            conn = connect(self.url, self.timeout, "ingestion-tail")
+            conn.execute(f"LISTEN {sql.channel(self.schema)}")  # type: ignore[arg-type]
+            self._conn = conn
+        return self._conn
+
+    def read(self, after_seq: int, limit: int) -> list[tuple[int, str, int, str]]:
+        """(seq, paging_token, token, record JSON) after ``after_seq``, in order."""
+        rows = self._connection().execute(
+            f"SELECT seq, paging_token, token, record::text FROM {sql.quoted(self.schema)}.events "  # type: ignore[arg-type]
+            "WHERE job = %s AND seq > %s ORDER BY seq LIMIT %s",
+            (self.job, after_seq, limit),
+        ).fetchall()
+        return [(int(s), str(p), int(t), str(r)) for s, p, t, r in rows]
+
+    def last_seq(self) -> int:
+        row = self._connection().execute(
+            f"SELECT coalesce(max(seq), 0) FROM {sql.quoted(self.schema)}.events WHERE job = %s",  # type: ignore[arg-type]
+            (self.job,),
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def wait(self, seconds: float) -> bool:
+        """Until a commit of this job is notified, at most ``seconds``: whether one was."""
+        for note in self._connection().notifies(timeout=seconds):
+            try:
+                if payload(note.payload).get("job") == self.job:
+                    return True
+            except ValueError:
+                continue
+        return False
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
