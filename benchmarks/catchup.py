@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from benchmarks.procs import NodeProcess, Simulator, memory_kib
+from benchmarks.rpc import worker_pid
 
 OPS_PER_LEDGER = 100
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,9 +51,10 @@ def _node_run(sim_url: str, redis_url: str, count: int, job: str, limit: float) 
                 break
             time.sleep(0.005)
         done = time.monotonic()
-        peak = memory_kib(node.pid)["VmHWM"]
+        pid = worker_pid(node)
+        peak = memory_kib(pid)["VmHWM"]
         time.sleep(2.0)  # caught up: following the (idle) stream
-        idle = memory_kib(node.pid)["VmRSS"]
+        idle = memory_kib(pid)["VmRSS"]
         return {
             "records": n,
             "seconds": done - leader.at,

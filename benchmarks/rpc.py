@@ -22,14 +22,22 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 import httpx
 import redis
 
-from benchmarks.procs import NodeProcess, _readline_within, percentile, stop_process
+from benchmarks.procs import NodeProcess, _readline_within, memory_kib, percentile, stop_process
 from ingestion.rpc.protocol import Cursor
+
+
+def worker_pid(node: NodeProcess) -> int:
+    """The process that runs the node's jobs: the worker a node forks (the ``pid`` of its
+    ``node-starting`` line), else the node process itself."""
+    line = node.event("node-starting", timeout=30)
+    return int(line.fields.get("pid", node.pid))
 
 
 @attrs.define
@@ -90,8 +98,11 @@ def _cursor(client: redis.Redis, job: str) -> str | None:
 
 
 def catch_up(
-    redis_url: str, *, ledgers: int, limits: tuple[int, ...], log: Any, delay_ms: int = 0
+    redis_url: str, *, ledgers: int, limits: tuple[int, ...], log: Any, delay_ms: int = 0,
+    profile: Callable[[int], Any] | None = None,
 ) -> dict[str, Any]:
+    """``profile(pid)``, when given, is started on each node process (a profiler with
+    ``stop()``); what its ``stop()`` returns goes into the run's ``profile``."""
     sim = RpcSimulator.start(
         "--history-ledgers", str(ledgers), "--retention-ledgers", str(ledgers),
         "--ops-per-ledger", "20", "--ledger-interval", "0",
@@ -120,8 +131,11 @@ def catch_up(
                     job=job, extra=["--source", "rpc", "--rpc", sim.rpc],
                     env={"INGESTION_RPC_PAGE_LIMIT": str(limit)},
                 )  # fmt: skip
+                spy = None
                 try:
                     node.event("became-leader", timeout=60)
+                    pid = worker_pid(node)
+                    spy = profile(pid) if profile is not None else None
                     began = time.monotonic()
                     deadline = began + 600
                     while _cursor(client, job) != done:
@@ -129,6 +143,8 @@ def catch_up(
                             raise TimeoutError(f"limit {limit}: not caught up in 600 s")
                         time.sleep(0.005)
                     seconds = time.monotonic() - began
+                    top = spy.stop() if spy is not None else None
+                    peak = memory_kib(pid)["VmHWM"]
                 finally:
                     node.stop()
                 stored = client.xlen(f"ingestion:{{{job}}}:events")
@@ -137,8 +153,10 @@ def catch_up(
                 requests = sim.requests(http) - before
                 run = {
                     "limit": limit, "seconds": seconds, "eps": events / seconds, "requests": requests,
-                    "ratio_bare_warm": (events / seconds) / (events / warm),
+                    "ratio_bare_warm": (events / seconds) / (events / warm), "peak_rss_kib": peak,
                 }  # fmt: skip
+                if top is not None:
+                    run["profile"] = top
                 out["runs"].append(run)
                 client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token")))
                 log(

@@ -10,8 +10,12 @@ from Horizon: time until a standby ingests), ``rpc`` (Stellar RPC jobs: catch-up
 window, ledger close -> committed at the tip).
 ``liveness``: issue 23's combined faults against the bound B, and the SIGTERM handoff of a node
 leading two of four jobs.
-``--quick`` is a smoke run (smaller history, fewer trials, one TTL) that takes about two minutes;
-the full run takes about ten. A throwaway ``redis-server`` is started on a free loopback port; the
+``per_record`` (issue 27: node vs bare fetch on Horizon and RPC side by side, the 100 ms ratio, peak
+RSS, standby commands/s at TTL 2 s and 5 s; ``--profile DIR`` adds py-spy's heaviest frames).
+``--quick`` is a smoke run (smaller history, fewer trials, one TTL; without ``--only``, the sections
+in ``QUICK_SECTIONS``) that takes about two minutes and prints its table; the full run takes long.
+``docs/BENCHMARKS.md`` and its JSON are written only with ``--write``, and only from a full run.
+A throwaway ``redis-server`` is started on a free loopback port; the
 simulator runs as its own process. Results also go to a JSON file; when
 ``benchmarks/baseline.json`` exists (an earlier run's JSON) its figures appear as a "before" column.
 """
@@ -37,6 +41,7 @@ from benchmarks import (
     latency,
     liveness,
     memory,
+    per_record,
     redis_ha,
     rpc,
     source_cut,
@@ -47,8 +52,12 @@ from ingestion.local_redis import LocalRedis
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = (
     "catchup", "latency", "commit", "failover", "standby", "redis_ha", "memory", "jobs", "source_cut",
+    "per_record",
     "liveness", "catchup_curve", "rpc",
 )
+
+# A smoke run: each part of the harness once, small (about two minutes on 2 cores).
+QUICK_SECTIONS = ("catchup", "commit", "failover", "per_record")
 
 
 def machine() -> dict[str, str]:
@@ -74,7 +83,9 @@ def machine() -> dict[str, str]:
     }
 
 
-def measure(quick: bool, only: tuple[str, ...], partial: Path | None = None) -> dict[str, Any]:
+def measure(
+    quick: bool, only: tuple[str, ...], partial: Path | None = None, profile: Path | None = None
+) -> dict[str, Any]:
     results: dict[str, Any] = {"machine": machine(), "quick": quick}
     redis_server = LocalRedis().start()
     try:
@@ -115,6 +126,8 @@ def measure(quick: bool, only: tuple[str, ...], partial: Path | None = None) -> 
                 results[section] = liveness.run(trials=3 if quick else 20, handoffs=2 if quick else 10)
             elif section == "rpc":
                 results[section] = rpc.run(url, quick=quick)
+            elif section == "per_record":
+                results[section] = per_record.run(url, quick=quick, profile_dir=profile)
             elif section == "memory":
                 results[section] = memory.run(url, count=20_000 if quick else 100_000)
             print(f"  ({time.monotonic() - started:.0f} s)", flush=True)
@@ -302,6 +315,7 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
             f"({tip['requests_per_ledger']:.2f})",
             "", None,
         ))  # fmt: skip
+    rows += _per_record_rows(r.get("per_record"))
     mem = r.get("memory")
     if mem:
         n = f"{mem['count']:,} ops"
@@ -357,6 +371,37 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
     return rows
 
 
+def _per_record_rows(pr: dict[str, Any] | None) -> list[tuple[str, str, str, str | None]]:
+    if not pr:
+        return []
+    h, rp, lat = pr["horizon"], pr["rpc"], pr["latency_100ms"]
+    rss = (h["node_peak_rss_kib"], rp["node_peak_rss_kib"] or 0, lat["node_peak_rss_kib"])
+    rows: list[tuple[str, str, str, str | None]] = [
+        (f"per-record cost, Horizon, {h['count']:,} ops, warm, no delay: node vs bare paged fetch, "
+         "records/s (best of each)",
+         f"{h['node_rate']:,.0f} vs {h['paged_rate']:,.0f} ({h['ratio']:.2f})", ">= 0.8",
+         _ok(h["ratio"] >= 0.8)),
+        (f"per-record cost, RPC, {rp['events']:,} events, no delay: node vs plain getEvents client, "
+         "events/s",
+         f"{rp['node_eps']:,.0f} vs {rp['plain_eps']:,.0f} ({rp['ratio']:.2f})", ">= 0.8",
+         _ok(rp["ratio"] >= 0.8)),
+        (f"per-record cost, Horizon at 100 ms per response, {lat['count']:,} ops: node vs best "
+         "sequential client", f"{lat['ratio']:.2f}x", ">= 4.5x", _ok(lat["ratio"] >= 4.5)),
+        ("per-record cost: node peak RSS (Horizon no delay / RPC / Horizon 100 ms)",
+         " / ".join(_mib(v) for v in rss), "<= 150 MiB", _ok(max(rss) <= 150 * 1024)),
+    ]  # fmt: skip
+    for ttl, sb in sorted(pr["standby"].items(), key=lambda kv: int(kv[0])):
+        cps = sb["commands_per_s_per_standby"]
+        per = sb["seconds"] * sb["standbys"]
+        detail = ", ".join(f"{k} {v / per:.2f}" for k, v in sorted(sb["by_command"].items()))
+        target = "< 1" if int(ttl) == 2000 else ""
+        rows.append((
+            f"per-record cost: idle standby, ttl {ttl} ms: Redis commands/s each (by command)",
+            f"{cps:.2f} ({detail})", target, _ok(cps < 1) if target else None,
+        ))  # fmt: skip
+    return rows
+
+
 def _ok(flag: bool) -> str:
     return "met" if flag else "NOT met"
 
@@ -405,8 +450,12 @@ def render(results: dict[str, Any], baseline: dict[str, Any] | None, notes: str)
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="a fast smoke run")
-    p.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    p.add_argument("--quick", action="store_true", help="a fast smoke run (prints, writes nothing)")
+    p.add_argument("--only", nargs="+", choices=SECTIONS, default=None)
+    p.add_argument(
+        "--write", action="store_true", help="write --output and its JSON (a full run only)"
+    )
+    p.add_argument("--profile", type=Path, default=None, help="per_record: py-spy profiles here")
     p.add_argument("--output", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--baseline", type=Path, default=ROOT / "benchmarks" / "baseline.json")
@@ -414,22 +463,27 @@ def main(argv: list[str] | None = None) -> int:
         "--from-json", type=Path, default=None, help="re-render an earlier run's JSON, measure nothing"
     )
     ns = p.parse_args(argv)
+    if ns.write and ns.quick:
+        p.error("--write takes a full run's figures: drop --quick")
+    only = tuple(ns.only or (QUICK_SECTIONS if ns.quick else SECTIONS))
     os.chdir(ROOT)
+    json_path = ns.json or (ns.output.with_suffix(".json") if ns.write else None)
     if ns.from_json is not None:
         results = json.loads(ns.from_json.read_text())
     else:
-        results = measure(ns.quick, tuple(ns.only), ns.json or ns.output.with_suffix(".json"))
+        results = measure(ns.quick, only, json_path, ns.profile)
     baseline = json.loads(ns.baseline.read_text()) if ns.baseline.exists() else None
     notes_file = ROOT / "benchmarks" / "NOTES.md"
     notes = notes_file.read_text() if notes_file.exists() else ""
     print()
     print(table(results, baseline))
-    ns.output.parent.mkdir(parents=True, exist_ok=True)
-    ns.output.write_text(render(results, baseline, notes))
-    json_path = ns.json or ns.output.with_suffix(".json")
-    if ns.from_json is None or json_path.resolve() != ns.from_json.resolve():
+    if json_path is not None and (ns.from_json is None or json_path.resolve() != ns.from_json.resolve()):
         json_path.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"\nwrote {ns.output} and {json_path}")
+        print(f"\nwrote {json_path}")
+    if ns.write:
+        ns.output.parent.mkdir(parents=True, exist_ok=True)
+        ns.output.write_text(render(results, baseline, notes))
+        print(f"wrote {ns.output}")
     return 0
 
 
