@@ -10,6 +10,7 @@ logged here and only here.
 from __future__ import annotations
 
 import random
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -98,6 +99,9 @@ class Elector:
     # Asked first: whether this node's source answers (a node that cannot reach it holds off
     # while another can, and campaigns late, as a last resort, when nobody can).
     source_watch: SourceWatch | None = None
+    # Asked before that: whether the sink that keeps the job's data answers (PostgreSQL). A term
+    # that cannot commit ends commit-unknown, having used up a token: hold off while it fails.
+    sink_probe: Callable[[], Awaitable[bool]] | None = None
     _held_off: set[str] = attrs.Factory(set)  # why campaigns are held off now (logged once each)
     _woken: bool = False  # the last standby wait ended on a release notice or a wake-up
     # What this node knows of the lease while standby (for the balancer's placement and for
@@ -160,6 +164,8 @@ class Elector:
             task_status.started()
             failures = 0
             while not self._stopping:
+                if self.sink_probe is not None and not await self._sink_allows(self.sink_probe):
+                    continue
                 if self.source_watch is not None and not await self._source_allows(self.source_watch):
                     continue
                 if self.gate is not None and not await self._gate_allows(self.gate):
@@ -214,6 +220,11 @@ class Elector:
             if self._own_lease_possible:
                 await self._release_if_ours()
             self.observer.election_event("stopped")
+
+    async def _sink_allows(self, probe: Callable[[], Awaitable[bool]]) -> bool:
+        # Held off (said once per stretch), it looks again after a TTL or on a release notice.
+        answered = await probe()
+        return await self._wait_for_turn(0.0 if answered else None, self.ttl_ms / 1000, "sink-unreachable")
 
     async def _source_allows(self, watch: SourceWatch) -> bool:
         return await self._wait_for_turn(watch.campaign_delay(), watch.ttl, "source-unreachable")

@@ -14,6 +14,10 @@ things, each atomic and fenced where the data lives:
   raises :class:`SinkUnavailable` (or ``RedisUnavailable``): the outcome is unknown and the term
   must end, never retry.
 
+A sink that can be out of reach while Redis is not (PostgreSQL) is also a :class:`ProbedSink`: the
+Elector asks ``probe()`` before each campaign and holds off while it fails (a term that cannot
+commit would only end commit-unknown, having used up a token).
+
 :func:`continuation` is the continuity rule both sinks share, pure: the Redis sink runs it again
 in Lua, a SQL sink runs it in the client and checks the stored cursor in its transaction.
 """
@@ -21,7 +25,7 @@ in Lua, a SQL sink runs it in the client and checks the stored cursor in its tra
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import attrs
 
@@ -66,6 +70,13 @@ class Sink(Protocol):
         records: Sequence[Record],
         anchor: str | None = None,
     ) -> Committed | CommitRejected: ...
+
+
+@runtime_checkable
+class ProbedSink(Protocol):
+    async def probe(self) -> bool:
+        """One bounded round trip to where the data lives: whether it answered (never raises)."""
+        ...
 
 
 def continuation(previous_cursor: str | None, records: Sequence[Record], anchor: str | None) -> str | None:

@@ -38,7 +38,7 @@ from actors.messages import (
     WriterInput,
 )
 from actors.observe import NodeObserver
-from actors.sink import RedisStreamSink, Sink
+from actors.sink import ProbedSink, RedisStreamSink, Sink
 from actors.source import Source
 from actors.token_memory import TokenMemory
 
@@ -201,6 +201,7 @@ async def run_node(
             memory=memory,
             gate=gate,
             source_watch=watch,
+            sink_probe=job_sink.probe if isinstance(job_sink, ProbedSink) else None,
         )
         elector_send.close()
         handle.elector = elector

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -12,11 +14,13 @@ import structlog
 import trio
 
 from actors.cursor_writer import CursorWriter
-from actors.lease_store import CommitRejected, Committed
+from actors.lease_store import CommitRejected, Committed, job_keys
 from actors.messages import CommitCursor, CommitRefused, CursorCommitted, OpenTerm, SinkOpened
 from actors.observe import NodeObserver
 from actors.sink import TermOpened, continuation
 from actors.source import Record, SyntheticSource, TermContext
+from actors.supervisor import NodeSpec, run_node
+from ingestion.local_redis import LocalRedis
 from ingestion.postgres import sql
 from ingestion.postgres.local import LocalPostgres
 from ingestion.postgres.sink import (
@@ -26,8 +30,12 @@ from ingestion.postgres.sink import (
     check_job,
     connect,
     ensure_schema,
+    job_state,
     read_events,
 )
+from tests.helpers import wait_until
+from tests.nodes import FAST_TIMING, lease_store
+from tests.tcp_proxy import TcpProxy
 
 SRC = SyntheticSource(total=None)
 
@@ -182,4 +190,38 @@ async def test_the_payment_projector_is_fenced_and_idempotent_by_paging_token(pg
             "SELECT account, total, payments FROM ingestion.payment_totals ORDER BY 1"
         ).fetchall()
     assert [(a, str(t), n) for a, t, n in totals] == [("GA", "2.0", 2), ("GB", "5", 2)]
+    sink.close()
+
+
+async def test_a_node_that_cannot_reach_its_postgres_sink_holds_off_and_uses_no_token(
+    pg: LocalPostgres, redis_server: LocalRedis, job: str
+) -> None:
+    """PostgreSQL out of reach (e.g. at start-up): the node does not campaign, so no term ends
+    commit-unknown and no token is used up; it says so once, and leads once PostgreSQL answers."""
+    with connect(pg.url, 5) as conn:
+        ensure_schema(conn, "ingestion")  # (for the reads below)
+    async with trio.open_nursery() as nursery:
+        proxy: TcpProxy = await nursery.start(TcpProxy(pg.port).serve)
+        proxy.set_mode("refuse")
+        sink = PostgresSink(pg.url.replace(f":{pg.port}/", f":{proxy.port}/"), job, call_timeout=1.0)
+        spec = NodeSpec("a", job, 1500, FAST_TIMING, 0.01, "0")
+        with lease_store(redis_server.url, job) as store, structlog.testing.capture_logs() as logs:
+            await nursery.start(functools.partial(
+                run_node, store, SyntheticSource(total=None), spec, structlog.get_logger(), sink=sink,
+            ))  # fmt: skip
+
+            def held_off() -> list[Any]:
+                return [e for e in logs if e["event"] == "campaign-held-off"]
+
+            await wait_until(held_off, 10, what="campaign-held-off")
+            await trio.sleep(2 * FAST_TIMING.ttl)  # before, a term (and a token) per attempt
+            assert held_off()[0]["reason"] == "sink-unreachable" and len(held_off()) == 1
+            assert store.client.get(job_keys(job)["token"]) is None
+            assert not [e for e in logs if e["event"] == "became-leader"]
+
+            proxy.set_mode("forward")
+            await wait_until(lambda: job_state(pg.url, "ingestion", job)["events"] > 0, 15,
+                             what="rows committed once PostgreSQL answers")  # fmt: skip
+            assert int(store.client.get(job_keys(job)["token"])) == 1
+            nursery.cancel_scope.cancel()
     sink.close()

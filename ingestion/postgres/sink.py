@@ -190,6 +190,15 @@ class PostgresSink:
         except (psycopg.Error, sql.SchemaMismatch, OSError) as exc:
             raise SinkUnavailable(describe(exc, self.url)) from exc
 
+    async def probe(self) -> bool:
+        """Whether PostgreSQL answers ``SELECT 1`` within the call bound (the schema created
+        first when this sink has not yet): asked by the Elector before each campaign."""
+        try:
+            await self.call(lambda conn: conn.execute("SELECT 1").fetchone())
+        except SinkUnavailable:
+            return False
+        return True
+
     async def open_term(self, node: str, token: int) -> TermOpened | CommitRejected:
         def run(conn: psycopg.Connection[Any]) -> tuple[Any, ...] | None:
             return conn.execute(
