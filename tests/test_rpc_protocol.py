@@ -114,3 +114,13 @@ def test_segments_written_by_hand() -> None:
     for bad in ("u32:-1", "bool:maybe", "address:GXYZ", "not base64!", "AAAA"):
         with pytest.raises(ValueError):
             segment_from_text(bad)
+
+
+def test_json_null_leaves_a_field_at_its_zero_value_as_go_does() -> None:
+    params = {
+        "startLedger": 5, "endLedger": None, "filters": None, "xdrFormat": None,
+        "pagination": {"cursor": None, "limit": None},
+    }  # fmt: skip
+    assert GetEventsRequest.from_params(params) == GetEventsRequest(start_ledger=5)
+    with_filter = {"startLedger": 5, "filters": [{"type": None, "contractIds": None, "topics": None}]}
+    assert GetEventsRequest.from_params(with_filter).filters == (EventFilter(),)

@@ -228,11 +228,11 @@ class EventFilter:
         """
         if not isinstance(raw, Mapping):
             raise _params("filter must be an object")
-        kind = raw.get("type", "")
+        kind = _go_field(raw, "type", "")
         if not isinstance(kind, str):
             raise _params("filter type must be a string")
-        ids = raw.get("contractIds") or []
-        topics = raw.get("topics") or []
+        ids = _go_field(raw, "contractIds", [])
+        topics = _go_field(raw, "topics", [])
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
             raise _params("contractIds must be a list of strings")
         if not isinstance(topics, list) or not all(isinstance(t, list) for t in topics):
@@ -374,15 +374,15 @@ class GetEventsRequest:
             params = params[0]
         if not isinstance(params, Mapping):
             raise _params("params must be an object")
-        start, end = params.get("startLedger", 0), params.get("endLedger", 0)
+        start, end = _go_field(params, "startLedger", 0), _go_field(params, "endLedger", 0)
         for name, value in (("startLedger", start), ("endLedger", end)):
             if not _uint32(value):
                 raise _params(f"json: cannot unmarshal {value!r} into Go struct field {name} of type uint32")
-        raw_filters = params.get("filters") or []
+        raw_filters = _go_field(params, "filters", [])
         if not isinstance(raw_filters, list):
             raise _params("filters must be a list")
         filters = tuple(EventFilter.from_json(f) for f in raw_filters)
-        pagination = params.get("pagination") or {}
+        pagination = _go_field(params, "pagination", {})
         if not isinstance(pagination, Mapping):
             raise _params("pagination must be an object")
         cursor = None
@@ -394,10 +394,10 @@ class GetEventsRequest:
                 cursor = Cursor.parse(raw_cursor)
             except InvalidCursor as exc:
                 raise _params(str(exc)) from exc
-        limit = pagination.get("limit", 0)
+        limit = _go_field(pagination, "limit", 0)
         if not (isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0):
             raise _params(f"json: cannot unmarshal {limit!r} into Go struct field limit of type uint")
-        fmt = params.get("xdrFormat", "")
+        fmt = _go_field(params, "xdrFormat", "")
         request = cls(int(start), int(end), filters, cursor, limit, fmt if isinstance(fmt, str) else "?")
         problem = request.problem(max_limit)
         if problem:
@@ -416,6 +416,14 @@ class GetEventsRequest:
         if self.limit > max_limit:
             return f"limit must not exceed {max_limit}"
         return filters_problem(self.filters)
+
+
+def _go_field(obj: Mapping[str, Any], name: str, zero: Any) -> Any:
+    """``obj[name]`` as Go's ``encoding/json`` fills a struct field: a missing field or a JSON
+    ``null`` leaves it at its zero value (clients such as stellar-sdk's ``SorobanServer`` send
+    ``"endLedger": null``, ``"cursor": null``), so both read as ``zero`` here."""
+    value = obj.get(name)
+    return zero if value is None else value
 
 
 def _uint32(value: Any) -> bool:
