@@ -5,7 +5,8 @@ subcommand (``python -m ingestion --node-id n1 ...``) it means ``run``.
 
 Exit status: 0 after a clean shutdown, 2 for a usage or configuration error (one line per problem on
 stderr, naming the setting or flag), 1 for a fatal runtime error, 130 when interrupted (Ctrl-C)
-before the node runs.
+before the node runs; ``run``'s worker process killed by signal N: 128 + N, once its parent has
+released its leases (ingestion/parent.py).
 """
 
 from __future__ import annotations
@@ -220,7 +221,13 @@ def cmd_run(argv: Sequence[str]) -> int:
 
     check_sources(settings)
     preflight(settings)
-    return start_node(settings)
+    from ingestion import parent
+
+    if parent.supported():
+        forked = parent.fork_worker()
+        if forked is not None:  # this is the parent: it outlives the worker, nothing more
+            return parent.run_parent(settings, *forked)
+    return start_node(settings, lease_pipe=parent.worker_pipe())
 
 
 def _check_config_parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import os
 import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -221,15 +222,16 @@ class StartupError(Exception):
     """The node cannot start: one line naming the setting (exit 2)."""
 
 
-def start_node(settings: Settings) -> int:
-    """Run the node until it stops; its exit status.
+def start_node(settings: Settings, lease_pipe: int | None = None) -> int:
+    """Run the node until it stops; its exit status. ``lease_pipe``: in a worker process, where
+    to report each lease acquired and released to the parent (ingestion/parent.py).
 
     Raises:
         ConfigError: a listen socket could not be bound, or Redis holds the job under another
             source (one line naming the setting), before the node campaigned.
     """
     try:
-        return trio.run(run_node_process, settings, clock=BootClock())
+        return trio.run(run_node_process, settings, lease_pipe, clock=BootClock())
     except* StartupError as group:
         raise ConfigError([str(e) for e in _leaves(group)]) from None
 
@@ -369,9 +371,11 @@ def node_spec(settings: Settings, job: JobSettings | None = None) -> NodeSpec:
     )
 
 
-async def run_node_process(settings: Settings) -> int:
+async def run_node_process(settings: Settings, lease_pipe: int | None = None) -> int:
     """Host every configured job under one nursery until SIGINT/SIGTERM (exit 0) or until no job
-    is left because each stopped fatally (exit 1). A job that fails fatally stops alone."""
+    is left because each stopped fatally (exit 1). A job that fails fatally stops alone. With
+    ``lease_pipe`` (a worker under ingestion/parent.py) each lease acquired or released is
+    reported there."""
     configure_logging(settings.log.level, settings.log.format)
     # Bound in the context too, so that every task's log lines carry the node (and, inside a
     # job's tasks, the job: bound there).
@@ -391,10 +395,17 @@ async def run_node_process(settings: Settings) -> int:
         events_max_len=settings.events.max_len,
         state_dir=settings.node.state_dir or None,
         clock=getattr(trio.lowlevel.current_clock(), "name", type(trio.lowlevel.current_clock()).__name__),
+        pid=os.getpid(),
+        parent_pid=os.getppid() if lease_pipe is not None else None,
     )
     client = settings.redis.connect()
     stores = {j.name: build_store(settings, j.name, client) for j in settings.jobs}
     sinks = {j.name: build_sink(settings, j, stores[j.name]) for j in settings.jobs}
+    if lease_pipe is not None:
+        from ingestion.parent import lease_reporter
+
+        for store in stores.values():
+            store.on_lease = lease_reporter(lease_pipe, log)
     observers = {j.name: NodeObserver(settings.node.id, j.name) for j in settings.jobs}
     history_gap_listener.set(functools.partial(_count_history_gap, observers))
     fatal: dict[str, str] = {}

@@ -111,6 +111,10 @@ class LeaseStore:
         self._fenced_hset = client.register_script(scripts.FENCED_HSET)
         self._report_health = client.register_script(scripts.REPORT_HEALTH)
         self._fenced_audit = client.register_script(scripts.FENCED_AUDIT)
+        # Told ("acquired" | "released", job, token, node) as soon as Redis granted or released
+        # this job's lease: a node process's parent learns from it which leases to release
+        # should the process die (ingestion/parent.py). Never told of an unknown outcome.
+        self.on_lease: Callable[[str, str, int, str], None] | None = None
 
     async def follow_primary(self, every: float = FOLLOW_PRIMARY_EVERY) -> None:
         """With Sentinel, ask where the primary is every ``every`` seconds, until cancelled.
@@ -283,8 +287,10 @@ class LeaseStore:
                 holder=holder, token=token, ttl_left_ms=int(res[2]), committed=bool(int(res[3])),
                 replid=replid,
             )  # fmt: skip
-        self._check_acked("the lease grant", acked)
         _, token, prev_node, prev_token, takeover, cursor, rolled_back = res
+        if self.on_lease is not None:
+            self.on_lease("acquired", self.job, int(token), node)  # granted, replicated or not
+        self._check_acked("the lease grant", acked)
         return Acquired(
             token=int(token),
             previous_node=prev_node or None,
@@ -309,6 +315,8 @@ class LeaseStore:
             keys=[k["lease"], k["leader"], k["audit"]],
             args=[node, token, k["released"], AUDIT_MAXLEN],
         )
+        if self.on_lease is not None:
+            self.on_lease("released", self.job, token, node)  # released now, or not ours any more
         return bool(int(res))
 
     async def commit(
