@@ -225,3 +225,10 @@ async def test_a_node_that_cannot_reach_its_postgres_sink_holds_off_and_uses_no_
             assert int(store.client.get(job_keys(job)["token"])) == 1
             nursery.cancel_scope.cancel()
     sink.close()
+
+
+def test_a_text_array_literal_round_trips_every_character(pg: LocalPostgres) -> None:
+    values = ['{"a": "q\\"uote", "b": "back\\\\slash\\n"}', "{x,y}", "", "NULL", "ünï\tcode ,} \\"]
+    with connect(pg.url, 5) as conn:
+        row = conn.execute("SELECT %s::text[]", (sql.text_array(values),)).fetchone()
+    assert row is not None and row[0] == values

@@ -234,8 +234,8 @@ class PostgresSink:
         except ValueError as exc:
             return CommitRejected(token=token, reason=str(exc), current_token=token,
                                   stored_cursor=previous_cursor)  # fmt: skip
-        tokens = [r.paging_token for r in records]
-        bodies = [r.body for r in records]
+        tokens = sql.text_array([r.paging_token for r in records])
+        bodies = sql.text_array([r.body for r in records])
         params = (self.job, token, previous_cursor, cursor, self.events_max_len, tokens, bodies)
 
         def run(conn: psycopg.Connection[Any]) -> tuple[Any, ...] | None:

@@ -114,8 +114,8 @@ BEGIN
   SELECT coalesce(max(e.seq), 0) INTO last FROM {s}.events e WHERE e.job = p_job;
   IF n > 0 THEN
     INSERT INTO {s}.events (job, seq, paging_token, token, record)
-      SELECT p_job, last + r.i, r.pt, p_token, p_records[r.i]::jsonb
-      FROM unnest(p_tokens) WITH ORDINALITY AS r(pt, i);
+      SELECT p_job, last + r.i, r.pt, p_token, r.rec::jsonb
+      FROM unnest(p_tokens, p_records) WITH ORDINALITY AS r(pt, rec, i);
   END IF;
   INSERT INTO {s}.cursors (job, cursor, token) VALUES (p_job, p_cursor, p_token)
     ON CONFLICT (job) DO UPDATE SET cursor = excluded.cursor, token = excluded.token;
@@ -179,6 +179,14 @@ def create_function(schema: str, name: str) -> str:
         f"CREATE OR REPLACE FUNCTION {quoted(schema)}.{name}({params}) RETURNS {returns} "
         f"LANGUAGE plpgsql AS $fn${function_body(schema, name)}$fn$"
     )
+
+
+def text_array(values: list[str]) -> str:
+    """``values`` as a PostgreSQL ``text[]`` literal (sent as one text parameter, cast with
+    ``::text[]``): every element quoted, ``\\`` and ``"`` escaped. The driver's own array dumper
+    costs about 0.1 ms per 1 KB record in Python; this is two C-level replaces per element."""
+    quoted = ['"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values]
+    return "{" + ",".join(quoted) + "}"
 
 
 def column_problem(schema: str, table: str, found: list[tuple[str, str]]) -> str | None:
