@@ -3,6 +3,11 @@
 Modes: ``forward`` (normal), ``blackhole`` (connections stay open but no byte moves either way,
 like a partition that drops packets: calls time out), ``refuse`` (existing connections are reset and
 new ones are closed at once, like a host that is down).
+
+A chunk that arrives in ``blackhole`` mode is held, not dropped, and goes on once the mode is
+``forward`` again (a partition that heals before TCP gives up): ``held`` counts the chunks a client
+sent that are held so far. ``watch(pattern)`` counts the server's replies that contain ``pattern``
+(``seen[pattern]``): what the server answered, whoever reads it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,11 @@ class TcpProxy:
         self.mode = "forward"
         self._changed = trio.Event()
         self._scopes: set[trio.CancelScope] = set()
+        self.held = 0
+        self.seen: dict[bytes, int] = {}
+
+    def watch(self, pattern: bytes) -> None:
+        self.seen.setdefault(pattern, 0)
 
     def set_mode(self, mode: str) -> None:
         assert mode in ("forward", "blackhole", "refuse")
@@ -42,14 +52,15 @@ class TcpProxy:
                 try:
                     upstream = await trio.open_tcp_stream("127.0.0.1", self.target_port)
                     async with upstream, trio.open_nursery() as nursery:
-                        nursery.start_soon(self._pump, client, upstream)
-                        nursery.start_soon(self._pump, upstream, client)
+                        nursery.start_soon(self._pump, client, upstream, True)
+                        nursery.start_soon(self._pump, upstream, client, False)
                 except OSError:
                     return
                 finally:
                     self._scopes.discard(scope)
 
-    async def _pump(self, src: trio.SocketStream, dst: trio.SocketStream) -> None:
+    async def _pump(self, src: trio.SocketStream, dst: trio.SocketStream, from_client: bool) -> None:
+        tail = b""  # the end of the previous chunk: a pattern may straddle two
         while True:
             try:
                 data = await src.receive_some(65536)
@@ -62,8 +73,15 @@ class TcpProxy:
                     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                         pass
                 return
+            if from_client and self.mode == "blackhole":
+                self.held += 1
             while self.mode == "blackhole":
                 await self._changed.wait()
+            if not from_client and self.seen:
+                for pattern in self.seen:
+                    if pattern in tail + data and pattern not in tail:
+                        self.seen[pattern] += 1
+                tail = data[-64:]
             if self.mode == "refuse":
                 return
             try:

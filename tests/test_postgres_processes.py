@@ -1,7 +1,8 @@
 """Three real node processes on a PostgreSQL sink through one fault after another (a partition
-between the leader and PostgreSQL only, SIGSTOP past the TTL, SIGKILL, a PostgreSQL restart,
-SIGTERM), then the table verified: exactly once, in order, tokens never decreasing along ``seq``
-and never below the fence history. Plus the start-up refusals: one line naming the setting, exit 2.
+between the leader and PostgreSQL only, SIGSTOP past the TTL with a commit in flight, SIGKILL, a
+PostgreSQL restart, SIGTERM), then the table verified against the simulator's own records: every
+record exactly once, in order, as Horizon serves it, tokens never decreasing along ``seq`` and
+never below the fence history. Plus the start-up refusals: one line naming the setting, exit 2.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import pytest
 import trio
 
 from ingestion.postgres.local import LocalPostgres
-from ingestion.postgres.sink import check_job, job_state
+from ingestion.postgres.sink import job_state
+from ingestion.verify import check_stream, fetch_source, read_postgres_evidence
 from tests.cluster import open_cluster
+from tests.helpers import wait_until
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
@@ -49,30 +52,41 @@ async def grows(pg: LocalPostgres, more: int = 30, within: float = 20.0) -> int:
 
 async def test_three_nodes_on_postgres_survive_every_fault_exactly_once(pg: LocalPostgres) -> None:
     async with open_cluster(JOB, ttl_ms=1500) as c, trio.open_nursery() as nursery:
-        proxy = await nursery.start(TcpProxy(pg.port).serve)
-        via_proxy = pg.url.replace(f":{pg.port}/", f":{proxy.port}/")
-        await c.start_node("a", extra=["--sink", via_proxy])
-        await c.log.wait_for("became-leader", "a", within=20)
-        await c.start_node("b", extra=["--sink", pg.url])
-        await c.start_node("c", extra=["--sink", pg.url])
+        # Each node reaches PostgreSQL through a proxy of its own: a fault for one node only.
+        proxies: dict[str, TcpProxy] = {}
+        for name in ("a", "b", "c"):
+            proxies[name] = await nursery.start(TcpProxy(pg.port).serve)
+            via = pg.url.replace(f":{pg.port}/", f":{proxies[name].port}/")
+            await c.start_node(name, extra=["--sink", via])
+            if name == "a":
+                await c.log.wait_for("became-leader", "a", within=20)
         await grows(pg)
 
-        # 1. The leader loses PostgreSQL only: its commit is unknown, its term ends, another leads.
-        proxy.set_mode("blackhole")
+        # 1. The leader loses PostgreSQL only: its commit is unknown, its term ends, another leads
+        # (the cut-off node holds off its campaigns while it cannot reach PostgreSQL).
+        proxies["a"].set_mode("blackhole")
         await c.log.wait_for("term-ended", "a", within=10)
-        proxy.set_mode("forward")
+        proxies["a"].set_mode("forward")
         await grows(pg)
 
-        # 2. SIGSTOP the leader past the TTL: another leads; the paused one's late commit lands
-        # nowhere (the fence rose with the new term's first transaction).
+        # 2. SIGSTOP the leader past the TTL while one of its commits is on its way (held at its
+        # proxy: sent, not yet arrived). Another node leads and raises the fence; then the paused
+        # leader's commit arrives, after the fence rose, and PostgreSQL refuses it: certain, not
+        # a matter of when the pause fell.
         leader = c.leaders()[-1].node
+        proxy = proxies[leader]
+        proxy.watch(b"stale-token")
+        proxy.set_mode("blackhole")
+        await wait_until(lambda: proxy.held, 10, what=f"a commit of {leader} held at its proxy")
         c.signal(leader, signal.SIGSTOP)
         with trio.fail_after(10):
             while c.leaders()[-1].node == leader:
                 await c.log.changed()
-        await grows(pg)
+        await grows(pg)  # the new term's rows: its first transaction raised the fence
+        proxy.set_mode("forward")
+        await wait_until(lambda: proxy.seen[b"stale-token"], 10,
+                         what=f"PostgreSQL refusing {leader}'s late commit (stale-token)")  # fmt: skip
         c.signal(leader, signal.SIGCONT)
-        await trio.sleep(1.0)
         await grows(pg)
 
         # 3. SIGKILL the leader.
@@ -88,12 +102,15 @@ async def test_three_nodes_on_postgres_survive_every_fault_exactly_once(pg: Loca
         # 5. SIGTERM the leader: a graceful hand-over.
         assert await c.terminate(c.leaders()[-1].node) == 0
         await grows(pg)
-        nursery.cancel_scope.cancel()
 
-    problems, checked = check_job(pg.url, "ingestion", JOB)
-    assert problems == [] and checked > 150
-    state = job_state(pg.url, "ingestion", JOB)
-    assert len(state["terms"]) >= 5  # one fence raise per term, never down
+        # The rows against the simulator's own records, and the fence history.
+        entries, trimmed, fence_problems, terms = await read_postgres_evidence(pg.url, "ingestion", JOB)
+        source = await fetch_source(c.horizon, "/operations", "0", through=entries[-1].paging_token)
+        result = check_stream(entries, source, None, trimmed)
+        assert result.ok, result.summary()
+        assert fence_problems == [] and result.count > 150 and trimmed == 0
+        assert terms >= 5  # one fence raise per term, never down
+        nursery.cancel_scope.cancel()
 
 
 def start(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
