@@ -2,10 +2,13 @@
 
 The world is Redis as the nodes see it (one lease per job with an expiry, the node registry, the
 health hashes, release notices) and the sources (per node and job: does the job's own resource
-answer, does the server's root answer). Nodes join, crash, pause, lose their source for some jobs,
-stop one job for good, read views up to two ticks stale; Redis fails over (leases, registry and
-health gone). Every decision a node takes is the module's: ``decide`` (source), ``campaign``
-(share, placement, adoption), ``hand_back`` (balance), ``SourceHealth``/``advertise``/
+answer, does the stream the job follows at the tip deliver, does the server's root answer).
+Nodes join, crash, pause, lose their source for some jobs (or only the stream, pages still
+answering), stop one job for good, read views up to two ticks stale; Redis fails over (leases,
+registry and health gone). ``probe_stream``: the probe opens the stream as well as asking for a
+page (False: a GET only, Horizon's probe before, which a proxy blocking streams still answers).
+Every decision a node takes is the module's: ``decide`` (source), ``campaign`` (share,
+placement, adoption), ``hand_back`` (balance), ``SourceHealth``/``advertise``/
 ``able_peers`` (health). Time is in milliseconds, one step is ``STEP``.
 
 After every step :meth:`World.check` asserts the liveness rule: a job that some live, unpaused
@@ -76,11 +79,16 @@ class Node:
 
 
 class World:
-    def __init__(self, seed: int, rules: ModuleType, *, probe_root: bool = False) -> None:
+    def __init__(
+        self, seed: int, rules: ModuleType, *, probe_root: bool = False, probe_stream: bool = True
+    ) -> None:
         self.rng = random.Random(seed)
         self.rules = rules
         # The probe asks the server's root (the old Horizon probe), not the job's own resource.
         self.probe_root = probe_root
+        # The probe opens the stream too (Horizon's probe since the stream-blocking fix); False:
+        # a GET of the collection only, which a proxy that blocks streams still answers.
+        self.probe_stream = probe_stream
         self.t = 0
         self.all_jobs = tuple(f"j{i}" for i in range(self.rng.randint(2, 5)))
         self.nodes: dict[str, Node] = {}
@@ -90,6 +98,10 @@ class World:
         self.history: list[tuple[dict[str, int], dict[str, dict[str, Any]]]] = []
         self.data_ok: dict[tuple[str, str], bool] = {}
         self.root_ok: dict[tuple[str, str], bool] = {}
+        # The stream delivers (its hello, then records). False with data_ok: pages answer, the
+        # stream is blocked or buffered (a proxy): the job at the tip gets nothing, and its own
+        # requests record neither a success nor a failure (a stream that says nothing).
+        self.stream_ok: dict[tuple[str, str], bool] = {}
         self.bad_since: dict[str, int | None] = dict.fromkeys(self.all_jobs)
         self.trace: list[str] = []
         self.changes = 0
@@ -113,7 +125,7 @@ class World:
             lag=self.rng.randint(0, 2 * TICK // STEP), next_tick=self.t,
         )  # fmt: skip
         for j in jobs:
-            self.data_ok[(name, j)] = self.root_ok[(name, j)] = True
+            self.data_ok[(name, j)] = self.root_ok[(name, j)] = self.stream_ok[(name, j)] = True
         self.log(f"join {name} jobs={','.join(jobs)}")
         return name
 
@@ -166,6 +178,11 @@ class World:
         elif r < 0.7:
             name = self.rng.choice(live)
             jobs = list(self.nodes[name].jobs) if self.rng.random() < 0.5 else list(self.nodes[name].jobs)[:1]
+            if self.rng.random() < 0.25:  # pages (and the root) answer, the stream is blocked
+                for job in jobs:
+                    self.stream_ok[(name, job)] = False
+                self.log(f"stream of {name} blocked for {','.join(jobs)} (pages answer)")
+                return
             root = self.rng.random() < 0.5  # the root still answers while the job's requests fail
             for job in jobs:
                 self.data_ok[(name, job)] = False
@@ -173,7 +190,7 @@ class World:
             self.log(f"source of {name} fails for {','.join(jobs)} (root answers: {root})")
         elif r < 0.85:
             for key in list(self.data_ok):
-                self.data_ok[key] = self.root_ok[key] = True
+                self.data_ok[key] = self.root_ok[key] = self.stream_ok[key] = True
             self.log("sources healed")
         elif r < 0.93:
             name = self.rng.choice(live)
@@ -240,11 +257,11 @@ class World:
                 continue
             if self.t % RENEW == 0:
                 self.lease[job] = (node.name, self.t + TTL)
-            # the job's own requests
-            if self.data_ok[(node.name, job)]:
-                j.health.ok(self.t)
-            else:
+            # the job's own requests (at the tip: the stream; a blocked one says nothing)
+            if not self.data_ok[(node.name, job)]:
                 j.health.failed(self.t)
+            elif self.stream_ok[(node.name, job)]:
+                j.health.ok(self.t)
 
     def watch_step(self, node: Node) -> None:
         for job, j in node.jobs.items():
@@ -253,7 +270,11 @@ class World:
             j.watch_at = self.t + (TTL // 2 if j.leading else TTL)
             h = j.health
             if not j.leading or h.last_ok is None or self.t - h.last_ok > TTL / 2:
-                answers = (self.root_ok if self.probe_root else self.data_ok)[(node.name, job)]
+                key = (node.name, job)
+                if self.probe_root:
+                    answers = self.root_ok[key]
+                else:
+                    answers = self.data_ok[key] and (self.stream_ok[key] or not self.probe_stream)
                 h.probed(self.t, answers, leading=j.leading, quarantine=HANDOVER)
             entry = self.rules.advertise(h)
             if entry is not None:  # (the old rules wrote nothing while failing)
@@ -357,7 +378,7 @@ class World:
         node = self.nodes.get(name)
         return (
             node is not None and not self.paused(node) and job in node.jobs
-            and self.data_ok[(name, job)]
+            and self.data_ok[(name, job)] and self.stream_ok[(name, job)]
         )  # fmt: skip
 
     def check(self) -> None:
@@ -384,7 +405,7 @@ class World:
 
     def heal(self) -> None:
         for key in list(self.data_ok):
-            self.data_ok[key] = self.root_ok[key] = True
+            self.data_ok[key] = self.root_ok[key] = self.stream_ok[key] = True
         for node in self.nodes.values():
             node.paused_until = -1
         self.log("everything healed")
@@ -409,10 +430,17 @@ class LivenessViolation(AssertionError):
         self.trace = trace
 
 
-def run(seed: int, rules: ModuleType, *, events: int = 12, probe_root: bool = False) -> World:
+def run(
+    seed: int,
+    rules: ModuleType,
+    *,
+    events: int = 12,
+    probe_root: bool = False,
+    probe_stream: bool = True,
+) -> World:
     """One random world: a few nodes, ``events`` random faults a few seconds apart (every step
     checked), then everything healed: balanced (when every node hosts every job) and then still."""
-    world = World(seed, rules, probe_root=probe_root)
+    world = World(seed, rules, probe_root=probe_root, probe_stream=probe_stream)
     for _ in range(world.rng.randint(2, 4)):
         world.join(world.all_jobs)
     for _ in range(60):

@@ -3,7 +3,9 @@
 Random worlds: every step asserts that a job some live node hosts and can serve is led by a node
 that can serve it within B. ``LIVENESS_SEEDS=5000`` runs a soak instead of the suite's 200.
 The three worlds of issue 23 are scripted too, and run against the rules the code had before
-(tests/liveness_old_rules.py) to show the simulation finds them.
+(tests/liveness_old_rules.py) to show the simulation finds them. So is a leader whose Horizon
+answers pages but blocks the stream, against the probe Horizon had before (a GET of the
+collection, which such a Horizon answers: the leader kept a job it could not serve).
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ def test_random_worlds_keep_every_servable_job_led_within_b_then_balanced_and_st
     assert worst <= bound_ms(rules)
 
 
-def two_nodes_two_jobs(rule_module: ModuleType, *, probe_root: bool = False) -> World:
-    world = World(0, rule_module, probe_root=probe_root)
+def two_nodes_two_jobs(
+    rule_module: ModuleType, *, probe_root: bool = False, probe_stream: bool = True
+) -> World:
+    world = World(0, rule_module, probe_root=probe_root, probe_stream=probe_stream)
     world.all_jobs = ("j0", "j1")
     world.lease = dict.fromkeys(world.all_jobs)
     world.health = {j: {} for j in world.all_jobs}
@@ -96,3 +100,44 @@ def test_the_simulation_fails_random_worlds_under_the_old_rules() -> None:
         except AssertionError:
             failed += 1
     assert failed >= 5
+
+
+def stream_blocked(*, probe_stream: bool) -> tuple[World, str]:
+    """The leader's Horizon answers pages (and the probe's GET) but blocks the stream it follows
+    at the tip (a proxy): it gets nothing, and records neither a success nor a failure."""
+    world = two_nodes_two_jobs(rules, probe_stream=probe_stream)
+    job = next(j for j, lease in world.lease.items() if lease and lease[0] == "n1")
+    world.stream_ok[("n1", job)] = False
+    world.log(f"stream of n1 blocked for {job} (pages answer)")
+    for _ in range((HANDOVER + bound_ms(rules) + 2 * TTL) // STEP):
+        world.step()
+    return world, job
+
+
+def test_a_leader_whose_stream_is_blocked_while_pages_answer_hands_over_and_stays_off() -> None:
+    world, job = stream_blocked(probe_stream=True)
+    assert world.worst <= bound_ms(rules)
+    assert world.lease[job] is not None and world.lease[job][0] == "n0"
+    # While the stream stays blocked, n1's probe (which opens the stream) fails: n1 is not able,
+    # the balancer never hands the job back to it (no back-and-forth).
+    changes = world.changes
+    for _ in range(4 * HANDOVER // STEP):
+        world.step()
+    assert world.changes == changes and world.lease[job][0] == "n0"  # type: ignore[index]
+    world.heal()  # and healed, the share is balanced again
+    for _ in range(bound_ms(rules) // STEP + 40):
+        world.step()
+    assert world.balanced()
+
+
+def test_the_simulation_finds_a_blocked_stream_kept_under_a_probe_that_only_gets_pages() -> None:
+    with pytest.raises(LivenessViolation) as caught:
+        stream_blocked(probe_stream=False)
+    print(f"stream blocked, GET-only probe: {caught.value}")
+    failed = 0
+    for seed in range(20):
+        try:
+            run(seed, rules, events=8, probe_stream=False)
+        except AssertionError:
+            failed += 1
+    assert failed >= 1
