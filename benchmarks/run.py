@@ -7,7 +7,10 @@ Sections: ``catchup`` (throughput and memory), ``latency``, ``commit``, ``failov
 per ingested record, with and without retention), ``jobs`` (3 nodes sharing 30 jobs: balance,
 re-lead after SIGKILL, stability, Redis load, RSS by job count), ``source_cut`` (the leader cut off
 from Horizon: time until a standby ingests), ``rpc`` (Stellar RPC jobs: catch-up of a full retention
-window, ledger close -> committed at the tip).
+window, ledger close -> committed at the tip), ``process_crash`` (SIGKILL of the leader's worker:
+its parent releases the lease; time until another node leads).
+``postgres``: the PostgreSQL sink against a bare ``COPY`` of the same batches (catch-up,
+commit latency at batch 1/10/200, ledger close -> committed); needs Debian's ``postgresql``.
 ``liveness``: issue 23's combined faults against the bound B, and the SIGTERM handoff of a node
 leading two of four jobs.
 ``per_record`` (issue 27: node vs bare fetch on Horizon and RPC side by side, the 100 ms ratio, peak
@@ -42,6 +45,8 @@ from benchmarks import (
     liveness,
     memory,
     per_record,
+    postgres,
+    process_crash,
     redis_ha,
     rpc,
     source_cut,
@@ -53,7 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = (
     "catchup", "latency", "commit", "failover", "standby", "redis_ha", "memory", "jobs", "source_cut",
     "per_record",
-    "liveness", "catchup_curve", "rpc",
+    "liveness", "catchup_curve", "rpc", "process_crash", "postgres",
 )
 
 # A smoke run: each part of the harness once, small (about two minutes on 2 cores).
@@ -107,6 +112,10 @@ def measure(
                     ttls_ms=(1000,) if quick else (1000, 2000, 5000),
                     trials=5 if quick else 20,
                 )
+            elif section == "process_crash":
+                results[section] = process_crash.run(
+                    url, ttls_ms=(2000,) if quick else (2000, 5000), trials=5 if quick else 20
+                )
             elif section == "standby":
                 results[section] = standby.run(url, standbys=3, seconds=10.0 if quick else 30.0)
             elif section == "redis_ha":
@@ -126,6 +135,8 @@ def measure(
                 results[section] = liveness.run(trials=3 if quick else 20, handoffs=2 if quick else 10)
             elif section == "rpc":
                 results[section] = rpc.run(url, quick=quick)
+            elif section == "postgres":
+                results[section] = postgres.run(url, quick=quick)
             elif section == "per_record":
                 results[section] = per_record.run(url, quick=quick, profile_dir=profile)
             elif section == "memory":
@@ -195,6 +206,25 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
                     verdict,
                 )
             )
+    pc = r.get("process_crash")
+    if pc:
+        for v in pc.values():
+            lead, first = v["lead"], v["first_commit"]
+            rows += [
+                (
+                    f"worker SIGKILL (parent releases), ttl {v['ttl_ms']} ms, {v['trials']} trials: "
+                    "another node leads, p50 / p99 / max",
+                    f"{lead['p50_ms']:.0f} / {lead['p99_ms']:.0f} / {lead['max_ms']:.0f} ms",
+                    "p99 <= 100 ms",
+                    _ok(lead["p99_ms"] <= 100 and v["exactly_once"]),
+                ),
+                (
+                    f"worker SIGKILL, ttl {v['ttl_ms']} ms: first commit of the new leader, p50 / p99",
+                    f"{first['p50_ms']:.0f} / {first['p99_ms']:.0f} ms",
+                    "",
+                    None,
+                ),
+            ]
     ha = r.get("redis_ha")
     if ha:
         # Detection (down-after), election and promotion (about 1 s), one lease TTL, and the
@@ -316,6 +346,30 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
             "", None,
         ))  # fmt: skip
     rows += _per_record_rows(r.get("per_record"))
+    pg = r.get("postgres")
+    if pg:
+        cu = pg["catch_up"]
+        rows.append((
+            f"PostgreSQL sink: catch-up of {cu['node_records']:,} ops, node process (Horizon -> fenced "
+            f"commits) vs COPY of the same {cu['batches']} batches from memory, records/s",
+            f"{cu['node_rate']:,.0f} vs {cu['copy_rate']:,.0f} ({cu['ratio']:.2f})", "", None,
+        ))  # fmt: skip
+        for size, v in pg["commit"].items():
+            rows.append((
+                f"PostgreSQL sink: commit of batch {size} (PostgresSink.commit vs COPY), records/s "
+                "(ratio), p50 / p99",
+                f"{v['records_per_s']:,.0f} vs {v['copy_records_per_s']:,.0f} ({v['ratio']:.2f}), "
+                f"{v['p50_ms']:.2f} / {v['p99_ms']:.2f} ms vs {v['copy_p50_ms']:.2f} / "
+                f"{v['copy_p99_ms']:.2f} ms",
+                ">= 0.5", _ok(v["ratio"] >= 0.5),
+            ))  # fmt: skip
+        lv = pg["live"]
+        rows.append((
+            f"PostgreSQL sink, live: ledger close -> all {lv['ops_per_ledger']} records committed, "
+            f"{lv['trials']} ledgers: p50 / p99 / max",
+            f"{lv['p50_ms']:.1f} / {lv['p99_ms']:.1f} / {lv['max_ms']:.1f} ms",
+            "p99 <= 100 ms", _ok(lv["p99_ms"] <= 100),
+        ))  # fmt: skip
     mem = r.get("memory")
     if mem:
         n = f"{mem['count']:,} ops"
