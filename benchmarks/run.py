@@ -7,14 +7,13 @@ Sections: ``catchup`` (throughput and memory), ``latency``, ``commit``, ``failov
 per ingested record, with and without retention), ``jobs`` (3 nodes sharing 30 jobs: balance,
 re-lead after SIGKILL, stability, Redis load, RSS by job count), ``source_cut`` (the leader cut off
 from Horizon: time until a standby ingests), ``rpc`` (Stellar RPC jobs: catch-up of a full retention
-window, ledger close -> committed at the tip), ``process_crash`` (SIGKILL of the leader's worker:
-its parent releases the lease; time until another node leads).
-``postgres``: the PostgreSQL sink against a bare ``COPY`` of the same batches (catch-up,
-commit latency at batch 1/10/200, ledger close -> committed); needs Debian's ``postgresql``.
+window, ledger close -> committed at the tip).
 ``liveness``: issue 23's combined faults against the bound B, and the SIGTERM handoff of a node
 leading two of four jobs.
 ``per_record`` (issue 27: node vs bare fetch on Horizon and RPC side by side, the 100 ms ratio, peak
 RSS, standby commands/s at TTL 2 s and 5 s; ``--profile DIR`` adds py-spy's heaviest frames).
+``postgres``: the PostgreSQL sink against a bare ``COPY`` of the same batches (catch-up,
+commit latency at batch 1/10/200, ledger close -> committed); needs Debian's ``postgresql``.
 ``--quick`` is a smoke run (smaller history, fewer trials, one TTL; without ``--only``, the sections
 in ``QUICK_SECTIONS``) that takes about two minutes and prints its table; the full run takes long.
 ``docs/BENCHMARKS.md`` and its JSON are written only with ``--write``, and only from a full run.
@@ -44,9 +43,8 @@ from benchmarks import (
     latency,
     liveness,
     memory,
-    per_record,
     postgres,
-    process_crash,
+    per_record,
     redis_ha,
     rpc,
     source_cut,
@@ -58,7 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = (
     "catchup", "latency", "commit", "failover", "standby", "redis_ha", "memory", "jobs", "source_cut",
     "per_record",
-    "liveness", "catchup_curve", "rpc", "process_crash", "postgres",
+    "liveness", "catchup_curve", "rpc", "postgres",
 )
 
 # A smoke run: each part of the harness once, small (about two minutes on 2 cores).
@@ -111,10 +109,6 @@ def measure(
                     url,
                     ttls_ms=(1000,) if quick else (1000, 2000, 5000),
                     trials=5 if quick else 20,
-                )
-            elif section == "process_crash":
-                results[section] = process_crash.run(
-                    url, ttls_ms=(2000,) if quick else (2000, 5000), trials=5 if quick else 20
                 )
             elif section == "standby":
                 results[section] = standby.run(url, standbys=3, seconds=10.0 if quick else 30.0)
@@ -206,25 +200,6 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
                     verdict,
                 )
             )
-    pc = r.get("process_crash")
-    if pc:
-        for v in pc.values():
-            lead, first = v["lead"], v["first_commit"]
-            rows += [
-                (
-                    f"worker SIGKILL (parent releases), ttl {v['ttl_ms']} ms, {v['trials']} trials: "
-                    "another node leads, p50 / p99 / max",
-                    f"{lead['p50_ms']:.0f} / {lead['p99_ms']:.0f} / {lead['max_ms']:.0f} ms",
-                    "p99 <= 100 ms",
-                    _ok(lead["p99_ms"] <= 100 and v["exactly_once"]),
-                ),
-                (
-                    f"worker SIGKILL, ttl {v['ttl_ms']} ms: first commit of the new leader, p50 / p99",
-                    f"{first['p50_ms']:.0f} / {first['p99_ms']:.0f} ms",
-                    "",
-                    None,
-                ),
-            ]
     ha = r.get("redis_ha")
     if ha:
         # Detection (down-after), election and promotion (about 1 s), one lease TTL, and the
