@@ -8,9 +8,12 @@ it out), and the balancer spreads their leadership. Then it SIGKILLs the leader 
 and reports how long that job was leaderless, restarts the killed node (it rejoins and gets its
 share back), hands leadership over gracefully with SIGTERM and reports that time too, showing where
 every job is led after each step; and finally checks every job's events stream against the
-simulator's own records (:mod:`ingestion.verify`). Exit status: 0 when the stream verified, 1 when
-it did not or the demo could not run, 2 for a bad flag. Every child is stopped on the way out,
-Ctrl-C included.
+simulator's own records (:mod:`ingestion.verify`). When a PostgreSQL server is installed (Debian's
+``postgresql``), a throwaway one is started as well (``ingestion/postgres/local.py``) and one more
+job writes there (``[jobs.NAME] sink``) through the same failovers; its rows are verified against
+the simulator and judged by their fence history. Without it, one line says so. Exit status: 0
+when the stream verified, 1 when it did not or the demo could not run, 2 for a bad flag. Every
+child is stopped on the way out, Ctrl-C included.
 """
 
 from __future__ import annotations
@@ -31,7 +34,15 @@ import trio
 
 from actors.lease_store import connect, job_keys
 from ingestion.local_redis import LocalRedis, RedisServerMissing
-from ingestion.verify import verify_job, verify_rpc_job
+from ingestion.postgres.local import LocalPostgres, server_bin
+from ingestion.verify import (
+    Verification,
+    check_stream,
+    fetch_source,
+    read_postgres_evidence,
+    verify_job,
+    verify_rpc_job,
+)
 
 SHOWN = (
     "node-starting",
@@ -91,6 +102,7 @@ class Demo:
     horizon: str = ""
     rpc: str = ""
     config_dir: str = ""
+    postgres: LocalPostgres | None = None  # a job on PostgreSQL too, when it is installed
     lines: list[Line] = attrs.Factory(list)
     procs: dict[str, trio.Process] = attrs.Factory(dict)
     every: list[trio.Process] = attrs.Factory(list)
@@ -182,18 +194,31 @@ class Demo:
     def rpc_job_name(self) -> str:
         return f"{self.job}-contract-events"
 
+    @property
+    def pg_job_name(self) -> str:
+        return f"{self.job}-postgres"
+
+    def _other_jobs(self) -> list[str]:
+        return ([self.rpc_job_name] if self.rpc_job else []) + ([self.pg_job_name] if self.postgres else [])
+
     def write_config(self) -> list[str]:
         """The flags that add the RPC job: a [jobs.NAME] table in a config file of the demo's own
         (a node's flags describe Horizon jobs only)."""
-        if not self.rpc_job:
+        if not self._other_jobs():
             return []
         path = os.path.join(self.config_dir, "demo.toml")
         with open(path, "w") as f:
-            f.write(
-                f'[jobs.{self.rpc_job_name}]\nkind = "rpc"\nrpc = ["{self.rpc}"]\n'
-                'start_cursor = "0"\n'
-            )
-        return ["--config", path, "--job", self.rpc_job_name]
+            if self.rpc_job:
+                f.write(
+                    f'[jobs.{self.rpc_job_name}]\nkind = "rpc"\nrpc = ["{self.rpc}"]\n'
+                    'start_cursor = "0"\n'
+                )
+            if self.postgres:
+                f.write(
+                    f'[jobs.{self.pg_job_name}]\nkind = "horizon"\nresource = "/payments"\n'
+                    f'start_cursor = "0"\nsink = "{self.postgres.url}"\n'
+                )
+        return ["--config", path, *(a for job in self._other_jobs() for a in ("--job", job))]
 
     def node_args(self, name: str) -> list[str]:
         jobs = [f for job, res in self.job_specs for f in ("--job", f"{job}={res}")]
@@ -241,7 +266,7 @@ class Demo:
     def _placement(self) -> dict[str, tuple[str | None, int]]:
         """job -> (lease holder, events) read now; blocking, so run it in a thread."""
         client = connect(self.redis.url, timeout=1.0)
-        jobs = [job for job, _ in self.job_specs] + ([self.rpc_job_name] if self.rpc_job else [])
+        jobs = [job for job, _ in self.job_specs] + self._other_jobs()
         try:
             pipe = client.pipeline(transaction=False)
             for job in jobs:
@@ -289,6 +314,13 @@ class Demo:
     async def _run(self) -> bool:
         await trio.to_thread.run_sync(self.redis.start)
         self.say("demo", "redis-server", f"{self.redis.url} (throwaway, no persistence)")
+        if server_bin() is None:
+            self.say("demo", "postgres", "not installed: the PostgreSQL job is skipped "
+                     "(Debian: apt-get install -y postgresql)")  # fmt: skip
+        else:
+            self.postgres = await trio.to_thread.run_sync(LocalPostgres().start)
+            self.say("demo", "postgres", f"127.0.0.1:{self.postgres.port} (throwaway): job "
+                     f"{self.pg_job_name} writes there")  # fmt: skip
         try:
             async with trio.open_nursery() as nursery:
                 try:
@@ -299,6 +331,8 @@ class Demo:
                     nursery.cancel_scope.cancel()
         finally:
             self.redis.kill()
+            if self.postgres is not None:
+                await trio.to_thread.run_sync(self.postgres.cleanup)
 
     async def _show_failovers(self, nursery: trio.Nursery) -> bool:
         since = trio.current_time()
@@ -384,6 +418,10 @@ class Demo:
             result = await verify_rpc_job(self.redis.url, self.rpc_job_name, self.rpc)
             ok = ok and result.ok
             self.say("demo", "verify", f"{self.rpc_job_name}: {result.summary()}", bold=True)
+        if self.postgres is not None:
+            result = await self._verify_postgres()
+            ok = ok and result.ok
+            self.say("demo", "verify", f"{self.pg_job_name}: {result.summary()}", bold=True)
         self.say(
             "demo",
             "summary",
@@ -396,6 +434,17 @@ class Demo:
             ),
         )
         return ok
+
+    async def _verify_postgres(self) -> Verification:
+        """The PostgreSQL job's rows against the simulator, judged by the fence history."""
+        assert self.postgres is not None
+        entries, trimmed, fence_problems, terms = await read_postgres_evidence(
+            self.postgres.url, "ingestion", self.pg_job_name
+        )
+        through = entries[-1].paging_token if entries else None
+        source = await fetch_source(self.horizon, "/payments", "0", through=through)
+        result = check_stream(entries, source, None, trimmed)
+        return attrs.evolve(result, problems=result.problems + tuple(fence_problems), fence_terms=terms)
 
     async def _stop_nodes(self) -> None:
         running = [p for name, p in self.procs.items() if name != "horizon" and p.returncode is None]
