@@ -2,7 +2,10 @@
 
 Modes: ``forward`` (every request relayed), ``root-only`` (``GET /`` relayed; every other request
 answered 503 with Horizon's ``stale_history`` problem, as a Horizon whose ingestion fell behind
-does). One request per connection (``Connection: close``), enough for the nodes' httpx clients.
+does), ``no-stream`` (plain GETs relayed, pages included; an SSE request gets its 200 event-stream
+head and then nothing, as from a proxy that buffers streams: held until the mode changes or the
+client leaves, then closed; a stream open when the mode is set ends). One request per
+connection (``Connection: close``), enough for the nodes' httpx clients.
 """
 
 from __future__ import annotations
@@ -23,10 +26,14 @@ class HttpFaultProxy:
         self.port = 0
         self.mode = "forward"
         self.failed = 0  # requests answered 503 in root-only mode
+        self.held = 0  # streams held silent in no-stream mode
+        self._changed = trio.Event()
 
     def set_mode(self, mode: str) -> None:
-        assert mode in ("forward", "root-only")
+        assert mode in ("forward", "root-only", "no-stream")
         self.mode = mode
+        self._changed.set()
+        self._changed = trio.Event()
 
     async def serve(
         self, *, task_status: trio.TaskStatus[HttpFaultProxy] = trio.TASK_STATUS_IGNORED
@@ -60,6 +67,9 @@ class HttpFaultProxy:
                     await self._answer(stream, 503, STALE_HISTORY)
                     return
                 if "text/event-stream" in head.decode(errors="replace").lower():
+                    if self.mode == "no-stream":
+                        await self._hold_stream(stream)
+                        return
                     await self._relay_stream(stream, target)
                     return
                 response = await self._client.request(method, self.upstream + target)
@@ -71,6 +81,24 @@ class HttpFaultProxy:
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
         )
         await stream.send_all(head.encode() + body)
+
+    async def _hold_stream(self, stream: trio.SocketStream) -> None:
+        """The stream's head, then silence until the mode changes (the client may leave first)."""
+        self.held += 1
+        changed = self._changed
+        await stream.send_all(
+            b"HTTP/1.1 200 X\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+        )
+        async with trio.open_nursery() as nursery:
+
+            async def client_leaves() -> None:
+                while await stream.receive_some(65536):
+                    pass
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(client_leaves)
+            await changed.wait()
+            nursery.cancel_scope.cancel()
 
     async def _relay_stream(self, stream: trio.SocketStream, target: str) -> None:
         """An SSE request: relayed chunk by chunk until either side ends or the mode changes."""

@@ -202,22 +202,29 @@ class HorizonSource:
         )
 
     async def probe(self) -> bool:
-        """Ask for the job's own resource (its newest record: ``order=desc&limit=1``) at each URL
-        in turn until one answers 200; a Horizon that answers ``/`` but fails the job's requests
-        is failing for this job. Records nothing (the source watch does). Bounded by the connect
-        and read timeouts per URL."""
-        timeout = httpx.Timeout(min(self.read_timeout, 5.0), connect=self.connect_timeout)
+        """Ask for what the job reads, at each URL in turn until one answers both: its newest
+        record (a page, ``order=desc&limit=1``) and its stream (opened from ``now`` with
+        ``Accept: text/event-stream``, held until Horizon's first frame, the ``hello``, then
+        closed). A Horizon that answers ``/`` but fails the job's requests, or answers pages but
+        blocks or buffers streams (a proxy), is failing for this job, which follows the stream
+        at the tip. Records nothing (the source watch does). Each of the two requests is bounded
+        by the connect timeout plus the read timeout (at most 5 s)."""
+        read = min(self.read_timeout, 5.0)
+        timeout = httpx.Timeout(read, connect=self.connect_timeout)
         path, extra = split_resource(self.resource)
-        params = {**extra, "order": "desc", "limit": "1"}
         async with httpx.AsyncClient(timeout=timeout, follow_redirects=True, verify=ssl_context()) as client:
             for base in self.urls:
+                url = f"{base.rstrip('/')}{path}"
                 try:
-                    with trio.fail_after(self.connect_timeout + min(self.read_timeout, 5.0)):
-                        response = await client.get(f"{base.rstrip('/')}{path}", params=params)
-                except (httpx.HTTPError, trio.TooSlowError):
+                    with trio.fail_after(self.connect_timeout + read):
+                        response = await client.get(url, params={**extra, "order": "desc", "limit": "1"})
+                    if response.status_code != 200:
+                        continue
+                    with trio.fail_after(self.connect_timeout + read):
+                        if await _stream_says_hello(client, url, {**extra, "cursor": "now"}):
+                            return True
+                except (httpx.HTTPError, SSEError, trio.TooSlowError):
                     continue
-                if response.status_code == 200:
-                    return True
         return False
 
     def follower(self, cursor: str) -> HorizonFollower:
@@ -952,6 +959,18 @@ def _failure_of(response: httpx.Response, body: bytes) -> Failure:
     if status in (429, 503):  # Horizon's limiter, and an overloaded or stale server
         retry_after = parse_retry_after(response.headers.get("Retry-After"), time.time())
     return Failure(status, problem_detail(body), retry_after)
+
+
+async def _stream_says_hello(client: httpx.AsyncClient, url: str, params: dict[str, str]) -> bool:
+    """Open the stream at ``url`` and wait for its first frame (Horizon's ``hello``, sent before
+    any record): True if it came with a 200 event stream. The caller bounds the wait."""
+    async with aconnect_sse(client, "GET", url, params=params) as source:
+        if source.response.status_code != 200:
+            return False
+        async with aclosing(source.aiter_sse()) as frames:
+            async for _frame in frames:
+                return True
+    return False
 
 
 async def _read_bounded(response: httpx.Response) -> bytes:
