@@ -7,6 +7,10 @@
    led (adopted within about a TTL of being free), and the shared job ends on the other node.
 3. The leader's Horizon answers ``/`` but fails every request for the job (503 stale_history from
    an HTTP proxy): it hands over within the same bound as a cut.
+4. The leader's Horizon answers pages (and ``/``) but blocks the stream (an HTTP proxy sends the
+   event-stream head and then nothing, as a buffering proxy does): it hands over within the same
+   bound, and the job does not come back to it while the fault lasts (its probe opens the
+   stream, which says nothing); healed, the two nodes lead one job each again.
 
 Every stream is verified exactly once at the end. Settings: TTL 1500 ms, handover_after 3000 ms.
 """
@@ -157,6 +161,49 @@ async def test_a_leader_whose_horizon_answers_root_but_fails_the_job_hands_over(
         await both_grow(c, list(jobs))
 
         proxy.set_mode("forward")
+        await both_grow(c, list(jobs))
+        await verify(c, jobs)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_leader_whose_horizon_answers_pages_but_blocks_streams_hands_over_for_good(job: str) -> None:
+    second = f"{job}-b"
+    jobs = {job: "/operations", second: "/payments"}
+    flags = ["--job", f"{second}=/payments"]
+    async with open_cluster(job, ttl_ms=TTL_MS) as c, trio.open_nursery() as nursery:
+        proxy: HttpFaultProxy = await nursery.start(HttpFaultProxy(c.horizon).serve)
+        await c.start_node("n1", horizon=f"http://127.0.0.1:{proxy.port}", env=ENV, extra=flags)
+        await c.start_node("n2", env=ENV, extra=flags)
+        placed = await one_each(c, list(jobs))
+        cut_job = next(j for j, n in placed.items() if n == "n1")
+        await both_grow(c, list(jobs))
+
+        cut_at = trio.current_time()
+        proxy.set_mode("no-stream")
+        try:
+            led = await wait_until(lambda: holder(c, cut_job) == "n2", BOUND + 10, "n2 leads the job")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{c.log.tail(40)}") from None
+        lost = c.log.of("lost-leadership", "n1", since=cut_at, reason="source-unavailable")
+        figure("liveness-stream-blocked", led_ms=led * 1000, bound_ms=BOUND * 1000,
+               held_streams=proxy.held)  # fmt: skip
+        assert lost, "n1 did not hand over for source-unavailable"
+        assert led <= BOUND, f"handed over {led:.2f}s after the stream was blocked"
+        await both_grow(c, list(jobs))
+        # While the stream stays blocked, the job does not come back to n1: its probe opens the
+        # stream and gets no hello, so it is not able (before, its GET answered and the balancer
+        # handed the job back about every 2 x handover_after).
+        watched = trio.current_time()
+        await trio.sleep(3 * HANDOVER)
+        assert holder(c, cut_job) == "n2"
+        assert not c.log.of("became-leader", "n1", since=watched, job=cut_job)
+
+        healed_at = trio.current_time()
+        proxy.set_mode("forward")
+        await both_grow(c, list(jobs))
+        await wait_until(lambda: {holder(c, j) for j in jobs} == {"n1", "n2"}, BOUND + 10,
+                         "one job each again once healed")  # fmt: skip
+        figure("liveness-stream-healed", rebalanced_ms=(trio.current_time() - healed_at) * 1000)
         await both_grow(c, list(jobs))
         await verify(c, jobs)
         nursery.cancel_scope.cancel()
