@@ -113,49 +113,79 @@ _NOISE = frozenset({"timestamp", "level", "node", "job", "event"})
 
 @attrs.define
 class Child:
-    """One child process and what the harness knows about it."""
+    """One child process and what the harness knows about it.
+
+    A node is two processes (ingestion/parent.py): the parent, which the harness started, and
+    the worker it forked, which holds the leases (``worker_pid``, from its ``node-starting``
+    line). :meth:`send` aims each signal where it keeps its meaning.
+    """
 
     name: str
     process: trio.Process
     started_at: float
     paused: bool = False
+    worker_pid: int | None = None  # a node's worker, once it logged node-starting
 
     @property
     def alive(self) -> bool:
         return self.process.returncode is None
 
     def send(self, sig: signal.Signals) -> None:
-        if self.alive:
-            self.process.send_signal(sig)
-            if sig is signal.SIGSTOP:
-                self.paused = True
-            elif sig is signal.SIGCONT:
-                self.paused = False
+        """SIGSTOP/SIGCONT pause and resume a node's worker (the parent stays: a paused worker
+        is not dead); SIGKILL kills the parent, then the worker (a host crash: nobody is left to
+        release the lease, the TTL path); any other signal goes to the parent, which forwards
+        SIGTERM and SIGINT to the worker."""
+        if not self.alive:
+            return
+        if sig in (signal.SIGSTOP, signal.SIGCONT):
+            # (a child that is not a node has no worker: the process itself)
+            _signal_pid(self.worker_pid or self.process.pid, sig)
+            self.paused = sig is signal.SIGSTOP
+            return
+        self.process.send_signal(sig)
+        if sig is signal.SIGKILL and self.worker_pid is not None:
+            _signal_pid(self.worker_pid, sig)  # the kernel would too (PR_SET_PDEATHSIG)
+
+    def kill_worker(self) -> None:
+        """SIGKILL the node's worker only (a process crash): its parent releases its leases."""
+        assert self.worker_pid is not None, f"{self.name}: no node-starting line yet"
+        _signal_pid(self.worker_pid, signal.SIGKILL)
+
+
+def _signal_pid(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass  # already gone
 
 
 async def _read_lines(child: Child, log: EventLog) -> None:
     stream = child.process.stdout
     assert stream is not None
     async for raw in output_lines(stream):
-        _record(child.name, raw, trio.current_time(), log)  # no checkpoint since it arrived
+        line = _record(child.name, raw, trio.current_time(), log)  # no checkpoint since it arrived
+        if line is not None and line.event == "node-starting" and "pid" in line.fields:
+            child.worker_pid = int(line.fields["pid"])
     await child.process.wait()
     log.add(LogLine(trio.current_time(), child.name, "process-exited",
                     {"returncode": child.process.returncode, "pid": child.process.pid}))  # fmt: skip
 
 
-def _record(name: str, raw: bytes, at: float, log: EventLog) -> None:
+def _record(name: str, raw: bytes, at: float, log: EventLog) -> LogLine | None:
     text = raw.decode(errors="replace").strip()
     if not text:
-        return
+        return None
     try:
         obj = json.loads(text)
     except ValueError:
         log.raw.append((name, text))
-        return
+        return None
     if not isinstance(obj, dict) or "event" not in obj:
         log.raw.append((name, text))
-        return
-    log.add(LogLine(at, name, str(obj.pop("event")), obj))
+        return None
+    line = LogLine(at, name, str(obj.pop("event")), obj)
+    log.add(line)
+    return line
 
 
 @attrs.frozen
@@ -322,11 +352,19 @@ class Cluster:
         return at
 
     async def kill(self, name: str) -> float:
-        """SIGKILL ``name`` and wait until it is gone; returns when the signal was sent."""
+        """SIGKILL ``name`` (a node: parent and worker, a host crash) and wait until it is gone;
+        returns when the signal was sent."""
         child = self.children[name]
         at = self.signal(name, signal.SIGKILL)
         with trio.fail_after(5):
             await child.process.wait()
+        return at
+
+    def kill_worker(self, name: str) -> float:
+        """SIGKILL ``name``'s worker process only (its parent stays to release its leases);
+        returns the harness time it was sent at."""
+        at = trio.current_time()
+        self.children[name].kill_worker()
         return at
 
     async def terminate(self, name: str, within: float = 10.0) -> int:
