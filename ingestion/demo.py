@@ -5,8 +5,10 @@ on 127.0.0.1), prints their election events interleaved, one line each, with a p
 couple of seconds. The nodes share ``--jobs`` Horizon jobs (default 3: operations, payments,
 effects) and one job following the simulator's Stellar RPC contract events (``--no-rpc-job`` leaves
 it out), and the balancer spreads their leadership. Then it SIGKILLs the leader of the first job
-and reports how long that job was leaderless, restarts the killed node (it rejoins and gets its
-share back), hands leadership over gracefully with SIGTERM and reports that time too, showing where
+(parent and worker: a host crash, the lease expires) and reports how long that job was leaderless,
+restarts the killed node (it rejoins and gets its share back), SIGKILLs the next leader's worker
+only (a process crash: its parent releases the lease at once) and reports that time, restarts it,
+hands leadership over gracefully with SIGTERM and reports that time too, showing where
 every job is led after each step; and finally checks every job's events stream against the
 simulator's own records (:mod:`ingestion.verify`). When a PostgreSQL server is installed (Debian's
 ``postgresql``), a throwaway one is started as well (``ingestion/postgres/local.py``) and one more
@@ -19,6 +21,7 @@ child is stopped on the way out, Ctrl-C included.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -58,9 +61,11 @@ SHOWN = (
     "ingestion-fatal",
     "handing-back",
     "node-stopped",
+    "worker-died",
 )
 FIELDS = {
-    "node-starting": ("lease_ttl_ms", "renew_interval_ms", "safety_margin_ms"),
+    "node-starting": ("lease_ttl_ms", "renew_interval_ms", "safety_margin_ms", "pid"),
+    "worker-died": ("worker_pid", "signal", "leases_released", "release_ms"),
     "became-leader": ("token", "cursor", "previous_node", "previous_token", "takeover_ms"),
     "standby": ("leader", "token"),
     "lost-leadership": ("token", "reason"),
@@ -363,9 +368,16 @@ class Demo:
         if leader is None:
             raise DemoFailed("no leader after the warm-up")
         what = f"the leader of {self.job}" if self.jobs > 1 else "the leader"
-        self.say("demo", "SIGKILL", f"{leader} ({what}): a crash, no goodbye", bold=True)
+        self.say(
+            "demo", "SIGKILL", f"{leader} ({what}), parent and worker: a host crash, no goodbye",
+            bold=True,
+        )
         killed_at = trio.current_time()
         self.procs[leader].kill()
+        worker = self.worker_pid(leader)
+        if worker is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)  # (the kernel would too: PR_SET_PDEATHSIG)
         taken = await self.wait_for("became-leader", since=killed_at, job=self.job)
         failover_ms = (taken.at - killed_at) * 1000
         self.say(
@@ -388,6 +400,9 @@ class Demo:
         await trio.sleep(phase / 2)
         if self.jobs > 1 or self.rpc_job:
             await self.show_placement("after-the-restart")
+        process_crash_ms = await self._kill_a_worker(nursery, what)
+
+        await trio.sleep(phase / 2)
         current = await self.leader()
         if current is None:
             raise DemoFailed("no leader before the graceful handoff")
@@ -425,7 +440,8 @@ class Demo:
         self.say(
             "demo",
             "summary",
-            f"crash failover {failover_ms:.0f} ms, graceful handoff {handoff_ms:.0f} ms, "
+            f"crash failover {failover_ms:.0f} ms, process crash failover {process_crash_ms:.0f} ms, "
+            f"graceful handoff {handoff_ms:.0f} ms, "
             f"lease TTL {self.ttl_ms} ms"
             + (
                 f", {self.jobs + int(self.rpc_job)} jobs on {self.nodes} nodes"
@@ -445,6 +461,42 @@ class Demo:
         source = await fetch_source(self.horizon, "/payments", "0", through=through)
         result = check_stream(entries, source, None, trimmed)
         return attrs.evolve(result, problems=result.problems + tuple(fence_problems), fence_terms=terms)
+
+    def worker_pid(self, name: str) -> int | None:
+        """The pid of ``name``'s worker, the process that runs its jobs (its latest
+        ``node-starting`` line); ``name``'s own process is the worker's parent."""
+        starts = [ln for ln in self.lines if ln.node == name and ln.event == "node-starting"]
+        pid = starts[-1].fields.get("pid") if starts else None
+        return int(pid) if pid is not None else None
+
+    async def _kill_a_worker(self, nursery: trio.Nursery, what: str) -> float:
+        """SIGKILL the current leader's worker: its parent releases the lease and exits, a
+        standby leads within milliseconds; the node is restarted. The time to the new leader."""
+        current = await self.leader()
+        worker = self.worker_pid(current) if current is not None else None
+        if current is None or worker is None:
+            raise DemoFailed("no leader (or no worker pid) before the process crash")
+        self.say(
+            "demo", "SIGKILL", f"{current}'s worker, pid {worker} ({what}): a process crash "
+            "(an OOM kill, a segfault); the parent stays", bold=True,
+        )  # fmt: skip
+        killed_at = trio.current_time()
+        os.kill(worker, signal.SIGKILL)
+        taken = await self.wait_for("became-leader", since=killed_at, job=self.job)
+        took_ms = (taken.at - killed_at) * 1000
+        self.say(
+            "demo",
+            "process-crash-time",
+            f"{took_ms:.0f} ms from SIGKILL to {taken.node} leading (the parent released the dead "
+            "worker's lease: no TTL to wait out)",
+            bold=True,
+        )
+        with trio.fail_after(STEP_TIMEOUT):
+            status = await self.procs[current].wait()
+        self.say("demo", "restart", f"{current} (its parent exited {status}, as a service manager "
+                 "would see it) under the same id")  # fmt: skip
+        await self.start_node(nursery, current)
+        return took_ms
 
     async def _stop_nodes(self) -> None:
         running = [p for name, p in self.procs.items() if name != "horizon" and p.returncode is None]
