@@ -152,7 +152,14 @@ class NodeProcess:
 
     @property
     def pid(self) -> int:
+        """The node's parent process (the one started; ingestion/parent.py)."""
         return self.process.pid
+
+    @property
+    def worker_pid(self) -> int:
+        """The node's worker process (its ``node-starting`` line's ``pid``): the one that runs
+        the jobs, whose CPU and memory are the node's."""
+        return int(self.event("node-starting", timeout=30).fields["pid"])
 
     def _read(self) -> None:
         assert self.process.stdout is not None

@@ -7,7 +7,8 @@ Sections: ``catchup`` (throughput and memory), ``latency``, ``commit``, ``failov
 per ingested record, with and without retention), ``jobs`` (3 nodes sharing 30 jobs: balance,
 re-lead after SIGKILL, stability, Redis load, RSS by job count), ``source_cut`` (the leader cut off
 from Horizon: time until a standby ingests), ``rpc`` (Stellar RPC jobs: catch-up of a full retention
-window, ledger close -> committed at the tip).
+window, ledger close -> committed at the tip), ``process_crash`` (SIGKILL of the leader's worker:
+its parent releases the lease; time until another node leads).
 ``liveness``: issue 23's combined faults against the bound B, and the SIGTERM handoff of a node
 leading two of four jobs.
 ``per_record`` (issue 27: node vs bare fetch on Horizon and RPC side by side, the 100 ms ratio, peak
@@ -43,6 +44,7 @@ from benchmarks import (
     latency,
     liveness,
     memory,
+    process_crash,
     postgres,
     per_record,
     redis_ha,
@@ -56,7 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = (
     "catchup", "latency", "commit", "failover", "standby", "redis_ha", "memory", "jobs", "source_cut",
     "per_record",
-    "liveness", "catchup_curve", "rpc", "postgres",
+    "liveness", "catchup_curve", "rpc", "postgres", "process_crash",
 )
 
 # A smoke run: each part of the harness once, small (about two minutes on 2 cores).
@@ -109,6 +111,10 @@ def measure(
                     url,
                     ttls_ms=(1000,) if quick else (1000, 2000, 5000),
                     trials=5 if quick else 20,
+                )
+            elif section == "process_crash":
+                results[section] = process_crash.run(
+                    url, ttls_ms=(2000,) if quick else (2000, 5000), trials=5 if quick else 20
                 )
             elif section == "standby":
                 results[section] = standby.run(url, standbys=3, seconds=10.0 if quick else 30.0)
@@ -200,6 +206,25 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
                     verdict,
                 )
             )
+    pc = r.get("process_crash")
+    if pc:
+        for v in pc.values():
+            lead, first = v["lead"], v["first_commit"]
+            rows += [
+                (
+                    f"worker SIGKILL (parent releases), ttl {v['ttl_ms']} ms, {v['trials']} trials: "
+                    "another node leads, p50 / p99 / max",
+                    f"{lead['p50_ms']:.0f} / {lead['p99_ms']:.0f} / {lead['max_ms']:.0f} ms",
+                    "p99 <= 100 ms",
+                    _ok(lead["p99_ms"] <= 100 and v["exactly_once"]),
+                ),
+                (
+                    f"worker SIGKILL, ttl {v['ttl_ms']} ms: first commit of the new leader, p50 / p99",
+                    f"{first['p50_ms']:.0f} / {first['p99_ms']:.0f} ms",
+                    "",
+                    None,
+                ),
+            ]
     ha = r.get("redis_ha")
     if ha:
         # Detection (down-after), election and promotion (about 1 s), one lease TTL, and the
