@@ -1,6 +1,7 @@
-"""Recorded real Horizon responses, which live outside the repository.
+"""Recorded real Horizon responses and real lake objects, which live outside the repository.
 
-They sit in ``../shared/data/horizon`` beside the checkout (see its PROVENANCE.md) and are not
+They sit in ``../shared/data/horizon`` (and ``../shared/data/lake``: real ledger metadata from
+Stellar's data lake, see its README.md) beside the checkout (see its PROVENANCE.md) and are not
 copied in, so a clean clone elsewhere (CI's) has none. ``INGESTION_RECORDED_DATA`` points at them
 explicitly; then they must be there.
 
@@ -18,6 +19,7 @@ import pytest
 
 ENV = "INGESTION_RECORDED_DATA"
 HORIZON = Path(os.environ.get(ENV) or Path(__file__).resolve().parents[2] / "shared" / "data" / "horizon")
+LAKE = HORIZON.parent / "lake"
 SKIP_REASON = "recorded Horizon data lies outside the repository and is absent"
 
 
@@ -42,3 +44,13 @@ def require(path: Path) -> Path:
 
 needed = pytest.mark.skipif(not present(), reason=f"{SKIP_REASON}: {HORIZON}")
 """Mark for tests (or ``pytestmark`` of modules) that read the recordings."""
+
+
+def require_lake(name: str) -> Path:
+    """The real lake file ``name`` under :data:`LAKE`; skips (with :data:`SKIP_REASON`) when the
+    recordings are absent, fails when they are there but the file is not."""
+    if not LAKE.is_dir():
+        pytest.skip(f"{SKIP_REASON}: {LAKE}")
+    path = LAKE / name
+    assert path.exists(), f"{path} is missing from the recordings"
+    return path

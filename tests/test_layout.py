@@ -27,6 +27,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "rpc": ("ingestion.rpc",),
     # the wire rules of Stellar RPC, which the node's RPC source and the simulator's RPC share
     "rpc-wire": ("ingestion.rpc.protocol",),
+    # the data lake source: its events are RPC's, so it reads the RPC wire rules (ids, filters), and
+    # nothing else of the RPC source
+    "lake": ("ingestion.lake",),
     "simulator": ("ingestion.simulator",),
     "entry": ("ingestion",),
 }
@@ -37,8 +40,9 @@ ALLOWED: dict[str, set[str]] = {
     "rpc-wire": {"runtime", "shared", "rpc-wire"},
     "horizon": {"runtime", "shared", "horizon"},
     "rpc": {"runtime", "shared", "rpc", "rpc-wire"},
+    "lake": {"runtime", "shared", "lake", "rpc-wire"},
     "simulator": {"shared", "rpc-wire", "simulator"},
-    "entry": {"runtime", "shared", "horizon", "rpc", "rpc-wire", "simulator", "entry"},
+    "entry": {"runtime", "shared", "horizon", "rpc", "rpc-wire", "lake", "simulator", "entry"},
 }
 
 
@@ -107,6 +111,9 @@ def test_imports_follow_the_one_way_rules() -> None:
         ("ingestion.simulator.rpc", "ingestion.rpc.protocol", True),
         ("ingestion.rpc.core", "ingestion.retry", True),
         ("ingestion.node", "ingestion.rpc.source", True),
+        ("ingestion.lake.source", "ingestion.rpc.protocol", True),
+        ("ingestion.lake.source", "ingestion.rpc.source", False),
+        ("ingestion.rpc.core", "ingestion.lake.core", False),
     ],
 )
 def test_the_rules_refuse_what_they_should(module: str, target: str, allowed: bool) -> None:

@@ -1,0 +1,222 @@
+"""The data lake: object keys as the Go datastore schema derives them, events as Stellar RPC
+derives them (checked on real ledger metadata), and the follower's decisions."""
+
+from __future__ import annotations
+
+import collections
+import shutil
+from pathlib import Path
+
+import pytest
+import trio
+
+from actors.source import SourceFatalError
+from ingestion.lake.core import LakeFollower
+from ingestion.lake.events import LakeFormatError, ledger_events, object_events
+from ingestion.lake.keys import LakeSchema, ManifestError, parse_name
+from ingestion.lake.source import LakeSource
+from ingestion.lake.store import LocalLake, check_lake_url
+from ingestion.rpc.protocol import OP_MASK, TX_MASK, Cursor, EventFilter, topic_from_text
+from tests import recorded
+from tests.lake_fixtures import ledger_seq, real_ledger, standalone_ledgers, write_lake
+
+REAL_OBJECT = "go_compressxdr_FCD285FF--53312000.xdr.zstd"
+
+# -- keys -----------------------------------------------------------------------------------------
+
+
+def test_keys_of_the_public_lake_layout() -> None:
+    pubnet = LakeSchema(ledgers_per_file=1, files_per_partition=64_000)
+    assert pubnet.object_key(53_312_000) == "FCD285FF--53312000-53375999/FCD285FF--53312000.xdr.zst"
+    assert pubnet.object_key(53_312_001) == "FCD285FF--53312000-53375999/FCD285FE--53312001.xdr.zst"
+    assert pubnet.object_key(63_999) == "FFFFFFFF--0-63999/FFFF0600--63999.xdr.zst"
+    assert pubnet.object_key(64_000, "zstd") == "FFFF05FF--64000-127999/FFFF05FF--64000.xdr.zstd"
+
+
+def test_keys_of_multi_ledger_files_and_unpartitioned_lakes() -> None:
+    schema = LakeSchema(ledgers_per_file=64, files_per_partition=10)
+    assert schema.object_key(1000) == "FFFFFD7F--640-1279/FFFFFC3F--960-1023.xdr.zst"
+    assert (schema.file_start(1000), schema.file_end(1000)) == (960, 1023)
+    flat = LakeSchema(ledgers_per_file=1, files_per_partition=1)
+    assert flat.object_key(5) == "FFFFFFFA--5.xdr.zst"
+
+
+def test_names_read_back_and_a_lying_prefix_is_refused() -> None:
+    got = parse_name("FCD285FF--53312000.xdr.zstd")
+    assert got is not None and (got.start, got.end, got.extension) == (53_312_000, 53_312_000, "zstd")
+    partition = parse_name("FCD285FF--53312000-53375999")
+    assert partition is not None and partition.extension is None and partition.end == 53_375_999
+    assert parse_name("FCD28500--53312000.xdr.zst") is None
+    assert parse_name(".config.json") is None
+
+
+def test_manifest_round_trip_and_its_errors() -> None:
+    schema = LakeSchema(8, 100, network_passphrase="Test SDF Network ; September 2015")
+    assert LakeSchema.from_manifest(schema.to_manifest()) == schema
+    with pytest.raises(ManifestError, match="ledgersPerBatch"):
+        LakeSchema.from_manifest(b'{"batchesPerPartition": 1}')
+    with pytest.raises(ManifestError, match="compression 'gzip'"):
+        LakeSchema.from_manifest(b'{"ledgersPerBatch": 1, "batchesPerPartition": 1, "compression": "gzip"}')
+
+
+def test_lake_urls() -> None:
+    assert check_lake_url("/data/lake") is None and check_lake_url("file:///data/lake") is None
+    assert "not supported yet" in (check_lake_url("s3://bucket/prefix") or "")
+    assert "directory" in (check_lake_url("http://x/") or "")
+
+
+# -- events from real ledger metadata -------------------------------------------------------------
+
+
+async def test_the_real_object_is_found_through_the_key_scheme(tmp_path: Path) -> None:
+    real = recorded.require_lake(REAL_OBJECT)
+    schema = LakeSchema(1, 64_000)
+    (tmp_path / ".config.json").write_bytes(schema.to_manifest())
+    target = tmp_path / schema.object_key(53_312_000, "zstd")
+    target.parent.mkdir()
+    shutil.copy(real, target)
+    lake = LocalLake.from_url(f"file://{tmp_path}")
+    key, data = await lake.read_ledger(schema, 53_312_000)
+    assert key.endswith(REAL_OBJECT.removeprefix("go_compressxdr_")) and data is not None
+    assert await lake.edges() == (53_312_000, 53_312_000)
+    (ledger,) = object_events(data)  # protocol 21, TransactionMeta V3: 21 diagnostic events only
+    assert (ledger.ledger, ledger.protocol, ledger.events) == (53_312_000, 21, ())
+
+
+@pytest.mark.parametrize(
+    ("name", "protocol", "counts"),
+    [
+        # (name, protocol, {(stage, type): count}) counted from the files themselves
+        ("wallet-backend_ledger-51000294.xdr.gz", 20, {"before": 541, "op": 430, "after_tx": 1}),
+        ("wallet-backend_ledger-57500008.xdr.gz", 22, {"before": 264, "op": 189, "after_tx": 48}),
+        ("wallet-backend_ledger-63092988.xdr.gz", 26, {"before": 228, "op": 311, "after_all": 26}),
+    ],
+)
+def test_events_of_real_ledgers_follow_rpcs_id_rules(
+    name: str, protocol: int, counts: dict[str, int]
+) -> None:
+    meta = real_ledger(name)
+    got = ledger_events(meta)
+    assert got.protocol == protocol and got.ledger == ledger_seq(meta)
+    ids = [e.id for e in got.events]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert [Cursor.parse(i) for i in ids] == [e.cursor for e in got.events]
+
+    def stage(c: Cursor) -> str:
+        if c.tx == 0:
+            return "before"
+        if c.tx == TX_MASK:
+            return "after_all"
+        return "after_tx" if c.op == OP_MASK else "op"
+
+    assert dict(collections.Counter(stage(e.cursor) for e in got.events)) == counts
+    assert {e.type for e in got.events} == {"contract"}  # no diagnostic events, no system ones here
+    # BeforeAllTxs (fees): one per transaction, (ledger, 0, 0, i) with i counting the ledger
+    before = [e.cursor for e in got.events if e.cursor.tx == 0]
+    assert [c.event for c in before] == list(range(len(before)))
+    # per transaction, the operation events count from 0 within each operation
+    per_op = collections.defaultdict(list)
+    for e in got.events:
+        if 0 < e.cursor.tx < TX_MASK and e.cursor.op != OP_MASK:
+            per_op[(e.cursor.tx, e.cursor.op)].append(e.cursor.event)
+    assert all(v == list(range(len(v))) for v in per_op.values())
+    first = got.events[0]
+    assert first.body.startswith(f'{{"type":"contract","ledger":{got.ledger},"ledgerClosedAt":"')
+    assert '"operationIndex":0,"transactionIndex":0,"txHash":"' in first.body
+
+
+def test_a_failed_transactions_fee_event_is_not_in_a_successful_call() -> None:
+    got = ledger_events(real_ledger("wallet-backend_ledger-63092990.xdr.gz"))
+    flags = {'"inSuccessfulContractCall":false' in e.body for e in got.events}
+    assert flags == {True, False}
+
+
+def test_a_standalone_v23_ledger_has_a_thousand_contract_events_in_order() -> None:
+    ledgers = {ledger_seq(m): ledger_events(m) for m in standalone_ledgers()}
+    assert sorted(ledgers) == [84, 85, 88]
+    for seq in (85, 88):
+        events = ledgers[seq].events
+        assert len(events) == 1000 and {e.cursor.tx for e in events} == set(range(1, 101))
+        assert [e.id for e in events] == sorted(e.id for e in events)
+
+
+def test_a_corrupt_object_is_a_format_error() -> None:
+    with pytest.raises(LakeFormatError, match="not a zstd object"):
+        object_events(b"definitely not zstd")
+    import zstandard
+
+    with pytest.raises(LakeFormatError, match="LedgerCloseMetaBatch"):
+        object_events(zstandard.ZstdCompressor().compress(b"\x00\x00\x00\x01garbage"))
+
+
+# -- the follower ---------------------------------------------------------------------------------
+
+
+def test_follower_positions_and_gaps() -> None:
+    metas = {ledger_seq(m): ledger_events(m) for m in standalone_ledgers()}
+    f = LakeFollower((), "85")
+    assert f.needed == 85
+    batch = f.on_ledgers([metas[85]])
+    assert batch is not None and len(batch.records) == 1000 and batch.through == str(Cursor.through(85))
+    assert f.needed == 86 and f.on_missing(85) is None  # the tip
+    gap = f.on_missing(88)
+    assert gap is not None and (gap.ledger, gap.latest) == (86, 88)
+    # resuming after an event inside a ledger re-reads that ledger, from after the event
+    middle = metas[85].events[499].id
+    g = LakeFollower((), middle)
+    assert g.needed == 85
+    resumed = g.on_ledgers([metas[84], metas[85]])
+    assert resumed is not None and [r.paging_token for r in resumed.records] == [
+        e.id for e in metas[85].events[500:]
+    ]
+
+
+def test_follower_filters_as_rpc_does() -> None:
+    ledger = ledger_events(real_ledger("wallet-backend_ledger-63092988.xdr.gz"))
+    fee = EventFilter(types=("contract",), topics=(topic_from_text("sym:fee,**"),))
+    f = LakeFollower((fee,), str(ledger.ledger))
+    batch = f.on_ledgers([ledger])
+    assert batch is not None
+    expected = [e.id for e in ledger.events if e.topics and e.topics[0] == fee.topics[0][0]]
+    assert [r.paging_token for r in batch.records] == expected and len(expected) == 228 + 26
+
+
+# -- the source ------------------------------------------------------------------------------------
+
+
+async def test_lake_source_reads_in_order_then_stops_at_a_hole(tmp_path: Path) -> None:
+    write_lake(tmp_path, standalone_ledgers())  # 84, 85, 88: 86 and 87 missing
+    source = LakeSource(str(tmp_path), poll_interval=0.05, commit_max_records=300)
+    assert await source.resolve_start("now") == str(Cursor.through(88))
+    got = []
+    with pytest.raises(SourceFatalError, match=r"no object .* for ledger 86 but holds ledgers up to 88"):
+        async with source.stream("0") as batches:
+            async for batch in batches:
+                got.append(batch)
+    assert [len(b.records) for b in got] == [0, 300, 300, 300, 100]
+    assert got[0].through == str(Cursor.through(84)) and got[-1].through == str(Cursor.through(85))
+
+
+async def test_lake_source_waits_at_the_tip_for_the_next_object(tmp_path: Path) -> None:
+    metas = {ledger_seq(m): m for m in standalone_ledgers()}
+    write_lake(tmp_path, [metas[84]])
+    source = LakeSource(f"file://{tmp_path}", poll_interval=0.05)
+    async with source.stream(str(Cursor.through(84))) as batches:
+        await trio.sleep(0.2)
+        write_lake(tmp_path, [metas[85]])
+        with trio.fail_after(10):
+            batch = await batches.receive()
+    assert batch.records[0].paging_token.startswith(str(Cursor(85, 1)).split("-")[0])
+
+
+async def test_a_corrupt_object_stops_with_one_line_naming_ledger_and_object(tmp_path: Path) -> None:
+    metas = standalone_ledgers()
+    schema = write_lake(tmp_path, metas[:2])
+    (tmp_path / schema.object_key(85)).write_bytes(b"\x28\xb5\x2f\xfdbroken")
+    source = LakeSource(str(tmp_path), poll_interval=0.05)
+    with pytest.raises(
+        SourceFatalError, match=r"lake object FFFFFFFF--0-63999/FFFFFFAA--85.xdr.zst \(ledger 85\)"
+    ):
+        async with source.stream("84") as batches:
+            async for _ in batches:
+                pass
