@@ -97,13 +97,18 @@ def _run_parser() -> argparse.ArgumentParser:
                ("horizon", "start_cursor"), ("rpc", "start_cursor")),
     )  # fmt: skip
     p.add_argument(
-        "--source", choices=("horizon", "rpc"),
-        help=h("what the jobs follow: a Horizon collection or Stellar RPC contract events",
+        "--source", choices=("horizon", "rpc", "lake"),
+        help=h("what the jobs follow: a Horizon collection, Stellar RPC contract events, or the same "
+               "events from a ledger-metadata data lake (--lake)",
                ("node", "source")),
     )  # fmt: skip
     p.add_argument(
         "--rpc", action="append", metavar="URL", help=h("Stellar RPC URL (repeatable)", ("rpc", "urls"))
     )
+    p.add_argument(
+        "--lake", metavar="URL",
+        help=h("the data lake of lake jobs: a directory or file://PATH", ("lake", "url")),
+    )  # fmt: skip
     p.add_argument(
         "--contract-id", action="append", metavar="C",
         help=h("getEvents filter: a contract id (repeatable, at most 5; RPC jobs only)",
@@ -168,6 +173,7 @@ def _flags_layer(ns: argparse.Namespace) -> dict[str, dict[str, Any]]:
         ("rpc", "contract_ids"): getattr(ns, "contract_id", None),
         ("rpc", "event_type"): getattr(ns, "event_type", None),
         ("rpc", "topics"): getattr(ns, "topic", None),
+        ("lake", "url"): getattr(ns, "lake", None),
         ("redis", "url"): ns.redis,
         ("lease", "ttl_ms"): ns.lease_ttl_ms,
         ("events", "max_len"): getattr(ns, "events_max_len", None),
@@ -197,14 +203,16 @@ _SOURCE_FLAGS = {
     "--contract-id": ("contract_id", "rpc"),
     "--event-type": ("event_type", "rpc"),
     "--topic": ("topic", "rpc"),
+    "--lake": ("lake", "lake"),
 }
+_SAME_FILTERS = {"rpc": {"rpc", "lake"}}  # a lake job takes the RPC filter flags too
 
 
 def check_source_flags(ns: argparse.Namespace, settings: Any) -> None:
     """Raises UsageError for a flag that applies to no hosted job (``--topic`` with Horizon jobs)."""
     kinds = {job.kind for job in settings.jobs}
     for flag, (attr, kind) in _SOURCE_FLAGS.items():
-        if getattr(ns, attr, None) is not None and kind not in kinds:
+        if getattr(ns, attr, None) is not None and not (_SAME_FILTERS.get(kind, {kind}) & kinds):
             hosted = ", ".join(sorted(f"{j.name} ({j.kind})" for j in settings.jobs))
             other = "--source rpc" if kind == "rpc" else "--source horizon"
             raise UsageError(

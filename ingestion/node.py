@@ -62,6 +62,15 @@ def build_source(
         if action is None:
             raise ValueError(f"cannot import the action {job.action!r}")
         return ScheduledJob(action, period=job.period_ms / 1000)
+    if job.kind == "lake":
+        from ingestion.lake.source import LakeSource
+
+        return LakeSource(
+            job.lake_url,
+            filters=job.rpc_filters(),
+            poll_interval=settings.lake.poll_interval_ms / 1000,
+            read_ahead=settings.lake.read_ahead,
+        )
     if job.kind == "rpc":
         from ingestion.rpc.source import RpcSource
 
@@ -104,6 +113,11 @@ def _job_summary(job: JobSettings) -> dict[str, Any]:
     if job.kind == "rpc":
         return {
             "job": job.name, "kind": job.kind, "rpc": list(job.rpc_urls),
+            "filters": [f.to_json() for f in job.rpc_filters()],
+        }  # fmt: skip
+    if job.kind == "lake":
+        return {
+            "job": job.name, "kind": job.kind, "lake": job.lake_url,
             "filters": [f.to_json() for f in job.rpc_filters()],
         }  # fmt: skip
     return {"job": job.name, "kind": job.kind, "action": job.action}

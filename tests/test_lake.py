@@ -220,3 +220,28 @@ async def test_a_corrupt_object_stops_with_one_line_naming_ledger_and_object(tmp
         async with source.stream("84") as batches:
             async for _ in batches:
                 pass
+
+
+# -- configuration ---------------------------------------------------------------------------------
+
+
+def test_a_lake_job_takes_the_rpc_filter_and_a_lake_url() -> None:
+    from ingestion.config import ConfigError, Settings
+
+    settings = Settings.from_mapping({
+        "node": {"source": "lake"}, "lake": {"url": "/data/lake"},
+        "rpc": {"topics": ["sym:transfer,**"], "start_cursor": "0"},
+    })  # fmt: skip
+    (job,) = settings.jobs
+    assert (job.name, job.kind, job.lake_url, job.start_cursor, job.rpc_urls) == (
+        "lake",
+        "lake",
+        "/data/lake",
+        "0",
+        (),
+    )
+    assert job.rpc_filters()[0].topics == (topic_from_text("sym:transfer,**"),)
+    with pytest.raises(ConfigError, match="s3:// lakes are not supported yet"):
+        Settings.from_mapping({"jobs": {"old": {"kind": "lake", "lake": "s3://bucket/p"}}})
+    with pytest.raises(ConfigError, match=r"lake\.url: no lake URL given"):
+        Settings.from_mapping({"node": {"source": "lake"}})

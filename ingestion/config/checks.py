@@ -363,8 +363,12 @@ def check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
 
 def _check_rpc_section(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
     rpc = v["rpc"]
-    if v["node"]["source"] not in ("horizon", "rpc"):
-        problems.append(f"node.source: must be horizon or rpc, got {v['node']['source']!r}")
+    if v["node"]["source"] not in ("horizon", "rpc", "lake"):
+        problems.append(f"node.source: must be horizon, rpc or lake, got {v['node']['source']!r}")
+    lake = v["lake"]
+    for key in ("poll_interval_ms", "read_ahead"):
+        if lake[key] <= 0:
+            problems.append(f"lake.{key}: must be positive, got {lake[key]}")
     check_urls(rpc["urls"], "rpc.urls", "Stellar RPC", problems)
     if not 1 <= rpc["page_limit"] <= 10_000:
         problems.append(f"rpc.page_limit: must be between 1 and 10000, got {rpc['page_limit']}")

@@ -102,8 +102,11 @@ def resolve_jobs(
                     problems.append(f"jobs.{name}.horizon: at least one Horizon URL is needed")
             jobs.append(JobSettings(name, kind, resource, start, urls))
             continue
-        if kind == "rpc":
-            jobs.append(_rpc_job(name, entry if eq else "", given, v["rpc"], problems))
+        if kind in ("rpc", "lake"):
+            job = _rpc_job(name, entry if eq else "", given, v["rpc"], problems, kind)
+            if kind == "lake":
+                job = _lake_job(job, given, v["lake"], problems)
+            jobs.append(job)
             continue
         action, period = given.get("action", ""), given.get("period_ms", 0)
         if eq:
@@ -130,13 +133,28 @@ def _with_sink(job: JobSettings, tables: Mapping[str, Any], default: str, proble
     return attrs.evolve(job, sink=sink)
 
 
-def _rpc_job(
-    name: str, entry: str, given: Mapping[str, Any], rpc: Mapping[str, Any], problems: list[str]
+def _lake_job(
+    job: JobSettings, given: Mapping[str, Any], lake: Mapping[str, Any], problems: list[str]
 ) -> JobSettings:
-    """An rpc job from its table (``given``) and the [rpc] section; what the section gives was
-    checked there."""
+    """A lake job: an rpc job's filter and start cursor, and a lake URL (its table's ``lake``, else
+    ``lake.url``)."""
+    from ingestion.lake.store import check_lake_url
+
+    url = given.get("lake", lake["url"])
+    problem = check_lake_url(url)
+    if problem:
+        problems.append(f"{f'jobs.{job.name}.lake' if 'lake' in given else 'lake.url'}: {problem}")
+    return attrs.evolve(job, rpc_urls=(), lake_url=url)
+
+
+def _rpc_job(
+    name: str, entry: str, given: Mapping[str, Any], rpc: Mapping[str, Any], problems: list[str],
+    kind: str = "rpc",
+) -> JobSettings:  # fmt: skip
+    """An rpc job (or a lake job: the same events) from its table (``given``) and the [rpc]
+    section; what the section gives was checked there."""
     if entry:
-        problems.append(f"node.job: {entry!r}: an rpc job takes no resource (it follows getEvents)")
+        problems.append(f"node.job: {entry!r}: an {kind} job takes no resource (it follows getEvents)")
     start = given.get("start_cursor", rpc["start_cursor"])
     where = f"jobs.{name}.start_cursor" if "start_cursor" in given else "rpc.start_cursor"
     check_rpc_start_cursor(start, where, problems)
@@ -144,7 +162,7 @@ def _rpc_job(
     if "rpc" in given:
         check_urls(urls, f"jobs.{name}.rpc", "Stellar RPC", problems)
     job = JobSettings(
-        name, "rpc", "", start, (),
+        name, kind, "", start, (),
         rpc_urls=urls,
         event_type=given.get("event_type", rpc["event_type"]),
         contract_ids=tuple(given.get("contract_ids", rpc["contract_ids"])),

@@ -29,8 +29,9 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
         "source": (
             str,
             "horizon",
-            "what a job follows unless its [jobs.NAME] table says: horizon (a Horizon collection) "
-            "or rpc (Stellar RPC getEvents: contract events)",
+            "what a job follows unless its [jobs.NAME] table says: horizon (a Horizon collection), "
+            "rpc (Stellar RPC getEvents: contract events) or lake (the same events from a "
+            "ledger-metadata data lake, lake.url; filters and start cursor from the rpc section)",
         ),
     },
     "redis": {
@@ -192,6 +193,21 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
             "network reset) before rpc-network-reset-suspected is logged; the node never jumps",
         ),
     },
+    "lake": {
+        "url": (
+            str,
+            "",
+            "the ledger-metadata data lake (SEP-54, written by Galexie) of jobs whose source is lake: "
+            "a directory or file://PATH (s3:// is not read yet)",
+        ),
+        "endpoint_url": (
+            str,
+            "",
+            "S3-compatible endpoint for an s3:// lake URL (reserved: s3:// lakes are not read yet)",
+        ),
+        "poll_interval_ms": (int, 1000, "ms between looks for the next object at the lake's tip"),
+        "read_ahead": (int, 4, "objects read and decoded (in worker threads) ahead of the commits"),
+    },
     "events": {
         "max_len": (
             int,
@@ -234,13 +250,13 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-JOB_KINDS = ("horizon", "rpc", "scheduled")
+JOB_KINDS = ("horizon", "rpc", "lake", "scheduled")
 # A [jobs.NAME] table: key -> (type, help). Missing keys take the [horizon] (or [rpc]) settings.
 JOB_SCHEMA: dict[str, tuple[type | str, str]] = {
     "kind": (
         str,
-        "horizon (ingest a Horizon collection), rpc (Stellar RPC contract events) or scheduled "
-        "(run an action periodically); default: node.source",
+        "horizon (ingest a Horizon collection), rpc (Stellar RPC contract events), lake (the same "
+        "events from a data lake) or scheduled (run an action periodically); default: node.source",
     ),
     "resource": (str, "the Horizon collection (default: horizon.resource)"),
     "start_cursor": (
@@ -250,9 +266,10 @@ JOB_SCHEMA: dict[str, tuple[type | str, str]] = {
     ),
     "horizon": ("list[str]", "Horizon base URLs for this job (default: horizon.urls)"),
     "rpc": ("list[str]", "rpc: Stellar RPC URLs for this job (default: rpc.urls)"),
-    "event_type": (str, "rpc: contract, system or empty (default: rpc.event_type)"),
-    "contract_ids": ("list[str]", "rpc: contract ids to follow (default: rpc.contract_ids)"),
-    "topics": ("list[str]", "rpc: topics, each SEG[,SEG...] (default: rpc.topics)"),
+    "lake": (str, "lake: the data lake of this job (default: lake.url)"),
+    "event_type": (str, "rpc, lake: contract, system or empty (default: rpc.event_type)"),
+    "contract_ids": ("list[str]", "rpc, lake: contract ids to follow (default: rpc.contract_ids)"),
+    "topics": ("list[str]", "rpc, lake: topics, each SEG[,SEG...] (default: rpc.topics)"),
     "action": (str, "scheduled: the action to run, module:function (async (run, term) -> dict)"),
     "period_ms": (int, "scheduled: ms between the end of a run and the start of the next"),
     "sink": (str, "where this job's records and cursor go (default: sink.url)"),
@@ -274,6 +291,7 @@ FLAGS = {
     ("rpc", "event_type"): "--event-type",
     ("rpc", "contract_ids"): "--contract-id",
     ("rpc", "topics"): "--topic",
+    ("lake", "url"): "--lake",
     ("events", "max_len"): "--events-max-len",
     ("sink", "url"): "--sink",
     ("observe", "metrics_port"): "--metrics-port",

@@ -29,7 +29,7 @@ class JobSettings:
     """One elected job hosted by the node."""
 
     name: str
-    kind: str  # "horizon", "rpc" or "scheduled"
+    kind: str  # "horizon", "rpc", "lake" or "scheduled"
     resource: str
     start_cursor: str
     horizon_urls: tuple[str, ...]
@@ -40,6 +40,7 @@ class JobSettings:
     contract_ids: tuple[str, ...] = ()
     topics: tuple[str, ...] = ()  # each "SEG[,SEG...]" as written
     sink: str = ""  # the job's sink URL: "" for the Redis events stream, else postgresql://
+    lake_url: str = ""  # lake: the data lake (the filter fields above are its filter)
 
     def rpc_filters(self) -> tuple[Any, ...]:
         """The job's getEvents filters (:class:`ingestion.rpc.protocol.EventFilter`): one filter
@@ -130,6 +131,14 @@ class RpcSettings:
     failover_after: int
     on_history_gap: str
     reset_after_ms: int
+
+
+@attrs.frozen
+class LakeSettings:
+    url: str
+    endpoint_url: str
+    poll_interval_ms: int
+    read_ahead: int
 
 
 @attrs.frozen

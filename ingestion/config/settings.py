@@ -14,6 +14,7 @@ from ingestion.config.sections import (
     EventsSettings,
     HorizonSettings,
     JobSettings,
+    LakeSettings,
     LeaseSettings,
     LogSettings,
     NodeSettings,
@@ -44,6 +45,7 @@ class Settings:
     log: LogSettings
     jobs: tuple[JobSettings, ...] = ()
     sink: SinkSettings = attrs.field(factory=lambda: SinkSettings("", "ingestion"))
+    lake: LakeSettings = attrs.field(factory=lambda: LakeSettings("", "", 1000, 4))
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> Settings:
@@ -96,4 +98,5 @@ class Settings:
             observe=ObserveSettings(**v["observe"]),
             log=LogSettings(**v["log"]),
             sink=SinkSettings(**v["sink"]),
+            lake=LakeSettings(**v["lake"]),
         )
