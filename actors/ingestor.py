@@ -5,6 +5,10 @@ Each term runs in ``trio.CancelScope(deadline=ingest_deadline)``; every renewal 
 in Redis: no message is needed for ingestion to stop. A graceful revoke (shutdown) stops reading the
 source but lets the in-flight commit finish; any other revoke cancels at once.
 
+A source's own Redis or sink call that does not answer (``RedisUnavailable``,
+``SinkUnavailable``) ends the term as ``commit-unknown``, and a fenced write of its own that is
+refused (:class:`~actors.source.TermFenced`) as ``fenced``: a term's failure is never the node's.
+
 Each batch is committed through the CursorWriter with the term's fencing token, one at a time, so the
 cursor the next commit continues from is always the one Redis confirmed.
 """
@@ -19,6 +23,7 @@ import attrs
 import trio
 
 from actors.cursor_writer import FENCING_REASONS
+from actors.lease_store import RedisUnavailable
 from actors.messages import (
     CommitCursor,
     CommitRefused,
@@ -35,7 +40,8 @@ from actors.messages import (
     WriterInput,
     WriterOutcome,
 )
-from actors.source import Source, SourceFatalError, TermContext, current_term
+from actors.sink import SinkUnavailable
+from actors.source import Source, SourceFatalError, TermContext, TermFenced, current_term
 
 
 @attrs.define
@@ -115,6 +121,13 @@ class Ingestor:
                     reason, detail = await self._ingest(term, reply_send, reply_recv)
             except SourceFatalError as exc:
                 reason, detail = "source-fatal", str(exc)
+            except (RedisUnavailable, SinkUnavailable) as exc:
+                # A source's own Redis or sink I/O (a term's first step, a fenced side effect)
+                # did not answer: its effect is unknown, as a commit's would be. The term ends;
+                # the node does not.
+                reason, detail = "commit-unknown", str(exc)
+            except TermFenced as exc:
+                reason, detail = "fenced", str(exc)
             if term.commit_in_flight:
                 # Stopped while the CursorWriter was committing: wait (bounded) for its answer, so
                 # that the Elector hands the lease back only once no commit of ours is in flight.

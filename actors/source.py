@@ -88,6 +88,11 @@ class SourceFatalError(Exception):
     """The source cannot go on and retrying will not help; the message says what to fix."""
 
 
+class TermFenced(Exception):
+    """A fenced write of the source's own was refused: the term's token is no longer current.
+    The term ends as ``fenced`` (the message is the refusal's reason), as after a refused commit."""
+
+
 class Source(Protocol):
     def stream(self, cursor: str) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[Batch]]:
         """Batches of records strictly after ``cursor``, in order."""

@@ -37,7 +37,7 @@ from actors.lease_store import (
 from actors.observe import NodeObserver
 from actors.scheduled import ScheduledJob
 from actors.sink import Sink
-from actors.source import Batch, Source, SourceFatalError, current_term
+from actors.source import Batch, Source, SourceFatalError, TermFenced, current_term
 from actors.supervisor import JobRun, NodeSpec, run_jobs
 from actors.token_memory import TokenMemory
 from ingestion.config import ConfigError, JobSettings, Settings, load_action, redact_url
@@ -305,7 +305,9 @@ def identity_conflict(job: JobSettings, recorded: str | None, cursor: str | None
 class IdentifiedSource:
     """A job's source that, at the start of each term, records what it follows in the job's
     cursor hash (a fenced write, so only the leader's lands) or refuses to run when Redis says
-    another source wrote this job. Everything else is the wrapped source's."""
+    another source wrote this job. Everything else is the wrapped source's. Redis not answering
+    ends the term (``RedisUnavailable``: commit-unknown, in the Ingestor), and so does a refused
+    write (:class:`TermFenced`: fenced), never the node."""
 
     def __init__(self, inner: Source, store: LeaseStore, job: JobSettings) -> None:
         self.inner = inner
@@ -333,7 +335,11 @@ class IdentifiedSource:
             raise SourceFatalError(conflict)
         if recorded is None:
             term = current_term.get()
-            await self.store.fenced_hset(term.node, term.token, key, {"source": source_identity(self.job)})
+            refused = await self.store.fenced_hset(
+                term.node, term.token, key, {"source": source_identity(self.job)}
+            )
+            if refused is not None:
+                raise TermFenced(refused.reason)  # a newer term holds the job: this one is over
 
 
 async def check_identities(settings: Settings, stores: dict[str, LeaseStore]) -> None:
