@@ -34,6 +34,7 @@ from actors.lease_store import (
     parse_sentinel_url,
     sentinel_services,
 )
+from actors.lease_store.store import deployment_of_url
 from actors.observe import NodeObserver
 from actors.scheduled import ScheduledJob
 from actors.sink import Sink
@@ -204,11 +205,16 @@ def preflight(settings: Settings) -> None:
             answer are an outage, not a configuration error: the node starts, logs
             ``redis-unavailable`` and waits for them.
     """
+    # The files of the deployment the node will talk to (its name needs no network).
+    deployment = deployment_of_url(settings.redis.url)
     for job in settings.node.jobs:
         try:
-            TokenMemory(job, settings.node.state_dir or None)
+            TokenMemory(job, settings.node.state_dir or None, deployment=deployment)
         except (OSError, ValueError) as exc:
-            raise ConfigError([f"node.state_dir: {exc}"]) from exc
+            problem = str(exc)  # (TokenMemory's own errors name the setting already)
+            if not problem.startswith("node.state_dir"):
+                problem = f"node.state_dir: {problem}"
+            raise ConfigError([problem]) from exc
     check_sinks(settings)
     r = settings.redis
     url = r.url

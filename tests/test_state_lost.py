@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from pathlib import Path
 
+import pytest
 import redis
 import trio
 
-from actors.lease_store import Acquired, Held, StateLost, job_keys
+from actors.lease_store import Acquired, Held, StateLost, connect, job_keys
+from actors.lease_store.store import deployment_name, deployment_of_url
 from actors.source import Batch, Record, SyntheticSource
 from actors.token_memory import TokenMemory
 from ingestion.local_redis import LocalRedis
@@ -105,3 +107,35 @@ def test_token_memory_names_its_deployment_and_remembers_a_commit(tmp_path: Path
     assert again.value == 7 and again.committed
     assert one.path is not None and two.path is not None and one.path != two.path
     assert "redis://127.0.0.1:6379/0" in one.path.read_text()
+
+
+def test_preflight_reads_the_token_memory_of_the_configured_redis_and_refuses_a_corrupt_one(
+    tmp_path: Path,
+) -> None:
+    """The node's own file (named by the deployment of ``redis.url``) is the one checked before
+    the node starts: a corrupt one is a one-line configuration error, not a traceback later."""
+    from ingestion.config import ConfigError, Settings
+    from ingestion.node import preflight
+
+    url = "redis://127.0.0.1:1/0"  # nothing listens: preflight must fail before any network
+    settings = Settings.from_mapping({
+        "redis": {"url": url}, "node": {"job": "j", "state_dir": str(tmp_path)},
+    })  # fmt: skip
+    memory = TokenMemory("j", tmp_path, deployment=deployment_of_url(url))
+    assert memory.path is not None
+    memory.path.write_text("not json\n")
+    with pytest.raises(ConfigError, match=r"^node.state_dir: \S+ does not hold a fencing token"):
+        preflight(settings)
+
+
+def test_the_deployment_of_a_url_is_the_deployment_of_its_client() -> None:
+    for url in (
+        "redis://127.0.0.1:6379/0", "redis://u:secret@10.0.0.1:7000/3", "unix:///tmp/redis.sock?db=2",
+        "redis+sentinel://s1:26379,s2:26380/mymaster/1",
+    ):  # fmt: skip
+        client = connect(url, timeout=0.1)
+        try:
+            assert deployment_of_url(url) == deployment_name(client)
+        finally:
+            client.close()
+    assert deployment_of_url("redis+cluster://b:7001,a:7000") == "cluster:a:7000,b:7001"

@@ -32,6 +32,10 @@ from actors.lease_store.connect import (
     SentinelTarget,
     client_kwargs,
     describe_redis_error,
+    is_cluster_url,
+    is_sentinel_url,
+    parse_cluster_url,
+    parse_sentinel_url,
     redacted_endpoint,
 )
 from actors.lease_store.keys import AUDIT_MAXLEN, job_keys, parse_lease_value
@@ -67,10 +71,29 @@ def deployment_name(client: redis.Redis) -> str:
     if target is not None:
         sentinels = ",".join(sorted(f"{h}:{p}" for h, p in target.sentinels))
         return f"sentinel:{sentinels}/{target.service}/{target.db}"
-    kw = client.connection_pool.connection_kwargs
+    return _plain_deployment(client.connection_pool.connection_kwargs)
+
+
+def _plain_deployment(kw: dict[str, Any]) -> str:
     if "path" in kw:
         return f"unix:{kw['path']}/{kw.get('db', 0)}"
     return f"redis:{kw.get('host')}:{kw.get('port')}/{kw.get('db', 0)}"
+
+
+def deployment_of_url(url: str) -> str:
+    """:func:`deployment_name` of the client ``connect(url)`` gives, without making one (a
+    cluster client reads the slot map when made): for checks before the node starts.
+
+    Raises:
+        BadRedisUrl, ValueError: the URL cannot be parsed.
+    """
+    if is_cluster_url(url):
+        return "cluster:" + ",".join(sorted(f"{h}:{p}" for h, p in parse_cluster_url(url).nodes))
+    if is_sentinel_url(url):
+        target = parse_sentinel_url(url)
+        sentinels = ",".join(sorted(f"{h}:{p}" for h, p in target.sentinels))
+        return f"sentinel:{sentinels}/{target.service}/{target.db}"
+    return _plain_deployment(redis.ConnectionPool.from_url(url).connection_kwargs)
 
 
 class LeaseStore:
