@@ -527,3 +527,19 @@ def figure(name: str, **values: Any) -> None:
 
 def redis_client(url: str) -> redis.Redis:
     return connect(url, timeout=2.0)
+
+
+# What the real-process failover scenarios share.
+TTL_MS = 1500  # their lease TTL
+# Beyond the lease arithmetic: Redis round trips, process scheduling and the log pipe to the
+# harness. About 0.3 s on an idle machine; 1 s leaves room for a 2-core machine starved by other
+# suites, and stays below what a takeover that waited out one more lease would add (a TTL less
+# at most one renew interval, 1.2 s), so such a takeover still fails the scenarios' bounds.
+ALLOWANCE = 1.0
+
+
+async def assert_verified(cluster: Cluster, at_least: int) -> None:
+    result = await cluster.verify()
+    print(f"\nverification: {result.summary()}")
+    assert result.ok, result.summary()
+    assert result.count >= at_least, result.summary()

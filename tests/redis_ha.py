@@ -17,16 +17,21 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
 import redis
+import trio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from actors.lease_store import job_keys
 from ingestion.local_redis import LocalRedis
+from tests.cluster import TTL_MS, Cluster, open_cluster
 
 SERVICE = "ingest"
 
@@ -324,3 +329,44 @@ def sentinel_group() -> Iterator[SentinelGroup]:
         yield group
     finally:
         group.stop()
+
+
+# The Sentinel scenarios: real nodes on a SentinelGroup.
+ECHO = bool(__import__("os").environ.get("ECHO"))
+
+
+@asynccontextmanager
+async def sentinel_cluster(
+    job: str, *, min_replicas_acked: int | None = None, **group: Any
+) -> AsyncIterator[tuple[Cluster, SentinelGroup]]:
+    g = await trio.to_thread.run_sync(lambda: SentinelGroup(**group).start())
+    try:
+        async with open_cluster(job, ttl_ms=TTL_MS, redis_url=g.url, echo=ECHO) as c:
+            c.node_env = (
+                {"INGESTION_REDIS_MIN_REPLICAS_ACKED": str(min_replicas_acked)}
+                if min_replicas_acked is not None else {}
+            )  # fmt: skip
+            yield c, g
+    finally:
+        await trio.to_thread.run_sync(g.stop)
+
+
+async def start_nodes(c: Cluster, *names: str) -> None:
+    for name in names:
+        await c.start_node(name, env=c.node_env)
+    await c.log.wait_for("became-leader")
+
+
+def last_entry_id(client: Any, job: str) -> str:
+    last = client.xrevrange(job_keys(job)["events"], count=1)
+    return str(last[0][0]) if last else "0-0"
+
+
+async def promoted(g: SentinelGroup, old_port: int, job: str) -> tuple[int, str]:
+    """Wait for the new primary; return its port and its newest entry id when first seen as it."""
+    new = await trio.to_thread.run_sync(g.wait_for_new_primary, old_port)
+    client = g.client(new)
+    try:
+        return new.port, last_entry_id(client, job)
+    finally:
+        client.close()

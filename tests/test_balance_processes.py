@@ -16,17 +16,14 @@ import pytest
 import trio
 
 from actors.lease_store import job_keys, parse_lease_value
-from ingestion.verify import verify_job
-from tests.cluster import Cluster, figure, open_cluster
+from tests.cluster import ALLOWANCE, Cluster, figure, open_cluster
+from tests.many_jobs import NODES, RESOURCES, holders, job_flags, job_names, verify_all
 from tests.redis_cluster import redis_cluster
-from tests.test_failover import ALLOWANCE
 
 pytestmark = pytest.mark.slow
 
 TTL_MS = 1500
 TTL = TTL_MS / 1000
-RESOURCES = ("/operations", "/payments", "/effects", "/transactions", "/ledgers", "/operations")
-NODES = ("n1", "n2", "n3")
 
 
 @pytest.fixture(params=["redis", "cluster"])
@@ -37,24 +34,6 @@ def redis_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
         return
     with redis_cluster(masters=3, replicas=0) as group:
         yield group.url
-
-
-def job_names(base: str) -> list[str]:
-    return [base] + [f"{base}-{i}" for i in range(1, len(RESOURCES))]
-
-
-def job_flags(base: str) -> list[str]:
-    # The base job comes from the harness's own --job (with the default resource, /operations).
-    return [f for name, res in zip(job_names(base)[1:], RESOURCES[1:], strict=True)
-            for f in ("--job", f"{name}={res}")]  # fmt: skip
-
-
-def holders(c: Cluster) -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in job_names(c.job):
-        value = c.client.get(job_keys(name)["lease"])
-        out[name] = parse_lease_value(value)[1] if value else None
-    return out
 
 
 async def wait_balanced(c: Cluster, nodes: tuple[str, ...], within: float) -> dict[str, str | None]:
@@ -71,13 +50,6 @@ async def wait_balanced(c: Cluster, nodes: tuple[str, ...], within: float) -> di
 async def start_all(c: Cluster) -> None:
     for name in NODES:
         await c.start_node(name, extra=job_flags(c.job))
-
-
-async def verify_all(c: Cluster) -> None:
-    for name, resource in zip(job_names(c.job), RESOURCES, strict=True):
-        result = await verify_job(c.redis_url, name, c.horizon, resource, "0")
-        assert result.ok, f"{name}: {result.summary()}"
-        assert result.count > 0, f"{name}: nothing ingested"
 
 
 async def test_six_jobs_spread_over_three_nodes_and_hold_still(job: str, redis_url: str | None) -> None:

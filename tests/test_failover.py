@@ -24,8 +24,11 @@ from actors.lease_store import Acquired, StateLost
 from ingestion.local_redis import LocalRedis
 from ingestion.verify import read_entries, read_grants
 from tests.cluster import (
+    ALLOWANCE,
+    TTL_MS,
     ClockFake,
     Cluster,
+    assert_verified,
     faketime_available,
     figure,
     open_cluster,
@@ -35,24 +38,11 @@ from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
 
-TTL_MS = 1500
 TTL = TTL_MS / 1000
 JITTER = 0.025
 MARGIN = TTL / 5
 RENEW = TTL / 5
 DRIFT = 0.01
-# Beyond the lease arithmetic: Redis round trips, process scheduling and the log pipe to the
-# harness. About 0.3 s on an idle machine; 1 s leaves room for a 2-core machine starved by other
-# suites, and stays below what a takeover that waited out one more lease would add (a TTL less
-# at most one renew interval, 1.2 s), so such a takeover still fails the bounds below.
-ALLOWANCE = 1.0
-
-
-async def assert_verified(cluster: Cluster, at_least: int) -> None:
-    result = await cluster.verify()
-    print(f"\nverification: {result.summary()}")
-    assert result.ok, result.summary()
-    assert result.count >= at_least, result.summary()
 
 
 async def test_kill_switch_standby_takes_over_within_window_at_committed_cursor(job: str) -> None:

@@ -20,9 +20,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.cluster import figure, open_cluster
+from tests.cluster import TTL_MS, assert_verified, figure, open_cluster
 from tests.native import clockshift_env, clockshift_library
-from tests.test_failover import TTL_MS, assert_verified
 
 pytestmark = [
     pytest.mark.slow,

@@ -30,8 +30,8 @@ from actors.lease_store import (
 )
 from actors.source import Record
 from tests.cluster import Cluster, figure, open_cluster
+from tests.many_jobs import NODES, holders, job_flags, job_names, verify_all
 from tests.redis_cluster import RedisClusterGroup, redis_cluster
-from tests.test_balance_processes import NODES, holders, job_flags, job_names, verify_all
 
 
 def test_cluster_urls_parse_and_bad_ones_say_why() -> None:

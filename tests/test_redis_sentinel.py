@@ -10,51 +10,20 @@ from __future__ import annotations
 import re
 import signal
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import trio
 
 from actors.lease_store import job_keys
-from tests.cluster import Cluster, figure, open_cluster
-from tests.redis_ha import SentinelGroup
-from tests.test_failover import ALLOWANCE, TTL_MS, assert_verified
+from tests.cluster import ALLOWANCE, TTL_MS, Cluster, assert_verified, figure
+from tests.redis_ha import SentinelGroup, promoted, sentinel_cluster, start_nodes
 
 pytestmark = pytest.mark.slow
 DOWN_AFTER_MS = 1000
 # docs/FAILOVER.md, "Redis high availability": detection (down-after) + promotion (about 1 s) + one lease
 # TTL, plus an allowance for the Redis-retry backoff and a loaded 2-core machine.
 FIRST_COMMIT_BOUND_MS = DOWN_AFTER_MS + 1000 + TTL_MS + 2500
-ECHO = bool(__import__("os").environ.get("ECHO"))
-
-
-@asynccontextmanager
-async def sentinel_cluster(
-    job: str, *, min_replicas_acked: int | None = None, **group: Any
-) -> AsyncIterator[tuple[Cluster, SentinelGroup]]:
-    g = await trio.to_thread.run_sync(lambda: SentinelGroup(**group).start())
-    try:
-        async with open_cluster(job, ttl_ms=TTL_MS, redis_url=g.url, echo=ECHO) as c:
-            c.node_env = (
-                {"INGESTION_REDIS_MIN_REPLICAS_ACKED": str(min_replicas_acked)}
-                if min_replicas_acked is not None else {}
-            )  # fmt: skip
-            yield c, g
-    finally:
-        await trio.to_thread.run_sync(g.stop)
-
-
-async def start_nodes(c: Cluster, *names: str) -> None:
-    for name in names:
-        await c.start_node(name, env=c.node_env)
-    await c.log.wait_for("became-leader")
-
-
-def last_entry_id(client: Any, job: str) -> str:
-    last = client.xrevrange(job_keys(job)["events"], count=1)
-    return str(last[0][0]) if last else "0-0"
 
 
 async def first_commit_on(g: SentinelGroup, port: int, job: str, after_id: str, within: float = 20) -> str:
@@ -73,16 +42,6 @@ async def first_commit_on(g: SentinelGroup, port: int, job: str, after_id: str, 
 
 def id_ms(entry_id: str) -> int:
     return int(entry_id.partition("-")[0])
-
-
-async def promoted(g: SentinelGroup, old_port: int, job: str) -> tuple[int, str]:
-    """Wait for the new primary; return its port and its newest entry id when first seen as it."""
-    new = await trio.to_thread.run_sync(g.wait_for_new_primary, old_port)
-    client = g.client(new)
-    try:
-        return new.port, last_entry_id(client, job)
-    finally:
-        client.close()
 
 
 async def resumed_on_new_primary(

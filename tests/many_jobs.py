@@ -1,0 +1,36 @@
+"""Six jobs on three nodes: the many-jobs scenarios' job names, flags, holders and verification
+(the balancer's real-process tests, and the same scenario over a Redis Cluster)."""
+
+from __future__ import annotations
+
+from actors.lease_store import job_keys, parse_lease_value
+from ingestion.verify import verify_job
+from tests.cluster import Cluster
+
+RESOURCES = ("/operations", "/payments", "/effects", "/transactions", "/ledgers", "/operations")
+NODES = ("n1", "n2", "n3")
+
+
+def job_names(base: str) -> list[str]:
+    return [base] + [f"{base}-{i}" for i in range(1, len(RESOURCES))]
+
+
+def job_flags(base: str) -> list[str]:
+    # The base job comes from the harness's own --job (with the default resource, /operations).
+    return [f for name, res in zip(job_names(base)[1:], RESOURCES[1:], strict=True)
+            for f in ("--job", f"{name}={res}")]  # fmt: skip
+
+
+def holders(c: Cluster) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in job_names(c.job):
+        value = c.client.get(job_keys(name)["lease"])
+        out[name] = parse_lease_value(value)[1] if value else None
+    return out
+
+
+async def verify_all(c: Cluster) -> None:
+    for name, resource in zip(job_names(c.job), RESOURCES, strict=True):
+        result = await verify_job(c.redis_url, name, c.horizon, resource, "0")
+        assert result.ok, f"{name}: {result.summary()}"
+        assert result.count > 0, f"{name}: nothing ingested"
