@@ -30,6 +30,10 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # the data lake source: its events are RPC's, so it reads the RPC wire rules (ids, filters), and
     # nothing else of the RPC source
     "lake": ("ingestion.lake",),
+    # the wire rules of a data lake (the SEP-54 layout: manifest and object keys), which the lake
+    # source reads and the simulator's lake writer writes; like rpc-wire, the one piece of a source
+    # the simulator may share, so the simulator still never imports how the node reads the lake
+    "lake-wire": ("ingestion.lake.keys",),
     "simulator": ("ingestion.simulator",),
     "entry": ("ingestion",),
 }
@@ -40,9 +44,10 @@ ALLOWED: dict[str, set[str]] = {
     "rpc-wire": {"runtime", "shared", "rpc-wire"},
     "horizon": {"runtime", "shared", "horizon"},
     "rpc": {"runtime", "shared", "rpc", "rpc-wire"},
-    "lake": {"runtime", "shared", "lake", "rpc-wire"},
-    "simulator": {"shared", "rpc-wire", "simulator"},
-    "entry": {"runtime", "shared", "horizon", "rpc", "rpc-wire", "lake", "simulator", "entry"},
+    "lake-wire": {"lake-wire"},
+    "lake": {"runtime", "shared", "lake", "lake-wire", "rpc-wire"},
+    "simulator": {"shared", "rpc-wire", "lake-wire", "simulator"},
+    "entry": {"runtime", "shared", "horizon", "rpc", "rpc-wire", "lake", "lake-wire", "simulator", "entry"},
 }
 
 
@@ -114,6 +119,9 @@ def test_imports_follow_the_one_way_rules() -> None:
         ("ingestion.lake.source", "ingestion.rpc.protocol", True),
         ("ingestion.lake.source", "ingestion.rpc.source", False),
         ("ingestion.rpc.core", "ingestion.lake.core", False),
+        ("ingestion.simulator.lake", "ingestion.lake.keys", True),
+        ("ingestion.simulator.lake", "ingestion.lake.events", False),
+        ("ingestion.lake.keys", "ingestion.rpc.protocol", False),
     ],
 )
 def test_the_rules_refuse_what_they_should(module: str, target: str, allowed: bool) -> None:

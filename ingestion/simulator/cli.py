@@ -99,6 +99,13 @@ def _parser() -> argparse.ArgumentParser:
         help="getHealth fails once the latest ledger closed longer ago than this (seconds; "
         "stellar-rpc: 30); 0: always healthy",
     )
+    p.add_argument(
+        "--lake-dir",
+        default=None,
+        metavar="DIR",
+        help="also write the chain into a data lake (SEP-54/Galexie layout) in DIR: every ledger "
+        "from the first (RPC's and Horizon's retention do not apply), then each ledger as it closes",
+    )
     return p
 
 
@@ -122,6 +129,7 @@ def config_from_args(argv: list[str]) -> SimulatorConfig:
         sse_update_frequency=args.sse_update_frequency,
         rpc_port=args.rpc_port,
         rpc_max_healthy_latency=args.rpc_max_healthy_latency,
+        lake_dir=args.lake_dir,
     )
 
 

@@ -3,7 +3,8 @@
 :func:`serve_simulator` runs until cancelled and hands a :class:`Simulator` to ``task_status`` once
 the listeners are really up; :func:`open_simulator` wraps it as an async context manager. Horizon
 (:mod:`ingestion.simulator.app`) listens on ``port``; with ``rpc_port`` set, a Stellar RPC server
-(:mod:`ingestion.simulator.rpc`) listens on a port of its own, over the same chain.
+(:mod:`ingestion.simulator.rpc`) listens on a port of its own, over the same chain. With
+``lake_dir`` set, the chain is also written into a data lake (:mod:`ingestion.simulator.lake`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import collections
 import gc
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, cast
 
 import attrs
@@ -23,6 +25,7 @@ from ingestion.rpc.protocol import EventFilter
 from ingestion.simulator.app import CollectionQuery, HorizonApp, SeenRequest, resolve
 from ingestion.simulator.chain import KEY_SHIFT, Chain, ChainSpec
 from ingestion.simulator.faults import Faults, RpcFaults
+from ingestion.simulator.lake import LakeWriter, ledger_close_meta, object_bytes
 from ingestion.simulator.render import compact_form, with_base
 from ingestion.simulator.rpc import RpcApp, SeenRpcRequest
 from ingestion.simulator.rpc_events import EventLog
@@ -57,6 +60,9 @@ class SimulatorConfig:
             None: no RPC server. ``response_delay_ms`` delays its answers too.
         rpc_max_healthy_latency: ``getHealth`` fails once the latest ledger closed longer ago
             than this many seconds (stellar-rpc's default: 30); 0: always healthy.
+        lake_dir: also write the chain into a data lake in this directory (SEP-54, see
+            :mod:`ingestion.simulator.lake`): every ledger from the first, retention or not,
+            then each ledger as it closes. None: no lake.
     """
 
     host: str = "127.0.0.1"
@@ -75,6 +81,7 @@ class SimulatorConfig:
     sse_update_frequency: float = 0.0
     rpc_port: int | None = None
     rpc_max_healthy_latency: float = 30.0
+    lake_dir: str | None = None
 
     def chain_spec(self) -> ChainSpec:
         return ChainSpec(
@@ -141,6 +148,12 @@ class Simulator:
         self._rpc_port = config.rpc_port
         self._rpc_shutdown: trio.Event | None = None
         self._rpc_stopped: trio.Event | None = None
+        #: The lake writer (None without ``lake_dir``); ``lake.written`` is the newest ledger written.
+        self.lake = LakeWriter(Path(config.lake_dir)) if config.lake_dir else None
+        self._lake_history_last = self.chain.latest
+        self._lake_pending: collections.deque[tuple[int, bytes]] = collections.deque()
+        self._lake_wakeup = trio.Event()
+        self._lake_wrote = trio.Event()
 
     # -- the chain ------------------------------------------------------------------------------
 
@@ -155,7 +168,10 @@ class Simulator:
         if self.faults.ingestion_frozen():
             return self.chain.latest
         while self.chain.latest < self._core_latest:
-            _build_without_gc(self.chain.close_ledger)
+            seq = _build_without_gc(self.chain.close_ledger)
+            if self.lake is not None:  # built now: the ledger may leave the chain's retention later
+                self._lake_pending.append((seq, object_bytes([ledger_close_meta(self.chain, seq)])))
+                self._lake_wakeup.set()
         self._ledger_closed.set()
         self._ledger_closed = trio.Event()
         return self.chain.latest
@@ -169,6 +185,12 @@ class Simulator:
         """Return once a ledger after ``seen`` has closed."""
         while self.chain.latest <= seen:
             await self._ledger_closed.wait()
+
+    async def wait_for_lake(self, seq: int) -> None:
+        """Return once the lake holds ledger ``seq`` (needs ``lake_dir``)."""
+        assert self.lake is not None, "no lake_dir: the simulator writes no lake"
+        while self.lake.written < seq:
+            await self._lake_wrote.wait()
 
     def records(self, resource: str) -> list[dict[str, Any]]:
         """Every record of a collection path, ascending, exactly as the server sends them.
@@ -320,6 +342,25 @@ class Simulator:
         finally:
             stopped.set()
 
+    async def _write_lake(self, lake: LakeWriter) -> None:
+        """The history (from the first ledger, built from a chain of its own in worker threads,
+        100 ledgers at a time), then each closed ledger as it comes, in order."""
+        spec = self.config.chain_spec()
+        history = Chain(spec, self._lake_history_last - spec.first_ledger + 1, cache_records=4_000)
+        for first in range(spec.first_ledger, self._lake_history_last + 1, 100):
+            last = min(first + 99, self._lake_history_last)
+            await trio.to_thread.run_sync(lake.write_history, history, first, last)
+            self._lake_wrote.set()
+            self._lake_wrote = trio.Event()
+        while True:
+            while self._lake_pending:
+                seq, data = self._lake_pending.popleft()
+                await trio.to_thread.run_sync(lake.write, seq, data)
+                self._lake_wrote.set()
+                self._lake_wrote = trio.Event()
+            await self._lake_wakeup.wait()
+            self._lake_wakeup = trio.Event()
+
     async def _close_ledgers(self, interval: float) -> None:
         start = trio.current_time()
         k = 1
@@ -370,6 +411,8 @@ async def serve_simulator(
         await nursery.start(sim._serve)
         if config.rpc_port is not None:
             await nursery.start(sim._serve_rpc)
+        if sim.lake is not None:
+            nursery.start_soon(sim._write_lake, sim.lake)
         if config.ledger_interval:
             nursery.start_soon(sim._close_ledgers, config.ledger_interval)
         task_status.started(sim)
