@@ -115,9 +115,3 @@ def open_store() -> Iterator[Callable[..., LeaseStore]]:
             return opened.enter_context(lease_store(url, job, **options))
 
         yield open_
-
-
-def make_store(url: str, job: str, timeout: float = 0.25) -> LeaseStore:
-    """Superseded by the ``open_store`` fixture, which closes the client; kept until the modules
-    still importing it (written concurrently) move over."""
-    return LeaseStore(connect(url, timeout=timeout), job)

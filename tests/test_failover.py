@@ -33,7 +33,7 @@ from tests.cluster import (
     figure,
     open_cluster,
 )
-from tests.conftest import make_store
+from tests.nodes import OpenStore
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
@@ -426,9 +426,9 @@ async def test_redis_restart_without_persistence_stops_the_job_instead_of_reinge
 
 
 async def test_acquire_refuses_to_issue_a_token_below_one_the_caller_has_seen(
-    redis_server: LocalRedis, job: str
+    redis_server: LocalRedis, job: str, open_store: OpenStore
 ) -> None:
-    store = make_store(redis_server.url, job)
+    store = open_store(redis_server.url, job)
     grant = await store.acquire("a", 60_000)
     assert isinstance(grant, Acquired) and grant.token == 1
     assert await store.release("a", 1)

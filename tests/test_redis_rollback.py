@@ -18,8 +18,7 @@ from actors.lease_store import Acquired, LeaseStore, StateLost, job_keys
 from actors.source import SyntheticSource
 from actors.token_memory import TokenMemory
 from ingestion.local_redis import LocalRedis
-from tests.conftest import make_store
-from tests.nodes import Recorder, assert_exactly_once_in_order, events_in_stream, start_node
+from tests.nodes import OpenStore, Recorder, assert_exactly_once_in_order, events_in_stream, start_node
 
 SLOW = SyntheticSource(total=None, batch_size=5, interval=0.05)
 
@@ -62,9 +61,9 @@ def test_token_memory_survives_restarts_only_goes_up_and_is_shared(tmp_path: Pat
 
 
 async def test_acquire_after_a_rollback_floors_above_the_known_token_and_audits_it(
-    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
 ) -> None:
-    store = make_store(redis_server.url, job)
+    store = open_store(redis_server.url, job)
     grant = await store.acquire("a", 60_000)
     assert isinstance(grant, Acquired) and grant.token == 1 and grant.rolled_back_from is None
     from actors.source import Record
@@ -92,7 +91,7 @@ async def test_acquire_after_a_rollback_floors_above_the_known_token_and_audits_
 
 
 async def test_a_restarted_node_never_reuses_a_token_after_redis_goes_back_in_time(
-    redis_server: LocalRedis, redis_client: redis.Redis, job: str, tmp_path: Path
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, tmp_path: Path, open_store: OpenStore
 ) -> None:
     """Without a durable token memory a restarted node accepts a Redis that went back and is
     issued a token it already used; with node.state_dir it is floored above it."""
@@ -115,7 +114,7 @@ async def test_a_restarted_node_never_reuses_a_token_after_redis_goes_back_in_ti
         else:
             # Redis's counter said 1; the node remembered 2 across its restart.
             assert grant.fields["token"] == 3, grant.fields
-            remembered = TokenMemory(job, state, deployment=make_store(redis_server.url, job).deployment)
+            remembered = TokenMemory(job, state, deployment=open_store(redis_server.url, job).deployment)
             assert remembered.value == 3 and remembered.committed
     assert assert_exactly_once_in_order(redis_client, job) > 0
     tokens = [int(t) for _i, t, _n in events_in_stream(redis_client, job)]

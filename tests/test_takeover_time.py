@@ -10,13 +10,13 @@ import trio
 
 from actors.lease_store import Acquired, job_keys
 from ingestion.local_redis import LocalRedis
-from tests.conftest import make_store
+from tests.nodes import OpenStore
 
 
 async def test_a_takeover_after_a_crash_counts_from_the_last_renewal(
-    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
 ) -> None:
-    store = make_store(redis_server.url, job)
+    store = open_store(redis_server.url, job)
     grant = await store.acquire("a", 300)
     assert isinstance(grant, Acquired) and grant.takeover_ms is None
     await trio.sleep(0.2)
@@ -36,9 +36,9 @@ async def test_a_takeover_after_a_crash_counts_from_the_last_renewal(
 
 
 async def test_a_takeover_after_a_release_counts_from_the_release(
-    redis_server: LocalRedis, job: str
+    redis_server: LocalRedis, job: str, open_store: OpenStore
 ) -> None:
-    store = make_store(redis_server.url, job)
+    store = open_store(redis_server.url, job)
     assert isinstance(await store.acquire("a", 5000), Acquired)
     await trio.sleep(0.5)  # renewed at the grant only
     assert await store.release("a", 1)
