@@ -123,8 +123,10 @@ def test_ctrl_c_during_start_up_exits_without_a_traceback(
     child.send_signal(signal.SIGINT)
     _out, err = child.communicate(timeout=30)
     assert "Traceback" not in err and not err.strip(), err
-    # 130 while it starts; 0 once the node runs (its graceful shutdown).
-    assert child.returncode in (0, 130)
+    # 130 while it starts; 0 once the node runs (its graceful shutdown). A signal that arrives
+    # before the interpreter has installed any handler (a loaded machine can start Python later
+    # than `delay`) ends the process by SIGINT's default action, which a shell reports as 130 too.
+    assert child.returncode in (0, 130, -signal.SIGINT)
 
 
 def test_a_database_that_is_not_a_number_is_exit_2() -> None:
