@@ -103,8 +103,8 @@ class CursorWriter:
             )
             return CommitUnknown(msg.token, str(exc))
         except ValueError as exc:
-            # A malformed or out-of-order batch, found before anything was sent: a source bug
-            # must end the term, never the node.
+            # A malformed or out-of-order batch, found before anything was sent, or refused by
+            # the sink for its data (definite, rolled back): it must end the term, never the node.
             self.log.error("commit-rejected", token=msg.token, reason="bad-batch", error=str(exc))
             return CommitRefused(msg.token, "bad-batch", self.highest_token_seen)
         if isinstance(result, Committed):
@@ -161,5 +161,6 @@ class CursorWriter:
             fields["sink"] = self.sink.name
         self.log.warning("fencing-token-rejected", **fields)
         self.observer.fencing_rejected(**fields)
-        await self.elector.send(FencingTokenRejected(msg.token, current, cursor))
+        lease_may_hold = not isinstance(self.sink, RedisStreamSink)
+        await self.elector.send(FencingTokenRejected(msg.token, current, cursor, lease_may_hold))
         return CommitRefused(msg.token, reason, current)

@@ -99,11 +99,14 @@ class Elector:
     # Asked first: whether this node's source answers (a node that cannot reach it holds off
     # while another can, and campaigns late, as a last resort, when nobody can).
     source_watch: SourceWatch | None = None
-    # Asked before that: whether the sink that keeps the job's data answers (PostgreSQL). A term
-    # that cannot commit ends commit-unknown, having used up a token: hold off while it fails.
-    sink_probe: Callable[[], Awaitable[bool]] | None = None
+    # Asked before that: whether the sink that keeps the job's data answers (PostgreSQL; None:
+    # not), and its fence's token, which the campaign then floors above. A term that cannot
+    # commit ends commit-unknown, having used up a token: hold off while it fails.
+    sink_probe: Callable[[], Awaitable[int | None]] | None = None
     _held_off: set[str] = attrs.Factory(set)  # why campaigns are held off now (logged once each)
     _woken: bool = False  # the last standby wait ended on a release notice or a wake-up
+    _unknown_terms: int = 0  # short terms in a row that ended commit-unknown
+    _fenced_by_sink: bool = False  # this term was refused by the sink's fence, not by Redis
     # What this node knows of the lease while standby (for the balancer's placement and for
     # adoption, actors/liveness.py): its holder, when it would expire, since when it is free.
     seen_holder: str | None = None
@@ -221,10 +224,14 @@ class Elector:
                 await self._release_if_ours()
             self.observer.election_event("stopped")
 
-    async def _sink_allows(self, probe: Callable[[], Awaitable[bool]]) -> bool:
+    async def _sink_allows(self, probe: Callable[[], Awaitable[int | None]]) -> bool:
         # Held off (said once per stretch), it looks again after a TTL or on a release notice.
-        answered = await probe()
-        return await self._wait_for_turn(0.0 if answered else None, self.ttl_ms / 1000, "sink-unreachable")
+        fence = await probe()
+        if fence is not None:
+            await self._see(fence)  # so Redis issues a token above the sink's fence
+        return await self._wait_for_turn(
+            0.0 if fence is not None else None, self.ttl_ms / 1000, "sink-unreachable"
+        )
 
     async def _source_allows(self, watch: SourceWatch) -> bool:
         return await self._wait_for_turn(watch.campaign_delay(), watch.ttl, "source-unreachable")
@@ -401,6 +408,15 @@ class Elector:
         self.seen_holder, self._free_since, self._known_expiry = None, trio.current_time(), None
         if term_ended is not None and term_ended.reason == "source-fatal":
             raise IngestionFatal(term_ended.detail)
+        short = trio.current_time() - sent_at < self.ttl_ms / 1000
+        unknown = term_ended is not None and term_ended.reason == "commit-unknown"
+        self._unknown_terms = self._unknown_terms + 1 if unknown and short else 0
+        if self._unknown_terms >= 2:
+            # Terms keep ending commit-unknown at once (the sink or Redis answers the campaign
+            # but not the commits): one term per lease lifetime, not one per call bound.
+            await self._standby_until(
+                trio.current_time() + self.ttl_ms / 1000, wake_on_release=False
+            )
         if (
             term_ended is not None
             and term_ended.reason == "commit-refused"
@@ -425,6 +441,7 @@ class Elector:
         )
         term_ended: TermEnded | None = None
         lost: Lost | None = None
+        self._fenced_by_sink = False
         while lost is None:
             deadline = machine.term.ingest_deadline if machine.term else trio.current_time()
             with trio.move_on_at(deadline):
@@ -441,7 +458,12 @@ class Elector:
             )
             await self.ingestor.send(LeaseRevoked(grant.token, lost.reason.value, graceful))
             term_ended = await self._await_term_end(grant.token)
-        if lost.reason not in (LostReason.FENCED, LostReason.RENEW_REJECTED):
+        # A rejection by Redis took the lease already; one by the sink's own fence did not: free
+        # it (the release script frees it only if still ours), or this node's next campaign
+        # would find it held under its own id.
+        if lost.reason not in (LostReason.FENCED, LostReason.RENEW_REJECTED) or (
+            lost.reason is LostReason.FENCED and self._fenced_by_sink
+        ):
             await self._release(grant.token)
         return term_ended
 
@@ -462,6 +484,7 @@ class Elector:
             return machine.renew_rejected(msg.token), None
         if isinstance(msg, FencingTokenRejected):
             await self._see(msg.current_token)
+            self._fenced_by_sink = self._fenced_by_sink or msg.lease_may_hold
             return machine.fenced(msg.token), None
         if isinstance(msg, ShutdownRequested):
             self._stopping = True

@@ -82,6 +82,9 @@ class FencingTokenRejected:
     token: int
     current_token: int
     cursor: str
+    # Refused by a sink that keeps a fence of its own (PostgreSQL), not by Redis: this node's
+    # Redis lease may still be held, and the Elector releases it (only if still ours).
+    lease_may_hold: bool = False
 
 
 @attrs.frozen

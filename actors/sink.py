@@ -16,7 +16,8 @@ things, each atomic and fenced where the data lives:
 
 A sink that can be out of reach while Redis is not (PostgreSQL) is also a :class:`ProbedSink`: the
 Elector asks ``probe()`` before each campaign and holds off while it fails (a term that cannot
-commit would only end commit-unknown, having used up a token).
+commit would only end commit-unknown, having used up a token). The probe answers the sink's fence,
+and the Elector campaigns above it: Redis never issues a token the sink has already seen.
 
 :func:`continuation` is the continuity rule both sinks share, pure: the Redis sink runs it again
 in Lua, a SQL sink runs it in the client and checks the stored cursor in its transaction.
@@ -74,8 +75,9 @@ class Sink(Protocol):
 
 @runtime_checkable
 class ProbedSink(Protocol):
-    async def probe(self) -> bool:
-        """One bounded round trip to where the data lives: whether it answered (never raises)."""
+    async def probe(self) -> int | None:
+        """One bounded round trip to where the data lives: None when it did not answer, else the
+        highest token its fence for the job holds (0: none). Never raises."""
         ...
 
 

@@ -39,7 +39,7 @@ SIZES = (1, 10, 200)
 _COPY = "COPY public.copy_reference (job, seq, paging_token, record) FROM STDIN"
 _COPY_TABLE = (
     "CREATE TABLE IF NOT EXISTS public.copy_reference (job text NOT NULL, seq bigint NOT NULL, "
-    "paging_token text NOT NULL, record jsonb NOT NULL, PRIMARY KEY (job, seq))"
+    "paging_token text NOT NULL, record json NOT NULL, PRIMARY KEY (job, seq))"
 )
 
 

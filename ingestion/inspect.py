@@ -441,7 +441,8 @@ def render_table(
         rows += [
             ("sink", f"postgres {sink['url']} schema {sink['schema']}"),
             ("rows", f"{sink['events']}{seqs}"),
-            ("fence", str(sink["fence"]) if sink["fence"] is not None else "(never raised)"),
+            ("fence", f"{sink['fence']} (node {sink.get('fence_node') or '?'})"
+             if sink["fence"] is not None else "(never raised)"),
             ("terms", f"{len(terms)}" + (f" (latest: {shown})" if terms else "")),
         ]
     rows += [("leader's source", _source_text(source)), ("lag", _lag_text(lag))]

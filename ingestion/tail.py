@@ -20,8 +20,8 @@ A job whose sink is PostgreSQL (``--sink``, ``sink.url`` or its ``[jobs.NAME] si
 its ``events`` rows instead, in ``seq`` order (``--from SEQ``: after that ``seq``; ``0``: from the
 first row; ``$``: only new ones). While following, ``tail`` ``LISTEN``s on the commits' ``NOTIFY``
 channel and reads as soon as one of the job's commits is notified, waiting at most ``BLOCK_MS``
-before it reads anyway. The record is PostgreSQL's ``jsonb`` text: the same JSON value, its keys in
-``jsonb``'s order. PostgreSQL has no consumer groups: a reader keeps its last ``seq`` itself.
+before it reads anyway. The record is the text as committed (``json`` keeps it as sent).
+PostgreSQL has no consumer groups: a reader keeps its last ``seq`` itself.
 
 Without ``--count`` it follows the stream live until SIGINT or SIGTERM (exit 0); with ``--count N``
 it exits 0 after N records, waiting for them when the stream has fewer. Errors are one line on

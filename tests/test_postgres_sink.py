@@ -17,7 +17,7 @@ from actors.cursor_writer import CursorWriter
 from actors.lease_store import CommitRejected, Committed, job_keys
 from actors.messages import CommitCursor, CommitRefused, CursorCommitted, OpenTerm, SinkOpened
 from actors.observe import NodeObserver
-from actors.sink import TermOpened, continuation
+from actors.sink import SinkUnavailable, TermOpened, continuation
 from actors.source import Record, SyntheticSource, TermContext
 from actors.supervisor import NodeSpec, run_node
 from ingestion.local_redis import LocalRedis
@@ -232,3 +232,229 @@ def test_a_text_array_literal_round_trips_every_character(pg: LocalPostgres) -> 
     with connect(pg.url, 5) as conn:
         row = conn.execute("SELECT %s::text[]", (sql.text_array(values),)).fetchone()
     assert row is not None and row[0] == values
+
+
+# --- review findings: each test failed before its fix ----------------------------------------------
+
+
+def node_spec(node: str, job: str) -> NodeSpec:
+    return NodeSpec(node, job, 1500, FAST_TIMING, 0.01, "0")
+
+
+def events_of(logs: list[Any], name: str) -> list[Any]:
+    return [e for e in logs if e["event"] == name]
+
+
+async def test_a_token_issued_twice_opens_in_postgres_for_one_node_only(pg: LocalPostgres) -> None:
+    """Redis issued token 5 twice (a Sentinel failover lost the grant): PostgreSQL lets only the
+    node that opened it first commit under it, and refuses the other as stale."""
+    a = PostgresSink(pg.url, "twice", call_timeout=5)
+    c = PostgresSink(pg.url, "twice", call_timeout=5)
+    assert await a.open_term("a", 5) == TermOpened(None, True)
+    assert await a.open_term("a", 5) == TermOpened(None, True)  # the same node again: fine
+    assert await c.open_term("c", 5) == CommitRejected(5, "stale-token", 5, None)
+    refused = await c.commit("c", 5, None, recs(1, 2))
+    assert isinstance(refused, CommitRejected) and refused.reason == "stale-token"
+    assert await a.commit("a", 5, None, recs(1, 2)) == Committed(5, SRC.token_of(2), 2)
+    fence = PostgresFence(pg.url, "twice", call_timeout=5)
+    with pytest.raises(FenceRejected):
+        async with TermContext("c", 5).fenced(fence) as tx:
+            await tx.execute("SELECT 1")
+    assert job_state(pg.url, "ingestion", "twice")["fence_node"] == "a"
+    assert await c.probe() == 5  # what the Elector floors its next campaign above
+    a.close()
+    c.close()
+
+
+async def test_a_node_campaigns_above_the_postgres_fence(
+    pg: LocalPostgres, redis_server: LocalRedis, job: str
+) -> None:
+    """PostgreSQL's fence is ahead of Redis's counter (a rolled-back or fresh Redis): the probe
+    before the campaign raises the node's known token, so Redis never grants a token at or below
+    the fence (which PostgreSQL would refuse, or, equal, share between two nodes)."""
+    ahead = PostgresSink(pg.url, job, call_timeout=5)
+    assert await ahead.open_term("z", 7) == TermOpened(None, True)
+    ahead.close()
+    sink = PostgresSink(pg.url, job, call_timeout=2.0)
+    with lease_store(redis_server.url, job) as store, structlog.testing.capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(functools.partial(
+                run_node, store, SyntheticSource(total=None), node_spec("a", job),
+                structlog.get_logger(), sink=sink,
+            ))  # fmt: skip
+            await wait_until(lambda: events_of(logs, "became-leader"), 10, what="a leader")
+            await wait_until(lambda: job_state(pg.url, "ingestion", job)["events"] > 0, 10,
+                             what="rows")  # fmt: skip
+            nursery.cancel_scope.cancel()
+    assert events_of(logs, "became-leader")[0]["token"] == 8
+    assert not events_of(logs, "fencing-token-rejected")
+    sink.close()
+
+
+async def test_a_postgres_fence_rejection_releases_the_redis_lease(
+    pg: LocalPostgres, redis_server: LocalRedis, job: str
+) -> None:
+    """A newer term raised PostgreSQL's fence while this node still holds the Redis lease: the
+    node steps down *and* releases its lease (it is still its own), so it reports no
+    duplicate-node-id and the next campaign does not wait out the TTL."""
+    sink = PostgresSink(pg.url, job, call_timeout=2.0)
+    with lease_store(redis_server.url, job) as store, structlog.testing.capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(functools.partial(
+                run_node, store, SyntheticSource(total=None), node_spec("a", job),
+                structlog.get_logger(), sink=sink,
+            ))  # fmt: skip
+            await wait_until(lambda: job_state(pg.url, "ingestion", job)["events"] > 0, 10,
+                             what="rows")  # fmt: skip
+            first = events_of(logs, "became-leader")[0]["token"]
+            other = PostgresSink(pg.url, job, call_timeout=5)
+            assert await other.open_term("b", first + 5) == TermOpened(
+                job_state(pg.url, "ingestion", job)["cursor"], True
+            )
+            other.close()
+            await wait_until(lambda: len(events_of(logs, "became-leader")) > 1, 10,
+                             what="a new term")  # fmt: skip
+            nursery.cancel_scope.cancel()
+    assert events_of(logs, "fencing-token-rejected")
+    assert [e["token"] for e in events_of(logs, "lease-released")][:1] == [first]
+    assert not events_of(logs, "duplicate-node-id")
+    assert events_of(logs, "became-leader")[1]["token"] == first + 6
+    sink.close()
+
+
+async def test_a_record_jsonb_would_refuse_is_stored_as_sent(pg: LocalPostgres) -> None:
+    """A Horizon memo can carry the JSON escape \\u0000, which jsonb refuses: the record is
+    stored as sent (json keeps the text)."""
+    sink = PostgresSink(pg.url, "nul", call_timeout=5)
+    await sink.open_term("a", 1)
+    token = SRC.token_of(1)
+    body = json.dumps({"id": token, "memo": "a\x00b"})  # the escape \u0000 in the text
+    assert "\\u0000" in body
+    assert await sink.commit("a", 1, None, [Record(token, body)]) == Committed(1, token, 1)
+    assert read_events(pg.url, "ingestion", "nul")[0][3] == body
+    sink.close()
+
+
+async def test_a_batch_postgres_refuses_is_a_definite_refusal_not_an_outage(pg: LocalPostgres) -> None:
+    """The server answered an error for the one autocommit statement (data or integrity,
+    SQLSTATE classes 22 and 23): it was rolled back, so the commit is refused (``bad-batch``,
+    as the Redis path reports a batch it cannot take), not of unknown outcome."""
+    sink = PostgresSink(pg.url, "bad", call_timeout=5)
+    await sink.open_term("a", 1)
+    with pytest.raises(ValueError, match=r"sink\.url"):
+        await sink.commit("a", 1, None, [Record(SRC.token_of(1), "not json")])
+    # the connection is fine and nothing was written
+    assert await sink.commit("a", 1, None, recs(1, 1)) == Committed(1, SRC.token_of(1), 1)
+    sink.close()
+
+
+async def test_terms_that_keep_ending_commit_unknown_back_off(
+    pg: LocalPostgres, redis_server: LocalRedis, job: str
+) -> None:
+    """PostgreSQL answers the probe but every term's first transaction times out (its fence row
+    locked): the node does not campaign again at once each time, burning a token per call bound;
+    after the second such term in a row it waits a lease TTL."""
+    with connect(pg.url, 5) as conn:
+        ensure_schema(conn, "ingestion")
+    holder = psycopg.connect(pg.url)
+    holder.execute(f"INSERT INTO ingestion.fences (job, token) VALUES ('{job}', 0)")
+    holder.commit()
+    holder.execute(f"SELECT * FROM ingestion.fences WHERE job = '{job}' FOR UPDATE")
+    sink = PostgresSink(pg.url, job, call_timeout=0.3)
+    try:
+        with lease_store(redis_server.url, job) as store, structlog.testing.capture_logs() as logs:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(functools.partial(
+                    run_node, store, SyntheticSource(total=None), node_spec("a", job),
+                    structlog.get_logger(), sink=sink,
+                ))  # fmt: skip
+                await trio.sleep(5)  # real PostgreSQL timeouts: no mock clock here
+                nursery.cancel_scope.cancel()
+        unknown = events_of(logs, "term-open-unknown")
+        assert 2 <= len(unknown) <= 5, len(unknown)
+    finally:
+        holder.close()
+        sink.close()
+
+
+async def test_sink_calls_do_not_need_trios_default_thread_slots(pg: LocalPostgres) -> None:
+    """Abandoned PostgreSQL threads must not take the thread slots Redis calls need (and the
+    other way round): the sink has a limiter of its own, and its connections keepalives and a
+    TCP user timeout, so a dead peer ends a thread's wait."""
+    limiter = trio.to_thread.current_default_thread_limiter()
+    borrowers = [object() for _ in range(int(limiter.total_tokens))]
+    for b in borrowers:
+        limiter.acquire_on_behalf_of_nowait(b)
+    sink = PostgresSink(pg.url, "limits", call_timeout=2)
+    try:
+        assert type(await sink.probe()) is int  # (None: no answer within the call bound)
+    finally:
+        for b in borrowers:
+            limiter.release_on_behalf_of(b)
+    with connect(pg.url, 1.0) as conn:
+        params = conn.info.get_parameters()
+    assert params["keepalives"] == "1" and int(params["tcp_user_timeout"]) > 0
+    sink.close()
+
+
+async def test_a_call_abandoned_while_connecting_neither_runs_nor_takes_over(pg: LocalPostgres) -> None:
+    """A call that timed out while its thread was still connecting: when the connection comes
+    up late, that thread closes it instead of publishing it as the sink's connection and running
+    the abandoned statement."""
+    pg.psql("CREATE TABLE IF NOT EXISTS public.late (v int)")
+    with connect(pg.url, 5) as conn:
+        ensure_schema(conn, "ingestion")
+
+    def sessions() -> int:
+        with connect(pg.url, 5) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'late-call'"
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    async with trio.open_nursery() as nursery:
+        proxy: TcpProxy = await nursery.start(TcpProxy(pg.port).serve)
+        proxy.set_mode("blackhole")
+        url = pg.url.replace(f":{pg.port}/", f":{proxy.port}/")
+        sink = PostgresSink(url, "late", call_timeout=0.5, application="late-call")
+        with pytest.raises(SinkUnavailable):
+            await sink.call(lambda c: c.execute("INSERT INTO public.late VALUES (1)"))
+        proxy.set_mode("forward")
+        await trio.sleep(1.5)  # the abandoned thread's connect completes meanwhile
+        assert await trio.to_thread.run_sync(sessions) == 0
+        nursery.cancel_scope.cancel()
+    with connect(pg.url, 5) as conn:
+        assert conn.execute("SELECT count(*) FROM public.late").fetchone() == (0,)
+    sink.close()
+
+
+def test_another_versions_functions_are_left_alone(pg: LocalPostgres) -> None:
+    """In a mixed-version fleet each version calls functions of its own name: starting a node
+    does not replace what an older (or newer) node runs."""
+    old = (
+        "CREATE SCHEMA mixed; CREATE FUNCTION mixed.open_term(p_job text, p_token bigint) "
+        "RETURNS TABLE(ok boolean, fence bigint, cursor text) LANGUAGE plpgsql AS "
+        "$$BEGIN RETURN QUERY SELECT true, p_token, 'old'::text; END$$"
+    )
+    pg.psql(old)
+    with connect(pg.url, 5) as conn:
+        ensure_schema(conn, "mixed")
+        row = conn.execute(
+            "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = 'mixed' AND p.proname = 'open_term'"
+        ).fetchone()
+    assert row is not None and "'old'" in row[0]
+
+
+async def test_a_timed_out_fenced_statement_is_cancelled_before_its_connection_closes(
+    pg: LocalPostgres,
+) -> None:
+    """Job code's statement outlived the call bound: it is cancelled on the server (its thread
+    lets go of the connection) before the connection is closed, so the fence row's lock goes at
+    once rather than when ``statement_timeout`` ends the statement, and the next term writes."""
+    fence = PostgresFence(pg.url, "slow-job", call_timeout=0.5)
+    with pytest.raises(SinkUnavailable):
+        async with TermContext("a", 1).fenced(fence) as tx:
+            await tx.execute("SELECT pg_sleep(30)")
+    async with TermContext("b", 2).fenced(fence) as tx:  # within 0.5 s: the lock is gone
+        assert await tx.execute("SELECT 1") == [(1,)]

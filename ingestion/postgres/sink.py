@@ -6,7 +6,17 @@ connection the way the lease store runs redis-py: each call in a worker thread
 ``trio.fail_after(call_timeout)``. A call that fails or times out raises
 :class:`~actors.sink.SinkUnavailable` and its connection is dropped (closed by its own thread once
 that returns); the outcome is unknown, and the CursorWriter ends the term: an ambiguous commit is
-never retried, the next term reads the cursor again in its first transaction.
+never retried, the next term reads the cursor again in its first transaction. The exception: an
+error the server answered for a commit's statement about its data (SQLSTATE classes 22 and 23,
+``DataError``/``IntegrityError``) is definite, that one statement was rolled back, so the commit
+is refused (:class:`BatchRefused`, the CursorWriter's ``bad-batch``), not an outage.
+
+The worker threads are the sink's own (a :class:`trio.CapacityLimiter` per sink): a thread
+abandoned by its caller may run on until the server or TCP gives up (``statement_timeout``,
+keepalives and ``tcp_user_timeout``, each a few call bounds), and must not take the slots of
+trio's default limiter that Redis calls need. A connection is published as the sink's only by a
+call still current (a generation counter): a thread whose caller gave up while it was connecting
+closes what it opened and runs nothing.
 
 Each call is one statement of one of the two functions in ``ingestion/postgres/sql.py`` in
 autocommit mode: one round trip, one transaction, no lock held across a client's pause (a
@@ -19,6 +29,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -32,6 +43,8 @@ from actors.source import Record
 from ingestion.postgres import sql
 
 T = TypeVar("T")
+
+THREADS = 4  # worker threads per sink (or fence) at most, abandoned ones included
 
 _PASSWORD = re.compile(r"((?:^|[?&\s])password=)[^&\s]*")
 
@@ -73,8 +86,14 @@ def is_config_error(exc: BaseException) -> bool:
     ))  # fmt: skip
 
 
+class BatchRefused(ValueError):
+    """The server refused a commit's data (SQLSTATE class 22 or 23): definite, nothing written."""
+
+
 def connect(url: str, timeout: float, application: str = "ingestion") -> psycopg.Connection[Any]:
-    """A fresh autocommit connection whose statements the server bounds as well."""
+    """A fresh autocommit connection whose statements the server bounds as well, and whose
+    client gives up on a dead peer within a few call bounds (keepalives, ``tcp_user_timeout``)
+    rather than the kernel's minutes."""
     ms = max(100, round(timeout * 1000))
     return psycopg.connect(
         url,
@@ -82,6 +101,11 @@ def connect(url: str, timeout: float, application: str = "ingestion") -> psycopg
         connect_timeout=max(2, round(timeout + 0.5)),
         application_name=application,
         options=f"-c statement_timeout={4 * ms} -c idle_in_transaction_session_timeout={8 * ms}",
+        keepalives=1,
+        keepalives_idle=max(1, round(timeout)),
+        keepalives_interval=1,
+        keepalives_count=3,
+        tcp_user_timeout=4 * ms,
     )
 
 
@@ -136,6 +160,11 @@ class PostgresSink:
         self._conn: psycopg.Connection[Any] | None = None
         self._schema_ready = False
         self._q = sql.quoted(schema)
+        # A call's generation: a timed-out call moves it on, and a thread of an older one never
+        # publishes its connection (guarded by ``_lock``: worker threads and the trio thread).
+        self._generation = 0
+        self._lock = threading.Lock()
+        self._limiter: trio.CapacityLimiter | None = None
 
     @property
     def name(self) -> str:
@@ -146,63 +175,101 @@ class PostgresSink:
         return self._call_timeout
 
     def close(self) -> None:
-        conn, self._conn = self._conn, None
+        with self._lock:
+            self._generation += 1
+            conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
 
-    def _with_connection(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
-        """In a worker thread: run ``fn`` on the sink's connection (opened when missing)."""
-        conn = self._conn
+    def _with_connection(self, generation: int, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """In a worker thread: run ``fn`` on the sink's connection (opened when missing), unless
+        the call that started it (``generation``) is no longer current."""
+        with self._lock:
+            if generation != self._generation:  # its caller gave up before this thread ran
+                raise SinkUnavailable("abandoned")
+            conn = self._conn
         if conn is None or conn.closed or conn.broken:
             conn = connect(self.url, self._call_timeout, self.application)
-            self._conn = conn
+            with self._lock:
+                current = generation == self._generation
+                if current:
+                    self._conn = conn
+            if not current:  # its caller gave up while this thread was connecting
+                conn.close()
+                raise SinkUnavailable("abandoned while connecting")
         try:
             if not self._schema_ready:
                 ensure_schema(conn, self.schema)
                 self._schema_ready = True
             return fn(conn)
+        except (psycopg.DataError, psycopg.IntegrityError):
+            raise  # answered by the server, rolled back: the connection is fine
         except BaseException:
-            if self._conn is conn:
-                self._conn = None
+            with self._lock:
+                if self._conn is conn:
+                    self._conn = None
             conn.close()
             raise
         finally:
             if self._conn is not conn:  # abandoned by a timed-out caller meanwhile
                 conn.close()
 
-    async def call(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
-        """Run ``fn(connection)`` in a worker thread, bounded by ``call_timeout``.
+    async def call(
+        self, fn: Callable[[psycopg.Connection[Any]], T], *, refusals: bool = False
+    ) -> T:
+        """Run ``fn(connection)`` in a worker thread of the sink's own, bounded by ``call_timeout``.
 
         Raises:
             SinkUnavailable: it failed or timed out (its effect is unknown).
+            BatchRefused: with ``refusals``, the server refused the statement's data (SQLSTATE
+                class 22 or 23): definite, it was rolled back.
         """
+        if self._limiter is None:
+            self._limiter = trio.CapacityLimiter(THREADS)
+        generation = self._generation
         try:
             with trio.fail_after(self._call_timeout):
                 return await trio.to_thread.run_sync(
-                    functools.partial(self._with_connection, fn), abandon_on_cancel=True
-                )
+                    functools.partial(self._with_connection, generation, fn),
+                    abandon_on_cancel=True, limiter=self._limiter,
+                )  # fmt: skip
         except trio.TooSlowError as exc:
-            self._conn = None  # its thread closes it when it returns
+            with self._lock:
+                if generation == self._generation:
+                    self._generation += 1
+                    self._conn = None  # its thread closes it when it returns
             raise SinkUnavailable(
                 f"sink.url {redact(self.url)}: timed out: no answer within "
                 f"{self._call_timeout * 1000:.0f} ms"
             ) from exc
+        except (psycopg.DataError, psycopg.IntegrityError) as exc:
+            if refusals:
+                raise BatchRefused(describe(exc, self.url)) from exc
+            raise SinkUnavailable(describe(exc, self.url)) from exc
         except (psycopg.Error, sql.SchemaMismatch, OSError) as exc:
             raise SinkUnavailable(describe(exc, self.url)) from exc
 
-    async def probe(self) -> bool:
-        """Whether PostgreSQL answers ``SELECT 1`` within the call bound (the schema created
-        first when this sink has not yet): asked by the Elector before each campaign."""
+    async def probe(self) -> int | None:
+        """The job's fence (its token; 0: none yet), or None when PostgreSQL does not answer
+        within the call bound (the schema created first when this sink has not yet). Asked by the
+        Elector before each campaign: it campaigns above the fence, so Redis never issues a
+        token PostgreSQL has seen (a Redis that went back in time, or lost a grant)."""
+        def run(conn: psycopg.Connection[Any]) -> tuple[Any, ...] | None:
+            return conn.execute(
+                f"SELECT coalesce((SELECT token FROM {self._q}.fences WHERE job = %s), 0)",  # type: ignore[arg-type]
+                (self.job,),
+            ).fetchone()
+
         try:
-            await self.call(lambda conn: conn.execute("SELECT 1").fetchone())
+            row = await self.call(run)
         except SinkUnavailable:
-            return False
-        return True
+            return None
+        return int(row[0]) if row else 0
 
     async def open_term(self, node: str, token: int) -> TermOpened | CommitRejected:
         def run(conn: psycopg.Connection[Any]) -> tuple[Any, ...] | None:
             return conn.execute(
-                f"SELECT * FROM {self._q}.open_term(%s, %s)", (self.job, token)  # type: ignore[arg-type]
+                f"SELECT * FROM {self._q}.{sql.OPEN_TERM}(%s, %s, %s)", (self.job, token, node)  # type: ignore[arg-type]
             ).fetchone()
 
         row = await self.call(run)
@@ -224,7 +291,8 @@ class PostgresSink:
         """Append ``records`` and move the cursor in one fenced transaction.
 
         Raises:
-            ValueError: nothing to commit.
+            ValueError: nothing to commit; or :class:`BatchRefused`, the server refused the
+                batch's data (definite: nothing was written).
             SinkUnavailable: the outcome is unknown.
         """
         if not records and anchor is None:
@@ -236,15 +304,16 @@ class PostgresSink:
                                   stored_cursor=previous_cursor)  # fmt: skip
         tokens = sql.text_array([r.paging_token for r in records])
         bodies = sql.text_array([r.body for r in records])
-        params = (self.job, token, previous_cursor, cursor, self.events_max_len, tokens, bodies)
+        params = (self.job, token, node, previous_cursor, cursor, self.events_max_len, tokens, bodies)
 
         def run(conn: psycopg.Connection[Any]) -> tuple[Any, ...] | None:
             return conn.execute(
-                f"SELECT * FROM {self._q}.commit_batch(%s, %s, %s, %s, %s, %s::text[], %s::text[])",  # type: ignore[arg-type]
+                f"SELECT * FROM {self._q}.{sql.COMMIT_BATCH}"  # type: ignore[arg-type]
+                "(%s, %s, %s, %s, %s, %s, %s::text[], %s::text[])",
                 params,
             ).fetchone()
 
-        row = await self.call(run)
+        row = await self.call(run, refusals=True)
         assert row is not None
         answer = sql.CommitAnswer.from_row(row)
         if answer.ok:
@@ -252,7 +321,6 @@ class PostgresSink:
                              trimmed=answer.trimmed)  # fmt: skip
         return CommitRejected(token=token, reason=answer.reason, current_token=answer.fence,
                               stored_cursor=answer.stored)  # fmt: skip
-
 
 class FencedTransaction:
     """Job code's own SQL inside a transaction that holds the job's fence (see
@@ -292,7 +360,8 @@ class PostgresFence:
     own, raises the job's fence to the term's token like a new term's first transaction (refused,
     :class:`FenceRejected`, when it is higher) and holds the fence row locked until the
     transaction commits, so no newer term's transaction can interleave. A commit that loses its
-    connection is unknown (:class:`~actors.sink.SinkUnavailable`): job code must be idempotent."""
+    connection is unknown (:class:`~actors.sink.SinkUnavailable`): job code must be idempotent.
+    The fence is ``(token, node)``: an equal token opened by another node is refused too."""
 
     def __init__(self, url: str, job: str, *, schema: str = "ingestion", call_timeout: float = 2.0) -> None:
         self.url = url
@@ -301,11 +370,19 @@ class PostgresFence:
         self.call_timeout = call_timeout
         self._q = sql.quoted(schema)
         self._schema_ready = False
+        self._limiter: trio.CapacityLimiter | None = None
+
+    @property
+    def limiter(self) -> trio.CapacityLimiter:
+        """The fence's own worker threads (not trio's default ones, which Redis calls need)."""
+        if self._limiter is None:
+            self._limiter = trio.CapacityLimiter(THREADS)
+        return self._limiter
 
     async def _run(self, fn: Callable[[], T]) -> T:
         try:
             with trio.fail_after(self.call_timeout):
-                return await trio.to_thread.run_sync(fn, abandon_on_cancel=True)
+                return await trio.to_thread.run_sync(fn, abandon_on_cancel=True, limiter=self.limiter)
         except trio.TooSlowError as exc:
             raise SinkUnavailable(f"sink.url {redact(self.url)}: timed out") from exc
         except (psycopg.Error, OSError) as exc:
@@ -321,7 +398,8 @@ class PostgresFence:
                     self._schema_ready = True
                 conn.execute("BEGIN")
                 row = conn.execute(
-                    f"SELECT ok, fence FROM {self._q}.open_term(%s, %s)", (self.job, token)  # type: ignore[arg-type]
+                    f"SELECT ok, fence FROM {self._q}.{sql.OPEN_TERM}(%s, %s, %s)",  # type: ignore[arg-type]
+                    (self.job, token, node),
                 ).fetchone()
                 assert row is not None
                 if not row[0]:
@@ -340,7 +418,30 @@ class PostgresFence:
             yield FencedTransaction(self, conn)
             await self._run(functools.partial(conn.execute, "COMMIT"))
         finally:
-            await trio.to_thread.run_sync(conn.close, abandon_on_cancel=True)
+            with trio.move_on_after(4 * self.call_timeout, shield=True):
+                await trio.to_thread.run_sync(
+                    functools.partial(_cancel_and_close, conn, 4 * self.call_timeout),
+                    abandon_on_cancel=True, limiter=self.limiter,
+                )  # fmt: skip
+
+
+def _cancel_and_close(conn: psycopg.Connection[Any], timeout: float) -> None:
+    """Close a connection a timed-out statement's thread may still be using: cancel that
+    statement first, then close once the thread has let go of the connection (its lock), never
+    under it."""
+    if conn.closed:
+        return
+    if not conn.lock.acquire(blocking=False):
+        try:
+            conn.cancel_safe(timeout=timeout)
+        except psycopg.Error:
+            pass  # the server is out of reach: the statement ends with the connection
+        if not conn.lock.acquire(timeout=timeout):
+            return  # still in use: its statement_timeout ends it, and the GC closes it
+    try:
+        conn.close()
+    finally:
+        conn.lock.release()
 
 
 def read_events(
@@ -361,7 +462,7 @@ def job_state(url: str, schema: str, job: str, timeout: float = 5.0) -> dict[str
     q = sql.quoted(schema)
     with connect(url, timeout, "ingestion-read") as conn:
         cur = conn.execute(f"SELECT cursor, token FROM {q}.cursors WHERE job = %s", (job,)).fetchone()  # type: ignore[arg-type]
-        fence = conn.execute(f"SELECT token FROM {q}.fences WHERE job = %s", (job,)).fetchone()  # type: ignore[arg-type]
+        fence = conn.execute(f"SELECT token, node FROM {q}.fences WHERE job = %s", (job,)).fetchone()  # type: ignore[arg-type]
         count, first, last = conn.execute(
             f"SELECT count(*), min(seq), max(seq) FROM {q}.events WHERE job = %s", (job,)  # type: ignore[arg-type]
         ).fetchone() or (0, None, None)
@@ -371,6 +472,7 @@ def job_state(url: str, schema: str, job: str, timeout: float = 5.0) -> dict[str
     return {
         "sink": "postgres", "schema": schema, "cursor": cur[0] if cur else None,
         "cursor_token": int(cur[1]) if cur else None, "fence": int(fence[0]) if fence else None,
+        "fence_node": str(fence[1]) if fence else None,
         "events": int(count), "first_seq": first, "last_seq": last,
         "terms": [{"token": int(t), "after_seq": int(s)} for t, s in terms],
     }  # fmt: skip

@@ -3,31 +3,38 @@ SQL text and decisions, no I/O (``ingestion/postgres/sink.py`` runs them).
 
 Tables, in the schema ``sink.schema`` (default ``ingestion``), one set shared by every job:
 
-- ``events (job, seq, paging_token, token, record jsonb, committed_at)``: the records, ``seq``
+- ``events (job, seq, paging_token, token, record json, committed_at)``: the records, ``seq``
   1, 2, 3, ... per job in commit order (primary key ``(job, seq)``), ``token`` the fencing token
-  of the term that committed the row.
+  of the term that committed the row; ``record`` is the text as sent (``json`` keeps it, and
+  takes the escape ``\\u0000`` that ``jsonb`` refuses).
 - ``cursors (job, cursor, token)``: the committed cursor of each job and the token that moved it.
-- ``fences (job, token)``: the highest token that opened a term for the job; it only ever rises.
+- ``fences (job, token, node)``: the highest token that opened a term for the job and the node
+  that opened it; the token only ever rises, and an equal token from another node is refused (a
+  Redis that issued a token twice, its grant lost in a failover, gets one writer under it).
 - ``terms (job, token, after_seq, opened_at)``: the fence's history: term ``token`` opened when
   the job's last row was ``after_seq`` (what ``verify`` judges a job by).
 
 Two functions, each one statement and so one transaction, the way the Redis commit script is one
-atomic call:
+atomic call. Their names carry the contract's version (``_v2``): in a fleet of mixed versions each
+node calls its own, and starting a node never replaces what another version runs.
 
-- ``open_term(job, token)``: raises the fence to ``token`` (refused when it is higher already),
-  records the raise in ``terms``, answers the committed cursor.
-- ``commit_batch(job, token, previous, cursor, max_len, paging_tokens[], records[])``: locks the
-  fence row, refuses unless it holds exactly ``token`` (``stale-token`` when higher,
-  ``term-not-open`` when lower) and the stored cursor is ``previous`` (``cursor-moved``), inserts the
-  rows after the job's last ``seq``, moves the cursor, deletes rows beyond ``max_len`` (0: keep
-  all), and ``NOTIFY``s channel ``<schema>_events`` with ``{"job", "seq", "cursor"}``, delivered
-  when the transaction commits. The batch's own order and its continuity from ``previous`` are
-  checked before it is sent (``actors.sink.continuation``), as the Redis script checks them.
+- ``open_term_v2(job, token, node)``: raises the fence to ``(token, node)`` (refused when it is
+  higher already, or equal and opened by another node; the answer names the fence), records the
+  raise in ``terms``, answers the committed cursor.
+- ``commit_batch_v2(job, token, node, previous, cursor, max_len, paging_tokens[], records[])``:
+  locks the fence row, refuses unless it holds exactly ``token`` from ``node`` (``stale-token``
+  when higher or another node's, ``term-not-open`` when lower) and the stored cursor is
+  ``previous`` (``cursor-moved``), inserts the rows after the job's last ``seq``, moves the
+  cursor, deletes rows beyond ``max_len`` (0: keep all), and ``NOTIFY``s channel
+  ``<schema>_events`` with ``{"job", "seq", "cursor"}``, delivered when the transaction commits.
+  The batch's own order and its continuity from ``previous`` are checked before it is sent
+  (``actors.sink.continuation``), as the Redis script checks them.
 
 Migration rule: at start the sink creates what is missing and never alters or drops anything. A
 table that exists must have at least the columns below with these types (extra columns are
-allowed: a later version may only add columns, nullable or with a default); the functions are
-replaced when their text differs from this version's.
+allowed: a later version may only add columns, nullable or with a default); a function of this
+version's name is created when missing and replaced when its text differs (only a change made
+without a new version name, i.e. in development).
 """
 
 from __future__ import annotations
@@ -40,14 +47,14 @@ SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 # table -> (column, information_schema data_type), the contract's columns.
 COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
-    "fences": (("job", "text"), ("token", "bigint")),
+    "fences": (("job", "text"), ("token", "bigint"), ("node", "text")),
     "cursors": (("job", "text"), ("cursor", "text"), ("token", "bigint")),
     "events": (
         ("job", "text"),
         ("seq", "bigint"),
         ("paging_token", "text"),
         ("token", "bigint"),
-        ("record", "jsonb"),
+        ("record", "json"),
         ("committed_at", "timestamp with time zone"),
     ),
     "terms": (("job", "text"), ("token", "bigint"), ("after_seq", "bigint"),
@@ -55,11 +62,11 @@ COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
 }  # fmt: skip
 
 _TABLES = {
-    "fences": "job text PRIMARY KEY, token bigint NOT NULL",
+    "fences": "job text PRIMARY KEY, token bigint NOT NULL, node text NOT NULL DEFAULT ''",
     "cursors": "job text PRIMARY KEY, cursor text NOT NULL, token bigint NOT NULL",
     "events": (
         "job text NOT NULL, seq bigint NOT NULL, paging_token text NOT NULL, token bigint NOT NULL, "
-        "record jsonb NOT NULL, committed_at timestamptz NOT NULL DEFAULT now(), "
+        "record json NOT NULL, committed_at timestamptz NOT NULL DEFAULT now(), "
         "PRIMARY KEY (job, seq)"
     ),
     "terms": (
@@ -71,16 +78,17 @@ _TABLES = {
 OPEN_TERM_BODY = """
 DECLARE
   fence bigint;
+  holder text;
   last bigint;
 BEGIN
   INSERT INTO {s}.fences (job, token) VALUES (p_job, 0) ON CONFLICT (job) DO NOTHING;
-  SELECT f.token INTO fence FROM {s}.fences f WHERE f.job = p_job FOR UPDATE;
-  IF fence > p_token THEN
+  SELECT f.token, f.node INTO fence, holder FROM {s}.fences f WHERE f.job = p_job FOR UPDATE;
+  IF fence > p_token OR (fence = p_token AND holder IS DISTINCT FROM p_node) THEN
     RETURN QUERY SELECT false, fence, NULL::text;
     RETURN;
   END IF;
   IF fence < p_token THEN
-    UPDATE {s}.fences SET token = p_token WHERE job = p_job;
+    UPDATE {s}.fences SET token = p_token, node = p_node WHERE job = p_job;
     SELECT coalesce(max(e.seq), 0) INTO last FROM {s}.events e WHERE e.job = p_job;
     INSERT INTO {s}.terms (job, token, after_seq) VALUES (p_job, p_token, last)
       ON CONFLICT DO NOTHING;
@@ -92,18 +100,19 @@ END
 COMMIT_BODY = """
 DECLARE
   fence bigint;
+  holder text;
   stored text;
   last bigint;
   n bigint := coalesce(array_length(p_tokens, 1), 0);
   trimmed bigint := 0;
 BEGIN
-  SELECT f.token INTO fence FROM {s}.fences f WHERE f.job = p_job FOR UPDATE;
+  SELECT f.token, f.node INTO fence, holder FROM {s}.fences f WHERE f.job = p_job FOR UPDATE;
   SELECT c.cursor INTO stored FROM {s}.cursors c WHERE c.job = p_job;
   IF fence IS NULL OR fence < p_token THEN
     RETURN QUERY SELECT false, 'term-not-open'::text, coalesce(fence, 0), stored, 0::bigint, 0::bigint;
     RETURN;
   END IF;
-  IF fence > p_token THEN
+  IF fence > p_token OR holder IS DISTINCT FROM p_node THEN
     RETURN QUERY SELECT false, 'stale-token'::text, fence, stored, 0::bigint, 0::bigint;
     RETURN;
   END IF;
@@ -114,7 +123,7 @@ BEGIN
   SELECT coalesce(max(e.seq), 0) INTO last FROM {s}.events e WHERE e.job = p_job;
   IF n > 0 THEN
     INSERT INTO {s}.events (job, seq, paging_token, token, record)
-      SELECT p_job, last + r.i, r.pt, p_token, r.rec::jsonb
+      SELECT p_job, last + r.i, r.pt, p_token, r.rec::json
       FROM unnest(p_tokens, p_records) WITH ORDINALITY AS r(pt, rec, i);
   END IF;
   INSERT INTO {s}.cursors (job, cursor, token) VALUES (p_job, p_cursor, p_token)
@@ -129,14 +138,18 @@ BEGIN
 END
 """
 
+# The functions' names carry the contract's version: a node calls only its own version's.
+OPEN_TERM = "open_term_v2"
+COMMIT_BATCH = "commit_batch_v2"
+
 FUNCTIONS = {
-    "open_term": (
-        "p_job text, p_token bigint",
+    OPEN_TERM: (
+        "p_job text, p_token bigint, p_node text",
         "TABLE(ok boolean, fence bigint, cursor text)",
         OPEN_TERM_BODY,
     ),
-    "commit_batch": (
-        "p_job text, p_token bigint, p_previous text, p_cursor text, p_max_len bigint, "
+    COMMIT_BATCH: (
+        "p_job text, p_token bigint, p_node text, p_previous text, p_cursor text, p_max_len bigint, "
         "p_tokens text[], p_records text[]",
         "TABLE(ok boolean, reason text, fence bigint, stored text, last_seq bigint, trimmed bigint)",
         COMMIT_BODY,
