@@ -135,11 +135,11 @@ class _ObserverCollector(Collector):
         gaps = CounterMetricFamily(
             "ingestion_history_gaps",
             "Times the job's position was older than the source's retained history, by action "
-            "(stop: the job stopped, skip: records were skipped on purpose).",
+            "(stop: the job stopped, skip: records were skipped on purpose, lake: read from the data lake).",
             labels=[JOB_LABEL, "action"],
         )
         for s in snaps:  # both present from the start, at 0: increase() sees the first gap
-            for action in ("skip", "stop"):
+            for action in ("skip", "stop", "lake"):
                 gaps.add_metric([s.job, action], s.history_gaps.get(action, 0))
         yield from (build, info, gaps, leader, token, remaining, elections, losses, rejections, redis_errors,
                     ingested, commits, leaderless, lag, source_up)  # fmt: skip

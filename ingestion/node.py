@@ -48,6 +48,21 @@ from ingestion.logs import configure_logging, node_logger
 from ingestion.sd_notify import notify
 
 
+def _rpc_history(settings: Settings, job: JobSettings) -> Any:
+    """The lake an RPC job reads history older than RPC keeps from (``on_history_gap = "lake"``),
+    with the job's filters; None otherwise."""
+    if settings.rpc.on_history_gap != "lake":
+        return None
+    from ingestion.lake.source import LakeSource
+
+    return LakeSource(
+        settings.rpc.lake,
+        filters=job.rpc_filters(),
+        poll_interval=settings.lake.poll_interval_ms / 1000,
+        read_ahead=settings.lake.read_ahead,
+    )
+
+
 def build_source(
     settings: Settings, job: JobSettings | None = None, store: LeaseStore | None = None
 ) -> Source:
@@ -88,6 +103,7 @@ def build_source(
             on_history_gap=r.on_history_gap,
             reset_after=r.reset_after_ms / 1000,
             audit=None if store is None else audit_writer(store),
+            history=_rpc_history(settings, job),
         )
     h = settings.horizon
     return HorizonSource(

@@ -386,17 +386,79 @@ async def fetch_rpc_events(
             params = {"filters": list(filters), "pagination": {"cursor": result["cursor"], "limit": 10_000}}
 
 
+async def fetch_lake_events(
+    lake: str, filters: Sequence[Mapping[str, Any]], first: int, last: int
+) -> list[SourceRecord]:
+    """A data lake's events of ledgers ``first..last`` for ``filters``, in order (the lake
+    reader's derivation, which equals RPC's).
+
+    Raises:
+        RuntimeError: the lake has no manifest or lacks one of those ledgers.
+        ingestion.lake.events.LakeFormatError: an object that cannot be read.
+    """
+    from ingestion.lake.events import object_events
+    from ingestion.lake.store import LocalLake
+    from ingestion.rpc.protocol import EventFilter, matches
+
+    parsed = [EventFilter.from_json(f) for f in filters]
+    store = LocalLake.from_url(lake)
+    schema = await store.schema()
+    if schema is None:
+        raise RuntimeError(f"the lake {lake} has no manifest")
+    out: list[SourceRecord] = []
+    ledger = first
+    while ledger <= last:
+        key, data = await store.read_ledger(schema, ledger)
+        if data is None:
+            raise RuntimeError(f"the lake {lake} has no object {key} for ledger {ledger}")
+        for held in await trio.to_thread.run_sync(object_events, data):
+            if first <= held.ledger <= last:
+                out += [
+                    SourceRecord(e.id, json.loads(e.body))
+                    for e in held.events
+                    if not parsed or matches(parsed, e.type, e.contract_id, e.topics)
+                ]
+        ledger = schema.file_end(ledger) + 1
+    return out
+
+
+async def rpc_ledger_range(rpc: str) -> tuple[int, int]:
+    """The oldest and latest ledgers a Stellar RPC keeps (from a getEvents answer)."""
+    async with httpx.AsyncClient(timeout=HTTP_TIMEOUT) as http:
+        latest = await http.post(rpc, json={"jsonrpc": "2.0", "id": 1, "method": "getLatestLedger"})
+        latest.raise_for_status()
+        params = {"startLedger": latest.json()["result"]["sequence"], "filters": []}
+        body = {"jsonrpc": "2.0", "id": 1, "method": "getEvents", "params": params}
+        answer = await http.post(rpc, json=body)
+        answer.raise_for_status()
+        result = answer.json()["result"]
+        return int(result["oldestLedger"]), int(result["latestLedger"])
+
+
 async def verify_rpc_job(
     redis_url: str,
     job: str,
     rpc: str,
     filters: Sequence[Mapping[str, Any]] = (),
     start_ledger: int | None = None,
+    lake: str | None = None,
 ) -> Verification:
-    """:func:`verify_job` for a job following Stellar RPC events (see :func:`fetch_rpc_events`)."""
+    """:func:`verify_job` for a job following Stellar RPC events (see :func:`fetch_rpc_events`).
+
+    With ``lake`` (a job with ``on_history_gap = "lake"`` started at ``start_ledger``, older than
+    RPC keeps), the source is the lake's events from ``start_ledger`` up to the middle of RPC's
+    window (so that RPC still keeps the next ledger once the lake is read), then RPC's own paging
+    from there."""
     entries, grants, trimmed = await read_evidence(redis_url, job)
     through = entries[-1].paging_token if entries else None
-    source = await fetch_rpc_events(rpc, filters, start_ledger, through=through)
+    if lake is None or start_ledger is None:
+        source = await fetch_rpc_events(rpc, filters, start_ledger, through=through)
+        return check_stream(entries, source, grants, trimmed=trimmed)
+    oldest, latest = await rpc_ledger_range(rpc)
+    middle = (oldest + latest) // 2
+    source = await fetch_lake_events(lake, filters, start_ledger, middle)
+    if through is not None and (not source or token_key(source[-1].paging_token) < token_key(through)):
+        source += await fetch_rpc_events(rpc, filters, middle + 1, through=through)
     return check_stream(entries, source, grants, trimmed=trimmed)
 
 

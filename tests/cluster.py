@@ -439,10 +439,16 @@ class Cluster:
         return await verify_job(self.redis_url, self.job, self.horizon)
 
     async def verify_rpc(
-        self, filters: Sequence[dict[str, Any]] = (), job: str | None = None
+        self,
+        filters: Sequence[dict[str, Any]] = (),
+        job: str | None = None,
+        *,
+        start_ledger: int | None = None,
+        lake: str | None = None,
     ) -> Verification:
-        """The job's stream against the simulator's own getEvents paging from the oldest ledger."""
-        return await verify_rpc_job(self.redis_url, job or self.job, self.rpc, filters)
+        """The job's stream against the simulator's own getEvents paging from the oldest ledger
+        (with ``lake``: its lake's events from ``start_ledger`` up to RPC's oldest ledger first)."""
+        return await verify_rpc_job(self.redis_url, job or self.job, self.rpc, filters, start_ledger, lake)
 
     def leaders(self) -> list[LogLine]:
         return self.log.of("became-leader")

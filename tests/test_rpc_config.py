@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,24 @@ def test_a_bad_filter_exits_2_with_one_line_naming_it() -> None:
         "ingestion: configuration error: rpc.topics: topic 1 invalid: segment 1 invalid: "
         "wildcard '**' is only allowed as the last segment"
     ]
+
+
+def test_on_history_gap_lake_needs_a_lake_and_builds_an_rpc_source_backed_by_it(tmp_path: Path) -> None:
+    from ingestion.lake.source import LakeSource
+    from ingestion.node import build_source
+    from ingestion.rpc.source import RpcSource
+
+    env = {"INGESTION_NODE_SOURCE": "rpc", "INGESTION_RPC_ON_HISTORY_GAP": "lake"}
+    with pytest.raises(ConfigError) as err:
+        load(None, env, {})
+    assert any(p.startswith("rpc.lake: no lake URL given") for p in err.value.problems), err.value.problems
+    s = load(
+        None,
+        {**env, "INGESTION_RPC_LAKE": f"file://{tmp_path}", "INGESTION_RPC_TOPICS": "sym:transfer,**"},
+        {},
+    )
+    source = build_source(s)
+    assert isinstance(source, RpcSource) and isinstance(source.history, LakeSource)
+    assert source.history.filters == source.filters and source.on_history_gap == "lake"
+    with pytest.raises(ValueError, match="needs a lake"):
+        RpcSource("http://127.0.0.1:9", on_history_gap="lake")

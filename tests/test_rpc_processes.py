@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from pathlib import Path
 
 import pytest
 import trio
@@ -119,3 +120,46 @@ async def test_a_bad_filter_exits_2_before_the_node_starts(job: str) -> None:
             done = await trio.run_process(args, capture_stdout=True, capture_stderr=True, check=False)
         assert done.returncode == 2
         assert "rpc.contract_ids: contract ID 1 invalid" in done.stderr.decode()
+
+
+async def test_a_job_behind_rpcs_window_backfills_from_the_lake_through_a_sigkill(
+    job: str, tmp_path: Path
+) -> None:
+    """``on_history_gap = lake``: a job started at the simulator's first ledger, far behind its
+    RPC's retention, reads the lake the simulator writes of its own chain, then goes on on RPC.
+    The leader is SIGKILLed during the lake phase: the next leader resumes from the committed
+    cursor (still behind RPC: the lake again), hands over to RPC, and the stream is every event
+    once, in id order (the lake's up to RPC's oldest ledger, then getEvents'); each term's switch
+    is a fenced history-gap entry with action lake."""
+    lake = tmp_path / "lake"
+    first_ledger = 50_000_000
+    extra = ["--retention-ledgers", "100", "--lake-dir", str(lake)]
+    env = {"INGESTION_RPC_ON_HISTORY_GAP": "lake", "INGESTION_RPC_LAKE": str(lake)}
+    async with open_cluster(
+        job, ttl_ms=TTL_MS, rpc=True, history_ledgers=2500, ledger_interval=0.5, simulator_extra=extra
+    ) as c:
+        node_args = rpc_args(c, "--start-cursor", str(first_ledger))
+        await c.start_node("n1", extra=node_args, env=env)
+        backfill = await c.log.wait_for("rpc-lake-backfill", "n1", within=30)
+        await c.start_node("n2", extra=node_args, env=env)
+        await c.wait_for_events(300, within=60)
+        assert not c.log.of("rpc-lake-handover")  # still in the lake phase
+        killed_at = await c.kill("n1")
+        taken = await c.log.wait_for("became-leader", since=killed_at, within=TTL + 3)
+        assert taken.node == "n2"
+        handover = await c.log.wait_for("rpc-lake-handover", "n2", within=60)
+        figure(
+            "rpc-lake-backfill",
+            ledgers=handover.fields["through_ledger"] - first_ledger,
+            lake_s_after_kill=handover.fields["lake_s"],
+        )
+        await c.wait_for_progress(20)
+        result = await c.verify_rpc(start_ledger=first_ledger, lake=str(lake))
+        print(f"\nverification: {result.summary()}")
+        assert result.ok, result.summary()
+        first = json.loads(c.client.xrange(c.keys["events"], count=1)[0][1]["record"])
+        assert first["ledger"] == first_ledger
+        audit = [f for _, f in c.client.xrange(c.keys["audit"]) if f["event"] == "history-gap"]
+        assert len(audit) >= 2 and all(f["action"] == "lake" for f in audit), audit
+        assert int(audit[0]["cursor_ledger"]) == first_ledger
+        assert backfill.fields["cursor"] == str(first_ledger)

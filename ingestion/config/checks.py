@@ -380,8 +380,14 @@ def _check_rpc_section(v: dict[str, dict[str, Any]], problems: list[str]) -> Non
             problems.append(f"rpc.{key}: must be positive, got {rpc[key]}")
     if rpc["retry_cap_ms"] < rpc["retry_base_ms"]:
         problems.append("rpc.retry_cap_ms: must not be below rpc.retry_base_ms")
-    if rpc["on_history_gap"] not in ("stop", "skip"):
-        problems.append(f"rpc.on_history_gap: must be stop or skip, got {rpc['on_history_gap']!r}")
+    if rpc["on_history_gap"] not in ("stop", "skip", "lake"):
+        problems.append(f"rpc.on_history_gap: must be stop, skip or lake, got {rpc['on_history_gap']!r}")
+    elif rpc["on_history_gap"] == "lake":
+        from ingestion.lake.store import check_lake_url
+
+        problem = check_lake_url(rpc["lake"])
+        if problem:
+            problems.append(f"rpc.lake: {problem} (on_history_gap = lake reads history from it)")
     section_job = JobSettings(
         "rpc", "rpc", "", rpc["start_cursor"], (), rpc_urls=tuple(rpc["urls"]),
         event_type=rpc["event_type"], contract_ids=tuple(rpc["contract_ids"]),

@@ -183,8 +183,15 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
             str,
             "stop",
             "when the cursor is older than the RPC's oldest retained ledger: stop (log "
-            "history-gap, write nothing, exit 1) or skip (record the gap in the audit stream and "
-            "resume from the oldest ledger)",
+            "history-gap, write nothing, exit 1), skip (record the gap in the audit stream and "
+            "resume from the oldest ledger) or lake (record it, read the events in between from "
+            "rpc.lake, then go on on RPC)",
+        ),
+        "lake": (
+            str,
+            "",
+            "the data lake (a directory or file://PATH) RPC jobs read history older than RPC "
+            "keeps from, with on_history_gap = lake",
         ),
         "reset_after_ms": (
             int,

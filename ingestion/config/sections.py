@@ -131,6 +131,7 @@ class RpcSettings:
     failover_after: int
     on_history_gap: str
     reset_after_ms: int
+    lake: str = ""  # the data lake history older than RPC keeps is read from (on_history_gap = lake)
 
 
 @attrs.frozen

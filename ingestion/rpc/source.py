@@ -9,6 +9,16 @@ Shape of ``stream(cursor)``: a pump task owns the follower and the HTTP client a
 into a small buffer, so that the next page is fetched while the consumer commits the previous one.
 Each event is one record (its ``id`` is the paging token, its JSON the body); a page that scanned
 past its last event also carries the scanned-through cursor, committed with it.
+
+History beyond RPC's window (``on_history_gap = "lake"``): when the position is older than the
+oldest ledger the RPC keeps, the gap is recorded (a fenced ``history-gap`` audit entry with
+``action: lake``), then the events are read from ``history`` (a data lake: the same events with the
+same ids) from the position until every ledger before that oldest ledger is read, committed as
+they come; the last lake object's scanned-through cursor ``through(L)`` is where a new follower
+resumes on RPC (a request after it starts at ledger L + 1). So the stream is one ordering of ids
+across the switch, and a failover in either phase resumes from the committed cursor: a cursor
+still older than RPC's window goes back to the lake, one inside it stays on RPC. Should RPC's
+oldest ledger have moved past L + 1 meanwhile, the gap is met again and the lake reads the rest.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ import structlog
 import trio
 
 from actors.health import SourceHealth
-from actors.source import Batch, SourceFatalError
+from actors.source import Batch, Source, SourceFatalError
 from ingestion.gaps import record_history_gap
 from ingestion.http import describe, ssl_context
 from ingestion.retry import RetryPolicy, parse_retry_after
@@ -73,9 +83,13 @@ class RpcSource:
             the cursor chain is sequential, so at a real RPC's latency the page size sets the pace.
         prefetch: pages fetched ahead of the consumer.
         commit_max_records: a page is committed in batches of at most this many events.
-        on_history_gap: ``"stop"`` or ``"skip"``, when the position is older than the oldest
-            ledger the RPC keeps: stop (log ``history-gap``, write nothing, SourceFatalError) or
-            skip (a ``history-gap`` audit entry, then on from the oldest ledger).
+        on_history_gap: ``"stop"``, ``"skip"`` or ``"lake"``, when the position is older than the
+            oldest ledger the RPC keeps: stop (log ``history-gap``, write nothing,
+            SourceFatalError), skip (a ``history-gap`` audit entry, then on from the oldest
+            ledger) or lake (the audit entry, then the events from ``history`` up to RPC's
+            window, then on on RPC: see the module docstring).
+        history: the source of the same events with the same ids for ledgers older than RPC
+            keeps (a :class:`~ingestion.lake.source.LakeSource`); needed by ``"lake"``.
         reset_after: seconds every URL may report a latest ledger below the position before
             ``rpc-network-reset-suspected`` is logged (an error; repeated every ``reset_after``).
         stale_after: seconds without a new ledger at the tip before, with several URLs, the
@@ -99,11 +113,12 @@ class RpcSource:
     prefetch: int = 2
     commit_max_records: int = 1000
     on_history_gap: str = attrs.field(
-        default="stop", validator=attrs.validators.in_(("stop", "skip"))
+        default="stop", validator=attrs.validators.in_(("stop", "skip", "lake"))
     )
     reset_after: float = 60.0
     stale_after: float = 30.0
     audit: Callable[[str, dict[str, str]], Awaitable[bool]] | None = None
+    history: Source | None = None
     health: SourceHealth = attrs.field(factory=SourceHealth, eq=False)
 
     def __attrs_post_init__(self) -> None:
@@ -112,6 +127,8 @@ class RpcSource:
             raise ValueError(f"page_limit {self.page_limit} must be within 1..10000")
         if self.connect_timeout <= 0 or self.request_timeout <= 0:
             raise ValueError("connect_timeout and request_timeout must be > 0")
+        if self.on_history_gap == "lake" and self.history is None:
+            raise ValueError('on_history_gap = "lake" needs a lake to read history from (rpc.lake)')
 
     @property
     def policy(self) -> RetryPolicy:
@@ -260,7 +277,7 @@ class RpcSource:
                         log.error("rpc-fatal", error=outcome.fatal, url=follower.url)
                         raise SourceFatalError(outcome.fatal)
                     if outcome.gap is not None:
-                        await self._history_gap(follower, outcome)
+                        follower = await self._history_gap(follower, outcome, send)
                         continue
                     if outcome.batch is not None:
                         for batch in _chunks(outcome.batch, self.commit_max_records):
@@ -302,7 +319,10 @@ class RpcSource:
             self.health.failed(now)
         return outcome
 
-    async def _history_gap(self, follower: RpcFollower, outcome: Outcome) -> None:
+    async def _history_gap(
+        self, follower: RpcFollower, outcome: Outcome, send: trio.MemorySendChannel[Batch]
+    ) -> RpcFollower:
+        """Stop, skip, or read from the lake (:meth:`_from_history`); the follower to go on with."""
         gap = outcome.gap
         assert gap is not None
         fields = {
@@ -319,16 +339,52 @@ class RpcSource:
                 f"history gap: the cursor {gap.cursor} (ledger {gap.cursor_ledger}) is older than "
                 f"the oldest ledger {gap.elder_ledger} that {gap.url} keeps; resuming would "
                 "silently skip the events in between, so nothing was written. Point --rpc at an "
-                "RPC with a longer retention, or set rpc.on_history_gap = \"skip\" to record the "
-                "gap in the audit stream and go on from the oldest ledger"
+                "RPC with a longer retention, set rpc.on_history_gap = \"lake\" (and rpc.lake) "
+                "to read the older events from a data lake, or \"skip\" to record the gap in the "
+                "audit stream and go on from the oldest ledger"
             ),
             resume={"resume_ledger": gap.elder_ledger},
         )
         if problem is not None:
             log.warning("rpc-retry", error=problem, url=gap.url)
             await trio.sleep(self.policy.delay(1, random.random()))
-            return
+            return follower
+        if self.on_history_gap == "lake":
+            return await self._from_history(gap.cursor, gap.elder_ledger, send)
         follower.skip_to(gap.elder_ledger)
+        return follower
+
+    async def _from_history(
+        self, cursor: str, oldest: int, send: trio.MemorySendChannel[Batch]
+    ) -> RpcFollower:
+        """Events after ``cursor`` from the lake, committed as they come, until every ledger
+        before ``oldest`` (RPC's oldest) is read; then a follower on RPC from the lake's last
+        scanned-through cursor.
+
+        Raises:
+            SourceFatalError: the lake's (a hole, an object that cannot be read).
+        """
+        assert self.history is not None
+        started, records, through = trio.current_time(), 0, None
+        log.info("rpc-lake-backfill", cursor=cursor, until_ledger=oldest - 1)
+        async with self.history.stream(cursor) as batches:
+            async for batch in batches:
+                await send.send(batch)
+                self.health.ok(trio.current_time())
+                records += len(batch.records)
+                if batch.through is not None:
+                    through = Cursor.parse(batch.through)
+                    if through.ledger >= oldest - 1:
+                        break
+        assert through is not None  # the lake's stream ends only by a fatal error or the break
+        log.info(
+            "rpc-lake-handover",
+            cursor=str(through),
+            through_ledger=through.ledger,
+            records=records,
+            lake_s=round(trio.current_time() - started, 3),
+        )
+        return self.follower(str(through))
 
 
 def _chunks(batch: Batch, size: int) -> list[Batch]:
