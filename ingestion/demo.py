@@ -515,8 +515,10 @@ class Demo:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m ingestion demo",
+    from ingestion.cli import OneLineParser
+
+    p = OneLineParser(
+        prog="ingestion demo",
         description="Run redis-server, the Horizon simulator and N nodes locally; kill the leader, "
         "hand over gracefully, and verify the ingested stream against the simulator.",
     )
@@ -539,7 +541,7 @@ def main(argv: list[str]) -> int:
     """Run the demo with these flags (no ``demo`` word); return the exit status."""
     try:
         args = _parser().parse_args(argv)
-    except SystemExit as exc:
+    except SystemExit as exc:  # --help; a bad flag is a UsageError, one line from ingestion.cli
         return int(exc.code or 0)
     problems = []
     if not 2 <= args.nodes <= 7:

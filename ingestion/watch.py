@@ -312,8 +312,10 @@ async def _main(urls: list[str], table: bool, duration: float) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m ingestion watch",
+    from ingestion.cli import OneLineParser
+
+    p = OneLineParser(
+        prog="ingestion watch",
         description="Show several nodes' status sockets (--status-port) as one live cluster view.",
     )
     p.add_argument("urls", nargs="+", metavar="URL", help="ws://host:port of a node (or host:port)")
@@ -330,7 +332,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     try:
         ns = _parser().parse_args(argv)
-    except SystemExit as exc:
+    except SystemExit as exc:  # --help; a bad flag is a UsageError, one line from ingestion.cli
         return int(exc.code or 0)
     table = sys.stdout.isatty() if ns.table is None else ns.table
     urls = [normalise_url(u) for u in ns.urls]

@@ -84,6 +84,14 @@ def test_an_unknown_flag_or_command_is_one_line() -> None:
     assert one_line(run("inspekt")).startswith("ingestion: unknown command 'inspekt'")
 
 
+@pytest.mark.parametrize("command", ["watch", "demo", "simulate"])
+def test_a_bad_flag_of_watch_demo_or_simulate_is_one_line(command: str) -> None:
+    extra = ["ws://127.0.0.1:1"] if command == "watch" else []
+    line = one_line(run(command, *extra, "--x"))
+    assert line == f"ingestion: {command}: unrecognized arguments: --x (see ingestion {command} --help)"
+    assert one_line(run(command, "--duration" if command != "simulate" else "--port", "soon"))
+
+
 @pytest.mark.parametrize("flag", ["--metrics-port", "--status-port"])
 def test_a_busy_listen_port_is_one_line_before_campaigning(
     redis_server: LocalRedis, job: str, listening: int, flag: str

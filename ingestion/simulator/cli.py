@@ -31,9 +31,9 @@ def _non_negative_float(text: str) -> float:
 
 def _parser() -> argparse.ArgumentParser:
     defaults = SimulatorConfig()
-    p = argparse.ArgumentParser(
-        prog="python -m ingestion simulate", description="Run the bundled Horizon simulator."
-    )
+    from ingestion.cli import OneLineParser
+
+    p = OneLineParser(prog="ingestion simulate", description="Run the bundled Horizon simulator.")
     p.add_argument("--host", default=defaults.host)
     p.add_argument("--port", type=int, default=defaults.port, help="0 picks a free port")
     p.add_argument(
@@ -110,7 +110,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(argv: list[str]) -> SimulatorConfig:
-    """Parse the flags into a config. Raises SystemExit(2) with a usage line on bad flags."""
+    """Parse the flags into a config.
+
+    Raises:
+        UsageError: a bad flag (the CLI prints it as one line and exits 2).
+    """
     args = _parser().parse_args(argv)
     return SimulatorConfig(
         host=args.host,
@@ -171,7 +175,7 @@ def main(argv: list[str]) -> int:
     2 for a bad flag or an address it cannot listen on, 130 on Ctrl-C while starting."""
     try:
         config = config_from_args(argv)
-    except SystemExit as exc:
+    except SystemExit as exc:  # --help; a bad flag is a UsageError, one line from ingestion.cli
         return int(exc.code or 0)
     try:
         trio.run(_run, config)
@@ -197,4 +201,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from ingestion.cli import main as cli_main
+
+    sys.exit(cli_main(["simulate", *sys.argv[1:]]))
