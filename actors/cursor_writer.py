@@ -140,10 +140,17 @@ class CursorWriter:
         return CommitRefused(msg.token, result.reason, result.current_token)
 
     async def _remember_commit(self, memory: TokenMemory, token: int) -> None:
+        if memory.path is None:
+            memory.saw_commit()
+            return
         try:
-            await trio.to_thread.run_sync(memory.saw_commit)
+            await memory.bounded(memory.saw_commit)
         except (OSError, ValueError) as exc:
+            # Logged, and not tried again at every commit (a hung disk would slow each one by
+            # the bound): known in memory for this process's life, so the Elector still counts
+            # the job committed; the memory is an extra floor, not the guarantee.
             self.log.warning("token-memory-failed", token=token, error=str(exc))
+            memory.committed = True
 
     async def _fenced(
         self, msg: CommitCursor | OpenTerm, reason: str, current: int, *, local: bool

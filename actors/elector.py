@@ -9,6 +9,7 @@ logged here and only here.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -117,25 +118,28 @@ class Elector:
         if token <= self.known_token:
             return
         self.known_token = token
-        if self.memory is not None and self.memory.path is not None:
-            try:
-                await trio.to_thread.run_sync(self.memory.raise_to, token)
-            except (OSError, ValueError) as exc:
-                self.log.warning("token-memory-failed", token=token, error=str(exc))
-        elif self.memory is not None:
-            self.memory.raise_to(token)
+        if self.memory is not None:
+            await self._remember(functools.partial(self.memory.raise_to, token), token)
 
     async def _see_commit(self) -> None:
         if self.known_committed:
             return
         self.known_committed = True
-        if self.memory is not None and self.memory.path is not None:
-            try:
-                await trio.to_thread.run_sync(self.memory.saw_commit)
-            except (OSError, ValueError) as exc:
-                self.log.warning("token-memory-failed", token=self.known_token, error=str(exc))
-        elif self.memory is not None:
-            self.memory.saw_commit()
+        if self.memory is not None:
+            await self._remember(self.memory.saw_commit, self.known_token)
+
+    async def _remember(self, write: Callable[[], bool], token: int) -> None:
+        """Write to the token memory, bounded. A failure or a timeout is logged and the node goes
+        on: what it saw is kept in ``known_token``/``known_committed`` for this process's life,
+        and the fencing check in Redis, not the memory, is what makes a stale write impossible."""
+        assert self.memory is not None
+        if self.memory.path is None:
+            write()
+            return
+        try:
+            await self.memory.bounded(write)
+        except (OSError, ValueError) as exc:
+            self.log.warning("token-memory-failed", token=token, error=str(exc))
 
     def _check_primary(self, replid: str | None, rolled_back_from: int | None, cursor: str | None) -> None:
         """Log ``redis-failover-detected`` when the primary changed (its replication id) or Redis
