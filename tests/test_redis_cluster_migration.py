@@ -10,13 +10,14 @@ node committing throughout; the stream is checked exactly once at the end.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
 import trio
 
-from actors.lease_store import LeaseStore, connect, job_keys
+from actors.lease_store import Acquired, Held, LeaseStore, connect, job_keys
 from actors.source import SyntheticSource
 from tests.nodes import Recorder, start_node
 from tests.redis_cluster import RedisClusterGroup, redis_cluster
@@ -74,3 +75,82 @@ async def test_a_slot_migration_under_load_is_followed_with_asking(
     assert indexes == list(range(1, len(indexes) + 1))
     assert source.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
     print(f"\n{len(during)} commits in {ASK_WINDOW} s with every key on the importing master")
+
+
+class _MigratesOnLoad:
+    """The source master's client, except that loading a script there is followed by the job's
+    slot migrating to ``target`` (keys moved, the map still naming the source) on a target that
+    never saw the script: the store's next try meets ASK, then NOSCRIPT on the target."""
+
+    def __init__(self, conn: redis.Redis, migrate: Callable[[], None]) -> None:
+        self.conn, self.migrate = conn, migrate
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+    def script_load(self, script: str) -> str:
+        sha: str = self.conn.script_load(script)
+        self.migrate()
+        return sha
+
+
+def _migrate_keys(source: redis.Redis, target: redis.Redis, target_port: int, slot: int) -> None:
+    target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source.cluster("myid"))
+    source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target.cluster("myid"))
+    while moving := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+        source.execute_command("MIGRATE", "127.0.0.1", target_port, "", 0, 5000, "KEYS", *moving)
+
+
+def _end_migration(source: redis.Redis, target: redis.Redis, slot: int) -> None:
+    for server in (target, source):
+        server.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target.cluster("myid"))
+
+
+async def test_noscript_then_ask_then_noscript_loads_the_script_on_the_target_and_runs_it(
+    cluster3: RedisClusterGroup, job: str
+) -> None:
+    keys = job_keys(job)
+    source_server = cluster3.server_for(keys["lease"])
+    target_server = next(s for s in cluster3.servers if s.port != source_server.port)
+    source, target = _node(cluster3, source_server.port), _node(cluster3, target_server.port)
+    slot = int(source.cluster("keyslot", keys["lease"]))
+    store = LeaseStore(connect(cluster3.url, timeout=2.0), job)
+    granted = await store.acquire("a", 60_000)
+    assert isinstance(granted, Acquired)
+    await store.commit("a", granted.token, None, (), anchor="1")  # every key exists now
+    for server in (source, target):
+        server.script_flush()
+    real = store._connection_for
+    wrapped = _MigratesOnLoad(
+        real(keys["lease"]), lambda: _migrate_keys(source, target, target_server.port, slot)
+    )
+    store._connection_for = lambda key: wrapped  # type: ignore[assignment,method-assign,return-value]
+    try:
+        answer = await store.acquire("b", 60_000)  # NOSCRIPT, ASK, NOSCRIPT: nothing ran yet
+        assert isinstance(answer, Held) and answer.holder == "a"
+    finally:
+        store._connection_for = real  # type: ignore[method-assign]
+        _end_migration(source, target, slot)
+
+
+async def test_an_ask_does_not_report_the_target_masters_replid(
+    cluster3: RedisClusterGroup, job: str
+) -> None:
+    """The replid an acquire reports is the job's master's: an ASK during a slot migration runs
+    the script on another shard, whose replid says nothing of a failover."""
+    keys = job_keys(job)
+    source_server = cluster3.server_for(keys["lease"])
+    target_server = next(s for s in cluster3.servers if s.port != source_server.port)
+    source, target = _node(cluster3, source_server.port), _node(cluster3, target_server.port)
+    slot = int(source.cluster("keyslot", keys["lease"]))
+    store = LeaseStore(connect(cluster3.url, timeout=2.0), job)
+    first = await store.acquire("a", 60_000)
+    assert isinstance(first, Acquired) and first.replid is not None
+    await store.commit("a", first.token, None, (), anchor="1")  # every key exists now
+    _migrate_keys(source, target, target_server.port, slot)
+    try:
+        during = await store.acquire("b", 60_000)  # answered by the target after ASKING
+        assert isinstance(during, Held) and during.holder == "a"
+        assert during.replid in (None, first.replid)
+    finally:
+        _end_migration(source, target, slot)

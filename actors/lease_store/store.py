@@ -201,7 +201,8 @@ class LeaseStore:
         it again once; ``ASK`` (the slot is being migrated and its keys are on the target already)
         runs it on the target after ``ASKING``, on one connection, without touching the slot map,
         which names the source until the migration ends. Both mean nothing ran where they came
-        from, as does ``NOSCRIPT`` (the script is loaded and run again)."""
+        from, as does ``NOSCRIPT`` (the script is loaded and run again, once per server). The
+        replid is None after an ASK (the target is another shard's master)."""
         ask: tuple[str, int] | None = None
         loaded = moved = False
         while True:
@@ -224,7 +225,8 @@ class LeaseStore:
                 conn.script_load(script.script)
                 continue
             if isinstance(out[0], redis.exceptions.AskError) and ask is None:
-                ask = (out[0].host, out[0].port)
+                # Another server: it may lack the script although the source had it loaded.
+                ask, loaded = (out[0].host, out[0].port), False
                 continue
             if isinstance(out[0], redis.exceptions.AskError | redis.exceptions.MovedError):
                 # The slot is served elsewhere now (a failover, the end of a migration): re-read
@@ -237,7 +239,9 @@ class LeaseStore:
                 if isinstance(item, Exception):
                     raise item
             acked = int(out[1]) if self.min_replicas_acked else None
-            info = out[-1] if replid else None
+            # An ASK target is another shard's master (a slot migration, not a failover): its
+            # replid says nothing of the job's primary, so none is reported.
+            info = out[-1] if replid and ask is None else None
             return out[0], acked, (info or {}).get("master_replid") if info is not None else None
 
     def _node_at(self, host: str, port: int) -> redis.Redis:
@@ -375,7 +379,7 @@ class LeaseStore:
         args: list[str | int] = [
             node, token, previous_cursor or "", anchor or "", self.events_max_len
         ]
-        args += itertools.chain.from_iterable((r.paging_token, r.body) for r in records)
+        args += itertools.chain.from_iterable(records)  # (paging_token, body) pairs, in C
         k = self.keys
         res, acked, _ = await self._call(
             self._script_then_wait, self._commit, [k["token"], k["lease"], k["cursor"], k["events"]], args
