@@ -60,6 +60,7 @@ def _rpc_history(settings: Settings, job: JobSettings) -> Any:
         filters=job.rpc_filters(),
         poll_interval=settings.lake.poll_interval_ms / 1000,
         read_ahead=settings.lake.read_ahead,
+        decode_processes=settings.lake.decode_processes,
     )
 
 
@@ -86,6 +87,7 @@ def build_source(
             filters=job.rpc_filters(),
             poll_interval=settings.lake.poll_interval_ms / 1000,
             read_ahead=settings.lake.read_ahead,
+            decode_processes=settings.lake.decode_processes,
         )
     if job.kind == "rpc":
         from ingestion.rpc.source import RpcSource

@@ -213,7 +213,18 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
             "S3-compatible endpoint for an s3:// lake URL (reserved: s3:// lakes are not read yet)",
         ),
         "poll_interval_ms": (int, 1000, "ms between looks for the next object at the lake's tip"),
-        "read_ahead": (int, 4, "objects read and decoded (in worker threads) ahead of the commits"),
+        "read_ahead": (
+            int,
+            4,
+            "objects read and decoded ahead of the commits (bounds the memory: at most this many "
+            "objects and their events are held)",
+        ),
+        "decode_processes": (
+            int,
+            1,
+            "worker processes decoding lake objects (stellar-sdk's XDR decoder is pure Python: one "
+            "process decodes on one core; 2 on a dedicated backfill node); 0: a thread of the node",
+        ),
     },
     "events": {
         "max_len": (

@@ -140,6 +140,7 @@ class LakeSettings:
     endpoint_url: str
     poll_interval_ms: int
     read_ahead: int
+    decode_processes: int = 1
 
 
 @attrs.frozen

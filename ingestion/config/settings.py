@@ -45,7 +45,7 @@ class Settings:
     log: LogSettings
     jobs: tuple[JobSettings, ...] = ()
     sink: SinkSettings = attrs.field(factory=lambda: SinkSettings("", "ingestion"))
-    lake: LakeSettings = attrs.field(factory=lambda: LakeSettings("", "", 1000, 4))
+    lake: LakeSettings = attrs.field(factory=lambda: LakeSettings("", "", 1000, 4, 1))
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> Settings:

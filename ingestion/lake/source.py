@@ -1,18 +1,19 @@
 """The lake source: contract events from a ledger-metadata data lake, as Stellar RPC serves them.
 
 :class:`LakeSource` reads one object after another (:class:`~ingestion.lake.store.LocalLake`),
-decodes each in a worker thread (:func:`~ingestion.lake.events.object_events`: zstd, XDR, the
-events with RPC's ids) and leaves every decision to the I/O-free
-:class:`~ingestion.lake.core.LakeFollower`. The ids, filters and cursors are RPC's, so a lake job's
-stream is what an RPC job with the same filters would have written, event for event (see
-``events.py`` for the one divergence, ledgers before protocol 23).
+decodes each in a worker process (:mod:`~ingestion.lake.decoding`, running
+:func:`~ingestion.lake.events.object_events`: zstd, XDR, the events with RPC's ids) and leaves
+every decision to the I/O-free :class:`~ingestion.lake.core.LakeFollower`. The ids, filters and
+cursors are RPC's, so a lake job's stream is what an RPC job with the same filters would have
+written, event for event (see ``events.py`` for the one divergence, ledgers before protocol 23).
 
 Shape of ``stream(cursor)``: one pump task reads and decodes ``read_ahead`` objects ahead of the
-consumer (each in its own thread), in ledger order, and sends one batch per object (split into
-commits of at most ``commit_max_records``). At the tip it polls for the next object every
-``poll_interval`` seconds. A missing object with later ones present is a history gap (``history-gap``,
-exit 1, nothing written); an object that cannot be read is one error line naming the ledger and the
-object, and a stop: retrying cannot repair it.
+consumer (on ``decode_processes`` worker processes, started with the stream and stopped with it:
+no worker outlives the term), handed over in ledger order, and sends one batch per object (split
+into commits of at most ``commit_max_records``). At the tip it polls for the next object every
+``poll_interval`` seconds. A missing object with later ones present is a history gap
+(``history-gap``, exit 1, nothing written); an object that cannot be read is one error line naming
+the ledger and the object, and a stop: retrying cannot repair it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from actors.source import Batch, SourceFatalError
 from ingestion.gaps import record_history_gap
 from ingestion.http import describe
 from ingestion.lake.core import LakeFollower
-from ingestion.lake.events import LakeFormatError, LedgerEvents, object_events
+from ingestion.lake.decoding import Decoders, open_decoders
+from ingestion.lake.events import LakeFormatError, LedgerEvents
 from ingestion.lake.keys import LakeSchema, ManifestError
 from ingestion.lake.store import LocalLake
 from ingestion.retry import RetryPolicy
@@ -54,7 +56,10 @@ class LakeSource:
         url: the lake (a directory or ``file://PATH``).
         filters: up to 5 ``getEvents`` filters (OR-ed), RPC's semantics; none: every event.
         poll_interval: seconds between looks for the next object at the tip.
-        read_ahead: objects read and decoded ahead of the consumer (1: one at a time).
+        read_ahead: objects read and decoded ahead of the consumer (1: one at a time); this
+            bounds the memory (at most this many objects and their events are held).
+        decode_processes: worker processes decoding objects (0: a thread of the node's process,
+            which then decodes on the node's one core).
         commit_max_records: an object's events are committed in batches of at most this many.
 
     Raises:
@@ -65,6 +70,7 @@ class LakeSource:
     filters: tuple[EventFilter, ...] = attrs.field(default=(), converter=_filters)
     poll_interval: float = 1.0
     read_ahead: int = 4
+    decode_processes: int = 1
     commit_max_records: int = 1000
     retry_base: float = 0.2
     retry_cap: float = 10.0
@@ -73,8 +79,8 @@ class LakeSource:
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "lake", LocalLake.from_url(self.url))
-        if self.poll_interval <= 0 or self.read_ahead < 1:
-            raise ValueError("poll_interval must be > 0 and read_ahead >= 1")
+        if self.poll_interval <= 0 or self.read_ahead < 1 or self.decode_processes < 0:
+            raise ValueError("poll_interval must be > 0, read_ahead >= 1 and decode_processes >= 0")
 
     @property
     def policy(self) -> RetryPolicy:
@@ -149,7 +155,8 @@ class LakeSource:
             try:
                 schema = await self._schema()
                 await self._find_start(follower)
-                await self._follow(schema, follower, send)
+                async with open_decoders(self.decode_processes) as decoders:
+                    await self._follow(schema, follower, send, decoders)
             except SourceFatalError as exc:
                 fatal.append(exc)
 
@@ -163,23 +170,31 @@ class LakeSource:
             await trio.sleep(self.poll_interval)
 
     async def _follow(
-        self, schema: LakeSchema, follower: LakeFollower, send: trio.MemorySendChannel[Batch]
+        self,
+        schema: LakeSchema,
+        follower: LakeFollower,
+        send: trio.MemorySendChannel[Batch],
+        decoders: Decoders,
     ) -> None:
         while True:
-            missing = await self._run(schema, follower, send)
+            missing = await self._run(schema, follower, send, decoders)
             await self._missing(schema, follower, missing)
 
     async def _run(
-        self, schema: LakeSchema, follower: LakeFollower, send: trio.MemorySendChannel[Batch]
+        self,
+        schema: LakeSchema,
+        follower: LakeFollower,
+        send: trio.MemorySendChannel[Batch],
+        decoders: Decoders,
     ) -> Decoded:
         """Objects from the needed ledger on until one is missing (returned). Up to
-        ``read_ahead`` objects decode in threads at once, handed over in ledger order through a
+        ``read_ahead`` objects are read and decoding at once, handed over in ledger order through a
         chain of one-slot channels."""
         problem: SourceFatalError | None = None
         async with trio.open_nursery() as nursery:
             ahead = trio.Semaphore(self.read_ahead)
             results, ordered = trio.open_memory_channel[trio.MemoryReceiveChannel[Decoded]](self.read_ahead)
-            nursery.start_soon(self._reader, schema, follower.needed, ahead, results, nursery)
+            nursery.start_soon(self._reader, schema, follower.needed, ahead, results, nursery, decoders)
             with ordered:
                 async for slot in ordered:
                     with slot:
@@ -251,6 +266,7 @@ class LakeSource:
         ahead: trio.Semaphore,
         results: trio.MemorySendChannel[trio.MemoryReceiveChannel[Decoded]],
         nursery: trio.Nursery,
+        decoders: Decoders,
     ) -> None:
         """Start reading objects from ``first`` on, each into its own one-slot channel, sent in
         order; stops after the first missing object (the consumer decides what it means)."""
@@ -265,7 +281,7 @@ class LakeSource:
                     with slot_send:
                         await slot_send.send(Decoded(ledger, key, missing=True))
                     return
-                nursery.start_soon(self._decode, ledger, key, data, slot_send)
+                nursery.start_soon(self._decode, decoders, ledger, key, data, slot_send)
                 ledger = schema.file_end(ledger) + 1
 
     async def _read(self, schema: LakeSchema, ledger: int) -> tuple[str, bytes | None]:
@@ -281,11 +297,16 @@ class LakeSource:
                 await trio.sleep(delay)
 
     async def _decode(
-        self, ledger: int, key: str, data: bytes, slot: trio.MemorySendChannel[Decoded]
+        self,
+        decoders: Decoders,
+        ledger: int,
+        key: str,
+        data: bytes,
+        slot: trio.MemorySendChannel[Decoded],
     ) -> None:
         with slot:
             try:
-                ledgers = await trio.to_thread.run_sync(object_events, data)
+                ledgers = await decoders.decode(data)
                 await slot.send(Decoded(ledger, key, ledgers=ledgers))
             except LakeFormatError as exc:
                 await slot.send(Decoded(ledger, key, error=str(exc)))
