@@ -281,6 +281,12 @@ class Elector:
         except RedisUnavailable:
             return
         self._saw_holder(info.node, info.lease_ttl_ms_left)
+        # What a campaign's Held answer would teach (a node held off never campaigns): the
+        # holder's token, and that the job committed (then a Redis that loses it stops it here).
+        if info.token is not None:
+            await self._see(info.token)
+        if info.committed:
+            await self._see_commit()
 
     async def _wait_for_turn(self, delay: float | None, recheck: float, reason: str) -> bool:
         """Whether to campaign now: after ``delay``, or (None: held off for ``reason``, said once

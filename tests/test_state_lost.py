@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -140,3 +141,31 @@ def test_the_deployment_of_a_url_is_the_deployment_of_its_client() -> None:
         finally:
             client.close()
     assert deployment_of_url("redis+cluster://b:7001,a:7000") == "cluster:a:7000,b:7001"
+
+
+async def test_a_standby_that_only_looks_at_the_lease_learns_its_token_and_the_commit(
+    redis_server: LocalRedis, open_store: OpenStore, job: str
+) -> None:
+    """A node the balancer holds off never campaigns: its periodic look at the lease must still
+    teach it the holder's token and that the job committed, so that a Redis that later loses the
+    job stops it there too (redis-state-lost) instead of a restart from the start cursor."""
+    import structlog
+
+    from actors.elector import Elector
+    from actors.observe import NodeObserver
+    from tests.nodes import FAST_TIMING
+
+    store = open_store(redis_server.url, job)
+    granted = await store.acquire("a", 60_000)
+    assert isinstance(granted, Acquired)
+    await store.commit("a", granted.token, None, (), anchor="1")
+    assert (await store.leader()).committed
+    _inbox_send, inbox = trio.open_memory_channel[Any](1)
+    heartbeat, _h = trio.open_memory_channel[Any](1)
+    ingestor, _i = trio.open_memory_channel[Any](1)
+    elector = Elector(
+        store, "b", 1500, FAST_TIMING, 0.01, "0", inbox, heartbeat, ingestor,
+        structlog.get_logger(), NodeObserver("b", job),
+    )  # fmt: skip
+    await elector._look_at_lease()
+    assert (elector.known_token, elector.known_committed) == (granted.token, True)

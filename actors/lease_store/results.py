@@ -89,6 +89,7 @@ class LeaderInfo:
     node: str | None
     token: int | None
     lease_ttl_ms_left: int | None
+    committed: bool = False  # the job has a committed cursor (as :class:`Held` says)
 
 
 @attrs.frozen

@@ -471,11 +471,12 @@ class LeaseStore:
             pipe = self.client.pipeline(transaction=False)
             pipe.get(self.keys["lease"])
             pipe.pttl(self.keys["lease"])
-            value, ttl = pipe.execute()
+            pipe.hexists(self.keys["cursor"], "cursor")
+            value, ttl, committed = pipe.execute()
             if value is None:
-                return LeaderInfo(None, None, None)
+                return LeaderInfo(None, None, None, bool(committed))
             token, node = parse_lease_value(value)
-            return LeaderInfo(node, token, int(ttl) if int(ttl) >= 0 else None)
+            return LeaderInfo(node, token, int(ttl) if int(ttl) >= 0 else None, bool(committed))
 
         return await self._call(read)
 
