@@ -129,7 +129,7 @@ class NodeProcess:
         node_id: str,
         *,
         redis_url: str,
-        horizon: str,
+        horizon: str | None,  # None: an RPC or lake node (--source in extra)
         ttl_ms: int,
         start_cursor: str = "0",
         job: str = "bench",
@@ -138,7 +138,8 @@ class NodeProcess:
     ) -> NodeProcess:
         args = [
             sys.executable, "-m", "ingestion", "--node-id", node_id, "--job", job,
-            "--redis", redis_url, "--horizon", horizon, "--lease-ttl-ms", str(ttl_ms),
+            "--redis", redis_url, *(["--horizon", horizon] if horizon else []),
+            "--lease-ttl-ms", str(ttl_ms),
             "--start-cursor", start_cursor, "--log-format", "json", "--log-level", "info",
             *extra,
         ]  # fmt: skip

@@ -127,7 +127,7 @@ def catch_up(
                 client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token")))
                 before = sim.requests(http)
                 node = NodeProcess.start(
-                    f"rpc-{limit}", redis_url=redis_url, horizon="http://127.0.0.1:9", ttl_ms=5000,
+                    f"rpc-{limit}", redis_url=redis_url, horizon=None, ttl_ms=5000,
                     job=job, extra=["--source", "rpc", "--rpc", sim.rpc],
                     env={"INGESTION_RPC_PAGE_LIMIT": str(limit)},
                 )  # fmt: skip
@@ -177,7 +177,7 @@ def tip_latency(redis_url: str, *, ledgers: int, interval: float, log: Any) -> d
     job = "bench-rpc-tip"
     client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token")))
     node = NodeProcess.start(
-        "rpc-tip", redis_url=redis_url, horizon="http://127.0.0.1:9", ttl_ms=5000, job=job,
+        "rpc-tip", redis_url=redis_url, horizon=None, ttl_ms=5000, job=job,
         start_cursor="now", extra=["--source", "rpc", "--rpc", sim.rpc],
     )  # fmt: skip
     latencies: list[float] = []

@@ -206,19 +206,35 @@ _SOURCE_FLAGS = {
     "--lake": ("lake", "lake"),
 }
 _SAME_FILTERS = {"rpc": {"rpc", "lake"}}  # a lake job takes the RPC filter flags too
+# The source URLs: used by a job of that kind that takes them from its section (a [jobs.NAME]
+# table may name its own, and a lake job reads no RPC).
+_URL_FLAGS = {"--horizon": ("horizon", "horizon", "horizon_urls"), "--rpc": ("rpc", "rpc", "rpc_urls")}
+_KIND_NAMES = {"horizon": "a Horizon", "rpc": "an RPC", "lake": "a lake"}
 
 
 def check_source_flags(ns: argparse.Namespace, settings: Any) -> None:
-    """Raises UsageError for a flag that applies to no hosted job (``--topic`` with Horizon jobs)."""
+    """Raises UsageError for a flag that applies to no hosted job (``--topic`` or ``--horizon``
+    with RPC jobs only, ``--rpc`` with Horizon jobs only)."""
     kinds = {job.kind for job in settings.jobs}
+    hosted = ", ".join(sorted(f"{j.name} ({j.kind})" for j in settings.jobs))
     for flag, (attr, kind) in _SOURCE_FLAGS.items():
         if getattr(ns, attr, None) is not None and not (_SAME_FILTERS.get(kind, {kind}) & kinds):
-            hosted = ", ".join(sorted(f"{j.name} ({j.kind})" for j in settings.jobs))
-            other = "--source rpc" if kind == "rpc" else "--source horizon"
             raise UsageError(
-                f"{flag}: only for {'an RPC' if kind == 'rpc' else 'a Horizon'} job, and this node "
-                f"hosts {hosted}: drop {flag}, or follow {kind} with {other}"
+                f"{flag}: only for {_KIND_NAMES[kind]} job, and this node hosts {hosted}: drop "
+                f"{flag}, or follow {kind} with --source {kind}"
             )
+    for flag, (attr, kind, field) in _URL_FLAGS.items():
+        given = getattr(ns, attr, None)
+        if given is None or any(j.kind == kind and getattr(j, field) == tuple(given) for j in settings.jobs):
+            continue
+        if kind in kinds:
+            raise UsageError(
+                f"{flag}: every {kind} job here names its own URLs (jobs.NAME.{kind}): drop {flag}"
+            )
+        raise UsageError(
+            f"{flag}: only for {_KIND_NAMES[kind]} job, and this node hosts {hosted}: drop {flag}, "
+            f"or follow {kind} with --source {kind}"
+        )
 
 
 def cmd_run(argv: Sequence[str]) -> int:

@@ -299,12 +299,14 @@ class Cluster:
         self, name: str, *, redis_url: str | None = None, horizon: str | None = None,
         extra: Sequence[str] = (),
     ) -> list[str]:  # fmt: skip
+        # --horizon only for a Horizon job: the node refuses a flag no hosted job uses.
+        source = extra[list(extra).index("--source") + 1] if "--source" in extra else "horizon"
         return [
             PYTHON, "-m", "ingestion",
             "--node-id", name,
             "--job", self.job,
             "--redis", redis_url or self.redis_url,
-            "--horizon", horizon or self.horizon,
+            *(["--horizon", horizon or self.horizon] if source == "horizon" else []),
             "--start-cursor", "0",
             "--lease-ttl-ms", str(self.ttl_ms),
             "--log-format", "json",

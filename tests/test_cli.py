@@ -218,10 +218,27 @@ def test_the_default_job_is_named_after_the_source() -> None:
         (["--source", "rpc", "--resource", "/payments"], "ingestion: --resource: only for a Horizon job"),
         (["--topic", "sym:transfer"], "ingestion: --topic: only for an RPC job"),
         (["--event-type", "contract"], "ingestion: --event-type: only for an RPC job"),
+        (["--source", "rpc", "--horizon", "http://h:8000"], "ingestion: --horizon: only for a Horizon job"),
+        (["--rpc", "http://r:8000"], "ingestion: --rpc: only for an RPC job"),
+        (["--source", "lake", "--lake", "/tmp", "--rpc", "http://r:8000"], "ingestion: --rpc: only for"),
+        (["--job", "a", "--job", "b=/payments", "--rpc", "http://r:8000"], "ingestion: --rpc: only for"),
     ],
 )
 def test_a_flag_for_the_other_source_is_exit_2(argv: list[str], says: str) -> None:
     assert one_line(run(*argv, "--redis", f"redis://127.0.0.1:{closed_port()}/0")).startswith(says)
+
+
+def test_a_node_hosting_both_kinds_takes_both_sources_flags(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('[jobs.h]\nkind = "horizon"\n[jobs.r]\nkind = "rpc"\n')
+    flags = ["--horizon", "http://h:8000", "--rpc", "http://r:8000", "--topic", "sym:transfer"]
+    done = run("check-config", "--config", str(config), *flags, "--resource", "/payments", "--json")
+    assert done.returncode == 0, done.stderr
+    assert [j["kind"] for j in json.loads(done.stdout)["jobs"]] == ["horizon", "rpc"]
+    # ... but not a URL flag that every job of its kind overrides in its table.
+    config.write_text('[jobs.h]\nkind = "horizon"\nhorizon = ["http://own:8000"]\n[jobs.r]\nkind = "rpc"\n')
+    line = one_line(run("check-config", "--config", str(config), *flags))
+    assert line.startswith("ingestion: --horizon: every horizon job here names its own URLs")
 
 
 @pytest.mark.parametrize(
