@@ -38,7 +38,7 @@ from actors.lease_store.connect import (
     parse_sentinel_url,
     redacted_endpoint,
 )
-from actors.lease_store.keys import AUDIT_MAXLEN, job_keys, parse_lease_value
+from actors.lease_store.keys import AUDIT_MAXLEN, NODE_FORGET_MS, job_keys, parse_lease_value
 from actors.lease_store.notices import ReleaseNotices
 from actors.lease_store.results import (
     Acquired,
@@ -424,7 +424,7 @@ class LeaseStore:
         k = self.keys["health"]
         args = [
             node, "" if age_ms is None else max(0, age_ms), window_ms,
-            "" if failing_ms is None else max(0, failing_ms),
+            "" if failing_ms is None else max(0, failing_ms), NODE_FORGET_MS,
         ]  # fmt: skip
         healthy: list[str] = await self._call(self._report_health, keys=[k], args=args)
         return healthy

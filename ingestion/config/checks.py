@@ -359,6 +359,9 @@ def check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
         problems.append(f"log.format: must be json, console or auto, got {log['format']!r}")
     if "|" in v["node"]["id"]:
         problems.append(f"node.id: must not contain '|', got {v['node']['id']!r}")
+    if str(v["node"]["id"]).startswith("failing:"):
+        # (the job's health hash marks a failing source with a field "failing:<node>")
+        problems.append(f"node.id: must not start with 'failing:', got {v['node']['id']!r}")
 
 
 def _check_rpc_section(v: dict[str, dict[str, Any]], problems: list[str]) -> None:

@@ -8,6 +8,8 @@
 -- ARGV[3] window_ms
 -- ARGV[4] failing_ms: how long the node's source has been failing ('' when it is not: the
 --         failing:<node> field is removed)
+-- ARGV[5] forget_ms: another node whose last report is older than this (its last success, else
+--         the start of its failing) is forgotten, both fields, as the node registry forgets it
 --
 -- Returns the nodes whose source answered within window_ms and is not failing.
 
@@ -19,9 +21,24 @@ else
   redis.call('HDEL', KEYS[1], 'failing:' .. ARGV[1])
 end
 local all = redis.call('HGETALL', KEYS[1])
-local failing = {}
+local failing, success = {}, {}
 for i = 1, #all, 2 do
-  if string.sub(all[i], 1, 8) == 'failing:' then failing[string.sub(all[i], 9)] = true end
+  if string.sub(all[i], 1, 8) == 'failing:' then
+    failing[string.sub(all[i], 9)] = tonumber(all[i + 1])
+  else
+    success[all[i]] = tonumber(all[i + 1])
+  end
+end
+local forget_before = now - tonumber(ARGV[5])
+for node, since in pairs(failing) do
+  local last = success[node] or since
+  if node ~= ARGV[1] and last < forget_before then
+    redis.call('HDEL', KEYS[1], node, 'failing:' .. node)
+    success[node] = nil
+  end
+end
+for node, ms in pairs(success) do
+  if node ~= ARGV[1] and ms < forget_before then redis.call('HDEL', KEYS[1], node) end
 end
 local out = {}
 for i = 1, #all, 2 do
