@@ -14,10 +14,11 @@ yet: ``"now"`` (only new records), ``"0"`` (everything the source has), or a pag
 from __future__ import annotations
 
 import contextvars
+import itertools
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterable
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import attrs
 import trio
@@ -25,12 +26,21 @@ import trio
 from actors.cursor_order import is_after
 
 
-@attrs.frozen
-class Record:
-    """One source record: its paging token and its JSON exactly as the source sent it."""
+class Record(NamedTuple):
+    """One source record: its paging token and its JSON exactly as the source sent it.
+
+    An immutable value like the runtime's attrs classes, but tuple-backed: a node builds one per
+    record it ingests, and a page's worth is built in C (:meth:`many`) and flattened into a
+    commit's arguments in C (``itertools.chain.from_iterable(records)``)."""
 
     paging_token: str
     body: str
+
+    @classmethod
+    def many(cls, paging_tokens: Iterable[str], bodies: Iterable[str]) -> tuple[Record, ...]:
+        """Records pairing ``paging_tokens`` with ``bodies``, in order, built without a Python
+        call per record."""
+        return tuple(map(tuple.__new__, itertools.repeat(cls), zip(paging_tokens, bodies, strict=True)))
 
 
 @attrs.frozen

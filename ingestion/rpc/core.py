@@ -240,7 +240,7 @@ class RpcFollower:
             return None
         if not self._plausible(page, cursor, limit):
             return None
-        records = tuple(map(Record, page.ids, page.texts))
+        records = Record.many(page.ids, page.texts)
         return self._accepted(records, cursor, page.latest, page.close_time, limit, now)
 
     def _plausible(self, page: EventsPage, cursor: Cursor, limit: int) -> bool:
@@ -253,16 +253,26 @@ class RpcFollower:
             return False
         if not ids:
             return True
-        if not _EVENT_IDS("\n".join(ids)):
-            return False
-        toids = list(map(int, (i.partition("-")[0] for i in ids)))
-        subs = list(map(int, (i.partition("-")[2] for i in ids)))
-        if max(toids) >= 1 << 63 or max(subs) > MAX_EVENT:
+        lines = "\n".join(ids)
+        if _PADDED_IDS(lines):
+            # The ids the server writes ("%019d-%010d"): of one width, they ascend as text exactly
+            # when they ascend as (TOID, event) (actors/cursor_order.py, _PADDED_LINES).
+            if not all(map(operator.lt, ids, ids[1:])):
+                return False
+            toids = list(map(int, map(_PADDED_TOID, ids)))
+            if toids[-1] >= 1 << 63 or max(map(_PADDED_EVENT, ids)) > _MAX_EVENT_TEXT:
+                return False
+        elif _EVENT_IDS(lines):
+            toids = list(map(int, (i.partition("-")[0] for i in ids)))
+            subs = list(map(int, (i.partition("-")[2] for i in ids)))
+            if max(toids) >= 1 << 63 or max(subs) > MAX_EVENT:
+                return False
+            keys = list(map(_event_key, toids, subs))
+            if not all(map(operator.lt, keys, keys[1:])):
+                return False
+        else:
             return False
         if list(map(operator.rshift, toids, itertools.repeat(32))) != page.ledgers:
-            return False
-        keys = list(map(_event_key, toids, subs))
-        if not all(map(operator.lt, keys, keys[1:])):
             return False
         first, last = Cursor.parse(ids[0]), Cursor.parse(ids[-1])
         if floor is not None and self.phase is Phase.CURSOR and first <= floor:
@@ -535,6 +545,9 @@ class RpcFollower:
 
 
 _EVENT_IDS = re.compile(r"[0-9]+-[0-9]+(?:\n[0-9]+-[0-9]+)*").fullmatch
+_PADDED_IDS = re.compile(r"[0-9]{19}-[0-9]{10}(?:\n[0-9]{19}-[0-9]{10})*").fullmatch
+_PADDED_TOID, _PADDED_EVENT = operator.itemgetter(slice(19)), operator.itemgetter(slice(20, None))
+_MAX_EVENT_TEXT = f"{MAX_EVENT:010d}"
 
 
 def _event_key(toid: int, event: int) -> int:
@@ -592,7 +605,8 @@ def read_events(content: bytes) -> EventsPage | None:
     missing field, broken JSON, invalid UTF-8): :func:`parse_answer` then reads it the general
     way, and says what is wrong."""
     try:
-        content.decode("utf-8")  # the parser does not check the UTF-8
+        if not content.isascii():  # the parser does not check the UTF-8
+            content.decode("utf-8")
         if b"\n" in content:
             content = msgspec.json.format(content, indent=-1)
         heads = _HEADS.decode(content).result
@@ -602,10 +616,14 @@ def read_events(content: bytes) -> EventsPage | None:
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, ValueError):
         return None
     events = heads.events
+    # One decode for all the texts: no raw line break is left in the answer (a JSON string holds
+    # none, and any between tokens went above); the count proves it.
+    lines = b"\n".join(texts).decode().split("\n") if texts else []
+    if len(lines) != len(texts):
+        lines = [bytes(t).decode() for t in texts]
     return EventsPage(
-        ids=[e.id for e in events], ledgers=[e.ledger for e in events],
-        texts=[bytes(t).decode() for t in texts], latest=heads.latestLedger, close_time=close_time,
-        cursor=heads.cursor,
+        ids=[e.id for e in events], ledgers=[e.ledger for e in events], texts=lines,
+        latest=heads.latestLedger, close_time=close_time, cursor=heads.cursor,
     )  # fmt: skip
 
 
