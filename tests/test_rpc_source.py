@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -236,6 +237,60 @@ async def test_a_committed_cursor_that_fell_out_of_retention_stops_the_job_writi
     assert gap["cursor_ledger"] == Cursor.parse(str(held)).ledger < elder - 1
     assert cursor(redis_client, job) == held
     assert redis_client.xlen(job_keys(job)["events"]) == events
+
+
+async def test_the_lake_is_read_only_when_every_rpc_url_is_past_the_position(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, tmp_path: Path
+) -> None:
+    """``on_history_gap = lake`` with two URLs: the first keeps 100 ledgers, the second the whole
+    chain. A job from the first ledger is refused by the first, and the second, asked before any
+    switch, still keeps that ledger: the job follows it, records no gap and reads no lake."""
+    short = attrs.evolve(CONFIG, retention_ledgers=100)
+    async with open_simulator(short) as a, open_simulator(CONFIG) as b:
+        assert a.chain.first > b.chain.first == CONFIG.first_ledger
+        from ingestion.lake.source import LakeSource
+
+        src = source(
+            a.rpc_url, b.rpc_url, on_history_gap="lake", history=LakeSource(str(tmp_path / "no-lake"))
+        )
+        with structlog.testing.capture_logs() as logs:
+            async with node(redis_server.url, job, src, start=str(CONFIG.first_ledger)):
+                await until_at_tip(redis_client, job, b)
+        expected = b.rpc_events()
+    assert [t for t, _ in stream(redis_client, job)] == [e["id"] for e in expected]
+    elsewhere = [e for e in logs if e["event"] == "rpc-history-elsewhere"]
+    assert elsewhere and elsewhere[0]["url"] == b.rpc_url and elsewhere[0]["past"] == a.rpc_url
+    assert elsewhere[0]["needed_ledger"] == CONFIG.first_ledger
+    assert not [e for e in logs if e["event"] in ("history-gap", "rpc-lake-backfill")]
+    audit = redis_client.xrange(job_keys(job)["audit"])
+    assert not [f for _, f in audit if f.get("event") == "history-gap"]
+
+
+async def test_the_lake_is_read_when_every_rpc_url_is_past_the_position(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, tmp_path: Path
+) -> None:
+    """Both URLs keep fewer ledgers than the job needs (100 and 150 of 300): the second is asked,
+    is past the position too, and only then is the gap recorded and the lake read, up to the
+    first URL's oldest ledger; RPC follows, and the stream is the whole chain's once, in order."""
+    lake = tmp_path / "lake"
+    full = attrs.evolve(CONFIG, lake_dir=str(lake))
+    async with (
+        open_simulator(attrs.evolve(full, retention_ledgers=100)) as a,
+        open_simulator(attrs.evolve(CONFIG, retention_ledgers=150)) as b,
+        open_simulator(CONFIG) as whole,
+    ):
+        from ingestion.lake.source import LakeSource
+
+        src = source(a.rpc_url, b.rpc_url, on_history_gap="lake", history=LakeSource(str(lake)))
+        with structlog.testing.capture_logs() as logs:
+            async with node(redis_server.url, job, src, start=str(CONFIG.first_ledger)):
+                await until_at_tip(redis_client, job, a)
+        expected = whole.rpc_events()
+    assert [t for t, _ in stream(redis_client, job)] == [e["id"] for e in expected]
+    past = next(e for e in logs if e["event"] == "rpc-history-past-every-url")
+    assert past["answers"][a.rpc_url] == "past" and past["answers"][b.rpc_url].startswith("past: RPC error")
+    assert logs.index(past) < next(i for i, e in enumerate(logs) if e["event"] == "history-gap")
+    assert not [e for e in logs if e["event"] == "rpc-history-elsewhere"]
 
 
 async def test_an_rpc_that_stops_ingesting_is_left_for_one_that_goes_on(

@@ -11,7 +11,8 @@ Each event is one record (its ``id`` is the paging token, its JSON the body); a 
 past its last event also carries the scanned-through cursor, committed with it.
 
 History beyond RPC's window (``on_history_gap = "lake"``): when the position is older than the
-oldest ledger the RPC keeps, the gap is recorded (a fenced ``history-gap`` audit entry with
+oldest ledger every RPC URL keeps (the others are asked when one reports it; one that keeps it is
+followed instead), the gap is recorded (a fenced ``history-gap`` audit entry with
 ``action: lake``), then the events are read from ``history`` (a data lake: the same events with the
 same ids) from the position until every ledger before that oldest ledger is read, committed as
 they come; the last lake object's scanned-through cursor ``through(L)`` is where a new follower
@@ -277,7 +278,7 @@ class RpcSource:
                         log.error("rpc-fatal", error=outcome.fatal, url=follower.url)
                         raise SourceFatalError(outcome.fatal)
                     if outcome.gap is not None:
-                        follower = await self._history_gap(follower, outcome, send)
+                        follower = await self._history_gap(client, follower, outcome, send)
                         continue
                     if outcome.batch is not None:
                         for batch in _chunks(outcome.batch, self.commit_max_records):
@@ -320,11 +321,23 @@ class RpcSource:
         return outcome
 
     async def _history_gap(
-        self, follower: RpcFollower, outcome: Outcome, send: trio.MemorySendChannel[Batch]
+        self,
+        client: httpx.AsyncClient,
+        follower: RpcFollower,
+        outcome: Outcome,
+        send: trio.MemorySendChannel[Batch],
     ) -> RpcFollower:
-        """Stop, skip, or read from the lake (:meth:`_from_history`); the follower to go on with."""
+        """Stop, skip, or read from the lake (:meth:`_from_history`); the follower to go on with.
+        The lake is read only when every URL is past the position (:meth:`_keeper`): one that
+        still keeps it is followed instead, with no gap recorded."""
         gap = outcome.gap
         assert gap is not None
+        if self.on_history_gap == "lake" and len(self.urls) > 1:
+            keeper = await self._keeper(client, follower, gap.url)
+            if keeper is not None:
+                # RpcFollower moves between URLs only on failures: point it at the keeper
+                follower.url_index, follower.failures, follower.round_failures = keeper, 0, 0
+                return follower
         fields = {
             "cursor": gap.cursor,
             "cursor_ledger": gap.cursor_ledger,
@@ -353,6 +366,35 @@ class RpcSource:
             return await self._from_history(gap.cursor, gap.elder_ledger, send)
         follower.skip_to(gap.elder_ledger)
         return follower
+
+    async def _keeper(self, client: httpx.AsyncClient, follower: RpcFollower, reporter: str) -> int | None:
+        """The index of another URL that still keeps the first ledger the position needs (asked
+        with the job's own ``getEvents`` from that ledger, ``limit: 1``), or None when every URL
+        is past it. A URL that does not answer counts as past: the lake holds the same events
+        with the same ids, so going there loses nothing, while waiting for an unreachable URL
+        could wait forever."""
+        needed = _needed_ledger(follower.describe_position())
+        params = {"startLedger": needed, "filters": [f.to_json() for f in self.filters],
+                  "pagination": {"limit": 1}}  # fmt: skip
+        answers: dict[str, str] = {reporter: "past"}
+        for index, url in enumerate(self.urls):
+            if url in answers:
+                continue
+            try:
+                response, content = await self._call(client, url, request_body("getEvents", 1, params))
+                result, error = parse_answer(content) if response.status_code == 200 else (None, None)
+            except (httpx.HTTPError, trio.TooSlowError, ValueError) as exc:
+                answers[url] = f"no answer: {describe(exc)}"
+                continue
+            if error is None and isinstance(result, dict) and isinstance(result.get("events"), list):
+                log.info("rpc-history-elsewhere", url=url, needed_ledger=needed, past=reporter)
+                return index
+            answers[url] = (
+                f"HTTP {response.status_code}" if response.status_code != 200
+                else "past" if error is None else f"past: RPC error {error[0]}: {error[1]}"
+            )  # fmt: skip
+        log.info("rpc-history-past-every-url", needed_ledger=needed, answers=answers)
+        return None
 
     async def _from_history(
         self, cursor: str, oldest: int, send: trio.MemorySendChannel[Batch]
@@ -385,6 +427,15 @@ class RpcSource:
             lake_s=round(trio.current_time() - started, 3),
         )
         return self.follower(str(through))
+
+
+def _needed_ledger(position: str) -> int:
+    """The first ledger a follower at ``position`` (a ledger number or a cursor) still needs:
+    L + 1 after the scanned-through cursor of L."""
+    if position.isdigit():
+        return int(position)
+    cursor = Cursor.parse(position)
+    return cursor.ledger + 1 if cursor == Cursor.through(cursor.ledger) else cursor.ledger
 
 
 def _chunks(batch: Batch, size: int) -> list[Batch]:
