@@ -15,6 +15,8 @@ leading two of four jobs.
 RSS, standby commands/s at TTL 2 s and 5 s; ``--profile DIR`` adds py-spy's heaviest frames).
 ``postgres``: the PostgreSQL sink against a bare ``COPY`` of the same batches (catch-up,
 commit latency at batch 1/10/200, ledger close -> committed); needs Debian's ``postgresql``.
+``lake`` (issue 28: pubnet ledgers decoded on 0, 1 and 2 worker processes side by side; an RPC
+job's backfill of 10,000 simulated ledgers through the lake and its lake -> RPC handover).
 ``--quick`` is a smoke run (smaller history, fewer trials, one TTL; without ``--only``, the sections
 in ``QUICK_SECTIONS``) that takes about two minutes and prints its table; the full run takes long.
 ``docs/BENCHMARKS.md`` and its JSON are written only with ``--write``, and only from a full run.
@@ -41,6 +43,7 @@ from benchmarks import (
     commit_cost,
     failover,
     jobs,
+    lake,
     latency,
     liveness,
     memory,
@@ -58,6 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = (
     "catchup", "latency", "commit", "failover", "standby", "redis_ha", "memory", "jobs", "source_cut",
     "per_record",
+    "lake",
     "liveness", "catchup_curve", "rpc", "postgres", "process_crash",
 )
 
@@ -135,6 +139,8 @@ def measure(
                 results[section] = liveness.run(trials=3 if quick else 20, handoffs=2 if quick else 10)
             elif section == "rpc":
                 results[section] = rpc.run(url, quick=quick)
+            elif section == "lake":
+                results[section] = lake.run(url, quick=quick)
             elif section == "postgres":
                 results[section] = postgres.run(url, quick=quick)
             elif section == "per_record":
@@ -317,6 +323,7 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
             f"{h['p50_ms']:.0f} / {h['p99_ms']:.0f} / {h['max_ms']:.0f} ms",
             "p99 < 50 ms (no rendezvous delay)", _ok(h["p99_ms"] < 50),
         ))  # fmt: skip
+    rows.extend(_lake_rows(r.get("lake")))
     rp = r.get("rpc")
     for key in ("catch_up", "catch_up_100ms"):
         cu = (rp or {}).get(key)
@@ -422,6 +429,35 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
             ("idle standby: CPU each", f"{sb['cpu_percent_per_standby']:.2f}% of a core", "", None),
             ("idle standby: RSS each", _mib(sb["rss_kib_per_standby"]), "", None),
         ]
+    return rows
+
+
+def _lake_rows(lk: dict[str, Any] | None) -> list[tuple[str, str, str, str | None]]:
+    if not lk:
+        return []
+    rows: list[tuple[str, str, str, str | None]] = []
+    dec = lk["decode"]
+    for d in dec.get("runs", ()):
+        where = "a thread of the process" if d["processes"] == 0 else f"{d['processes']} worker processes"
+        rows.append((
+            f"lake: busy pubnet ledgers decoded on {where} ({d['ledgers']} ledgers; load average "
+            f"{d['load_before']} before): ledgers/s (events/s; ledgers per worker CPU second)",
+            f"{d['ledgers_per_s']:.2f} ({d['events_per_s']:,}; "
+            f"{d.get('ledgers_per_worker_cpu_s') or '-'} per worker CPU s)",
+            "", None,
+        ))  # fmt: skip
+    if "speedup_2_over_1" in dec:
+        rows.append(("lake: decode, 2 worker processes over 1", f"{dec['speedup_2_over_1']:.2f}x", ">= 1.8x",
+                     _ok(dec["speedup_2_over_1"] >= 1.8)))  # fmt: skip
+    bf = lk["backfill"]
+    for b in bf["runs"]:
+        rows.append((
+            f"lake: RPC job backfill of {bf['ledgers']:,} simulated ledgers ({b['lake_ledgers']:,} from the "
+            f"lake, RPC keeps {bf['retention']}), {b['decode_processes']} decode processes: s, ledgers/s, "
+            "events/s; lake -> RPC handover (Redis clock)",
+            f"{b['seconds']:.1f} s, {b['ledgers_per_s']:,}, {b['events_per_s']:,}; {b['handover_ms']} ms",
+            "", None,
+        ))  # fmt: skip
     return rows
 
 

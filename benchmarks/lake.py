@@ -1,0 +1,233 @@
+"""The data lake: decoding real pubnet ledgers on 1 and 2 processes, and an RPC job's backfill.
+
+Decode. The four busy pubnet ledgers of ``../shared/data/lake`` (``wallet-backend_ledger-*``:
+541, 264, 228 and 236 transactions, TransactionMeta V4; read where :mod:`tests.recorded` finds
+them, never copied) are each made a one-ledger lake object (zstd of a ``LedgerCloseMetaBatch``,
+as Galexie writes them) in memory; ``objects`` of them, cycled, go through
+:func:`~ingestion.lake.decoding.open_decoders` as the lake source drives it: ``read_ahead``
+objects in flight, results taken in order. Figures: ledgers/s and events/s at 0 (a thread of this
+process, the node before issue 28's speed work), 1 and 2 worker processes, side by side in one
+run, and the speed-up of 2 over 1. Each run also reports the load average before it (another
+process on the machine takes a core from the 2-process run) and its workers' CPU seconds. The
+pool's start (spawning, importing stellar-sdk) is inside the time: a term pays it once.
+
+Backfill. A simulator process with ``--lake-dir`` writes its whole chain (``ledgers`` ledgers)
+to a lake and serves RPC with a 100-ledger window; a node follows an RPC job from ``0`` with
+``rpc.on_history_gap = "lake"``: it records the gap, reads the lake up to RPC's window, then goes
+on on RPC. Figures: from ``became-leader`` to the cursor at the latest ledger (s, ledgers/s,
+events/s), and the handover: the Redis time of the last lake commit (the cursor stream's entry
+id of the last lake batch) to the first RPC commit.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+import trio
+import zstandard
+
+from benchmarks.procs import NodeProcess, memory_kib
+from benchmarks.rpc import RpcSimulator, _cursor
+from ingestion.lake.decoding import open_decoders
+from ingestion.rpc.protocol import Cursor
+from tests import recorded
+
+PUBNET = (
+    "wallet-backend_ledger-51000294.xdr.gz",
+    "wallet-backend_ledger-57500008.xdr.gz",
+    "wallet-backend_ledger-63092988.xdr.gz",
+    "wallet-backend_ledger-63092990.xdr.gz",
+)
+
+
+def pubnet_objects() -> list[bytes] | None:
+    """The real ledgers as one-ledger lake objects; None when the recordings are absent."""
+    from stellar_sdk import xdr
+
+    if not recorded.LAKE.is_dir():
+        return None
+    out = []
+    for name in PUBNET:
+        meta = xdr.LedgerCloseMeta.from_xdr_bytes(gzip.decompress((recorded.LAKE / name).read_bytes()))
+        body = meta.v0 or meta.v1 or meta.v2
+        seq = xdr.Uint32(body.ledger_header.header.ledger_seq.uint32)
+        batch = xdr.LedgerCloseMetaBatch(seq, seq, [meta])
+        out.append(zstandard.ZstdCompressor().compress(batch.to_xdr_bytes()))
+    return out
+
+
+async def _decode_all(objects: list[bytes], count: int, processes: int, read_ahead: int) -> int:
+    """Decode ``count`` objects (cycling ``objects``) with ``read_ahead`` in flight, in order;
+    the number of events."""
+    events = 0
+    async with open_decoders(processes) as decoders, trio.open_nursery() as nursery:
+        slots_send, slots = trio.open_memory_channel[trio.MemoryReceiveChannel[Any]](read_ahead - 1)
+
+        async def one(data: bytes, slot: trio.MemorySendChannel[Any]) -> None:
+            with slot:
+                await slot.send(await decoders.decode(data))
+
+        async def feed() -> None:
+            with slots_send:
+                for i in range(count):
+                    send, receive = trio.open_memory_channel[Any](1)
+                    await slots_send.send(receive)  # blocks while read_ahead are in flight
+                    nursery.start_soon(one, objects[i % len(objects)], send)
+
+        nursery.start_soon(feed)
+        with slots:
+            async for slot in slots:
+                with slot:
+                    ledgers = await slot.receive()
+                events += sum(len(le.events) for le in ledgers)
+    return events
+
+
+def decode(objects: list[bytes], count: int, processes: int, read_ahead: int = 4) -> dict[str, Any]:
+    load = os.getloadavg()[0]
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
+    started = time.perf_counter()
+    events = trio.run(_decode_all, objects, count, processes, read_ahead)
+    elapsed = time.perf_counter() - started
+    workers_cpu = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime - cpu  # reaped on exit
+    return {
+        "processes": processes,
+        "load_before": round(load, 2),
+        "workers_cpu_s": round(workers_cpu, 2),
+        "ledgers": count,
+        "seconds": round(elapsed, 2),
+        "ledgers_per_s": round(count / elapsed, 2),
+        "events_per_s": round(events / elapsed),
+        # what a worker decodes per CPU second: equal at 1 and 2 workers means the parent does not
+        # serialize them, and the speed-up is bounded only by free cores
+        "ledgers_per_worker_cpu_s": round(count / workers_cpu, 2) if workers_cpu > 0 else None,
+    }
+
+
+def run_decode(count: int) -> dict[str, Any]:
+    objects = pubnet_objects()
+    if objects is None:
+        return {"skipped": f"no recordings at {recorded.LAKE}"}
+    runs = {p: decode(objects, count, p) for p in (0, 1, 2)}
+    return {
+        "runs": list(runs.values()),
+        "speedup_2_over_1": round(runs[2]["ledgers_per_s"] / runs[1]["ledgers_per_s"], 2),
+        "cores": os.cpu_count(),
+    }
+
+
+def _first_and_last_by_ledger(client: redis.Redis, key: str, through: int) -> tuple[int, int]:
+    """Redis times (ms, from the stream's entry ids) of the last event at or before ledger
+    ``through`` (the lake's last commit) and of the first one after it (RPC's first)."""
+    last_lake = first_rpc = None
+    start = "-"
+    while first_rpc is None:
+        entries = client.xrange(key, min=start, count=5000)
+        if not entries:
+            break
+        for entry_id, fields in entries:
+            ms = int(entry_id.decode().split("-")[0])
+            if json.loads(fields[b"record"])["ledger"] <= through:
+                last_lake = ms
+            else:
+                first_rpc = ms
+                break
+        start = "(" + entries[-1][0].decode()
+    if last_lake is None or first_rpc is None:
+        raise RuntimeError(f"no events on both sides of ledger {through}")
+    return last_lake, first_rpc
+
+
+def backfill(
+    redis_url: str, *, ledgers: int, processes: tuple[int, ...], log: Any, retention: int = 100
+) -> dict[str, Any]:
+    """An RPC job from the chain's first ledger, ``ledgers - retention`` of them only in the lake
+    (see the module docstring), once per number of decode processes."""
+    lake_dir = Path(tempfile.mkdtemp(prefix="bench-lake-"))
+    client = redis.Redis.from_url(redis_url)
+    written = time.monotonic()
+    sim = RpcSimulator.start(
+        "--history-ledgers", str(ledgers), "--retention-ledgers", str(retention),
+        "--ops-per-ledger", "20", "--ledger-interval", "0", "--lake-dir", str(lake_dir / "lake"),
+    )  # fmt: skip
+    out: dict[str, Any] = {"ledgers": ledgers, "retention": retention, "runs": []}
+    try:
+        with httpx.Client(timeout=300) as http:
+            latest = int(sim.call(http, "getLatestLedger")["sequence"])
+            out["simulator_start_s"] = round(time.monotonic() - written, 1)
+            first = latest - ledgers + 1
+            done = str(Cursor.through(latest))
+            for count in processes:
+                job = f"bench-lake-{count}"
+                keys = [f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token", "audit")]
+                client.delete(*keys)
+                node = NodeProcess.start(
+                    f"lake-{count}", redis_url=redis_url, horizon=None, ttl_ms=5000, job=job,
+                    start_cursor=str(first), extra=["--source", "rpc", "--rpc", sim.rpc],
+                    env={
+                        "INGESTION_RPC_ON_HISTORY_GAP": "lake", "INGESTION_RPC_LAKE": str(lake_dir / "lake"),
+                        "INGESTION_LAKE_DECODE_PROCESSES": str(count),
+                    },
+                )  # fmt: skip
+                try:
+                    node.event("became-leader", timeout=60)
+                    began = time.monotonic()
+                    while _cursor(client, job) != done:
+                        if time.monotonic() > began + 900:
+                            raise TimeoutError(f"{count} decode processes: not caught up in 900 s")
+                        time.sleep(0.01)
+                    seconds = time.monotonic() - began
+                    handover = node.event("rpc-lake-handover", timeout=10)
+                    peak = memory_kib(node.worker_pid)["VmHWM"]
+                finally:
+                    node.stop()
+                through = int(handover.fields["through_ledger"])
+                last_lake, first_rpc = _first_and_last_by_ledger(client, keys[0], through)
+                events = client.xlen(keys[0])
+                run = {
+                    "decode_processes": count, "seconds": round(seconds, 2),
+                    "ledgers_per_s": round(ledgers / seconds), "events": events,
+                    "events_per_s": round(events / seconds), "lake_ledgers": through - first + 1,
+                    "lake_s": handover.fields["lake_s"], "handover_ms": first_rpc - last_lake,
+                    "peak_rss_kib": peak,
+                }  # fmt: skip
+                out["runs"].append(run)
+                client.delete(*keys)
+                log(
+                    f"  backfill, {count} decode processes: {ledgers:,} ledgers in {seconds:.1f} s "
+                    f"({run['ledgers_per_s']:,} ledgers/s, {run['events_per_s']:,} events/s; "
+                    f"{run['lake_ledgers']:,} from the lake in {run['lake_s']} s); lake -> RPC "
+                    f"handover {run['handover_ms']} ms on Redis's clock"
+                )
+    finally:
+        sim.stop()
+        client.close()
+        shutil.rmtree(lake_dir, ignore_errors=True)
+    return out
+
+
+def run(redis_url: str, *, quick: bool, log: Any = print) -> dict[str, Any]:
+    """The section: pubnet decode on 0, 1 and 2 processes, and the backfill."""
+    result: dict[str, Any] = {"decode": run_decode(12 if quick else 60)}
+    for r in result["decode"].get("runs", ()):
+        log(
+            f"  pubnet decode, {r['processes']} processes: {r['ledgers_per_s']} ledgers/s "
+            f"({r['events_per_s']:,} events/s; load {r['load_before']} before; "
+            f"{r['ledgers_per_worker_cpu_s']} ledgers per worker CPU second)"
+        )
+    if "speedup_2_over_1" in result["decode"]:
+        log(f"  2 processes over 1: {result['decode']['speedup_2_over_1']}x")
+    result["backfill"] = backfill(
+        redis_url, ledgers=2_000 if quick else 10_000, processes=(1,) if quick else (0, 1, 2), log=log
+    )
+    return result
