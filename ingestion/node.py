@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import math
 import os
 import signal
 import socket
@@ -29,6 +30,7 @@ from actors.lease_store import (
     NodeRegistry,
     RedisUnavailable,
     diagnose_redis,
+    examine_redis,
     is_sentinel_url,
     job_keys,
     parse_sentinel_url,
@@ -58,6 +60,7 @@ def _rpc_history(settings: Settings, job: JobSettings) -> Any:
     return LakeSource(
         settings.rpc.lake,
         filters=job.rpc_filters(),
+        endpoint_url=settings.lake.endpoint_url,
         poll_interval=settings.lake.poll_interval_ms / 1000,
         read_ahead=settings.lake.read_ahead,
         decode_processes=settings.lake.decode_processes,
@@ -85,6 +88,7 @@ def build_source(
         return LakeSource(
             job.lake_url,
             filters=job.rpc_filters(),
+            endpoint_url=settings.lake.endpoint_url,
             poll_interval=settings.lake.poll_interval_ms / 1000,
             read_ahead=settings.lake.read_ahead,
             decode_processes=settings.lake.decode_processes,
@@ -217,11 +221,11 @@ def preflight(settings: Settings) -> None:
 
     Raises:
         ConfigError: the token memory in node.state_dir is unusable; what the Redis URL reaches is
-            wrong in a way retrying cannot fix (not a sentinel, not Redis, no such database,
+            wrong in a way retrying cannot fix (not a sentinel, not a cluster, not Redis, no such database,
             credentials refused, an ACL that denies the job's keys); or every sentinel that
             answered says it does not monitor the URL's service. Redis or sentinels that do not
             answer are an outage, not a configuration error: the node starts, logs
-            ``redis-unavailable`` and waits for them.
+            ``redis-unavailable`` and waits for them (:func:`diagnose_after_outages` asks again).
     """
     # The files of the deployment the node will talk to (its name needs no network).
     deployment = deployment_of_url(settings.redis.url)
@@ -386,6 +390,63 @@ async def check_identities(settings: Settings, stores: dict[str, LeaseStore]) ->
         raise ExceptionGroup("jobs configured otherwise", problems)
 
 
+OUTAGE_QUIET = 10.0  # seconds without redis-unavailable that end an outage (electors retry every 2 s at most)
+RECHECK_INTERVAL = 1.0  # seconds between questions to a Redis that does not answer
+
+
+async def diagnose_after_outages(
+    settings: Settings,
+    observers: list[NodeObserver],
+    *,
+    quiet: float = OUTAGE_QUIET,
+    interval: float = RECHECK_INTERVAL,
+) -> None:
+    """The start-up checks of what ``redis.url`` reaches (:func:`preflight`), run again once per
+    outage: an outage is retried, but a Redis that comes back (or first answers) with a password
+    the URL lacks, fewer databases or an ACL that denies the keys would be retried forever. After
+    a ``redis-unavailable``, ask until a server answers; the outage ends once no job has seen
+    ``redis-unavailable`` for ``quiet`` seconds.
+
+    Raises:
+        StartupError: what answered is wrong in a way retrying cannot fix (one line, exit 2).
+    """
+    r = settings.redis
+    examine = functools.partial(
+        examine_redis, r.url, [job_keys(j)["cursor"] for j in settings.node.jobs],
+        timeout=max(r.timeout_ms / 1000, PREFLIGHT_TIMEOUT), tls_ca_file=r.tls_ca_file or None,
+        tls_cert_file=r.tls_cert_file or None, tls_key_file=r.tls_key_file or None,
+    )  # fmt: skip
+    last_failure = -math.inf
+    failed = trio.Event()
+
+    def listen(event: str, _fields: dict[str, Any]) -> None:
+        nonlocal last_failure
+        if event == "redis-unavailable":
+            last_failure = trio.current_time()
+            failed.set()
+
+    unsubscribe = [o.subscribe(listen) for o in observers]
+    try:
+        while True:
+            await failed.wait()
+            while True:
+                diagnosis = await trio.to_thread.run_sync(examine, abandon_on_cancel=True)
+                if diagnosis.mistake:
+                    raise StartupError(f"redis.url {redact_url(r.url)}: {diagnosis.mistake}")
+                if diagnosis.reached:
+                    break
+                await trio.sleep(interval)
+            while True:  # the same outage, until it has been quiet that long
+                failed = trio.Event()
+                with trio.move_on_at(last_failure + quiet) as still_quiet:
+                    await failed.wait()
+                if still_quiet.cancelled_caught:
+                    break
+    finally:
+        for stop in unsubscribe:
+            stop()
+
+
 def _tell_service_manager(log: Any, state: str) -> None:
     """``READY=1`` once serving, ``STOPPING=1`` on shutdown: for a systemd ``Type=notify`` unit."""
     try:
@@ -485,6 +546,7 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
 
                 # Everything that can refuse to start does so before the node campaigns.
                 await _start_endpoints(nursery, settings, list(observers.values()), log, stores)
+                nursery.start_soon(diagnose_after_outages, settings, list(observers.values()))
                 await check_identities(settings, stores)
                 handle = await nursery.start(jobs_then_stop)
                 _tell_service_manager(log, "READY=1")

@@ -158,6 +158,45 @@ def test_a_sentinel_url_pointed_at_a_plain_redis_is_exit_2(redis_server: LocalRe
     assert f"{address} is not a sentinel" in line
 
 
+def test_a_cluster_url_pointed_at_a_plain_redis_is_exit_2(redis_server: LocalRedis, job: str) -> None:
+    address = redis_server.url.split("//")[1].split("/")[0]
+    line = one_line(run("--redis", f"redis+cluster://{address}", "--job", job))
+    assert line.startswith(f"ingestion: configuration error: redis.url redis+cluster://{address}: ")
+    assert f"{address} is not a Redis Cluster node" in line and "cluster support disabled" in line
+    assert "use redis://HOST:PORT/DB for a plain Redis" in line
+
+
+@pytest.mark.parametrize(
+    ("server_args", "path", "says"),
+    [
+        (("--requirepass", "secret"), "/0", "authentication failed"),
+        (("--databases", "4"), "/9", "database 9 does not exist on this server (it has 4 databases)"),
+    ],
+)
+def test_a_redis_down_at_start_that_comes_up_wrong_is_exit_2_not_retried_forever(
+    job: str, server_args: tuple[str, ...], path: str, says: str
+) -> None:
+    server = LocalRedis(extra_args=server_args, password="secret" if "--requirepass" in server_args else None)
+    url = f"redis://127.0.0.1:{server.port}{path}"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "ingestion", "--redis", url, "--job", job, "--log-format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+    )  # fmt: skip
+    try:
+        time.sleep(3)
+        assert child.poll() is None  # an outage: waited out
+        server.start()
+        _out, err = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+        server.stop()
+    done = subprocess.CompletedProcess(child.args, child.returncode, _out, err)
+    line = one_line(done)
+    assert line.startswith(f"ingestion: configuration error: redis.url {url}: {says}"), line
+
+
 def test_a_redis_url_pointed_at_an_http_server_is_exit_2() -> None:
     sim = subprocess.Popen(
         [sys.executable, "-m", "ingestion", "simulate", "--port", "0", "--ledger-interval", "0"],

@@ -11,6 +11,7 @@ import attrs
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel
 
@@ -348,6 +349,14 @@ def _resp_probe(host: str, port: int, timeout: float) -> str | None:
     )
 
 
+@attrs.frozen
+class RedisDiagnosis:
+    """What :func:`examine_redis` found."""
+
+    reached: bool  # a server answered (a wrong answer included); False: an outage, to be retried
+    mistake: str | None  # what retrying cannot fix, with the fix (None: none found)
+
+
 def diagnose_redis(
     url: str,
     keys: list[str],
@@ -361,10 +370,27 @@ def diagnose_redis(
     of one line after ``redis.url ...: `` (with the fix); None when all is well or Redis cannot be
     reached now (an outage, to be retried). Blocking: for start-up, before the node runs.
 
-    Checked: sentinels that are not sentinels, a server that does not speak RESP, a database index
-    beyond the server's ``databases``, credentials refused (``WRONGPASS``, ``NOAUTH``) and an ACL
-    that denies ``keys`` (``NOPERM``).
+    Checked: sentinels that are not sentinels, cluster nodes that are not in cluster mode, a
+    server that does not speak RESP, a database index beyond the server's ``databases``,
+    credentials refused (``WRONGPASS``, ``NOAUTH``) and an ACL that denies ``keys`` (``NOPERM``).
     """
+    return examine_redis(
+        url, keys, timeout=timeout, tls_ca_file=tls_ca_file, tls_cert_file=tls_cert_file,
+        tls_key_file=tls_key_file,
+    ).mistake  # fmt: skip
+
+
+def examine_redis(
+    url: str,
+    keys: list[str],
+    *,
+    timeout: float,
+    tls_ca_file: str | None = None,
+    tls_cert_file: str | None = None,
+    tls_key_file: str | None = None,
+) -> RedisDiagnosis:
+    """:func:`diagnose_redis`'s checks, and whether a server answered at all: a node that found
+    an outage asks again until one does (blocking, as ``diagnose_redis``)."""
     if is_sentinel_url(url):
         target = parse_sentinel_url(url)
         for host, port in target.sentinels:
@@ -376,10 +402,10 @@ def diagnose_redis(
                 client.sentinel_masters()
             except redis.ResponseError as exc:
                 if "unknown command" in str(exc).lower():
-                    return (
+                    return RedisDiagnosis(True, (
                         f"{host}:{port} is not a sentinel (it answered: {str(exc).split(',')[0]}): "
                         "list the sentinels' addresses, or use redis://HOST:PORT/DB for a plain Redis"
-                    )
+                    ))  # fmt: skip
             except (redis.RedisError, OSError):
                 pass
             finally:
@@ -389,17 +415,54 @@ def diagnose_redis(
             url, timeout=timeout, tls_ca_file=tls_ca_file, tls_cert_file=tls_cert_file,
             tls_key_file=tls_key_file,
         )  # fmt: skip
-    except redis.RedisError:
-        return None  # a cluster whose seeds do not answer: an outage
+    except (redis.RedisError, RedisClusterException):  # (the latter is no RedisError)
+        if is_cluster_url(url):
+            return _not_a_cluster(parse_cluster_url(url), timeout)
+        return RedisDiagnosis(False, None)
     try:
         client.ping()
         for key in keys:
             client.exists(key)
     except redis.RedisError as exc:
-        return _mistake(exc, url, client, timeout)
+        reached = not isinstance(exc, redis.ConnectionError | redis.TimeoutError)
+        mistake = _mistake(exc, url, client, timeout)
+        return RedisDiagnosis(reached or mistake is not None, mistake)
     finally:
         client.close()
-    return None
+    return RedisDiagnosis(True, None)
+
+
+def _not_a_cluster(target: ClusterTarget, timeout: float) -> RedisDiagnosis:
+    """Why no seed of a cluster URL gave a cluster client: a seed that is a plain Redis (cluster
+    mode off) or that refuses the credentials is a mistake; seeds that do not answer, an outage."""
+    reached = False
+    for host, port in target.nodes:
+        client = redis.Redis(
+            host=host, port=port, username=target.username, password=target.password,
+            socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0),
+            decode_responses=True, ssl=target.tls,
+        )  # fmt: skip
+        try:
+            client.execute_command("CLUSTER", "INFO")
+            reached = True
+        except redis.ResponseError as exc:
+            text = str(exc)
+            if "cluster support disabled" in text or "unknown command" in text.lower():
+                return RedisDiagnosis(True, (
+                    f"{host}:{port} is not a Redis Cluster node (it answered: {text}): use "
+                    "redis://HOST:PORT/DB for a plain Redis, or list the cluster's nodes in "
+                    "redis+cluster://H:P[,H:P...]"
+                ))  # fmt: skip
+            if isinstance(exc, redis.AuthenticationError) or "WRONGPASS" in text or "NOAUTH" in text:
+                return RedisDiagnosis(
+                    True, f"authentication failed ({text.strip()}): fix the user and password in redis.url"
+                )
+            reached = True
+        except (redis.RedisError, OSError):
+            pass
+        finally:
+            client.close()
+    return RedisDiagnosis(reached, None)
 
 
 def _mistake(exc: redis.RedisError, url: str, client: Any, timeout: float) -> str | None:
