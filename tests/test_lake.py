@@ -62,8 +62,8 @@ def test_manifest_round_trip_and_its_errors() -> None:
 
 def test_lake_urls() -> None:
     assert check_lake_url("/data/lake") is None and check_lake_url("file:///data/lake") is None
-    assert "not supported yet" in (check_lake_url("s3://bucket/prefix") or "")
-    assert "directory" in (check_lake_url("http://x/") or "")
+    assert check_lake_url("s3://bucket/prefix") is None
+    assert "s3://BUCKET/PREFIX" in (check_lake_url("http://x/") or "")
 
 
 # -- events from real ledger metadata -------------------------------------------------------------
@@ -262,7 +262,9 @@ def test_a_lake_job_takes_the_rpc_filter_and_a_lake_url() -> None:
         (),
     )
     assert job.rpc_filters()[0].topics == (topic_from_text("sym:transfer,**"),)
-    with pytest.raises(ConfigError, match="s3:// lakes are not supported yet"):
-        Settings.from_mapping({"jobs": {"old": {"kind": "lake", "lake": "s3://bucket/p"}}})
+    s3 = Settings.from_mapping({"jobs": {"s3": {"kind": "lake", "lake": "s3://bucket/p"}}})
+    assert s3.jobs[0].lake_url == "s3://bucket/p"
+    with pytest.raises(ConfigError, match="names a bucket"):
+        Settings.from_mapping({"jobs": {"old": {"kind": "lake", "lake": "s3:///p"}}})
     with pytest.raises(ConfigError, match=r"lake\.url: no lake URL given"):
         Settings.from_mapping({"node": {"source": "lake"}})

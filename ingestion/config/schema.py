@@ -190,8 +190,8 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
         "lake": (
             str,
             "",
-            "the data lake (a directory or file://PATH) RPC jobs read history older than RPC "
-            "keeps from, with on_history_gap = lake",
+            "the data lake (a directory, file://PATH or s3://BUCKET/PREFIX) RPC jobs read history "
+            "older than RPC keeps from, with on_history_gap = lake",
         ),
         "reset_after_ms": (
             int,
@@ -205,12 +205,13 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
             str,
             "",
             "the ledger-metadata data lake (SEP-54, written by Galexie) of jobs whose source is lake: "
-            "a directory or file://PATH (s3:// is not read yet)",
+            "a directory, file://PATH or s3://BUCKET/PREFIX (anonymous reads unless the AWS credential "
+            "chain finds credentials)",
         ),
         "endpoint_url": (
             str,
             "",
-            "S3-compatible endpoint for an s3:// lake URL (reserved: s3:// lakes are not read yet)",
+            "S3-compatible endpoint for an s3:// lake URL (\"\": AWS; AWS_REGION etc. from the environment)",
         ),
         "poll_interval_ms": (int, 1000, "ms between looks for the next object at the lake's tip"),
         "read_ahead": (

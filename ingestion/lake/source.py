@@ -1,6 +1,6 @@
 """The lake source: contract events from a ledger-metadata data lake, as Stellar RPC serves them.
 
-:class:`LakeSource` reads one object after another (:class:`~ingestion.lake.store.LocalLake`),
+:class:`LakeSource` reads one object after another (:mod:`~ingestion.lake.store`: a directory or S3),
 decodes each in a worker process (:mod:`~ingestion.lake.decoding`, running
 :func:`~ingestion.lake.events.object_events`: zstd, XDR, the events with RPC's ids) and leaves
 every decision to the I/O-free :class:`~ingestion.lake.core.LakeFollower`. The ids, filters and
@@ -33,7 +33,7 @@ from ingestion.lake.core import LakeFollower
 from ingestion.lake.decoding import Decoders, open_decoders
 from ingestion.lake.events import LakeFormatError, LedgerEvents
 from ingestion.lake.keys import LakeSchema, ManifestError
-from ingestion.lake.store import LocalLake
+from ingestion.lake.store import LocalLake, S3Lake, open_lake
 from ingestion.retry import RetryPolicy
 from ingestion.rpc.protocol import Cursor, EventFilter, filters_problem
 
@@ -53,7 +53,8 @@ class LakeSource:
     """A :class:`~actors.source.Source` of a lake's contract events.
 
     Args:
-        url: the lake (a directory or ``file://PATH``).
+        url: the lake (a directory, ``file://PATH`` or ``s3://BUCKET/PREFIX``).
+        endpoint_url: an S3-compatible endpoint for an ``s3://`` URL ("": AWS).
         filters: up to 5 ``getEvents`` filters (OR-ed), RPC's semantics; none: every event.
         poll_interval: seconds between looks for the next object at the tip.
         read_ahead: objects read and decoded ahead of the consumer (1: one at a time); this
@@ -68,6 +69,7 @@ class LakeSource:
 
     url: str
     filters: tuple[EventFilter, ...] = attrs.field(default=(), converter=_filters)
+    endpoint_url: str = ""
     poll_interval: float = 1.0
     read_ahead: int = 4
     decode_processes: int = 1
@@ -75,10 +77,10 @@ class LakeSource:
     retry_base: float = 0.2
     retry_cap: float = 10.0
     health: SourceHealth = attrs.field(factory=SourceHealth, eq=False)
-    lake: LocalLake = attrs.field(init=False)
+    lake: LocalLake | S3Lake = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "lake", LocalLake.from_url(self.url))
+        object.__setattr__(self, "lake", open_lake(self.url, self.endpoint_url))
         if self.poll_interval <= 0 or self.read_ahead < 1 or self.decode_processes < 0:
             raise ValueError("poll_interval must be > 0, read_ahead >= 1 and decode_processes >= 0")
 
