@@ -20,13 +20,27 @@ local refusal = fencing_refusal(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
 if refusal then return {0, refusal[1], refusal[2], stored} end
 local current = tonumber(ARGV[2])
 if stored ~= ARGV[3] then return {0, 'cursor-moved', current, stored} end
-local last = stored
+-- Stellar RPC's ids, "%019d-%010d": two of them order as text exactly as they order as numbers
+-- (one width, the '-' at one place: the first character that differs is a digit of the position
+-- or, positions equal, of the sub-position). So consecutive ids skip split_token, which is most of
+-- this script's time per record; any other shape takes the general rule.
+local PADDED = '^' .. string.rep('%d', 19) .. '%-' .. string.rep('%d', 10) .. '$'
+local function padded(t)
+  return string.find(t, PADDED) ~= nil
+end
+local last, last_padded = stored, padded(stored)
 for i = 6, #ARGV, 2 do
-  if not split_token(ARGV[i]) then return {0, 'bad-paging-token', current, stored} end
-  if last ~= '' and not is_after(ARGV[i], last) then
-    return {0, 'not-after-cursor', current, stored}
+  local t = ARGV[i]
+  local p = padded(t)
+  if p and last_padded then
+    if not (last < t) then return {0, 'not-after-cursor', current, stored} end
+  else
+    if not split_token(t) then return {0, 'bad-paging-token', current, stored} end
+    if last ~= '' and not is_after(t, last) then
+      return {0, 'not-after-cursor', current, stored}
+    end
   end
-  last = ARGV[i]
+  last, last_padded = t, p
 end
 if ARGV[4] ~= '' then
   if not split_token(ARGV[4]) then return {0, 'bad-paging-token', current, stored} end
