@@ -4,6 +4,8 @@ One simulator process serves a history of ``count`` operations, warmed first so 
 pass is served from its cache. Then, in each round: a bare paged fetch (the practical ceiling), the
 official SDK's streaming client, and a real node process ingesting into a fresh Redis job with fenced
 commits, timed from its ``became-leader`` line until the events stream holds ``count`` entries.
+The node's memory is its worker process's (peak and idle RSS), which runs the job; the parent
+hosts none.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from typing import Any
 import redis
 
 from benchmarks.procs import NodeProcess, Simulator, memory_kib
-from benchmarks.rpc import worker_pid
 
 OPS_PER_LEDGER = 100
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,7 +52,7 @@ def _node_run(sim_url: str, redis_url: str, count: int, job: str, limit: float) 
                 break
             time.sleep(0.005)
         done = time.monotonic()
-        pid = worker_pid(node)
+        pid = node.worker_pid  # the process that runs the job; the parent hosts none
         peak = memory_kib(pid)["VmHWM"]
         time.sleep(2.0)  # caught up: following the (idle) stream
         idle = memory_kib(pid)["VmRSS"]

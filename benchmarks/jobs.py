@@ -7,7 +7,9 @@ Measured, in one run:
   commands per second per node meanwhile (INFO commandstats, nothing else talking to Redis);
 - SIGKILL of a node: for each of its jobs, kill -> the job led again (p50 / p99 over the trials);
   then the node is restarted and the shares restored before the next trial;
-- RSS of one node process as its job count grows (1, 10, 30 jobs, all led by it).
+- RSS of one node as its job count grows (1, 10, 30 jobs, all led by it): its worker process's,
+  which hosts the jobs (``NodeProcess.worker_pid``); the parent, which only releases a dead
+  worker's leases, hosts none and is left out.
 """
 
 from __future__ import annotations
@@ -139,7 +141,7 @@ def run(
             try:
                 node.event("became-leader", timeout=30)
                 time.sleep(4.0)
-                rss[str(count)] = memory_kib(node.pid)["VmRSS"]
+                rss[str(count)] = memory_kib(node.worker_pid)["VmRSS"]
                 log(f"  one node, {count} jobs: RSS {rss[str(count)] / 1024:.0f} MiB")
             finally:
                 node.stop()

@@ -9,7 +9,8 @@ Side by side in one run, so that the ratios hold on a loaded machine:
 - Stellar RPC, no delay: a plain ``getEvents`` cursor chain (limit 10,000, warm) against a node
   catching up the same retention window.
 - The node against the best sequential client at 100 ms per response (overlapped ranges must keep
-  it >= 4.5x), and the node's peak RSS there and in the no-delay run.
+  it >= 4.5x), and the node's peak RSS there and in the no-delay run (its worker process's, which
+  runs the job; the parent hosts none).
 - Idle standbys' Redis commands per second at TTL 2 s and 5 s (``benchmarks/standby.py``).
 
 With ``profile`` set, py-spy samples each node while it catches up (``py-spy record --format raw``)
@@ -30,7 +31,6 @@ import redis
 
 from benchmarks import catchup, rpc, standby
 from benchmarks.procs import NodeProcess, Simulator, memory_kib
-from benchmarks.rpc import worker_pid
 
 ROOT = Path(__file__).resolve().parent.parent
 PY_SPY = ROOT / ".venv" / "bin" / "py-spy"
@@ -107,7 +107,7 @@ def _horizon_node(
     node = NodeProcess.start(f"per-record-{job}", redis_url=redis_url, horizon=sim_url, ttl_ms=5000, job=job)
     spy = None
     try:
-        pid = worker_pid(node)
+        pid = node.worker_pid  # profiled and measured: the worker runs the job
         leader = node.event("became-leader", timeout=30)
         spy = _Profiler(pid, profile) if profile is not None else None
         end = leader.at + limit

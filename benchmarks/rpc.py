@@ -33,13 +33,6 @@ from benchmarks.procs import NodeProcess, _readline_within, memory_kib, percenti
 from ingestion.rpc.protocol import Cursor
 
 
-def worker_pid(node: NodeProcess) -> int:
-    """The process that runs the node's jobs: the worker a node forks (the ``pid`` of its
-    ``node-starting`` line), else the node process itself."""
-    line = node.event("node-starting", timeout=30)
-    return int(line.fields.get("pid", node.pid))
-
-
 @attrs.define
 class RpcSimulator:
     process: subprocess.Popen[bytes]
@@ -134,7 +127,7 @@ def catch_up(
                 spy = None
                 try:
                     node.event("became-leader", timeout=60)
-                    pid = worker_pid(node)
+                    pid = node.worker_pid  # the process that runs the job (its peak RSS is the node's)
                     spy = profile(pid) if profile is not None else None
                     began = time.monotonic()
                     deadline = began + 600
