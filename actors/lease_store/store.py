@@ -194,8 +194,10 @@ class LeaseStore:
         self, script: Any, keys: list[str], args: list[Any], *, replid: bool = False
     ) -> tuple[Any, int | None, str | None]:
         """Run ``script`` and, on the same connection right after it, ``WAIT`` for the replicas
-        (when asked for) and ``INFO replication`` (when ``replid``): one round trip, in a worker
-        thread. Returns (the script's answer, replicas that acknowledged or None, the replid).
+        (when asked for): one round trip, in a worker thread. Returns (the script's answer,
+        replicas that acknowledged or None, the replid: with ``replid``, the script's answer ends
+        with the server's replication id, which the script reads itself, so that a standby's
+        acquire is one command, not a script and an ``INFO``).
 
         On a cluster, ``MOVED`` (the slot is served elsewhere now) re-reads the slot map and runs
         it again once; ``ASK`` (the slot is being migrated and its keys are on the target already)
@@ -213,8 +215,6 @@ class LeaseStore:
             pipe.evalsha(script.sha, len(keys), *keys, *args)
             if self.min_replicas_acked:
                 pipe.execute_command("WAIT", self.min_replicas_acked, self.replication_wait_ms)
-            if replid:
-                pipe.info("replication")
             out = pipe.execute(raise_on_error=False)
             if ask is not None:
                 out = out[1:]
@@ -241,8 +241,8 @@ class LeaseStore:
             acked = int(out[1]) if self.min_replicas_acked else None
             # An ASK target is another shard's master (a slot migration, not a failover): its
             # replid says nothing of the job's primary, so none is reported.
-            info = out[-1] if replid and ask is None else None
-            return out[0], acked, (info or {}).get("master_replid") if info is not None else None
+            said = out[0][-1] if replid and ask is None else None
+            return out[0], acked, (said or None) if isinstance(said, str) else None
 
     def _node_at(self, host: str, port: int) -> redis.Redis:
         """The cluster's client for the master at ``host:port`` (an ``ASK`` target)."""
@@ -314,7 +314,7 @@ class LeaseStore:
                 holder=holder, token=token, ttl_left_ms=int(res[2]), committed=bool(int(res[3])),
                 replid=replid,
             )  # fmt: skip
-        _, token, prev_node, prev_token, takeover, cursor, rolled_back = res
+        _, token, prev_node, prev_token, takeover, cursor, rolled_back, _ = res
         if self.on_lease is not None:
             self.on_lease("acquired", self.job, int(token), node)  # granted, replicated or not
         self._check_acked("the lease grant", acked)

@@ -10,18 +10,27 @@
 -- ARGV[4] known_token: the highest token the caller has seen ('0' for none)
 -- ARGV[5] known_committed: '1' when the caller has seen this job commit (a cursor), else '0'
 --
--- Returns {0, lease value, pttl, committed} when held (committed: 1 when the job has a cursor,
--- so that standbys learn it); {2, counter, cursor} when Redis lost the job's state (nothing
--- issued); else {1, token, previous node, previous token, takeover_ms, cursor,
--- rolled_back_from} ('' for each unknown). takeover_ms: how long the job was leaderless, from the
--- previous holder's last sign of life (alive_at_ms; expires_at_ms for a hash written before it).
+-- Returns {0, lease value, pttl, committed, replid} when held (committed: 1 when the job has a
+-- cursor, so that standbys learn it); {2, counter, cursor, replid} when Redis lost the job's state
+-- (nothing issued); else {1, token, previous node, previous token, takeover_ms, cursor,
+-- rolled_back_from, replid} ('' for each unknown). takeover_ms: how long the job was leaderless,
+-- from the previous holder's last sign of life (alive_at_ms; expires_at_ms for a hash written
+-- before it). replid: this server's replication id (INFO replication, read here rather than sent
+-- as a command of its own beside every acquire; '' when the ACL user may not run INFO), by which
+-- a node tells that the primary was replaced.
+
+local function replid()
+  local ok, info = pcall(redis.call, 'INFO', 'replication')
+  if not ok or type(info) ~= 'string' then return '' end
+  return string.match(info, 'master_replid:(%w+)') or ''
+end
 
 local cursor = redis.call('HGET', KEYS[5], 'cursor') or ''
 local held = redis.call('GET', KEYS[1])
 if held then
   local committed = 0
   if cursor ~= '' then committed = 1 end
-  return {0, held, redis.call('PTTL', KEYS[1]), committed}
+  return {0, held, redis.call('PTTL', KEYS[1]), committed, replid()}
 end
 -- The caller has seen fencing token known_token. A counter below it means Redis went back in time:
 -- a failover to a replica that missed the newest writes, a restart from an old file, a restore.
@@ -31,7 +40,7 @@ if counter < known and cursor == '' and ARGV[5] == '1' then
   -- Not a rollback but a loss: the job had committed (the caller saw it) and its cursor is gone
   -- too. Leading would restart the job from its start cursor; that is an operator's decision,
   -- so issue nothing. (A job that never committed lost nothing: it is floored like a rollback.)
-  return {2, counter, cursor}
+  return {2, counter, cursor, replid()}
 end
 local now = now_ms()
 -- The counter only ever increases. Floor it at every token known to be used: the caller's, and
@@ -60,4 +69,4 @@ if rolled_back ~= '' then
   table.insert(entry, rolled_back)
 end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', unpack(entry))
-return {1, token, prev[1] or '', prev[2] or '', takeover, cursor, rolled_back}
+return {1, token, prev[1] or '', prev[2] or '', takeover, cursor, rolled_back, replid()}
