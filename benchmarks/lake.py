@@ -37,7 +37,7 @@ import trio
 import zstandard
 
 from benchmarks.procs import NodeProcess, memory_kib
-from benchmarks.rpc import RpcSimulator, _cursor
+from benchmarks.rpc import RpcSimulator, _cursor, _page_everything
 from ingestion.lake.decoding import open_decoders
 from ingestion.rpc.protocol import Cursor
 from tests import recorded
@@ -166,6 +166,8 @@ def backfill(
             latest = int(sim.call(http, "getLatestLedger")["sequence"])
             out["simulator_start_s"] = round(time.monotonic() - written, 1)
             first = latest - ledgers + 1
+            # the simulator derives its events on first use: pay that before the first run, not in it
+            _page_everything(sim, http, latest - retention + 1, 10_000)
             done = str(Cursor.through(latest))
             for count in processes:
                 job = f"bench-lake-{count}"
