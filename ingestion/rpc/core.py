@@ -616,14 +616,10 @@ def read_events(content: bytes) -> EventsPage | None:
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, ValueError):
         return None
     events = heads.events
-    # One decode for all the texts: no raw line break is left in the answer (a JSON string holds
-    # none, and any between tokens went above); the count proves it.
-    lines = b"\n".join(texts).decode().split("\n") if texts else []
-    if len(lines) != len(texts):
-        lines = [bytes(t).decode() for t in texts]
     return EventsPage(
-        ids=[e.id for e in events], ledgers=[e.ledger for e in events], texts=lines,
-        latest=heads.latestLedger, close_time=close_time, cursor=heads.cursor,
+        ids=[e.id for e in events], ledgers=[e.ledger for e in events],
+        texts=[str(t, "utf-8") for t in texts], latest=heads.latestLedger, close_time=close_time,
+        cursor=heads.cursor,
     )  # fmt: skip
 
 
