@@ -37,7 +37,8 @@ def _fail_skip_in_ci(report: pytest.TestReport | pytest.CollectReport) -> None:
     if not (CI and report.skipped) or hasattr(report, "wasxfail"):
         return
     reason = _skip_reason(report)
-    if recorded.SKIP_REASON in reason and recorded.absence_excused():
+    from_recordings = recorded.SKIP_REASON in reason or report.nodeid in recorded.excused
+    if from_recordings and recorded.absence_excused():
         _recorded_skips.append(report.nodeid)
         return
     report.outcome = "failed"
@@ -68,8 +69,8 @@ def pytest_make_collect_report(
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if _recorded_skips:
         terminalreporter.write_line(
-            f"{len(_recorded_skips)} tests did not run: they read recorded Horizon data, which lies "
-            f"outside the repository and is absent at {recorded.HORIZON} "
+            f"{len(_recorded_skips)} tests did not run: they read recorded Horizon responses or lake "
+            f"objects, which lie outside the repository and are absent at {recorded.HORIZON.parent} "
             f"(set {recorded.ENV} to where it is)",
             yellow=True,
         )
