@@ -56,7 +56,7 @@ def test_under_ci_only_a_recorded_data_skip_is_a_skip(tmp_path: Path) -> None:
     assert "ERROR test_missing_dependency.py" in out
     assert "SKIPPED [1]" in out and "outside the repository and is absent" in out
     assert "XFAIL test_skips.py::test_expected_failure" in out
-    assert "1 tests did not run: they read recorded Horizon data" in out
+    assert "1 tests did not run: they read recorded Horizon responses or lake objects" in out
 
 
 def test_under_ci_recordings_asked_for_must_be_there(tmp_path: Path) -> None:
