@@ -26,6 +26,7 @@ from tests.redis_ha import sentinel_group  # noqa: F401  (a fixture)
 
 CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 _recorded_skips: list[str] = []
+RECORDED_SKIP = "skipped-for-recorded-data"
 
 
 def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
@@ -39,7 +40,11 @@ def _fail_skip_in_ci(report: pytest.TestReport | pytest.CollectReport) -> None:
     reason = _skip_reason(report)
     from_recordings = recorded.SKIP_REASON in reason or report.nodeid in recorded.excused
     if from_recordings and recorded.absence_excused():
-        _recorded_skips.append(report.nodeid)
+        # counted where the reports meet (pytest_runtest_logreport): with xdist, the controller
+        if hasattr(report, "user_properties"):
+            report.user_properties.append((RECORDED_SKIP, True))
+        else:
+            _recorded_skips.append(report.nodeid)
         return
     report.outcome = "failed"
     report.longrepr = (
@@ -64,6 +69,11 @@ def pytest_make_collect_report(
     report = yield  # a module-level skip (importorskip, skip(allow_module_level=True))
     _fail_skip_in_ci(report)
     return report
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if (RECORDED_SKIP, True) in report.user_properties and report.nodeid not in _recorded_skips:
+        _recorded_skips.append(report.nodeid)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
