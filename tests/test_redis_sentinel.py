@@ -154,18 +154,28 @@ async def test_a_paused_replica_makes_commits_unknown_and_nothing_unreplicated_c
         await c.wait_for_events(200)
         replica = g.replicas()[0]
         primary = g.primary_port()
-        paused_at = trio.current_time()
-        await trio.to_thread.run_sync(g.pause, replica)
-        # The window is read on the primary's clock, as stream ids are: from once the replica is
-        # stopped (an entry written just before may have reached it and been acknowledged) to
-        # OUTCOME_DECIDED_MS before it resumes (a WAIT still running then could be answered).
-        stopped_ms = redis_ms(g, primary)
-        await trio.sleep(3)
-        resume_ms = redis_ms(g, primary)
-        during = entries_between(g, primary, job, stopped_ms, resume_ms - OUTCOME_DECIDED_MS)
-        await trio.to_thread.run_sync(g.resume, replica)
-        resumed_at = trio.current_time()
-        assert during, "the primary took no batch while the replica was paused"
+        # The scenario needs a term that commits once the replica is stopped. With the replica
+        # stopped no term can start (each grant's WAIT fails), so the only batch the window can
+        # hold is the one a running term sends next; a loaded machine may have no term running
+        # at that moment (a 75 ms WAIT that timed out ends terms now and then). Then the pause
+        # proved nothing either way: resume, let a term commit again, pause again (bounded).
+        for _attempt in range(4):
+            await c.wait_for_progress(20, within=30)  # a term is committing now
+            paused_at = trio.current_time()
+            await trio.to_thread.run_sync(g.pause, replica)
+            # The window is read on the primary's clock, as stream ids are: from once the replica
+            # is stopped (an entry written just before may have reached it and been acknowledged)
+            # to OUTCOME_DECIDED_MS before it resumes (a WAIT still running then could be answered).
+            stopped_ms = redis_ms(g, primary)
+            await trio.sleep(3)
+            resume_ms = redis_ms(g, primary)
+            during = entries_between(g, primary, job, stopped_ms, resume_ms - OUTCOME_DECIDED_MS)
+            await trio.to_thread.run_sync(g.resume, replica)
+            resumed_at = trio.current_time()
+            if during:
+                break
+            print("\npaused replica: no batch in the window (no term was committing); again")
+        assert during, "the primary took no batch while the replica was paused, four times"
         # Every batch the primary took during the pause was reported unknown by its writer: one
         # batch per term at most (an unknown commit ends the term), so one line per token. The
         # lines are awaited: the last may still be in the log pipe.
