@@ -35,7 +35,7 @@ def _reference(kind: str, url: str, count: int, limit: float) -> dict[str, float
     if out.returncode != 0:
         raise RuntimeError(f"reference {kind} failed: {out.stderr.decode()[-2000:]}")
     result = json.loads(out.stdout.decode().strip().splitlines()[-1])
-    return {"records": result["records"], "seconds": result["seconds"]}
+    return {"records": result["records"], "seconds": result["seconds"], "cpu_seconds": result["cpu_seconds"]}
 
 
 def _node_run(sim_url: str, redis_url: str, count: int, job: str, limit: float) -> dict[str, Any]:

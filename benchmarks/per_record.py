@@ -13,6 +13,14 @@ Side by side in one run, so that the ratios hold on a loaded machine:
   runs the job; the parent hosts none).
 - Idle standbys' Redis commands per second at TTL 2 s and 5 s (``benchmarks/standby.py``).
 
+CPU accounting, every timed run (``benchmarks.procs.cpu_usage``): the CPU seconds each process used
+in the timed window (``/proc/<pid>/stat``: the node's worker and parent, the simulator, the
+redis-server, py-spy when profiling; the bare fetch measures its own process, the plain RPC client
+is the harness's thread), as microseconds per record and as cores (CPU per wall second), the cores
+all of them used together, and what bounds the run: ``one-core`` when the node (or the reference)
+ran at ~1 core, its one thread's limit; ``machine`` when together they kept every core busy;
+``neither`` when each waited on another (a sequential fetch: client and server take turns).
+
 With ``profile`` set, py-spy samples each node while it catches up (``py-spy record --format raw``)
 and the heaviest frames (own samples and with callees) are returned with the figures.
 """
@@ -30,7 +38,7 @@ from typing import Any
 import redis
 
 from benchmarks import catchup, rpc, standby
-from benchmarks.procs import NodeProcess, Simulator, memory_kib
+from benchmarks.procs import NodeProcess, Simulator, cpu_line, cpu_snapshot, cpu_usage, memory_kib, redis_pid
 
 ROOT = Path(__file__).resolve().parent.parent
 PY_SPY = ROOT / ".venv" / "bin" / "py-spy"
@@ -99,17 +107,22 @@ class _Profiler:
 
 
 def _horizon_node(
-    sim_url: str, redis_url: str, count: int, job: str, limit: float, profile: Path | None
+    sim: Simulator, redis_url: str, count: int, job: str, limit: float, profile: Path | None
 ) -> dict[str, Any]:
     client = redis.Redis.from_url(redis_url)
+    rpid = redis_pid(client)
     events = f"ingestion:{{{job}}}:events"
     client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token")))
-    node = NodeProcess.start(f"per-record-{job}", redis_url=redis_url, horizon=sim_url, ttl_ms=5000, job=job)
+    node = NodeProcess.start(f"per-record-{job}", redis_url=redis_url, horizon=sim.url, ttl_ms=5000, job=job)
     spy = None
     try:
         pid = node.worker_pid  # profiled and measured: the worker runs the job
         leader = node.event("became-leader", timeout=30)
         spy = _Profiler(pid, profile) if profile is not None else None
+        pids = {"node": pid, "node parent": node.pid, "simulator": sim.process.pid, "redis": rpid}
+        if spy is not None and spy.proc is not None:
+            pids["py-spy"] = spy.proc.pid
+        cpu_before, cpu_at = cpu_snapshot(pids), time.monotonic()
         end = leader.at + limit
         n = 0
         while time.monotonic() < end:
@@ -118,10 +131,11 @@ def _horizon_node(
                 break
             time.sleep(0.005)
         done = time.monotonic()
+        cpu = cpu_usage(cpu_before, cpu_snapshot(pids), wall=done - cpu_at, records=n, bound_by="node")
         top = spy.stop() if spy is not None else None
         return {
             "records": n, "seconds": done - leader.at, "rate": n / (done - leader.at),
-            "peak_rss_kib": memory_kib(pid)["VmHWM"], "profile": top,
+            "peak_rss_kib": memory_kib(pid)["VmHWM"], "profile": top, "cpu": cpu,
         }  # fmt: skip
     finally:
         if spy is not None and spy.proc is not None and spy.proc.poll() is None:
@@ -141,23 +155,42 @@ def horizon(
     )
     limit = max(60.0, count / 1000)
     paged: list[float] = []
+    paged_cpu: list[dict[str, Any]] = []
     nodes: list[dict[str, Any]] = []
+    with redis.Redis.from_url(redis_url) as client:
+        pids = {"simulator": sim.process.pid, "redis": redis_pid(client)}
     try:
         catchup._reference("paged", sim.url, count, limit)  # builds and caches every page
         for r in range(rounds):
+            before = cpu_snapshot(pids)
             ref = catchup._reference("paged", sim.url, count, limit)
+            # the simulator and Redis are idle around the fetch: their CPU over the reference
+            # process's life is theirs in its timed part; the fetch's own CPU it measures itself
+            after = cpu_snapshot(pids)
+            before["bare fetch"], after["bare fetch"] = 0.0, ref["cpu_seconds"]
+            paged_cpu.append(
+                cpu_usage(
+                    before, after, wall=ref["seconds"], records=int(ref["records"]), bound_by="bare fetch"
+                )
+            )
             paged.append(ref["records"] / ref["seconds"])
             profile = profile_dir / f"horizon-{r}.txt" if profile_dir is not None and r == 0 else None
-            nodes.append(_horizon_node(sim.url, redis_url, count, f"per-record-{r}", limit, profile))
+            nodes.append(_horizon_node(sim, redis_url, count, f"per-record-{r}", limit, profile))
             log(f"  horizon round {r + 1}: node {nodes[-1]['rate']:,.0f} records/s, bare paged "
                 f"{paged[-1]:,.0f} records/s ({nodes[-1]['rate'] / paged[-1]:.2f})")  # fmt: skip
+            log(f"    node: {cpu_line(nodes[-1]['cpu'])}")
+            log(f"    bare paged: {cpu_line(paged_cpu[-1])}")
     finally:
         sim.stop()
     best = max(nodes, key=lambda x: x["rate"])
+    best_paged = max(range(len(paged)), key=paged.__getitem__)
     return {
         "count": count, "rounds": rounds, "node_rate": best["rate"], "paged_rate": max(paged),
         "ratio": best["rate"] / max(paged), "node_peak_rss_kib": max(n["peak_rss_kib"] for n in nodes),
         "profile": nodes[0]["profile"],
+        # CPU in each timed window, every round (the best runs' first)
+        "node_cpu": best["cpu"], "paged_cpu": paged_cpu[best_paged],
+        "rounds_cpu": [{"node": n["cpu"], "paged": p} for n, p in zip(nodes, paged_cpu, strict=True)],
     }  # fmt: skip
 
 
@@ -173,6 +206,7 @@ def rpc_catch_up(
         "ledgers": ledgers, "events": out["events"], "node_eps": run_["eps"],
         "plain_eps": out["bare_warm_eps"], "ratio": run_["ratio_bare_warm"],
         "node_peak_rss_kib": run_.get("peak_rss_kib"), "profile": run_.get("profile"),
+        "node_cpu": run_["cpu"], "plain_cpu": out["plain_cpu"],
     }  # fmt: skip
 
 

@@ -31,6 +31,75 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def cpu_snapshot(pids: dict[str, int | None]) -> dict[str, float | None]:
+    """``cpu_seconds`` of each named process now; None for one that is gone or unreadable."""
+    out: dict[str, float | None] = {}
+    for name, pid in pids.items():
+        try:
+            out[name] = None if pid is None else cpu_seconds(pid)
+        except (OSError, IndexError, ValueError):
+            out[name] = None
+    return out
+
+
+def redis_pid(client: Any) -> int | None:
+    """The pid of the redis-server behind ``client`` when it runs on this machine (its ``INFO
+    server`` ``process_id`` is a process here running redis-server), else None."""
+    try:
+        pid = int(client.info("server")["process_id"])
+        with open(f"/proc/{pid}/comm") as f:
+            return pid if f.read().startswith("redis") else None
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+# A process above this share of a core is bound by its one (GIL-holding) thread; the machine's
+# cores above this share of all of them are what bounds everyone.
+ONE_CORE = 0.85
+ALL_CORES = 0.85
+
+
+def cpu_usage(
+    before: dict[str, float | None], after: dict[str, float | None], *, wall: float, records: int,
+    bound_by: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """CPU each process used in a timed window of ``wall`` seconds that handled ``records``:
+    seconds, microseconds per record and cores (seconds per wall second); the cores all of them
+    used together; the machine's load average and core count; and what bounds the window:
+    ``one-core`` when ``bound_by`` (a name) ran at about one core, ``machine`` when the processes
+    together used about every core, both, or ``neither`` (the window waited on something)."""
+    cpu = {
+        name: after[name] - b  # type: ignore[operator]
+        for name, b in before.items()
+        if b is not None and after.get(name) is not None
+    }
+    cores_n = os.cpu_count() or 1
+    total = sum(cpu.values()) / wall if wall > 0 else 0.0
+    one = bound_by is not None and bound_by in cpu and wall > 0 and cpu[bound_by] / wall >= ONE_CORE
+    machine = total >= ALL_CORES * cores_n
+    return {
+        "wall_s": wall,
+        "records": records,
+        "cpu_s": cpu,
+        "us_per_record": {k: v * 1e6 / records if records else 0.0 for k, v in cpu.items()},
+        "cores": {k: v / wall if wall > 0 else 0.0 for k, v in cpu.items()},
+        "cores_total": total,
+        "machine_cores": cores_n,
+        "load_avg": list(os.getloadavg()),
+        "bound": "both" if one and machine else "one-core" if one else "machine" if machine else "neither",
+    }
+
+
+def cpu_line(usage: dict[str, Any]) -> str:
+    """``usage`` (``cpu_usage``) in one line: per process us/record (cores), the total, the bound."""
+    per = ", ".join(
+        f"{k} {usage['us_per_record'][k]:.1f} us ({usage['cores'][k]:.2f})" for k in usage["cpu_s"]
+    )
+    load = usage["load_avg"][0]
+    total = usage["cores_total"]
+    return f"CPU per record (cores): {per}; {total:.2f} cores in all, {usage['bound']}, load {load:.1f}"
+
+
 def memory_kib(pid: int) -> dict[str, int]:
     """``VmRSS`` and ``VmHWM`` (peak RSS) of a process, in KiB."""
     out: dict[str, int] = {}

@@ -29,7 +29,17 @@ import attrs
 import httpx
 import redis
 
-from benchmarks.procs import NodeProcess, _readline_within, memory_kib, percentile, stop_process
+from benchmarks.procs import (
+    NodeProcess,
+    _readline_within,
+    cpu_line,
+    cpu_snapshot,
+    cpu_usage,
+    memory_kib,
+    percentile,
+    redis_pid,
+    stop_process,
+)
 from ingestion.rpc.protocol import Cursor
 
 
@@ -91,7 +101,12 @@ def _cursor(client: redis.Redis, job: str) -> str | None:
 
 
 def catch_up(
-    redis_url: str, *, ledgers: int, limits: tuple[int, ...], log: Any, delay_ms: int = 0,
+    redis_url: str,
+    *,
+    ledgers: int,
+    limits: tuple[int, ...],
+    log: Any,
+    delay_ms: int = 0,
     profile: Callable[[int], Any] | None = None,
 ) -> dict[str, Any]:
     """``profile(pid)``, when given, is started on each node process (a profiler with
@@ -108,12 +123,21 @@ def catch_up(
             latest = int(sim.call(http, "getLatestLedger")["sequence"])
             oldest = latest - ledgers + 1
             events, cold = _page_everything(sim, http, oldest, 10_000)
+            shared = {"simulator": sim.process.pid, "redis": redis_pid(client)}
+            plain0, thread_cpu = cpu_snapshot(shared), time.thread_time()
             _, warm = _page_everything(sim, http, oldest, 10_000)
-            out.update(events=events, bare_cold_eps=events / cold, bare_warm_eps=events / warm)
+            # the plain client is this thread: its CPU is the thread's, not the harness process's
+            plain1 = cpu_snapshot(shared)
+            plain0["plain client"], plain1["plain client"] = 0.0, time.thread_time() - thread_cpu
+            plain_cpu = cpu_usage(plain0, plain1, wall=warm, records=events, bound_by="plain client")
+            out.update(
+                events=events, bare_cold_eps=events / cold, bare_warm_eps=events / warm, plain_cpu=plain_cpu
+            )
             log(
                 f"  {ledgers:,} ledgers, {events:,} events, {delay_ms} ms per answer: plain client "
                 f"{events / cold:,.0f} events/s building the chain, {events / warm:,.0f} events/s warm"
             )
+            log(f"    plain client: {cpu_line(plain_cpu)}")
             done = str(Cursor.through(latest))
             for limit in limits:
                 job = f"bench-rpc-{limit}"
@@ -129,6 +153,10 @@ def catch_up(
                     node.event("became-leader", timeout=60)
                     pid = node.worker_pid  # the process that runs the job (its peak RSS is the node's)
                     spy = profile(pid) if profile is not None else None
+                    pids: dict[str, int | None] = {"node": pid, "node parent": node.pid, **shared}
+                    if getattr(spy, "proc", None) is not None:
+                        pids["py-spy"] = spy.proc.pid  # type: ignore[union-attr]
+                    cpu_before = cpu_snapshot(pids)
                     began = time.monotonic()
                     deadline = began + 600
                     while _cursor(client, job) != done:
@@ -136,6 +164,9 @@ def catch_up(
                             raise TimeoutError(f"limit {limit}: not caught up in 600 s")
                         time.sleep(0.005)
                     seconds = time.monotonic() - began
+                    cpu = cpu_usage(
+                        cpu_before, cpu_snapshot(pids), wall=seconds, records=events, bound_by="node"
+                    )
                     top = spy.stop() if spy is not None else None
                     peak = memory_kib(pid)["VmHWM"]
                 finally:
@@ -147,6 +178,7 @@ def catch_up(
                 run = {
                     "limit": limit, "seconds": seconds, "eps": events / seconds, "requests": requests,
                     "ratio_bare_warm": (events / seconds) / (events / warm), "peak_rss_kib": peak,
+                    "cpu": cpu,
                 }  # fmt: skip
                 if top is not None:
                     run["profile"] = top
@@ -156,6 +188,7 @@ def catch_up(
                     f"  node, page limit {limit:>5}: {run['eps']:,.0f} events/s ({seconds:.2f} s, "
                     f"{requests} getEvents requests; {run['ratio_bare_warm']:.2f}x the plain warm pass)"
                 )
+                log(f"    node: {cpu_line(cpu)}")
     finally:
         sim.stop()
         client.close()
@@ -227,8 +260,6 @@ def run(redis_url: str, *, quick: bool, log: Any = print) -> dict[str, Any]:
         "catch_up": catch_up(redis_url, ledgers=ledgers, limits=(1000, 10_000), log=log),
         # A real RPC answers in tens to hundreds of ms: the cursor chain is sequential, so the
         # page size sets the pace.
-        "catch_up_100ms": catch_up(
-            redis_url, ledgers=ledgers, limits=(1000, 10_000), log=log, delay_ms=100
-        ),
+        "catch_up_100ms": catch_up(redis_url, ledgers=ledgers, limits=(1000, 10_000), log=log, delay_ms=100),
         "tip": tip_latency(redis_url, ledgers=10 if quick else 40, interval=1.0, log=log),
     }

@@ -480,6 +480,15 @@ def _per_record_rows(pr: dict[str, Any] | None) -> list[tuple[str, str, str, str
         ("per-record cost: node peak RSS (Horizon no delay / RPC / Horizon 100 ms)",
          " / ".join(_mib(v) for v in rss), "<= 150 MiB", _ok(max(rss) <= 150 * 1024)),
     ]  # fmt: skip
+    for name, source, ref in (("Horizon", h, ("paged_cpu", "bare paged fetch")),
+                              ("RPC", rp, ("plain_cpu", "plain getEvents client"))):  # fmt: skip
+        for key, what in (("node_cpu", "node"), ref):
+            if source.get(key):
+                rows.append((
+                    f"per-record cost, {name}, {what}: CPU us per record (cores) by process; cores in all, "
+                    "bound (one-core / machine / both / neither)",
+                    _cpu_brief(source[key]), "", None,
+                ))  # fmt: skip
     for ttl, sb in sorted(pr["standby"].items(), key=lambda kv: int(kv[0])):
         cps = sb["commands_per_s_per_standby"]
         per = sb["seconds"] * sb["standbys"]
@@ -490,6 +499,11 @@ def _per_record_rows(pr: dict[str, Any] | None) -> list[tuple[str, str, str, str
             f"{cps:.2f} ({detail})", target, _ok(cps < 1) if target else None,
         ))  # fmt: skip
     return rows
+
+
+def _cpu_brief(usage: dict[str, Any]) -> str:
+    per = ", ".join(f"{k} {usage['us_per_record'][k]:.1f} ({usage['cores'][k]:.2f})" for k in usage["cpu_s"])
+    return f"{per}; {usage['cores_total']:.2f} of {usage['machine_cores']} cores, {usage['bound']}"
 
 
 def _ok(flag: bool) -> str:
