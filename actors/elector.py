@@ -181,9 +181,14 @@ class Elector:
                 try:
                     if self.memory is not None and self.memory.committed:
                         self.known_committed = True  # the CursorWriter saw this node commit
+                    # An idle standby's source-health report rides on its campaign.
+                    watch = self.source_watch
+                    health = watch.report() if watch is not None else None
                     answer = await self.store.acquire(
-                        self.node, self.ttl_ms, self.known_token, self.known_committed
+                        self.node, self.ttl_ms, self.known_token, self.known_committed, health
                     )
+                    if watch is not None:
+                        watch.carried(answer.able)
                 except RedisUnavailable as exc:
                     if self.gate is not None:
                         self.gate.campaign_done()
@@ -356,6 +361,8 @@ class Elector:
             self.log.info("standby", leader=held.holder, token=held.token)
             self.observer.election_event("standby", leader=held.holder, token=held.token)
         wait = standby_wait(held.ttl_left_ms, self.ttl_ms, random.uniform(0, self.jitter))
+        if self.source_watch is not None:
+            self.source_watch.campaign_at(trio.current_time() + wait)  # it looks just before
         await self._standby_until(trio.current_time() + wait)
 
     async def _standby_until(

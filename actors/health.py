@@ -16,6 +16,12 @@ able to lead the job. The rules are :mod:`actors.liveness`'s (rule 1, :func:`dec
 - **A standby campaigns** while its own source works. One whose source fails holds off while
   another node's works, and campaigns only as a last resort, after a delay, when no node's does.
 
+An idle standby's report rides on its campaign: the Elector tells the watch when it will campaign
+next (:meth:`SourceWatch.campaign_at`), the watch looks at the source just before, and the acquire
+script records the report and answers the able nodes (one round trip per TTL, not two). When no
+campaign carried it (held off, Redis unreachable, woken late) the watch reports on its own, a
+quarter TTL after the campaign was due.
+
 Safety does not depend on any of this (the lease and the fencing token do); it decides only which
 node leads.
 """
@@ -28,7 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 import trio
 
-from actors.lease_store import LeaseStore, RedisUnavailable
+from actors.lease_store import HealthReport, LeaseStore, RedisUnavailable
 from actors.liveness import (  # the sources import SourceHealth from here
     HEALTHY_WITHIN_TTLS,
     LAST_RESORT_TTLS,
@@ -67,6 +73,22 @@ class SourceWatch:
     _reported: bool | None = None  # the last state logged (log each change once)
     _checked: bool = False
     _said_everywhere: bool = False
+    # The carried report (see the module docstring): when the Elector campaigns next, when the
+    # watch looks next (moved by campaign_at), whether a check left its report to that campaign,
+    # and when a campaign last carried one.
+    _campaign_at: float | None = None
+    _due: float = float("inf")
+    _moved: trio.Event = attrs.Factory(trio.Event)
+    _left_to_campaign: float | None = None
+    _left_at: float = 0.0
+    _carried_at: float | None = None
+    _last_check: float | None = None
+    _looked: bool = False  # the source was looked at (report() has something to say)
+
+    @property
+    def lead(self) -> float:
+        """How long before a standby's campaign the watch looks at the source."""
+        return min(self.ttl / 4, 0.5)
 
     def healthy(self) -> bool:
         return self.source.health.healthy(trio.current_time(), HEALTHY_WITHIN_TTLS * self.ttl)
@@ -90,9 +112,65 @@ class SourceWatch:
         task_status.started()
         await self.check()
         while True:
-            # A leader looks twice per TTL: the hand-over comes at most half a TTL late.
-            await trio.sleep(self.ttl / 2 if self.leading() is not None else self.ttl)
+            # A leader looks twice per TTL: the hand-over comes at most half a TTL late. A
+            # standby looks once per TTL, moved to just before its next campaign (campaign_at).
+            self._due = trio.current_time() + (self.ttl / 2 if self.leading() is not None else self.ttl)
+            if self._left_to_campaign is not None:
+                self._due = self._left_to_campaign + self.ttl / 4  # report then, if not carried
+            elif (
+                self._campaign_at is not None
+                and self._campaign_at > trio.current_time()
+                and self.leading() is None
+            ):
+                self._due = self._aligned(self._campaign_at)
+            while trio.current_time() < self._due:
+                self._moved = trio.Event()
+                with trio.move_on_at(self._due):
+                    await self._moved.wait()
+            if self._left_to_campaign is not None:
+                self._left_to_campaign = None
+                if self._carried_at is not None and self._carried_at >= self._left_at:
+                    continue  # the campaign carried it
+                if trio.current_time() - self._left_at < self.ttl / 2:
+                    await self._report()  # the look is fresh: report it, do not probe again
+                    continue
             await self.check()
+
+    def _aligned(self, campaign_at: float) -> float:
+        """When to look before a campaign at ``campaign_at``: ``lead`` before it, but not sooner
+        than half a TTL after the last look (the probe rate stays bounded)."""
+        return max(campaign_at - self.lead, (self._last_check or 0.0) + self.ttl / 2)
+
+    def campaign_at(self, at: float) -> None:
+        """The Elector: this standby campaigns next at ``at`` (unless woken sooner). The watch
+        looks at the source just before, and leaves its report to that campaign to carry."""
+        self._campaign_at = at
+        if self._left_to_campaign is None and self.leading() is None:
+            self._due = self._aligned(at)
+            self._moved.set()
+
+    def report(self) -> HealthReport | None:
+        """For the Elector's campaign: this node's source health now (None before the first
+        look, when nothing is known)."""
+        if not self._looked:
+            return None
+        now = trio.current_time()
+        said = advertise(self.source.health)  # with "failing since": peers stop counting it at once
+        return HealthReport(
+            age_ms=round(1000 * (now - said.last_ok)) if said.last_ok is not None else None,
+            window_ms=round(1000 * HEALTHY_WITHIN_TTLS * self.ttl),
+            failing_ms=(
+                round(1000 * (now - said.failing_since)) if said.failing_since is not None else None
+            ),
+        )
+
+    def carried(self, able: tuple[str, ...] | None) -> None:
+        """The Elector's campaign carried :meth:`report`; ``able``: the answer's able nodes."""
+        if able is None:
+            return
+        self._carried_at = trio.current_time()
+        self.able = frozenset(able) - {self.node}
+        self.peers_healthy = bool(self.able)
 
     async def check(self) -> None:
         term = self.leading()  # the decision below is about this term, even if it ends meanwhile
@@ -108,19 +186,15 @@ class SourceWatch:
             health.probed(
                 trio.current_time(), answered, leading=leading, quarantine=self.handover_after
             )
-        now = trio.current_time()
+        now = self._last_check = trio.current_time()
         healthy = self.healthy()
-        said = advertise(health)  # with "failing since": peers stop counting this node at once
-        age_ms = round(1000 * (now - said.last_ok)) if said.last_ok is not None else None
-        failing_ms = round(1000 * (now - said.failing_since)) if said.failing_since is not None else None
-        try:
-            peers = await self.store.report_health(
-                self.node, age_ms, round(1000 * HEALTHY_WITHIN_TTLS * self.ttl), failing_ms
-            )
-            self.able = frozenset(peers) - {self.node}
-            self.peers_healthy = bool(self.able)
-        except RedisUnavailable:
-            pass  # keep the last view of the others; the Elector copes with Redis on its own
+        self._looked = True
+        campaign = self._campaign_at
+        if not leading and campaign is not None and 0 <= campaign - now <= self.lead + 0.05 * self.ttl:
+            # The campaign just ahead carries this report (run() reports it if none did).
+            self._left_to_campaign, self._left_at = campaign, now
+        else:
+            await self._report()
         self._checked = True
         self.observer.source_state(healthy, health.last_ok)
         if healthy != self._reported:
@@ -149,6 +223,18 @@ class SourceWatch:
                 "source-unavailable", handover=False, failing_s=round(health.failing_for(now), 3),
                 reason="no node reports a reachable source",
             )  # fmt: skip
+
+    async def _report(self) -> None:
+        report = self.report()
+        assert report is not None
+        try:
+            peers = await self.store.report_health(
+                self.node, report.age_ms, report.window_ms, report.failing_ms
+            )
+            self.able = frozenset(peers) - {self.node}
+            self.peers_healthy = bool(self.able)
+        except RedisUnavailable:
+            pass  # keep the last view of the others; the Elector copes with Redis on its own
 
     async def forget(self) -> None:
         """The job stopped on this node for good: remove its health entries, so that no peer

@@ -65,16 +65,21 @@ class Recorder:
 
 @contextmanager
 def lease_store(
-    url: str, job: str, *, timeout: float = REDIS_TIMEOUT, **options: Any
+    url: str,
+    job: str,
+    *,
+    timeout: float = REDIS_TIMEOUT,
+    store_class: type[LeaseStore] = LeaseStore,
+    **options: Any,
 ) -> Iterator[LeaseStore]:
     """A lease store for ``job`` on a Redis client of its own, closed on the way out.
 
-    ``timeout`` bounds each call (the nodes' own, by default); ``options`` go to :class:`LeaseStore`.
+    ``timeout`` bounds each call (the nodes' own, by default); ``options`` go to ``store_class``.
     The ``open_store`` fixture opens these for the length of a test.
     """
     client = connect(url, timeout=timeout)
     try:
-        yield LeaseStore(client, job, **options)
+        yield store_class(client, job, **options)
     finally:
         client.close()
 

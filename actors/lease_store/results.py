@@ -24,6 +24,16 @@ class ReplicationUnconfirmed(RedisUnavailable):
 
 
 @attrs.frozen
+class HealthReport:
+    """A node's source health as ``report_health`` takes it, carried by a standby's campaign
+    (:meth:`LeaseStore.acquire`) so that an idle standby spends one round trip per TTL, not two."""
+
+    age_ms: int | None  # since the source's last success (None: it never answered)
+    window_ms: int  # a node whose source answered within this long counts as able
+    failing_ms: int | None = None  # how long it has been failing (None: it is not)
+
+
+@attrs.frozen
 class Acquired:
     """This node now holds the lease under ``token``."""
 
@@ -37,6 +47,9 @@ class Acquired:
     rolled_back_from: int | None = None
     # The primary's replication id (changes when a replica is promoted); not part of equality.
     replid: str | None = attrs.field(default=None, eq=False)
+    # With a carried :class:`HealthReport`: the nodes able to lead the job (as report_health lists
+    # them); None without one. Not part of equality.
+    able: tuple[str, ...] | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen
@@ -48,6 +61,9 @@ class Held:
     ttl_left_ms: int
     committed: bool = False  # the job has a committed cursor (it has committed at least once)
     replid: str | None = attrs.field(default=None, eq=False)
+    # With a carried :class:`HealthReport`: the nodes able to lead the job (as report_health lists
+    # them); None without one. Not part of equality.
+    able: tuple[str, ...] | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen
@@ -60,6 +76,9 @@ class StateLost:
     counter: int
     cursor: str | None
     replid: str | None = attrs.field(default=None, eq=False)
+    # With a carried :class:`HealthReport`: the nodes able to lead the job (as report_health lists
+    # them); None without one. Not part of equality.
+    able: tuple[str, ...] | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen

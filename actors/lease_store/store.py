@@ -45,6 +45,7 @@ from actors.lease_store.results import (
     CommitRejected,
     Committed,
     GroupInfo,
+    HealthReport,
     Held,
     JobState,
     LeaderInfo,
@@ -56,6 +57,12 @@ from actors.lease_store.results import (
 from actors.source import Record
 
 T = TypeVar("T")
+
+
+def _optional_ms(ms: int | None) -> str | int:
+    """A report_health duration argument: '' for none, never negative."""
+    return "" if ms is None else max(0, ms)
+
 
 FOLLOW_PRIMARY_EVERY = 0.5  # seconds: how stale the Sentinel-named primary may be (follow_primary)
 
@@ -286,35 +293,48 @@ class LeaseStore:
             )
 
     async def acquire(
-        self, node: str, ttl_ms: int, known_token: int = 0, known_committed: bool = False
+        self,
+        node: str,
+        ttl_ms: int,
+        known_token: int = 0,
+        known_committed: bool = False,
+        health: HealthReport | None = None,
     ) -> Acquired | Held | StateLost:
         """Take the lease if it is free. ``known_token``: the highest fencing token the caller has
         seen. If Redis's counter is below it (Redis went back in time) the new token is floored
         above it and ``rolled_back_from`` says so; if the job's cursor is gone as well and the
         caller has seen the job commit (``known_committed``), Redis lost the job and nothing is
         issued (:class:`StateLost`). :class:`Held` says whether the job has committed.
+        ``health``: the caller's source health, recorded in the same script as
+        :meth:`report_health` would (an idle standby's one round trip per TTL); the answer's
+        ``able`` then lists the nodes able to lead the job.
 
         Raises:
             RedisUnavailable: the outcome is unknown (a lease may have been granted);
                 :class:`ReplicationUnconfirmed` when granted but not replicated as asked.
         """
         k = self.keys
+        keys = [k["lease"], k["token"], k["leader"], k["audit"], k["cursor"]]
+        args: list[str | int] = [node, ttl_ms, AUDIT_MAXLEN, known_token, 1 if known_committed else 0]
+        if health is not None:
+            keys.append(k["health"])
+            args += [
+                _optional_ms(health.age_ms), health.window_ms, _optional_ms(health.failing_ms),
+                NODE_FORGET_MS,
+            ]  # fmt: skip
         res, acked, replid = await self._call(
-            self._script_then_wait,
-            self._acquire,
-            [k["lease"], k["token"], k["leader"], k["audit"], k["cursor"]],
-            [node, ttl_ms, AUDIT_MAXLEN, known_token, 1 if known_committed else 0],
-            replid=True,
+            self._script_then_wait, self._acquire, keys, args, replid=True
         )
+        able = tuple(res[-2]) if health is not None else None
         if int(res[0]) == 2:
-            return StateLost(counter=int(res[1]), cursor=res[2] or None, replid=replid)
+            return StateLost(counter=int(res[1]), cursor=res[2] or None, replid=replid, able=able)
         if int(res[0]) == 0:
             token, holder = parse_lease_value(res[1])
             return Held(
                 holder=holder, token=token, ttl_left_ms=int(res[2]), committed=bool(int(res[3])),
-                replid=replid,
+                replid=replid, able=able,
             )  # fmt: skip
-        _, token, prev_node, prev_token, takeover, cursor, rolled_back, _ = res
+        _, token, prev_node, prev_token, takeover, cursor, rolled_back, _, _ = res
         if self.on_lease is not None:
             self.on_lease("acquired", self.job, int(token), node)  # granted, replicated or not
         self._check_acked("the lease grant", acked)
@@ -326,6 +346,7 @@ class LeaseStore:
             cursor=cursor or None,
             rolled_back_from=int(rolled_back) if rolled_back != "" else None,
             replid=replid,
+            able=able,
         )
 
     async def renew(self, node: str, token: int, ttl_ms: int) -> bool:
@@ -422,10 +443,7 @@ class LeaseStore:
             RedisUnavailable: failed or timed out.
         """
         k = self.keys["health"]
-        args = [
-            node, "" if age_ms is None else max(0, age_ms), window_ms,
-            "" if failing_ms is None else max(0, failing_ms), NODE_FORGET_MS,
-        ]  # fmt: skip
+        args = [node, _optional_ms(age_ms), window_ms, _optional_ms(failing_ms), NODE_FORGET_MS]
         healthy: list[str] = await self._call(self._report_health, keys=[k], args=args)
         return healthy
 

@@ -97,3 +97,44 @@ local function trim_events(key, max_len)
   if held <= max_len then return redis.call('XTRIM', key, 'MAXLEN', '~', max_len) end
   return redis.call('XTRIM', key, 'MINID', '~', floor)
 end
+-- Record node `me`'s source health in the job's health hash and list the able nodes: the body of
+-- report_health (see there for the fields), which the acquire script also runs when a standby's
+-- campaign carries its report. age_ms / failing_ms: '' when never answered / not failing.
+local function record_health(key, me, age_ms, window_ms, failing_ms, forget_ms)
+  local now = now_ms()
+  if age_ms ~= '' then redis.call('HSET', key, me, now - tonumber(age_ms)) end
+  if failing_ms ~= '' then
+    redis.call('HSET', key, 'failing:' .. me, now - tonumber(failing_ms))
+  else
+    redis.call('HDEL', key, 'failing:' .. me)
+  end
+  local all = redis.call('HGETALL', key)
+  local failing, success = {}, {}
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 8) == 'failing:' then
+      failing[string.sub(all[i], 9)] = tonumber(all[i + 1])
+    else
+      success[all[i]] = tonumber(all[i + 1])
+    end
+  end
+  local forget_before = now - tonumber(forget_ms)
+  for node, since in pairs(failing) do
+    local last = success[node] or since
+    if node ~= me and last < forget_before then
+      redis.call('HDEL', key, node, 'failing:' .. node)
+      success[node] = nil
+    end
+  end
+  for node, ms in pairs(success) do
+    if node ~= me and ms < forget_before then redis.call('HDEL', key, node) end
+  end
+  local out = {}
+  for i = 1, #all, 2 do
+    local node = all[i]
+    if string.sub(node, 1, 8) ~= 'failing:' and not failing[node]
+        and now - tonumber(all[i + 1]) <= tonumber(window_ms) then
+      table.insert(out, node)
+    end
+  end
+  return out
+end

@@ -1,0 +1,154 @@
+"""An idle standby's source-health report rides on its campaign (issue 27): one round trip per TTL,
+not an acquire and a report_health each. Real Redis; the lease is held by the test, renewed as a
+leader would; the standby is a real node (Elector, SourceWatch) on a source that answers probes.
+
+When no campaign carries the report (the standby is held off: its source fails while another
+node's works), the watch still reports on its own, once per TTL, so peers see the failure at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import redis
+import trio
+
+from actors.lease_store import Acquired, HealthReport, Held, LeaseStore
+from actors.liveness import SourceHealth
+from actors.source import SyntheticSource
+from ingestion.local_redis import LocalRedis
+from tests.nodes import FAST_TIMING, OpenStore, Recorder, start_node
+
+TTL = FAST_TIMING.ttl
+WINDOW_MS = 10_000
+
+
+@attrs.frozen
+class ProbedSynthetic(SyntheticSource):
+    """A synthetic source that can tell its own health (a :class:`actors.health.ProbedSource`);
+    ``answers`` says whether its probes succeed; ``probed`` holds when each probe came."""
+
+    health: SourceHealth = attrs.Factory(SourceHealth)
+    answers: bool = True
+    probed: list[float] = attrs.Factory(list)
+
+    @property
+    def probes(self) -> int:
+        return len(self.probed)
+
+    async def probe(self) -> bool:
+        self.probed.append(trio.current_time())
+        await trio.sleep(0.005)
+        return self.answers
+
+
+class CountingStore(LeaseStore):
+    """A real lease store that counts the calls a standby sends."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.acquires = self.carried = self.reports = 0
+
+    async def acquire(self, *args: Any, **kwargs: Any) -> Any:
+        self.acquires += 1
+        health = kwargs.get("health", args[4] if len(args) > 4 else None)
+        self.carried += health is not None
+        return await super().acquire(*args, **kwargs)
+
+    async def report_health(self, *args: Any, **kwargs: Any) -> list[str]:
+        self.reports += 1
+        return await super().report_health(*args, **kwargs)
+
+
+async def test_an_acquire_carries_a_health_report_and_answers_the_able_nodes(
+    redis_server: LocalRedis, redis_client: redis.Redis, open_store: OpenStore, job: str
+) -> None:
+    store = open_store(redis_server.url, job)
+    assert await store.report_health("other", 0, WINDOW_MS) == ["other"]
+    granted = await store.acquire("n1", 2000, health=HealthReport(age_ms=100, window_ms=WINDOW_MS))
+    assert isinstance(granted, Acquired) and set(granted.able or ()) == {"n1", "other"}
+    held = await store.acquire("n2", 2000, health=HealthReport(None, WINDOW_MS, failing_ms=500))
+    assert isinstance(held, Held) and held.holder == "n1"
+    assert set(held.able or ()) == {"n1", "other"}  # n2 fails: not able
+    health = redis_client.hgetall(store.keys["health"])
+    assert set(health) == {"other", "n1", "failing:n2"}
+    plain = await store.acquire("n3", 2000)  # no report: nothing recorded, nothing listed
+    assert isinstance(plain, Held) and plain.able is None
+    assert set(redis_client.hgetall(store.keys["health"])) == {"other", "n1", "failing:n2"}
+    # The same rules as report_health: a failing node that answers again is able again.
+    again = await store.acquire("n2", 2000, health=HealthReport(age_ms=0, window_ms=WINDOW_MS))
+    assert isinstance(again, Held) and set(again.able or ()) == {"n1", "n2", "other"}
+    assert "failing:n2" not in redis_client.hgetall(store.keys["health"])
+
+
+async def _hold_lease(store: LeaseStore, stop: trio.Event) -> None:
+    """The test leads the job as "leader": renews every TTL/5 and reports its source answering."""
+    granted = await store.acquire("leader", int(TTL * 1000))
+    assert isinstance(granted, Acquired)
+    while not stop.is_set():
+        assert await store.renew("leader", granted.token, int(TTL * 1000))
+        await store.report_health("leader", 0, WINDOW_MS)
+        with trio.move_on_after(TTL / 5):
+            await stop.wait()
+
+
+async def test_an_idle_standby_sends_one_command_per_ttl(
+    redis_server: LocalRedis, open_store: OpenStore, job: str
+) -> None:
+    holder = open_store(redis_server.url, job)
+    standby_store = open_store(redis_server.url, job, store_class=CountingStore)
+    assert isinstance(standby_store, CountingStore)
+    source = ProbedSynthetic()
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_hold_lease, holder, stop)
+        await trio.sleep(0.05)
+        handle = await start_node(
+            nursery, Recorder(), redis_server.url, job, "n1", source, store=standby_store,
+            handover_after=3 * TTL,
+        )  # fmt: skip
+        await trio.sleep(TTL)  # settle: the first look reports on its own, then it aligns
+        acquires, carried, reports = standby_store.acquires, standby_store.carried, standby_store.reports
+        probes = source.probes
+        await trio.sleep(4 * TTL)
+        acquires = standby_store.acquires - acquires
+        carried = standby_store.carried - carried
+        reports = standby_store.reports - reports
+        probes = source.probes - probes
+        # About one campaign per TTL, each carrying the report; no report of its own.
+        assert 3 <= acquires <= 5, acquires
+        assert carried == acquires
+        assert reports == 0, f"{reports} report_health calls besides {acquires} acquires"
+        assert 3 <= probes <= 6, probes  # the source is still looked at about once per TTL
+        watch = handle.watch
+        assert watch is not None and watch.able == frozenset({"leader"})
+        # The leader sees the standby as able: its report is fresh.
+        assert set(await holder.report_health("leader", 0, round(1000 * 2 * TTL))) == {"leader", "n1"}
+        await handle.shutdown()
+        stop.set()
+
+
+async def test_a_held_off_standby_still_reports_its_failing_source_each_ttl(
+    redis_server: LocalRedis, redis_client: redis.Redis, open_store: OpenStore, job: str
+) -> None:
+    holder = open_store(redis_server.url, job)
+    standby_store = open_store(redis_server.url, job, store_class=CountingStore)
+    assert isinstance(standby_store, CountingStore)
+    source = ProbedSynthetic(answers=False)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_hold_lease, holder, stop)
+        await trio.sleep(0.05)
+        handle = await start_node(
+            nursery, Recorder(), redis_server.url, job, "n1", source, store=standby_store,
+            handover_after=3 * TTL,
+        )  # fmt: skip
+        await trio.sleep(TTL)
+        reports = standby_store.reports
+        await trio.sleep(3 * TTL)
+        assert standby_store.reports - reports >= 2  # held off: nothing carries it
+        assert "failing:n1" in redis_client.hgetall(holder.keys["health"])
+        assert set(await holder.report_health("leader", 0, WINDOW_MS)) == {"leader"}
+        await handle.shutdown()
+        stop.set()
