@@ -31,9 +31,22 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+MACHINE = "machine"  # cpu_snapshot's key for the whole machine's busy CPU seconds
+
+
+def machine_cpu_seconds() -> float:
+    """CPU seconds every core of the machine has been busy so far (``/proc/stat``: all but
+    idle and iowait), every process's included: the others' too."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is inside user already)
+    return (sum(fields[:8]) - fields[3] - fields[4]) / CLK_TCK
+
+
 def cpu_snapshot(pids: dict[str, int | None]) -> dict[str, float | None]:
-    """``cpu_seconds`` of each named process now; None for one that is gone or unreadable."""
-    out: dict[str, float | None] = {}
+    """``cpu_seconds`` of each named process now; None for one that is gone or unreadable.
+    Under :data:`MACHINE`, the machine's busy seconds (:func:`machine_cpu_seconds`)."""
+    out: dict[str, float | None] = {MACHINE: machine_cpu_seconds()}
     for name, pid in pids.items():
         try:
             out[name] = None if pid is None else cpu_seconds(pid)
@@ -65,18 +78,22 @@ def cpu_usage(
 ) -> dict[str, Any]:  # fmt: skip
     """CPU each process used in a timed window of ``wall`` seconds that handled ``records``:
     seconds, microseconds per record and cores (seconds per wall second); the cores all of them
-    used together; the machine's load average and core count; and what bounds the window:
-    ``one-core`` when ``bound_by`` (a name) ran at about one core, ``machine`` when the processes
-    together used about every core, both, or ``neither`` (the window waited on something)."""
+    used together, the machine's busy cores (everyone's, from ``/proc/stat``) and the others'
+    share of them; the load average and core count; and what bounds the window: ``one-core`` when
+    ``bound_by`` (a name) ran at about one core, ``machine`` when the machine's cores were about
+    all busy (ours or others'), both, or ``neither`` (the window waited on something)."""
     cpu = {
         name: after[name] - b  # type: ignore[operator]
         for name, b in before.items()
-        if b is not None and after.get(name) is not None
+        if b is not None and after.get(name) is not None and name != MACHINE
     }
     cores_n = os.cpu_count() or 1
     total = sum(cpu.values()) / wall if wall > 0 else 0.0
+    busy = None
+    if before.get(MACHINE) is not None and after.get(MACHINE) is not None and wall > 0:
+        busy = (after[MACHINE] - before[MACHINE]) / wall  # type: ignore[operator]
     one = bound_by is not None and bound_by in cpu and wall > 0 and cpu[bound_by] / wall >= ONE_CORE
-    machine = total >= ALL_CORES * cores_n
+    machine = max(total, busy or 0.0) >= ALL_CORES * cores_n
     return {
         "wall_s": wall,
         "records": records,
@@ -84,6 +101,9 @@ def cpu_usage(
         "us_per_record": {k: v * 1e6 / records if records else 0.0 for k, v in cpu.items()},
         "cores": {k: v / wall if wall > 0 else 0.0 for k, v in cpu.items()},
         "cores_total": total,
+        # every process's on the machine, ours and the others' (tests, other benchmarks)
+        "machine_busy_cores": busy,
+        "others_cores": None if busy is None else max(0.0, busy - total),
         "machine_cores": cores_n,
         "load_avg": list(os.getloadavg()),
         "bound": "both" if one and machine else "one-core" if one else "machine" if machine else "neither",
@@ -96,8 +116,11 @@ def cpu_line(usage: dict[str, Any]) -> str:
         f"{k} {usage['us_per_record'][k]:.1f} us ({usage['cores'][k]:.2f})" for k in usage["cpu_s"]
     )
     load = usage["load_avg"][0]
-    total = usage["cores_total"]
-    return f"CPU per record (cores): {per}; {total:.2f} cores in all, {usage['bound']}, load {load:.1f}"
+    total, busy = usage["cores_total"], usage.get("machine_busy_cores")
+    machine = "" if busy is None else f" (machine busy {busy:.2f})"
+    return (
+        f"CPU per record (cores): {per}; {total:.2f} cores in all{machine}, {usage['bound']}, load {load:.1f}"
+    )
 
 
 def memory_kib(pid: int) -> dict[str, int]:

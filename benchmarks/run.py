@@ -503,7 +503,9 @@ def _per_record_rows(pr: dict[str, Any] | None) -> list[tuple[str, str, str, str
 
 def _cpu_brief(usage: dict[str, Any]) -> str:
     per = ", ".join(f"{k} {usage['us_per_record'][k]:.1f} ({usage['cores'][k]:.2f})" for k in usage["cpu_s"])
-    return f"{per}; {usage['cores_total']:.2f} of {usage['machine_cores']} cores, {usage['bound']}"
+    busy = usage.get("machine_busy_cores")
+    machine = "" if busy is None else f" (machine busy {busy:.2f})"
+    return f"{per}; {usage['cores_total']:.2f} of {usage['machine_cores']} cores{machine}, {usage['bound']}"
 
 
 def _ok(flag: bool) -> str:
