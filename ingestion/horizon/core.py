@@ -411,7 +411,8 @@ def _split_indented_page(content: bytes, after: str | None, limit: int) -> PageO
         return None
     if not tokens or not ascending_after(tokens, after):
         return None
-    records = tuple(map(Record, tokens, [bytes(t).decode() for t in texts]))
+    # each text decoded straight from the parser's slice; the records built in C
+    records = Record.many(tokens, [str(t, "utf-8") for t in texts])
     return PageOutcome(records, None, len(records) >= limit)
 
 
