@@ -42,6 +42,7 @@ import redis
 import trio
 
 from actors.lease_store import JobState, LeaseStore, RedisUnavailable, StreamInfo, job_keys
+from actors.lease_store.connect import describe_redis_error
 from actors.observe import record_time
 from ingestion.config import Settings, load, redact_url
 from ingestion.paging import InvalidPagingToken, toid_parts, token_key
@@ -207,6 +208,17 @@ def discover_jobs(client: redis.Redis) -> list[str]:
     return sorted(names)
 
 
+def _connect(settings: Settings, doing: str) -> redis.Redis | None:
+    """A client of ``redis.url``; None (said in one line) when a cluster's nodes do not answer
+    (its client reads the slot map when built)."""
+    try:
+        return settings.redis.connect(timeout=max(settings.redis.timeout_ms / 1000, 2.0))
+    except redis.ConnectionError as exc:
+        print(f"ingestion: {doing}: {describe_redis_error(exc, where=redact_url(settings.redis.url))}",
+              file=sys.stderr)  # fmt: skip
+        return None
+
+
 async def inspect_all(
     settings: Settings, as_json: bool, horizon: str | None = None, rpc: str | None = None
 ) -> int:
@@ -214,7 +226,9 @@ async def inspect_all(
     list of the objects ``inspect --job`` prints (without their audit)."""
     from ingestion.postgres.sink import configured_sink
 
-    client = settings.redis.connect(timeout=max(settings.redis.timeout_ms / 1000, 2.0))
+    client = _connect(settings, "cannot read the jobs")
+    if client is None:
+        return 1
     resources = {j.name: j.resource for j in settings.jobs if j.kind == "horizon"}
     states: list[tuple[JobState, StreamInfo]] = []
     sinks: dict[str, dict[str, Any]] = {}
@@ -307,7 +321,9 @@ async def inspect_job(
     job = settings.node.job
     sink_url = configured_sink(settings, job)
     sink: dict[str, Any] | None = None
-    client = settings.redis.connect(timeout=max(settings.redis.timeout_ms / 1000, 2.0))
+    client = _connect(settings, f"cannot read job {job!r}")
+    if client is None:
+        return 1
     try:
         store = LeaseStore(client, job)
         in_redis = await store.run(client.exists, *job_keys(job).values())

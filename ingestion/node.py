@@ -23,6 +23,7 @@ from typing import Any
 import redis
 import structlog
 import trio
+from redis.exceptions import RedisClusterException
 
 from actors.clock import BootClock
 from actors.lease_store import (
@@ -36,6 +37,7 @@ from actors.lease_store import (
     parse_sentinel_url,
     sentinel_services,
 )
+from actors.lease_store.connect import ClusterUnreachable, describe_redis_error
 from actors.lease_store.store import deployment_of_url
 from actors.observe import NodeObserver
 from actors.scheduled import ScheduledJob
@@ -394,6 +396,31 @@ OUTAGE_QUIET = 10.0  # seconds without redis-unavailable that end an outage (ele
 RECHECK_INTERVAL = 1.0  # seconds between questions to a Redis that does not answer
 
 
+async def connect_redis(settings: Settings, log: Any, *, retry_cap: float = 2.0) -> redis.Redis:
+    """The client of ``redis.url``. A cluster client reads the slot map when it is built: while no
+    node answers, that is an outage like any other (``redis-unavailable``, retried with backoff up
+    to ``retry_cap`` seconds), not a crash.
+
+    Raises:
+        StartupError: a node answered, but not as a cluster (one line, exit 2).
+    """
+    r = settings.redis
+    attempt = 0
+    while True:
+        try:
+            return await trio.to_thread.run_sync(r.connect, abandon_on_cancel=True)
+        except ClusterUnreachable as exc:
+            attempt += 1
+            delay = min(retry_cap, 0.1 * 2 ** min(attempt, 10))
+            log.warning(
+                "redis-unavailable", attempt=attempt, retry_in=delay,
+                error=describe_redis_error(exc, where=redact_url(r.url)),
+            )  # fmt: skip
+            await trio.sleep(delay)
+        except RedisClusterException as exc:
+            raise StartupError(f"redis.url {redact_url(r.url)}: {exc}") from exc
+
+
 async def diagnose_after_outages(
     settings: Settings,
     observers: list[NodeObserver],
@@ -503,7 +530,20 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
         pid=os.getpid(),
         parent_pid=os.getppid() if lease_pipe is not None else None,
     )
-    client = settings.redis.connect()
+    client: redis.Redis | None = None
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:  # a SIGTERM while Redis is away stops the wait
+
+            async def stop_waiting() -> None:
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+
+            nursery.start_soon(stop_waiting)
+            client = await connect_redis(settings, log)
+            nursery.cancel_scope.cancel()
+    if client is None:
+        log.info("node-stopped", reason="shutdown")
+        return 0
     stores = {j.name: build_store(settings, j.name, client) for j in settings.jobs}
     sinks = {j.name: build_sink(settings, j, stores[j.name]) for j in settings.jobs}
     if lease_pipe is not None:

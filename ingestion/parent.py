@@ -39,7 +39,9 @@ import signal
 import sys
 from typing import Any
 
+import redis
 import trio
+from redis.exceptions import RedisClusterException
 
 from actors.lease_store import LeaseStore, RedisUnavailable, scripts
 from ingestion.config import Settings
@@ -47,6 +49,7 @@ from ingestion.lease_reports import LeaseReport
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 RELEASE_RETRY = 0.05  # seconds between attempts at a release Redis did not answer
+CONNECT_RETRY = 1.0  # seconds between attempts at a cluster whose nodes do not answer
 DRAIN_TIMEOUT = 0.5  # seconds to read what the dead worker left on the pipe (EOF comes at once)
 
 
@@ -163,8 +166,28 @@ async def supervise(settings: Settings, worker: int, pipe: int) -> int:
 
     configure_logging(settings.log.level, settings.log.format)
     log = node_logger(settings.node.id, ",".join(settings.node.jobs))
-    client = settings.redis.connect()
-    stores = {job: build_store(settings, job, client) for job in settings.node.jobs}
+    client: redis.Redis | None = None
+    stores: dict[str, LeaseStore] = {}
+
+    async def connect(*, once: bool = False) -> None:
+        # A cluster client reads the slot map when built: while no node answers (the worker says
+        # so, redis-unavailable), keep asking; the worker cannot hold a lease meanwhile.
+        nonlocal client, stores
+        while client is None:
+            try:
+                client = await trio.to_thread.run_sync(settings.redis.connect, abandon_on_cancel=True)
+            except (RedisClusterException, redis.ConnectionError):  # (the worker says which)
+                pass
+            else:
+                stores = {job: build_store(settings, job, client) for job in settings.node.jobs}
+                return
+            if once:
+                return
+            await trio.sleep(CONNECT_RETRY)
+
+    with contextlib.suppress(RedisClusterException, redis.ConnectionError):
+        client = settings.redis.connect()
+        stores = {job: build_store(settings, job, client) for job in settings.node.jobs}
     view = HeldLeases()
     reports = trio.lowlevel.FdStream(pipe)
     eof = trio.Event()
@@ -183,6 +206,8 @@ async def supervise(settings: Settings, worker: int, pipe: int) -> int:
 
     async def warm_up() -> None:
         # Connect (and load the release script) now, not when every millisecond counts.
+        await connect()
+        assert client is not None
         any_store = next(iter(stores.values()))
         with contextlib.suppress(RedisUnavailable):
             await any_store.run(client.ping)
@@ -206,6 +231,12 @@ async def supervise(settings: Settings, worker: int, pipe: int) -> int:
         async def release(job: str, token: int, node: str) -> None:
             outcomes[job, token, node] = await release_until(stores[job], node, token, give_up_at)
 
+        if held and client is None:
+            with trio.move_on_at(give_up_at):
+                await connect(once=True)
+        if client is None:
+            outcomes.update({lease: None for lease in held})
+            held = []
         async with trio.open_nursery() as nursery:
             for lease in held:
                 nursery.start_soon(release, *lease)
@@ -226,4 +257,5 @@ async def supervise(settings: Settings, worker: int, pipe: int) -> int:
         return code
     finally:
         reports.close()
-        client.close()
+        if client is not None:
+            client.close()

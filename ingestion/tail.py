@@ -290,7 +290,10 @@ def run(ns: argparse.Namespace, settings: Settings, out: TextIO) -> int:
     r = settings.redis
     where = redact_url(r.url)
     bound = max(r.timeout_ms / 1000, 2.0)
-    client = r.connect(timeout=bound + BLOCK_MS / 1000, connect_timeout=bound)
+    try:
+        client = r.connect(timeout=bound + BLOCK_MS / 1000, connect_timeout=bound)
+    except redis.RedisError as exc:  # a cluster's client reads the slot map when built
+        raise TailError(describe_redis_error(exc, where=where, secret=None), 1) from exc
     tail = Tail(client, settings.node.job, out, where)
     try:
         tail.check_job()

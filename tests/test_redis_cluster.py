@@ -10,6 +10,8 @@ and the next term resumes from the cursor the promoted replica has.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -150,3 +152,46 @@ def _same_slot_master(group: RedisClusterGroup, a: str, b: str) -> bool:
         return group.server_for(job_keys(a)["lease"]).port == group.server_for(job_keys(b)["lease"]).port
     except LookupError:
         return False
+
+
+@pytest.mark.slow
+async def test_a_node_started_while_every_cluster_node_is_down_waits_then_leads(job: str) -> None:
+    """redis-py reads the slot map when a cluster client is built: with every node down that used
+    to be a traceback at start. It is an outage like any other: ``redis-unavailable`` with
+    backoff, SIGTERM stops the wait (exit 0), and once the cluster is back the node leads."""
+    with redis_cluster(masters=3, replicas=0, node_timeout_ms=1000) as group:
+        async with open_cluster(job, ttl_ms=1500, redis_url=group.url) as c:
+            for server in group.servers:
+                server.kill()
+            waiting = await c.start_node("n1", wait=False)
+            await c.log.wait_for("redis-unavailable", "n1", count=2, within=20)
+            await c.start_node("n2", wait=False)
+            await c.log.wait_for("redis-unavailable", "n2", within=20)
+            waiting.process.send_signal(signal.SIGTERM)
+            exited = await c.log.wait_for("process-exited", "n1", within=10)
+            assert exited.fields["returncode"] == 0
+            assert c.log.of("node-stopped", "n1")
+            assert not c.log.of("worker-died")
+            for server in group.servers:
+                await trio.to_thread.run_sync(server.start)
+            await trio.to_thread.run_sync(group.wait_ok)
+            await c.log.wait_for("became-leader", "n2", within=30)
+            await c.wait_for_events(50)
+            assert not [line for _name, line in c.log.raw if "Traceback" in line], c.log.raw
+            result = await c.verify()
+            assert result.ok, result.summary()
+
+
+@pytest.mark.parametrize("command", [["inspect"], ["inspect", "--job", "x"], ["tail"], ["verify"]])
+def test_the_tools_say_in_one_line_that_no_cluster_node_answers(command: list[str]) -> None:
+    from ingestion.local_redis import free_port
+    from tests.helpers import child_env
+
+    url = f"redis+cluster://127.0.0.1:{free_port()}"
+    done = subprocess.run(
+        [sys.executable, "-m", "ingestion", *command, "--redis", url],
+        capture_output=True, text=True, timeout=60, env=child_env(), check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "connection refused" in lines[0] and url in lines[0], done.stderr

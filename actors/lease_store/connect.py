@@ -18,6 +18,11 @@ from redis.sentinel import MasterNotFoundError, Sentinel
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 
 
+class ClusterUnreachable(redis.ConnectionError):
+    """No node of a cluster URL answered while the client was built (redis-py reads the slot map
+    then): an outage, like a plain Redis that does not answer."""
+
+
 @attrs.frozen
 class SentinelTarget:
     """A parsed ``redis+sentinel://[user:pass@]H:P[,H:P...]/SERVICE[/DB]`` URL."""
@@ -194,17 +199,24 @@ def connect(
         ctarget = parse_cluster_url(url)
         if ctarget.tls:
             tls["ssl"] = True
-        cluster = RedisCluster(
-            startup_nodes=[ClusterNode(h, p) for h, p in ctarget.nodes],
-            username=ctarget.username,
-            password=ctarget.password,
-            decode_responses=True,
-            # Slots a failed master served answer nothing until its replica takes over; the
-            # other jobs' slots keep working meanwhile.
-            require_full_coverage=False,
-            **common,
-            **tls,
-        )
+        try:
+            cluster = RedisCluster(
+                startup_nodes=[ClusterNode(h, p) for h, p in ctarget.nodes],
+                username=ctarget.username,
+                password=ctarget.password,
+                decode_responses=True,
+                # Slots a failed master served answer nothing until its replica takes over; the
+                # other jobs' slots keep working meanwhile.
+                require_full_coverage=False,
+                **common,
+                **tls,
+            )
+        except RedisClusterException as exc:
+            # redis-py reads the slot map when the client is built: no node answering is an
+            # outage (the caller waits for one), not a mistake.
+            if isinstance(exc.__cause__, redis.ConnectionError | redis.TimeoutError | OSError):
+                raise ClusterUnreachable(str(exc)) from exc
+            raise
         cluster.cluster_target = ctarget  # type: ignore[attr-defined]
         return cluster  # type: ignore[return-value]
     if is_sentinel_url(url):
