@@ -8,6 +8,8 @@ node's works), the watch still reports on its own, once per TTL, so peers see th
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
@@ -17,6 +19,7 @@ import trio
 from actors.lease_store import Acquired, HealthReport, Held, LeaseStore
 from actors.liveness import SourceHealth
 from actors.source import SyntheticSource
+from actors.supervisor import NodeHandle
 from ingestion.local_redis import LocalRedis
 from tests.nodes import FAST_TIMING, OpenStore, Recorder, start_node
 
@@ -93,62 +96,64 @@ async def _hold_lease(store: LeaseStore, stop: trio.Event) -> None:
             await stop.wait()
 
 
-async def test_an_idle_standby_sends_one_command_per_ttl(
-    redis_server: LocalRedis, open_store: OpenStore, job: str
-) -> None:
-    holder = open_store(redis_server.url, job)
-    standby_store = open_store(redis_server.url, job, store_class=CountingStore)
-    assert isinstance(standby_store, CountingStore)
-    source = ProbedSynthetic()
+@attrs.frozen
+class Standby:
+    holder: LeaseStore  # the test's store, which leads the job
+    store: CountingStore  # the standby's
+    handle: NodeHandle
+
+
+@asynccontextmanager
+async def standby_beside_a_leader(
+    url: str, open_store: OpenStore, job: str, source: ProbedSynthetic
+) -> AsyncIterator[Standby]:
+    """Node "n1" on ``source`` (a TTL after it started), while the test leads the job."""
+    holder = open_store(url, job)
+    store = open_store(url, job, store_class=CountingStore)
+    assert isinstance(store, CountingStore)
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_hold_lease, holder, stop)
         await trio.sleep(0.05)
         handle = await start_node(
-            nursery, Recorder(), redis_server.url, job, "n1", source, store=standby_store,
-            handover_after=3 * TTL,
-        )  # fmt: skip
+            nursery, Recorder(), url, job, "n1", source, store=store, handover_after=3 * TTL
+        )
         await trio.sleep(TTL)  # settle: the first look reports on its own, then it aligns
-        acquires, carried, reports = standby_store.acquires, standby_store.carried, standby_store.reports
+        yield Standby(holder, store, handle)
+        await handle.shutdown()
+        stop.set()
+
+
+async def test_an_idle_standby_sends_one_command_per_ttl(
+    redis_server: LocalRedis, open_store: OpenStore, job: str
+) -> None:
+    source = ProbedSynthetic()
+    async with standby_beside_a_leader(redis_server.url, open_store, job, source) as s:
+        acquires, carried, reports = s.store.acquires, s.store.carried, s.store.reports
         probes = source.probes
         await trio.sleep(4 * TTL)
-        acquires = standby_store.acquires - acquires
-        carried = standby_store.carried - carried
-        reports = standby_store.reports - reports
+        acquires = s.store.acquires - acquires
+        carried = s.store.carried - carried
+        reports = s.store.reports - reports
         probes = source.probes - probes
         # About one campaign per TTL, each carrying the report; no report of its own.
         assert 3 <= acquires <= 5, acquires
         assert carried == acquires
         assert reports == 0, f"{reports} report_health calls besides {acquires} acquires"
         assert 3 <= probes <= 6, probes  # the source is still looked at about once per TTL
-        watch = handle.watch
+        watch = s.handle.watch
         assert watch is not None and watch.able == frozenset({"leader"})
         # The leader sees the standby as able: its report is fresh.
-        assert set(await holder.report_health("leader", 0, round(1000 * 2 * TTL))) == {"leader", "n1"}
-        await handle.shutdown()
-        stop.set()
+        assert set(await s.holder.report_health("leader", 0, round(1000 * 2 * TTL))) == {"leader", "n1"}
 
 
 async def test_a_held_off_standby_still_reports_its_failing_source_each_ttl(
     redis_server: LocalRedis, redis_client: redis.Redis, open_store: OpenStore, job: str
 ) -> None:
-    holder = open_store(redis_server.url, job)
-    standby_store = open_store(redis_server.url, job, store_class=CountingStore)
-    assert isinstance(standby_store, CountingStore)
     source = ProbedSynthetic(answers=False)
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_hold_lease, holder, stop)
-        await trio.sleep(0.05)
-        handle = await start_node(
-            nursery, Recorder(), redis_server.url, job, "n1", source, store=standby_store,
-            handover_after=3 * TTL,
-        )  # fmt: skip
-        await trio.sleep(TTL)
-        reports = standby_store.reports
+    async with standby_beside_a_leader(redis_server.url, open_store, job, source) as s:
+        reports = s.store.reports
         await trio.sleep(3 * TTL)
-        assert standby_store.reports - reports >= 2  # held off: nothing carries it
-        assert "failing:n1" in redis_client.hgetall(holder.keys["health"])
-        assert set(await holder.report_health("leader", 0, WINDOW_MS)) == {"leader"}
-        await handle.shutdown()
-        stop.set()
+        assert s.store.reports - reports >= 2  # held off: nothing carries it
+        assert "failing:n1" in redis_client.hgetall(s.holder.keys["health"])
+        assert set(await s.holder.report_health("leader", 0, WINDOW_MS)) == {"leader"}
