@@ -9,6 +9,7 @@ import signal
 import pytest
 import trio
 
+from actors.source import Record
 from ingestion.horizon.catchup import (
     LedgerRange,
     ledger_of,
@@ -63,6 +64,16 @@ def test_effect_and_trade_tokens_and_range_sizes() -> None:
     assert not overlappable(f"/accounts/G{'A' * 55}/payments")
     with pytest.raises(ValueError):
         plan_ranges("0", 1, 2, 0)
+
+
+def test_a_range_keeps_the_records_of_a_page_before_its_end() -> None:
+    rng = LedgerRange(0, "1", 78)
+    page = tuple(Record(t, "{}") for t in (str(toid(76, 1, 1)), f"{toid(77, 2, 1)}-3", str(toid(77, 3))))
+    assert rng.kept(page) is page  # the last is kept: the whole page, one check
+    crossing = (*page, Record(str(toid(78)), "{}"), Record(str(toid(79, 1)), "{}"))
+    assert rng.kept(crossing) == page
+    assert rng.kept(crossing) == tuple(r for r in crossing if rng.keeps(r.paging_token))
+    assert LedgerRange(0, "1", 76).kept(page) == () and rng.kept(()) == ()
 
 
 @pytest.mark.parametrize(

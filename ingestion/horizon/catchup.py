@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import attrs
 
+from actors.source import Record
 from ingestion.paging import token_key
 
 LEDGER_SHIFT = 32
@@ -52,6 +53,15 @@ class LedgerRange:
 
     def keeps(self, paging_token: str) -> bool:
         return ledger_of(paging_token) < self.end
+
+    def kept(self, records: tuple[Record, ...]) -> tuple[Record, ...]:
+        """The records this range keeps, of a page's records in ascending order (as
+        ``HorizonFollower.on_page`` hands them on): all of them when it keeps the last one (no
+        earlier record is in a later ledger), the ones it keeps otherwise (the page that crosses
+        the range's end, once a range). One check a page instead of one a record."""
+        if not records or self.keeps(records[-1].paging_token):
+            return records
+        return tuple(r for r in records if self.keeps(r.paging_token))
 
 
 def plan_ranges(cursor: str, oldest: int, latest: int, ledgers_per_range: int) -> list[LedgerRange]:

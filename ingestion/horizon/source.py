@@ -538,7 +538,7 @@ class HorizonSource:
                     continue
                 self.health.ok(trio.current_time())
                 outcome = follower.on_page(response.content)
-                kept = tuple(r for r in outcome.records if rng.keeps(r.paging_token))
+                kept = rng.kept(outcome.records)
                 if kept:
                     await out.send(Batch(kept))
                 if len(kept) < len(outcome.records):
