@@ -71,3 +71,85 @@ def resequenced(meta: xdr.LedgerCloseMeta, seq: int) -> xdr.LedgerCloseMeta:
     body = copy.v0 or copy.v1 or copy.v2
     body.ledger_header.header.ledger_seq = xdr.Uint32(seq)
     return copy
+
+
+REAL_LEDGERS = (
+    "wallet-backend_ledger-51000294.xdr.gz",
+    "wallet-backend_ledger-57500008.xdr.gz",
+    "wallet-backend_ledger-63092988.xdr.gz",
+    "wallet-backend_ledger-63092990.xdr.gz",
+)
+REAL_OBJECT = "go_compressxdr_FCD285FF--53312000.xdr.zstd"  # a one-ledger batch, ledger 53312000
+
+
+def every_real_ledger() -> list[xdr.LedgerCloseMeta]:
+    """Every real ledger of ``../shared/data/lake``: the four pubnet ones, the real object's and
+    the three standalone ones (LCM V1 and V2, TransactionMeta V3 and V4)."""
+    metas = [real_ledger(name) for name in REAL_LEDGERS]
+    raw = decompress(recorded.require_lake(REAL_OBJECT).read_bytes())
+    metas += xdr.LedgerCloseMetaBatch.from_xdr_bytes(raw).ledger_close_metas
+    return metas + standalone_ledgers()
+
+
+def _envelopes(tx_set: xdr.GeneralizedTransactionSet) -> list[xdr.TransactionEnvelope]:
+    out: list[xdr.TransactionEnvelope] = []
+    for phase in tx_set.v1_tx_set.phases:
+        if phase.v == 0:
+            for component in phase.v0_components:
+                out += component.txs_maybe_discounted_fee.txs
+        else:
+            for stage in phase.parallel_txs_component.execution_stages:
+                for cluster in stage.parallel_tx_execution_stage:
+                    out += cluster.dependent_tx_cluster
+    return out
+
+
+def _older_meta(meta: xdr.TransactionMeta, version: int) -> xdr.TransactionMeta:
+    """``meta`` (V3 or V4) as TransactionMeta ``version`` (0-3; 4 keeps a V4): the same changes;
+    a V3 made from a V4 carries its operations' events as Soroban events."""
+    if version == meta.v:
+        return meta
+    body = meta.v3 or meta.v4
+    if meta.v == 4:
+        operations = [xdr.OperationMeta(op.changes) for op in body.operations]
+        events = [event for op in body.operations for event in op.events]
+        value = body.soroban_meta.return_value if body.soroban_meta else None
+        soroban = xdr.SorobanTransactionMeta(
+            xdr.SorobanTransactionMetaExt(0),
+            events,
+            value or xdr.SCVal(xdr.SCValType.SCV_VOID),
+            body.diagnostic_events,
+        )
+    else:
+        operations, soroban = body.operations, body.soroban_meta
+    before, after = body.tx_changes_before, body.tx_changes_after
+    if version == 0:
+        return xdr.TransactionMeta(0, operations=operations)
+    if version == 1:
+        return xdr.TransactionMeta(1, v1=xdr.TransactionMetaV1(before, operations))
+    if version == 2:
+        return xdr.TransactionMeta(2, v2=xdr.TransactionMetaV2(before, operations, after))
+    v3 = xdr.TransactionMetaV3(xdr.ExtensionPoint(0), before, operations, after, soroban)
+    return xdr.TransactionMeta(3, v3=v3)
+
+
+def older_versions(meta: xdr.LedgerCloseMeta, as_v0: bool = True) -> xdr.LedgerCloseMeta:
+    """A real V1 or V2 ``meta`` rewritten with every older version: transaction ``i``'s meta is
+    TransactionMeta V(``i`` mod 5) (V0, V1, V2 without events, V3 with Soroban events, V4 or V3
+    as it was) and, with ``as_v0``, the ledger a ``LedgerCloseMeta`` V0 (a classic
+    ``TransactionSet``, ``TransactionResultMeta`` without the V1 extension)."""
+    copy = xdr.LedgerCloseMeta.from_xdr_bytes(meta.to_xdr_bytes())
+    body = copy.v1 or copy.v2
+    for index, processing in enumerate(body.tx_processing, 1):
+        processing.tx_apply_processing = _older_meta(processing.tx_apply_processing, index % 5)
+    if not as_v0:
+        return copy
+    processing = [
+        xdr.TransactionResultMeta(p.result, p.fee_processing, p.tx_apply_processing)
+        for p in body.tx_processing
+    ]
+    tx_set = xdr.TransactionSet(body.tx_set.v1_tx_set.previous_ledger_hash, _envelopes(body.tx_set))
+    v0 = xdr.LedgerCloseMetaV0(
+        body.ledger_header, tx_set, processing, body.upgrades_processing, body.scp_info
+    )
+    return xdr.LedgerCloseMeta(0, v0=v0)

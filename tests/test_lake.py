@@ -6,20 +6,38 @@ from __future__ import annotations
 import collections
 import multiprocessing
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
 import trio
+import zstandard
+from stellar_sdk import xdr
 
 from actors.source import SourceFatalError
 from ingestion.lake.core import LakeFollower
-from ingestion.lake.events import LakeFormatError, ledger_events, object_events
+from ingestion.lake.events import (
+    LakeFormatError,
+    LedgerEvents,
+    batch_events,
+    ledger_events,
+    object_events,
+    read_batch,
+)
 from ingestion.lake.keys import LakeSchema, ManifestError, parse_name
 from ingestion.lake.source import LakeSource
 from ingestion.lake.store import LocalLake, check_lake_url
 from ingestion.rpc.protocol import OP_MASK, TX_MASK, Cursor, EventFilter, topic_from_text
 from tests import recorded
-from tests.lake_fixtures import ledger_seq, real_ledger, standalone_ledgers, write_lake
+from tests.lake_fixtures import (
+    every_real_ledger,
+    ledger_seq,
+    older_versions,
+    real_ledger,
+    resequenced,
+    standalone_ledgers,
+    write_lake,
+)
 
 REAL_OBJECT = "go_compressxdr_FCD285FF--53312000.xdr.zstd"
 
@@ -148,6 +166,93 @@ def test_a_corrupt_object_is_a_format_error() -> None:
 
     with pytest.raises(LakeFormatError, match="LedgerCloseMetaBatch"):
         object_events(zstandard.ZstdCompressor().compress(b"\x00\x00\x00\x01garbage"))
+
+
+# -- the partial decode: what events need, the rest walked past ------------------------------------
+
+
+def _batch(metas: list[xdr.LedgerCloseMeta]) -> bytes:
+    """An uncompressed ``LedgerCloseMetaBatch`` of ``metas`` (consecutive ledgers)."""
+    first, last = xdr.Uint32(ledger_seq(metas[0])), xdr.Uint32(ledger_seq(metas[-1]))
+    return bytes(xdr.LedgerCloseMetaBatch(first, last, metas).to_xdr_bytes())
+
+
+def _full(raw: bytes) -> list[LedgerEvents]:
+    """stellar-sdk's whole decode of the batch, then the events: the reference."""
+    return [ledger_events(m) for m in read_batch(raw)[2]]
+
+
+def test_the_partial_decode_equals_the_full_decode_on_every_real_ledger() -> None:
+    # every real ledger (LCM V1 and V2, TransactionMeta V3 and V4), and each rewritten with every
+    # older version (TransactionMeta V0 to V3 among its transactions; as LCM V0 too)
+    real = every_real_ledger()
+    variants = real + [older_versions(m, as_v0) for m in real for as_v0 in (False, True)]
+    total = 0
+    for meta in variants:
+        raw = _batch([meta])
+        fast, full = batch_events(raw), _full(raw)
+        assert fast == full, f"ledger {ledger_seq(meta)} (LCM V{meta.v})"
+        assert [(e.id, e.body) for le in fast for e in le.events] == [
+            (e.id, e.body) for le in full for e in le.events
+        ]
+        total += sum(len(le.events) for le in fast)
+    assert total > 8_000
+    # all of them in one batch (renumbered): the walk ends each ledger where the next begins
+    raw = _batch([resequenced(m, 1_000 + i) for i, m in enumerate(variants)])
+    fast = batch_events(raw)
+    assert fast == _full(raw) and [le.ledger for le in fast] == list(range(1_000, 1_000 + len(variants)))
+
+
+def test_an_unknown_version_or_arm_is_a_format_error_of_both_decodes() -> None:
+    meta = real_ledger("wallet-backend_ledger-63092988.xdr.gz")  # LCM V2, TransactionMeta V4
+    body, raw = meta.v2, _batch([meta])
+    first = body.tx_processing[0]
+    # offsets from stellar-sdk's own encoding of each part before the one changed
+    at_meta = 12  # start, end, count
+    at_tx = at_meta + 4 + sum(len(p.to_xdr_bytes()) for p in (body.ext, body.ledger_header, body.tx_set)) + 4
+    at_fee = at_tx + len(first.ext.to_xdr_bytes()) + len(first.result.to_xdr_bytes())
+    at_tx_meta = at_fee + len(first.fee_processing.to_xdr_bytes())
+    change = first.fee_processing.ledger_entry_changes[0]
+    assert change.type != xdr.LedgerEntryChangeType.LEDGER_ENTRY_REMOVED  # a LedgerEntry follows
+    at_entry_type = at_fee + 4 + 4 + 4  # count, change type, lastModifiedLedgerSeq
+    for at, value, message in [
+        (at_meta, 3, "LedgerCloseMeta V3 is not known"),
+        (at_tx_meta, 5, r"TransactionMeta V5 \(transaction 1\) is not known"),
+        (at_entry_type, 99, "LedgerEntryType 99 is not known"),  # deep in a skipped change
+    ]:
+        changed = raw[:at] + struct.pack(">i", value) + raw[at + 4 :]
+        with pytest.raises(LakeFormatError, match=message):
+            batch_events(changed)
+        with pytest.raises(LakeFormatError):
+            _full(changed)
+    with pytest.raises(LakeFormatError, match="trailing 4 bytes"):
+        batch_events(raw + bytes(4))
+    with pytest.raises(LakeFormatError, match="not an XDR LedgerCloseMetaBatch"):
+        batch_events(raw[: len(raw) // 2])
+    with pytest.raises(LakeFormatError, match=r"batch 1-1 holds ledgers \[63092988\]"):
+        batch_events(struct.pack(">II", 1, 1) + raw[8:])
+
+
+async def test_an_unknown_transaction_meta_stops_with_one_line_naming_ledger_and_object(
+    tmp_path: Path,
+) -> None:
+    meta = resequenced(real_ledger("wallet-backend_ledger-63092988.xdr.gz"), 85)
+    schema = write_lake(tmp_path, [*standalone_ledgers()[:1], meta])  # 84, then 85
+    body = meta.v2
+    first = body.tx_processing[0]
+    at = 12 + 4 + sum(len(p.to_xdr_bytes()) for p in (body.ext, body.ledger_header, body.tx_set)) + 4
+    at += sum(len(p.to_xdr_bytes()) for p in (first.ext, first.result, first.fee_processing))
+    raw = _batch([meta])
+    changed = raw[:at] + struct.pack(">i", 5) + raw[at + 4 :]
+    (tmp_path / schema.object_key(85)).write_bytes(zstandard.ZstdCompressor().compress(changed))
+    source = LakeSource(str(tmp_path), poll_interval=0.05)
+    with pytest.raises(SourceFatalError) as caught:
+        async with source.stream("84") as batches:
+            async for _ in batches:
+                pass
+    message = str(caught.value)
+    assert "lake object FFFFFFFF--0-63999/FFFFFFAA--85.xdr.zst (ledger 85)" in message
+    assert "TransactionMeta V5 (transaction 1) is not known" in message and "\n" not in message
 
 
 # -- the follower ---------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ import httpx
 import pytest
 import trio
 
+from ingestion.lake.events import batch_events, decompress, object_events, read_batch
 from ingestion.lake.events import ledger_events as lake_ledger_events
-from ingestion.lake.events import object_events
 from ingestion.lake.keys import LakeSchema
 from ingestion.lake.store import LocalLake
 from ingestion.simulator import SimulatorConfig, open_simulator
@@ -35,6 +35,17 @@ def test_lake_events_equal_the_simulators_rpc_events_id_for_id() -> None:
     assert served == derived > 100
     system = [seq for seq in range(chain.first, chain.latest + 1) if seq % SYSTEM_EVERY == 0]
     assert system  # the AfterAllTxs system events are among them
+
+
+def test_the_partial_decode_equals_the_full_decode_on_the_simulators_lake() -> None:
+    chain = Chain(ChainSpec(seed=11, ops_per_ledger=30, first_ledger=50_000_000), history_ledgers=45)
+    metas = [ledger_close_meta(chain, seq) for seq in range(chain.first, chain.latest + 1)]
+    for data in [object_bytes(metas[:1]), object_bytes(metas)]:  # one ledger per object, and 45
+        raw = decompress(data)
+        fast = batch_events(raw)
+        assert fast == [lake_ledger_events(m) for m in read_batch(raw)[2]]
+    assert len(fast) == 45 and sum(len(le.events) for le in fast) > 100
+    assert any(e.type == "system" for le in fast for e in le.events)
 
 
 def test_a_ledger_without_events_is_an_empty_ledger_in_the_lake() -> None:

@@ -107,11 +107,13 @@ def _stop(executor: ProcessPoolExecutor) -> None:
 
 
 def _worker_start() -> None:
-    """In each worker: die with the node, leave Ctrl-C to the node, import the decoder once."""
+    """In each worker: die with the node, leave Ctrl-C to the node, ready the decoder once."""
     if sys.platform == "linux":
         import ctypes
 
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    import stellar_sdk.xdr  # noqa: F401 -- the first decode should not pay for the import
+    from ingestion.lake.events import compile_walks
+
+    compile_walks()  # the first decode should not pay for importing stellar-sdk and compiling

@@ -32,6 +32,12 @@ Each event is rendered as RPC's ``EventInfo`` JSON in its field order (``type``,
 ``transactionIndex``, ``txHash``, ``inSuccessfulContractCall``, ``topic`` (omitted when empty, as
 Go's ``omitempty`` does), ``value``), compact: the text the RPC source stores for the same event.
 
+Two readings, equal event for event: :func:`object_events` (:func:`batch_events`) reads only what
+events need and walks past the rest without building objects (:mod:`ingestion.lake.skip`: the
+transaction set, every ledger entry change, ... are most of a ledger's bytes); :func:`read_batch`
+then :func:`ledger_events` decode the whole batch with stellar-sdk's classes (the reference the
+tests hold the partial decode to, and what needs the objects).
+
 Known divergence: ledgers before protocol 23 in the public lake were re-encoded with unified events
 (TransactionMeta V4: classic payments' and fees' events backfilled). An RPC that indexed those
 ledgers live saw V3 meta and served only Soroban contract events; from the lake they have more
@@ -42,7 +48,9 @@ backfilled event precedes them in the operation.
 from __future__ import annotations
 
 import base64
+import functools
 import io
+import struct
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -112,7 +120,8 @@ def decompress(data: bytes) -> bytes:
 
 
 def read_batch(raw: bytes) -> tuple[int, int, list[Any]]:
-    """``(start, end, ledger close metas)`` of an uncompressed XDR ``LedgerCloseMetaBatch``.
+    """``(start, end, ledger close metas)`` of an uncompressed XDR ``LedgerCloseMetaBatch``,
+    decoded whole by stellar-sdk (:func:`batch_events` reads the events faster).
 
     Raises:
         LakeFormatError: not a batch, trailing bytes, an unknown union arm (a newer XDR), or
@@ -190,19 +199,38 @@ def ledger_events(meta: Any) -> LedgerEvents:
             for i, event in enumerate(operation.events):
                 found.append((Cursor(ledger, index, op, i), event, tx_hash, ok))
     found.sort(key=lambda item: item[0])
-    events = tuple(e for e in (_render(c, ev, closed_at, h, ok) for c, ev, h, ok in found) if e is not None)
+    events = tuple(
+        e for e in (_render(c, _parts(ev), closed_at, h, ok) for c, ev, h, ok in found) if e is not None
+    )
     return LedgerEvents(ledger, closed_at, int(header.ledger_version.uint32), events)
 
 
-def _render(cursor: Cursor, event: Any, closed_at: str, tx_hash: str, ok: bool) -> LakeEvent | None:
-    kind = _TYPES.get(event.type.value)
-    if kind is None:
+_Parts = tuple[int, bytes | None, Sequence[bytes], bytes]
+"""An event as rendering needs it: its type, its contract's 32 bytes or None, and the XDR of its
+topics and of its value."""
+
+
+def _parts(event: Any) -> _Parts | None:
+    """A decoded ``ContractEvent``'s parts; None for a type RPC does not serve."""
+    if event.type.value not in _TYPES:
         return None
     if event.body.v != 0:
         raise LakeFormatError(f"ContractEvent body V{event.body.v} is not known to this reader")
     v0 = event.body.v0
-    topics = tuple(_b64(t) for t in v0.topics)
-    contract_id = _contract_id(event.contract_id)
+    contract_id = event.contract_id
+    if contract_id is not None:
+        contract_id = getattr(contract_id, "contract_id", contract_id)  # ContractID wraps a Hash
+        contract_id = getattr(contract_id, "hash", contract_id)
+    return event.type.value, contract_id, [t.to_xdr_bytes() for t in v0.topics], v0.data.to_xdr_bytes()
+
+
+def _render(cursor: Cursor, parts: _Parts | None, closed_at: str, tx_hash: str, ok: bool) -> LakeEvent | None:
+    if parts is None:
+        return None
+    kind_value, contract_bytes, topics_xdr, data_xdr = parts
+    kind = _TYPES[kind_value]
+    topics = tuple(base64.b64encode(t).decode() for t in topics_xdr)
+    contract_id = _contract_id(contract_bytes)
     doc: dict[str, Any] = {
         "type": kind,
         "ledger": cursor.ledger,
@@ -216,31 +244,291 @@ def _render(cursor: Cursor, event: Any, closed_at: str, tx_hash: str, ok: bool) 
     }
     if topics:
         doc["topic"] = list(topics)
-    doc["value"] = _b64(v0.data)
+    doc["value"] = base64.b64encode(data_xdr).decode()
     return LakeEvent(cursor, kind, contract_id, topics, orjson.dumps(doc).decode())
 
 
-def _b64(value: Any) -> str:
-    return base64.b64encode(value.to_xdr_bytes()).decode()
-
-
-def _contract_id(contract_id: Any) -> str:
+def _contract_id(contract_id: bytes | None) -> str:
     if contract_id is None:
         return ""
     from stellar_sdk.strkey import StrKey
 
-    raw = getattr(contract_id, "contract_id", contract_id)  # ContractID wraps a Hash
-    return str(StrKey.encode_contract(getattr(raw, "hash", raw)))
+    return str(StrKey.encode_contract(contract_id))
 
 
 def object_events(data: bytes) -> list[LedgerEvents]:
-    """A compressed lake object's ledgers and their events.
+    """A compressed lake object's ledgers and their events (:func:`batch_events`).
 
     Raises:
-        LakeFormatError: see :func:`decompress`, :func:`read_batch`, :func:`ledger_events`.
+        LakeFormatError: see :func:`decompress`, :func:`batch_events`.
     """
-    _, _, metas = read_batch(decompress(data))
-    return [ledger_events(m) for m in metas]
+    return batch_events(decompress(data))
+
+
+# -- the partial decode ----------------------------------------------------------------------------
+#
+# batch_events reads what events need and walks past the rest (ingestion.lake.skip): the header's
+# sequence, close time and protocol; per transaction its hash and result code (from the result
+# pair) and its TransactionMeta's event lists; each event's contract, type, and the XDR of its
+# topics and value, sliced from the input (the bytes the full decode would re-encode: XDR is
+# canonical). Skipped: the transaction set, results past their code, every LedgerEntryChanges
+# (fee processing, changes before and after, each operation's), diagnostic events, Soroban return
+# values, upgrades, SCP messages, evicted keys and entries.
+
+_U32 = struct.Struct(">I").unpack_from
+_I32 = struct.Struct(">i").unpack_from
+_U64 = struct.Struct(">Q").unpack_from
+
+# the layouts the walk below reads by hand, as the installed stellar-sdk's classes define them:
+# checked when the walk is compiled, so a changed XDR fails loudly instead of misreading
+_LAYOUTS = {
+    "LedgerCloseMetaBatch": "Ref(Uint32) Ref(Uint32) Array(Ref(LedgerCloseMeta))",
+    "LedgerCloseMetaV0": "Ref(LedgerHeaderHistoryEntry) Ref(TransactionSet) "
+    "Array(Ref(TransactionResultMeta)) *",
+    "LedgerCloseMetaV1": "Ref(LedgerCloseMetaExt) Ref(LedgerHeaderHistoryEntry) "
+    "Ref(GeneralizedTransactionSet) Array(Ref(TransactionResultMeta)) *",
+    "LedgerCloseMetaV2": "Ref(LedgerCloseMetaExt) Ref(LedgerHeaderHistoryEntry) "
+    "Ref(GeneralizedTransactionSet) Array(Ref(TransactionResultMetaV1)) *",
+    "LedgerHeaderHistoryEntry": "Ref(Hash) Ref(LedgerHeader) *",
+    "LedgerHeader": "Ref(Uint32) Ref(Hash) Ref(StellarValue) Ref(Hash) Ref(Hash) Ref(Uint32) *",
+    "StellarValue": "Ref(Hash) Ref(TimePoint) *",
+    "TimePoint": "Ref(Uint64)",
+    "Hash": "Fixed(32)",
+    "TransactionResultMeta": "Ref(TransactionResultPair) Ref(LedgerEntryChanges) Ref(TransactionMeta)",
+    "TransactionResultMetaV1": "Ref(ExtensionPoint) Ref(TransactionResultPair) Ref(LedgerEntryChanges) "
+    "Ref(TransactionMeta) Ref(LedgerEntryChanges)",
+    "TransactionResultPair": "Ref(Hash) Ref(TransactionResult)",
+    "TransactionResult": "Ref(Int64) Ref(TransactionResultResult) *",
+    "TransactionMetaV3": "Ref(ExtensionPoint) Ref(LedgerEntryChanges) Array(Ref(OperationMeta)) "
+    "Ref(LedgerEntryChanges) Opt(Ref(SorobanTransactionMeta))",
+    "SorobanTransactionMeta": "Ref(SorobanTransactionMetaExt) Array(Ref(ContractEvent)) Ref(SCVal) "
+    "Array(Ref(DiagnosticEvent))",
+    "TransactionMetaV4": "Ref(ExtensionPoint) Ref(LedgerEntryChanges) Array(Ref(OperationMetaV2)) "
+    "Ref(LedgerEntryChanges) Opt(Ref(SorobanTransactionMetaV2)) Array(Ref(TransactionEvent)) "
+    "Array(Ref(DiagnosticEvent))",
+    "OperationMetaV2": "Ref(ExtensionPoint) Ref(LedgerEntryChanges) Array(Ref(ContractEvent))",
+    "TransactionEvent": "Ref(TransactionEventStage) Ref(ContractEvent)",
+    "ContractEvent": "Ref(ExtensionPoint) Opt(Ref(ContractID)) Ref(ContractEventType) Ref(ContractEventBody)",
+    "ContractID": "Ref(Hash)",
+    "ContractEventV0": "Array(Ref(SCVal)) Ref(SCVal)",
+}
+_SKIPPED = (
+    "LedgerCloseMetaExt",
+    "LedgerHeaderHistoryEntry",
+    "StellarValue",
+    "TransactionSet",
+    "GeneralizedTransactionSet",
+    "ExtensionPoint",
+    "TransactionResult",
+    "LedgerEntryChanges",
+    "TransactionMeta",
+    "SCVal",
+    "LedgerCloseMetaV0:3:5",  # upgrades, SCP
+    "LedgerCloseMetaV1:4:9",  # upgrades, SCP, bucket list size, evicted keys and entries
+    "LedgerCloseMetaV2:4:8",
+    "TransactionMetaV3:0:4",  # ext, changes before, operations, changes after
+    "SorobanTransactionMeta:0:1",  # ext
+    "SorobanTransactionMeta:2:4",  # return value, diagnostic events
+    "TransactionMetaV4:0:2",  # ext, changes before
+    "TransactionMetaV4:3:5",  # changes after, Soroban meta (return value)
+    "TransactionMetaV4:6:7",  # diagnostic events
+    "OperationMetaV2:0:2",  # ext, changes
+)
+
+
+def _layout(shapes: Sequence[Any]) -> str:
+    def one(shape: Any) -> str:
+        if hasattr(shape, "item"):
+            return f"{type(shape).__name__}({one(shape.item)})"
+        if hasattr(shape, "size"):
+            return f"Fixed({shape.size})"
+        return f"{type(shape).__name__}({shape.name})"
+
+    return " ".join(one(s) for s in shapes)
+
+
+@functools.cache
+def _skips() -> dict[str, Any]:
+    """The walks, compiled once per process (about 0.2 s), after checking the layouts they assume.
+
+    Raises:
+        LakeFormatError: the installed stellar-sdk defines a layout differently.
+    """
+    from ingestion.lake.skip import shape_of, skippers
+
+    for name, expected in _LAYOUTS.items():
+        got = _layout(shape_of(name))
+        prefix = expected.removesuffix(" *")
+        if got != prefix and not (expected.endswith(" *") and got.startswith(prefix + " ")):
+            raise LakeFormatError(f"stellar-sdk's {name} is {got}, not {expected}: update the lake reader")
+    return skippers(*_SKIPPED)
+
+
+def compile_walks() -> None:
+    """Compile the partial decode's walks now (a worker does it at start, not on its first object)."""
+    _skips()
+
+
+def batch_events(raw: bytes) -> list[LedgerEvents]:
+    """The ledgers and events of an uncompressed XDR ``LedgerCloseMetaBatch``, equal to
+    :func:`ledger_events` of each of :func:`read_batch`'s metas, reading only what events need.
+
+    Raises:
+        LakeFormatError: not a batch, trailing bytes, an unknown union arm or version (a newer
+            XDR), or ledgers that do not run from start to end.
+    """
+    from ingestion.lake.skip import TooLong, UnknownArm
+
+    skips = _skips()
+    try:
+        start, end, count = struct.unpack_from(">III", raw, 0)
+        at = 12
+        if count > len(raw) - at:
+            raise TooLong(f"{count} ledgers")
+        out = []
+        for _ in range(count):
+            ledger, at = _ledger(skips, raw, at)
+            out.append(ledger)
+    except UnknownArm as exc:
+        raise LakeFormatError(f"not an XDR LedgerCloseMetaBatch this reader knows: {exc}") from exc
+    except (struct.error, TooLong, RecursionError) as exc:
+        raise LakeFormatError(f"not an XDR LedgerCloseMetaBatch (or a newer XDR version): {exc!r}") from exc
+    if at != len(raw):
+        raise LakeFormatError(
+            f"not an XDR LedgerCloseMetaBatch (or a newer XDR version): trailing {len(raw) - at} bytes"
+        )
+    sequences = [ledger.ledger for ledger in out]
+    if sequences != list(range(start, end + 1)):
+        raise LakeFormatError(f"batch {start}-{end} holds ledgers {sequences[:3]}...{sequences[-3:]}")
+    return out
+
+
+def _array(raw: bytes, at: int) -> tuple[int, int]:
+    from ingestion.lake.skip import TooLong
+
+    (count,) = _U32(raw, at)
+    if count > len(raw) - at - 4:
+        raise TooLong(f"array of {count} past the end")
+    return count, at + 4
+
+
+def _ledger(skips: dict[str, Any], raw: bytes, at: int) -> tuple[LedgerEvents, int]:
+    (version,) = _I32(raw, at)
+    at += 4
+    if version not in (0, 1, 2):
+        raise LakeFormatError(f"LedgerCloseMeta V{version} is not known to this reader")
+    if version:
+        at = skips["LedgerCloseMetaExt"](raw, at)
+    # LedgerHeaderHistoryEntry: hash, then LedgerHeader: ledgerVersion, previousLedgerHash,
+    # StellarValue (txSetHash, closeTime, ...), txSetResultHash, bucketListHash, ledgerSeq
+    (protocol,) = _U32(raw, at + 32)
+    (close_time,) = _U64(raw, at + 100)
+    (ledger,) = _U32(raw, skips["StellarValue"](raw, at + 68) + 64)
+    at = skips["LedgerHeaderHistoryEntry"](raw, at)
+    at = skips["TransactionSet" if version == 0 else "GeneralizedTransactionSet"](raw, at)
+    closed_at = datetime.fromtimestamp(close_time, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    found: list[tuple[Cursor, _Parts | None, str, bool]] = []
+    counts = [0, 0]  # BeforeAllTxs, AfterAllTxs events so far in the ledger
+    transactions, at = _array(raw, at)
+    for index in range(1, transactions + 1):
+        if version == 2:
+            at = skips["ExtensionPoint"](raw, at)
+        tx_hash = raw[at : at + 32].hex()
+        (code,) = _I32(raw, at + 40)  # TransactionResult: feeCharged, then the result's code
+        at = skips["TransactionResult"](raw, at + 32)
+        at = skips["LedgerEntryChanges"](raw, at)  # fee processing
+        at = _transaction_meta(skips, raw, at, ledger, index, tx_hash, code in _SUCCESS, counts, found)
+        if version == 2:
+            at = skips["LedgerEntryChanges"](raw, at)  # post-apply fee processing
+    at = skips[("LedgerCloseMetaV0:3:5", "LedgerCloseMetaV1:4:9", "LedgerCloseMetaV2:4:8")[version]](raw, at)
+    found.sort(key=lambda item: item[0])
+    events = tuple(e for e in (_render(c, p, closed_at, h, ok) for c, p, h, ok in found) if e is not None)
+    return LedgerEvents(ledger, closed_at, protocol, events), at
+
+
+def _transaction_meta(
+    skips: dict[str, Any],
+    raw: bytes,
+    at: int,
+    ledger: int,
+    index: int,
+    tx_hash: str,
+    ok: bool,
+    counts: list[int],
+    found: list[tuple[Cursor, _Parts | None, str, bool]],
+) -> int:
+    """Walks the TransactionMeta at ``at`` (transaction ``index``), adding its events to ``found``;
+    the offset after it."""
+    (version,) = _I32(raw, at)
+    if version in (0, 1, 2):
+        return int(skips["TransactionMeta"](raw, at))
+    at += 4
+    if version == 3:
+        at = skips["TransactionMetaV3:0:4"](raw, at)
+        (soroban,) = _U32(raw, at)
+        at += 4
+        if soroban:
+            at = skips["SorobanTransactionMeta:0:1"](raw, at)
+            n, at = _array(raw, at)
+            for i in range(n):
+                parts, at = _event(skips, raw, at)
+                found.append((Cursor(ledger, index, 0, i), parts, tx_hash, ok))
+            at = skips["SorobanTransactionMeta:2:4"](raw, at)
+        return at
+    if version != 4:
+        raise LakeFormatError(f"TransactionMeta V{version} (transaction {index}) is not known to this reader")
+    at = skips["TransactionMetaV4:0:2"](raw, at)
+    operations, at = _array(raw, at)
+    for op in range(operations):
+        at = skips["OperationMetaV2:0:2"](raw, at)
+        n, at = _array(raw, at)
+        for i in range(n):
+            parts, at = _event(skips, raw, at)
+            found.append((Cursor(ledger, index, op, i), parts, tx_hash, ok))
+    at = skips["TransactionMetaV4:3:5"](raw, at)
+    n, at = _array(raw, at)
+    after_tx = 0
+    for _ in range(n):
+        (stage,) = _I32(raw, at)
+        parts, at = _event(skips, raw, at + 4)
+        if stage == 0:  # TRANSACTION_EVENT_STAGE_BEFORE_ALL_TXS
+            cursor, counts[0] = Cursor(ledger, 0, 0, counts[0]), counts[0] + 1
+        elif stage == 2:  # TRANSACTION_EVENT_STAGE_AFTER_ALL_TXS
+            cursor, counts[1] = Cursor(ledger, TX_MASK, 0, counts[1]), counts[1] + 1
+        elif stage == 1:  # TRANSACTION_EVENT_STAGE_AFTER_TX
+            cursor, after_tx = Cursor(ledger, index, OP_MASK, after_tx), after_tx + 1
+        else:
+            raise LakeFormatError(f"transaction event stage {stage} is not known to this reader")
+        found.append((cursor, parts, tx_hash, ok))
+    return int(skips["TransactionMetaV4:6:7"](raw, at))
+
+
+def _event(skips: dict[str, Any], raw: bytes, at: int) -> tuple[_Parts | None, int]:
+    """The ``ContractEvent`` at ``at``: its parts (None for a type RPC does not serve) and the
+    offset after it."""
+    from ingestion.lake.skip import UnknownArm
+
+    at = skips["ExtensionPoint"](raw, at)
+    (has_contract,) = _U32(raw, at)
+    at += 4
+    contract_id = None
+    if has_contract:
+        contract_id, at = raw[at : at + 32], at + 32
+    kind, body = struct.unpack_from(">ii", raw, at)
+    at += 8
+    if kind not in (0, 1, 2):
+        raise UnknownArm("ContractEventType", kind)
+    if body != 0:
+        raise LakeFormatError(f"ContractEvent body V{body} is not known to this reader")
+    n, at = _array(raw, at)
+    topics = []
+    for _ in range(n):
+        end = skips["SCVal"](raw, at)
+        topics.append(raw[at:end])
+        at = end
+    end = skips["SCVal"](raw, at)
+    data, at = raw[at:end], end
+    return ((kind, contract_id, topics, data) if kind in _TYPES else None), at
 
 
 def record_frames(raw: bytes) -> Sequence[bytes]:
