@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -596,7 +596,6 @@ def main(argv: Sequence[str]) -> int:
         ConfigError, UsageError: a bad setting or flag (the CLI prints it and exits 2).
     """
     import os
-    import sys
     from pathlib import Path
 
     from ingestion.cli import UsageError
@@ -625,8 +624,11 @@ def main(argv: Sequence[str]) -> int:
     url = (ns.rpc or job.rpc_urls[0]) if job.kind == "rpc" else (ns.horizon or job.horizon_urls[0])
     if job.sink:
         return _verify_postgres_job(settings, job, url)
+    from actors.lease_store import describe_redis_error
+
     where = redact_url(settings.redis.url)
-    try:
+
+    def known() -> None:
         client = connect(settings.redis.url, timeout=5.0)
         try:
             exists = client.exists(*job_keys(job.name).values())
@@ -637,11 +639,30 @@ def main(argv: Sequence[str]) -> int:
                 f"verify: no job {job.name!r} at {where}: nothing was ever elected or committed "
                 "for it (check --job and --redis)"
             )
-        result = trio.run(verify_configured_job, settings, job, url)
-    except redis.RedisError as exc:
-        from actors.lease_store import describe_redis_error
 
-        print(f"ingestion: verify: {describe_redis_error(exc, where=where)}", file=sys.stderr)
+    return _verify_and_say(
+        settings, job, url, known, redis.RedisError, lambda exc: describe_redis_error(exc, where=where)
+    )
+
+
+def _verify_and_say(
+    settings: Any,
+    job: Any,
+    url: str,
+    known: Callable[[], None],
+    store_error: type[Exception],
+    describe_store: Callable[[Any], str],
+) -> int:
+    """``verify`` of a job whose store ``known()`` has checked knows it (else it raises
+    UsageError): the summary, exit 0 or 1; the store (``store_error``, said by
+    ``describe_store``) or the source unreadable: one line, exit 1."""
+    import sys
+
+    try:
+        known()
+        result = trio.run(verify_configured_job, settings, job, url)
+    except store_error as exc:
+        print(f"ingestion: verify: {describe_store(exc)}", file=sys.stderr)
         return 1
     except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
         print(f"ingestion: verify: cannot read {url}: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -654,26 +675,18 @@ def _verify_postgres_job(settings: Any, job: Any, url: str) -> int:
     """``verify`` of a job whose sink is PostgreSQL: its rows there against the source, judged
     by the fence history. Exit 0, 1 (a problem, or PostgreSQL or the source unreadable), or
     :class:`~ingestion.cli.UsageError` (2) for a job PostgreSQL knows nothing of."""
-    import sys
-
     import psycopg
 
     from ingestion.cli import UsageError
     from ingestion.postgres.sink import describe, job_known, job_state, redact
 
     schema = settings.sink.schema
-    try:
+
+    def known() -> None:
         if not job_known(job_state(job.sink, schema, job.name)):
             raise UsageError(
                 f"verify: no job {job.name!r} in schema {schema} at {redact(job.sink)}: nothing was "
                 "ever committed for it (check --job, --sink and sink.schema)"
             )
-        result = trio.run(verify_configured_job, settings, job, url)
-    except psycopg.Error as exc:
-        print(f"ingestion: verify: {describe(exc, job.sink)}", file=sys.stderr)
-        return 1
-    except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
-        print(f"ingestion: verify: cannot read {url}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    print(f"job {job.name} ({job.kind}, {url}): {result.summary()}")
-    return 0 if result.ok else 1
+
+    return _verify_and_say(settings, job, url, known, psycopg.Error, lambda exc: describe(exc, job.sink))
