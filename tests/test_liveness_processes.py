@@ -17,8 +17,12 @@ Every stream is verified exactly once at the end. Settings: TTL 1500 ms, handove
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
 from urllib.parse import urlsplit
 
+import attrs
 import pytest
 import redis
 import trio
@@ -82,17 +86,35 @@ async def one_each(c: Cluster, jobs: list[str]) -> dict[str, str | None]:
     return {j: holder(c, j) for j in jobs}
 
 
-async def test_a_node_cut_off_from_horizon_hands_its_job_to_a_node_at_its_share(job: str) -> None:
+@attrs.frozen
+class Split:
+    """Two jobs, one led by each node; n1 reaches Horizon through ``proxy``, n2 directly."""
+
+    c: Cluster
+    proxy: Any
+    jobs: dict[str, str]  # job -> resource
+    cut_job: str  # the job n1 leads
+
+
+@asynccontextmanager
+async def two_jobs_one_each(job: str, proxy_for: Callable[[Cluster], Any]) -> AsyncIterator[Split]:
     second = f"{job}-b"
     jobs = {job: "/operations", second: "/payments"}
     flags = ["--job", f"{second}=/payments"]
     async with open_cluster(job, ttl_ms=TTL_MS) as c, trio.open_nursery() as nursery:
-        proxy: TcpProxy = await nursery.start(TcpProxy(urlsplit(c.horizon).port or 80).serve)
+        proxy = await nursery.start(proxy_for(c).serve)
         await c.start_node("n1", horizon=f"http://127.0.0.1:{proxy.port}", env=ENV, extra=flags)
         await c.start_node("n2", env=ENV, extra=flags)
         placed = await one_each(c, list(jobs))
         cut_job = next(j for j, n in placed.items() if n == "n1")
         await both_grow(c, list(jobs))
+        yield Split(c, proxy, jobs, cut_job)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_node_cut_off_from_horizon_hands_its_job_to_a_node_at_its_share(job: str) -> None:
+    async with two_jobs_one_each(job, lambda c: TcpProxy(urlsplit(c.horizon).port or 80)) as split:
+        c, proxy, jobs, cut_job = split.c, split.proxy, split.jobs, split.cut_job
 
         cut_at = trio.current_time()
         proxy.set_mode("blackhole")
@@ -109,7 +131,6 @@ async def test_a_node_cut_off_from_horizon_hands_its_job_to_a_node_at_its_share(
         proxy.set_mode("forward")
         await both_grow(c, list(jobs))
         await verify(c, jobs)
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_job_only_one_node_hosts_is_led_although_that_node_is_at_its_share(job: str) -> None:
@@ -139,16 +160,8 @@ async def test_a_job_only_one_node_hosts_is_led_although_that_node_is_at_its_sha
 
 
 async def test_a_leader_whose_horizon_answers_root_but_fails_the_job_hands_over(job: str) -> None:
-    second = f"{job}-b"
-    jobs = {job: "/operations", second: "/payments"}
-    flags = ["--job", f"{second}=/payments"]
-    async with open_cluster(job, ttl_ms=TTL_MS) as c, trio.open_nursery() as nursery:
-        proxy: HttpFaultProxy = await nursery.start(HttpFaultProxy(c.horizon).serve)
-        await c.start_node("n1", horizon=f"http://127.0.0.1:{proxy.port}", env=ENV, extra=flags)
-        await c.start_node("n2", env=ENV, extra=flags)
-        placed = await one_each(c, list(jobs))
-        cut_job = next(j for j, n in placed.items() if n == "n1")
-        await both_grow(c, list(jobs))
+    async with two_jobs_one_each(job, lambda c: HttpFaultProxy(c.horizon)) as split:
+        c, proxy, jobs, cut_job = split.c, split.proxy, split.jobs, split.cut_job
 
         cut_at = trio.current_time()
         proxy.set_mode("root-only")
@@ -163,20 +176,11 @@ async def test_a_leader_whose_horizon_answers_root_but_fails_the_job_hands_over(
         proxy.set_mode("forward")
         await both_grow(c, list(jobs))
         await verify(c, jobs)
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_leader_whose_horizon_answers_pages_but_blocks_streams_hands_over_for_good(job: str) -> None:
-    second = f"{job}-b"
-    jobs = {job: "/operations", second: "/payments"}
-    flags = ["--job", f"{second}=/payments"]
-    async with open_cluster(job, ttl_ms=TTL_MS) as c, trio.open_nursery() as nursery:
-        proxy: HttpFaultProxy = await nursery.start(HttpFaultProxy(c.horizon).serve)
-        await c.start_node("n1", horizon=f"http://127.0.0.1:{proxy.port}", env=ENV, extra=flags)
-        await c.start_node("n2", env=ENV, extra=flags)
-        placed = await one_each(c, list(jobs))
-        cut_job = next(j for j, n in placed.items() if n == "n1")
-        await both_grow(c, list(jobs))
+    async with two_jobs_one_each(job, lambda c: HttpFaultProxy(c.horizon)) as split:
+        c, proxy, jobs, cut_job = split.c, split.proxy, split.jobs, split.cut_job
 
         cut_at = trio.current_time()
         proxy.set_mode("no-stream")
@@ -206,4 +210,3 @@ async def test_a_leader_whose_horizon_answers_pages_but_blocks_streams_hands_ove
         figure("liveness-stream-healed", rebalanced_ms=(trio.current_time() - healed_at) * 1000)
         await both_grow(c, list(jobs))
         await verify(c, jobs)
-        nursery.cancel_scope.cancel()
