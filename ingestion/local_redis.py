@@ -10,6 +10,7 @@ of times, while an explicit port (or a restart on the port already handed out) f
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import socket
@@ -43,8 +44,36 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class OwnPort:
+    """A local server child on a loopback ``port``: 0 picks a free one here, and :meth:`_start_on_port`
+    picks another while the picked one turns out taken before the child binds it. Once started,
+    the port is the server's: a restart comes back on it or raises :class:`PortInUse`."""
+
+    port: int
+    _port_is_ours_to_pick: bool
+
+    def _pick_port_if_unset(self) -> None:
+        if self.port == 0:
+            self.port = free_port()
+            self._port_is_ours_to_pick = True
+
+    def _start_on_port(self, start_once: Callable[[], None], attempts: int) -> None:
+        attempt = 1
+        while True:
+            try:
+                start_once()
+            except PortInUse:
+                if not self._port_is_ours_to_pick or attempt >= attempts:
+                    raise
+                attempt += 1
+                self.port = free_port()
+            else:
+                self._port_is_ours_to_pick = False  # handed out: a restart must come back here
+                return
+
+
 @attrs.define
-class LocalRedis:
+class LocalRedis(OwnPort):
     """A ``redis-server`` child process listening on 127.0.0.1:``port``.
 
     ``port`` 0 (the default) picks a free port now; if another process takes it before the child
@@ -67,9 +96,7 @@ class LocalRedis:
     _port_is_ours_to_pick: bool = attrs.field(init=False, default=False)
 
     def __attrs_post_init__(self) -> None:
-        if self.port == 0:
-            self.port = free_port()
-            self._port_is_ours_to_pick = True
+        self._pick_port_if_unset()
 
     @property
     def log_file(self) -> Path:
@@ -100,18 +127,8 @@ class LocalRedis:
             raise RedisServerMissing(
                 "redis-server is not installed: install it (Debian: apt-get install -y redis-server)"
             )
-        attempt = 1
-        while True:
-            try:
-                self._start_once(exe, timeout)
-            except PortInUse:
-                if not self._port_is_ours_to_pick or attempt >= attempts:
-                    raise
-                attempt += 1
-                self.port = free_port()
-            else:
-                self._port_is_ours_to_pick = False  # handed out: a restart must come back here
-                return self
+        self._start_on_port(functools.partial(self._start_once, exe, timeout), attempts)
+        return self
 
     def _start_once(self, exe: str, timeout: float) -> None:
         args = [

@@ -14,6 +14,7 @@ wrong password is refused as it would be in production.
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import shutil
@@ -25,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from ingestion.local_redis import PortInUse, free_port
+from ingestion.local_redis import OwnPort, PortInUse
 
 START_ATTEMPTS = 5
 
@@ -46,7 +47,7 @@ def _as_postgres() -> dict[str, Any]:
 
 
 @attrs.define
-class LocalPostgres:
+class LocalPostgres(OwnPort):
     """A ``postgres`` child process on 127.0.0.1:``port`` with a data directory of its own.
 
     ``durable`` False (the tests) turns off fsync: the data survives a restart of the server,
@@ -62,9 +63,7 @@ class LocalPostgres:
     _initialised: bool = attrs.field(init=False, default=False)
 
     def __attrs_post_init__(self) -> None:
-        if self.port == 0:
-            self.port = free_port()
-            self._port_is_ours_to_pick = True
+        self._pick_port_if_unset()
 
     @property
     def data(self) -> Path:
@@ -111,18 +110,8 @@ class LocalPostgres:
             )
         if not self._initialised:
             self._initdb(bindir)
-        attempt = 1
-        while True:
-            try:
-                self._start_once(bindir, timeout)
-            except PortInUse:
-                if not self._port_is_ours_to_pick or attempt >= attempts:
-                    raise
-                attempt += 1
-                self.port = free_port()
-            else:
-                self._port_is_ours_to_pick = False
-                return self
+        self._start_on_port(functools.partial(self._start_once, bindir, timeout), attempts)
+        return self
 
     def _start_once(self, bindir: Path, timeout: float) -> None:
         import psycopg
