@@ -9,7 +9,11 @@ objects in flight, results taken in order. Figures: ledgers/s and events/s at 0 
 process, the node before issue 28's speed work), 1 and 2 worker processes, side by side in one
 run, and the speed-up of 2 over 1. Each run also reports the load average before it (another
 process on the machine takes a core from the 2-process run) and its workers' CPU seconds. The
-pool's start (spawning, importing stellar-sdk) is inside the time: a term pays it once.
+pool's start (spawning, importing stellar-sdk, compiling the XDR walks: about a second) is inside
+the time: a term pays it once; 400 ledgers (80 quick) keep it small beside the decode, which
+reads only what events need (about 25 ledgers per CPU second). Then, in one process, the same
+ledgers read the partial way and with stellar-sdk's whole decode, alternating (``partial_vs_full``:
+ledgers per CPU second of each, and the two results compared).
 
 Backfill. A simulator process with ``--lake-dir`` writes its whole chain (``ledgers`` ledgers)
 to a lake and serves RPC with a 100-ledger window; a node follows an RPC job from ``0`` with
@@ -114,7 +118,45 @@ def decode(objects: list[bytes], count: int, processes: int, read_ahead: int = 4
     }
 
 
-def run_decode(count: int) -> dict[str, Any]:
+def partial_vs_full(objects: list[bytes], rounds: int) -> dict[str, Any]:
+    """In this process, no pool: each object read the partial way (``object_events``) and the
+    whole way (stellar-sdk's decode, then the events), alternating, ``rounds`` times over the
+    same objects; the two results compared. CPU seconds (``process_time``: what another process
+    on the machine takes is not counted) and wall seconds of each."""
+    from ingestion.lake import events
+
+    events.compile_walks()
+    load = os.getloadavg()[0]
+    cpu = {"full": 0.0, "partial": 0.0}
+    wall = dict(cpu)
+    count = 0
+    for _ in range(rounds):
+        for data in objects:
+            got = {}
+            for way in ("full", "partial"):
+                started_cpu, started = time.process_time(), time.perf_counter()
+                if way == "full":
+                    metas = events.read_batch(events.decompress(data))[2]
+                    got[way] = [events.ledger_events(m) for m in metas]
+                else:
+                    got[way] = events.object_events(data)
+                cpu[way] += time.process_time() - started_cpu
+                wall[way] += time.perf_counter() - started
+            if got["full"] != got["partial"]:
+                raise AssertionError("the partial decode differs from the full one")
+            count += 1
+    return {
+        "ledgers": count,
+        "load_before": round(load, 2),
+        "full_ledgers_per_cpu_s": round(count / cpu["full"], 2),
+        "partial_ledgers_per_cpu_s": round(count / cpu["partial"], 2),
+        "full_ledgers_per_s": round(count / wall["full"], 2),
+        "partial_ledgers_per_s": round(count / wall["partial"], 2),
+        "partial_over_full_cpu": round(cpu["full"] / cpu["partial"], 2),
+    }
+
+
+def run_decode(count: int, rounds: int = 3) -> dict[str, Any]:
     objects = pubnet_objects()
     if objects is None:
         return {"skipped": f"no recordings at {recorded.LAKE}"}
@@ -123,6 +165,7 @@ def run_decode(count: int) -> dict[str, Any]:
         "runs": list(runs.values()),
         "speedup_2_over_1": round(runs[2]["ledgers_per_s"] / runs[1]["ledgers_per_s"], 2),
         "cores": os.cpu_count(),
+        "partial_vs_full": partial_vs_full(objects, rounds),
     }
 
 
@@ -220,7 +263,7 @@ def backfill(
 
 def run(redis_url: str, *, quick: bool, log: Any = print) -> dict[str, Any]:
     """The section: pubnet decode on 0, 1 and 2 processes, and the backfill."""
-    result: dict[str, Any] = {"decode": run_decode(12 if quick else 60)}
+    result: dict[str, Any] = {"decode": run_decode(80 if quick else 400, 1 if quick else 3)}
     for r in result["decode"].get("runs", ()):
         log(
             f"  pubnet decode, {r['processes']} processes: {r['ledgers_per_s']} ledgers/s "
@@ -229,6 +272,11 @@ def run(redis_url: str, *, quick: bool, log: Any = print) -> dict[str, Any]:
         )
     if "speedup_2_over_1" in result["decode"]:
         log(f"  2 processes over 1: {result['decode']['speedup_2_over_1']}x")
+        pf = result["decode"]["partial_vs_full"]
+        log(
+            f"  one process, same ledgers: partial {pf['partial_ledgers_per_cpu_s']} vs full "
+            f"{pf['full_ledgers_per_cpu_s']} ledgers per CPU second ({pf['partial_over_full_cpu']}x)"
+        )
     result["backfill"] = backfill(
         redis_url, ledgers=2_000 if quick else 10_000, processes=(1,) if quick else (0, 1, 2), log=log
     )

@@ -449,6 +449,15 @@ def _lake_rows(lk: dict[str, Any] | None) -> list[tuple[str, str, str, str | Non
     if "speedup_2_over_1" in dec:
         rows.append(("lake: decode, 2 worker processes over 1", f"{dec['speedup_2_over_1']:.2f}x", ">= 1.8x",
                      _ok(dec["speedup_2_over_1"] >= 1.8)))  # fmt: skip
+    if "partial_vs_full" in dec:
+        pf = dec["partial_vs_full"]
+        rows.append((
+            f"lake: one process, the same ledgers ({pf['ledgers']}; load average {pf['load_before']}): "
+            "ledgers per CPU second reading what events need, and with stellar-sdk's whole decode",
+            f"{pf['partial_ledgers_per_cpu_s']:.2f} vs {pf['full_ledgers_per_cpu_s']:.2f} "
+            f"({pf['partial_over_full_cpu']:.2f}x)",
+            "", None,
+        ))  # fmt: skip
     bf = lk["backfill"]
     for b in bf["runs"]:
         rows.append((
