@@ -5,8 +5,9 @@ retries and failover between several RPC URLs. Every decision is made by the I/O
 :class:`~ingestion.rpc.core.RpcFollower`; this module sends the requests, bounds every wait, logs,
 and writes the audit entry of a skipped history gap.
 
-Shape of ``stream(cursor)``: a pump task owns the follower and the HTTP client and sends batches
-into a small buffer, so that the next page is fetched while the consumer commits the previous one.
+Shape of ``stream(cursor)``: a pump task owns the follower and the HTTP client and sends each
+page's batches into a small buffer of pages, so that the next page is fetched while the consumer
+commits the previous one.
 Each event is one record (its ``id`` is the paging token, its JSON the body); a page that scanned
 past its last event also carries the scanned-through cursor, committed with it.
 
@@ -252,12 +253,16 @@ class RpcSource:
             page_limit=self.page_limit,
         )
         fatal: list[SourceFatalError] = []
-        send, receive = trio.open_memory_channel[Batch](self.prefetch)
+        # A page's batches travel together: ``prefetch`` counts pages, so that the next page is
+        # fetched while every batch of this one is committed (counted in batches, a 10,000-event
+        # page in ten, the pump waited for all but the last two before asking for the next).
+        send, receive = trio.open_memory_channel[list[Batch]](self.prefetch)
         async with self._client() as client, trio.open_nursery() as nursery:
             nursery.start_soon(self._pump, client, follower, send, fatal)
             with receive:
-                async for batch in receive:
-                    yield batch
+                async for batches in receive:
+                    for batch in batches:
+                        yield batch
         if fatal:
             raise fatal[0]
 
@@ -265,7 +270,7 @@ class RpcSource:
         self,
         client: httpx.AsyncClient,
         follower: RpcFollower,
-        send: trio.MemorySendChannel[Batch],
+        send: trio.MemorySendChannel[list[Batch]],
         fatal: list[SourceFatalError],
     ) -> None:
         with send:
@@ -281,8 +286,7 @@ class RpcSource:
                         follower = await self._history_gap(client, follower, outcome, send)
                         continue
                     if outcome.batch is not None:
-                        for batch in _chunks(outcome.batch, self.commit_max_records):
-                            await send.send(batch)
+                        await send.send(_chunks(outcome.batch, self.commit_max_records))
                     if outcome.delay > 0:
                         await trio.sleep(outcome.delay)
             except SourceFatalError as exc:
@@ -325,7 +329,7 @@ class RpcSource:
         client: httpx.AsyncClient,
         follower: RpcFollower,
         outcome: Outcome,
-        send: trio.MemorySendChannel[Batch],
+        send: trio.MemorySendChannel[list[Batch]],
     ) -> RpcFollower:
         """Stop, skip, or read from the lake (:meth:`_from_history`); the follower to go on with.
         The lake is read only when every URL is past the position (:meth:`_keeper`): one that
@@ -397,7 +401,7 @@ class RpcSource:
         return None
 
     async def _from_history(
-        self, cursor: str, oldest: int, send: trio.MemorySendChannel[Batch]
+        self, cursor: str, oldest: int, send: trio.MemorySendChannel[list[Batch]]
     ) -> RpcFollower:
         """Events after ``cursor`` from the lake, committed as they come, until every ledger
         before ``oldest`` (RPC's oldest) is read; then a follower on RPC from the lake's last
@@ -411,7 +415,7 @@ class RpcSource:
         log.info("rpc-lake-backfill", cursor=cursor, until_ledger=oldest - 1)
         async with self.history.stream(cursor) as batches:
             async for batch in batches:
-                await send.send(batch)
+                await send.send([batch])
                 self.health.ok(trio.current_time())
                 records += len(batch.records)
                 if batch.through is not None:
