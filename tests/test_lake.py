@@ -20,6 +20,7 @@ from ingestion.lake.events import (
     LakeFormatError,
     LedgerEvents,
     batch_events,
+    compile_walks,
     ledger_events,
     object_events,
     read_batch,
@@ -180,6 +181,15 @@ def _batch(metas: list[xdr.LedgerCloseMeta]) -> bytes:
 def _full(raw: bytes) -> list[LedgerEvents]:
     """stellar-sdk's whole decode of the batch, then the events: the reference."""
     return [ledger_events(m) for m in read_batch(raw)[2]]
+
+
+def test_the_walks_compile_with_the_installed_stellar_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
+    # else object_events falls back, silently, to stellar-sdk's whole decode (right but slower)
+    assert compile_walks()
+    data = recorded.require_lake(REAL_OBJECT).read_bytes()
+    fast = object_events(data)
+    monkeypatch.setattr("ingestion.lake.events._skips", lambda: None)
+    assert not compile_walks() and object_events(data) == fast
 
 
 def test_the_partial_decode_equals_the_full_decode_on_every_real_ledger() -> None:
