@@ -249,8 +249,11 @@ def _render(cursor: Cursor, parts: _Parts | None, closed_at: str, tx_hash: str, 
 
 
 def _contract_id(contract_id: bytes | None) -> str:
-    if contract_id is None:
-        return ""
+    return "" if contract_id is None else _strkey(contract_id)
+
+
+@functools.lru_cache(maxsize=4096)  # a ledger's events name few contracts (fees: the XLM contract)
+def _strkey(contract_id: bytes) -> str:
     from stellar_sdk.strkey import StrKey
 
     return str(StrKey.encode_contract(contract_id))
@@ -449,7 +452,7 @@ def _ledger(skips: dict[str, Any], raw: bytes, at: int) -> tuple[LedgerEvents, i
         if version == 2:
             at = skips["LedgerEntryChanges"](raw, at)  # post-apply fee processing
     at = skips[("LedgerCloseMetaV0:3:5", "LedgerCloseMetaV1:4:9", "LedgerCloseMetaV2:4:8")[version]](raw, at)
-    found.sort(key=lambda item: item[0])
+    found.sort(key=lambda item: (item[0].ledger, item[0].tx, item[0].op, item[0].event))  # Cursor's order
     events = tuple(e for e in (_render(c, p, closed_at, h, ok) for c, p, h, ok in found) if e is not None)
     return LedgerEvents(ledger, closed_at, protocol, events), at
 
