@@ -10,7 +10,7 @@ full decode reads: each class's ``unpack`` (written by xdrgen, one regular shape
 is read through :mod:`ast` into a shape (struct fields in order, a union's discriminant and arms,
 optional values, variable arrays, fixed and variable opaque and strings, enums), and the shapes are
 turned into one Python function per type, ``skip(buf, at) -> end``. Compiled once per process, on
-first use (:func:`skipper`); a construct the compiler does not recognise fails the compile, not a
+first use (:func:`skippers`); a construct the compiler does not recognise fails the compile, not a
 read.
 
 What a walk checks, as the full decode does: union discriminants and enum values (an unknown one
