@@ -208,6 +208,26 @@ def test_a_big_page_is_committed_in_parts_with_the_read_through_cursor_on_the_la
     assert tuple(r for p in parts for r in p.records) == records
 
 
+async def test_the_next_page_is_fetched_while_every_batch_of_this_one_waits() -> None:
+    """``prefetch`` counts pages: a page's batches wait as one, so the pump asks for the next
+    pages while the consumer still holds this one's (counted in batches, it stopped asking once
+    two batches of the first page waited)."""
+
+    def next_pages() -> int:  # the requests that continue a page's cursor
+        return sum(r.method == "getEvents" and "cursor" in r.params["pagination"] for r in sim.rpc_requests)
+
+    async with open_simulator(CONFIG) as sim:
+        src = source(sim.rpc_url, page_limit=100, commit_max_records=10, prefetch=1)
+        async with src.stream("0") as batches:
+            first = await batches.receive()
+            # page 1 being handed on, page 2 waiting in the buffer, page 3 fetched, waiting for room
+            await wait_until(lambda: next_pages() >= 2, 5, what="pages 2 and 3 asked for")
+            await trio.sleep(0.2)
+            assert next_pages() == 2  # and no further: at most prefetch pages wait
+            rest = [await batches.receive() for _ in range(9)]
+    assert [len(b.records) for b in (first, *rest)] == [10] * 10
+
+
 async def test_a_committed_cursor_that_fell_out_of_retention_stops_the_job_writing_nothing(
     redis_server: LocalRedis, redis_client: redis.Redis, job: str
 ) -> None:
