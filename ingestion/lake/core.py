@@ -109,11 +109,12 @@ class LakeFollower:
             if after.ledger != before.ledger + 1:
                 raise ValueError(f"ledger {before.ledger} is followed by {after.ledger}")
         floor = self.position
+        above = None if floor is None else (floor.ledger, floor.tx, floor.op, floor.event)
         records = tuple(
             Record(e.id, e.body)
             for le in held
             for e in le.events
-            if (floor is None or e.cursor > floor)
+            if (above is None or e.key > above)
             and (not self.filters or matches(self.filters, e.type, e.contract_id, e.topics))
         )
         through = Cursor.through(held[-1].ledger)

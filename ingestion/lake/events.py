@@ -53,7 +53,7 @@ import io
 import struct
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import orjson
@@ -70,19 +70,23 @@ class LakeFormatError(ValueError):
     know. The message says what; the caller adds the ledger and the object's key."""
 
 
-@attrs.frozen
-class LakeEvent:
-    """One event as RPC serves it: the id's cursor, what filters look at, and its JSON text."""
+class LakeEvent(NamedTuple):
+    """One event as RPC serves it: its position, id, what filters look at, and its JSON text.
 
-    cursor: Cursor
+    A tuple of plain values (built and read in C), not an attrs class: a worker process sends a
+    busy ledger's hundreds of events to the node, and an attrs instance pickles through Python
+    (``__getstate__``/``__setstate__``): 2.7 us an event to unpickle, 0.3 as a tuple."""
+
+    key: tuple[int, int, int, int]  # (ledger, tx, op, event): Cursor's order, as a plain tuple
+    id: str  # str(Cursor(*key))
     type: str
     contract_id: str
     topics: tuple[str, ...]
     body: str
 
     @property
-    def id(self) -> str:
-        return str(self.cursor)
+    def cursor(self) -> Cursor:
+        return Cursor(*self.key)
 
 
 @attrs.frozen
@@ -245,7 +249,8 @@ def _render(cursor: Cursor, parts: _Parts | None, closed_at: str, tx_hash: str, 
     if topics:
         doc["topic"] = list(topics)
     doc["value"] = base64.b64encode(data_xdr).decode()
-    return LakeEvent(cursor, kind, contract_id, topics, orjson.dumps(doc).decode())
+    key = (cursor.ledger, cursor.tx, cursor.op, cursor.event)
+    return LakeEvent(key, doc["id"], kind, contract_id, topics, orjson.dumps(doc).decode())
 
 
 def _contract_id(contract_id: bytes | None) -> str:
