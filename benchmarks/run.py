@@ -443,12 +443,19 @@ def _lake_rows(lk: dict[str, Any] | None) -> list[tuple[str, str, str, str | Non
             f"lake: busy pubnet ledgers decoded on {where} ({d['ledgers']} ledgers; load average "
             f"{d['load_before']} before): ledgers/s (events/s; ledgers per worker CPU second)",
             f"{d['ledgers_per_s']:.2f} ({d['events_per_s']:,}; "
-            f"{d.get('ledgers_per_worker_cpu_s') or '-'} per worker CPU s)",
+            f"{d.get('ledgers_per_worker_cpu_s') or '-'} per worker CPU s)"
+            + (f"; {d['steady_ledgers_per_s']:.2f} once started ({d['first_result_s']} s to the first)"
+               if "steady_ledgers_per_s" in d else ""),
             "", None,
         ))  # fmt: skip
     if "speedup_2_over_1" in dec:
-        rows.append(("lake: decode, 2 worker processes over 1", f"{dec['speedup_2_over_1']:.2f}x", ">= 1.8x",
+        rows.append(("lake: decode, 2 worker processes over 1 (the pool's start included)",
+                     f"{dec['speedup_2_over_1']:.2f}x", ">= 1.8x",
                      _ok(dec["speedup_2_over_1"] >= 1.8)))  # fmt: skip
+    if "steady_speedup_2_over_1" in dec:
+        rows.append(("lake: decode, 2 worker processes over 1, once started",
+                     f"{dec['steady_speedup_2_over_1']:.2f}x", ">= 1.8x",
+                     _ok(dec["steady_speedup_2_over_1"] >= 1.8)))  # fmt: skip
     if "partial_vs_full" in dec:
         pf = dec["partial_vs_full"]
         rows.append((
