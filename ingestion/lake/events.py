@@ -58,7 +58,7 @@ from typing import Any, NamedTuple
 import attrs
 import orjson
 
-from ingestion.rpc.protocol import OP_MASK, TX_MASK, Cursor
+from ingestion.rpc.protocol import OP_MASK, TX_MASK, Cursor, event_head
 
 MAX_OBJECT_BYTES = 1 << 31  # a decompressed batch larger than this is refused, not read
 _TYPES = {0: "system", 1: "contract"}  # ContractEventType; 2 (diagnostic) is never served
@@ -235,17 +235,7 @@ def _render(cursor: Cursor, parts: _Parts | None, closed_at: str, tx_hash: str, 
     kind = _TYPES[kind_value]
     topics = tuple(base64.b64encode(t).decode() for t in topics_xdr)
     contract_id = _contract_id(contract_bytes)
-    doc: dict[str, Any] = {
-        "type": kind,
-        "ledger": cursor.ledger,
-        "ledgerClosedAt": closed_at,
-        "contractId": contract_id,
-        "id": str(cursor),
-        "operationIndex": cursor.op,
-        "transactionIndex": cursor.tx,
-        "txHash": tx_hash,
-        "inSuccessfulContractCall": ok,
-    }
+    doc = event_head(kind, cursor, closed_at, contract_id, tx_hash, ok)
     if topics:
         doc["topic"] = list(topics)
     doc["value"] = base64.b64encode(data_xdr).decode()

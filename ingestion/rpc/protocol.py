@@ -108,6 +108,24 @@ class Cursor:
         return attrs.evolve(self, event=(self.event + 1) & MAX_EVENT)
 
 
+def event_head(
+    kind: str, cursor: Cursor, closed_at: str, contract_id: str, tx_hash: str, successful: bool
+) -> dict[str, Any]:
+    """An event's fields before ``topic`` and ``value``, in the order RPC's ``EventInfo`` sends
+    them (``contractId`` "" for none; ``inSuccessfulContractCall``: its transaction succeeded)."""
+    return {
+        "type": kind,
+        "ledger": cursor.ledger,
+        "ledgerClosedAt": closed_at,
+        "contractId": contract_id,
+        "id": str(cursor),
+        "operationIndex": cursor.op,
+        "transactionIndex": cursor.tx,
+        "txHash": tx_hash,
+        "inSuccessfulContractCall": successful,
+    }
+
+
 def past_latest(cursor: Cursor, latest: int) -> bool:
     """Whether ``cursor`` lies beyond ledger ``latest``, the newest closed ledger an answer reports
     (``latestLedger``): a server scans at most through it (``endLedger - 1 <= latestLedger``), so an

@@ -34,7 +34,7 @@ from typing import Any
 from ingestion.lake.keys import MANIFEST, LakeSchema
 from ingestion.rpc.protocol import TX_MASK
 from ingestion.simulator.chain import NETWORK_PASSPHRASE, PROTOCOL_VERSION, Chain, ledger_hash_of
-from ingestion.simulator.rpc_events import RpcEvent, ScSpec, ledger_events
+from ingestion.simulator.rpc_events import RpcEvent, ledger_events, scval_of
 
 #: The layout the simulator writes: the public lakes' (one ledger per object).
 SCHEMA = LakeSchema(ledgers_per_file=1, files_per_partition=64_000, network_passphrase=NETWORK_PASSPHRASE)
@@ -54,22 +54,6 @@ def _contract(contract_id: str) -> Any:
     return xdr.ContractID(xdr.Hash(StrKey.decode_contract(contract_id)))
 
 
-def _scval(spec: ScSpec) -> Any:
-    from stellar_sdk import scval
-
-    kind, value = spec
-    encoders: dict[str, Any] = {
-        "symbol": scval.to_symbol,
-        "address": scval.to_address,
-        "string": scval.to_string,
-        "i128": scval.to_int128,
-        "u32": scval.to_uint32,
-        "u64": scval.to_uint64,
-        "bool": scval.to_bool,
-    }
-    return encoders[kind](value)
-
-
 def _contract_event(event: RpcEvent) -> Any:
     xdr = _xdr()
     *topic, value = event.specs
@@ -78,7 +62,7 @@ def _contract_event(event: RpcEvent) -> Any:
         ext=xdr.ExtensionPoint(0),
         contract_id=_contract(event.contract_id) if event.contract_id else None,
         type=kind,
-        body=xdr.ContractEventBody(0, xdr.ContractEventV0([_scval(s) for s in topic], _scval(value))),
+        body=xdr.ContractEventBody(0, xdr.ContractEventV0([scval_of(s) for s in topic], scval_of(value))),
     )
 
 

@@ -48,6 +48,7 @@ from ingestion.rpc.protocol import (
     EventFilter,
     GetEventsRequest,
     RpcError,
+    event_head,
     matches,
 )
 from ingestion.simulator.chain import Chain, timestamp
@@ -98,7 +99,13 @@ def _b64_cached(kind: str, value: Any) -> str:
 
 
 def _encode(kind: str, value: Any) -> str:
-    return str(_encoders()[kind](value).to_xdr())
+    return str(scval_of((kind, value)).to_xdr())
+
+
+def scval_of(spec: ScSpec) -> Any:
+    """An ScVal spec as stellar-sdk's ``SCVal``."""
+    kind, value = spec
+    return _encoders()[kind](value)
 
 
 @functools.cache
@@ -209,20 +216,7 @@ def _event(
     closed_at: str,
     tx_hash: str,
 ) -> RpcEvent:
-    head = go_json(
-        {
-            "type": kind,
-            "ledger": cursor.ledger,
-            "ledgerClosedAt": closed_at,
-            "contractId": contract_id,
-            "id": str(cursor),
-            "operationIndex": cursor.op,
-            "transactionIndex": cursor.tx,
-            "txHash": tx_hash,
-            "inSuccessfulContractCall": True,
-        },
-        indent=False,
-    )[:-1]
+    head = go_json(event_head(kind, cursor, closed_at, contract_id, tx_hash, True), indent=False)[:-1]
     topics = tuple(scval_b64(s) for s in topic)
     tail = go_json({"topic": list(topics), "value": scval_b64(value)}, indent=False)[1:]
     body = head + b"," + tail
