@@ -125,8 +125,8 @@ async def test_a_bad_filter_exits_2_before_the_node_starts(job: str) -> None:
 async def test_a_job_behind_rpcs_window_backfills_from_the_lake_through_a_sigkill(
     job: str, tmp_path: Path
 ) -> None:
-    """``on_history_gap = lake``: a job started at the simulator's first ledger, far behind its
-    RPC's retention, reads the lake the simulator writes of its own chain, then goes on on RPC.
+    """``on_history_gap = lake``: a job started at the simulator's first ledger, 10,000 ledgers
+    behind its RPC's 100-ledger retention, reads the lake the simulator writes of its own chain, then goes on on RPC.
     The leader is SIGKILLed during the lake phase: the next leader resumes from the committed
     cursor (still behind RPC: the lake again), hands over to RPC, and the stream is every event
     once, in id order (the lake's up to RPC's oldest ledger, then getEvents'); each term's switch
@@ -136,7 +136,7 @@ async def test_a_job_behind_rpcs_window_backfills_from_the_lake_through_a_sigkil
     extra = ["--retention-ledgers", "100", "--lake-dir", str(lake)]
     env = {"INGESTION_RPC_ON_HISTORY_GAP": "lake", "INGESTION_RPC_LAKE": str(lake)}
     async with open_cluster(
-        job, ttl_ms=TTL_MS, rpc=True, history_ledgers=2500, ledger_interval=0.5, simulator_extra=extra
+        job, ttl_ms=TTL_MS, rpc=True, history_ledgers=10_100, ledger_interval=0.5, simulator_extra=extra
     ) as c:
         node_args = rpc_args(c, "--start-cursor", str(first_ledger))
         await c.start_node("n1", extra=node_args, env=env)
