@@ -126,11 +126,11 @@ async def test_a_job_behind_rpcs_window_backfills_from_the_lake_through_a_sigkil
     job: str, tmp_path: Path
 ) -> None:
     """``on_history_gap = lake``: a job started at the simulator's first ledger, 10,000 ledgers
-    behind its RPC's 100-ledger retention, reads the lake the simulator writes of its own chain, then goes on on RPC.
-    The leader is SIGKILLed during the lake phase: the next leader resumes from the committed
-    cursor (still behind RPC: the lake again), hands over to RPC, and the stream is every event
-    once, in id order (the lake's up to RPC's oldest ledger, then getEvents'); each term's switch
-    is a fenced history-gap entry with action lake."""
+    behind its RPC's 100-ledger retention, reads the lake the simulator writes of its own chain,
+    then goes on on RPC. The leader is SIGKILLed during the lake phase: the next leader resumes
+    from the committed cursor (still behind RPC: the lake again), hands over to RPC, and the
+    stream is every event once, in id order (the lake's up to RPC's oldest ledger, then
+    getEvents'); each term's switch is a fenced history-gap entry with action lake."""
     lake = tmp_path / "lake"
     first_ledger = 50_000_000
     extra = ["--retention-ledgers", "100", "--lake-dir", str(lake)]
