@@ -80,8 +80,9 @@ class SourceWatch:
     _due: float = float("inf")
     _moved: trio.Event = attrs.Factory(trio.Event)
     _left_to_campaign: float | None = None
-    _left_at: float = 0.0
-    _carried_at: float | None = None
+    _left_at: float = 0.0  # the look (its _last_check) whose report was left to the campaign
+    _report_look: float | None = None  # the look the last report() described
+    _carried_look: float | None = None  # the look the last carried report described
     _last_check: float | None = None
     _looked: bool = False  # the source was looked at (report() has something to say)
 
@@ -89,6 +90,12 @@ class SourceWatch:
     def lead(self) -> float:
         """How long before a standby's campaign the watch looks at the source."""
         return min(self.ttl / 4, 0.5)
+
+    @property
+    def slack(self) -> float:
+        """How much later than announced a campaign may come and still carry the report (the
+        Elector's jitter); also how much longer than a TTL the watch may wait to look."""
+        return 0.1 * self.ttl
 
     def healthy(self) -> bool:
         return self.source.health.healthy(trio.current_time(), HEALTHY_WITHIN_TTLS * self.ttl)
@@ -129,8 +136,8 @@ class SourceWatch:
                     await self._moved.wait()
             if self._left_to_campaign is not None:
                 self._left_to_campaign = None
-                if self._carried_at is not None and self._carried_at >= self._left_at:
-                    continue  # the campaign carried it
+                if self._carried_look is not None and self._carried_look >= self._left_at:
+                    continue  # the campaign carried it (a report of that look or a later one)
                 if trio.current_time() - self._left_at < self.ttl / 2:
                     await self._report()  # the look is fresh: report it, do not probe again
                     continue
@@ -138,8 +145,11 @@ class SourceWatch:
 
     def _aligned(self, campaign_at: float) -> float:
         """When to look before a campaign at ``campaign_at``: ``lead`` before it, but not sooner
-        than half a TTL after the last look (the probe rate stays bounded)."""
-        return max(campaign_at - self.lead, (self._last_check or 0.0) + self.ttl / 2)
+        than half a TTL after the last look (the probe rate stays bounded) and not later than a
+        TTL (and the slack) after it (a campaign put off, by a gate or a release notice, does not
+        put off the look: the watch then reports on its own, and peers' view stays fresh)."""
+        last = self._last_check or 0.0
+        return min(max(campaign_at - self.lead, last + self.ttl / 2), last + self.ttl + self.slack)
 
     def campaign_at(self, at: float) -> None:
         """The Elector: this standby campaigns next at ``at`` (unless woken sooner). The watch
@@ -154,6 +164,7 @@ class SourceWatch:
         look, when nothing is known)."""
         if not self._looked:
             return None
+        self._report_look = self._last_check
         now = trio.current_time()
         said = advertise(self.source.health)  # with "failing since": peers stop counting it at once
         return HealthReport(
@@ -168,7 +179,7 @@ class SourceWatch:
         """The Elector's campaign carried :meth:`report`; ``able``: the answer's able nodes."""
         if able is None:
             return
-        self._carried_at = trio.current_time()
+        self._carried_look = self._report_look
         self.able = frozenset(able) - {self.node}
         self.peers_healthy = bool(self.able)
 
@@ -190,7 +201,12 @@ class SourceWatch:
         healthy = self.healthy()
         self._looked = True
         campaign = self._campaign_at
-        if not leading and campaign is not None and 0 <= campaign - now <= self.lead + 0.05 * self.ttl:
+        if (
+            not leading
+            and healthy  # a failing source is said at once: peers stop counting this node
+            and campaign is not None
+            and 0 <= campaign - now <= self.lead + self.slack
+        ):
             # The campaign just ahead carries this report (run() reports it if none did).
             self._left_to_campaign, self._left_at = campaign, now
         else:

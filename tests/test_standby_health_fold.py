@@ -8,16 +8,20 @@ node's works), the watch still reports on its own, once per TTL, so peers see th
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
 import redis
+import structlog
 import trio
 
+from actors.health import SourceWatch
 from actors.lease_store import Acquired, HealthReport, Held, LeaseStore
 from actors.liveness import SourceHealth
+from actors.observe import NodeObserver
 from actors.source import SyntheticSource
 from actors.supervisor import NodeHandle
 from ingestion.local_redis import LocalRedis
@@ -30,10 +34,10 @@ WINDOW_MS = 10_000
 @attrs.frozen
 class ProbedSynthetic(SyntheticSource):
     """A synthetic source that can tell its own health (a :class:`actors.health.ProbedSource`);
-    ``answers`` says whether its probes succeed; ``probed`` holds when each probe came."""
+    ``answers[0]`` says whether its probes succeed; ``probed`` holds when each probe came."""
 
     health: SourceHealth = attrs.Factory(SourceHealth)
-    answers: bool = True
+    answers: list[bool] = attrs.Factory(lambda: [True])
     probed: list[float] = attrs.Factory(list)
 
     @property
@@ -43,7 +47,7 @@ class ProbedSynthetic(SyntheticSource):
     async def probe(self) -> bool:
         self.probed.append(trio.current_time())
         await trio.sleep(0.005)
-        return self.answers
+        return self.answers[0]
 
 
 class CountingStore(LeaseStore):
@@ -150,10 +154,91 @@ async def test_an_idle_standby_sends_one_command_per_ttl(
 async def test_a_held_off_standby_still_reports_its_failing_source_each_ttl(
     redis_server: LocalRedis, redis_client: redis.Redis, open_store: OpenStore, job: str
 ) -> None:
-    source = ProbedSynthetic(answers=False)
+    source = ProbedSynthetic(answers=[False])
     async with standby_beside_a_leader(redis_server.url, open_store, job, source) as s:
         reports = s.store.reports
         await trio.sleep(3 * TTL)
         assert s.store.reports - reports >= 2  # held off: nothing carries it
         assert "failing:n1" in redis_client.hgetall(s.holder.keys["health"])
         assert set(await s.holder.report_health("leader", 0, WINDOW_MS)) == {"leader"}
+
+
+async def test_a_standby_whose_source_starts_failing_says_so_at_the_probe_that_saw_it(
+    redis_server: LocalRedis, redis_client: redis.Redis, open_store: OpenStore, job: str
+) -> None:
+    """A failing look is not left to a campaign (which the failure holds off): the report goes
+    out at once, so peers stop counting the node within a probe, as before the fold."""
+    source = ProbedSynthetic()
+    async with standby_beside_a_leader(redis_server.url, open_store, job, source) as s:
+        await trio.sleep(TTL / 2)
+        switched_at = trio.current_time()
+        source.answers[0] = False
+        with trio.fail_after(3 * TTL):
+            while "failing:n1" not in redis_client.hgetall(s.holder.keys["health"]):  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        said_at = trio.current_time()
+        saw = min(t for t in source.probed if t >= switched_at)
+        assert said_at - saw < 0.3, f"the failure was reported {said_at - saw:.2f} s after the probe"
+
+
+def _watch(store: LeaseStore, source: ProbedSynthetic, job: str) -> SourceWatch:
+    async def hand_over(_token: int) -> None:
+        raise AssertionError("a standby has nothing to hand over")
+
+    return SourceWatch(
+        store, "n1", source, TTL, 3 * TTL, structlog.get_logger(), NodeObserver("n1", job),
+        leading=lambda: None, hand_over=hand_over,
+    )  # fmt: skip
+
+
+async def test_a_campaign_put_off_again_and_again_does_not_put_off_the_look(
+    redis_server: LocalRedis, redis_client: redis.Redis, open_store: OpenStore, job: str
+) -> None:
+    """The Elector keeps announcing a campaign three TTLs away (a gate delaying it, say) and never
+    campaigns: the watch still looks at the source about once per TTL and reports on its own, so
+    the node's entry never ages past what peers count (two TTLs)."""
+    store = open_store(redis_server.url, job)
+    source = ProbedSynthetic()
+    watch = _watch(store, source, job)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(watch.run)
+        ages = []
+        for _ in range(16):
+            watch.campaign_at(trio.current_time() + 3 * TTL)
+            await trio.sleep(TTL / 4)
+            (now_s, now_us), entry = redis_client.time(), redis_client.hget(store.keys["health"], "n1")
+            assert entry is not None
+            ages.append(now_s * 1000 + now_us // 1000 - int(entry))
+        nursery.cancel_scope.cancel()
+    gaps = [b - a for a, b in itertools.pairwise(source.probed)]
+    assert max(gaps) <= 1.1 * TTL + 0.1, gaps
+    assert max(ages) < 2 * TTL * 1000, ages
+
+
+async def test_a_report_taken_before_the_look_left_to_the_campaign_does_not_count_as_carrying_it(
+    redis_server: LocalRedis, open_store: OpenStore, job: str
+) -> None:
+    """The Elector took its report (an early campaign, woken by a release notice), then the watch
+    looked and left that look to the campaign, then the campaign's answer came: what it carried
+    was the older look, so the watch still reports the new one itself."""
+    store = open_store(redis_server.url, job, store_class=CountingStore)
+    assert isinstance(store, CountingStore)
+    source = ProbedSynthetic()
+    watch = _watch(store, source, job)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(watch.run)
+        await trio.sleep(0.1)  # the first look, reported on its own
+        first_look, reports = source.probed[-1], store.reports
+        taken = watch.report()  # the campaign's report: of the first look
+        assert taken is not None
+        # a campaign announced just after the next look is due (half a TTL after the first)
+        watch.campaign_at(first_look + TTL / 2 + watch.lead / 2)
+        with trio.fail_after(TTL):
+            while len(source.probed) < 2:  # noqa: ASYNC110
+                await trio.sleep(0.005)
+        await trio.sleep(0.05)
+        assert store.reports == reports  # that look was left to the campaign
+        watch.carried(("leader",))  # the answer to the campaign that carried the first look
+        await trio.sleep(watch.lead + TTL / 4 + 0.2)  # past the fallback
+        assert store.reports == reports + 1, "the second look was never reported"
+        nursery.cancel_scope.cancel()
