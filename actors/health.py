@@ -20,7 +20,8 @@ An idle standby's report rides on its campaign: the Elector tells the watch when
 next (:meth:`SourceWatch.campaign_at`), the watch looks at the source just before, and the acquire
 script records the report and answers the able nodes (one round trip per TTL, not two). When no
 campaign carried it (held off, Redis unreachable, woken late) the watch reports on its own, a
-quarter TTL after the campaign was due.
+quarter TTL after the campaign was due. A failing look is reported at once (peers stop counting
+the node within a probe), and a campaign put off again and again does not put off the look.
 
 Safety does not depend on any of this (the lease and the fencing token do); it decides only which
 node leads.
