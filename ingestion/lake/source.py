@@ -35,17 +35,9 @@ from ingestion.lake.events import LakeFormatError, LedgerEvents
 from ingestion.lake.keys import LakeSchema, ManifestError
 from ingestion.lake.store import LocalLake, S3Lake, open_lake
 from ingestion.retry import RetryPolicy
-from ingestion.rpc.protocol import Cursor, EventFilter, filters_problem
+from ingestion.rpc.protocol import Cursor, EventFilter, checked_filters
 
 log = structlog.get_logger()
-
-
-def _filters(value: Sequence[EventFilter]) -> tuple[EventFilter, ...]:
-    filters = tuple(value)
-    problem = filters_problem(filters)
-    if problem:
-        raise ValueError(problem)
-    return filters
 
 
 @attrs.frozen
@@ -68,7 +60,7 @@ class LakeSource:
     """
 
     url: str
-    filters: tuple[EventFilter, ...] = attrs.field(default=(), converter=_filters)
+    filters: tuple[EventFilter, ...] = attrs.field(default=(), converter=checked_filters)
     endpoint_url: str = ""
     poll_interval: float = 1.0
     read_ahead: int = 4

@@ -345,6 +345,19 @@ def filters_problem(filters: Sequence[EventFilter]) -> str | None:
     return None
 
 
+def checked_filters(value: Sequence[EventFilter]) -> tuple[EventFilter, ...]:
+    """``value`` as a tuple, checked as the server checks filters (an attrs converter).
+
+    Raises:
+        ValueError: the server's message for invalid filters.
+    """
+    filters = tuple(value)
+    problem = filters_problem(filters)
+    if problem:
+        raise ValueError(problem)
+    return filters
+
+
 def matches(filters: Iterable[EventFilter], event_type: str, contract_id: str, topics: Sequence[str]) -> bool:
     """``GetEventsRequest.Matches``: no filter matches everything; else any filter."""
     filters = list(filters)

@@ -40,7 +40,7 @@ from ingestion.gaps import record_history_gap
 from ingestion.http import describe, ssl_context
 from ingestion.retry import RetryPolicy, parse_retry_after
 from ingestion.rpc.core import Note, Outcome, RpcFollower, parse_answer, read_events, request_body
-from ingestion.rpc.protocol import Cursor, EventFilter, filters_problem
+from ingestion.rpc.protocol import Cursor, EventFilter, checked_filters
 
 log = structlog.get_logger()
 
@@ -60,14 +60,6 @@ def _urls(value: Sequence[str] | str) -> tuple[str, ...]:
     if not urls:
         raise ValueError("at least one RPC URL is needed")
     return tuple(_check_url(u) for u in urls)
-
-
-def _filters(value: Sequence[EventFilter]) -> tuple[EventFilter, ...]:
-    filters = tuple(value)
-    problem = filters_problem(filters)
-    if problem:
-        raise ValueError(problem)
-    return filters
 
 
 @attrs.frozen
@@ -103,7 +95,7 @@ class RpcSource:
     """
 
     urls: tuple[str, ...] = attrs.field(converter=_urls)
-    filters: tuple[EventFilter, ...] = attrs.field(default=(), converter=_filters)
+    filters: tuple[EventFilter, ...] = attrs.field(default=(), converter=checked_filters)
     connect_timeout: float = 2.0
     request_timeout: float = 30.0
     retry_base: float = 0.2
