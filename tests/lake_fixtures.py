@@ -13,6 +13,8 @@ from stellar_sdk import xdr
 
 from ingestion.lake.events import decompress, record_frames
 from ingestion.lake.keys import LakeSchema
+from ingestion.lake.source import LakeSource
+from ingestion.rpc.protocol import Cursor
 from tests import recorded
 
 STANDALONE = "galexie_load-test-ledgers-v23-standalone.xdr.zstd"  # ledgers 84, 85, 88
@@ -153,3 +155,14 @@ def older_versions(meta: xdr.LedgerCloseMeta, as_v0: bool = True) -> xdr.LedgerC
         body.ledger_header, tx_set, processing, body.upgrades_processing, body.scp_info
     )
     return xdr.LedgerCloseMeta(0, v0=v0)
+
+
+async def ids_until(source: LakeSource, last: int) -> list[str]:
+    """The event ids ``source`` streams from the start through ledger ``last``."""
+    ids = []
+    async with source.stream("0") as batches:
+        async for batch in batches:
+            ids.extend(r.paging_token for r in batch.records)
+            if batch.through == str(Cursor.through(last)):
+                break
+    return ids

@@ -32,6 +32,7 @@ from ingestion.rpc.protocol import OP_MASK, TX_MASK, Cursor, EventFilter, topic_
 from tests import recorded
 from tests.lake_fixtures import (
     every_real_ledger,
+    ids_until,
     ledger_seq,
     older_versions,
     real_ledger,
@@ -353,23 +354,13 @@ async def test_a_corrupt_object_stops_with_one_line_naming_ledger_and_object(tmp
                 pass
 
 
-async def _ids_until(source: LakeSource, last: int) -> list[str]:
-    ids = []
-    async with source.stream("0") as batches:
-        async for batch in batches:
-            ids.extend(r.paging_token for r in batch.records)
-            if batch.through == str(Cursor.through(last)):
-                break
-    return ids
-
-
 async def test_worker_processes_decode_in_order_and_none_outlives_its_stream(tmp_path: Path) -> None:
     write_lake(tmp_path, standalone_ledgers()[:2])  # 84, 85, then the tip
-    in_thread = await _ids_until(LakeSource(str(tmp_path), decode_processes=0), 85)
+    in_thread = await ids_until(LakeSource(str(tmp_path), decode_processes=0), 85)
     two = LakeSource(str(tmp_path), decode_processes=2, read_ahead=3, poll_interval=0.05)
-    assert await _ids_until(two, 85) == in_thread and len(in_thread) == 1000
+    assert await ids_until(two, 85) == in_thread and len(in_thread) == 1000
     assert multiprocessing.active_children() == []
-    await _ids_until(two, 84)  # leaves while 85 may still be decoding: the worker is killed
+    await ids_until(two, 84)  # leaves while 85 may still be decoding: the worker is killed
     assert multiprocessing.active_children() == []
 
 

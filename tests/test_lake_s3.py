@@ -14,6 +14,7 @@ from ingestion.lake.source import LakeSource
 from ingestion.lake.store import S3Lake, check_lake_url, open_lake
 from ingestion.rpc.protocol import Cursor
 from ingestion.simulator import SimulatorConfig, open_simulator
+from tests.lake_fixtures import ids_until
 from tests.ports import closed_port
 
 
@@ -58,16 +59,6 @@ def test_s3_lake_urls() -> None:
     assert open_lake("s3://bucket") == S3Lake("bucket", "", None)
 
 
-async def _ids(source: LakeSource, last: int) -> list[str]:
-    ids = []
-    async with source.stream("0") as batches:
-        async for batch in batches:
-            ids.extend(r.paging_token for r in batch.records)
-            if batch.through == str(Cursor.through(last)):
-                break
-    return ids
-
-
 async def test_an_s3_lake_read_anonymously_gives_the_directorys_events(s3: str, tmp_path: Path) -> None:
     config = SimulatorConfig(
         history_ledgers=40, ledger_interval=None, rpc_port=0, lake_dir=str(tmp_path / "lake")
@@ -83,8 +74,8 @@ async def test_an_s3_lake_read_anonymously_gives_the_directorys_events(s3: str, 
     assert await remote.resolve_start("now") == str(Cursor.through(latest))
     local = LakeSource(str(tmp_path / "lake"), decode_processes=0)
     with trio.fail_after(30):
-        ids = await _ids(remote, latest)
-        assert ids == await _ids(local, latest) and ids
+        ids = await ids_until(remote, latest)
+        assert ids == await ids_until(local, latest) and ids
     assert not await LakeSource("s3://lakes/elsewhere", endpoint_url=s3).probe()
     unreachable = LakeSource("s3://lakes/sim/net", endpoint_url=f"http://127.0.0.1:{closed_port()}")
     assert not await unreachable.probe()
