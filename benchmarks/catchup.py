@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from benchmarks.procs import NodeProcess, Simulator, memory_kib
+from benchmarks.procs import NodeProcess, Simulator, memory_kib, wait_for_entries
 
 OPS_PER_LEDGER = 100
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,14 +44,7 @@ def _node_run(sim_url: str, redis_url: str, count: int, job: str, limit: float) 
     node = NodeProcess.start(f"catchup-{job}", redis_url=redis_url, horizon=sim_url, ttl_ms=5000, job=job)
     try:
         leader = node.event("became-leader", timeout=30)
-        end = leader.at + limit
-        n = 0
-        while time.monotonic() < end:
-            n = int(client.xlen(events))
-            if n >= count:
-                break
-            time.sleep(0.005)
-        done = time.monotonic()
+        n, done = wait_for_entries(client, events, count, leader.at + limit)
         pid = node.worker_pid  # the process that runs the job; the parent hosts none
         peak = memory_kib(pid)["VmHWM"]
         time.sleep(2.0)  # caught up: following the (idle) stream

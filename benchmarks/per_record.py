@@ -38,7 +38,16 @@ from typing import Any
 import redis
 
 from benchmarks import catchup, rpc, standby
-from benchmarks.procs import NodeProcess, Simulator, cpu_line, cpu_snapshot, cpu_usage, memory_kib, redis_pid
+from benchmarks.procs import (
+    NodeProcess,
+    Simulator,
+    cpu_line,
+    cpu_snapshot,
+    cpu_usage,
+    memory_kib,
+    redis_pid,
+    wait_for_entries,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PY_SPY = ROOT / ".venv" / "bin" / "py-spy"
@@ -123,14 +132,7 @@ def _horizon_node(
         if spy is not None and spy.proc is not None:
             pids["py-spy"] = spy.proc.pid
         cpu_before, cpu_at = cpu_snapshot(pids), time.monotonic()
-        end = leader.at + limit
-        n = 0
-        while time.monotonic() < end:
-            n = int(client.xlen(events))
-            if n >= count:
-                break
-            time.sleep(0.005)
-        done = time.monotonic()
+        n, done = wait_for_entries(client, events, count, leader.at + limit)
         cpu = cpu_usage(cpu_before, cpu_snapshot(pids), wall=done - cpu_at, records=n, bound_by="node")
         top = spy.stop() if spy is not None else None
         return {

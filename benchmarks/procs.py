@@ -123,6 +123,18 @@ def cpu_line(usage: dict[str, Any]) -> str:
     )
 
 
+def wait_for_entries(client: Any, key: str, count: int, until: float) -> tuple[int, float]:
+    """Poll stream ``key`` (every 5 ms) until it holds ``count`` entries or ``time.monotonic()``
+    reaches ``until``: how many it held last, and when the polling stopped."""
+    n = 0
+    while time.monotonic() < until:
+        n = int(client.xlen(key))
+        if n >= count:
+            break
+        time.sleep(0.005)
+    return n, time.monotonic()
+
+
 def memory_kib(pid: int) -> dict[str, int]:
     """``VmRSS`` and ``VmHWM`` (peak RSS) of a process, in KiB."""
     out: dict[str, int] = {}
