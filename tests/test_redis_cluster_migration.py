@@ -32,18 +32,24 @@ def cluster3() -> Iterator[RedisClusterGroup]:
         yield group
 
 
-def _node(group: RedisClusterGroup, port: int) -> redis.Redis:
+def _node(port: int) -> redis.Redis:
     return redis.Redis(host="127.0.0.1", port=port, decode_responses=True, socket_timeout=5)
+
+
+def _migration(group: RedisClusterGroup, key: str) -> tuple[redis.Redis, redis.Redis, int, int]:
+    """For moving ``key``'s slot: clients of its master (source) and of another master (target),
+    the target's port, and the slot."""
+    source_server = group.server_for(key)
+    target_port = next(s.port for s in group.servers if s.port != source_server.port)
+    source, target = _node(source_server.port), _node(target_port)
+    return source, target, target_port, int(source.cluster("keyslot", key))
 
 
 async def test_a_slot_migration_under_load_is_followed_with_asking(
     cluster3: RedisClusterGroup, job: str
 ) -> None:
     keys = job_keys(job)
-    source_server = cluster3.server_for(keys["lease"])
-    target_server = next(s for s in cluster3.servers if s.port != source_server.port)
-    source, target = _node(cluster3, source_server.port), _node(cluster3, target_server.port)
-    slot = int(source.cluster("keyslot", keys["lease"]))
+    source, target, target_port, slot = _migration(cluster3, keys["lease"])
     source_id, target_id = source.cluster("myid"), target.cluster("myid")
     rec = Recorder()
     store = LeaseStore(connect(cluster3.url, timeout=0.5), job)
@@ -55,7 +61,7 @@ async def test_a_slot_migration_under_load_is_followed_with_asking(
         source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
         while moving := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
             source.execute_command(
-                "MIGRATE", "127.0.0.1", target_server.port, "", 0, 5000, "KEYS", *moving
+                "MIGRATE", "127.0.0.1", target_port, "", 0, 5000, "KEYS", *moving
             )
         # Every key is on the target now; the slot map still says the source.
         migrated_at = trio.current_time()
@@ -110,10 +116,7 @@ async def test_noscript_then_ask_then_noscript_loads_the_script_on_the_target_an
     cluster3: RedisClusterGroup, job: str
 ) -> None:
     keys = job_keys(job)
-    source_server = cluster3.server_for(keys["lease"])
-    target_server = next(s for s in cluster3.servers if s.port != source_server.port)
-    source, target = _node(cluster3, source_server.port), _node(cluster3, target_server.port)
-    slot = int(source.cluster("keyslot", keys["lease"]))
+    source, target, target_port, slot = _migration(cluster3, keys["lease"])
     store = LeaseStore(connect(cluster3.url, timeout=2.0), job)
     granted = await store.acquire("a", 60_000)
     assert isinstance(granted, Acquired)
@@ -122,7 +125,7 @@ async def test_noscript_then_ask_then_noscript_loads_the_script_on_the_target_an
         server.script_flush()
     real = store._connection_for
     wrapped = _MigratesOnLoad(
-        real(keys["lease"]), lambda: _migrate_keys(source, target, target_server.port, slot)
+        real(keys["lease"]), lambda: _migrate_keys(source, target, target_port, slot)
     )
     store._connection_for = lambda key: wrapped  # type: ignore[assignment,method-assign,return-value]
     try:
@@ -139,15 +142,12 @@ async def test_an_ask_does_not_report_the_target_masters_replid(
     """The replid an acquire reports is the job's master's: an ASK during a slot migration runs
     the script on another shard, whose replid says nothing of a failover."""
     keys = job_keys(job)
-    source_server = cluster3.server_for(keys["lease"])
-    target_server = next(s for s in cluster3.servers if s.port != source_server.port)
-    source, target = _node(cluster3, source_server.port), _node(cluster3, target_server.port)
-    slot = int(source.cluster("keyslot", keys["lease"]))
+    source, target, target_port, slot = _migration(cluster3, keys["lease"])
     store = LeaseStore(connect(cluster3.url, timeout=2.0), job)
     first = await store.acquire("a", 60_000)
     assert isinstance(first, Acquired) and first.replid is not None
     await store.commit("a", first.token, None, (), anchor="1")  # every key exists now
-    _migrate_keys(source, target, target_server.port, slot)
+    _migrate_keys(source, target, target_port, slot)
     try:
         during = await store.acquire("b", 60_000)  # answered by the target after ASKING
         assert isinstance(during, Held) and during.holder == "a"
