@@ -20,6 +20,7 @@ import redis
 
 from actors.lease_store import LeaseStore, connect
 from ingestion.local_redis import LocalRedis
+from ingestion.postgres.local import LocalPostgres
 from tests import recorded
 from tests.nodes import lease_store
 from tests.redis_ha import sentinel_group  # noqa: F401  (a fixture)
@@ -94,6 +95,17 @@ def redis_server() -> Iterator[LocalRedis]:
     server = LocalRedis().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[LocalPostgres]:
+    """A PostgreSQL server (Debian's, run as the ``postgres`` user when root) for the module's
+    tests; each test uses jobs of its own."""
+    server = LocalPostgres().start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 import trio
@@ -26,14 +25,6 @@ from tests.tcp_proxy import TcpProxy
 pytestmark = pytest.mark.slow
 JOB = "pg-ops"
 
-
-@pytest.fixture
-def pg() -> Iterator[LocalPostgres]:
-    server = LocalPostgres().start()
-    try:
-        yield server
-    finally:
-        server.cleanup()
 
 
 def rows(pg: LocalPostgres) -> int:

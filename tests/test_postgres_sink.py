@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -14,7 +13,7 @@ import structlog
 import trio
 
 from actors.cursor_writer import CursorWriter
-from actors.lease_store import CommitRejected, Committed, job_keys
+from actors.lease_store import CommitRejected, Committed, LeaseStore, job_keys
 from actors.messages import CommitCursor, CommitRefused, CursorCommitted, OpenTerm, SinkOpened
 from actors.observe import NodeObserver
 from actors.sink import SinkUnavailable, TermOpened, continuation
@@ -43,14 +42,6 @@ SRC = SyntheticSource(total=None)
 def recs(first: int, last: int) -> list[Record]:
     return [SRC.record(i) for i in range(first, last + 1)]
 
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[LocalPostgres]:
-    server = LocalPostgres().start()
-    try:
-        yield server
-    finally:
-        server.cleanup()
 
 
 def test_continuation_is_the_redis_scripts_rule() -> None:
@@ -241,6 +232,14 @@ def node_spec(node: str, job: str) -> NodeSpec:
     return NodeSpec(node, job, 1500, FAST_TIMING, 0.01, "0")
 
 
+async def start_on(nursery: trio.Nursery, store: LeaseStore, job: str, sink: PostgresSink) -> None:
+    """Node "a" of ``job`` on a synthetic source, committing into ``sink``."""
+    await nursery.start(functools.partial(
+        run_node, store, SyntheticSource(total=None), node_spec("a", job), structlog.get_logger(),
+        sink=sink,
+    ))  # fmt: skip
+
+
 def events_of(logs: list[Any], name: str) -> list[Any]:
     return [e for e in logs if e["event"] == name]
 
@@ -278,10 +277,7 @@ async def test_a_node_campaigns_above_the_postgres_fence(
     sink = PostgresSink(pg.url, job, call_timeout=2.0)
     with lease_store(redis_server.url, job) as store, structlog.testing.capture_logs() as logs:
         async with trio.open_nursery() as nursery:
-            await nursery.start(functools.partial(
-                run_node, store, SyntheticSource(total=None), node_spec("a", job),
-                structlog.get_logger(), sink=sink,
-            ))  # fmt: skip
+            await start_on(nursery, store, job, sink)
             await wait_until(lambda: events_of(logs, "became-leader"), 10, what="a leader")
             await wait_until(lambda: job_state(pg.url, "ingestion", job)["events"] > 0, 10,
                              what="rows")  # fmt: skip
@@ -300,10 +296,7 @@ async def test_a_postgres_fence_rejection_releases_the_redis_lease(
     sink = PostgresSink(pg.url, job, call_timeout=2.0)
     with lease_store(redis_server.url, job) as store, structlog.testing.capture_logs() as logs:
         async with trio.open_nursery() as nursery:
-            await nursery.start(functools.partial(
-                run_node, store, SyntheticSource(total=None), node_spec("a", job),
-                structlog.get_logger(), sink=sink,
-            ))  # fmt: skip
+            await start_on(nursery, store, job, sink)
             await wait_until(lambda: job_state(pg.url, "ingestion", job)["events"] > 0, 10,
                              what="rows")  # fmt: skip
             first = events_of(logs, "became-leader")[0]["token"]
@@ -364,10 +357,7 @@ async def test_terms_that_keep_ending_commit_unknown_back_off(
     try:
         with lease_store(redis_server.url, job) as store, structlog.testing.capture_logs() as logs:
             async with trio.open_nursery() as nursery:
-                await nursery.start(functools.partial(
-                    run_node, store, SyntheticSource(total=None), node_spec("a", job),
-                    structlog.get_logger(), sink=sink,
-                ))  # fmt: skip
+                await start_on(nursery, store, job, sink)
                 await trio.sleep(5)  # real PostgreSQL timeouts: no mock clock here
                 nursery.cancel_scope.cancel()
         unknown = events_of(logs, "term-open-unknown")

@@ -8,7 +8,6 @@ import io
 import json
 import sys
 import threading
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -21,15 +20,6 @@ from ingestion.postgres.local import LocalPostgres
 from ingestion.postgres.sink import PostgresSink, connect
 from ingestion.simulator.server import SimulatorConfig, open_simulator
 from tests.helpers import child_env, wait_until
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[LocalPostgres]:
-    server = LocalPostgres().start()
-    try:
-        yield server
-    finally:
-        server.cleanup()
 
 
 async def ingestion(*args: str) -> trio.CompletedProcess[bytes]:
