@@ -185,9 +185,6 @@ async def supervise(settings: Settings, worker: int, pipe: int) -> int:
                 return
             await trio.sleep(CONNECT_RETRY)
 
-    with contextlib.suppress(RedisClusterException, redis.ConnectionError):
-        client = settings.redis.connect()
-        stores = {job: build_store(settings, job, client) for job in settings.node.jobs}
     view = HeldLeases()
     reports = trio.lowlevel.FdStream(pipe)
     eof = trio.Event()
