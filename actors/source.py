@@ -61,6 +61,17 @@ class Batch:
     def cursor(self) -> str:
         return self.through if self.through is not None else self.records[-1].paging_token
 
+    def split(self, size: int) -> list[Batch]:
+        """This batch as batches of at most ``size`` records, the read-through cursor on the last
+        (one commit script never runs long enough to hold up Redis for everyone else)."""
+        records = self.records
+        if len(records) <= size:
+            return [self]
+        parts = [Batch(records[i : i + size]) for i in range(0, len(records), size)]
+        if self.through is not None:
+            parts[-1] = Batch(parts[-1].records, through=self.through)
+        return parts
+
     def __attrs_post_init__(self) -> None:
         if not self.records and self.through is None:
             raise ValueError("a Batch holds at least one record or a through cursor")

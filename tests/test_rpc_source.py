@@ -199,10 +199,9 @@ async def test_a_lagging_rpc_is_left_for_one_that_has_the_cursor_and_a_reset_nev
 
 def test_a_big_page_is_committed_in_parts_with_the_read_through_cursor_on_the_last() -> None:
     from actors.source import Batch, Record
-    from ingestion.rpc.source import _chunks
 
     records = tuple(Record(str(Cursor(5, i + 1)), "{}") for i in range(250))
-    parts = _chunks(Batch(records, through=str(Cursor.through(9))), 100)
+    parts = Batch(records, through=str(Cursor.through(9))).split(100)
     assert [len(p.records) for p in parts] == [100, 100, 50]
     assert [p.through for p in parts] == [None, None, str(Cursor.through(9))]
     assert tuple(r for p in parts for r in p.records) == records

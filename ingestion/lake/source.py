@@ -204,7 +204,7 @@ class LakeSource:
                         nursery.cancel_scope.cancel("an object cannot be read")
                         break
                     if batch is not None:
-                        for part in _chunks(batch, self.commit_max_records):
+                        for part in batch.split(self.commit_max_records):
                             await send.send(part)
         if problem is not None:
             raise problem
@@ -316,12 +316,3 @@ class Decoded:
     missing: bool = False
     error: str | None = None
 
-
-def _chunks(batch: Batch, size: int) -> list[Batch]:
-    records = batch.records
-    if len(records) <= size:
-        return [batch]
-    parts = [Batch(records[i : i + size]) for i in range(0, len(records), size)]
-    if batch.through is not None:
-        parts[-1] = Batch(parts[-1].records, through=batch.through)
-    return parts

@@ -278,7 +278,7 @@ class RpcSource:
                         follower = await self._history_gap(client, follower, outcome, send)
                         continue
                     if outcome.batch is not None:
-                        await send.send(_chunks(outcome.batch, self.commit_max_records))
+                        await send.send(outcome.batch.split(self.commit_max_records))
                     if outcome.delay > 0:
                         await trio.sleep(outcome.delay)
             except SourceFatalError as exc:
@@ -433,17 +433,6 @@ def _needed_ledger(position: str) -> int:
     cursor = Cursor.parse(position)
     return cursor.ledger + 1 if cursor == Cursor.through(cursor.ledger) else cursor.ledger
 
-
-def _chunks(batch: Batch, size: int) -> list[Batch]:
-    """``batch`` as batches of at most ``size`` records (the read-through cursor on the last): one
-    commit script never runs long enough to hold up Redis for everyone else."""
-    records = batch.records
-    if len(records) <= size:
-        return [batch]
-    parts = [Batch(records[i : i + size]) for i in range(0, len(records), size)]
-    if batch.through is not None:
-        parts[-1] = Batch(parts[-1].records, through=batch.through)
-    return parts
 
 
 def _log(note: Note) -> None:
