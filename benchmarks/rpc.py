@@ -107,92 +107,134 @@ def catch_up(
     limits: tuple[int, ...],
     log: Any,
     delay_ms: int = 0,
+    rounds: int = 1,
     profile: Callable[[int], Any] | None = None,
 ) -> dict[str, Any]:
-    """``profile(pid)``, when given, is started on each node process (a profiler with
-    ``stop()``); what its ``stop()`` returns goes into the run's ``profile``."""
+    """``rounds``: each round is a plain warm pass, then the node, once per limit; the best of
+    each counts (a node's first pages can be slow on a noisy machine, and one plain pass is as
+    exposed). ``profile(pid)``, when given, is started on the first round's node processes (a
+    profiler with ``stop()``); what its ``stop()`` returns goes into the run's ``profile``."""
     sim = RpcSimulator.start(
         "--history-ledgers", str(ledgers), "--retention-ledgers", str(ledgers),
         "--ops-per-ledger", "20", "--ledger-interval", "0",
         "--cache-records", str(25 * ledgers + 60_000), "--response-delay-ms", str(delay_ms),
     )  # fmt: skip
     client = redis.Redis.from_url(redis_url)
-    out: dict[str, Any] = {"ledgers": ledgers, "delay_ms": delay_ms, "runs": []}
+    out: dict[str, Any] = {"ledgers": ledgers, "delay_ms": delay_ms, "rounds": rounds, "runs": []}
     try:
         with httpx.Client(timeout=300) as http:
             latest = int(sim.call(http, "getLatestLedger")["sequence"])
             oldest = latest - ledgers + 1
             events, cold = _page_everything(sim, http, oldest, 10_000)
             shared = {"simulator": sim.process.pid, "redis": redis_pid(client)}
-            plain0, thread_cpu = cpu_snapshot(shared), time.thread_time()
-            _, warm = _page_everything(sim, http, oldest, 10_000)
-            # the plain client is this thread: its CPU is the thread's, not the harness process's
-            plain1 = cpu_snapshot(shared)
-            plain0["plain client"], plain1["plain client"] = 0.0, time.thread_time() - thread_cpu
-            plain_cpu = cpu_usage(plain0, plain1, wall=warm, records=events, bound_by="plain client")
-            out.update(
-                events=events, bare_cold_eps=events / cold, bare_warm_eps=events / warm, plain_cpu=plain_cpu
-            )
             log(
                 f"  {ledgers:,} ledgers, {events:,} events, {delay_ms} ms per answer: plain client "
-                f"{events / cold:,.0f} events/s building the chain, {events / warm:,.0f} events/s warm"
+                f"{events / cold:,.0f} events/s building the chain"
             )
-            log(f"    plain client: {cpu_line(plain_cpu)}")
+            plain: list[tuple[float, dict[str, Any]]] = []
+
+            def plain_pass() -> float:
+                before, thread_cpu = cpu_snapshot(shared), time.thread_time()
+                _, warm = _page_everything(sim, http, oldest, 10_000)
+                # the plain client is this thread: its CPU is the thread's, not the harness's
+                after = cpu_snapshot(shared)
+                before["plain client"], after["plain client"] = 0.0, time.thread_time() - thread_cpu
+                cpu = cpu_usage(before, after, wall=warm, records=events, bound_by="plain client")
+                plain.append((events / warm, cpu))
+                log(f"    plain client, warm: {events / warm:,.0f} events/s; {cpu_line(cpu)}")
+                return events / warm
+
             done = str(Cursor.through(latest))
             for limit in limits:
-                job = f"bench-rpc-{limit}"
-                client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token")))
-                before = sim.requests(http)
-                node = NodeProcess.start(
-                    f"rpc-{limit}", redis_url=redis_url, horizon=None, ttl_ms=5000,
-                    job=job, extra=["--source", "rpc", "--rpc", sim.rpc],
-                    env={"INGESTION_RPC_PAGE_LIMIT": str(limit)},
-                )  # fmt: skip
-                spy = None
-                try:
-                    node.event("became-leader", timeout=60)
-                    pid = node.worker_pid  # the process that runs the job (its peak RSS is the node's)
-                    spy = profile(pid) if profile is not None else None
-                    pids: dict[str, int | None] = {"node": pid, "node parent": node.pid, **shared}
-                    if getattr(spy, "proc", None) is not None:
-                        pids["py-spy"] = spy.proc.pid  # type: ignore[union-attr]
-                    cpu_before = cpu_snapshot(pids)
-                    began = time.monotonic()
-                    deadline = began + 600
-                    while _cursor(client, job) != done:
-                        if time.monotonic() > deadline:
-                            raise TimeoutError(f"limit {limit}: not caught up in 600 s")
-                        time.sleep(0.005)
-                    seconds = time.monotonic() - began
-                    cpu = cpu_usage(
-                        cpu_before, cpu_snapshot(pids), wall=seconds, records=events, bound_by="node"
+                tries: list[dict[str, Any]] = []
+                for r in range(rounds):
+                    plain_eps = plain_pass()
+                    run = _node_catch_up(
+                        sim, http, client, redis_url, limit, events, done, shared,
+                        profile if r == 0 else None,
+                    )  # fmt: skip
+                    run["plain_eps"] = plain_eps
+                    tries.append(run)
+                    log(
+                        f"  node, page limit {limit:>5}, round {r + 1}: {run['eps']:,.0f} events/s "
+                        f"({run['seconds']:.2f} s, {run['requests']} getEvents requests; "
+                        f"{run['eps'] / plain_eps:.2f}x this round's plain pass)"
                     )
-                    top = spy.stop() if spy is not None else None
-                    peak = memory_kib(pid)["VmHWM"]
-                finally:
-                    node.stop()
-                stored = client.xlen(f"ingestion:{{{job}}}:events")
-                if stored != events:
-                    raise RuntimeError(f"limit {limit}: {stored} events committed, expected {events}")
-                requests = sim.requests(http) - before
-                run = {
-                    "limit": limit, "seconds": seconds, "eps": events / seconds, "requests": requests,
-                    "ratio_bare_warm": (events / seconds) / (events / warm), "peak_rss_kib": peak,
-                    "cpu": cpu,
-                }  # fmt: skip
-                if top is not None:
-                    run["profile"] = top
-                out["runs"].append(run)
-                client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token")))
+                    log(f"    node: {cpu_line(run['cpu'])}")
+                best = max(tries, key=lambda t: t["eps"])
+                best["rounds_eps"] = [{"node": t["eps"], "plain": t["plain_eps"]} for t in tries]
+                if tries[0].get("profile") is not None:
+                    best["profile"] = tries[0]["profile"]
+                out["runs"].append(best)
+            best_plain, plain_cpu = max(plain, key=lambda p: p[0])
+            out.update(
+                events=events, bare_cold_eps=events / cold, bare_warm_eps=best_plain, plain_cpu=plain_cpu
+            )
+            for run in out["runs"]:
+                run["ratio_bare_warm"] = run["eps"] / best_plain
                 log(
-                    f"  node, page limit {limit:>5}: {run['eps']:,.0f} events/s ({seconds:.2f} s, "
-                    f"{requests} getEvents requests; {run['ratio_bare_warm']:.2f}x the plain warm pass)"
+                    f"  node, page limit {run['limit']:>5}, best of {rounds}: {run['eps']:,.0f} events/s, "
+                    f"{run['ratio_bare_warm']:.2f}x the best plain warm pass ({best_plain:,.0f} events/s)"
                 )
-                log(f"    node: {cpu_line(cpu)}")
     finally:
         sim.stop()
         client.close()
     return out
+
+
+def _node_catch_up(
+    sim: RpcSimulator,
+    http: httpx.Client,
+    client: redis.Redis,
+    redis_url: str,
+    limit: int,
+    events: int,
+    done: str,
+    shared: dict[str, int | None],
+    profile: Callable[[int], Any] | None,
+) -> dict[str, Any]:
+    """One node process catching up the whole window from the oldest ledger, timed from
+    ``became-leader`` to its committed cursor reaching ``done``."""
+    job = f"bench-rpc-{limit}"
+    client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token")))
+    before = sim.requests(http)
+    node = NodeProcess.start(
+        f"rpc-{limit}", redis_url=redis_url, horizon=None, ttl_ms=5000,
+        job=job, extra=["--source", "rpc", "--rpc", sim.rpc],
+        env={"INGESTION_RPC_PAGE_LIMIT": str(limit)},
+    )  # fmt: skip
+    spy = None
+    try:
+        node.event("became-leader", timeout=60)
+        pid = node.worker_pid  # the process that runs the job (its peak RSS is the node's)
+        spy = profile(pid) if profile is not None else None
+        pids: dict[str, int | None] = {"node": pid, "node parent": node.pid, **shared}
+        if getattr(spy, "proc", None) is not None:
+            pids["py-spy"] = spy.proc.pid  # type: ignore[union-attr]
+        cpu_before = cpu_snapshot(pids)
+        began = time.monotonic()
+        deadline = began + 600
+        while _cursor(client, job) != done:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"limit {limit}: not caught up in 600 s")
+            time.sleep(0.005)
+        seconds = time.monotonic() - began
+        cpu = cpu_usage(cpu_before, cpu_snapshot(pids), wall=seconds, records=events, bound_by="node")
+        top = spy.stop() if spy is not None else None
+        peak = memory_kib(pid)["VmHWM"]
+    finally:
+        node.stop()
+    stored = client.xlen(f"ingestion:{{{job}}}:events")
+    client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token")))
+    if stored != events:
+        raise RuntimeError(f"limit {limit}: {stored} events committed, expected {events}")
+    run = {
+        "limit": limit, "seconds": seconds, "eps": events / seconds,
+        "requests": sim.requests(http) - before, "peak_rss_kib": peak, "cpu": cpu,
+    }  # fmt: skip
+    if top is not None:
+        run["profile"] = top
+    return run
 
 
 def tip_latency(redis_url: str, *, ledgers: int, interval: float, log: Any) -> dict[str, Any]:
