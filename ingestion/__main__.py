@@ -1,14 +1,18 @@
 """``python -m ingestion`` and the ``ingestion`` console script: see :mod:`ingestion.cli`.
 
 Imports nothing heavy before it can catch Ctrl-C: an interrupt while the modules load exits 130
-without a traceback, like one at any later moment of start-up.
+without a traceback, like one at any later moment of start-up. SIGINT and SIGTERM are blocked
+before anything else runs, so that none is lost in between (``ingestion/stop_signals.py``).
 """
 
+import signal
 import sys
 
 
 def entry() -> int:
     try:
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         from ingestion.cli import main
 
         return main()

@@ -5,8 +5,8 @@ subcommand (``python -m ingestion --node-id n1 ...``) it means ``run``.
 
 Exit status: 0 after a clean shutdown, 2 for a usage or configuration error (one line per problem on
 stderr, naming the setting or flag), 1 for a fatal runtime error, 130 when interrupted (Ctrl-C)
-before the node runs; ``run``'s worker process killed by signal N: 128 + N, once its parent has
-released its leases (ingestion/parent.py).
+before the node runs (143 for SIGTERM); ``run``'s worker process killed by signal N: 128 + N, once
+its parent has released its leases (ingestion/parent.py).
 """
 
 from __future__ import annotations
@@ -238,15 +238,24 @@ def check_source_flags(ns: argparse.Namespace, settings: Any) -> None:
 
 
 def cmd_run(argv: Sequence[str]) -> int:
+    # SIGINT and SIGTERM are held (ingestion/stop_signals.py): one that came during a step ends
+    # start-up after it, with 128 + N; the node (and its parent) take them once they can.
+    from ingestion.stop_signals import asked, hold
+
+    hold()  # (already, under python -m ingestion; not when main() is called from Python)
     ns = _run_parser().parse_args(argv)
     settings = load_settings(ns)
     check_source_flags(ns, settings)
     from ingestion.node import check_sources, preflight, start_node
 
     check_sources(settings)
+    if (status := asked()) is not None:
+        return status
     preflight(settings)
     from ingestion import parent
 
+    if (status := asked()) is not None:
+        return status
     if parent.supported():
         forked = parent.fork_worker()
         if forked is not None:  # this is the parent: it outlives the worker, nothing more
@@ -419,9 +428,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    from ingestion import stop_signals
     from ingestion.config import ConfigError
 
     try:
+        if command != "run":
+            stop_signals.release()  # (held since start-up: see ingestion/stop_signals.py)
         return HANDLERS[command](args)
     except ConfigError as exc:
         for problem in exc.problems:

@@ -45,6 +45,7 @@ from actors.sink import Sink
 from actors.source import Batch, Source, SourceFatalError, TermFenced, current_term
 from actors.supervisor import JobRun, NodeSpec, run_jobs
 from actors.token_memory import TokenMemory
+from ingestion import stop_signals
 from ingestion.config import ConfigError, JobSettings, Settings, load_action, redact_url
 from ingestion.gaps import history_gap_listener
 from ingestion.horizon.source import HorizonSource
@@ -531,17 +532,25 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
         parent_pid=os.getppid() if lease_pipe is not None else None,
     )
     client: redis.Redis | None = None
+    stop_asked = False
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        stop_signals.release()  # held since start-up (ingestion/stop_signals.py): received here
         async with trio.open_nursery() as nursery:  # a SIGTERM while Redis is away stops the wait
 
             async def stop_waiting() -> None:
+                nonlocal stop_asked
                 async for _ in signals:
+                    stop_asked = True
                     nursery.cancel_scope.cancel()
 
             nursery.start_soon(stop_waiting)
             client = await connect_redis(settings, log)
             nursery.cancel_scope.cancel()
-    if client is None:
+        stop_signals.hold()  # until the next receiver (one left pending is delivered to it)
+    if client is None or stop_asked:
+        # (a signal taken just as the connection was made stops the node too: it is not lost)
+        if client is not None:
+            client.close()
         log.info("node-stopped", reason="shutdown")
         return 0
     stores = {j.name: build_store(settings, j.name, client) for j in settings.jobs}
@@ -573,6 +582,7 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
 
     try:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            stop_signals.release()
             async with trio.open_nursery() as nursery:
 
                 async def jobs_then_stop(*, task_status: trio.TaskStatus[Any]) -> None:

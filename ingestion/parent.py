@@ -44,6 +44,7 @@ import trio
 from redis.exceptions import RedisClusterException
 
 from actors.lease_store import LeaseStore, RedisUnavailable, scripts
+from ingestion import stop_signals
 from ingestion.config import Settings
 from ingestion.lease_reports import LeaseReport
 
@@ -66,6 +67,9 @@ def fork_worker() -> tuple[int, int] | None:
     """
     read_end, write_end = os.pipe()
     parent = os.getpid()
+    # SIGINT and SIGTERM stay held (ingestion/stop_signals.py) in both processes: the parent
+    # releases them once it forwards them (supervise), the worker once its node receives them.
+    stop_signals.hold()
     pid = os.fork()
     if pid == 0:
         os.close(read_end)
@@ -197,6 +201,9 @@ async def supervise(settings: Settings, worker: int, pipe: int) -> int:
 
     async def forward_signals() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            # Only now that the receiver holds them: a stop asked for at any moment since the
+            # process started (held pending) is forwarded, never dropped by a default handler.
+            stop_signals.release()
             async for signum in signals:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(worker, signum)

@@ -123,7 +123,7 @@ def commands_section() -> Iterator[str]:
     yield ""
     yield (
         "Exit status, every command: 0 success, 2 a usage or configuration error (one line per "
-        "problem on stderr), 1 a runtime failure, 130 interrupted while starting. A flag's "
+        "problem on stderr), 1 a runtime failure, 130 interrupted while starting (143: SIGTERM). A flag's "
         "environment variable and setting, where it has them, follow the precedence defaults < "
         "`config.toml` < environment < flags."
     )

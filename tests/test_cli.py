@@ -137,6 +137,28 @@ def test_ctrl_c_during_start_up_exits_without_a_traceback(
     assert child.returncode in (0, 130, -signal.SIGINT)
 
 
+def test_a_stop_signal_while_start_up_waits_on_redis_ends_start_up_before_the_node() -> None:
+    """SIGINT and SIGTERM are held from the first line of ``python -m ingestion`` until something
+    receives them on purpose (ingestion/stop_signals.py): one that came while Python ran other
+    code could be raised inside a finalizer ("Exception ignored in ConnectionPool.__del__"),
+    dropped, and the node started and ran on. A SIGTERM while the start-up check waits on a
+    Redis that accepts and never answers ends start-up after that step: 143, no node."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # connections complete in the backlog; nothing ever answers
+        child = subprocess.Popen(
+            [sys.executable, "-m", "ingestion", "--redis", f"redis://127.0.0.1:{silent.getsockname()[1]}/0",
+             "--job", "held", "--log-format", "json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+        )  # fmt: skip
+        time.sleep(1.0)  # loading modules, or in the check's bounded wait (2 s): held either way
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=30)
+    assert child.returncode == 128 + signal.SIGTERM, (child.returncode, err)
+    assert not err.strip(), err
+    assert "node-starting" not in out
+
+
 def test_a_database_that_is_not_a_number_is_exit_2() -> None:
     line = one_line(run("check-config", "--redis", "redis://127.0.0.1:6390/abc"))
     assert line == (
