@@ -5,14 +5,14 @@ without a traceback, like one at any later moment of start-up. SIGINT and SIGTER
 before anything else runs, so that none is lost in between (``ingestion/stop_signals.py``).
 """
 
-import signal
 import sys
 
 
 def entry() -> int:
     try:
-        if hasattr(signal, "pthread_sigmask"):
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        from ingestion import stop_signals
+
+        stop_signals.hold()  # first of all (it imports only the standard signal module)
         from ingestion.cli import main
 
         return main()

@@ -151,9 +151,11 @@ def test_a_stop_signal_while_start_up_waits_on_redis_ends_start_up_before_the_no
              "--job", "held", "--log-format", "json"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
         )  # fmt: skip
-        time.sleep(1.0)  # loading modules, or in the check's bounded wait (2 s): held either way
-        child.send_signal(signal.SIGTERM)
-        out, err = child.communicate(timeout=30)
+        silent.settimeout(30)
+        waiting, _ = silent.accept()  # the start-up check has connected: it now waits (2 s)
+        with waiting:
+            child.send_signal(signal.SIGTERM)
+            out, err = child.communicate(timeout=30)
     assert child.returncode == 128 + signal.SIGTERM, (child.returncode, err)
     assert not err.strip(), err
     assert "node-starting" not in out
