@@ -301,6 +301,9 @@ async def test_the_lake_is_read_when_every_rpc_url_is_past_the_position(
         from ingestion.lake.source import LakeSource
 
         src = source(a.rpc_url, b.rpc_url, on_history_gap="lake", history=LakeSource(str(lake)))
+        # The simulator writes its lake in the background: a lake still short of A's oldest ledger
+        # would (rightly) hand over to B, which still has the next one (CI, loaded).
+        await a.wait_for_lake(a.chain.latest)
         with structlog.testing.capture_logs() as logs:
             async with node(redis_server.url, job, src, start=str(CONFIG.first_ledger)):
                 await until_at_tip(redis_client, job, a)
