@@ -6,8 +6,11 @@ new ones are closed at once, like a host that is down).
 
 A chunk that arrives in ``blackhole`` mode is held, not dropped, and goes on once the mode is
 ``forward`` again (a partition that heals before TCP gives up): ``held`` counts the chunks a client
-sent that are held so far. ``watch(pattern)`` counts the server's replies that contain ``pattern``
-(``seen[pattern]``): what the server answered, whoever reads it.
+sent that are held so far. ``blackhole_at(pattern)`` turns to ``blackhole`` as the first client
+chunk that contains ``pattern`` arrives, and holds that chunk: a request certainly on its way, not
+yet arrived (a blackhole set from outside may fall between a request and its answer instead).
+``watch(pattern)`` counts the server's replies that contain ``pattern`` (``seen[pattern]``): what
+the server answered, whoever reads it.
 """
 
 from __future__ import annotations
@@ -23,10 +26,15 @@ class TcpProxy:
         self._changed = trio.Event()
         self._scopes: set[trio.CancelScope] = set()
         self.held = 0
+        self.held_chunks: list[bytes] = []  # their first bytes, for a failure message
         self.seen: dict[bytes, int] = {}
+        self._blackhole_at: bytes | None = None
 
     def watch(self, pattern: bytes) -> None:
         self.seen.setdefault(pattern, 0)
+
+    def blackhole_at(self, pattern: bytes) -> None:
+        self._blackhole_at = pattern
 
     def set_mode(self, mode: str) -> None:
         assert mode in ("forward", "blackhole", "refuse")
@@ -73,8 +81,12 @@ class TcpProxy:
                     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                         pass
                 return
+            if from_client and self._blackhole_at is not None and self._blackhole_at in data:
+                self._blackhole_at = None
+                self.set_mode("blackhole")
             if from_client and self.mode == "blackhole":
                 self.held += 1
+                self.held_chunks.append(data[:40])
             while self.mode == "blackhole":
                 await self._changed.wait()
             if not from_client and self.seen:

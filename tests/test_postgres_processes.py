@@ -61,22 +61,28 @@ async def test_three_nodes_on_postgres_survive_every_fault_exactly_once(pg: Loca
         await grows(pg)
 
         # 2. SIGSTOP the leader past the TTL while one of its commits is on its way (held at its
-        # proxy: sent, not yet arrived). Another node leads and raises the fence; then the paused
-        # leader's commit arrives, after the fence rose, and PostgreSQL refuses it: certain, not
-        # a matter of when the pause fell.
+        # proxy from its first bytes: sent, not yet arrived; a commit's records carry
+        # "paging_token", no other statement does). Another node leads and raises the fence; then
+        # the paused leader's commit arrives, after the fence rose, and PostgreSQL refuses it:
+        # certain, not a matter of when the pause fell (nor of whether the leader's call timed out
+        # and ended its term first).
         leader = c.leaders()[-1].node
         proxy = proxies[leader]
         proxy.watch(b"stale-token")
-        proxy.set_mode("blackhole")
-        await wait_until(lambda: proxy.held, 10, what=f"a commit of {leader} held at its proxy")
+        held_before = proxy.held  # a node cut off in step 1 may lead again: count from here
+        proxy.blackhole_at(b"paging_token")
+        await wait_until(lambda: proxy.held > held_before, 10, what=f"a commit of {leader} held at its proxy")
         c.signal(leader, signal.SIGSTOP)
         with trio.fail_after(10):
             while c.leaders()[-1].node == leader:
                 await c.log.changed()
         await grows(pg)  # the new term's rows: its first transaction raised the fence
         proxy.set_mode("forward")
-        await wait_until(lambda: proxy.seen[b"stale-token"], 10,
-                         what=f"PostgreSQL refusing {leader}'s late commit (stale-token)")  # fmt: skip
+        try:
+            await wait_until(lambda: proxy.seen[b"stale-token"], 10,
+                             what=f"PostgreSQL refusing {leader}'s late commit (stale-token)")  # fmt: skip
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nheld: {proxy.held_chunks}\n{c.log.tail(80)}") from None
         c.signal(leader, signal.SIGCONT)
         await grows(pg)
 
