@@ -10,7 +10,8 @@ A source's own Redis or sink call that does not answer (``RedisUnavailable``,
 refused (:class:`~actors.source.TermFenced`) as ``fenced``: a term's failure is never the node's.
 
 Each batch is committed through the CursorWriter with the term's fencing token, one at a time, so the
-cursor the next commit continues from is always the one Redis confirmed.
+cursor the next commit continues from is always the one Redis confirmed. A batch larger than the
+:class:`~actors.commit_pace.CommitPace` allows goes in consecutive parts, each its own commit.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import attrs
 import trio
 
+from actors.commit_pace import CommitPace
 from actors.cursor_writer import FENCING_REASONS
 from actors.lease_store import RedisUnavailable
 from actors.messages import (
@@ -41,7 +43,7 @@ from actors.messages import (
     WriterOutcome,
 )
 from actors.sink import SinkUnavailable
-from actors.source import Source, SourceFatalError, TermContext, TermFenced, current_term
+from actors.source import Batch, Source, SourceFatalError, TermContext, TermFenced, current_term
 
 
 @attrs.define
@@ -89,6 +91,8 @@ class Ingestor:
     # (fence raised, cursor read) and resumes from that cursor, else from ``start_cursor``.
     sink_keeps_cursor: bool = False
     start_cursor: str = "0"
+    # How many records a commit carries at most (None: each batch as the source gives it).
+    pace: CommitPace | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with self.control, self.writer, self.elector:
@@ -185,13 +189,19 @@ class Ingestor:
                         break  # leaves the stream: a source that failed raises from its exit
                 if reading.cancelled_caught:
                     return "revoked", ""
-                msg = CommitCursor(grant.token, committed, batch.records, reply_send, batch.through)
-                outcome = await self._commit(term, msg, reply_recv)
-                if not isinstance(outcome, CursorCommitted):
-                    return self._refused(outcome)
-                committed = outcome.cursor
-                if term.stopping:
-                    return "revoked", ""
+                rest: Batch | None = batch
+                while rest is not None:
+                    part, rest = rest.take(self.pace.limit) if self.pace is not None else (rest, None)
+                    msg = CommitCursor(grant.token, committed, part.records, reply_send, part.through)
+                    started = trio.current_time()
+                    outcome = await self._commit(term, msg, reply_recv)
+                    if not isinstance(outcome, CursorCommitted):
+                        return self._refused(outcome)
+                    if self.pace is not None:
+                        self.pace.observed(len(part.records), trio.current_time() - started)
+                    committed = outcome.cursor
+                    if term.stopping:
+                        return "revoked", ""
         self.log.info("source-exhausted", token=grant.token, cursor=committed)
         with term.interruptible():  # idle, but a graceful stop must still end the term at once
             await trio.sleep_forever()

@@ -72,6 +72,14 @@ class Batch:
             parts[-1] = Batch(parts[-1].records, through=self.through)
         return parts
 
+    def take(self, size: int) -> tuple[Batch, Batch | None]:
+        """The first ``size`` records as a batch, and the rest (None when nothing is left), the
+        read-through cursor on the rest."""
+        records = self.records
+        if len(records) <= size:
+            return self, None
+        return Batch(records[:size]), Batch(records[size:], through=self.through)
+
     def __attrs_post_init__(self) -> None:
         if not self.records and self.through is None:
             raise ValueError("a Batch holds at least one record or a through cursor")

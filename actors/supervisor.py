@@ -21,6 +21,7 @@ import structlog
 import trio
 
 from actors.balance import Balancer, CampaignGate
+from actors.commit_pace import CommitPace
 from actors.cursor_writer import CursorWriter
 from actors.elector import Elector, IngestionFatal, ReleaseNoticed
 from actors.health import ProbedSource, SourceWatch
@@ -164,6 +165,8 @@ async def run_node(
         ingestor = Ingestor(source, spec.node, ingestor_recv, writer_send, elector_send.clone(), log)
         # An in-flight commit is answered within the sink's call bound: wait that long for it.
         ingestor.commit_drain = job_sink.call_timeout + 0.25
+        # A commit may hold the sink (a Redis script blocks everyone) for a fifth of the call bound.
+        ingestor.pace = CommitPace(budget=job_sink.call_timeout / 5)
         ingestor.sink_keeps_cursor = not isinstance(job_sink, RedisStreamSink)
         ingestor.start_cursor = spec.start_cursor
         await nursery.start(ingestor.run)

@@ -76,7 +76,8 @@ class RpcSource:
         page_limit: events per request, at most 10,000 (halved after a -32001, then restored):
             the cursor chain is sequential, so at a real RPC's latency the page size sets the pace.
         prefetch: pages fetched ahead of the consumer.
-        commit_max_records: a page is committed in batches of at most this many events.
+        commit_max_records: a page is handed on in batches of at most this many events (the
+            Ingestor commits them in parts at its pace: :class:`~actors.commit_pace.CommitPace`).
         on_history_gap: ``"stop"``, ``"skip"`` or ``"lake"``, when the position is older than the
             oldest ledger the RPC keeps: stop (log ``history-gap``, write nothing,
             SourceFatalError), skip (a ``history-gap`` audit entry, then on from the oldest
@@ -105,7 +106,7 @@ class RpcSource:
     retry_after_cap: float = 120.0
     page_limit: int = 10_000
     prefetch: int = 2
-    commit_max_records: int = 1000
+    commit_max_records: int = 10_000
     on_history_gap: str = attrs.field(
         default="stop", validator=attrs.validators.in_(("stop", "skip", "lake"))
     )
