@@ -340,12 +340,16 @@ def validate_page(
     :func:`compact_record_text`): what Horizon streams for the same record.
     """
     try:
-        # Decoding checks the UTF-8 (the fast path works on the bytes: its parser does not).
-        text = content if isinstance(content, str) else content.decode("utf-8")
-        fast = _split_indented_page(text.encode() if isinstance(content, str) else content, after, limit)
+        if isinstance(content, str):
+            data = content.encode()
+        else:
+            data = content
+            if not content.isascii():  # the fast path works on the bytes: its parser does not check
+                content.decode("utf-8")  # the UTF-8, this does (an ASCII page needs no copy for it)
+        fast = _split_indented_page(data, after, limit)
         if fast is not None:
             return fast
-        raw = split_page(text)
+        raw = split_page(content if isinstance(content, str) else content.decode("utf-8"))
     except UnicodeDecodeError as exc:
         return PageOutcome((), Malformed("broken-json", f"{exc}: {_excerpt(content)}"), False)
     except NotAPage as exc:
