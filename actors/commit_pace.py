@@ -14,8 +14,11 @@ waiting too: commits of several jobs that queue behind each other shrink each ot
 
 Rules: a commit of at least ``limit`` records that took at most half the budget doubles the
 limit (up to ``ceiling``); one that took more than the budget sets it to what the budget would
-have held at that commit's rate, with a fifth to spare (never below ``floor``). The floor is what
-every commit carried before the pace existed: the pace never makes commits smaller than that.
+have held at that commit's rate, with a fifth to spare (never below ``floor``); one whose outcome
+is unknown (no answer within the call bound, or its term ended while it was in flight) sets it
+back to ``floor`` (:meth:`failed`): the pace lives as long as the job's Ingestor, and the next term
+must not send the same oversized commit again. The floor is what every commit carried before the
+pace existed: the pace never makes commits smaller than that.
 """
 
 from __future__ import annotations
@@ -28,13 +31,17 @@ class CommitPace:
     budget: float  # seconds a commit's round trip may take
     floor: int = 1000
     ceiling: int = 10_000
-    limit: int = attrs.field(default=0)
+    limit: int = attrs.field(init=False, default=0)
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.floor <= self.ceiling:
             raise ValueError(f"need 1 <= floor <= ceiling, got {self.floor}, {self.ceiling}")
-        if self.budget <= 0:
+        if not self.budget > 0:  # NaN too
             raise ValueError(f"budget must be positive, got {self.budget}")
+        self.limit = self.floor
+
+    def failed(self) -> None:
+        """A commit's outcome is unknown: back to the floor."""
         self.limit = self.floor
 
     def observed(self, records: int, seconds: float) -> None:

@@ -137,6 +137,8 @@ class Ingestor:
                 # that the Elector hands the lease back only once no commit of ours is in flight.
                 with trio.move_on_after(self.commit_drain, shield=True):
                     await reply_recv.receive()
+                if self.pace is not None and not term.stopping:
+                    self.pace.failed()  # cut off mid-commit (not a graceful stop): start small again
         if term.scope.cancelled_caught:
             reason = "revoked" if term.revoked else "deadline"
             if reason == "deadline":
@@ -196,6 +198,8 @@ class Ingestor:
                     started = trio.current_time()
                     outcome = await self._commit(term, msg, reply_recv)
                     if not isinstance(outcome, CursorCommitted):
+                        if isinstance(outcome, CommitUnknown) and self.pace is not None:
+                            self.pace.failed()
                         return self._refused(outcome)
                     if self.pace is not None:
                         self.pace.observed(len(part.records), trio.current_time() - started)

@@ -75,6 +75,8 @@ class Batch:
     def take(self, size: int) -> tuple[Batch, Batch | None]:
         """The first ``size`` records as a batch, and the rest (None when nothing is left), the
         read-through cursor on the rest."""
+        if size < 1:
+            raise ValueError(f"a part holds at least one record, asked for {size}")
         records = self.records
         if len(records) <= size:
             return self, None
