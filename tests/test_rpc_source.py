@@ -312,9 +312,14 @@ async def test_the_lake_is_read_when_every_rpc_url_is_past_the_position(
     past = next(e for e in logs if e["event"] == "rpc-history-past-every-url")
     assert past["answers"][a.rpc_url] == "past" and past["answers"][b.rpc_url].startswith("past: RPC error")
     assert logs.index(past) < next(i for i, e in enumerate(logs) if e["event"] == "history-gap")
-    assert not [e for e in logs if e["event"] == "rpc-history-elsewhere"], [
-        e for e in logs if e["event"].startswith(("rpc-", "history"))
-    ]  # what the source did, should this fail again (it did once, unexplained)
+    # While the first term's position is past every URL, the source never goes elsewhere. A term
+    # that ends mid-backfill (a Redis call over its 150 ms bound on a loaded machine) resumes from
+    # the lake's last scanned-through cursor, which B may rightly still keep: that is allowed.
+    follows = [i for i, e in enumerate(logs) if e["event"] == "rpc-follow"]
+    first_term = logs[: follows[1]] if len(follows) > 1 else logs
+    assert not [e for e in first_term if e["event"] == "rpc-history-elsewhere"], "\n".join(
+        str(e) for e in logs if e["event"].startswith(("rpc-", "history", "lake", "term", "lost", "became"))
+    )
 
 
 async def test_an_rpc_that_stops_ingesting_is_left_for_one_that_goes_on(
