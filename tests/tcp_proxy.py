@@ -25,10 +25,13 @@ class TcpProxy:
         self.mode = "forward"
         self._changed = trio.Event()
         self._scopes: set[trio.CancelScope] = set()
-        self.held = 0
         self.held_chunks: list[bytes] = []  # their first bytes, for a failure message
         self.seen: dict[bytes, int] = {}
         self._blackhole_at: bytes | None = None
+
+    @property
+    def held(self) -> int:
+        return len(self.held_chunks)
 
     def watch(self, pattern: bytes) -> None:
         self.seen.setdefault(pattern, 0)
@@ -85,7 +88,6 @@ class TcpProxy:
                 self._blackhole_at = None
                 self.set_mode("blackhole")
             if from_client and self.mode == "blackhole":
-                self.held += 1
                 self.held_chunks.append(data[:40])
             while self.mode == "blackhole":
                 await self._changed.wait()
