@@ -510,6 +510,10 @@ async def open_cluster(
                     rpc=rpc, extra=simulator_extra,
                 )  # fmt: skip
                 yield cluster
+            except BaseException:
+                # pytest shows a failed test's captured output: the cluster's last words
+                print(f"cluster log at the failure (harness time {trio.current_time():.3f}):\n{log.tail(80)}")
+                raise
             finally:
                 with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT):
                     await cluster.stop_all()

@@ -166,3 +166,89 @@ async def ids_until(source: LakeSource, last: int) -> list[str]:
             if batch.through == str(Cursor.through(last)):
                 break
     return ids
+
+
+def large_answer(data: bytes) -> list[bytes]:
+    """Stands in for ``object_events`` in a decode worker (tests of cancelled decodes): a 64 MB
+    answer, whose pickling and sending take a while; ``data`` is the path of a file written just
+    before it is returned, so the caller knows when the sending begins."""
+    answer = b"x" * (64 << 20)
+    Path(data.decode()).write_text("sending")
+    return [answer]
+
+
+async def cancel_decodes_while_answering(fractions: Sequence[float]) -> None:
+    """Run in a process of its own (the test watches it exit): one decode worker answering
+    :func:`large_answer`, timed whole once, then cancelled at each fraction of that time after its
+    answer began, each in a fresh :func:`~ingestion.lake.decoding.open_decoders`. Prints whether it
+    was cancelled, and how many worker processes are alive right after the cancel and the exit."""
+    import multiprocessing
+    import tempfile
+
+    import trio
+
+    from ingestion.lake import decoding
+    from tests.helpers import wait_until
+
+    decoding.object_events = large_answer  # type: ignore[assignment]
+    with tempfile.TemporaryDirectory() as tmp:
+        marker = Path(tmp) / "sending"
+
+        async def answer_began() -> float:
+            await wait_until(marker.exists, 30, what="the answer to begin", every=0.001)
+            return trio.current_time()
+
+        async with decoding.open_decoders(1) as decoders:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(decoders.decode, str(marker).encode())
+                began = await answer_began()
+            whole = trio.current_time() - began
+        print(f"an answer takes {whole:.3f} s", flush=True)
+        for fraction in fractions:
+            marker.unlink()
+            answered: list[object] = []
+
+            async def decode(decoders: decoding.Decoders, answered: list[object] = answered) -> None:
+                answered.append(await decoders.decode(str(marker).encode()))
+
+            async with decoding.open_decoders(1) as decoders:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(decode, decoders)
+                    await answer_began()
+                    await trio.sleep(fraction * whole)
+                    nursery.cancel_scope.cancel()
+                alive = len(multiprocessing.active_children())
+            left = len(multiprocessing.active_children())
+            what = "answered before the cancel" if answered else "cancelled"
+            print(f"at {fraction:.1f}: {what}, {alive} workers alive then, {left} after the exit", flush=True)
+    print("done", flush=True)
+
+
+def answer_late(data: bytes) -> list[bytes]:
+    """Stands in for ``object_events`` in a decode worker: writes the worker's pid to the file
+    named by ``data``, then takes a minute."""
+    import os
+    import time
+
+    Path(data.decode()).write_text(str(os.getpid()))
+    time.sleep(60)
+    return []
+
+
+async def decode_forever(marker: str) -> None:
+    """Run in a process of its own, which the test kills: one decode worker busy with
+    :func:`answer_late` (its pid written to ``marker``)."""
+    from ingestion.lake import decoding
+
+    decoding.object_events = answer_late  # type: ignore[assignment]
+    async with decoding.open_decoders(1) as decoders:
+        await decoders.decode(marker.encode())
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

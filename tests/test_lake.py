@@ -7,6 +7,8 @@ import collections
 import multiprocessing
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from stellar_sdk import xdr
 
 from actors.source import SourceFatalError
 from ingestion.lake.core import LakeFollower
+from ingestion.lake.decoding import PARENT_WATCH
 from ingestion.lake.events import (
     LakeFormatError,
     LedgerEvents,
@@ -30,6 +33,7 @@ from ingestion.lake.source import LakeSource
 from ingestion.lake.store import LocalLake, check_lake_url
 from ingestion.rpc.protocol import OP_MASK, TX_MASK, Cursor, EventFilter, topic_from_text
 from tests import recorded
+from tests.helpers import wait_until
 from tests.lake_fixtures import (
     every_real_ledger,
     ids_until,
@@ -37,6 +41,7 @@ from tests.lake_fixtures import (
     older_versions,
     real_ledger,
     resequenced,
+    running,
     standalone_ledgers,
     write_lake,
 )
@@ -362,6 +367,53 @@ async def test_worker_processes_decode_in_order_and_none_outlives_its_stream(tmp
     assert multiprocessing.active_children() == []
     await ids_until(two, 84)  # leaves while 85 may still be decoding: the worker is killed
     assert multiprocessing.active_children() == []
+
+
+def test_a_decode_cancelled_while_its_worker_answers_leaves_nothing_to_wait_for() -> None:
+    """A term ending while a worker sends its answer (a SIGTERM during a catch-up) kills that
+    worker at once, and the node's process still exits: with ProcessPoolExecutor, a worker
+    terminated mid-answer left its manager thread waiting for the rest forever, and the
+    interpreter joins that thread at exit (a node handed its lease over, then never exited)."""
+    fractions = (0.0, 0.2, 0.4, 0.6, 0.8)
+    code = (
+        "import trio; from tests.lake_fixtures import cancel_decodes_while_answering as run; "
+        f"trio.run(run, {fractions!r})"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+            cwd=Path(__file__).parent.parent,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the process did not exit within 60 s; it printed:\n{exc.stdout}{exc.stderr}")
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and lines[-1] == "done", done.stdout + done.stderr
+    runs = lines[1:-1]
+    cancelled = [run for run in runs if "cancelled, " in run]
+    assert len(runs) == len(fractions) and len(cancelled) >= 2, done.stdout
+    assert all(run.endswith("0 after the exit") for run in runs), done.stdout
+    assert all(run.endswith("0 workers alive then, 0 after the exit") for run in cancelled), done.stdout
+
+
+async def test_a_decode_worker_whose_node_was_killed_mid_decode_exits_by_itself(tmp_path: Path) -> None:
+    """No PR_SET_PDEATHSIG here (trio-parallel starts workers from trio's cached threads, and the
+    signal follows the thread): the worker watches its parent, and leaves when orphaned."""
+    marker = tmp_path / "worker-pid"
+    code = (
+        "import trio; from tests.lake_fixtures import decode_forever; "
+        f"trio.run(decode_forever, {str(marker)!r})"
+    )
+    node = await trio.lowlevel.open_process([sys.executable, "-c", code], cwd=Path(__file__).parent.parent)
+    try:
+        await wait_until(lambda: marker.exists() and marker.read_text(), 30, what="the decode to start")
+        worker = int(marker.read_text())
+        assert running(worker)
+    finally:
+        node.kill()
+        await node.wait()
+    killed_at = trio.current_time()
+    await wait_until(lambda: not running(worker), PARENT_WATCH + 2, what="the orphaned worker to exit")
+    assert trio.current_time() - killed_at <= PARENT_WATCH + 0.5
 
 
 # -- configuration ---------------------------------------------------------------------------------

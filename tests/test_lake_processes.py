@@ -1,20 +1,24 @@
 """Real processes following a data lake: redis-server and nodes run with ``--source lake`` on a
 lake of real ledger metadata (a standalone network's v23 ledger of 1,000 contract events, written
 again under later ledger numbers), through SIGKILL and SIGTERM, with the lake growing meanwhile.
-The stream must hold every event of the lake exactly once, in id order."""
+A killed node's decode worker leaves by itself; a node asked to stop exits, whatever its decode
+worker was doing. The stream must hold every event of the lake exactly once, in id order."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from pathlib import Path
 
 import pytest
 import trio
 
+from ingestion.lake.decoding import PARENT_WATCH
 from ingestion.lake.events import ledger_events
 from ingestion.rpc.protocol import Cursor
 from tests.cluster import open_cluster
-from tests.lake_fixtures import ledger_seq, resequenced, standalone_ledgers, write_lake
+from tests.helpers import wait_until
+from tests.lake_fixtures import ledger_seq, resequenced, running, standalone_ledgers, write_lake
 
 pytestmark = pytest.mark.slow
 
@@ -34,11 +38,21 @@ async def test_two_nodes_follow_a_lake_through_sigkill_and_sigterm(job: str, tmp
         await c.log.wait_for("became-leader", "n1")
         await c.start_node("n2", extra=args)
         await c.wait_for_events(1000)
+        worker_pid = c.children["n1"].worker_pid
+        assert worker_pid is not None
+        decoders = _children(worker_pid, "multiprocessing.spawn")
+        assert decoders, "the leader decodes in a worker process"
         killed_at = await c.kill("n1")
         at_death = c.state()
         taken = await c.log.wait_for("became-leader", since=killed_at, within=TTL_MS / 1000 + 3)
         # resumed at the committed cursor (a commit in flight at the kill may still have landed)
         assert taken.node == "n2" and Cursor.parse(taken.fields["cursor"]) >= Cursor.parse(at_death["cursor"])
+
+        # the dead node's decode worker leaves by itself (it watches its parent)
+        def gone() -> bool:
+            return not any(running(pid) for pid in decoders)
+
+        await wait_until(gone, PARENT_WATCH + 3, what="the decode worker to exit")
 
         write_lake(lake, later)  # the lake grows: the leader polls for the next object
         await c.start_node("n1", extra=args)
@@ -53,3 +67,14 @@ async def test_two_nodes_follow_a_lake_through_sigkill_and_sigterm(job: str, tmp
         ids = [fields.get("paging_token") or fields.get("id") for _, fields in entries]
         assert ids == expected
         assert c.state()["cursor"] == str(Cursor.through(89))
+
+
+def _children(pid: int, command: str) -> list[int]:
+    """The pids of ``pid``'s child processes whose command line holds ``command``."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(OSError):
+                if command.encode() in Path(f"/proc/{child}/cmdline").read_bytes():
+                    found.append(int(child))
+    return found

@@ -4,71 +4,65 @@ stellar-sdk's XDR decoder is pure Python and holds the GIL: decoded in threads o
 job uses one core, and every decode competes with the node's own tasks (lease renewals, commits)
 for the interpreter. :func:`open_decoders` yields a :class:`Decoders` whose
 ``await decoders.decode(data)`` runs :func:`~ingestion.lake.events.object_events` in one of
-``processes`` worker processes. The caller bounds how many objects are in flight (the source's
-``read_ahead``) and keeps their order; a pool only runs them.
+``processes`` worker processes (trio-parallel). The caller bounds how many objects are in flight
+(the source's ``read_ahead``) and keeps their order; the workers only run them.
 
-Lifetime: the workers are spawned (not forked: the node has threads) on the first decode and are
-terminated and reaped when the context exits, by cancellation too, so no worker outlives the
-stream that opened it. A worker also dies with the node (Linux: ``PR_SET_PDEATHSIG``), so a
-SIGKILLed node leaves none behind, and ignores SIGINT (a terminal's Ctrl-C reaches the whole
-process group; the node stops its pool itself). ``processes = 0`` decodes in a thread of the
-node's process (no pool: small lakes, tests).
+Lifetime: the workers are spawned (not forked: the node has threads) on the first decode. A decode
+that is cancelled (the term ends) kills its worker at once: its half-made answer dies with it, on
+a pipe of its own, and nothing else waits for it. When the context exits, idle workers are told
+to stop and are reaped (killed if they have not stopped within ``_STOP_WAIT``), so no worker
+outlives the stream that opened it. A worker also leaves when the node dies: it watches its
+parent and exits within ``PARENT_WATCH`` seconds of being orphaned (a worker between decodes
+sees its pipe close at once). It ignores SIGINT (a terminal's Ctrl-C reaches the whole process
+group; the node stops its workers itself). ``processes = 0`` decodes in a thread of the node's
+process (no workers: small lakes, tests).
+
+Why not ``concurrent.futures.ProcessPoolExecutor`` (used before): its workers answer on one shared
+queue read by a manager thread. A worker terminated while it wrote an answer leaves that thread
+blocked on the rest of the message forever, and the interpreter joins that thread at exit: a node
+that handed its lease over cleanly then never exited (seen: 1 of about 12 SIGTERMs during a
+decode, under load).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
-import multiprocessing
+import math
+import os
 import signal
-import sys
+import threading
+import time
 from collections.abc import AsyncIterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 
 import trio
+import trio_parallel
 
 from ingestion.lake.events import LedgerEvents, object_events
 
-_STOP_WAIT = 5.0  # seconds the exit waits for terminated workers to be reaped
+_STOP_WAIT = 5.0  # seconds the exit waits for idle workers to stop before killing them
+PARENT_WATCH = 1.0  # seconds between a worker's looks at whether its node is still its parent
 
 
 class Decoders:
     """Runs :func:`~ingestion.lake.events.object_events` off the node's interpreter (see the
     module docstring); made by :func:`open_decoders`."""
 
-    def __init__(self, executor: ProcessPoolExecutor | None, processes: int) -> None:
-        self._executor = executor
+    def __init__(self, workers: trio_parallel.WorkerContext | None, processes: int) -> None:
+        self._workers = workers
+        self._limiter = trio.CapacityLimiter(max(processes, 1))
         self.processes = processes
 
     async def decode(self, data: bytes) -> Sequence[LedgerEvents]:
-        """A compressed object's ledgers and events.
+        """A compressed object's ledgers and events. Cancellable: a worker decoding when its
+        caller is cancelled is killed.
 
         Raises:
             LakeFormatError: the object cannot be read (raised in the worker, re-raised here).
+            trio_parallel.BrokenWorkerError: the worker died while decoding (not by this node).
         """
-        if self._executor is None:
+        if self._workers is None:
             return await trio.to_thread.run_sync(object_events, data)
-        # submitted from the trio thread, which lives as long as the node: PR_SET_PDEATHSIG
-        # follows the thread that started a worker
-        future = self._executor.submit(object_events, data)
-        try:
-            return await _result(future)
-        except trio.Cancelled:
-            future.cancel()  # not started yet: never started; running: the exit kills it
-            raise
-
-
-async def _result(future: concurrent.futures.Future[list[LedgerEvents]]) -> list[LedgerEvents]:
-    done = trio.Event()
-    token = trio.lowlevel.current_trio_token()
-
-    def wake(_: object) -> None:
-        with contextlib.suppress(trio.RunFinishedError):
-            token.run_sync_soon(done.set)
-
-    future.add_done_callback(wake)
-    await done.wait()
-    return future.result()
+        return await self._workers.run_sync(object_events, data, kill_on_cancel=True, limiter=self._limiter)
 
 
 @contextlib.asynccontextmanager
@@ -84,36 +78,34 @@ async def open_decoders(processes: int) -> AsyncIterator[Decoders]:
     if processes == 0:
         yield Decoders(None, 0)
         return
-    executor = ProcessPoolExecutor(
-        processes, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start
+    # An idle worker lives as long as the context (no idle timeout: the next object may be a
+    # poll interval away, and a new worker pays for stellar-sdk's import again).
+    workers = trio_parallel.open_worker_context(
+        idle_timeout=math.inf, init=_worker_start, grace_period=_STOP_WAIT
     )
     try:
-        yield Decoders(executor, processes)
-    finally:
-        with trio.move_on_after(_STOP_WAIT, shield=True):
-            await trio.to_thread.run_sync(_stop, executor)
-
-
-def _stop(executor: ProcessPoolExecutor) -> None:
-    """Terminate and reap the workers, a decode in progress included (``shutdown`` alone would
-    wait for it). ``_processes`` is the one private attribute used: Python 3.11's executor has no
-    ``terminate_workers`` (3.14 has)."""
-    workers = list((executor._processes or {}).values())
-    executor.shutdown(wait=False, cancel_futures=True)
-    for worker in workers:
-        worker.terminate()
-    for worker in workers:
-        worker.join(_STOP_WAIT)
+        async with workers as context:
+            yield Decoders(context, processes)
+    except trio_parallel.BrokenWorkerError:
+        # Raised by the exit only: a worker did not stop when told to and was killed (it is
+        # reaped either way); never put in place of what ended the stream.
+        pass
 
 
 def _worker_start() -> None:
-    """In each worker: die with the node, leave Ctrl-C to the node, ready the decoder once."""
-    if sys.platform == "linux":
-        import ctypes
-
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    """In each worker: leave when the node dies, leave Ctrl-C to the node, ready the decoder."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
+
+    def watch_parent() -> None:
+        # Orphaned (the node was killed): the kernel gave this process a new parent. Not
+        # PR_SET_PDEATHSIG: it fires when the *thread* that started the worker ends, and
+        # trio-parallel starts workers from trio's cached threads, which end when idle.
+        while os.getppid() == parent:
+            time.sleep(PARENT_WATCH)
+        os._exit(1)
+
+    threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
     from ingestion.lake.events import compile_walks
 
     compile_walks()  # the first decode should not pay for importing stellar-sdk and compiling
