@@ -12,13 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import structlog
 import trio
 import zstandard
 from stellar_sdk import xdr
 
 from actors.source import SourceFatalError
 from ingestion.lake.core import LakeFollower
-from ingestion.lake.decoding import PARENT_WATCH
+from ingestion.lake.decoding import PARENT_WATCH, open_decoders
 from ingestion.lake.events import (
     LakeFormatError,
     LedgerEvents,
@@ -35,6 +36,7 @@ from ingestion.rpc.protocol import OP_MASK, TX_MASK, Cursor, EventFilter, topic_
 from tests import recorded
 from tests.helpers import wait_until
 from tests.lake_fixtures import (
+    batch_bytes,
     every_real_ledger,
     ids_until,
     ledger_seq,
@@ -414,6 +416,23 @@ async def test_a_decode_worker_whose_node_was_killed_mid_decode_exits_by_itself(
     killed_at = trio.current_time()
     await wait_until(lambda: not running(worker), PARENT_WATCH + 2, what="the orphaned worker to exit")
     assert trio.current_time() - killed_at <= PARENT_WATCH + 0.5
+
+
+async def test_a_cancellation_goes_on_past_a_worker_that_died_while_idle() -> None:
+    """The exit complains of a worker that died (here SIGKILLed while idle): logged, never put in
+    place of the cancellation that ended the stream."""
+    data = batch_bytes(standalone_ledgers()[:1])
+    with structlog.testing.capture_logs() as logs, trio.CancelScope() as scope:
+        async with open_decoders(1) as decoders:
+            assert len(await decoders.decode(data)) == 1
+            (worker,) = multiprocessing.active_children()
+            worker.kill()
+            worker.join()
+            scope.cancel()
+            await trio.sleep(1)
+    assert scope.cancelled_caught
+    assert [e["event"] for e in logs] == ["lake-decoder-unclean-exit"]
+    assert multiprocessing.active_children() == []
 
 
 # -- configuration ---------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 
+import structlog
 import trio
 import trio_parallel
 
@@ -41,6 +42,8 @@ from ingestion.lake.events import LedgerEvents, object_events
 
 _STOP_WAIT = 5.0  # seconds the exit waits for idle workers to stop before killing them
 PARENT_WATCH = 1.0  # seconds between a worker's looks at whether its node is still its parent
+
+log = structlog.get_logger()
 
 
 class Decoders:
@@ -83,13 +86,18 @@ async def open_decoders(processes: int) -> AsyncIterator[Decoders]:
     workers = trio_parallel.open_worker_context(
         idle_timeout=math.inf, init=_worker_start, grace_period=_STOP_WAIT
     )
+    context = await workers.__aenter__()
     try:
-        async with workers as context:
-            yield Decoders(context, processes)
-    except trio_parallel.BrokenWorkerError:
-        # Raised by the exit only: a worker did not stop when told to and was killed (it is
-        # reaped either way); never put in place of what ended the stream.
-        pass
+        yield Decoders(context, processes)
+    finally:
+        # Not ``async with``: what ended the stream (a cancellation, an error) must go on as it
+        # is, never be replaced by the exit's own complaint.
+        try:
+            await workers.__aexit__(None, None, None)
+        except trio_parallel.BrokenWorkerError as exc:
+            # a worker had died (non-zero exit) or did not stop when told to and was killed;
+            # every worker is reaped either way
+            log.warning("lake-decoder-unclean-exit", error=str(exc))
 
 
 def _worker_start() -> None:
