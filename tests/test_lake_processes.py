@@ -48,7 +48,8 @@ async def test_two_nodes_follow_a_lake_through_sigkill_and_sigterm(job: str, tmp
         # resumed at the committed cursor (a commit in flight at the kill may still have landed)
         assert taken.node == "n2" and Cursor.parse(taken.fields["cursor"]) >= Cursor.parse(at_death["cursor"])
 
-        # the dead node's decode worker leaves by itself (it watches its parent)
+        # the dead node's decode worker leaves by itself (idle here: its pipe closed; a worker
+        # orphaned mid-decode watches its parent: tests/test_lake.py)
         def gone() -> bool:
             return not any(running(pid) for pid in decoders)
 
@@ -72,9 +73,11 @@ async def test_two_nodes_follow_a_lake_through_sigkill_and_sigterm(job: str, tmp
 def _children(pid: int, command: str) -> list[int]:
     """The pids of ``pid``'s child processes whose command line holds ``command``."""
     found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            with contextlib.suppress(OSError):
-                if command.encode() in Path(f"/proc/{child}/cmdline").read_bytes():
-                    found.append(int(child))
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):  # gone meanwhile
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if parent == pid and command.encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
     return found

@@ -13,23 +13,23 @@ a pipe of its own, and nothing else waits for it. When the context exits, idle w
 to stop and are reaped (killed if they have not stopped within ``_STOP_WAIT``), so no worker
 outlives the stream that opened it. A worker also leaves when the node dies: it watches its
 parent and exits within ``PARENT_WATCH`` seconds of being orphaned (a worker between decodes
-sees its pipe close at once). It ignores SIGINT (a terminal's Ctrl-C reaches the whole process
-group; the node stops its workers itself). ``processes = 0`` decodes in a thread of the node's
-process (no workers: small lakes, tests).
+sees its pipe close at once). It ignores SIGINT (trio-parallel's workers do: a terminal's Ctrl-C
+reaches the whole process group, and the node stops its workers itself). ``processes = 0``
+decodes in a thread of the node's process (no workers: small lakes, tests).
 
 Why not ``concurrent.futures.ProcessPoolExecutor`` (used before): its workers answer on one shared
 queue read by a manager thread. A worker terminated while it wrote an answer leaves that thread
 blocked on the rest of the message forever, and the interpreter joins that thread at exit: a node
-that handed its lease over cleanly then never exited (seen: 1 of about 12 SIGTERMs during a
-decode, under load).
+that handed its lease over cleanly then never exited (seen: 1 of 10 SIGTERMs during a catch-up,
+under load).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
-import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -61,7 +61,8 @@ class Decoders:
 
         Raises:
             LakeFormatError: the object cannot be read (raised in the worker, re-raised here).
-            trio_parallel.BrokenWorkerError: the worker died while decoding (not by this node).
+            trio_parallel.BrokenWorkerError: the worker died before answering (not by this node).
+            OSError: the worker died partway through sending its answer.
         """
         if self._workers is None:
             return await trio.to_thread.run_sync(object_events, data)
@@ -84,7 +85,7 @@ async def open_decoders(processes: int) -> AsyncIterator[Decoders]:
     # An idle worker lives as long as the context (no idle timeout: the next object may be a
     # poll interval away, and a new worker pays for stellar-sdk's import again).
     workers = trio_parallel.open_worker_context(
-        idle_timeout=math.inf, init=_worker_start, grace_period=_STOP_WAIT
+        idle_timeout=math.inf, init=functools.partial(_worker_start, os.getpid()), grace_period=_STOP_WAIT
     )
     context = await workers.__aenter__()
     try:
@@ -100,10 +101,8 @@ async def open_decoders(processes: int) -> AsyncIterator[Decoders]:
             log.warning("lake-decoder-unclean-exit", error=str(exc))
 
 
-def _worker_start() -> None:
-    """In each worker: leave when the node dies, leave Ctrl-C to the node, ready the decoder."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent = os.getppid()
+def _worker_start(parent: int) -> None:
+    """In each worker: leave when the node (``parent``, its pid) dies, ready the decoder."""
 
     def watch_parent() -> None:
         # Orphaned (the node was killed): the kernel gave this process a new parent. Not
