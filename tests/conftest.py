@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import signal
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
@@ -26,6 +27,12 @@ from tests.nodes import lease_store
 from tests.redis_ha import sentinel_group  # noqa: F401  (a fixture)
 
 CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+# A run started in the background by a shell (`./scripts/test &`, no job control) inherits SIGINT
+# ignored, and so would every process a test starts: a `tail` or a demo told to stop with SIGINT
+# would never hear it. Handled here (not ignored), it is reset to the default in every child.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 _recorded_skips: list[str] = []
 RECORDED_SKIP = "skipped-for-recorded-data"
 
