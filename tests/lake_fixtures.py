@@ -252,3 +252,25 @@ def running(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def die_once(data: bytes) -> list[bytes]:
+    """Stands in for ``object_events`` in a decode worker: the first call (no file at the path
+    ``data`` names yet) creates that file and SIGKILLs its own worker; later calls answer []."""
+    import os
+    import signal
+
+    marker = Path(data.decode())
+    if not marker.exists():
+        marker.write_text("died")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return []
+
+
+def die_always(_data: bytes) -> list[bytes]:
+    """Stands in for ``object_events`` in a decode worker: SIGKILLs its own worker."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+    return []

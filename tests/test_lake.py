@@ -18,8 +18,9 @@ import zstandard
 from stellar_sdk import xdr
 
 from actors.source import SourceFatalError
+from ingestion.lake import decoding
 from ingestion.lake.core import LakeFollower
-from ingestion.lake.decoding import PARENT_WATCH, open_decoders
+from ingestion.lake.decoding import DECODE_ATTEMPTS, PARENT_WATCH, open_decoders
 from ingestion.lake.events import (
     LakeFormatError,
     LedgerEvents,
@@ -37,6 +38,8 @@ from tests import recorded
 from tests.helpers import wait_until
 from tests.lake_fixtures import (
     batch_bytes,
+    die_always,
+    die_once,
     every_real_ledger,
     ids_until,
     ledger_seq,
@@ -430,6 +433,35 @@ async def test_a_cancellation_goes_on_past_a_worker_that_died_while_idle() -> No
             await trio.sleep(1)
     assert scope.cancelled_caught
     assert [e["event"] for e in logs] == ["lake-decoder-unclean-exit"]
+    assert multiprocessing.active_children() == []
+
+
+async def test_a_decode_whose_worker_was_killed_is_done_again_on_a_fresh_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(decoding, "object_events", die_once)
+    with structlog.testing.capture_logs() as logs:
+        async with open_decoders(1) as decoders:
+            assert await decoders.decode(str(tmp_path / "died").encode()) == []
+    assert [(e["event"], e["attempt"]) for e in logs] == [("lake-decoder-died", 1)]
+    assert "killed by signal 9" in logs[0]["error"]
+
+
+async def test_an_object_whose_worker_dies_every_time_stops_the_job_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object that kills its worker (the OOM killer, every time): a clear stop, not a crash."""
+    write_lake(tmp_path, standalone_ledgers()[:1])
+    monkeypatch.setattr(decoding, "object_events", die_always)
+    source = LakeSource(str(tmp_path), poll_interval=0.05)
+    with structlog.testing.capture_logs() as logs, pytest.raises(
+        SourceFatalError, match=r"\(ledger 84\) .* its decode worker died 3 times: .*killed by signal 9"
+    ):
+        async with source.stream("0") as batches:
+            async for _ in batches:
+                pass
+    died = [e["attempt"] for e in logs if e["event"] == "lake-decoder-died"]
+    assert died == list(range(1, DECODE_ATTEMPTS))
     assert multiprocessing.active_children() == []
 
 

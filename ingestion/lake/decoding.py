@@ -14,8 +14,10 @@ to stop and are reaped (killed if they have not stopped within ``_STOP_WAIT``), 
 outlives the stream that opened it. A worker also leaves when the node dies: it watches its
 parent and exits within ``PARENT_WATCH`` seconds of being orphaned (a worker between decodes
 sees its pipe close at once). It ignores SIGINT (trio-parallel's workers do: a terminal's Ctrl-C
-reaches the whole process group, and the node stops its workers itself). ``processes = 0``
-decodes in a thread of the node's process (no workers: small lakes, tests).
+reaches the whole process group, and the node stops its workers itself). A worker killed by
+something else while it decodes is replaced and the object decoded again (``DECODE_ATTEMPTS``
+in all). ``processes = 0`` decodes in a thread of the node's process (no workers: small lakes,
+tests).
 
 Why not ``concurrent.futures.ProcessPoolExecutor`` (used before): its workers answer on one shared
 queue read by a manager thread. A worker terminated while it wrote an answer leaves that thread
@@ -43,7 +45,24 @@ from ingestion.lake.events import LedgerEvents, object_events
 _STOP_WAIT = 5.0  # seconds the exit waits for idle workers to stop before killing them
 PARENT_WATCH = 1.0  # seconds between a worker's looks at whether its node is still its parent
 
+DECODE_ATTEMPTS = 3  # decodes of one object whose worker died before the job gives up on it
+
 log = structlog.get_logger()
+
+
+class DecoderDied(Exception):
+    """An object's decode worker died on every attempt (the message says how, the caller adds
+    the ledger and the object's key)."""
+
+
+def _describe(exc: BaseException) -> str:
+    """How a worker died: its exit status when trio-parallel gives the process."""
+    for arg in getattr(exc, "args", ()):
+        code = getattr(arg, "exitcode", None)
+        if isinstance(code, int):
+            how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+            return f"{exc.args[0]} ({how})"
+    return str(exc) or type(exc).__name__
 
 
 class Decoders:
@@ -59,14 +78,27 @@ class Decoders:
         """A compressed object's ledgers and events. Cancellable: a worker decoding when its
         caller is cancelled is killed.
 
+        A worker that dies while it decodes (killed by something else than this node) is logged
+        (``lake-decoder-died``) and the object decoded again on a fresh worker, up to
+        ``DECODE_ATTEMPTS`` times in all.
+
         Raises:
             LakeFormatError: the object cannot be read (raised in the worker, re-raised here).
-            trio_parallel.BrokenWorkerError: the worker died before answering (not by this node).
-            OSError: the worker died partway through sending its answer.
+            DecoderDied: its worker died on each of ``DECODE_ATTEMPTS`` attempts.
         """
         if self._workers is None:
             return await trio.to_thread.run_sync(object_events, data)
-        return await self._workers.run_sync(object_events, data, kill_on_cancel=True, limiter=self._limiter)
+        for attempt in range(1, DECODE_ATTEMPTS + 1):
+            try:
+                return await self._workers.run_sync(
+                    object_events, data, kill_on_cancel=True, limiter=self._limiter
+                )
+            except (trio_parallel.BrokenWorkerError, OSError) as exc:
+                # killed by something else (the OOM killer, an operator): on a fresh worker again
+                if attempt == DECODE_ATTEMPTS:
+                    raise DecoderDied(f"its decode worker died {attempt} times: {_describe(exc)}") from exc
+                log.warning("lake-decoder-died", attempt=attempt, error=_describe(exc))
+        raise AssertionError("unreachable")  # pragma: no cover
 
 
 @contextlib.asynccontextmanager

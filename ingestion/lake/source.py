@@ -30,7 +30,7 @@ from actors.source import Batch, SourceFatalError
 from ingestion.gaps import record_history_gap
 from ingestion.http import describe
 from ingestion.lake.core import LakeFollower
-from ingestion.lake.decoding import Decoders, open_decoders
+from ingestion.lake.decoding import DecoderDied, Decoders, open_decoders
 from ingestion.lake.events import LakeFormatError, LedgerEvents
 from ingestion.lake.keys import LakeSchema, ManifestError
 from ingestion.lake.store import LocalLake, S3Lake, open_lake
@@ -302,7 +302,7 @@ class LakeSource:
             try:
                 ledgers = await decoders.decode(data)
                 await slot.send(Decoded(ledger, key, ledgers=ledgers))
-            except LakeFormatError as exc:
+            except (LakeFormatError, DecoderDied) as exc:
                 await slot.send(Decoded(ledger, key, error=str(exc)))
 
 
