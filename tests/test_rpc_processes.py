@@ -4,6 +4,7 @@ against the simulator's own ``getEvents`` paging from the oldest ledger (:func:`
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import sys
@@ -102,8 +103,13 @@ async def test_a_cursor_out_of_retention_stops_the_job_with_history_gap_writing_
         )  # fmt: skip
         await c.wait_for_events(50)
         audit = [f for _, f in c.client.xrange(c.keys["audit"]) if f["event"] == "history-gap"]
-        assert len(audit) == 1 and int(audit[0]["cursor_ledger"]) == first_ledger
-        elder = int(audit[0]["elder_ledger"])
+        # Usually one gap. The window slides a ledger every 0.1 s, so the oldest ledger the skip
+        # resumed from can be gone by the next request: a second gap, as precisely audited (seen
+        # once in CI-like runs). The skips must chain from the start cursor without a hole.
+        assert audit and int(audit[0]["cursor_ledger"]) == first_ledger, audit
+        for before, after in itertools.pairwise(audit):
+            assert int(after["cursor_ledger"]) == int(before["elder_ledger"]), audit
+        elder = int(audit[-1]["elder_ledger"])
         first = json.loads(c.client.xrange(c.keys["events"], count=1)[0][1]["record"])
         assert first["ledger"] >= elder
 
