@@ -4,14 +4,17 @@ A test that polls (Redis, a counter, a flag another process sets) calls :func:`w
 bound it allows and words for what it waits for, so a run that times out says what never happened
 instead of a bare ``TooSlowError``. A test that runs a node or a tool as a child process reads its
 structured log with :func:`json_lines` (the whole output, after exit) or :func:`read_json_lines`
-(as it is written, in a task of its own).
+(as it is written, in a task of its own). Processes that are not the test's own children are
+watched through ``/proc``: :func:`alive`, :func:`children`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
@@ -82,3 +85,33 @@ async def read_json_lines(stream: trio.abc.ReceiveStream, into: list[dict[str, A
     async for line in output_lines(stream):
         if line.startswith(b"{"):
             into.append(json.loads(line))
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name (which may hold spaces and
+    parentheses): state, parent pid, ...
+
+    Raises:
+        OSError: no such process.
+    """
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie waiting for its reaper counts as gone)."""
+    try:
+        return _stat(pid)[0] != "Z"
+    except OSError:
+        return False
+
+
+def children(pid: int, command: str) -> list[int]:
+    """The pids of ``pid``'s child processes whose command line holds ``command``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):  # gone meanwhile
+            if int(_stat(int(proc.name))[1]) == pid and command.encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+    return found

@@ -245,15 +245,6 @@ async def decode_forever(marker: str) -> None:
         await decoders.decode(marker.encode())
 
 
-def running(pid: int) -> bool:
-    """Whether process ``pid`` exists and has not exited (a zombie has)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def die_once(data: bytes) -> list[bytes]:
     """Stands in for ``object_events`` in a decode worker: the first call (no file at the path
     ``data`` names yet) creates that file and SIGKILLs its own worker; later calls answer []."""

@@ -35,7 +35,7 @@ from ingestion.lake.source import LakeSource
 from ingestion.lake.store import LocalLake, check_lake_url
 from ingestion.rpc.protocol import OP_MASK, TX_MASK, Cursor, EventFilter, topic_from_text
 from tests import recorded
-from tests.helpers import wait_until
+from tests.helpers import alive, wait_until
 from tests.lake_fixtures import (
     batch_bytes,
     die_always,
@@ -46,7 +46,6 @@ from tests.lake_fixtures import (
     older_versions,
     real_ledger,
     resequenced,
-    running,
     standalone_ledgers,
     write_lake,
 )
@@ -412,11 +411,11 @@ async def test_a_decode_worker_whose_node_was_killed_mid_decode_exits_by_itself(
     try:
         await wait_until(lambda: marker.exists() and marker.read_text(), 30, what="the decode to start")
         worker = int(marker.read_text())
-        assert running(worker)
+        assert alive(worker)
     finally:
         node.kill()
         await node.wait()
-    await wait_until(lambda: not running(worker), PARENT_WATCH + 2, what="the orphaned worker to exit")
+    await wait_until(lambda: not alive(worker), PARENT_WATCH + 2, what="the orphaned worker to exit")
 
 
 async def test_a_cancellation_goes_on_past_a_worker_that_died_while_idle() -> None:
@@ -430,7 +429,7 @@ async def test_a_cancellation_goes_on_past_a_worker_that_died_while_idle() -> No
             worker.kill()
             worker.join()
             scope.cancel()
-            await trio.sleep(1)
+            await trio.lowlevel.checkpoint()  # the cancellation is delivered here
     assert scope.cancelled_caught
     assert [e["event"] for e in logs] == ["lake-decoder-unclean-exit"]
     assert multiprocessing.active_children() == []

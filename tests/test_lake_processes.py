@@ -6,7 +6,6 @@ worker was doing. The stream must hold every event of the lake exactly once, in 
 
 from __future__ import annotations
 
-import contextlib
 import signal
 from pathlib import Path
 
@@ -17,8 +16,8 @@ from ingestion.lake.decoding import PARENT_WATCH
 from ingestion.lake.events import ledger_events
 from ingestion.rpc.protocol import Cursor
 from tests.cluster import open_cluster
-from tests.helpers import wait_until
-from tests.lake_fixtures import ledger_seq, resequenced, running, standalone_ledgers, write_lake
+from tests.helpers import alive, children, wait_until
+from tests.lake_fixtures import ledger_seq, resequenced, standalone_ledgers, write_lake
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +39,7 @@ async def test_two_nodes_follow_a_lake_through_sigkill_and_sigterm(job: str, tmp
         await c.wait_for_events(1000)
         worker_pid = c.children["n1"].worker_pid
         assert worker_pid is not None
-        decoders = _children(worker_pid, "multiprocessing.spawn")
+        decoders = children(worker_pid, "multiprocessing.spawn")
         assert decoders, "the leader decodes in a worker process"
         killed_at = await c.kill("n1")
         at_death = c.state()
@@ -51,7 +50,7 @@ async def test_two_nodes_follow_a_lake_through_sigkill_and_sigterm(job: str, tmp
         # the dead node's decode worker leaves by itself (idle here: its pipe closed; a worker
         # orphaned mid-decode watches its parent: tests/test_lake.py)
         def gone() -> bool:
-            return not any(running(pid) for pid in decoders)
+            return not any(alive(pid) for pid in decoders)
 
         await wait_until(gone, PARENT_WATCH + 3, what="the decode worker to exit")
 
@@ -69,15 +68,3 @@ async def test_two_nodes_follow_a_lake_through_sigkill_and_sigterm(job: str, tmp
         assert ids == expected
         assert c.state()["cursor"] == str(Cursor.through(89))
 
-
-def _children(pid: int, command: str) -> list[int]:
-    """The pids of ``pid``'s child processes whose command line holds ``command``."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):  # gone meanwhile
-            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if parent == pid and command.encode() in (proc / "cmdline").read_bytes():
-                found.append(int(proc.name))
-    return found

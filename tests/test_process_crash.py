@@ -22,6 +22,7 @@ import trio
 
 from ingestion.verify import read_entries
 from tests.cluster import Cluster, figure, open_cluster
+from tests.helpers import alive
 
 pytestmark = pytest.mark.slow
 
@@ -46,15 +47,6 @@ async def assert_verified(cluster: Cluster, at_least: int) -> None:
     print(f"\nverification: {result.summary()}")
     assert result.ok, result.summary()
     assert result.count >= at_least, result.summary()
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie waiting for its reaper counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 async def wait_gone(pid: int, within: float) -> float:
