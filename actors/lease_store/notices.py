@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import redis
 import trio
 from redis.sentinel import SentinelConnectionPool
 
-if TYPE_CHECKING:
-    from actors.lease_store.store import LeaseStore
+
+class NoticeSource(Protocol):
+    """What the notices read of their store (a ``LeaseStore``): its Redis client and the job's
+    keys (``keys["released"]``, the release channel)."""
+
+    @property
+    def client(self) -> redis.Redis: ...
+
+    @property
+    def keys(self) -> dict[str, str]: ...
 
 
 class ReleaseNotices:
@@ -28,7 +36,7 @@ class ReleaseNotices:
 
     RESUBSCRIBE_EVERY = 30
 
-    def __init__(self, store: LeaseStore) -> None:
+    def __init__(self, store: NoticeSource) -> None:
         self._store = store
         self._pubsub: Any = None
         self._waits = 0
