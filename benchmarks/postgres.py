@@ -29,8 +29,9 @@ from actors.lease_store import Committed
 from benchmarks.catchup import _reference
 from benchmarks.commit_cost import _records
 from benchmarks.procs import NodeProcess, Simulator, percentile
+from ingestion.postgres.connection import connect
 from ingestion.postgres.local import LocalPostgres
-from ingestion.postgres.sink import PostgresSink, connect
+from ingestion.postgres.sink import PostgresSink
 
 OPS_PER_LEDGER = 100
 LIVE_OPS_PER_LEDGER = 20

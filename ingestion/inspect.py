@@ -63,7 +63,8 @@ async def postgres_state(url: str, schema: str, job: str) -> dict[str, Any]:
     """
     import psycopg
 
-    from ingestion.postgres.sink import describe, job_state, redact
+    from ingestion.postgres.connection import describe, redact
+    from ingestion.postgres.sink import job_state
 
     try:
         with trio.fail_after(POSTGRES_TIMEOUT + 1):

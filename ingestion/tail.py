@@ -179,7 +179,8 @@ class PostgresTail:
     """The reading loop for a job whose sink is PostgreSQL (blocking, a foreground command)."""
 
     def __init__(self, url: str, schema: str, job: str, out: TextIO) -> None:
-        from ingestion.postgres.sink import EventsFollower, redact
+        from ingestion.postgres.connection import redact
+        from ingestion.postgres.sink import EventsFollower
 
         self.follower = EventsFollower(url, schema, job, timeout=5.0)
         self.url = url
@@ -191,7 +192,8 @@ class PostgresTail:
     def run(self, ns: argparse.Namespace) -> int:
         import psycopg
 
-        from ingestion.postgres.sink import describe, job_known, job_state
+        from ingestion.postgres.connection import describe
+        from ingestion.postgres.sink import job_known, job_state
 
         if ns.group:
             raise TailError(
@@ -218,7 +220,7 @@ class PostgresTail:
     def _follow(self, after: int, count: int | None) -> None:
         import psycopg
 
-        from ingestion.postgres.sink import describe
+        from ingestion.postgres.connection import describe
 
         lost_since: float | None = None
         while count is None or self.printed < count:

@@ -678,7 +678,8 @@ def _verify_postgres_job(settings: Any, job: Any, url: str) -> int:
     import psycopg
 
     from ingestion.cli import UsageError
-    from ingestion.postgres.sink import describe, job_known, job_state, redact
+    from ingestion.postgres.connection import describe, redact
+    from ingestion.postgres.sink import job_known, job_state
 
     schema = settings.sink.schema
 

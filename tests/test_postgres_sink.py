@@ -21,14 +21,13 @@ from actors.source import Record, SyntheticSource, TermContext
 from actors.supervisor import NodeSpec, run_node
 from ingestion.local_redis import LocalRedis
 from ingestion.postgres import sql
+from ingestion.postgres.connection import connect, ensure_schema
 from ingestion.postgres.local import LocalPostgres
 from ingestion.postgres.sink import (
     FenceRejected,
     PostgresFence,
     PostgresSink,
     check_job,
-    connect,
-    ensure_schema,
     job_state,
     read_events,
 )

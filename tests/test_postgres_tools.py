@@ -16,8 +16,9 @@ import trio
 from actors.source import Record
 from ingestion import tail
 from ingestion.local_redis import LocalRedis
+from ingestion.postgres.connection import connect
 from ingestion.postgres.local import LocalPostgres
-from ingestion.postgres.sink import PostgresSink, connect
+from ingestion.postgres.sink import PostgresSink
 from ingestion.simulator.server import SimulatorConfig, open_simulator
 from tests.helpers import child_env, wait_until
 

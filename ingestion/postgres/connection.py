@@ -1,0 +1,125 @@
+"""Connections to the PostgreSQL sink's server, shared by the sink, the fence and the read-only
+tools: a fresh autocommit connection bounded by the server as well (:func:`connect`), the schema
+made ready (:func:`ensure_schema`; :func:`sink_problem` at start), and a failure in one line
+without the password (:func:`redact`, :func:`describe`, :func:`is_config_error`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import psycopg
+
+from ingestion.postgres import sql
+
+THREADS = 4  # worker threads per sink (or fence) at most, abandoned ones included
+
+_PASSWORD = re.compile(r"((?:^|[?&\s])password=)[^&\s]*")
+
+
+def is_postgres_url(url: str) -> bool:
+    return url.startswith(("postgres://", "postgresql://"))
+
+
+def redact(url: str) -> str:
+    """The URL without its password (``user:***@``, ``password=***``)."""
+    scheme, sep, rest = url.partition("://")
+    if sep:
+        netloc, slash, path = rest.partition("/")
+        userinfo, at, hostport = netloc.rpartition("@")
+        if at and ":" in userinfo:
+            netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
+        url = f"{scheme}{sep}{netloc}{slash}{path}"
+    return _PASSWORD.sub(r"\1***", url)
+
+
+def describe(exc: BaseException, url: str) -> str:
+    """One line for a failed call, naming the setting, never the password."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    password = psycopg.conninfo.conninfo_to_dict(url).get("password") if is_postgres_url(url) else None
+    if password:
+        text = text.replace(str(password), "***")
+    return f"sink.url {redact(url)}: {text}"
+
+
+def is_config_error(exc: BaseException) -> bool:
+    """A failure that retrying cannot fix: credentials, privileges, no such database."""
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege | psycopg.errors.InvalidCatalogName
+                  | psycopg.errors.InvalidAuthorizationSpecification | psycopg.errors.InvalidPassword):
+        return True  # fmt: skip
+    text = str(exc)
+    return any(s in text for s in (
+        "password authentication failed", "no password supplied", "does not exist",
+        "permission denied", "role \"",
+    ))  # fmt: skip
+
+
+def connect(url: str, timeout: float, application: str = "ingestion") -> psycopg.Connection[Any]:
+    """A fresh autocommit connection whose statements the server bounds as well, and whose
+    client gives up on a dead peer within a few call bounds (keepalives, ``tcp_user_timeout``)
+    rather than the kernel's minutes."""
+    ms = max(100, round(timeout * 1000))
+    return psycopg.connect(
+        url,
+        autocommit=True,
+        connect_timeout=max(2, round(timeout + 0.5)),
+        application_name=application,
+        options=f"-c statement_timeout={4 * ms} -c idle_in_transaction_session_timeout={8 * ms}",
+        keepalives=1,
+        keepalives_idle=max(1, round(timeout)),
+        keepalives_interval=1,
+        keepalives_count=3,
+        tcp_user_timeout=4 * ms,
+    )
+
+
+def ensure_schema(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Create what is missing of the contract in ``schema`` (``ingestion/postgres/sql.py``);
+    serialised between nodes by an advisory lock.
+
+    Raises:
+        SchemaMismatch: a table exists with other columns.
+        psycopg.Error: the server refused (privileges) or failed.
+    """
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"ingestion-schema:{schema}",))
+        exists = conn.execute(
+            "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)
+        ).fetchone()
+        if exists is None:
+            conn.execute(f"CREATE SCHEMA {sql.quoted(schema)}")  # type: ignore[arg-type]
+        for table in sql.COLUMNS:
+            found = conn.execute(
+                "SELECT column_name, data_type FROM information_schema.columns "
+                "WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
+                (schema, table),
+            ).fetchall()
+            problem = sql.column_problem(schema, table, [(str(c), str(t)) for c, t in found])
+            if problem:
+                raise sql.SchemaMismatch(problem)
+            if not found:
+                conn.execute(sql.create_table(schema, table))  # type: ignore[arg-type]
+        for name in sql.FUNCTIONS:
+            row = conn.execute(
+                "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                "WHERE n.nspname = %s AND p.proname = %s", (schema, name),
+            ).fetchone()
+            if row is None or row[0] != sql.function_body(schema, name):
+                conn.execute(sql.create_function(schema, name))  # type: ignore[arg-type]
+
+
+def sink_problem(url: str, schema: str, timeout: float) -> str | None:
+    """At start: create what is missing of ``schema`` at ``url``; one line when retrying cannot
+    help (credentials, privileges, no such database: ``sink.url``; other columns: ``sink.schema``),
+    None when it is ready or the server does not answer (an outage: each term tries again)."""
+    try:
+        with connect(url, timeout, "ingestion-check") as conn:
+            ensure_schema(conn, schema)
+    except sql.SchemaMismatch as exc:
+        return str(exc)
+    except psycopg.Error as exc:
+        if is_config_error(exc):
+            return describe(exc, url)
+        return None
+    return None
