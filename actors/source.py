@@ -106,7 +106,7 @@ class TermContext:
 
     def fenced(self, target: Fence) -> AbstractAsyncContextManager[Any]:
         """``async with term.fenced(pg) as tx:``: a transaction of ``target`` that applies only
-        while this term's token still holds the job's fence there (``ingestion/postgres/sink.py``
+        while this term's token still holds the job's fence there (``ingestion/postgres/fence.py``
         ``PostgresFence``)."""
         return target.fenced(self.node, self.token)
 

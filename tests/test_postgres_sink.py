@@ -22,15 +22,9 @@ from actors.supervisor import NodeSpec, run_node
 from ingestion.local_redis import LocalRedis
 from ingestion.postgres import sql
 from ingestion.postgres.connection import connect, ensure_schema
+from ingestion.postgres.fence import FenceRejected, PostgresFence
 from ingestion.postgres.local import LocalPostgres
-from ingestion.postgres.sink import (
-    FenceRejected,
-    PostgresFence,
-    PostgresSink,
-    check_job,
-    job_state,
-    read_events,
-)
+from ingestion.postgres.sink import PostgresSink, check_job, job_state, read_events
 from tests.helpers import wait_until
 from tests.nodes import FAST_TIMING, lease_store
 from tests.tcp_proxy import TcpProxy

@@ -5,7 +5,7 @@ Each run is one fenced transaction (``term.fenced(fence)``): it reads the rows o
 after the projector's progress, adds each ``payment`` to its receiving account's total and moves
 the progress to the last row's ``seq`` and paging token, all or nothing. So a run is idempotent
 by paging token (a run repeated after a failover starts from the committed progress), and a
-stale leader's run changes nothing (:class:`~ingestion.postgres.sink.FenceRejected`).
+stale leader's run changes nothing (:class:`~ingestion.postgres.fence.FenceRejected`).
 
 Configured by the environment of the node: ``INGESTION_SINK_URL`` (the sink),
 ``INGESTION_PROJECTOR_SOURCE`` (the Horizon job, default ``horizon``) and the projector's own
@@ -22,7 +22,7 @@ from typing import Any
 from actors.scheduled import Action
 from actors.source import TermContext
 from ingestion.postgres import sql
-from ingestion.postgres.sink import PostgresFence
+from ingestion.postgres.fence import PostgresFence
 
 BATCH = 1000  # rows per run at most
 
