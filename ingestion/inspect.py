@@ -56,7 +56,7 @@ class SinkUnreadable(Exception):
 
 
 async def postgres_state(url: str, schema: str, job: str) -> dict[str, Any]:
-    """A job's state in a PostgreSQL sink (:func:`ingestion.postgres.sink.job_state`), bounded.
+    """A job's state in a PostgreSQL sink (:func:`ingestion.postgres.readers.job_state`), bounded.
 
     Raises:
         SinkUnreadable: PostgreSQL did not answer in time or refused.
@@ -64,7 +64,7 @@ async def postgres_state(url: str, schema: str, job: str) -> dict[str, Any]:
     import psycopg
 
     from ingestion.postgres.connection import describe, redact
-    from ingestion.postgres.sink import job_state
+    from ingestion.postgres.readers import job_state
 
     try:
         with trio.fail_after(POSTGRES_TIMEOUT + 1):
@@ -225,7 +225,7 @@ async def inspect_all(
 ) -> int:
     """Every job in Redis: a table (job, leader, token, lease left, cursor, events, lag), or a JSON
     list of the objects ``inspect --job`` prints (without their audit)."""
-    from ingestion.postgres.sink import configured_sink
+    from ingestion.postgres.readers import configured_sink
 
     client = _connect(settings, "cannot read the jobs")
     if client is None:
@@ -317,7 +317,7 @@ async def inspect_job(
     horizon: str | None = None,
     rpc: str | None = None,
 ) -> int:
-    from ingestion.postgres.sink import configured_sink, job_known
+    from ingestion.postgres.readers import configured_sink, job_known
 
     job = settings.node.job
     sink_url = configured_sink(settings, job)

@@ -180,7 +180,7 @@ class PostgresTail:
 
     def __init__(self, url: str, schema: str, job: str, out: TextIO) -> None:
         from ingestion.postgres.connection import redact
-        from ingestion.postgres.sink import EventsFollower
+        from ingestion.postgres.readers import EventsFollower
 
         self.follower = EventsFollower(url, schema, job, timeout=5.0)
         self.url = url
@@ -193,7 +193,7 @@ class PostgresTail:
         import psycopg
 
         from ingestion.postgres.connection import describe
-        from ingestion.postgres.sink import job_known, job_state
+        from ingestion.postgres.readers import job_known, job_state
 
         if ns.group:
             raise TailError(
@@ -283,7 +283,7 @@ def run(ns: argparse.Namespace, settings: Settings, out: TextIO) -> int:
         raise TailError(f"--count: must be positive, got {ns.count}", 2)
     if ns.consumer != "tail" and not ns.group:
         raise TailError("--consumer: only with --group", 2)
-    from ingestion.postgres.sink import configured_sink
+    from ingestion.postgres.readers import configured_sink
 
     sink = configured_sink(settings, settings.node.job)
     if sink:

@@ -478,12 +478,12 @@ async def read_postgres_evidence(
 ) -> tuple[list[StreamEntry], int, list[str], int]:
     """A PostgreSQL job's rows as entries (``entry_id`` ``seq N``), how many rows retention
     deleted before the first (``seq`` is dense from 1), the fence-history problems
-    (:func:`ingestion.postgres.sink.check_job`) and the number of terms.
+    (:func:`ingestion.postgres.readers.check_job`) and the number of terms.
 
     Raises:
         psycopg.Error: PostgreSQL could not be read.
     """
-    from ingestion.postgres.sink import check_job, job_state, read_all_events
+    from ingestion.postgres.readers import check_job, job_state, read_all_events
 
     rows = await trio.to_thread.run_sync(read_all_events, url, schema, job)
     fence_problems, _checked = await trio.to_thread.run_sync(check_job, url, schema, job)
@@ -679,7 +679,7 @@ def _verify_postgres_job(settings: Any, job: Any, url: str) -> int:
 
     from ingestion.cli import UsageError
     from ingestion.postgres.connection import describe, redact
-    from ingestion.postgres.sink import job_known, job_state
+    from ingestion.postgres.readers import job_known, job_state
 
     schema = settings.sink.schema
 

@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from ingestion.postgres.local import LocalPostgres
-from ingestion.postgres.sink import job_state
+from ingestion.postgres.readers import job_state
 from ingestion.verify import check_stream, fetch_source, read_postgres_evidence
 from tests.cluster import open_cluster
 from tests.helpers import wait_until

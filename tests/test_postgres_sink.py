@@ -24,7 +24,8 @@ from ingestion.postgres import sql
 from ingestion.postgres.connection import connect, ensure_schema
 from ingestion.postgres.fence import FenceRejected, PostgresFence
 from ingestion.postgres.local import LocalPostgres
-from ingestion.postgres.sink import PostgresSink, check_job, job_state, read_events
+from ingestion.postgres.readers import check_job, job_state, read_events
+from ingestion.postgres.sink import PostgresSink
 from tests.helpers import wait_until
 from tests.nodes import FAST_TIMING, lease_store
 from tests.tcp_proxy import TcpProxy

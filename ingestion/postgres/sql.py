@@ -1,5 +1,6 @@
 """The PostgreSQL sink's contract: its tables, its two functions, and the migration rule. Pure:
-SQL text and decisions, no I/O (``ingestion/postgres/sink.py`` runs them).
+SQL text and decisions, no I/O (``ingestion/postgres/connection.py`` creates them,
+``ingestion/postgres/sink.py`` and ``ingestion/postgres/fence.py`` run them).
 
 Tables, in the schema ``sink.schema`` (default ``ingestion``), one set shared by every job:
 
