@@ -9,7 +9,7 @@ import json
 import pytest
 
 from actors.source import Record, SourceFatalError
-from ingestion.horizon.core import (
+from ingestion.horizon.follower import (
     Failure,
     HorizonFollower,
     Malformed,

@@ -1,6 +1,6 @@
 """Stellar Horizon: the source that follows one Horizon collection (pages, then SSE).
 
-- :mod:`ingestion.horizon.core`: the I/O-free follower (which request next, validation, backoff,
+- :mod:`ingestion.horizon.follower`: the I/O-free follower (which request next, validation, backoff,
   failover, giving up).
 - :mod:`ingestion.horizon.health`: Horizon's root resource, the history-gap check, rate-limit
   pacing, staleness (pure).

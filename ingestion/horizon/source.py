@@ -4,7 +4,7 @@
 ...) from a cursor: it catches up with ``order=asc`` pages, then follows the Server-Sent Event
 stream, across reconnects, retries and failover between several Horizon URLs. Every decision
 (which request next, validation, backoff, failover, giving up) is made by the I/O-free
-:class:`~ingestion.horizon.core.HorizonFollower`; this module only carries the requests out, bounds
+:class:`~ingestion.horizon.follower.HorizonFollower`; this module only carries the requests out, bounds
 every wait, and logs.
 
 Shape of ``stream(cursor)``: one pump task owns the follower and the HTTP client and sends
@@ -32,7 +32,7 @@ from actors.health import SourceHealth
 from actors.source import Batch, Record, SourceFatalError
 from ingestion.gaps import record_history_gap
 from ingestion.horizon.catchup import LedgerRange, ledger_of, ledgers_per_range, overlappable, plan_ranges
-from ingestion.horizon.core import (
+from ingestion.horizon.follower import (
     MAX_PAGE_LIMIT,
     Failure,
     HorizonFollower,
