@@ -32,23 +32,21 @@ from actors.health import SourceHealth
 from actors.source import Batch, Record, SourceFatalError
 from ingestion.gaps import record_history_gap
 from ingestion.horizon.catchup import LedgerRange, ledger_of, ledgers_per_range, overlappable, plan_ranges
-from ingestion.horizon.follower import (
-    MAX_PAGE_LIMIT,
+from ingestion.horizon.failures import (
     Failure,
-    HorizonFollower,
-    Malformed,
-    Mode,
     NotFoundTracker,
-    PageRequest,
-    Retry,
-    StreamRequest,
-    StreamSignal,
-    check_resource,
     fatal_message,
     is_entity_scoped,
     is_retryable_status,
     problem_detail,
-    split_resource,
+)
+from ingestion.horizon.follower import (
+    HorizonFollower,
+    Mode,
+    PageRequest,
+    Retry,
+    StreamRequest,
+    StreamSignal,
 )
 from ingestion.horizon.health import (
     RatePacer,
@@ -58,6 +56,8 @@ from ingestion.horizon.health import (
     history_gap,
     parse_rate_headers,
 )
+from ingestion.horizon.pages import Malformed
+from ingestion.horizon.resources import MAX_PAGE_LIMIT, check_resource, split_resource
 from ingestion.http import describe, ssl_context
 from ingestion.paging import InvalidPagingToken, token_key
 from ingestion.retry import RetryPolicy, parse_retry_after
