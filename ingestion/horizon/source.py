@@ -45,7 +45,7 @@ from ingestion.horizon.failures import (
 from ingestion.horizon.follower import HorizonFollower, Mode, PageRequest
 from ingestion.horizon.health import RatePacer, RootInfo, cursor_ledger, history_gap
 from ingestion.horizon.overlapped import overlapped
-from ingestion.horizon.resources import MAX_PAGE_LIMIT, check_resource, split_resource
+from ingestion.horizon.resources import MAX_PAGE_LIMIT, STREAM_LIMIT, check_resource, split_resource
 from ingestion.horizon.streaming import follow_stream
 from ingestion.horizon.watch import Switch, watch_staleness
 from ingestion.http import describe, ssl_context
@@ -192,8 +192,9 @@ class HorizonSource:
     async def probe(self) -> bool:
         """Ask for what the job reads, at each URL in turn until one answers both: its newest
         record (a page, ``order=desc&limit=1``) and its stream (opened from ``now`` with
-        ``Accept: text/event-stream``, held until Horizon's first frame, the ``hello``, then
-        closed). A Horizon that answers ``/`` but fails the job's requests, or answers pages but
+        ``Accept: text/event-stream`` and the follower's ``limit=200``: Horizon closes a stream
+        after ``limit`` records, 10 by default; held until Horizon's first frame, the ``hello``,
+        then closed). A Horizon that answers ``/`` but fails the job's requests, or answers pages but
         blocks or buffers streams (a proxy), is failing for this job, which follows the stream
         at the tip. Records nothing (the source watch does). Each of the two requests is bounded
         by the connect timeout plus the read timeout (at most 5 s)."""
@@ -209,7 +210,8 @@ class HorizonSource:
                     if response.status_code != 200:
                         continue
                     with trio.fail_after(self.connect_timeout + read):
-                        if await _stream_says_hello(client, url, {**extra, "cursor": "now"}):
+                        stream_params = {**extra, "limit": str(STREAM_LIMIT), "cursor": "now"}
+                        if await _stream_says_hello(client, url, stream_params):
                             return True
                 except (httpx.HTTPError, SSEError, trio.TooSlowError):
                     continue
