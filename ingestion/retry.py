@@ -23,7 +23,7 @@ class RetryPolicy:
     ``stream_quick_close`` seconds (a quiet stream that Horizon closed after its 55 s timeout:
     normal), and backs off only when it closed sooner (a server that closes at once). A 404 for an
     account-scoped collection is retried until every URL has answered 404 for
-    ``not_found_give_up`` seconds (:class:`~ingestion.horizon.core.NotFoundTracker`).
+    ``not_found_give_up`` seconds (:class:`~ingestion.horizon.failures.NotFoundTracker`).
     """
 
     base: float = 0.25

@@ -19,7 +19,7 @@ import trio
 import trio.lowlevel
 
 from actors.source import Batch, Record, SourceFatalError
-from ingestion.horizon.core import compact_json
+from ingestion.horizon.pages import compact_json
 from ingestion.horizon.source import HorizonSource
 from ingestion.paging import token_key
 from ingestion.simulator import Simulator, SimulatorConfig, open_simulator

@@ -10,7 +10,7 @@ import trio
 
 from actors.lease import LeaseTiming
 from actors.lease_store import job_keys
-from ingestion.horizon.core import compact_json
+from ingestion.horizon.pages import compact_json
 from ingestion.horizon.source import HorizonSource
 from ingestion.local_redis import LocalRedis
 from ingestion.simulator import SimulatorConfig, open_simulator

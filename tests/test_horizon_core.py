@@ -9,24 +9,18 @@ import json
 import pytest
 
 from actors.source import Record, SourceFatalError
-from ingestion.horizon.core import (
-    Failure,
-    HorizonFollower,
+from ingestion.horizon.failures import Failure, fatal_message, problem_detail
+from ingestion.horizon.follower import HorizonFollower, Mode, PageRequest, StreamRequest, StreamSignal
+from ingestion.horizon.pages import (
     Malformed,
-    Mode,
-    PageRequest,
-    StreamRequest,
-    StreamSignal,
     _split_indented_page,
-    check_resource,
     compact_json,
     compact_record_text,
-    fatal_message,
-    problem_detail,
     split_page,
     validate_page,
     validate_stream_record,
 )
+from ingestion.horizon.resources import check_resource
 from ingestion.paging import toid, token_key
 from ingestion.retry import RetryPolicy, parse_retry_after
 from tests import recorded

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ingestion.horizon.core import HorizonFollower, Mode, PageRequest
+from ingestion.horizon.follower import HorizonFollower, Mode, PageRequest
 from ingestion.horizon.health import (
     HistoryGap,
     RatePacer,

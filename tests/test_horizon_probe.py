@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import trio
 
+from ingestion.horizon.resources import STREAM_LIMIT
 from ingestion.horizon.source import HorizonSource
 from ingestion.simulator import SimulatorConfig, open_simulator
 from tests.http_fault_proxy import HttpFaultProxy
@@ -29,3 +30,16 @@ async def test_the_probe_answers_only_when_pages_and_the_stream_both_answer() ->
             assert answered == {"forward": True, "no-stream": False, "root-only": False}, resource
         assert proxy.held >= 2 and proxy.failed >= 2
         nursery.cancel_scope.cancel()
+
+
+async def test_the_probes_stream_asks_for_the_streams_limit_not_horizons_default_of_10() -> None:
+    """Horizon closes a stream after ``limit`` records and defaults it to 10: the probe's stream
+    request names the same limit as the follower's (STREAM_LIMIT), with the resource's own query
+    parameters, from ``now``."""
+    async with open_simulator(CONFIG) as sim:
+        source = HorizonSource((sim.url,), "/payments?include_failed=true")
+        with trio.fail_after(5):
+            assert await source.probe()
+        streams = [r for r in sim.requests if r.stream]
+        assert [r.path for r in streams] == ["/payments"]
+        assert streams[0].query == {"include_failed": "true", "limit": str(STREAM_LIMIT), "cursor": "now"}

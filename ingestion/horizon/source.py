@@ -1,11 +1,15 @@
-"""The Horizon source: the one module that talks HTTP to Horizon.
+"""The Horizon source: :class:`HorizonSource`, which the Horizon I/O modules make up.
 
 :class:`HorizonSource` follows a Horizon collection (``/operations``, ``/accounts/G.../payments``,
 ...) from a cursor: it catches up with ``order=asc`` pages, then follows the Server-Sent Event
 stream, across reconnects, retries and failover between several Horizon URLs. Every decision
 (which request next, validation, backoff, failover, giving up) is made by the I/O-free
-:class:`~ingestion.horizon.core.HorizonFollower`; this module only carries the requests out, bounds
-every wait, and logs.
+:class:`~ingestion.horizon.follower.HorizonFollower`; the source only carries the requests out, bounds
+every wait, and logs. It composes the I/O modules beside it: :mod:`~ingestion.horizon.exchange`
+(what every request shares: rate pacing, failures, logging the follower's decisions),
+:mod:`~ingestion.horizon.overlapped` (overlapped catch-up), :mod:`~ingestion.horizon.streaming`
+(following the stream) and :mod:`~ingestion.horizon.watch` (roots and staleness); the probe, the
+``now`` lookup, the pump, sequential paging and the history check are here.
 
 Shape of ``stream(cursor)``: one pump task owns the follower and the HTTP client and sends
 :class:`Batch` values into a small buffer, so the next page is fetched while the consumer commits
@@ -16,9 +20,7 @@ whatever arrives within a few milliseconds (up to a page) into one batch.
 from __future__ import annotations
 
 import json
-import math
 import random
-import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 
@@ -29,43 +31,28 @@ import trio
 from httpx_sse import SSEError, aconnect_sse
 
 from actors.health import SourceHealth
-from actors.source import Batch, Record, SourceFatalError
+from actors.source import Batch, SourceFatalError
 from ingestion.gaps import record_history_gap
-from ingestion.horizon.catchup import LedgerRange, ledger_of, ledgers_per_range, overlappable, plan_ranges
-from ingestion.horizon.core import (
-    MAX_PAGE_LIMIT,
+from ingestion.horizon.catchup import overlappable
+from ingestion.horizon.exchange import MAX_ERROR_BODY, answered, failed, failure_of, get_page, malformed, pace
+from ingestion.horizon.failures import (
     Failure,
-    HorizonFollower,
-    Malformed,
-    Mode,
     NotFoundTracker,
-    PageRequest,
-    Retry,
-    StreamRequest,
-    StreamSignal,
-    check_resource,
     fatal_message,
     is_entity_scoped,
     is_retryable_status,
-    problem_detail,
-    split_resource,
 )
-from ingestion.horizon.health import (
-    RatePacer,
-    RootInfo,
-    assess_staleness,
-    cursor_ledger,
-    history_gap,
-    parse_rate_headers,
-)
+from ingestion.horizon.follower import HorizonFollower, Mode, PageRequest
+from ingestion.horizon.health import RatePacer, RootInfo, cursor_ledger, history_gap
+from ingestion.horizon.overlapped import overlapped
+from ingestion.horizon.resources import MAX_PAGE_LIMIT, STREAM_LIMIT, check_resource, split_resource
+from ingestion.horizon.streaming import follow_stream
+from ingestion.horizon.watch import Switch, watch_staleness
 from ingestion.http import describe, ssl_context
 from ingestion.paging import InvalidPagingToken, token_key
-from ingestion.retry import RetryPolicy, parse_retry_after
+from ingestion.retry import RetryPolicy
 
 log = structlog.get_logger()
-
-# An error body is only read for its problem detail; a misbehaving server cannot make us read more.
-_MAX_ERROR_BODY = 64 * 1024
 
 
 def _warm_up(urls: Sequence[str]) -> None:
@@ -179,7 +166,8 @@ class HorizonSource:
     audit: Callable[[str, dict[str, str]], Awaitable[bool]] | None = None
     stale_check_interval: float = 30.0
     stale_after_ledgers: int = 10
-    _pacers: dict[str, RatePacer] = attrs.field(factory=dict, init=False, eq=False, repr=False)
+    # One rate pacer per Horizon base URL, shared by every request of the source (exchange.pace).
+    pacers: dict[str, RatePacer] = attrs.field(factory=dict, init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         self.policy  # noqa: B018 -- validates the retry settings now, not on first stream
@@ -204,8 +192,9 @@ class HorizonSource:
     async def probe(self) -> bool:
         """Ask for what the job reads, at each URL in turn until one answers both: its newest
         record (a page, ``order=desc&limit=1``) and its stream (opened from ``now`` with
-        ``Accept: text/event-stream``, held until Horizon's first frame, the ``hello``, then
-        closed). A Horizon that answers ``/`` but fails the job's requests, or answers pages but
+        ``Accept: text/event-stream`` and the follower's ``limit=200``: Horizon closes a stream
+        after ``limit`` records, 10 by default; held until Horizon's first frame, the ``hello``,
+        then closed). A Horizon that answers ``/`` but fails the job's requests, or answers pages but
         blocks or buffers streams (a proxy), is failing for this job, which follows the stream
         at the tip. Records nothing (the source watch does). Each of the two requests is bounded
         by the connect timeout plus the read timeout (at most 5 s)."""
@@ -221,7 +210,8 @@ class HorizonSource:
                     if response.status_code != 200:
                         continue
                     with trio.fail_after(self.connect_timeout + read):
-                        if await _stream_says_hello(client, url, {**extra, "cursor": "now"}):
+                        stream_params = {**extra, "limit": str(STREAM_LIMIT), "cursor": "now"}
+                        if await _stream_says_hello(client, url, stream_params):
                             return True
                 except (httpx.HTTPError, SSEError, trio.TooSlowError):
                     continue
@@ -256,13 +246,13 @@ class HorizonSource:
                 params = {**extra, "order": "desc", "limit": "1"}
                 retry_after = None
                 try:
-                    pacer = await self._pace(base)
+                    pacer = await pace(self, base)
                     response = None
                     try:
                         with trio.fail_after(self.connect_timeout + 2 * self.read_timeout):
                             response = await client.get(url, params=params)
                     finally:
-                        _answered(pacer, response)
+                        answered(pacer, response)
                     body = response.content
                     if response.status_code == 200:
                         self.health.ok(trio.current_time())
@@ -272,7 +262,7 @@ class HorizonSource:
                             token_key(token)
                         log.info("horizon-now-resolved", url=base, resource=self.resource, cursor=token)
                         return token
-                    failure = _failure_of(response, body[:_MAX_ERROR_BODY])
+                    failure = failure_of(response, body[:MAX_ERROR_BODY])
                     if response.status_code == 404 and is_entity_scoped(self.resource):
                         if not_found.not_found(base, trio.current_time()):
                             message = fatal_message(404, url, failure.error)
@@ -358,12 +348,12 @@ class HorizonSource:
                     and await self._check_history(client, follower)  # never a silent gap
                 ):
                     checked = follower.base_url
-                    follower = await self._overlapped(client, follower, out)
+                    follower = await overlapped(self, client, follower, out)
                 async with trio.open_nursery() as nursery:
                     ahead: _PageAhead | None = None
-                    switch = _Switch()
+                    switch = Switch()
                     if len(self.urls) > 1 and self.stale_check_interval > 0:
-                        nursery.start_soon(self._watch_staleness, client, follower, switch)
+                        nursery.start_soon(watch_staleness, self, client, follower, switch)
                     while True:
                         if switch.to is not None:
                             follower.switch_url(switch.to)
@@ -386,38 +376,13 @@ class HorizonSource:
                                 client, follower, attempt.request, out, ahead, nursery
                             )
                         else:
-                            await self._follow_stream(
-                                client, follower, attempt.request, out, switch
-                            )
+                            await follow_stream(self, client, follower, attempt.request, out, switch)
             except* SourceFatalError as group:
                 exc = _leaves(group)[0]
                 log.error("horizon-fatal", error=str(exc), cursor=follower.cursor)
                 fatal.append(exc)
             except* trio.BrokenResourceError:
                 pass  # the consumer went away
-
-    async def _get_page(
-        self, client: httpx.AsyncClient, request: PageRequest
-    ) -> tuple[httpx.Response | None, Failure | None]:
-        """One page request, bounded as a whole: (the 200 response, None) or (None, why not)."""
-        failure: Failure | None = None
-        response: httpx.Response | None = None
-        pacer = await self._pace(request.base_url)
-        try:
-            with trio.move_on_after(self.connect_timeout + 2 * self.read_timeout) as scope:
-                try:
-                    response = await client.get(request.url, params=request.params)
-                except httpx.HTTPError as exc:  # transport, decoding, too many redirects
-                    failure = Failure(None, describe(exc))
-        finally:
-            _answered(pacer, response)
-        if scope.cancelled_caught:
-            failure = Failure(None, "page request timed out")
-        elif response is not None and response.status_code != 200:
-            failure = _failure_of(response, response.content[:_MAX_ERROR_BODY])
-        if failure is not None or response is None:
-            return None, failure or Failure(None, "no response")
-        return response, None
 
     async def _fetch_page(
         self,
@@ -434,9 +399,9 @@ class HorizonSource:
             await ahead.done.wait()
             response, failure = ahead.response, ahead.failure
         else:
-            response, failure = await self._get_page(client, request)
+            response, failure = await get_page(self, client, request)
         if response is None:
-            self._failed(follower, failure or Failure(None, "no response"), request)
+            failed(self, follower, failure or Failure(None, "no response"), request)
             return None
         self.health.ok(trio.current_time())
         content = response.content
@@ -447,106 +412,10 @@ class HorizonSource:
         if outcome.records:
             await out.send(Batch(outcome.records))
         if outcome.malformed is not None:
-            self._malformed(follower, outcome.malformed, request)
+            malformed(follower, outcome.malformed, request)
         elif follower.mode is Mode.STREAMING:
             log.info("horizon-caught-up", cursor=follower.cursor, url=request.base_url)
         return nxt
-
-    # -- overlapped catch-up (see ingestion/horizon/catchup.py)
-
-    async def _overlapped(
-        self, client: httpx.AsyncClient, follower: HorizonFollower, out: trio.MemorySendChannel[Batch]
-    ) -> HorizonFollower:
-        """Catch up through ledger ranges paged side by side, their records sent strictly in
-        order; returns the follower to go on with (sequential paging to the head, then the
-        stream). Falls back to that follower at once when the history cannot be split (Horizon's
-        root does not answer, the first page shows the job is nearly caught up)."""
-        # The first page, sequentially: where we are, and how dense the history is.
-        attempt = follower.next_attempt()
-        request = attempt.request
-        if not isinstance(request, PageRequest):
-            return follower
-        response, failure = await self._get_page(client, request)
-        if response is None:
-            self._failed(follower, failure or Failure(None, "no response"), request)
-            return follower
-        self.health.ok(trio.current_time())
-        outcome = follower.on_page(response.content)
-        if outcome.records:
-            await out.send(Batch(outcome.records))
-        if outcome.malformed is not None:
-            self._malformed(follower, outcome.malformed, request)
-            return follower
-        if not outcome.full or follower.last_token is None:
-            return follower
-        first, last = ledger_of(outcome.records[0].paging_token), ledger_of(follower.last_token)
-        span = max(1, last - first + 1)
-        roots: dict[str, RootInfo | None] = {}
-        await self._read_root(client, follower.base_url, roots)
-        root = roots[follower.base_url]
-        if root is None:
-            return follower
-        oldest, latest = root.history_elder_ledger, root.history_latest_ledger
-        per_range = ledgers_per_range(len(outcome.records) / span, self.pages_per_range, self.page_limit)
-        plan = plan_ranges(follower.last_token, oldest, latest, per_range)
-        if len(plan) < 2:
-            return follower
-        log.info(
-            "horizon-catch-up-overlapped", ranges=len(plan), ledgers_per_range=per_range,
-            parallel=self.parallel_requests, cursor=follower.last_token, latest_ledger=latest,
-        )  # fmt: skip
-        cursor = follower.last_token
-        limiter = trio.Semaphore(self.parallel_requests)
-        window = 2 * self.parallel_requests  # ranges fetched ahead of the one being handed on
-        async with trio.open_nursery() as nursery:
-            pending: dict[int, trio.MemoryReceiveChannel[Batch]] = {}
-            started = 0
-            for index in range(len(plan)):
-                while started < len(plan) and started < index + window:
-                    send, receive = trio.open_memory_channel[Batch](self.pages_per_range + 2)
-                    pending[started] = receive
-                    nursery.start_soon(self._range, client, plan[started], send, limiter)
-                    started += 1
-                with pending.pop(index) as receive:
-                    async for batch in receive:
-                        await out.send(batch)
-                        cursor = batch.cursor
-        log.info("horizon-catch-up-ranges-done", cursor=cursor)
-        return self.follower(cursor)
-
-    async def _range(
-        self,
-        client: httpx.AsyncClient,
-        rng: LedgerRange,
-        out: trio.MemorySendChannel[Batch],
-        limiter: trio.Semaphore,
-    ) -> None:
-        """Page one ledger range in order into ``out`` (retrying like the sequential path)."""
-        follower = self.follower(rng.after)
-        with out:
-            while True:
-                attempt = follower.next_attempt()
-                if attempt.delay > 0:
-                    await trio.sleep(attempt.delay)
-                request = attempt.request
-                if not isinstance(request, PageRequest):
-                    return  # the range reached Horizon's head
-                async with limiter:
-                    response, failure = await self._get_page(client, request)
-                if response is None:
-                    self._failed(follower, failure or Failure(None, "no response"), request)
-                    continue
-                self.health.ok(trio.current_time())
-                outcome = follower.on_page(response.content)
-                kept = rng.kept(outcome.records)
-                if kept:
-                    await out.send(Batch(kept))
-                if len(kept) < len(outcome.records):
-                    return  # past the range's last ledger
-                if outcome.malformed is not None:
-                    self._malformed(follower, outcome.malformed, request)
-                elif not outcome.full:
-                    return
 
     def _speculate(self, request: PageRequest, content: bytes, limit: int) -> _PageAhead | None:
         """While this page is parsed and committed, Horizon can already render the next one: if
@@ -564,75 +433,8 @@ class HorizonSource:
 
     async def _fetch_ahead(self, client: httpx.AsyncClient, ahead: _PageAhead) -> None:
         with ahead.scope:
-            ahead.response, ahead.failure = await self._get_page(client, ahead.request)
+            ahead.response, ahead.failure = await get_page(self, client, ahead.request)
         ahead.done.set()
-
-    # -- rate limit
-
-    async def _pace(self, base: str) -> RatePacer:
-        """Wait until the rate limit of ``base`` allows one more request (by the X-RateLimit
-        headers seen so far) and count it; the caller reports its answer with ``_answered``."""
-        pacer = self._pacers.get(base)
-        if pacer is None:
-            pacer = self._pacers[base] = RatePacer()
-        delay = pacer.reserve(trio.current_time())
-        if delay > 0:
-            log.debug("horizon-rate-paced", delay=round(delay, 3), url=base)
-            try:
-                await trio.sleep(delay)
-            except BaseException:
-                pacer.answered(trio.current_time(), None)
-                raise
-        return pacer
-
-    # -- staleness
-
-    async def _watch_staleness(
-        self, client: httpx.AsyncClient, follower: HorizonFollower, switch: _Switch
-    ) -> None:
-        """Every ``stale_check_interval``, read every URL's ``/``; when the URL in use is stale,
-        log ``horizon-stale`` and have the pump move to the freshest URL."""
-        while True:
-            await trio.sleep(self.stale_check_interval)
-            current = follower.base_url
-            roots: dict[str, RootInfo | None] = {}
-            async with trio.open_nursery() as nursery:
-                for url in follower.urls:
-                    nursery.start_soon(self._read_root, client, url, roots)
-            if follower.base_url != current or switch.to is not None:
-                continue  # moved meanwhile: judge the new one next time
-            stale = assess_staleness(current, roots, self.stale_after_ledgers)
-            if stale is None:
-                continue
-            log.warning(
-                "horizon-stale",
-                horizon=current,
-                history_latest_ledger=stale.history_latest_ledger,
-                core_latest_ledger=stale.core_latest_ledger,
-                freshest=stale.freshest,
-                freshest_ledger=stale.freshest_ledger,
-                to_url=stale.switch_to,
-                cursor=follower.cursor,
-            )
-            if stale.switch_to is not None:
-                switch.request(stale.switch_to)
-
-    async def _read_root(
-        self, client: httpx.AsyncClient, base: str, out: dict[str, RootInfo | None]
-    ) -> None:
-        """``/`` of ``base`` parsed into ``out[base]`` (None when it cannot be read)."""
-        out[base] = None
-        pacer = await self._pace(base)
-        response = None
-        try:
-            with trio.move_on_after(self.connect_timeout + 2 * self.read_timeout):
-                response = await client.get(base + "/")
-                if response.status_code == 200:
-                    out[base] = RootInfo.parse(response.content)
-        except (httpx.HTTPError, ValueError):
-            pass
-        finally:
-            _answered(pacer, response)
 
     # -- history retention
 
@@ -654,7 +456,7 @@ class HorizonSource:
         url = base + "/"
         response: httpx.Response | None = None
         failure: Failure | None = None
-        pacer = await self._pace(base)
+        pacer = await pace(self, base)
         try:
             with trio.move_on_after(self.connect_timeout + 2 * self.read_timeout) as scope:
                 try:
@@ -662,18 +464,18 @@ class HorizonSource:
                 except httpx.HTTPError as exc:
                     failure = Failure(None, describe(exc))
         finally:
-            _answered(pacer, response)
+            answered(pacer, response)
         if scope.cancelled_caught:
             failure = Failure(None, "root request timed out")
         elif response is not None and response.status_code != 200:
-            failure = _failure_of(response, response.content[:_MAX_ERROR_BODY])
+            failure = failure_of(response, response.content[:MAX_ERROR_BODY])
         if failure is None and response is not None:
             try:
                 info = RootInfo.parse(response.content)
             except ValueError as exc:
                 failure = Failure(None, f"malformed root resource: {exc}")
         if failure is not None or response is None:
-            self._failed(follower, failure or Failure(None, "no response"), url)
+            failed(self, follower, failure or Failure(None, "no response"), url)
             return False
         gap = history_gap(follower.cursor, info.history_elder_ledger, follower.path)
         if gap is None:
@@ -698,226 +500,13 @@ class HorizonSource:
             resume={"resume_cursor": gap.resume_cursor},
         )
         if problem is not None:
-            self._failed(follower, Failure(None, problem), url)
+            failed(self, follower, Failure(None, problem), url)
             return False
         follower.skip_to(gap.resume_cursor)
         return True
 
-    # -- streaming
-
-    async def _follow_stream(
-        self,
-        client: httpx.AsyncClient,
-        follower: HorizonFollower,
-        request: StreamRequest,
-        out: trio.MemorySendChannel[Batch],
-        switch: _Switch,
-    ) -> None:
-        send, receive = trio.open_memory_channel[Record](follower.page_limit)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._read_stream, client, follower, request, send, switch)
-            await self._batch_stream(receive, out)
-
-    async def _batch_stream(
-        self, receive: trio.MemoryReceiveChannel[Record], out: trio.MemorySendChannel[Batch]
-    ) -> None:
-        """Gather records that arrive together (within the batch window, up to a page)."""
-        limit = self.page_limit
-        with receive:
-            while True:
-                try:
-                    batch = [await receive.receive()]
-                except trio.EndOfChannel:
-                    return
-                with trio.move_on_after(self.stream_batch_window):
-                    while len(batch) < limit:
-                        try:
-                            batch.append(await receive.receive())
-                        except trio.EndOfChannel:
-                            break
-                await out.send(Batch(tuple(batch)))
-
-    async def _read_stream(
-        self,
-        client: httpx.AsyncClient,
-        follower: HorizonFollower,
-        request: StreamRequest,
-        records: trio.MemorySendChannel[Record],
-        switch: _Switch,
-    ) -> None:
-        """One SSE connection: validated records go to ``records``; the end goes to the follower.
-
-        The staleness watcher may cut the connection short (``switch``), but never while a record
-        is being handed on: only the wait for Horizon is cancelled, so no record is lost.
-        """
-        got = 0
-        opened = False
-        opened_at = 0.0
-        idle = self.stream_idle_timeout
-        # httpx's own read timeout is only a backstop; the idle deadline below is the real one.
-        timeout = httpx.Timeout(
-            connect=self.connect_timeout,
-            read=idle + self.read_timeout,
-            write=self.read_timeout,
-            pool=self.connect_timeout,
-        )
-        with records:
-            pacer = await self._pace(request.base_url)
-            paced: RatePacer | None = pacer
-            try:
-                # Until the response head arrives: the connect and read timeouts.
-                with (
-                    trio.CancelScope() as cut,
-                    trio.CancelScope(
-                        deadline=trio.current_time() + self.connect_timeout + self.read_timeout
-                    ) as scope,
-                ):
-                    switch.scope = cut
-                    async with aconnect_sse(
-                        client,
-                        "GET",
-                        request.url,
-                        params=request.params,
-                        headers=request.headers,
-                        timeout=timeout,
-                    ) as source:
-                        response = source.response
-                        paced = None
-                        _answered(pacer, response)
-                        if response.status_code != 200:
-                            body = await _read_bounded(response)
-                            self._failed(follower, _failure_of(response, body), request)
-                            return
-                        follower.on_stream_open()
-                        self.health.ok(trio.current_time())
-                        opened, opened_at = True, trio.current_time()
-                        log.debug(
-                            "horizon-stream-open", url=request.base_url, cursor=request.cursor
-                        )
-                        scope.deadline = trio.current_time() + idle
-                        async with aclosing(source.aiter_sse()) as events:
-                            async for sse in events:
-                                self.health.ok(trio.current_time())
-                                result = follower.on_stream_event(sse.event, sse.id, sse.data)
-                                if isinstance(result, Record):
-                                    got += 1
-                                    try:
-                                        records.send_nowait(result)
-                                    except trio.WouldBlock:
-                                        # Waiting for our own consumer is not Horizon idling.
-                                        scope.deadline = math.inf
-                                        switch.scope = None
-                                        await records.send(result)
-                                        switch.scope = cut
-                                        if switch.to is not None:
-                                            break
-                                elif result is StreamSignal.CLOSED:
-                                    break
-                                elif result is StreamSignal.ERROR:
-                                    error = f"stream error event: {sse.data[:200]}"
-                                    self._failed(follower, Failure(None, error), request)
-                                    return
-                                elif isinstance(result, Malformed):
-                                    self._malformed(follower, result, request)
-                                    return
-                                scope.deadline = trio.current_time() + idle
-                if switch.to is not None:
-                    log.info(
-                        "horizon-stream-reconnect",
-                        reason="stale",
-                        records=got,
-                        cursor=follower.cursor,
-                        delay=0,
-                        url=request.base_url,
-                    )
-                    return  # the pump moves to the URL the watcher chose
-                if scope.cancelled_caught and not opened:
-                    self._failed(follower, Failure(None, "stream request timed out"), request)
-                    return
-                reason = "idle" if scope.cancelled_caught else "closed"
-            except (httpx.HTTPError, SSEError) as exc:
-                if got == 0:
-                    self._failed(follower, Failure(None, describe(exc)), request)
-                    return
-                # The records so far were good: reopen from the last one, like a clean close.
-                reason = f"dropped: {describe(exc)}"
-            finally:
-                switch.scope = None
-                if paced is not None:  # no response head: the request is over all the same
-                    _answered(paced, None)
-            open_for = trio.current_time() - opened_at if opened else 0.0
-            delay = follower.on_stream_end(got_records=got > 0, open_for=open_for)
-            log.info(
-                "horizon-stream-reconnect",
-                reason=reason,
-                records=got,
-                cursor=follower.cursor,
-                delay=round(delay, 3),
-                url=request.base_url,
-            )
-
-    # -- logging the follower's decisions
-
-    def _failed(self, follower: HorizonFollower, failure: Failure, request: object) -> None:
-        self.health.failed(trio.current_time())
-        url = _request_url(request)
-        limit = follower.limit
-        retry = follower.on_failure(failure, url=url, now=trio.current_time())
-        _log_retry(follower, retry, status=failure.status, error=failure.error, url=url)
-        if follower.limit < limit:
-            log.warning("horizon-page-limit-reduced", limit=follower.limit, status=failure.status, url=url)
-
-    def _malformed(self, follower: HorizonFollower, bad: Malformed, request: object) -> None:
-        url = _request_url(request)
-        log.warning(
-            "horizon-malformed-record",
-            reason=bad.reason,
-            value=bad.value,
-            url=url,
-            cursor=follower.cursor,
-        )
-        retry = follower.last_retry
-        if retry is not None:
-            _log_retry(follower, retry, status=200, error=f"malformed: {bad.reason}", url=url)
-
-
-def _log_retry(
-    follower: HorizonFollower, retry: Retry, *, status: int | None, error: str, url: str
-) -> None:
-    log.warning(
-        "horizon-retry",
-        attempt=retry.attempt,
-        delay=round(retry.delay, 3),
-        status=status,
-        error=error,
-        url=url,
-        cursor=follower.cursor,
-    )
-    if retry.failover_to is not None:
-        log.warning(
-            "horizon-failover",
-            from_url=retry.failover_from,
-            to_url=retry.failover_to,
-            cursor=follower.cursor,
-        )
-
 
 # -- helpers
-
-
-@attrs.define(eq=False)
-class _Switch:
-    """The staleness watcher's request to the pump: move to ``to``. ``scope`` is the wait for a
-    stream's next event, the only thing the watcher may cut short (None while a record is being
-    handed on)."""
-
-    to: str | None = None
-    scope: trio.CancelScope | None = None
-
-    def request(self, url: str) -> None:
-        self.to = url
-        if self.scope is not None:
-            self.scope.cancel("the Horizon in use is stale")
 
 
 @attrs.define(eq=False)
@@ -941,26 +530,6 @@ def _leaves(group: BaseExceptionGroup[SourceFatalError]) -> list[SourceFatalErro
     return out
 
 
-def _request_url(request: object) -> str:
-    if isinstance(request, PageRequest | StreamRequest):
-        query = "&".join(f"{k}={v}" for k, v in request.params.items())
-        return f"{request.url}?{query}"
-    return str(request)
-
-
-def _answered(pacer: RatePacer, response: httpx.Response | None) -> None:
-    rate = None if response is None else parse_rate_headers(response.headers)
-    pacer.answered(trio.current_time(), rate)
-
-
-def _failure_of(response: httpx.Response, body: bytes) -> Failure:
-    status = response.status_code
-    retry_after = None
-    if status in (429, 503):  # Horizon's limiter, and an overloaded or stale server
-        retry_after = parse_retry_after(response.headers.get("Retry-After"), time.time())
-    return Failure(status, problem_detail(body), retry_after)
-
-
 async def _stream_says_hello(client: httpx.AsyncClient, url: str, params: dict[str, str]) -> bool:
     """Open the stream at ``url`` and wait for its first frame (Horizon's ``hello``, sent before
     any record): True if it came with a 200 event stream. The caller bounds the wait."""
@@ -971,14 +540,3 @@ async def _stream_says_hello(client: httpx.AsyncClient, url: str, params: dict[s
             async for _frame in frames:
                 return True
     return False
-
-
-async def _read_bounded(response: httpx.Response) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_bytes():
-        chunks.append(chunk)
-        size += len(chunk)
-        if size >= _MAX_ERROR_BODY:
-            break
-    return b"".join(chunks)[:_MAX_ERROR_BODY]

@@ -1,0 +1,164 @@
+"""One request to a Horizon, the parts every request of the source shares (I/O).
+
+Rate pacing (:func:`pace` before a request, :func:`answered` after it), a bounded page request
+(:func:`get_page`), what a failed answer means (:func:`failure_of`, :func:`read_bounded`), and
+logging the follower's decisions on a failure or malformed data (:func:`failed`, :func:`malformed`).
+What the source must provide is :class:`Requester`, which
+:class:`~ingestion.horizon.source.HorizonSource` is.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+import httpx
+import structlog
+import trio
+
+from actors.health import SourceHealth
+from ingestion.horizon.failures import Failure, problem_detail
+from ingestion.horizon.follower import HorizonFollower, PageRequest, Retry, StreamRequest
+from ingestion.horizon.health import RatePacer, parse_rate_headers
+from ingestion.horizon.pages import Malformed
+from ingestion.http import describe
+from ingestion.retry import parse_retry_after
+
+log = structlog.get_logger()
+
+# An error body is only read for its problem detail; a misbehaving server cannot make us read more.
+MAX_ERROR_BODY = 64 * 1024
+
+
+class Requester(Protocol):
+    """What a request needs of the source: its timeouts, its rate pacers (one per base URL), and
+    the health it reports answers and failures to."""
+
+    @property
+    def connect_timeout(self) -> float: ...
+
+    @property
+    def read_timeout(self) -> float: ...
+
+    @property
+    def pacers(self) -> dict[str, RatePacer]: ...
+
+    @property
+    def health(self) -> SourceHealth: ...
+
+
+async def pace(source: Requester, base: str) -> RatePacer:
+    """Wait until the rate limit of ``base`` allows one more request (by the X-RateLimit
+    headers seen so far) and count it; the caller reports its answer with :func:`answered`."""
+    pacer = source.pacers.get(base)
+    if pacer is None:
+        pacer = source.pacers[base] = RatePacer()
+    delay = pacer.reserve(trio.current_time())
+    if delay > 0:
+        log.debug("horizon-rate-paced", delay=round(delay, 3), url=base)
+        try:
+            await trio.sleep(delay)
+        except BaseException:
+            pacer.answered(trio.current_time(), None)
+            raise
+    return pacer
+
+
+async def get_page(
+    source: Requester, client: httpx.AsyncClient, request: PageRequest
+) -> tuple[httpx.Response | None, Failure | None]:
+    """One page request, bounded as a whole: (the 200 response, None) or (None, why not)."""
+    failure: Failure | None = None
+    response: httpx.Response | None = None
+    pacer = await pace(source, request.base_url)
+    try:
+        with trio.move_on_after(source.connect_timeout + 2 * source.read_timeout) as scope:
+            try:
+                response = await client.get(request.url, params=request.params)
+            except httpx.HTTPError as exc:  # transport, decoding, too many redirects
+                failure = Failure(None, describe(exc))
+    finally:
+        answered(pacer, response)
+    if scope.cancelled_caught:
+        failure = Failure(None, "page request timed out")
+    elif response is not None and response.status_code != 200:
+        failure = failure_of(response, response.content[:MAX_ERROR_BODY])
+    if failure is not None or response is None:
+        return None, failure or Failure(None, "no response")
+    return response, None
+
+
+def failed(source: Requester, follower: HorizonFollower, failure: Failure, request: object) -> None:
+    source.health.failed(trio.current_time())
+    url = request_url(request)
+    limit = follower.limit
+    retry = follower.on_failure(failure, url=url, now=trio.current_time())
+    log_retry(follower, retry, status=failure.status, error=failure.error, url=url)
+    if follower.limit < limit:
+        log.warning("horizon-page-limit-reduced", limit=follower.limit, status=failure.status, url=url)
+
+
+def malformed(follower: HorizonFollower, bad: Malformed, request: object) -> None:
+    url = request_url(request)
+    log.warning(
+        "horizon-malformed-record",
+        reason=bad.reason,
+        value=bad.value,
+        url=url,
+        cursor=follower.cursor,
+    )
+    retry = follower.last_retry
+    if retry is not None:
+        log_retry(follower, retry, status=200, error=f"malformed: {bad.reason}", url=url)
+
+
+def log_retry(
+    follower: HorizonFollower, retry: Retry, *, status: int | None, error: str, url: str
+) -> None:
+    log.warning(
+        "horizon-retry",
+        attempt=retry.attempt,
+        delay=round(retry.delay, 3),
+        status=status,
+        error=error,
+        url=url,
+        cursor=follower.cursor,
+    )
+    if retry.failover_to is not None:
+        log.warning(
+            "horizon-failover",
+            from_url=retry.failover_from,
+            to_url=retry.failover_to,
+            cursor=follower.cursor,
+        )
+
+
+def request_url(request: object) -> str:
+    if isinstance(request, PageRequest | StreamRequest):
+        query = "&".join(f"{k}={v}" for k, v in request.params.items())
+        return f"{request.url}?{query}"
+    return str(request)
+
+
+def answered(pacer: RatePacer, response: httpx.Response | None) -> None:
+    rate = None if response is None else parse_rate_headers(response.headers)
+    pacer.answered(trio.current_time(), rate)
+
+
+def failure_of(response: httpx.Response, body: bytes) -> Failure:
+    status = response.status_code
+    retry_after = None
+    if status in (429, 503):  # Horizon's limiter, and an overloaded or stale server
+        retry_after = parse_retry_after(response.headers.get("Retry-After"), time.time())
+    return Failure(status, problem_detail(body), retry_after)
+
+
+async def read_bounded(response: httpx.Response) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size >= MAX_ERROR_BODY:
+            break
+    return b"".join(chunks)[:MAX_ERROR_BODY]
