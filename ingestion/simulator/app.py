@@ -23,33 +23,32 @@ Control endpoint (JSON in and out; not part of Horizon):
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import parse_qsl
 
 import attrs
 import trio
 
+import ingestion.simulator.render as render
 from ingestion.asgi import respond, serve_lifespan
 from ingestion.paging import toid
-from ingestion.simulator import render
 from ingestion.simulator.chain import (
     KEY_SHIFT,
     NETWORK_PASSPHRASE,
     PROTOCOL_VERSION,
     TRADE_BASE,
+    Chain,
     key_of,
     timestamp,
     token_of,
 )
-from ingestion.simulator.faults import MalformedKind, check_known, duration_of
+from ingestion.simulator.faults import Faults, MalformedKind, check_known, duration_of
 from ingestion.simulator.ratelimit import RateLimiter
 from ingestion.simulator.strkey import is_valid_account
-
-if TYPE_CHECKING:
-    from ingestion.simulator.server import Simulator
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -84,6 +83,45 @@ class SeenRequest:
     query: dict[str, str]
     stream: bool
     at: float  # trio.current_time() on arrival
+
+
+class HorizonSettings(Protocol):
+    """The settings the Horizon app reads (the server's ``SimulatorConfig``)."""
+
+    @property
+    def response_delay_ms(self) -> int: ...
+    @property
+    def rate_limit(self) -> int: ...
+    @property
+    def rate_burst(self) -> int: ...
+    @property
+    def stream_timeout(self) -> float: ...
+    @property
+    def sse_update_frequency(self) -> float: ...
+
+
+class HorizonHost(Protocol):
+    """What the Horizon app needs of the simulator serving it (the server's ``Simulator``)."""
+
+    active_streams: int  # open SSE responses: the app counts its own
+
+    @property
+    def config(self) -> HorizonSettings: ...
+    @property
+    def chain(self) -> Chain: ...
+    @property
+    def faults(self) -> Faults: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def core_latest(self) -> int: ...
+    @property
+    def requests(self) -> collections.deque[SeenRequest]: ...
+    @property
+    def statuses(self) -> collections.Counter[int]: ...
+    def close_ledger(self) -> int: ...
+    def schedule_down(self, seconds: float) -> None: ...
+    async def wait_for_ledger(self, seen: int) -> None: ...
 
 
 def _joins(query: CollectionQuery, params: PageParams) -> bool:
@@ -127,13 +165,12 @@ def _int_param(text: str, field: str) -> int:
     return int(text)
 
 
-def resolve(path: str, sim: Simulator) -> CollectionQuery | int | None:
+def resolve(path: str, chain: Chain) -> CollectionQuery | int | None:
     """Map a path to a collection query, a single record's key, or None (not found).
 
     Raises:
         Problem: a malformed id in the path.
     """
-    chain = sim.chain
     for name, pattern in _ROUTES:
         m = pattern.fullmatch(path)
         if m is None:
@@ -265,7 +302,7 @@ def parse_page_params(query: dict[str, str]) -> PageParams:
 class HorizonApp:
     """The ASGI callable. One instance per :class:`Simulator`, reused across restarts."""
 
-    def __init__(self, sim: Simulator):
+    def __init__(self, sim: HorizonHost):
         self.sim = sim
         config = sim.config
         #: Horizon's per-client limiter (--rate-limit); None: no limit, no X-RateLimit headers.
@@ -369,7 +406,7 @@ class HorizonApp:
         if path == "/":
             await respond(send, 200, render.HAL_JSON, self._root(base), rate_headers)
             return
-        target = resolve(path, self.sim)
+        target = resolve(path, self.sim.chain)
         if target is None:
             raise Problem(404, render.not_found())
         if isinstance(target, int):
@@ -591,7 +628,7 @@ class _Stream:
 
     def __init__(
         self,
-        sim: Simulator,
+        sim: HorizonHost,
         query: CollectionQuery,
         params: PageParams,
         after: int | None,

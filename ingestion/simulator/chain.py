@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 
 from ingestion.paging import toid
-from ingestion.simulator import strkey
+from ingestion.simulator.strkey import encode_account, encode_contract
 
 PLACEHOLDER_BASE = "http://horizon.invalid"
 KEY_SHIFT = 16
@@ -448,7 +448,7 @@ class _LedgerBuilder:
     # -- one method per operation type: fill the record, list the effects, add participants ----
 
     def op_create_account(self, rec: dict, effects: list, involved: set, source: str) -> None:
-        new = strkey.encode_account(self.rng.randbytes(32))
+        new = encode_account(self.rng.randbytes(32))
         balance = amount(self.stroops(10_000_000, 1_000_000_000))
         rec.update(starting_balance=balance, funder=source, account=new)
         effects.append(("account_created", new, {"starting_balance": balance}))
@@ -819,11 +819,11 @@ class Chain:
         self.spec = spec
         self.retention_ledgers = retention_ledgers
         self.accounts = [
-            strkey.encode_account(hashlib.sha256(f"account:{spec.seed}:{i}".encode()).digest())
+            encode_account(hashlib.sha256(f"account:{spec.seed}:{i}".encode()).digest())
             for i in range(96)
         ]
         self.contracts = [
-            strkey.encode_contract(hashlib.sha256(f"contract:{spec.seed}:{i}".encode()).digest())
+            encode_contract(hashlib.sha256(f"contract:{spec.seed}:{i}".encode()).digest())
             for i in range(8)
         ]
         self.latest = spec.first_ledger - 1 + max(1, history_ledgers)

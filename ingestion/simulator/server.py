@@ -203,7 +203,7 @@ class Simulator:
         """
         import json
 
-        query = resolve(resource, self)
+        query = resolve(resource, self.chain)
         if not isinstance(query, CollectionQuery):
             raise ValueError(f"not a Horizon collection path: {resource!r}")
         out: list[dict[str, Any]] = []
