@@ -6,19 +6,7 @@ Horizon routes (GET; ``Accept: text/event-stream`` streams the collections):
 ``/accounts/{id}/transactions|operations|payments|effects``,
 ``/transactions/{hash}[/operations|payments|effects]``, ``/operations/{id}[/effects]``.
 
-Control endpoint (JSON in and out; not part of Horizon):
-
-- ``GET /_simulator/faults``: the armed faults (:meth:`Faults.snapshot`).
-- ``POST /_simulator/faults`` with any of
-  ``{"fail": {"status": 429|500|502|503|504, "count": N | "seconds": T, "retry_after": S},
-  "close_stream_after": {"events": N, "streams": M}, "malformed": {"kind": "broken_json" |
-  "missing_paging_token" | "token_regression" | "duplicate"}, "stall": {"seconds": T},
-  "freeze": {"seconds": T} (ingestion stalls: stellar-core's ledgers go on, history does not),
-  "down": {"seconds": T}}``: arm them (``down`` stops listening right after answering and listens
-  again, same port and chain, ``T`` seconds later). Answers 200 with the snapshot, or a 400 problem.
-- ``DELETE /_simulator/faults``: disarm everything.
-- ``POST /_simulator/ledgers`` with optional ``{"count": N}``: close N ledgers now; answers
-  ``{"latest_ledger": seq}``. ``GET /_simulator/ledgers`` answers the same without closing.
+The control endpoint (``/_simulator/...``; not part of Horizon) is :mod:`ingestion.simulator.control`.
 """
 
 from __future__ import annotations
@@ -46,8 +34,10 @@ from ingestion.simulator.chain import (
     timestamp,
     token_of,
 )
-from ingestion.simulator.faults import Faults, MalformedKind, check_known, duration_of
+from ingestion.simulator.control import ControlHost, serve_control
+from ingestion.simulator.faults import MalformedKind
 from ingestion.simulator.ratelimit import RateLimiter
+from ingestion.simulator.render import Problem
 from ingestion.simulator.strkey import is_valid_account
 
 Scope = MutableMapping[str, Any]
@@ -100,17 +90,14 @@ class HorizonSettings(Protocol):
     def sse_update_frequency(self) -> float: ...
 
 
-class HorizonHost(Protocol):
-    """What the Horizon app needs of the simulator serving it (the server's ``Simulator``)."""
+class HorizonHost(ControlHost, Protocol):
+    """What the Horizon app needs of the simulator serving it (the server's ``Simulator``): its
+    chain and faults (as the control endpoint), and these."""
 
     active_streams: int  # open SSE responses: the app counts its own
 
     @property
     def config(self) -> HorizonSettings: ...
-    @property
-    def chain(self) -> Chain: ...
-    @property
-    def faults(self) -> Faults: ...
     @property
     def url(self) -> str: ...
     @property
@@ -119,8 +106,6 @@ class HorizonHost(Protocol):
     def requests(self) -> collections.deque[SeenRequest]: ...
     @property
     def statuses(self) -> collections.Counter[int]: ...
-    def close_ledger(self) -> int: ...
-    def schedule_down(self, seconds: float) -> None: ...
     async def wait_for_ledger(self, seen: int) -> None: ...
 
 
@@ -136,15 +121,6 @@ def _client(scope: Scope) -> str:
     """The client's address: Horizon limits per IP."""
     client = scope.get("client")
     return str(client[0]) if client else "unknown"
-
-
-class Problem(Exception):
-    """Answer the request with this problem (and status)."""
-
-    def __init__(self, status: int, body: bytes):
-        super().__init__(status)
-        self.status = status
-        self.body = body
 
 
 @attrs.frozen
@@ -321,7 +297,7 @@ class HorizonApp:
         path: str = scope["path"]
         try:
             if path.startswith("/_simulator/"):
-                await self._control(scope, receive, send)
+                await serve_control(self.sim, scope, receive, send)
                 return
             delay = self.sim.config.response_delay_ms
             if delay:
@@ -558,69 +534,6 @@ class HorizonApp:
         else:
             # connection timeout: Horizon says goodbye too
             await send({"type": "http.response.body", "body": render.SSE_BYEBYE})
-
-    # -- control --------------------------------------------------------------------------------
-
-    async def _control(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        method, path, faults = scope["method"], scope["path"], self.sim.faults
-        try:
-            data = json.loads(body) if body.strip() else {}
-            if not isinstance(data, dict):
-                raise ValueError("the body must be a JSON object")
-            if path == "/_simulator/faults" and method == "GET":
-                result: dict[str, Any] = faults.snapshot()
-            elif path == "/_simulator/faults" and method == "DELETE":
-                faults.clear()
-                result = faults.snapshot()
-            elif path == "/_simulator/faults" and method == "POST":
-                down = self._arm(data)
-                result = faults.snapshot()
-                if down is not None:
-                    result["down"] = {"seconds": down}
-                    await self._json(send, 200, result)
-                    self.sim.schedule_down(down)
-                    return
-            elif path == "/_simulator/ledgers" and method in ("GET", "POST"):
-                for _ in range(int(data.get("count", 1)) if method == "POST" else 0):
-                    self.sim.close_ledger()
-                result = {"latest_ledger": self.sim.chain.latest}
-            else:
-                raise Problem(404, render.not_found())
-        except (ValueError, TypeError, KeyError) as exc:
-            raise Problem(400, render.bad_request("body", str(exc))) from exc
-        await self._json(send, 200, result)
-
-    def _arm(self, data: dict[str, Any]) -> float | None:
-        check_known(data, {"fail", "close_stream_after", "malformed", "stall", "freeze", "down"})
-        faults = self.sim.faults
-        if "fail" in data:
-            spec = data["fail"]
-            faults.fail_requests(
-                int(spec.get("status", 429)),
-                **duration_of(spec),
-                retry_after=int(spec.get("retry_after", 1)),
-            )
-        if "close_stream_after" in data:
-            spec = data["close_stream_after"]
-            faults.close_streams_after(int(spec["events"]), streams=int(spec.get("streams", 1)))
-        if "malformed" in data:
-            faults.send_malformed(MalformedKind(data["malformed"]["kind"]))
-        if "stall" in data:
-            faults.stall_streams(float(data["stall"]["seconds"]))
-        if "freeze" in data:
-            faults.freeze_ingestion(float(data["freeze"]["seconds"]))
-        if "down" in data:
-            return float(data["down"]["seconds"])
-        return None
-
-    async def _json(self, send: Send, status: int, value: Any) -> None:
-        await respond(send, status, b"application/json", json.dumps(value).encode())
 
 
 class _Stream:

@@ -197,6 +197,15 @@ def page(
     return go_escape(head.encode("utf-8")) + body
 
 
+class Problem(Exception):
+    """Answer the request with this problem (and status)."""
+
+    def __init__(self, status: int, body: bytes):
+        super().__init__(status)
+        self.status = status
+        self.body = body
+
+
 def problem(
     kind: str, title: str, status: int, detail: str, extras: Mapping[str, Any] | None = None
 ) -> bytes:
