@@ -24,7 +24,9 @@ import trio
 import ingestion.simulator.render as render
 from ingestion.asgi import respond, serve_lifespan
 from ingestion.paging import toid
-from ingestion.simulator.chain import (
+from ingestion.simulator.control import ControlHost, serve_control
+from ingestion.simulator.faults import MalformedKind
+from ingestion.simulator.ledgers import (
     KEY_SHIFT,
     NETWORK_PASSPHRASE,
     PROTOCOL_VERSION,
@@ -34,8 +36,6 @@ from ingestion.simulator.chain import (
     timestamp,
     token_of,
 )
-from ingestion.simulator.control import ControlHost, serve_control
-from ingestion.simulator.faults import MalformedKind
 from ingestion.simulator.ratelimit import RateLimiter
 from ingestion.simulator.render import Problem
 from ingestion.simulator.strkey import is_valid_account
