@@ -29,8 +29,8 @@ the same chain's contract events over JSON-RPC (``getEvents``, ``getHealth``, ``
 ``/_simulator/faults`` on the RPC port); ``sim.rpc_events()`` lists what it serves.
 """
 
+from ingestion.simulator.chain import Chain
 from ingestion.simulator.faults import Faults, MalformedKind, RpcFailureKind, RpcFaults
-from ingestion.simulator.ledgers import Chain
 from ingestion.simulator.server import (
     Simulator,
     SimulatorConfig,

@@ -24,19 +24,19 @@ import trio
 import ingestion.simulator.render as render
 from ingestion.asgi import respond, serve_lifespan
 from ingestion.paging import toid
+from ingestion.simulator.chain import Chain
 from ingestion.simulator.control import ControlHost, serve_control
 from ingestion.simulator.faults import MalformedKind
-from ingestion.simulator.ledgers import (
+from ingestion.simulator.ratelimit import RateLimiter
+from ingestion.simulator.records import (
     KEY_SHIFT,
     NETWORK_PASSPHRASE,
     PROTOCOL_VERSION,
     TRADE_BASE,
-    Chain,
     key_of,
     timestamp,
     token_of,
 )
-from ingestion.simulator.ratelimit import RateLimiter
 from ingestion.simulator.render import Problem
 from ingestion.simulator.strkey import is_valid_account
 

@@ -14,7 +14,7 @@ from json.encoder import encode_basestring as _encode_string  # the C escaper, n
 from typing import Any
 from urllib.parse import quote
 
-from ingestion.simulator.ledgers import PLACEHOLDER_BASE, LedgerContent
+from ingestion.simulator.records import PLACEHOLDER_BASE, LedgerContent
 
 PLACEHOLDER = PLACEHOLDER_BASE.encode("ascii")
 PROBLEM_BASE = "https://stellar.org/horizon-errors/"

@@ -1,7 +1,7 @@
 """The simulator's Stellar RPC server: JSON-RPC 2.0 over HTTP, serving the chain's contract events.
 
 It runs beside the Horizon app, on its own port (``SimulatorConfig.rpc_port``), over the same
-:class:`~ingestion.simulator.ledgers.Chain`: its events (see :mod:`ingestion.simulator.rpc_events`)
+:class:`~ingestion.simulator.chain.Chain`: its events (see :mod:`ingestion.simulator.rpc_events`)
 come from the very operations Horizon serves. Methods (``POST /`` with a JSON-RPC request; every
 answer is HTTP 200 with ``result`` or ``error``, as stellar-rpc's):
 
@@ -55,8 +55,9 @@ from ingestion.rpc.protocol import (
     GetEventsRequest,
     RpcError,
 )
+from ingestion.simulator.chain import Chain
 from ingestion.simulator.faults import RpcFailureKind, RpcFaults, check_known, duration_of
-from ingestion.simulator.ledgers import NETWORK_PASSPHRASE, PROTOCOL_VERSION, Chain, ledger_hash_of
+from ingestion.simulator.records import NETWORK_PASSPHRASE, PROTOCOL_VERSION, ledger_hash_of
 from ingestion.simulator.rpc_events import EventLog, RpcEvent, all_events, json_format, scan
 
 JSON = b"application/json"

@@ -23,9 +23,10 @@ from hypercorn.trio import serve
 
 from ingestion.rpc.protocol import EventFilter
 from ingestion.simulator.app import CollectionQuery, HorizonApp, SeenRequest, resolve
+from ingestion.simulator.chain import Chain
 from ingestion.simulator.faults import Faults, RpcFaults
 from ingestion.simulator.lake import LakeWriter, ledger_close_meta, object_bytes
-from ingestion.simulator.ledgers import KEY_SHIFT, Chain, ChainSpec
+from ingestion.simulator.records import KEY_SHIFT, ChainSpec
 from ingestion.simulator.render import compact_form, with_base
 from ingestion.simulator.rpc import RpcApp, SeenRpcRequest
 from ingestion.simulator.rpc_events import EventLog
