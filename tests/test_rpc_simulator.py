@@ -35,8 +35,9 @@ from ingestion.rpc.protocol import (
     EventFilter,
 )
 from ingestion.simulator import RpcFailureKind, RpcFaults, Simulator, SimulatorConfig, open_simulator
-from ingestion.simulator.chain import NETWORK_PASSPHRASE, PROTOCOL_VERSION, Chain, ChainSpec, ledger_hash_of
+from ingestion.simulator.chain import Chain
 from ingestion.simulator.cli import config_from_args
+from ingestion.simulator.records import NETWORK_PASSPHRASE, PROTOCOL_VERSION, ChainSpec, ledger_hash_of
 from ingestion.simulator.rpc import go_duration
 from ingestion.simulator.rpc_events import EventLog, ledger_events, scval_b64, stroops_of
 from tests.simulator_fixtures import simulator_process

@@ -18,7 +18,7 @@ from stellar_sdk.soroban_rpc import EventFilter, EventFilterType
 from ingestion.rpc.protocol import INVALID_REQUEST, RANGE_MESSAGE, Cursor
 from ingestion.rpc.protocol import EventFilter as Filter
 from ingestion.simulator import Simulator, SimulatorConfig, open_simulator
-from ingestion.simulator.chain import NETWORK_PASSPHRASE, PROTOCOL_VERSION
+from ingestion.simulator.records import NETWORK_PASSPHRASE, PROTOCOL_VERSION
 
 CONFIG = SimulatorConfig(
     rpc_port=0, ledger_interval=None, history_ledgers=40, retention_ledgers=30, ops_per_ledger=20, seed=11

@@ -16,9 +16,10 @@ from ingestion.lake.events import ledger_events as lake_ledger_events
 from ingestion.lake.keys import LakeSchema
 from ingestion.lake.store import LocalLake
 from ingestion.simulator import SimulatorConfig, open_simulator
-from ingestion.simulator.chain import Chain, ChainSpec
+from ingestion.simulator.chain import Chain
 from ingestion.simulator.cli import config_from_args
 from ingestion.simulator.lake import SCHEMA, LakeWriter, ledger_close_meta, object_bytes
+from ingestion.simulator.records import ChainSpec
 from ingestion.simulator.rpc_events import SYSTEM_EVERY
 from ingestion.simulator.rpc_events import ledger_events as rpc_ledger_events
 

@@ -21,7 +21,7 @@ In-process use (tests)::
 
 Out of process: ``python -m ingestion simulate --port 0`` prints one JSON line
 ``{"event": "simulator-listening", "url": "http://127.0.0.1:PORT"}`` once it is listening; the
-control endpoint ``/_simulator/faults`` (see :mod:`ingestion.simulator.app`) drives the faults.
+control endpoint ``/_simulator/faults`` (see :mod:`ingestion.simulator.control`) drives the faults.
 
 With ``rpc_port`` (``--rpc-port``) a Stellar RPC server (:mod:`ingestion.simulator.rpc`) serves
 the same chain's contract events over JSON-RPC (``getEvents``, ``getHealth``, ``getLatestLedger``,

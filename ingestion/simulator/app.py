@@ -6,36 +6,29 @@ Horizon routes (GET; ``Accept: text/event-stream`` streams the collections):
 ``/accounts/{id}/transactions|operations|payments|effects``,
 ``/transactions/{hash}[/operations|payments|effects]``, ``/operations/{id}[/effects]``.
 
-Control endpoint (JSON in and out; not part of Horizon):
-
-- ``GET /_simulator/faults``: the armed faults (:meth:`Faults.snapshot`).
-- ``POST /_simulator/faults`` with any of
-  ``{"fail": {"status": 429|500|502|503|504, "count": N | "seconds": T, "retry_after": S},
-  "close_stream_after": {"events": N, "streams": M}, "malformed": {"kind": "broken_json" |
-  "missing_paging_token" | "token_regression" | "duplicate"}, "stall": {"seconds": T},
-  "freeze": {"seconds": T} (ingestion stalls: stellar-core's ledgers go on, history does not),
-  "down": {"seconds": T}}``: arm them (``down`` stops listening right after answering and listens
-  again, same port and chain, ``T`` seconds later). Answers 200 with the snapshot, or a 400 problem.
-- ``DELETE /_simulator/faults``: disarm everything.
-- ``POST /_simulator/ledgers`` with optional ``{"count": N}``: close N ledgers now; answers
-  ``{"latest_ledger": seq}``. ``GET /_simulator/ledgers`` answers the same without closing.
+The control endpoint (``/_simulator/...``; not part of Horizon) is :mod:`ingestion.simulator.control`.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import parse_qsl
 
 import attrs
 import trio
 
+import ingestion.simulator.render as render
 from ingestion.asgi import respond, serve_lifespan
 from ingestion.paging import toid
-from ingestion.simulator import render
-from ingestion.simulator.chain import (
+from ingestion.simulator.chain import Chain
+from ingestion.simulator.control import ControlHost, serve_control
+from ingestion.simulator.faults import MalformedKind
+from ingestion.simulator.ratelimit import RateLimiter
+from ingestion.simulator.records import (
     KEY_SHIFT,
     NETWORK_PASSPHRASE,
     PROTOCOL_VERSION,
@@ -44,12 +37,8 @@ from ingestion.simulator.chain import (
     timestamp,
     token_of,
 )
-from ingestion.simulator.faults import MalformedKind, check_known, duration_of
-from ingestion.simulator.ratelimit import RateLimiter
+from ingestion.simulator.render import Problem
 from ingestion.simulator.strkey import is_valid_account
-
-if TYPE_CHECKING:
-    from ingestion.simulator.server import Simulator
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -86,6 +75,40 @@ class SeenRequest:
     at: float  # trio.current_time() on arrival
 
 
+class HorizonSettings(Protocol):
+    """The settings the Horizon app reads (the server's ``SimulatorConfig``)."""
+
+    @property
+    def response_delay_ms(self) -> int: ...
+    @property
+    def rate_limit(self) -> int: ...
+    @property
+    def rate_burst(self) -> int: ...
+    @property
+    def stream_timeout(self) -> float: ...
+    @property
+    def sse_update_frequency(self) -> float: ...
+
+
+class HorizonHost(ControlHost, Protocol):
+    """What the Horizon app needs of the simulator serving it (the server's ``Simulator``): its
+    chain and faults (as the control endpoint), and these."""
+
+    active_streams: int  # open SSE responses: the app counts its own
+
+    @property
+    def config(self) -> HorizonSettings: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def core_latest(self) -> int: ...
+    @property
+    def requests(self) -> collections.deque[SeenRequest]: ...
+    @property
+    def statuses(self) -> collections.Counter[int]: ...
+    async def wait_for_ledger(self, seen: int) -> None: ...
+
+
 def _joins(query: CollectionQuery, params: PageParams) -> bool:
     """``join=transactions`` on a collection of operations: embed each one's transaction."""
     return params.extras.get("join") == "transactions" and query.collection in (
@@ -98,15 +121,6 @@ def _client(scope: Scope) -> str:
     """The client's address: Horizon limits per IP."""
     client = scope.get("client")
     return str(client[0]) if client else "unknown"
-
-
-class Problem(Exception):
-    """Answer the request with this problem (and status)."""
-
-    def __init__(self, status: int, body: bytes):
-        super().__init__(status)
-        self.status = status
-        self.body = body
 
 
 @attrs.frozen
@@ -127,13 +141,12 @@ def _int_param(text: str, field: str) -> int:
     return int(text)
 
 
-def resolve(path: str, sim: Simulator) -> CollectionQuery | int | None:
+def resolve(path: str, chain: Chain) -> CollectionQuery | int | None:
     """Map a path to a collection query, a single record's key, or None (not found).
 
     Raises:
         Problem: a malformed id in the path.
     """
-    chain = sim.chain
     for name, pattern in _ROUTES:
         m = pattern.fullmatch(path)
         if m is None:
@@ -265,7 +278,7 @@ def parse_page_params(query: dict[str, str]) -> PageParams:
 class HorizonApp:
     """The ASGI callable. One instance per :class:`Simulator`, reused across restarts."""
 
-    def __init__(self, sim: Simulator):
+    def __init__(self, sim: HorizonHost):
         self.sim = sim
         config = sim.config
         #: Horizon's per-client limiter (--rate-limit); None: no limit, no X-RateLimit headers.
@@ -284,7 +297,7 @@ class HorizonApp:
         path: str = scope["path"]
         try:
             if path.startswith("/_simulator/"):
-                await self._control(scope, receive, send)
+                await serve_control(self.sim, scope, receive, send)
                 return
             delay = self.sim.config.response_delay_ms
             if delay:
@@ -369,7 +382,7 @@ class HorizonApp:
         if path == "/":
             await respond(send, 200, render.HAL_JSON, self._root(base), rate_headers)
             return
-        target = resolve(path, self.sim)
+        target = resolve(path, self.sim.chain)
         if target is None:
             raise Problem(404, render.not_found())
         if isinstance(target, int):
@@ -522,76 +535,13 @@ class HorizonApp:
             # connection timeout: Horizon says goodbye too
             await send({"type": "http.response.body", "body": render.SSE_BYEBYE})
 
-    # -- control --------------------------------------------------------------------------------
-
-    async def _control(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        method, path, faults = scope["method"], scope["path"], self.sim.faults
-        try:
-            data = json.loads(body) if body.strip() else {}
-            if not isinstance(data, dict):
-                raise ValueError("the body must be a JSON object")
-            if path == "/_simulator/faults" and method == "GET":
-                result: dict[str, Any] = faults.snapshot()
-            elif path == "/_simulator/faults" and method == "DELETE":
-                faults.clear()
-                result = faults.snapshot()
-            elif path == "/_simulator/faults" and method == "POST":
-                down = self._arm(data)
-                result = faults.snapshot()
-                if down is not None:
-                    result["down"] = {"seconds": down}
-                    await self._json(send, 200, result)
-                    self.sim.schedule_down(down)
-                    return
-            elif path == "/_simulator/ledgers" and method in ("GET", "POST"):
-                for _ in range(int(data.get("count", 1)) if method == "POST" else 0):
-                    self.sim.close_ledger()
-                result = {"latest_ledger": self.sim.chain.latest}
-            else:
-                raise Problem(404, render.not_found())
-        except (ValueError, TypeError, KeyError) as exc:
-            raise Problem(400, render.bad_request("body", str(exc))) from exc
-        await self._json(send, 200, result)
-
-    def _arm(self, data: dict[str, Any]) -> float | None:
-        check_known(data, {"fail", "close_stream_after", "malformed", "stall", "freeze", "down"})
-        faults = self.sim.faults
-        if "fail" in data:
-            spec = data["fail"]
-            faults.fail_requests(
-                int(spec.get("status", 429)),
-                **duration_of(spec),
-                retry_after=int(spec.get("retry_after", 1)),
-            )
-        if "close_stream_after" in data:
-            spec = data["close_stream_after"]
-            faults.close_streams_after(int(spec["events"]), streams=int(spec.get("streams", 1)))
-        if "malformed" in data:
-            faults.send_malformed(MalformedKind(data["malformed"]["kind"]))
-        if "stall" in data:
-            faults.stall_streams(float(data["stall"]["seconds"]))
-        if "freeze" in data:
-            faults.freeze_ingestion(float(data["freeze"]["seconds"]))
-        if "down" in data:
-            return float(data["down"]["seconds"])
-        return None
-
-    async def _json(self, send: Send, status: int, value: Any) -> None:
-        await respond(send, status, b"application/json", json.dumps(value).encode())
-
 
 class _Stream:
     """One SSE stream: existing records after the cursor, then new ones as ledgers close."""
 
     def __init__(
         self,
-        sim: Simulator,
+        sim: HorizonHost,
         query: CollectionQuery,
         params: PageParams,
         after: int | None,

@@ -33,7 +33,8 @@ from typing import Any
 
 from ingestion.lake.keys import MANIFEST, LakeSchema
 from ingestion.rpc.protocol import TX_MASK
-from ingestion.simulator.chain import NETWORK_PASSPHRASE, PROTOCOL_VERSION, Chain, ledger_hash_of
+from ingestion.simulator.chain import Chain
+from ingestion.simulator.records import NETWORK_PASSPHRASE, PROTOCOL_VERSION, ledger_hash_of
 from ingestion.simulator.rpc_events import RpcEvent, ledger_events, scval_of
 
 #: The layout the simulator writes: the public lakes' (one ledger per object).

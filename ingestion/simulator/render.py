@@ -14,7 +14,7 @@ from json.encoder import encode_basestring as _encode_string  # the C escaper, n
 from typing import Any
 from urllib.parse import quote
 
-from ingestion.simulator.chain import PLACEHOLDER_BASE, LedgerContent
+from ingestion.simulator.records import PLACEHOLDER_BASE, LedgerContent
 
 PLACEHOLDER = PLACEHOLDER_BASE.encode("ascii")
 PROBLEM_BASE = "https://stellar.org/horizon-errors/"
@@ -195,6 +195,15 @@ def page(
     else:
         body = b',\n  "_embedded": {\n    "records": []\n  }\n}'
     return go_escape(head.encode("utf-8")) + body
+
+
+class Problem(Exception):
+    """Answer the request with this problem (and status)."""
+
+    def __init__(self, status: int, body: bytes):
+        super().__init__(status)
+        self.status = status
+        self.body = body
 
 
 def problem(

@@ -35,10 +35,11 @@ Control endpoint on the RPC port (JSON in and out; not part of Stellar RPC):
 from __future__ import annotations
 
 import base64
+import collections
 import hashlib
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -54,12 +55,10 @@ from ingestion.rpc.protocol import (
     GetEventsRequest,
     RpcError,
 )
-from ingestion.simulator.chain import NETWORK_PASSPHRASE, PROTOCOL_VERSION, ledger_hash_of
-from ingestion.simulator.faults import RpcFailureKind, check_known, duration_of
-from ingestion.simulator.rpc_events import RpcEvent, all_events, json_format, scan
-
-if TYPE_CHECKING:
-    from ingestion.simulator.server import Simulator
+from ingestion.simulator.chain import Chain
+from ingestion.simulator.faults import RpcFailureKind, RpcFaults, check_known, duration_of
+from ingestion.simulator.records import NETWORK_PASSPHRASE, PROTOCOL_VERSION, ledger_hash_of
+from ingestion.simulator.rpc_events import EventLog, RpcEvent, all_events, json_format, scan
 
 JSON = b"application/json"
 DEFAULT_RETENTION_WINDOW = 120_960  # stellar-rpc's default HISTORY_RETENTION_WINDOW: 7 days of ledgers
@@ -81,6 +80,36 @@ class SeenRpcRequest:
     at: float  # trio.current_time() on arrival
 
 
+class RpcSettings(Protocol):
+    """The settings the RPC app reads (the server's ``SimulatorConfig``)."""
+
+    @property
+    def response_delay_ms(self) -> int: ...
+    @property
+    def rpc_max_healthy_latency(self) -> float: ...
+
+
+class RpcHost(Protocol):
+    """What the RPC app needs of the simulator serving it (the server's ``Simulator``)."""
+
+    @property
+    def config(self) -> RpcSettings: ...
+    @property
+    def chain(self) -> Chain: ...
+    @property
+    def rpc_faults(self) -> RpcFaults: ...
+    @property
+    def rpc_log(self) -> EventLog: ...
+    @property
+    def rpc_requests(self) -> collections.deque[SeenRpcRequest]: ...
+    @property
+    def rpc_statuses(self) -> collections.Counter[int]: ...
+    @property
+    def rpc_methods(self) -> collections.Counter[str]: ...
+    @property
+    def rpc_errors(self) -> collections.Counter[int]: ...
+
+
 def go_duration(seconds: int) -> str:
     """Go's ``time.Duration.String`` of a whole number of seconds: ``45s``, ``2m5s``, ``1h0m0s``."""
     hours, rest = divmod(seconds, 3600)
@@ -95,7 +124,7 @@ def go_duration(seconds: int) -> str:
 class RpcApp:
     """The ASGI callable of the RPC port. One instance per :class:`Simulator`."""
 
-    def __init__(self, sim: Simulator):
+    def __init__(self, sim: RpcHost):
         self.sim = sim
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -51,7 +51,8 @@ from ingestion.rpc.protocol import (
     event_head,
     matches,
 )
-from ingestion.simulator.chain import Chain, timestamp
+from ingestion.simulator.chain import Chain
+from ingestion.simulator.records import timestamp
 from ingestion.simulator.render import go_json
 
 SYSTEM_EVERY = 20  # a system event in every ledger whose sequence is a multiple of this

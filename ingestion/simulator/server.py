@@ -23,9 +23,10 @@ from hypercorn.trio import serve
 
 from ingestion.rpc.protocol import EventFilter
 from ingestion.simulator.app import CollectionQuery, HorizonApp, SeenRequest, resolve
-from ingestion.simulator.chain import KEY_SHIFT, Chain, ChainSpec
+from ingestion.simulator.chain import Chain
 from ingestion.simulator.faults import Faults, RpcFaults
 from ingestion.simulator.lake import LakeWriter, ledger_close_meta, object_bytes
+from ingestion.simulator.records import KEY_SHIFT, ChainSpec
 from ingestion.simulator.render import compact_form, with_base
 from ingestion.simulator.rpc import RpcApp, SeenRpcRequest
 from ingestion.simulator.rpc_events import EventLog
@@ -203,7 +204,7 @@ class Simulator:
         """
         import json
 
-        query = resolve(resource, self)
+        query = resolve(resource, self.chain)
         if not isinstance(query, CollectionQuery):
             raise ValueError(f"not a Horizon collection path: {resource!r}")
         out: list[dict[str, Any]] = []
