@@ -204,6 +204,8 @@ class Ingestor:
                     if self.pace is not None:
                         self.pace.observed(len(part.records), trio.current_time() - started)
                     committed = outcome.cursor
+                    if part.committed is not None and rest is None:
+                        part.committed.set()  # the source may go on (Batch.committed)
                     if term.stopping:
                         return "revoked", ""
         self.log.info("source-exhausted", token=grant.token, cursor=committed)

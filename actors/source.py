@@ -56,6 +56,10 @@ class Batch:
 
     records: tuple[Record, ...]
     through: str | None = None
+    # Set by the Ingestor once this batch (its last part, when it is committed in parts) is
+    # committed: a source that must not run ahead of its commits (push delivery: the next POST
+    # waits until the previous answer is durably recorded) waits on it after handing the batch on.
+    committed: trio.Event | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def cursor(self) -> str:
@@ -68,8 +72,8 @@ class Batch:
         if len(records) <= size:
             return [self]
         parts = [Batch(records[i : i + size]) for i in range(0, len(records), size)]
-        if self.through is not None:
-            parts[-1] = Batch(parts[-1].records, through=self.through)
+        if self.through is not None or self.committed is not None:
+            parts[-1] = Batch(parts[-1].records, through=self.through, committed=self.committed)
         return parts
 
     def take(self, size: int) -> tuple[Batch, Batch | None]:
@@ -80,7 +84,7 @@ class Batch:
         records = self.records
         if len(records) <= size:
             return self, None
-        return Batch(records[:size]), Batch(records[size:], through=self.through)
+        return Batch(records[:size]), Batch(records[size:], through=self.through, committed=self.committed)
 
     def __attrs_post_init__(self) -> None:
         if not self.records and self.through is None:

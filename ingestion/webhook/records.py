@@ -1,0 +1,244 @@
+"""Reading another job's committed records, for delivery: from its Redis events stream or from its
+PostgreSQL sink.
+
+A webhook job never reads a record that its source job has not committed: it reads where the
+source job commits, after the fact. Positions are store-specific (a stream entry id, a row's
+``seq``); the webhook job's own committed position is the last delivered record's paging token, so
+a term starts by locating that token in the store (:meth:`locate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+import attrs
+import redis
+import trio
+
+from actors.cursor_order import token_key
+from actors.lease_store import LeaseStore, RedisUnavailable
+from actors.sink import SinkUnavailable
+from actors.source import Record
+
+T = TypeVar("T")
+SCAN_PAGE = 1000  # entries read per step when scanning for a position
+
+
+@attrs.frozen
+class Stored:
+    """One committed record of the source job: where it is, when it was committed (Unix ms, the
+    store's clock), and the record (paging token and JSON as committed)."""
+
+    position: str
+    committed_ms: int
+    record: Record
+
+
+class RecordStore(Protocol):
+    """Where the source job's records are (see the module docstring)."""
+
+    async def locate(self, cursor: str) -> str:
+        """The position after which the records strictly after ``cursor`` start (``"0"`` or
+        ``"0-0"``: from the first record held)."""
+        ...
+
+    async def read(self, after: str, count: int) -> list[Stored]:
+        """Up to ``count`` records after ``after``, in order."""
+        ...
+
+    async def wait(self, after: str, seconds: float) -> None:
+        """Return once a record after ``after`` may exist, or after about ``seconds``."""
+        ...
+
+    async def newest(self) -> str | None:
+        """The paging token of the newest record held (None: none)."""
+        ...
+
+    async def hold(self, position: str) -> None:
+        """Keep every record after ``position`` from retention (best effort, never raises)."""
+        ...
+
+
+def _stream_ms(entry_id: str) -> int:
+    return int(entry_id.partition("-")[0])
+
+
+class StreamRecords:
+    """The source job's Redis events stream (``ingestion:{JOB}:events``): entries
+    ``paging_token``, ``token``, ``node``, ``record`` in commit order.
+
+    ``holder`` names a consumer group on the stream that :meth:`hold` moves along the delivered
+    records: the commit script's trim never drops an entry a group still needs, so undelivered
+    records outlive ``events.max_len``."""
+
+    def __init__(self, store: LeaseStore, holder: str) -> None:
+        self.store = store
+        self.key = store.keys["events"]
+        self.holder = holder
+        self._held: str | None = None
+
+    async def _range(self, start: str, end: str, count: int, reverse: bool = False) -> list[Stored]:
+        client = self.store.client
+        if reverse:
+            rows: Any = await self.store.run(lambda: client.xrevrange(self.key, start, end, count=count))
+        else:
+            rows = await self.store.run(lambda: client.xrange(self.key, start, end, count=count))
+        out = []
+        for entry_id, fields in rows:
+            eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+            f = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                 for k, v in fields.items()}  # fmt: skip
+            out.append(Stored(eid, _stream_ms(eid), Record(f["paging_token"], f["record"])))
+        return out
+
+    async def read(self, after: str, count: int) -> list[Stored]:
+        start = "-" if after in ("0", "0-0") else f"({after}"
+        return await self._range(start, "+", count)
+
+    async def newest(self) -> str | None:
+        last = await self._range("+", "-", 1, reverse=True)
+        return last[0].record.paging_token if last else None
+
+    async def locate(self, cursor: str) -> str:
+        if cursor == "0":
+            return "0-0"
+        key = token_key(cursor)
+        newest = await self._range("+", "-", 1, reverse=True)
+        if not newest or token_key(newest[0].record.paging_token) <= key:
+            return newest[0].position if newest else "0-0"
+        lo, hi_ms = "0-0", newest[0].committed_ms  # entries up to lo are <= cursor; from hi_ms on, after
+        while True:
+            # Jump closer by the commit times (entries are in paging-token order), then scan.
+            while hi_ms - (_stream_ms(lo) if lo != "0-0" else 0) > 1 and lo != "0-0":
+                mid = (_stream_ms(lo) + hi_ms) // 2
+                probe = await self._range(f"{mid}-0", "+", 1)
+                if probe and token_key(probe[0].record.paging_token) <= key:
+                    lo = probe[0].position
+                else:
+                    hi_ms = mid
+            page = await self.read(lo, SCAN_PAGE)
+            for i, entry in enumerate(page):
+                if token_key(entry.record.paging_token) > key:
+                    return page[i - 1].position if i else lo
+            if len(page) < SCAN_PAGE:
+                return page[-1].position if page else lo
+            lo = page[-1].position
+
+    async def wait(self, after: str, seconds: float) -> None:
+        # XREAD BLOCK answers as soon as an entry after ``after`` exists; bounded well inside the
+        # store's call bound, so a quiet stream costs one call per block.
+        block_ms = max(1, min(int(seconds * 1000), int(self.store.call_timeout * 500)))
+        start = "0-0" if after in ("0", "0-0") else after
+        client = self.store.client
+        await self.store.run(lambda: client.xread({self.key: start}, count=1, block=block_ms))
+
+    async def hold(self, position: str) -> None:
+        if position == self._held or position in ("0", "0-0"):
+            return
+        client = self.store.client
+
+        def move() -> None:
+            try:
+                client.xgroup_setid(self.key, self.holder, position)
+            except redis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                client.xgroup_create(self.key, self.holder, position, mkstream=True)
+
+        try:
+            await self.store.run(move)
+            self._held = position
+        except RedisUnavailable:
+            pass  # retention may keep more for a while; it never drops what is undelivered
+
+
+class PostgresRecords:
+    """The source job's rows in a PostgreSQL sink (``<schema>.events``: ``seq`` 1, 2, ... in commit
+    order). One connection, in a worker thread, every call bounded by ``timeout``."""
+
+    def __init__(self, url: str, schema: str, job: str, timeout: float = 2.0, poll: float = 0.02) -> None:
+        from ingestion.postgres import sql
+
+        self.url, self.job, self.timeout, self.poll = url, job, timeout, poll
+        self.table = f"{sql.quoted(schema)}.events"
+        self._conn: Any = None
+        self._limiter = trio.CapacityLimiter(1)
+
+    async def _run(self, fn: Callable[[Any], T]) -> T:
+        from ingestion.postgres.connection import connect
+
+        def call() -> T:
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                self._conn = connect(self.url, self.timeout, "ingestion-webhook")
+                self._conn.autocommit = True
+            return fn(self._conn)
+
+        try:
+            with trio.fail_after(self.timeout):
+                return await trio.to_thread.run_sync(call, abandon_on_cancel=True, limiter=self._limiter)
+        except trio.TooSlowError as exc:
+            raise SinkUnavailable(f"postgres: no answer within {self.timeout * 1000:.0f} ms") from exc
+        except Exception as exc:  # psycopg's errors: an outage of the source job's sink
+            import psycopg
+
+            if isinstance(exc, psycopg.Error):
+                self._conn = None
+                raise SinkUnavailable(f"postgres: {exc}") from exc
+            raise
+
+    async def read(self, after: str, count: int) -> list[Stored]:
+        rows = await self._run(
+            lambda c: c.execute(
+                f"SELECT seq, (extract(epoch FROM committed_at) * 1000)::bigint, paging_token, "
+                f"record::text FROM {self.table} WHERE job = %s AND seq > %s ORDER BY seq LIMIT %s",
+                (self.job, int(after), count),
+            ).fetchall()
+        )
+        return [Stored(str(s), int(ms), Record(str(p), str(r))) for s, ms, p, r in rows]
+
+    async def newest(self) -> str | None:
+        row = await self._run(
+            lambda c: c.execute(
+                f"SELECT paging_token FROM {self.table} WHERE job = %s ORDER BY seq DESC LIMIT 1",
+                (self.job,),
+            ).fetchone()
+        )
+        return str(row[0]) if row else None
+
+    async def locate(self, cursor: str) -> str:
+        if cursor == "0":
+            return "0"
+        key = token_key(cursor)
+        row = await self._run(
+            lambda c: c.execute(
+                f"SELECT coalesce(min(seq), 1) - 1, coalesce(max(seq), 0) FROM {self.table} WHERE job = %s",
+                (self.job,),
+            ).fetchone()
+        )
+        lo, hi = int(row[0]), int(row[1]) + 1  # rows <= lo are <= cursor (none); rows >= hi after
+        while hi - lo > 1:  # the rows' paging tokens rise with seq: bisect
+            mid = (lo + hi) // 2
+            got = await self._run(
+                lambda c, mid=mid: c.execute(
+                    f"SELECT seq, paging_token FROM {self.table} WHERE job = %s AND seq >= %s "
+                    "ORDER BY seq LIMIT 1",
+                    (self.job, mid),
+                ).fetchone()
+            )
+            if got is None or token_key(str(got[1])) > key:
+                hi = mid
+            else:
+                lo = int(got[0])
+        return str(lo)
+
+    async def wait(self, after: str, seconds: float) -> None:
+        await trio.sleep(min(seconds, self.poll))
+
+    async def hold(self, position: str) -> None:
+        return None  # the sink's max_len trims by count (docs/WEBHOOKS.md)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

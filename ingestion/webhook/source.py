@@ -1,0 +1,381 @@
+"""The webhook job: delivers another job's committed records to one endpoint, signed, in order.
+
+:class:`WebhookSource` is a :class:`~actors.source.Source` whose "records" are delivery outcomes:
+after an endpoint acknowledged a record (2xx), the source hands the Ingestor a batch that only
+moves the job's cursor to that record's paging token (``Batch((), through=token)``), which the
+CursorWriter commits with the term's fencing token like any cursor. A record whose retries are
+exhausted is handed on as a *record* of the webhook job: its dead letter, appended to the job's own
+events stream in the same fenced commit that moves the position past it. So the delivery position
+and the dead-letter list are Redis's, fenced, and a paused or partitioned former deliverer can move
+neither.
+
+Ordered delivery (``concurrency = 1``, the default) waits for each position commit before the next
+POST (``Batch.committed``): a record is sent again only when its acknowledgement was not committed,
+and never after a later record was acknowledged. With ``concurrency`` > 1, up to that many POSTs are
+in flight and the position moves over the finished prefix (:class:`~ingestion.webhook.core.Window`).
+
+Operators' requests (``ingestion webhooks replay|enable``) arrive in the job's ``requests`` stream;
+the leader carries them out under its token and records them done in the ``endpoint`` hash.
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+import ssl
+import time
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any
+
+import attrs
+import httpx
+import orjson
+import trio
+
+from actors.cursor_order import token_key
+from actors.lease_store import CommitRejected, LeaseStore
+from actors.source import Batch, Record, TermContext, TermFenced, current_term
+from ingestion.http import describe
+from ingestion.retry import parse_retry_after
+from ingestion.webhook.core import (
+    DELIVERED,
+    EXCERPT_BYTES,
+    GONE,
+    RetrySchedule,
+    Window,
+    envelope,
+    event_time,
+    event_type,
+    judge,
+    message_id,
+    outcome_label,
+    sign,
+)
+from ingestion.webhook.records import RecordStore, Stored
+
+USER_AGENT = "ingestion-webhooks/1"
+READ_PAGE = 1000  # records read from the source job's store at a time
+REQUESTS_EVERY = 1.0  # seconds between looks at the operators' requests while delivering
+DISABLED_POLL = 1.0  # seconds between looks while the endpoint is disabled
+
+
+def webhook_keys(job: str) -> dict[str, str]:
+    """The webhook job's own keys beside its lease store's (same hash tag, same cluster slot)."""
+    prefix = f"ingestion:{{{job}}}"
+    return {name: f"{prefix}:{name}" for name in ("endpoint", "requests", "replayed")}
+
+
+@attrs.define
+class WebhookStats:
+    """What the node's metrics and status show of one webhook job (this node's view)."""
+
+    delivered: int = 0  # records acknowledged (2xx) and committed
+    attempts: dict[str, int] = attrs.Factory(dict)  # by outcome: 2xx, 3xx, 4xx, 429, 5xx, timeout, error
+    dead_letters: int = 0
+    state: str = "idle"  # idle (not leading), ok, failing, disabled
+    oldest_undelivered_ms: int | None = None  # commit time of the next record to deliver
+    last_delivered_ms: int | None = None
+
+    def lag_seconds(self, now_ms: int) -> float:
+        if self.oldest_undelivered_ms is None:
+            return 0.0
+        return max(0.0, (now_ms - self.oldest_undelivered_ms) / 1000)
+
+
+@attrs.frozen
+class Unit:
+    """What one POST carries: one record, or a batch of records (a JSON array)."""
+
+    stored: tuple[Stored, ...]
+    msg_id: str
+    body: bytes
+
+    @property
+    def key(self) -> str:
+        return self.stored[0].record.paging_token
+
+    @property
+    def last(self) -> str:
+        return self.stored[-1].record.paging_token
+
+
+@attrs.frozen
+class Attempt:
+    status: int | None
+    error: str
+    retry_after: float | None
+    excerpt: str
+
+
+@attrs.define
+class WebhookSource:
+    """Deliver the records of ``from_job`` (of kind ``from_kind``), read from ``records``, to
+    ``url``; ``store`` is the webhook job's own lease store (fenced writes of its endpoint state)."""
+
+    job: str
+    from_job: str
+    from_kind: str
+    records: RecordStore
+    store: LeaseStore
+    url: str
+    keys: tuple[bytes, ...]
+    schedule: RetrySchedule
+    log: Any
+    on_exhausted: str = "dead-letter"
+    batch: int = 1
+    concurrency: int = 1
+    connect_timeout: float = 2.0
+    timeout: float = 15.0
+    verify: ssl.SSLContext | bool = True
+    stats: WebhookStats = attrs.Factory(WebhookStats)
+    rng: random.Random = attrs.Factory(random.Random)
+    _requests_seen: float = attrs.field(default=-1e9, init=False)
+
+    async def resolve_start(self, cursor: str) -> str:
+        """``now``: the newest record the source job holds (``0`` when it holds none)."""
+        if cursor != "now":
+            return cursor
+        return await self.records.newest() or "0"
+
+    # -- the term ---------------------------------------------------------------------------------
+
+    @trio.as_safe_channel
+    async def stream(self, cursor: str) -> AsyncGenerator[Batch, None]:
+        term = current_term.get()
+        self.stats.state = "ok"
+        try:
+            position = await self.records.locate(cursor)
+            keys = webhook_keys(self.job)
+            endpoint = await self.store.run(lambda: self.store.client.hgetall(keys["endpoint"]))
+            if _text(endpoint.get(b"state", endpoint.get("state", b""))) == "disabled":
+                self.stats.state = "disabled"
+            limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
+            timeout = httpx.Timeout(self.timeout, connect=self.connect_timeout)
+            client = httpx.AsyncClient(
+                timeout=timeout, limits=limits, verify=self.verify, follow_redirects=False,
+                headers={"user-agent": USER_AGENT, "content-type": "application/json"},
+            )  # fmt: skip
+            async with client, trio.open_nursery() as nursery:
+                units_send, units_recv = trio.open_memory_channel[Unit](max(2, 2 * self.concurrency))
+                done_send, done_recv = trio.open_memory_channel[None](float("inf"))
+                nursery.start_soon(self._read, position, units_send)
+                window = Window()
+                slots = trio.Semaphore(self.concurrency)
+                outcomes: dict[str, tuple[Unit, str, dict[str, Any]]] = {}
+
+                async def deliver(unit: Unit) -> None:
+                    outcome, detail = await self._deliver(client, unit, term)
+                    outcomes[unit.key] = (unit, outcome, detail)
+                    window.finished(unit.key, outcome)
+                    if self.concurrency > 1:
+                        slots.release()
+                    done_send.send_nowait(None)
+
+                async def dispatch() -> None:
+                    async with units_recv:
+                        async for unit in units_recv:
+                            await slots.acquire()
+                            window.opened(unit.key)
+                            nursery.start_soon(deliver, unit)
+
+                nursery.start_soon(dispatch)
+                async for _ in done_recv:
+                    finished = window.take_done()
+                    if not finished:
+                        continue
+                    done = [outcomes.pop(key) for key, _ in finished]
+                    batch = _commit_batch(done)
+                    yield batch
+                    assert batch.committed is not None
+                    await batch.committed.wait()
+                    self._committed(done)
+                    if self.concurrency == 1:
+                        slots.release()
+        finally:
+            self.stats.state = "idle"
+
+    def _committed(self, done: Sequence[tuple[Unit, str, dict[str, Any]]]) -> None:
+        for unit, outcome, _ in done:
+            if outcome == DELIVERED:
+                self.stats.delivered += len(unit.stored)
+                self.stats.last_delivered_ms = unit.stored[-1].committed_ms
+            else:
+                self.stats.dead_letters += len(unit.stored)
+
+    async def _read(self, position: str, units: trio.MemorySendChannel[Unit]) -> None:
+        """Read the source job's records after ``position`` and hand them on as units, waiting at
+        the end for more; keeps the retention floor at what was read and confirmed delivered."""
+        async with units:
+            while True:
+                page = await self.records.read(position, READ_PAGE)
+                if not page:
+                    self.stats.oldest_undelivered_ms = None
+                    await self.records.wait(position, 1.0)
+                    continue
+                if self.stats.oldest_undelivered_ms is None:
+                    self.stats.oldest_undelivered_ms = page[0].committed_ms
+                for i in range(0, len(page), self.batch):
+                    await units.send(self._unit(page[i : i + self.batch]))
+                await self.records.hold(position)  # (only what the previous page left behind)
+                position = page[-1].position
+
+    def _unit(self, stored: Sequence[Stored]) -> Unit:
+        bodies = []
+        for s in stored:
+            try:
+                parsed = orjson.loads(s.record.body)
+            except orjson.JSONDecodeError:
+                parsed = {}
+            record = parsed if isinstance(parsed, dict) else {}
+            when = event_time(record) or _iso(s.committed_ms)
+            bodies.append(envelope(event_type(self.from_kind, record), when, s.record.body))
+        first, last = stored[0].record.paging_token, stored[-1].record.paging_token
+        if self.batch == 1:
+            return Unit(tuple(stored), message_id(self.from_job, first), bodies[0].encode())
+        return Unit(tuple(stored), message_id(self.from_job, first, last), f"[{','.join(bodies)}]".encode())
+
+    # -- one unit, until it is delivered or given up ----------------------------------------------
+
+    async def _deliver(self, client: httpx.AsyncClient, unit: Unit, term: TermContext) -> tuple[str, dict[str, Any]]:
+        failures = 0
+        first_failure = 0.0
+        first_attempt = time.time()
+        while True:
+            await self._while_disabled(term)
+            attempt = await self._post(client, unit, term.token)
+            label = outcome_label(attempt.status, attempt.error)
+            self.stats.attempts[label] = self.stats.attempts.get(label, 0) + 1
+            verdict = judge(attempt.status)
+            if verdict == DELIVERED:
+                if failures:
+                    await self._set_endpoint(term, state="ok", attempts="0", last_status=str(attempt.status))
+                    self.log.info("webhook-recovered", record=unit.key, attempts=failures + 1)
+                if self.stats.state == "failing":
+                    self.stats.state = "ok"
+                return DELIVERED, {}
+            if verdict == GONE:
+                self.stats.state = "disabled"
+                self.log.error("webhook-endpoint-disabled", url=self.url, record=unit.key, status=410,
+                               answer=attempt.excerpt)  # fmt: skip
+                await self._set_endpoint(term, state="disabled", last_status="410", disabled_at_ms=_now_ms())
+                continue
+            failures += 1
+            now = trio.current_time()
+            if failures == 1:
+                first_failure = now
+            exhausted = self.schedule.exhausted(failures, now - first_failure)
+            if exhausted and self.on_exhausted == "dead-letter":
+                detail = {
+                    "attempts": failures, "status": attempt.status, "error": attempt.error,
+                    "answer": attempt.excerpt, "first_attempt_at": _iso(int(first_attempt * 1000)),
+                    "last_attempt_at": _iso(_now_ms()),
+                }  # fmt: skip
+                self.log.error("webhook-dead-lettered", record=unit.key, records=len(unit.stored),
+                               **{k: v for k, v in detail.items() if k != "answer"})  # fmt: skip
+                return "dead", detail
+            if exhausted:  # on_exhausted = "block": on at the schedule's last interval, in order
+                delay = self.schedule.delays[-1] if self.schedule.delays else 1.0
+                delay = max(delay, attempt.retry_after or 0.0)
+            else:
+                delay = self.schedule.delay(failures, self.rng.random(), attempt.retry_after) or 0.0
+            self.stats.state = "failing"
+            self.log.warning(
+                "webhook-failed", record=unit.key, attempt=failures, status=attempt.status,
+                error=attempt.error, answer=attempt.excerpt, retry_in_s=round(delay, 3),
+            )  # fmt: skip
+            await self._set_endpoint(
+                term, state="failing", attempts=str(failures), last_status=str(attempt.status or ""),
+                last_error=attempt.error[:200], next_attempt_at_ms=str(_now_ms() + int(delay * 1000)),
+                failing_record=unit.key,
+            )  # fmt: skip
+            await trio.sleep(delay)
+
+    async def _post(self, client: httpx.AsyncClient, unit: Unit, token: int) -> Attempt:
+        ts = int(time.time())
+        headers = {
+            "webhook-id": unit.msg_id,
+            "webhook-timestamp": str(ts),
+            "webhook-signature": sign(self.keys, unit.msg_id, ts, unit.body),
+            "webhook-fencing-token": str(token),
+        }
+        status: int | None = None
+        excerpt = b""
+        retry_after: float | None = None
+        with trio.move_on_after(self.timeout) as scope:  # the total timeout: a slow endpoint is cut
+            try:
+                async with client.stream("POST", self.url, content=unit.body, headers=headers) as resp:
+                    status = resp.status_code
+                    if not 200 <= status < 300:
+                        async for chunk in resp.aiter_raw():
+                            excerpt += chunk
+                            if len(excerpt) >= EXCERPT_BYTES:
+                                break
+                    if status in (429, 503):
+                        retry_after = parse_retry_after(resp.headers.get("retry-after"), time.time())
+            except httpx.HTTPError as exc:
+                if status is None:
+                    return Attempt(None, describe(exc), None, "")
+        if scope.cancelled_caught and status is None:
+            return Attempt(None, f"timed out: no answer within {self.timeout:g} s", None, "")
+        text = excerpt[:EXCERPT_BYTES].decode("utf-8", "replace")
+        return Attempt(status, "" if status else "no answer", retry_after, text)
+
+    # -- the endpoint's state and the operators' requests -----------------------------------------
+
+    async def _set_endpoint(self, term: TermContext, **fields: Any) -> None:
+        key = webhook_keys(self.job)["endpoint"]
+        mapping = {k: str(v) for k, v in fields.items()} | {"updated_at_ms": str(_now_ms())}
+        refused = await self.store.fenced_hset(term.node, term.token, key, mapping)
+        if isinstance(refused, CommitRejected):
+            raise TermFenced(refused.reason)
+
+    async def _while_disabled(self, term: TermContext) -> None:
+        """Wait while the endpoint is disabled (410 Gone), until an operator enables it again
+        (``ingestion webhooks enable``: a request the leader carries out, fenced)."""
+        while self.stats.state == "disabled":
+            if await self._enable_requested(term):
+                return
+            await trio.sleep(DISABLED_POLL)
+
+    async def _enable_requested(self, term: TermContext) -> bool:
+        keys = webhook_keys(self.job)
+        client = self.store.client
+        raw = await self.store.run(lambda: client.hget(keys["endpoint"], "enable_requested_at_ms"))
+        done = await self.store.run(lambda: client.hget(keys["endpoint"], "disabled_at_ms"))
+        if raw is None or int(_text(raw)) < int(_text(done or b"0")):
+            return False
+        await self._set_endpoint(term, state="ok", attempts="0")
+        self.stats.state = "ok"
+        self.log.info("webhook-endpoint-enabled", url=self.url)
+        return True
+
+
+def _commit_batch(done: Sequence[tuple[Unit, str, dict[str, Any]]]) -> Batch:
+    """One commit for a finished prefix: the dead letters as the webhook job's records, and the
+    position through the last unit (a cursor-only batch when everything was delivered)."""
+    records: list[Record] = []
+    for unit, outcome, detail in done:
+        if outcome == DELIVERED:
+            continue
+        for s in unit.stored:
+            entry = {
+                "webhook_id": unit.msg_id, "source_id": s.record.paging_token,
+                "record": orjson.loads(s.record.body) if s.record.body[:1] in ("{", "[") else s.record.body,
+                **detail,
+            }  # fmt: skip
+            records.append(Record(s.record.paging_token, orjson.dumps(entry).decode()))
+    last = done[-1][0].last
+    through = None if records and token_key(records[-1].paging_token) == token_key(last) else last
+    return Batch(tuple(records), through=through, committed=trio.Event())
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _iso(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
