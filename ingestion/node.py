@@ -80,6 +80,12 @@ def build_source(
         ValueError: the job's resource or action cannot be used.
     """
     job = job or settings.jobs[0]
+    if job.kind == "webhook":
+        from ingestion.webhook.build import build_webhook_source
+
+        if store is None:
+            raise ValueError("a webhook job's source needs its lease store")
+        return build_webhook_source(settings, job, store)
     if job.kind == "scheduled":
         action = load_action(job.action)
         if action is None:
@@ -146,6 +152,8 @@ def _job_summary(job: JobSettings) -> dict[str, Any]:
             "job": job.name, "kind": job.kind, "lake": job.lake_url,
             "filters": [f.to_json() for f in job.rpc_filters()],
         }  # fmt: skip
+    if job.kind == "webhook" and job.webhook is not None:
+        return {"job": job.name, "kind": job.kind, "from": job.webhook.source_job, "url": redact_url(job.webhook.url)}
     return {"job": job.name, "kind": job.kind, "action": job.action}
 
 

@@ -18,7 +18,7 @@ from ingestion.config.checks import (
     did_you_mean,
 )
 from ingestion.config.schema import JOB_KINDS, JOB_SCHEMA
-from ingestion.config.sections import JobSettings
+from ingestion.config.sections import JobSettings, WebhookSettings
 
 
 def _check_job_name(name: str, where: str, problems: list[str]) -> bool:
@@ -43,7 +43,7 @@ def _check_start_cursor(start: str, where: str, problems: list[str]) -> None:
 
 
 def resolve_jobs(
-    v: dict[str, dict[str, Any]], tables: Any, problems: list[str]
+    v: dict[str, dict[str, Any]], tables: Any, problems: list[str], secrets: Mapping[str, str] | None = None
 ) -> tuple[JobSettings, ...]:
     """The jobs this node hosts: ``node.job`` entries (NAME or NAME=RESOURCE) if any, else every
     ``[jobs.NAME]`` table, else one job named after ``node.source`` (``horizon`` or ``rpc``); each
@@ -108,6 +108,15 @@ def resolve_jobs(
                 job = _lake_job(job, given, v["lake"], problems)
             jobs.append(job)
             continue
+        if kind == "webhook":
+            if eq:
+                problems.append(f"node.job: {entry!r}: a webhook job takes no resource")
+            secret = (secrets or {}).get(name.upper().replace("-", "_"))
+            jobs.append(_webhook_job(name, given, tables, v, secret, problems))
+            continue
+        webhook_only = sorted(k for k in given if k in WEBHOOK_KEYS)
+        if webhook_only:
+            problems.append(f"jobs.{name}: {', '.join(webhook_only)} apply to webhook jobs only")
         action, period = given.get("action", ""), given.get("period_ms", 0)
         if eq:
             problems.append(f"node.job: {entry!r}: a scheduled job takes no resource")
@@ -119,7 +128,105 @@ def resolve_jobs(
         if period <= 0:
             problems.append(f"jobs.{name}.period_ms: must be positive, got {period}")
         jobs.append(JobSettings(name, kind, "", "0", (), action, period))
-    return tuple(_with_sink(j, tables, v["sink"]["url"], problems) for j in jobs)
+    return tuple(
+        j if j.kind == "webhook" else _with_sink(j, tables, v["sink"]["url"], problems) for j in jobs
+    )
+
+
+WEBHOOK_KEYS = (
+    "from", "url", "secret", "secret_file", "start", "batch", "concurrency", "retry_schedule",
+    "max_age_ms", "on_exhausted", "connect_timeout_ms", "timeout_ms", "ca_file",
+)  # fmt: skip
+
+
+def _webhook_job(
+    name: str, given: Mapping[str, Any], tables: Mapping[str, Any], v: dict[str, dict[str, Any]],
+    env_secret: str | None, problems: list[str],
+) -> JobSettings:  # fmt: skip
+    """A webhook job from its table: the source job (``from``, a job of this configuration), the
+    endpoint, the secret (``secret``, ``secret_file`` or the environment) and the delivery rules."""
+    from ingestion.webhook.core import DEFAULT_SCHEDULE, ON_EXHAUSTED, parse_duration, parse_secrets
+
+    where = f"jobs.{name}"
+    for key in ("resource", "horizon", "rpc", "lake", "event_type", "contract_ids", "topics", "action",
+                "period_ms", "start_cursor", "sink"):  # fmt: skip
+        if key in given:
+            problems.append(f"{where}.{key}: does not apply to a webhook job")
+    source = given.get("from", "")
+    source_kind, source_sink = "", v["sink"]["url"]
+    table = tables.get(source) if source else None
+    if not source:
+        problems.append(f"{where}.from: names the job whose records are delivered (from = \"JOB\")")
+    elif source == name:
+        problems.append(f"{where}.from: a webhook job cannot deliver its own records")
+    elif isinstance(table, Mapping):
+        source_kind = str(table.get("kind", v["node"]["source"]))
+        source_sink = str(table.get("sink", source_sink))
+    elif not tables and source == v["node"]["source"]:
+        source_kind = source
+    else:
+        problems.append(f"{where}.from: no job named {source!r} in this configuration ([jobs.{source}])")
+    if source_kind == "webhook":
+        problems.append(f"{where}.from: {source!r} is a webhook job; deliver the job it delivers instead")
+    url = given.get("url", "")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        problems.append(f"{where}.url: must be an http(s) URL, got {url!r}")
+    secret = env_secret if env_secret is not None else given.get("secret", "")
+    if "secret_file" in given and env_secret is None:
+        if "secret" in given:
+            problems.append(f"{where}: give secret or secret_file, not both")
+        try:
+            with open(given["secret_file"], encoding="utf-8") as f:
+                secret = f.readline().strip()
+        except OSError as exc:
+            problems.append(f"{where}.secret_file: cannot read {given['secret_file']}: {exc.strerror}")
+            secret = None
+    if secret is not None:
+        try:
+            parse_secrets(secret)
+        except ValueError as exc:
+            problems.append(f"{where}.secret: {exc}")
+    schedule = tuple(given.get("retry_schedule", DEFAULT_SCHEDULE))
+    for text in schedule:
+        try:
+            parse_duration(text)
+        except ValueError as exc:
+            problems.append(f"{where}.retry_schedule: {exc}")
+    start = given.get("start", "now")
+    start_cursor = {"first": "0", "now": "now"}.get(start)
+    if start_cursor is None:
+        from ingestion.paging import InvalidPagingToken, token_key
+
+        try:
+            token_key(start)
+            start_cursor = start
+        except InvalidPagingToken:
+            problems.append(f"{where}.start: must be first, now or a record id, got {start!r}")
+            start_cursor = "now"
+    on_exhausted = given.get("on_exhausted", "dead-letter")
+    if on_exhausted not in ON_EXHAUSTED:
+        problems.append(f"{where}.on_exhausted: must be one of {', '.join(ON_EXHAUSTED)}, got {on_exhausted!r}")
+    for key, low in (("batch", 1), ("concurrency", 1), ("connect_timeout_ms", 1), ("timeout_ms", 1),
+                     ("max_age_ms", 0)):  # fmt: skip
+        if key in given and given[key] < low:
+            problems.append(f"{where}.{key}: must be at least {low}, got {given[key]}")
+    ca_file = given.get("ca_file", "")
+    if ca_file:
+        import os
+
+        if not os.path.isfile(ca_file):
+            problems.append(f"{where}.ca_file: no such file: {ca_file}")
+    hook = WebhookSettings(
+        source_job=source, source_kind=source_kind, url=url, secret=secret or "", batch=given.get("batch", 1),
+        concurrency=given.get("concurrency", 1), retry_schedule=schedule,
+        max_age_ms=given.get("max_age_ms", 0), on_exhausted=on_exhausted,
+        connect_timeout_ms=given.get("connect_timeout_ms", 2000), timeout_ms=given.get("timeout_ms", 15000),
+        ca_file=ca_file,
+    )  # fmt: skip
+    return JobSettings(
+        name, "webhook", "", start_cursor, (), sink="", webhook=hook, source_sink=source_sink
+    )
 
 
 def _with_sink(job: JobSettings, tables: Mapping[str, Any], default: str, problems: list[str]) -> JobSettings:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ingestion.config.checks import did_you_mean
-from ingestion.config.schema import SCHEMA
+from ingestion.config.schema import JOB_SECRETS, SCHEMA
 from ingestion.config.settings import ConfigError, Settings
 
 
@@ -30,6 +30,11 @@ def from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     problems: list[str] = []
     for name, value in environ.items():
         if not name.startswith("INGESTION_"):
+            continue
+        if name.startswith("INGESTION_JOBS_") and name.endswith("_SECRET"):
+            # a webhook job's secret (INGESTION_JOBS_<NAME>_SECRET), matched to its job by name
+            job = name[len("INGESTION_JOBS_") : -len("_SECRET")]
+            out.setdefault(JOB_SECRETS, {})[job] = value
             continue
         rest = name[len("INGESTION_") :].lower()
         section, _, key = rest.partition("_")

@@ -269,7 +269,11 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-JOB_KINDS = ("horizon", "rpc", "lake", "scheduled")
+# Where the environment layer puts webhook secrets (INGESTION_JOBS_<NAME>_SECRET) by upper-case
+# job name, for the jobs' resolution to match with their tables.
+JOB_SECRETS = "_job_secrets"
+
+JOB_KINDS = ("horizon", "rpc", "lake", "scheduled", "webhook")
 # A [jobs.NAME] table: key -> (type, help). Missing keys take the [horizon] (or [rpc]) settings.
 JOB_SCHEMA: dict[str, tuple[type | str, str]] = {
     "kind": (
@@ -292,6 +296,28 @@ JOB_SCHEMA: dict[str, tuple[type | str, str]] = {
     "action": (str, "scheduled: the action to run, module:function (async (run, term) -> dict)"),
     "period_ms": (int, "scheduled: ms between the end of a run and the start of the next"),
     "sink": (str, "where this job's records and cursor go (default: sink.url)"),
+    # webhook jobs (docs/WEBHOOKS.md)
+    "from": (str, "webhook: the job whose committed records are delivered"),
+    "url": (str, "webhook: the endpoint (http or https) every record is POSTed to"),
+    "secret": (
+        str,
+        "webhook: the whsec_... signing secret (two, space separated, during a rotation); also "
+        "secret_file or INGESTION_JOBS_<NAME>_SECRET; never logged or shown",
+    ),
+    "secret_file": (str, "webhook: a file holding the secret (its first line)"),
+    "start": (str, "webhook: first, now (default) or a record id to deliver after"),
+    "batch": (int, "webhook: records per POST, a JSON array when above 1 (default 1)"),
+    "concurrency": (int, "webhook: POSTs in flight; above 1 gives up order (default 1)"),
+    "retry_schedule": (
+        "list[str]",
+        "webhook: the waits between attempts (default 5s, 5m, 30m, 2h, 5h, 10h, 10h: 8 attempts "
+        "over about 27.6 h)",
+    ),
+    "max_age_ms": (int, "webhook: a record failing this long is given up early (0: no limit)"),
+    "on_exhausted": (str, "webhook: dead-letter (default: go on with the next record) or block"),
+    "connect_timeout_ms": (int, "webhook: connect timeout (default 2000)"),
+    "timeout_ms": (int, "webhook: total time for one POST, answer included (default 15000)"),
+    "ca_file": (str, "webhook: CA bundle that verifies the endpoint's TLS (default: the system's)"),
 }
 
 

@@ -25,6 +25,24 @@ class NodeSettings:
 
 
 @attrs.frozen
+class WebhookSettings:
+    """A webhook job's endpoint and delivery rules (``kind = "webhook"``)."""
+
+    source_job: str  # ``from``
+    source_kind: str  # the delivered job's kind (horizon, rpc, lake, scheduled): the events' type
+    url: str
+    secret: str = attrs.field(repr=False)  # one or two whsec_... secrets, space separated
+    batch: int = 1
+    concurrency: int = 1
+    retry_schedule: tuple[str, ...] = ()
+    max_age_ms: int = 0
+    on_exhausted: str = "dead-letter"
+    connect_timeout_ms: int = 2000
+    timeout_ms: int = 15000
+    ca_file: str = ""
+
+
+@attrs.frozen
 class JobSettings:
     """One elected job hosted by the node."""
 
@@ -41,6 +59,8 @@ class JobSettings:
     topics: tuple[str, ...] = ()  # each "SEG[,SEG...]" as written
     sink: str = ""  # the job's sink URL: "" for the Redis events stream, else postgresql://
     lake_url: str = ""  # lake: the data lake (the filter fields above are its filter)
+    webhook: WebhookSettings | None = None  # webhook: the endpoint and delivery rules
+    source_sink: str = ""  # webhook: where the delivered job's records are (its sink URL)
 
     def rpc_filters(self) -> tuple[Any, ...]:
         """The job's getEvents filters (:class:`ingestion.rpc.protocol.EventFilter`): one filter

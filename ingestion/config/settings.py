@@ -9,7 +9,7 @@ import attrs
 
 from ingestion.config.checks import check_type, check_values, derive, did_you_mean, without_derived_noise
 from ingestion.config.jobs import resolve_jobs
-from ingestion.config.schema import SCHEMA
+from ingestion.config.schema import JOB_SECRETS, SCHEMA
 from ingestion.config.sections import (
     EventsSettings,
     HorizonSettings,
@@ -57,7 +57,8 @@ class Settings:
         problems: list[str] = []
         values: dict[str, dict[str, Any]] = {}
         job_tables = raw.get("jobs", {})
-        raw = {k: v for k, v in raw.items() if k != "jobs"}
+        secrets = raw.get(JOB_SECRETS, {})
+        raw = {k: v for k, v in raw.items() if k not in ("jobs", JOB_SECRETS)}
         for section, value in raw.items():
             if section not in SCHEMA:
                 problems.append(f"{section}: unknown section{did_you_mean(section, SCHEMA)}")
@@ -76,7 +77,7 @@ class Settings:
                 values[section][key] = checked if checked is not None else default
         derived = derive(values)
         check_values(values, problems)
-        jobs = resolve_jobs(values, job_tables, problems)
+        jobs = resolve_jobs(values, job_tables, problems, secrets)
         problems = without_derived_noise(problems, derived)
         if problems:
             raise ConfigError(problems)

@@ -1,0 +1,178 @@
+"""Webhook jobs in-process against a real Redis and a real HTTP receiver that verifies every
+delivery with the official ``standardwebhooks`` package: order, retries, dead letters, fencing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+import structlog
+import trio
+
+from actors.lease_store import LeaseStore, job_keys
+from actors.source import Record, SyntheticSource
+from ingestion.local_redis import LocalRedis
+from ingestion.webhook.build import holder_group
+from ingestion.webhook.core import RetrySchedule, parse_secrets
+from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
+from ingestion.webhook.records import StreamRecords
+from ingestion.webhook.source import WebhookSource, webhook_keys
+from tests.helpers import wait_until
+from tests.nodes import OpenStore, Recorder, start_node
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+FAST = RetrySchedule((0.05, 0.05, 0.05))
+
+
+async def commit_source_records(store: LeaseStore, first: int, last: int, node: str = "src") -> None:
+    """Commit synthetic records ``first..last`` to the source job's stream, as its leader would."""
+    got = await store.acquire(node, 60_000)
+    token = got.token  # type: ignore[union-attr]
+    cursor = await store.committed_cursor()
+    src = SyntheticSource(total=last)
+    records = [src.record(i) for i in range(first, last + 1)]
+    done = await store.commit(node, token, cursor, records)
+    assert done.__class__.__name__ == "Committed", done
+    await store.release(node, token)
+
+
+def webhook(
+    open_store: OpenStore, url: str, source_job: str, job: str, port: int, **options: Any
+) -> tuple[WebhookSource, LeaseStore]:
+    store = open_store(url, job, timeout=1.0)
+    source_store = open_store(url, source_job, timeout=1.0)
+    hook = WebhookSource(
+        job=job, from_job=source_job, from_kind="scheduled",
+        records=StreamRecords(source_store, holder_group(job)), store=store,
+        url=f"http://127.0.0.1:{port}/hook", keys=parse_secrets(SECRET),
+        schedule=options.pop("schedule", FAST), log=structlog.get_logger().bind(job=job),
+        timeout=options.pop("timeout", 2.0), **options,
+    )  # fmt: skip
+    return hook, store
+
+
+def seqs(receiver: Receiver) -> list[int]:
+    return [r["seq"] for r in receiver.records()]
+
+
+async def test_records_arrive_signed_in_order_once_and_the_position_is_committed(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    await commit_source_records(open_store(redis_server.url, source_job), 1, 30)
+    receiver = Receiver(SECRET)
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _store = webhook(open_store, redis_server.url, source_job, hook_job, port)
+        node = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook)
+        await receiver.wait_for(30, 10)
+        await commit_source_records(open_store(redis_server.url, source_job), 31, 50)
+        await receiver.wait_for(50, 10)
+        last = SyntheticSource.token_of(50)
+        await wait_until(lambda: redis_client.hget(job_keys(hook_job)["cursor"], "cursor") == last, 5,
+                         what="the delivery position committed")  # fmt: skip
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert seqs(receiver) == list(range(1, 51))
+    assert receiver.refused_signature == 0 and receiver.duplicates == 0
+    assert receiver.ids()[0] == f"{source_job}:{SyntheticSource.token_of(1)}"
+    body = json.loads(receiver.db.execute("SELECT body FROM deliveries LIMIT 1").fetchone()[0])
+    assert body[0]["type"] == "ingestion.scheduled.run"
+    # no record of its own in the webhook job's stream: nothing was dead-lettered
+    assert redis_client.xlen(job_keys(hook_job)["events"]) == 0
+    # the source job's stream keeps what is undelivered: the group sits at a delivered record
+    groups = redis_client.xinfo_groups(job_keys(source_job)["events"])
+    assert [g["name"] for g in groups] == [holder_group(hook_job)]
+
+
+async def test_failures_are_retried_in_order_and_exhausted_records_are_dead_lettered(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    await commit_source_records(open_store(redis_server.url, source_job), 1, 5)
+    receiver = Receiver(SECRET, fault=Fault(status=503, retry_after=0))
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port)
+        node = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook)
+        # 4 attempts for record 1 (the first and 3 retries), then its dead letter; likewise 2
+        await wait_until(lambda: redis_client.xlen(job_keys(hook_job)["events"]) >= 2, 10,
+                         what="two dead letters")  # fmt: skip
+        receiver.fault = None
+        await receiver.wait_for(3, 10)
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    dead = [json.loads(f["record"]) for _id, f in redis_client.xrange(job_keys(hook_job)["events"])]
+    assert [d["record"]["seq"] for d in dead][:2] == [1, 2]
+    assert dead[0]["attempts"] == 4 and dead[0]["status"] == 503
+    assert dead[0]["webhook_id"] == f"{source_job}:{SyntheticSource.token_of(1)}"
+    # the records after the dead letters were delivered, in order, none twice
+    delivered = seqs(receiver)
+    assert delivered == sorted(delivered) and delivered[-1] == 5
+    assert set(delivered) | {d["record"]["seq"] for d in dead} == {1, 2, 3, 4, 5}
+    state = redis_client.hgetall(webhook_keys(hook_job)["endpoint"])
+    assert state["state"] == "ok"
+
+
+async def test_blocking_keeps_order_through_a_long_outage(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    await commit_source_records(open_store(redis_server.url, source_job), 1, 5)
+    receiver = Receiver(SECRET, fault=Fault(status=500))
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port, on_exhausted="block")
+        node = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook)
+        await wait_until(lambda: receiver.posts >= 12, 10, what="a dozen failed attempts")
+        receiver.fault = None
+        await receiver.wait_for(5, 10)
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert seqs(receiver) == [1, 2, 3, 4, 5]
+    assert redis_client.xlen(job_keys(hook_job)["events"]) == 0
+
+
+async def test_410_disables_the_endpoint_until_enabled(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    await commit_source_records(open_store(redis_server.url, source_job), 1, 3)
+    receiver = Receiver(SECRET, fault=Fault(status=410))
+    rec = Recorder()
+    keys = webhook_keys(hook_job)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port)
+        node = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook)
+        await wait_until(lambda: redis_client.hget(keys["endpoint"], "state") == "disabled", 10,
+                         what="the endpoint disabled")  # fmt: skip
+        await trio.sleep(0.5)
+        assert receiver.posts == 1  # disabled at once: no retry
+        receiver.fault = None
+        redis_client.hset(keys["endpoint"], "enable_requested_at_ms", str(int(trio.current_time() * 0) + 2**62))
+        await receiver.wait_for(3, 10)
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert seqs(receiver) == [1, 2, 3]
+
+
+async def test_a_stale_deliverer_cannot_move_the_position(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    hook_job = f"{job}-hook"
+    store = open_store(redis_server.url, hook_job, timeout=1.0)
+    a = await store.acquire("a", 60_000)
+    assert (await store.commit("a", a.token, None, (), anchor="100")).__class__.__name__ == "Committed"  # type: ignore[union-attr]
+    redis_client.delete(store.keys["lease"])
+    b = await store.acquire("b", 60_000)
+    assert (await store.commit("b", b.token, "100", (), anchor="200")).__class__.__name__ == "Committed"  # type: ignore[union-attr]
+    # a, paused past its lease, wakes and tries to move the position forward or back: refused
+    for cursor in ("300", "50"):
+        refused = await store.commit("a", a.token, "100", (Record(cursor, "{}"),))  # type: ignore[union-attr]
+        assert refused.__class__.__name__ == "CommitRejected"
+    assert redis_client.hget(store.keys["cursor"], "cursor") == "200"
