@@ -176,3 +176,45 @@ async def test_a_stale_deliverer_cannot_move_the_position(
         refused = await store.commit("a", a.token, "100", (Record(cursor, "{}"),))  # type: ignore[union-attr]
         assert refused.__class__.__name__ == "CommitRejected"
     assert redis_client.hget(store.keys["cursor"], "cursor") == "200"
+
+
+async def test_batches_carry_up_to_n_records_each_keeping_its_id(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    await commit_source_records(open_store(redis_server.url, source_job), 1, 250)
+    receiver = Receiver(SECRET)
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port, batch=100)
+        node = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook)
+        await receiver.wait_for(250, 10)
+        last = SyntheticSource.token_of(250)
+        await wait_until(lambda: redis_client.hget(job_keys(hook_job)["cursor"], "cursor") == last, 5,
+                         what="the position at the last record")  # fmt: skip
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert seqs(receiver) == list(range(1, 251))
+    assert len(receiver.ids()) <= 250 // 100 + 2  # a batch is whatever was there, up to 100
+    assert all(r["id"] == SyntheticSource.token_of(r["seq"]) for r in receiver.records())
+
+
+async def test_concurrency_gives_up_order_but_moves_the_position_over_a_finished_prefix(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    await commit_source_records(open_store(redis_server.url, source_job), 1, 60)
+    receiver = Receiver(SECRET, answer_delay=0.01)
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port, concurrency=8)
+        node = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook)
+        await receiver.wait_for(60, 10)
+        last = SyntheticSource.token_of(60)
+        await wait_until(lambda: redis_client.hget(job_keys(hook_job)["cursor"], "cursor") == last, 5,
+                         what="the position at the last record")  # fmt: skip
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert sorted(seqs(receiver)) == list(range(1, 61)) and receiver.duplicates == 0

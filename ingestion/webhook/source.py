@@ -247,10 +247,10 @@ class WebhookSource:
             self.stats.attempts[label] = self.stats.attempts.get(label, 0) + 1
             verdict = judge(attempt.status)
             if verdict == DELIVERED:
-                if failures:
+                if failures or self.stats.state == "failing":
+                    # the endpoint answers again: said once, not per record
                     await self._set_endpoint(term, state="ok", attempts="0", last_status=str(attempt.status))
                     self.log.info("webhook-recovered", record=unit.key, attempts=failures + 1)
-                if self.stats.state == "failing":
                     self.stats.state = "ok"
                 return DELIVERED, {}
             if verdict == GONE:
