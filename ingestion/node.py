@@ -153,7 +153,8 @@ def _job_summary(job: JobSettings) -> dict[str, Any]:
             "filters": [f.to_json() for f in job.rpc_filters()],
         }  # fmt: skip
     if job.kind == "webhook" and job.webhook is not None:
-        return {"job": job.name, "kind": job.kind, "from": job.webhook.source_job, "url": redact_url(job.webhook.url)}
+        hook = job.webhook
+        return {"job": job.name, "kind": job.kind, "from": hook.source_job, "url": redact_url(hook.url)}
     return {"job": job.name, "kind": job.kind, "action": job.action}
 
 

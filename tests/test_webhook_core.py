@@ -136,13 +136,18 @@ def test_a_secret_file(tmp_path: Path) -> None:
 
 
 def test_webhook_settings_problems_are_one_line_each(tmp_path: Path) -> None:
-    path = _config(tmp_path, '[jobs.hook]\nkind = "webhook"\nfrom = "nope"\nurl = "ftp://x"\nsecret = "abc"\n'
-                             'on_exhausted = "drop"\nretry_schedule = ["soon"]\nbatch = 0\nstart = "later"\n')  # fmt: skip
+    table = (
+        '[jobs.hook]\nkind = "webhook"\nfrom = "nope"\nurl = "ftp://x"\nsecret = "abc"\n'
+        'on_exhausted = "drop"\nretry_schedule = ["soon"]\nbatch = 0\nstart = "later"\n'
+    )
+    path = _config(tmp_path, table)
     with pytest.raises(ConfigError) as caught:
         load(path, {}, {})
     text = "\n".join(caught.value.problems)
-    for expected in ("jobs.hook.from: no job named 'nope'", "jobs.hook.url: must be an http(s) URL",
-                     "jobs.hook.secret: secret 1 does not start", "jobs.hook.on_exhausted",
-                     "jobs.hook.retry_schedule", "jobs.hook.batch: must be at least 1", "jobs.hook.start"):  # fmt: skip
+    for expected in (
+        "jobs.hook.from: no job named 'nope'", "jobs.hook.url: must be an http(s) URL",
+        "jobs.hook.secret: secret 1 does not start", "jobs.hook.on_exhausted",
+        "jobs.hook.retry_schedule", "jobs.hook.batch: must be at least 1", "jobs.hook.start",
+    ):  # fmt: skip
         assert expected in text
     assert "abc" not in text

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 import redis
 import structlog
 import trio
@@ -154,7 +155,9 @@ async def test_410_disables_the_endpoint_until_enabled(
         await trio.sleep(0.5)
         assert receiver.posts == 1  # disabled at once: no retry
         receiver.fault = None
-        redis_client.hset(keys["endpoint"], "enable_requested_at_ms", str(int(trio.current_time() * 0) + 2**62))
+        redis_client.hset(
+            keys["endpoint"], "enable_requested_at_ms", str(2**62)
+        )
         await receiver.wait_for(3, 10)
         await node.shutdown()
         nursery.cancel_scope.cancel()
@@ -218,3 +221,48 @@ async def test_concurrency_gives_up_order_but_moves_the_position_over_a_finished
         await node.shutdown()
         nursery.cancel_scope.cancel()
     assert sorted(seqs(receiver)) == list(range(1, 61)) and receiver.duplicates == 0
+
+
+async def test_replays_are_carried_out_by_the_leader_with_the_same_ids(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    from ingestion.webhook.admin import replay_bound, request_replay, status
+
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    await commit_source_records(open_store(redis_server.url, source_job), 1, 10)
+    receiver = Receiver(SECRET, fault=Fault(status=500))
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port,
+                          schedule=RetrySchedule((0.02,)))  # fmt: skip
+        node = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook)
+        await wait_until(lambda: redis_client.xlen(job_keys(hook_job)["events"]) == 10, 10,
+                         what="every record dead-lettered")  # fmt: skip
+        shown = status(redis_client, hook_job, source_job, "http://x")
+        assert shown["dead_letters"] == 10 and shown["undelivered"] == 0 and shown["leader"] == "a"
+        receiver.fault = None
+        request_replay(redis_client, hook_job, dead_letters=True)
+        await receiver.wait_for(10, 10)
+        # records 4..6 again, by record id: the receiver de-duplicates them by webhook-id
+        request_replay(redis_client, hook_job, replay_bound(SyntheticSource.token_of(4)),
+                       replay_bound(SyntheticSource.token_of(6)))  # fmt: skip
+        await wait_until(lambda: receiver.duplicates == 3, 10, what="three records replayed")
+        await wait_until(lambda: status(redis_client, hook_job, source_job, "x")["requests_pending"] == 0, 5,
+                         what="both requests done")  # fmt: skip
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert seqs(receiver) == list(range(1, 11))
+    assert redis_client.hlen(webhook_keys(hook_job)["replayed"]) == 10
+    assert json.loads(redis_client.hget(webhook_keys(hook_job)["endpoint"], "last_request"))["sent"] == 3
+
+
+def test_replay_bounds() -> None:
+    from ingestion.webhook.admin import replay_bound
+
+    assert replay_bound("1000") == str(1000 << 32)
+    assert replay_bound("4294971393") == "4294971393"
+    assert replay_bound("0000000123-0000000001".zfill(30)) == "0000000123-0000000001".zfill(30)
+    assert replay_bound("2026-12-04T00:00:00Z") == "time:1796342400000"
+    with pytest.raises(ValueError, match="neither"):
+        replay_bound("yesterday")

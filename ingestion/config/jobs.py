@@ -206,7 +206,8 @@ def _webhook_job(
             start_cursor = "now"
     on_exhausted = given.get("on_exhausted", "dead-letter")
     if on_exhausted not in ON_EXHAUSTED:
-        problems.append(f"{where}.on_exhausted: must be one of {', '.join(ON_EXHAUSTED)}, got {on_exhausted!r}")
+        choices = ", ".join(ON_EXHAUSTED)
+        problems.append(f"{where}.on_exhausted: must be one of {choices}, got {on_exhausted!r}")
     for key, low in (("batch", 1), ("concurrency", 1), ("connect_timeout_ms", 1), ("timeout_ms", 1),
                      ("max_age_ms", 0)):  # fmt: skip
         if key in given and given[key] < low:

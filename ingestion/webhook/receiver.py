@@ -122,20 +122,23 @@ class Receiver:
             if fault.drop:
                 raise ConnectionAbortedError("dropped by the test")  # hypercorn closes the connection
             if fault.status:
-                headers = [] if fault.retry_after is None else [(b"retry-after", str(fault.retry_after).encode())]
+                headers = (
+                    [] if fault.retry_after is None else [(b"retry-after", str(fault.retry_after).encode())]
+                )
                 await respond(send, fault.status, b"text/plain", b"failing on purpose", headers)
                 return
         if self.answer_delay:
             await trio.sleep(self.answer_delay)
-        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
-        status, answer = self.accept(headers, body)
+        given = {k.decode(): v.decode() for k, v in scope["headers"]}
+        status, answer = self.accept(given, body)
         await respond(send, status, b"text/plain", answer)
 
 
 def _open_db(path: str) -> sqlite3.Connection:
-    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-    db.isolation_level = ""  # `with db:` opens and commits a transaction
-    db.execute("CREATE TABLE IF NOT EXISTS deliveries (webhook_id TEXT PRIMARY KEY, token INTEGER, body TEXT)")
+    db = sqlite3.connect(path, check_same_thread=False)  # `with db:` commits a transaction
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS deliveries (webhook_id TEXT PRIMARY KEY, token INTEGER, body TEXT)"
+    )
     db.execute("CREATE TABLE IF NOT EXISTS fence (highest INTEGER NOT NULL)")
     if db.execute("SELECT count(*) FROM fence").fetchone()[0] == 0:
         db.execute("INSERT INTO fence VALUES (0)")

@@ -38,9 +38,9 @@ class Stored:
 class RecordStore(Protocol):
     """Where the source job's records are (see the module docstring)."""
 
-    async def locate(self, cursor: str) -> str:
+    async def locate(self, cursor: str, *, inclusive: bool = False) -> str:
         """The position after which the records strictly after ``cursor`` start (``"0"`` or
-        ``"0-0"``: from the first record held)."""
+        ``"0-0"``: from the first record held); ``inclusive``: the records from ``cursor`` on."""
         ...
 
     async def read(self, after: str, count: int) -> list[Stored]:
@@ -100,12 +100,16 @@ class StreamRecords:
         last = await self._range("+", "-", 1, reverse=True)
         return last[0].record.paging_token if last else None
 
-    async def locate(self, cursor: str) -> str:
+    async def locate(self, cursor: str, *, inclusive: bool = False) -> str:
         if cursor == "0":
             return "0-0"
         key = token_key(cursor)
+
+        def behind(token: str) -> bool:  # at or before the position sought
+            return token_key(token) < key if inclusive else token_key(token) <= key
+
         newest = await self._range("+", "-", 1, reverse=True)
-        if not newest or token_key(newest[0].record.paging_token) <= key:
+        if not newest or behind(newest[0].record.paging_token):
             return newest[0].position if newest else "0-0"
         lo, hi_ms = "0-0", newest[0].committed_ms  # entries up to lo are <= cursor; from hi_ms on, after
         while True:
@@ -113,17 +117,25 @@ class StreamRecords:
             while hi_ms - (_stream_ms(lo) if lo != "0-0" else 0) > 1 and lo != "0-0":
                 mid = (_stream_ms(lo) + hi_ms) // 2
                 probe = await self._range(f"{mid}-0", "+", 1)
-                if probe and token_key(probe[0].record.paging_token) <= key:
+                if probe and behind(probe[0].record.paging_token):
                     lo = probe[0].position
                 else:
                     hi_ms = mid
             page = await self.read(lo, SCAN_PAGE)
             for i, entry in enumerate(page):
-                if token_key(entry.record.paging_token) > key:
+                if not behind(entry.record.paging_token):
                     return page[i - 1].position if i else lo
             if len(page) < SCAN_PAGE:
                 return page[-1].position if page else lo
             lo = page[-1].position
+
+    async def position_at(self, ms: int) -> str:
+        """The position before the first record committed at or after ``ms`` (Unix ms)."""
+        before = await self._range("-", f"{max(0, ms - 1)}", 1, reverse=False) if ms > 0 else []
+        if not before:
+            return "0-0"
+        last = await self._range(f"{ms - 1}", "-", 1, reverse=True)
+        return last[0].position if last else "0-0"
 
     async def wait(self, after: str, seconds: float) -> None:
         # XREAD BLOCK answers as soon as an entry after ``after`` exists; bounded well inside the
@@ -206,7 +218,7 @@ class PostgresRecords:
         )
         return str(row[0]) if row else None
 
-    async def locate(self, cursor: str) -> str:
+    async def locate(self, cursor: str, *, inclusive: bool = False) -> str:
         if cursor == "0":
             return "0"
         key = token_key(cursor)
@@ -219,14 +231,14 @@ class PostgresRecords:
         lo, hi = int(row[0]), int(row[1]) + 1  # rows <= lo are <= cursor (none); rows >= hi after
         while hi - lo > 1:  # the rows' paging tokens rise with seq: bisect
             mid = (lo + hi) // 2
-            got = await self._run(
-                lambda c, mid=mid: c.execute(
+            got: Any = await self._run(
+                lambda c, mid=mid: c.execute(  # type: ignore[misc]
                     f"SELECT seq, paging_token FROM {self.table} WHERE job = %s AND seq >= %s "
                     "ORDER BY seq LIMIT 1",
                     (self.job, mid),
                 ).fetchone()
             )
-            if got is None or token_key(str(got[1])) > key:
+            if got is None or (token_key(str(got[1])) >= key if inclusive else token_key(str(got[1])) > key):
                 hi = mid
             else:
                 lo = int(got[0])

@@ -20,6 +20,7 @@ the leader carries them out under its token and records them done in the ``endpo
 
 from __future__ import annotations
 
+import collections
 import datetime
 import random
 import ssl
@@ -129,7 +130,8 @@ class WebhookSource:
     verify: ssl.SSLContext | bool = True
     stats: WebhookStats = attrs.Factory(WebhookStats)
     rng: random.Random = attrs.Factory(random.Random)
-    _requests_seen: float = attrs.field(default=-1e9, init=False)
+    # commit time of each unit read and not yet committed (the delivery lag), in source order
+    _waiting: collections.deque[int] = attrs.field(factory=collections.deque, init=False)
 
     async def resolve_start(self, cursor: str) -> str:
         """``now``: the newest record the source job holds (``0`` when it holds none)."""
@@ -143,13 +145,17 @@ class WebhookSource:
     async def stream(self, cursor: str) -> AsyncGenerator[Batch, None]:
         term = current_term.get()
         self.stats.state = "ok"
+        self._waiting.clear()
+        self.stats.oldest_undelivered_ms = None
         try:
             position = await self.records.locate(cursor)
             keys = webhook_keys(self.job)
             endpoint = await self.store.run(lambda: self.store.client.hgetall(keys["endpoint"]))
             if _text(endpoint.get(b"state", endpoint.get("state", b""))) == "disabled":
                 self.stats.state = "disabled"
-            limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
+            limits = httpx.Limits(
+                max_connections=self.concurrency, max_keepalive_connections=self.concurrency
+            )
             timeout = httpx.Timeout(self.timeout, connect=self.connect_timeout)
             client = httpx.AsyncClient(
                 timeout=timeout, limits=limits, verify=self.verify, follow_redirects=False,
@@ -179,6 +185,7 @@ class WebhookSource:
                             nursery.start_soon(deliver, unit)
 
                 nursery.start_soon(dispatch)
+                nursery.start_soon(self._serve_requests, client, term)
                 async for _ in done_recv:
                     finished = window.take_done()
                     if not finished:
@@ -195,6 +202,10 @@ class WebhookSource:
             self.stats.state = "idle"
 
     def _committed(self, done: Sequence[tuple[Unit, str, dict[str, Any]]]) -> None:
+        for _ in done:
+            if self._waiting:
+                self._waiting.popleft()
+        self.stats.oldest_undelivered_ms = self._waiting[0] if self._waiting else None
         for unit, outcome, _ in done:
             if outcome == DELIVERED:
                 self.stats.delivered += len(unit.stored)
@@ -209,13 +220,14 @@ class WebhookSource:
             while True:
                 page = await self.records.read(position, READ_PAGE)
                 if not page:
-                    self.stats.oldest_undelivered_ms = None
                     await self.records.wait(position, 1.0)
                     continue
-                if self.stats.oldest_undelivered_ms is None:
-                    self.stats.oldest_undelivered_ms = page[0].committed_ms
                 for i in range(0, len(page), self.batch):
-                    await units.send(self._unit(page[i : i + self.batch]))
+                    unit = self._unit(page[i : i + self.batch])
+                    self._waiting.append(unit.stored[0].committed_ms)
+                    if self.stats.oldest_undelivered_ms is None:
+                        self.stats.oldest_undelivered_ms = unit.stored[0].committed_ms
+                    await units.send(unit)
                 await self.records.hold(position)  # (only what the previous page left behind)
                 position = page[-1].position
 
@@ -236,7 +248,9 @@ class WebhookSource:
 
     # -- one unit, until it is delivered or given up ----------------------------------------------
 
-    async def _deliver(self, client: httpx.AsyncClient, unit: Unit, term: TermContext) -> tuple[str, dict[str, Any]]:
+    async def _deliver(
+        self, client: httpx.AsyncClient, unit: Unit, term: TermContext
+    ) -> tuple[str, dict[str, Any]]:
         failures = 0
         first_failure = 0.0
         first_attempt = time.time()
@@ -349,6 +363,130 @@ class WebhookSource:
         self.log.info("webhook-endpoint-enabled", url=self.url)
         return True
 
+    # -- replays: what an operator asked for, carried out by the leader under its token ----------
+
+    async def _serve_requests(self, client: httpx.AsyncClient, term: TermContext) -> None:
+        """Carry out the operators' requests (``ingestion webhooks replay``), one at a time, in
+        the order asked, beside the ordinary delivery; each is recorded done (fenced) once over."""
+        keys = webhook_keys(self.job)
+        redis_client = self.store.client
+        while True:
+            done = await self.store.run(lambda: redis_client.hget(keys["endpoint"], "requests_done"))
+            after = _text(done) if done else "0-0"
+            pending: Any = await self.store.run(
+                lambda after=after: redis_client.xrange(keys["requests"], f"({after}", "+", count=1)
+            )
+            if not pending:
+                await trio.sleep(REQUESTS_EVERY)
+                continue
+            request_id, fields = pending[0]
+            request = {_text(k): _text(v) for k, v in (fields or {}).items()}
+            rid = _text(request_id)
+            if request.get("action") == "enable":
+                if self.stats.state == "disabled":
+                    await self._set_endpoint(term, enable_requested_at_ms=str(_now_ms()))
+                summary: dict[str, Any] = {"action": "enable"}
+            else:
+                summary = await self._replay(client, term, request)
+            await self._set_endpoint(
+                term, requests_done=rid, last_request=orjson.dumps({"id": rid, **summary}).decode()
+            )
+            self.log.info("webhook-request-done", request=rid, **summary)
+
+    async def _replay(
+        self, client: httpx.AsyncClient, term: TermContext, request: dict[str, str]
+    ) -> dict[str, Any]:
+        if request.get("dead_letters") == "1":
+            return await self._replay_dead_letters(client, term)
+        start, end = request.get("from", "0"), request.get("to", "")
+        sent = failed = 0
+        position = await self._replay_start(start)
+        end_key = token_key(end) if end and not end.startswith("time:") else None
+        end_ms = int(end[5:]) if end.startswith("time:") else None
+        while True:
+            page = await self.records.read(position, READ_PAGE)
+            for stored in page:
+                if (end_key is not None and token_key(stored.record.paging_token) > end_key) or (
+                    end_ms is not None and stored.committed_ms > end_ms
+                ):
+                    return {"action": "replay", "from": start, "to": end, "sent": sent, "failed": failed}
+                if await self._replay_one(client, term, self._unit_of(stored)):
+                    sent += 1
+                else:
+                    failed += 1
+            if len(page) < READ_PAGE:
+                return {"action": "replay", "from": start, "to": end, "sent": sent, "failed": failed}
+            position = page[-1].position
+
+    async def _replay_start(self, start: str) -> str:
+        """The store position before the first record a replay sends: ``time:<ms>`` (records
+        committed at or after), or a record id / ledger bound (records at or after it)."""
+        if start.startswith("time:"):
+            if not hasattr(self.records, "position_at"):
+                raise ValueError("replay --from TIME needs the source job's Redis stream")
+            return await self.records.position_at(int(start[5:]))  # type: ignore[attr-defined, no-any-return]
+        return await self.records.locate(start, inclusive=True)
+
+    def _unit_of(self, stored: Stored) -> Unit:
+        saved, self.batch = self.batch, 1  # a replay sends one record per POST, with its own id
+        try:
+            return self._unit([stored])
+        finally:
+            self.batch = saved
+
+    async def _replay_one(self, client: httpx.AsyncClient, term: TermContext, unit: Unit) -> bool:
+        """One record of a replay: tried along the schedule, given up (not dead-lettered again)
+        when it is exhausted."""
+        failures = 0
+        while True:
+            attempt = await self._post(client, unit, term.token)
+            if judge(attempt.status) == DELIVERED:
+                return True
+            failures += 1
+            delay = self.schedule.delay(failures, self.rng.random(), attempt.retry_after)
+            if delay is None or judge(attempt.status) == GONE:
+                self.log.warning(
+                    "webhook-replay-failed", record=unit.key, status=attempt.status, error=attempt.error
+                )
+                return False
+            await trio.sleep(delay)
+
+    async def _replay_dead_letters(self, client: httpx.AsyncClient, term: TermContext) -> dict[str, Any]:
+        keys = webhook_keys(self.job)
+        events = self.store.keys["events"]
+        redis_client = self.store.client
+        replayed = await self.store.run(lambda: redis_client.hgetall(keys["replayed"]))
+        done = {_text(k) for k in replayed}
+        sent = failed = 0
+        after = "-"
+        while True:
+            rows: Any = await self.store.run(
+                lambda after=after: redis_client.xrange(events, after, "+", count=READ_PAGE)
+            )
+            for entry_id, fields in rows:
+                f = {_text(k): _text(v) for k, v in fields.items()}
+                if f["paging_token"] in done:
+                    continue
+                letter = orjson.loads(f["record"])
+                body = (
+                    letter["record"]
+                    if isinstance(letter["record"], str)
+                    else orjson.dumps(letter["record"]).decode()
+                )
+                stored = Stored("", _stream_ms_of(_text(entry_id)), Record(f["paging_token"], body))
+                if await self._replay_one(client, term, self._unit_of(stored)):
+                    sent += 1
+                    refused = await self.store.fenced_hset(
+                        term.node, term.token, keys["replayed"], {f["paging_token"]: str(_now_ms())}
+                    )
+                    if isinstance(refused, CommitRejected):
+                        raise TermFenced(refused.reason)
+                else:
+                    failed += 1
+            if len(rows) < READ_PAGE:
+                return {"action": "replay-dead-letters", "sent": sent, "failed": failed}
+            after = f"({_text(rows[-1][0])}"
+
 
 def _commit_batch(done: Sequence[tuple[Unit, str, dict[str, Any]]]) -> Batch:
     """One commit for a finished prefix: the dead letters as the webhook job's records, and the
@@ -375,6 +513,10 @@ def _now_ms() -> int:
 
 def _iso(ms: int) -> str:
     return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+def _stream_ms_of(entry_id: str) -> int:
+    return int(entry_id.partition("-")[0])
 
 
 def _text(value: Any) -> str:

@@ -1,0 +1,111 @@
+"""What ``ingestion webhooks`` reads and asks: each webhook job's endpoint, position, lag and dead
+letters, and the requests (replay, enable) that the job's leader carries out under its token.
+
+The command never delivers anything itself: it appends a request to the job's ``requests``
+stream; the leader reads it, re-delivers with its own fencing token, and records it done in the
+``endpoint`` hash (``requests_done``, ``last_request``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any
+
+import redis
+
+from actors.cursor_order import InvalidPagingToken, token_key
+from actors.lease_store import job_keys, parse_lease_value
+from ingestion.webhook.source import webhook_keys
+
+LEDGER_LIMIT = 2**32  # a bound below this is a ledger sequence; a record id (TOID) is far above
+
+
+def replay_bound(text: str) -> str:
+    """A replay's ``--from``/``--to`` as the leader reads it: a record id as is, a ledger
+    ``N`` as the first id of that ledger (``N << 32``), an ISO 8601 time as ``time:<Unix ms>``
+    (the records committed from then on).
+
+    Raises:
+        ValueError: none of the three, in the operator's words.
+    """
+    text = text.strip()
+    if text.isdigit() and int(text) < LEDGER_LIMIT:
+        return str(int(text) << 32)
+    try:
+        token_key(text)
+        return text
+    except InvalidPagingToken:
+        pass
+    try:
+        when = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is neither a record id, a ledger number nor an ISO 8601 time (2026-12-04T10:00:00Z)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return f"time:{int(when.timestamp() * 1000)}"
+
+
+def request_replay(
+    client: redis.Redis, job: str, start: str = "", end: str = "", dead_letters: bool = False
+) -> str:
+    """Ask ``job``'s leader to re-deliver records ``start``..``end`` (bounds as
+    :func:`replay_bound` makes them) or its dead letters; the request's id."""
+    fields = {"action": "replay", "dead_letters": "1" if dead_letters else "0", "from": start or "0",
+              "to": end, "requested_at_ms": str(int(time.time() * 1000))}  # fmt: skip
+    return _text(client.xadd(webhook_keys(job)["requests"], fields))  # type: ignore[arg-type]
+
+
+def request_enable(client: redis.Redis, job: str) -> str:
+    """Ask ``job``'s leader to deliver again to an endpoint disabled by a 410 answer."""
+    fields = {"action": "enable", "requested_at_ms": str(int(time.time() * 1000))}
+    return _text(client.xadd(webhook_keys(job)["requests"], fields))  # type: ignore[arg-type]
+
+
+def status(client: redis.Redis, job: str, source_job: str, url: str) -> dict[str, Any]:
+    """One webhook job as ``webhooks status`` shows it (secrets never included)."""
+    keys, own = webhook_keys(job), job_keys(job)
+    endpoint = {_text(k): _text(v) for k, v in (client.hgetall(keys["endpoint"]) or {}).items()}  # type: ignore[union-attr]
+    cursor = client.hget(own["cursor"], "cursor")
+    lease = client.get(own["lease"])
+    leader = parse_lease_value(_text(lease))[1] if lease else None
+    dead = int(client.xlen(own["events"]))  # type: ignore[arg-type]
+    replayed = int(client.hlen(keys["replayed"]))  # type: ignore[arg-type]
+    done = endpoint.get("requests_done", "0-0")
+    pending = client.xrange(keys["requests"], f"({done}", "+")
+    undelivered, lag = _undelivered(client, source_job, _text(cursor) if cursor else None)
+    return {
+        "job": job, "from": source_job, "url": url, "leader": leader,
+        "state": endpoint.get("state", "ok" if leader else "idle"),
+        "position": _text(cursor) if cursor else None,
+        "undelivered": undelivered, "lag_seconds": lag,
+        "failing_record": endpoint.get("failing_record") if endpoint.get("state") == "failing" else None,
+        "attempts": int(endpoint.get("attempts", "0") or 0),
+        "last_status": endpoint.get("last_status") or None, "last_error": endpoint.get("last_error") or None,
+        "dead_letters": dead, "dead_letters_replayed": replayed,
+        "requests_pending": len(pending),  # type: ignore[arg-type]
+        "last_request": endpoint.get("last_request"),
+    }  # fmt: skip
+
+
+def _undelivered(
+    client: redis.Redis, source_job: str, position: str | None
+) -> tuple[int | None, float | None]:
+    """Records of the source job's stream after ``position`` (counted up to 10,000) and how long
+    the oldest of them has waited (seconds, by its commit time)."""
+    stream = job_keys(source_job)["events"]
+    entries: Any = client.xrevrange(stream, "+", "-", count=10_000)
+    if not entries:
+        return 0, 0.0
+    key = token_key(position) if position and position not in ("0", "now") else None
+    waiting = [e for e in entries if key is None or token_key(_text(e[1]["paging_token"])) > key]
+    if not waiting:
+        return 0, 0.0
+    oldest_ms = int(_text(waiting[-1][0]).partition("-")[0])
+    return len(waiting), max(0.0, round(time.time() - oldest_ms / 1000, 3))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
