@@ -1,0 +1,182 @@
+"""Webhook delivery measured side by side with a bare httpx client: catch-up throughput (ordered, one
+record per POST; ``batch = 100``), and steady-state latency from a record's commit to its arrival.
+
+Everything real on loopback: a ``redis-server``, the example receiver (hypercorn, verifying every
+signature with ``standardwebhooks``), a webhook job elected and fenced like any job. The bare client
+POSTs the same bodies, one after the other, to the same receiver: the ratio is what delivery's
+guarantees (a fenced commit per acknowledged POST, in order) cost.
+
+    python -m benchmarks.webhooks [--records N] [--rounds K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import httpx
+import structlog
+import trio
+
+from actors.lease import LeaseTiming
+from actors.lease_store import LeaseStore, connect
+from actors.observe import NodeObserver
+from actors.source import SyntheticSource
+from actors.supervisor import NodeSpec, run_node
+from ingestion.local_redis import LocalRedis
+from ingestion.webhook.core import RetrySchedule, parse_secrets, sign
+from ingestion.webhook.receiver import Receiver, serve_receiver
+from ingestion.webhook.records import StreamRecords
+from ingestion.webhook.source import WebhookSource
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+TIMING = LeaseTiming(ttl=5.0, renew_interval=1.0, margin=1.0, drift=0.01)
+
+
+def _quiet() -> None:
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+
+
+async def _commit(url: str, job: str, first: int, last: int) -> None:
+    store = LeaseStore(connect(url, timeout=5.0), job)
+    got: Any = await store.acquire("bench", 60_000)
+    cursor = await store.committed_cursor()
+    src = SyntheticSource(total=last)
+    for lo in range(first, last + 1, 5000):
+        records = [src.record(i) for i in range(lo, min(lo + 5000, last + 1))]
+        done: Any = await store.commit("bench", got.token, cursor, records)
+        cursor = done.cursor
+    await store.release("bench", got.token)
+    store.client.close()
+
+
+async def _deliver(url: str, source_job: str, job: str, port: int, count: int, batch: int) -> float:
+    """Seconds for a webhook job to deliver ``count`` records already committed."""
+    receiver_total = count
+    store = LeaseStore(connect(url, timeout=1.0), job)
+    hook = WebhookSource(
+        job=job, from_job=source_job, from_kind="scheduled",
+        records=StreamRecords(LeaseStore(store.client, source_job, call_timeout=1.0), f"webhook:{job}"),
+        store=store, url=f"http://127.0.0.1:{port}/", keys=parse_secrets(SECRET),
+        schedule=RetrySchedule((0.1,)), log=structlog.get_logger(), batch=batch,
+    )  # fmt: skip
+    spec = NodeSpec("n1", job, 5000, TIMING, 0.0, "0", None, None)
+    async with trio.open_nursery() as nursery:
+        started = time.perf_counter()
+        handle = await nursery.start(
+            run_node, store, hook, spec, structlog.get_logger(), NodeObserver("n1", job)
+        )
+        while hook.stats.delivered < receiver_total:
+            await trio.sleep(0.005)
+        elapsed = time.perf_counter() - started
+        await handle.shutdown()
+    store.client.close()
+    return elapsed
+
+
+async def _bare(port: int, bodies: list[tuple[str, bytes]]) -> float:
+    keys = parse_secrets(SECRET)
+    async with httpx.AsyncClient(timeout=15) as client:
+        started = time.perf_counter()
+        for msg_id, body in bodies:
+            ts = int(time.time())
+            headers = {"webhook-id": msg_id, "webhook-timestamp": str(ts),
+                       "webhook-signature": sign(keys, msg_id, ts, body), "webhook-fencing-token": "1",
+                       "content-type": "application/json"}  # fmt: skip
+            answer = await client.post(f"http://127.0.0.1:{port}/", content=body, headers=headers)
+            assert answer.status_code == 204, answer.text
+        return time.perf_counter() - started
+
+
+async def _latency(url: str, source_job: str, job: str, port: int, receiver: Receiver, n: int) -> list[float]:
+    """Commit → received (ms) for ``n`` records committed one at a time, 20 ms apart."""
+    store = LeaseStore(connect(url, timeout=1.0), job)
+    hook = WebhookSource(
+        job=job, from_job=source_job, from_kind="scheduled",
+        records=StreamRecords(LeaseStore(store.client, source_job, call_timeout=1.0), f"webhook:{job}"),
+        store=store, url=f"http://127.0.0.1:{port}/", keys=parse_secrets(SECRET),
+        schedule=RetrySchedule((0.1,)), log=structlog.get_logger(),
+    )  # fmt: skip
+    spec = NodeSpec("n1", job, 5000, TIMING, 0.0, "now", None, None)
+    await _commit(url, source_job, 1, 1)
+    source = LeaseStore(connect(url, timeout=1.0), source_job)
+    got: Any = await source.acquire("src", 600_000)
+    cursor = SyntheticSource.token_of(1)
+    samples = []
+    async with trio.open_nursery() as nursery:
+        handle = await nursery.start(
+            run_node, store, hook, spec, structlog.get_logger(), NodeObserver("n1", job)
+        )
+        await trio.sleep(0.5)
+        for i in range(2, n + 2):
+            record = SyntheticSource(total=None).record(i)
+            committed_at = time.time()
+            done: Any = await source.commit("src", got.token, cursor, [record])
+            cursor = done.cursor
+            msg_id = f"{source_job}:{record.paging_token}"
+            with trio.fail_after(5):
+                while msg_id not in receiver.received_at:
+                    await trio.sleep(0.0005)
+            samples.append((receiver.received_at[msg_id] - committed_at) * 1000)
+            await trio.sleep(0.02)
+        await handle.shutdown()
+    store.client.close()
+    source.client.close()
+    return samples
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def main_async(records: int, rounds: int) -> dict[str, Any]:
+    _quiet()
+    out: dict[str, Any] = {"records": records, "rounds": []}
+    redis_server = LocalRedis().start()
+    try:
+        receiver = Receiver(SECRET)
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(serve_receiver, receiver)
+            await _commit(redis_server.url, "src", 1, records)
+            src = SyntheticSource(total=records)
+            bodies = [
+                (f"bare:{src.token_of(i)}", json.dumps({"type": "t", "timestamp": "x", "data": json.loads(
+                    src.record(i).body)}).encode())
+                for i in range(1, records + 1)
+            ]  # fmt: skip
+            for k in range(rounds):
+                bare = await _bare(port, bodies)
+                ordered = await _deliver(redis_server.url, "src", f"ordered{k}", port, records, 1)
+                batched = await _deliver(redis_server.url, "src", f"batched{k}", port, records, 100)
+                out["rounds"].append({
+                    "bare_per_s": round(records / bare), "ordered_per_s": round(records / ordered),
+                    "ordered_ratio": round(bare / ordered, 3), "batch100_per_s": round(records / batched),
+                })  # fmt: skip
+                print(json.dumps(out["rounds"][-1]), file=sys.stderr)
+            lat = await _latency(redis_server.url, "live", "live-hook", port, receiver, 300)
+            out["latency_ms"] = {"p50": round(_p(lat, 0.5), 2), "p99": round(_p(lat, 0.99), 2),
+                                 "max": round(max(lat), 2), "mean": round(statistics.mean(lat), 2)}  # fmt: skip
+            nursery.cancel_scope.cancel()
+    finally:
+        redis_server.stop()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.webhooks", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--records", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=3)
+    ns = parser.parse_args(argv)
+    print(json.dumps(trio.run(main_async, ns.records, ns.rounds), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
