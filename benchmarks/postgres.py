@@ -1,6 +1,6 @@
 """The PostgreSQL sink (docs/POSTGRES.md): what the fence costs against a bare ``COPY``, side by side.
 
-A throwaway PostgreSQL (``ingestion/postgres/local.py``, durable: ``fsync`` on, as in production)
+A throwaway PostgreSQL (``ingestion/testing/local_postgres.py``, durable: ``fsync`` on, as in production)
 beside the benchmarks' redis-server. Three measurements, each against its reference in the same run:
 
 - **Catch-up into PostgreSQL**: a real node process (``--sink``) ingests ``count`` operations from
@@ -29,8 +29,8 @@ from actors.lease_store import Committed
 from benchmarks.catchup import _reference
 from benchmarks.commit_cost import _records
 from benchmarks.procs import NodeProcess, Simulator, percentile
-from ingestion.postgres.local import LocalPostgres
 from ingestion.postgres.sink import PostgresSink, connect
+from ingestion.testing.local_postgres import LocalPostgres
 
 OPS_PER_LEDGER = 100
 LIVE_OPS_PER_LEDGER = 20

@@ -1,6 +1,6 @@
 """Process-crash failover: SIGKILL of the leader's *worker*, its parent releasing its lease.
 
-Per lease TTL, three nodes (each a parent and a worker: ingestion/parent.py) follow a simulator
+Per lease TTL, three nodes (each a parent and a worker: ingestion/node/parent.py) follow a simulator
 that closes a small ledger every ``LEDGER_INTERVAL`` seconds. Each trial waits a random fraction
 of the renew interval (the kill lands anywhere in the renewal cycle), SIGKILLs the leader's worker
 and measures, on the harness's monotonic clock:

@@ -257,7 +257,7 @@ class NodeProcess:
 
     @property
     def pid(self) -> int:
-        """The node's parent process (the one started; ingestion/parent.py)."""
+        """The node's parent process (the one started; ingestion/node/parent.py)."""
         return self.process.pid
 
     @property

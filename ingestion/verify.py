@@ -34,7 +34,7 @@ import redis
 import trio
 
 from actors.lease_store import connect, job_keys
-from ingestion.paging import token_key
+from ingestion.common.paging import token_key
 
 PAGE_LIMIT = 200  # Horizon's largest page
 HTTP_TIMEOUT = 10.0  # seconds, each page request

@@ -12,7 +12,7 @@ import pytest
 from actors.lease_store import parse_sentinel_url
 from ingestion.cli import _run_parser
 from ingestion.config import FLAGS, SCHEMA, ConfigError, Settings, load, redact_url, sample_toml
-from tests.helpers import child_env
+from ingestion.testing.wait import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,6 +9,8 @@ import json
 import pytest
 
 from actors.source import Record, SourceFatalError
+from ingestion.common.paging import toid, token_key
+from ingestion.common.retry import RetryPolicy, parse_retry_after
 from ingestion.horizon.core import (
     Failure,
     HorizonFollower,
@@ -27,9 +29,7 @@ from ingestion.horizon.core import (
     validate_page,
     validate_stream_record,
 )
-from ingestion.paging import toid, token_key
-from ingestion.retry import RetryPolicy, parse_retry_after
-from tests import recorded
+from ingestion.testing import recorded
 
 AURORA = recorded.HORIZON / "aurora-rs_stellar-horizon-rs"  # outside the repository
 URL_A = "http://a.example"

@@ -22,7 +22,7 @@ ACTORS = ROOT / "actors"
 # Layer -> the module prefixes it consists of (longest prefix wins).
 LAYERS: dict[str, tuple[str, ...]] = {
     "runtime": ("actors",),
-    "shared": ("ingestion.http", "ingestion.retry", "ingestion.paging", "ingestion.gaps", "ingestion.asgi"),
+    "shared": ("ingestion.common",),
     "horizon": ("ingestion.horizon",),
     "rpc": ("ingestion.rpc",),
     # the wire rules of Stellar RPC, which the node's RPC source and the simulator's RPC share
@@ -113,9 +113,9 @@ def test_imports_follow_the_one_way_rules() -> None:
         ("ingestion.horizon.source", "ingestion.rpc.core", False),
         ("ingestion.horizon.core", "ingestion.node", False),
         ("ingestion.simulator.app", "ingestion.horizon.source", False),
-        ("ingestion.retry", "ingestion.horizon.core", False),
+        ("ingestion.common.retry", "ingestion.horizon.core", False),
         ("ingestion.simulator.rpc", "ingestion.rpc.protocol", True),
-        ("ingestion.rpc.core", "ingestion.retry", True),
+        ("ingestion.rpc.core", "ingestion.common.retry", True),
         ("ingestion.node", "ingestion.rpc.source", True),
         ("ingestion.lake.source", "ingestion.rpc.protocol", True),
         ("ingestion.lake.source", "ingestion.rpc.source", False),

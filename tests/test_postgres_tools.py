@@ -14,12 +14,12 @@ import pytest
 import trio
 
 from actors.source import Record
-from ingestion import tail
-from ingestion.local_redis import LocalRedis
-from ingestion.postgres.local import LocalPostgres
+from ingestion.cli import tail
 from ingestion.postgres.sink import PostgresSink, connect
 from ingestion.simulator.server import SimulatorConfig, open_simulator
-from tests.helpers import child_env, wait_until
+from ingestion.testing.local_postgres import LocalPostgres
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.wait import child_env, wait_until
 
 
 async def ingestion(*args: str) -> trio.CompletedProcess[bytes]:

@@ -28,8 +28,8 @@ import msgspec
 import orjson
 
 from actors.source import Record, SourceFatalError
-from ingestion.paging import InvalidPagingToken, ascending_after, token_key
-from ingestion.retry import RetryPolicy
+from ingestion.common.paging import InvalidPagingToken, ascending_after, token_key
+from ingestion.common.retry import RetryPolicy
 
 #: Horizon's largest page.
 MAX_PAGE_LIMIT = 200

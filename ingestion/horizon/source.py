@@ -30,7 +30,10 @@ from httpx_sse import SSEError, aconnect_sse
 
 from actors.health import SourceHealth
 from actors.source import Batch, Record, SourceFatalError
-from ingestion.gaps import record_history_gap
+from ingestion.common.gaps import record_history_gap
+from ingestion.common.http import describe, ssl_context
+from ingestion.common.paging import InvalidPagingToken, token_key
+from ingestion.common.retry import RetryPolicy, parse_retry_after
 from ingestion.horizon.catchup import LedgerRange, ledger_of, ledgers_per_range, overlappable, plan_ranges
 from ingestion.horizon.core import (
     MAX_PAGE_LIMIT,
@@ -58,9 +61,6 @@ from ingestion.horizon.health import (
     history_gap,
     parse_rate_headers,
 )
-from ingestion.http import describe, ssl_context
-from ingestion.paging import InvalidPagingToken, token_key
-from ingestion.retry import RetryPolicy, parse_retry_after
 
 log = structlog.get_logger()
 

@@ -32,8 +32,8 @@ from urllib.parse import parse_qsl
 import attrs
 import trio
 
-from ingestion.asgi import respond, serve_lifespan
-from ingestion.paging import toid
+from ingestion.common.asgi import respond, serve_lifespan
+from ingestion.common.paging import toid
 from ingestion.simulator import render
 from ingestion.simulator.chain import (
     KEY_SHIFT,

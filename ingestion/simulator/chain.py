@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from ingestion.paging import toid
+from ingestion.common.paging import toid
 from ingestion.simulator import strkey
 
 PLACEHOLDER_BASE = "http://horizon.invalid"

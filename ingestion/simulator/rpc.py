@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ingestion.asgi import Message, Receive, Scope, Send, respond, serve_lifespan
+from ingestion.common.asgi import Message, Receive, Scope, Send, respond, serve_lifespan
 from ingestion.rpc.protocol import (
     INTERNAL_ERROR,
     INVALID_REQUEST,

@@ -45,12 +45,12 @@ from actors.sink import Sink
 from actors.source import Batch, Source, SourceFatalError, TermFenced, current_term
 from actors.supervisor import JobRun, NodeSpec, run_jobs
 from actors.token_memory import TokenMemory
-from ingestion import stop_signals
+from ingestion.common.gaps import history_gap_listener
 from ingestion.config import ConfigError, JobSettings, Settings, load_action, redact_url
-from ingestion.gaps import history_gap_listener
 from ingestion.horizon.source import HorizonSource
-from ingestion.logs import configure_logging, node_logger
-from ingestion.sd_notify import notify
+from ingestion.node import stop_signals
+from ingestion.node.logs import configure_logging, node_logger
+from ingestion.node.sd_notify import notify
 
 
 def _rpc_history(settings: Settings, job: JobSettings) -> Any:
@@ -269,7 +269,7 @@ class StartupError(Exception):
 
 def start_node(settings: Settings, lease_pipe: int | None = None) -> int:
     """Run the node until it stops; its exit status. ``lease_pipe``: in a worker process, where
-    to report each lease acquired and released to the parent (ingestion/parent.py).
+    to report each lease acquired and released to the parent (ingestion/node/parent.py).
 
     Raises:
         ConfigError: a listen socket could not be bound, or Redis holds the job under another
@@ -507,7 +507,7 @@ def node_spec(settings: Settings, job: JobSettings | None = None) -> NodeSpec:
 async def run_node_process(settings: Settings, lease_pipe: int | None = None) -> int:
     """Host every configured job under one nursery until SIGINT/SIGTERM (exit 0) or until no job
     is left because each stopped fatally (exit 1). A job that fails fatally stops alone. With
-    ``lease_pipe`` (a worker under ingestion/parent.py) each lease acquired or released is
+    ``lease_pipe`` (a worker under ingestion/node/parent.py) each lease acquired or released is
     reported there."""
     configure_logging(settings.log.level, settings.log.format)
     # Bound in the context too, so that every task's log lines carry the node (and, inside a
@@ -534,7 +534,7 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
     client: redis.Redis | None = None
     stop_asked = False
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        stop_signals.release()  # held since start-up (ingestion/stop_signals.py): received here
+        stop_signals.release()  # held since start-up (ingestion/node/stop_signals.py): received here
         async with trio.open_nursery() as nursery:  # a SIGTERM while Redis is away stops the wait
 
             async def stop_waiting() -> None:
@@ -556,7 +556,7 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
     stores = {j.name: build_store(settings, j.name, client) for j in settings.jobs}
     sinks = {j.name: build_sink(settings, j, stores[j.name]) for j in settings.jobs}
     if lease_pipe is not None:
-        from ingestion.parent import lease_reporter
+        from ingestion.node.parent import lease_reporter
 
         for store in stores.values():
             store.on_lease = lease_reporter(lease_pipe, log)
@@ -664,10 +664,10 @@ async def _start_endpoints(
     log: Any,
     stores: dict[str, LeaseStore],
 ) -> None:
-    """Start the metrics and status endpoints when configured (see ingestion.metrics/status)."""
+    """Start the metrics and status endpoints when configured (see ingestion.serve.metrics/status)."""
     o = settings.observe
     if o.metrics_port:
-        from ingestion.metrics import serve_metrics
+        from ingestion.serve.metrics import serve_metrics
 
         readers = {job: store.events_info for job, store in stores.items()}
         await _bind(
@@ -676,6 +676,6 @@ async def _start_endpoints(
             observers, log,
         )  # fmt: skip
     if o.status_port:
-        from ingestion.status import serve_status
+        from ingestion.serve.status import serve_status
 
         await _bind(nursery, "status_port", o.listen_host, o.status_port, serve_status, observers, log)

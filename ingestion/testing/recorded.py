@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ENV = "INGESTION_RECORDED_DATA"
-HORIZON = Path(os.environ.get(ENV) or Path(__file__).resolve().parents[2] / "shared" / "data" / "horizon")
+HORIZON = Path(os.environ.get(ENV) or Path(__file__).resolve().parents[3] / "shared" / "data" / "horizon")
 LAKE = HORIZON.parent / "lake"
 SKIP_REASON = "recorded Horizon data lies outside the repository and is absent"
 

@@ -44,8 +44,8 @@ import trio
 from actors.lease_store import JobState, LeaseStore, RedisUnavailable, StreamInfo, job_keys
 from actors.lease_store.connect import describe_redis_error
 from actors.observe import record_time
+from ingestion.common.paging import InvalidPagingToken, toid_parts, token_key
 from ingestion.config import Settings, load, redact_url
-from ingestion.paging import InvalidPagingToken, toid_parts, token_key
 
 HORIZON_TIMEOUT = 5.0  # seconds, the whole lag query
 POSTGRES_TIMEOUT = 5.0  # seconds, reading one job's state in a PostgreSQL sink

@@ -11,7 +11,7 @@ only (a process crash: its parent releases the lease at once) and reports that t
 hands leadership over gracefully with SIGTERM and reports that time too, showing where
 every job is led after each step; and finally checks every job's events stream against the
 simulator's own records (:mod:`ingestion.verify`). When a PostgreSQL server is installed (Debian's
-``postgresql``), a throwaway one is started as well (``ingestion/postgres/local.py``) and one more
+``postgresql``), a throwaway one is started as well (``ingestion/testing/local_postgres.py``) and one more
 job writes there (``[jobs.NAME] sink``) through the same failovers; its rows are verified against
 the simulator and judged by their fence history. Without it, one line says so. Exit status: 0
 when the stream verified, 1 when it did not or the demo could not run, 2 for a bad flag. Every
@@ -36,8 +36,8 @@ import redis
 import trio
 
 from actors.lease_store import connect, job_keys
-from ingestion.local_redis import LocalRedis, RedisServerMissing
-from ingestion.postgres.local import LocalPostgres, server_bin
+from ingestion.testing.local_postgres import LocalPostgres, server_bin
+from ingestion.testing.local_redis import LocalRedis, RedisServerMissing
 from ingestion.verify import (
     Verification,
     check_stream,

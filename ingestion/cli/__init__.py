@@ -6,7 +6,7 @@ subcommand (``python -m ingestion --node-id n1 ...``) it means ``run``.
 Exit status: 0 after a clean shutdown, 2 for a usage or configuration error (one line per problem on
 stderr, naming the setting or flag), 1 for a fatal runtime error, 130 when interrupted (Ctrl-C)
 before the node runs (143 for SIGTERM); ``run``'s worker process killed by signal N: 128 + N, once
-its parent has released its leases (ingestion/parent.py).
+its parent has released its leases (ingestion/node/parent.py).
 """
 
 from __future__ import annotations
@@ -238,21 +238,21 @@ def check_source_flags(ns: argparse.Namespace, settings: Any) -> None:
 
 
 def cmd_run(argv: Sequence[str]) -> int:
-    # SIGINT and SIGTERM are held (ingestion/stop_signals.py): one that came during a step ends
+    # SIGINT and SIGTERM are held (ingestion/node/stop_signals.py): one that came during a step ends
     # start-up after it, with 128 + N; the node (and its parent) take them once they can.
-    from ingestion.stop_signals import asked, hold
+    from ingestion.node.stop_signals import asked, hold
 
     hold()  # (already, under python -m ingestion; not when main() is called from Python)
     ns = _run_parser().parse_args(argv)
     settings = load_settings(ns)
     check_source_flags(ns, settings)
-    from ingestion.node import check_sources, preflight, start_node
+    from ingestion.node.worker import check_sources, preflight, start_node
 
     check_sources(settings)
     if (status := asked()) is not None:
         return status
     preflight(settings)
-    from ingestion import parent
+    from ingestion.node import parent
 
     if (status := asked()) is not None:
         return status
@@ -287,7 +287,7 @@ def cmd_check_config(argv: Sequence[str]) -> int:
     ns = _check_config_parser().parse_args(argv)
     settings = load_settings(ns)
     check_source_flags(ns, settings)
-    from ingestion.node import check_sources, source_identity
+    from ingestion.node.worker import check_sources, source_identity
 
     check_sources(settings)
     rows = resolved_with_sources(
@@ -318,13 +318,13 @@ def cmd_verify(argv: Sequence[str]) -> int:
 
 
 def cmd_inspect(argv: Sequence[str]) -> int:
-    from ingestion.inspect import main
+    from ingestion.cli.inspect import main
 
     return main(list(argv))
 
 
 def cmd_tail(argv: Sequence[str]) -> int:
-    from ingestion.tail import main
+    from ingestion.cli.tail import main
 
     return main(list(argv))
 
@@ -336,13 +336,13 @@ def cmd_simulate(argv: Sequence[str]) -> int:
 
 
 def cmd_watch(argv: Sequence[str]) -> int:
-    from ingestion.watch import main
+    from ingestion.cli.watch import main
 
     return main(list(argv))
 
 
 def cmd_demo(argv: Sequence[str]) -> int:
-    from ingestion.demo import main
+    from ingestion.cli.demo import main
 
     return main(list(argv))
 
@@ -356,7 +356,7 @@ def cmd_version(argv: Sequence[str]) -> int:
 
 def parser_of(command: str) -> argparse.ArgumentParser | None:
     """The parser behind ``ingestion COMMAND`` (None: ``version``, which takes no flags), as used by
-    the generated reference (``python -m ingestion.reference``)."""
+    the generated reference (``python -m ingestion.cli.reference``)."""
     if command == "run":
         return _run_parser()
     if command == "check-config":
@@ -367,10 +367,10 @@ def parser_of(command: str) -> argparse.ArgumentParser | None:
 
     module = {
         "simulate": "ingestion.simulator.cli",
-        "inspect": "ingestion.inspect",
-        "tail": "ingestion.tail",
-        "watch": "ingestion.watch",
-        "demo": "ingestion.demo",
+        "inspect": "ingestion.cli.inspect",
+        "tail": "ingestion.cli.tail",
+        "watch": "ingestion.cli.watch",
+        "demo": "ingestion.cli.demo",
         "verify": "ingestion.verify",
     }[command]
     parser: argparse.ArgumentParser = import_module(module)._parser()
@@ -428,12 +428,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    from ingestion import stop_signals
     from ingestion.config import ConfigError
+    from ingestion.node import stop_signals
 
     try:
         if command != "run":
-            stop_signals.release()  # (held since start-up: see ingestion/stop_signals.py)
+            stop_signals.release()  # (held since start-up: see ingestion/node/stop_signals.py)
         return HANDLERS[command](args)
     except ConfigError as exc:
         for problem in exc.problems:

@@ -30,8 +30,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from actors.lease_store import job_keys
-from ingestion.local_redis import LocalRedis
-from tests.cluster import TTL_MS, Cluster, open_cluster
+from ingestion.testing.cluster import TTL_MS, Cluster, open_cluster
+from ingestion.testing.local_redis import LocalRedis
 
 SERVICE = "ingest"
 
