@@ -22,7 +22,8 @@ import redis
 
 from actors.lease_store import connect
 from ingestion import __version__
-from ingestion.cli import COMMANDS, _run_parser
+from ingestion.cli import COMMANDS
+from ingestion.cli.run import parser as _run_parser
 from ingestion.testing.local_redis import LocalRedis
 from tests.ports import closed_port
 

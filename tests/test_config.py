@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from actors.lease_store import parse_sentinel_url
-from ingestion.cli import _run_parser
+from ingestion.cli.run import parser as _run_parser
 from ingestion.config import FLAGS, SCHEMA, ConfigError, Settings, load, redact_url, sample_toml
 from ingestion.testing.wait import child_env
 

@@ -128,7 +128,7 @@ async def test_tail_prints_a_postgres_jobs_rows_and_wakes_on_notify_not_on_its_p
     monkeypatch.setattr(tail, "BLOCK_MS", 3_600_000)
     out = io.StringIO()
     reader = tail.PostgresTail(pg.url, "ingestion", "pg-tail", out)
-    ns = tail._parser().parse_args(["--from", "$", "--count", "7"])
+    ns = tail.parser().parse_args(["--from", "$", "--count", "7"])
     finished = threading.Event()
 
     def follow() -> None:

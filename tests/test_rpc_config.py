@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ingestion.cli import _flags_layer, _run_parser
+from ingestion.cli.run import _flags_layer
+from ingestion.cli.run import parser as _run_parser
 from ingestion.config import ConfigError, Settings, load
 from ingestion.rpc.protocol import EventFilter, segment_from_text
 

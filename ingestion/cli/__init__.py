@@ -7,373 +7,53 @@ Exit status: 0 after a clean shutdown, 2 for a usage or configuration error (one
 stderr, naming the setting or flag), 1 for a fatal runtime error, 130 when interrupted (Ctrl-C)
 before the node runs (143 for SIGTERM); ``run``'s worker process killed by signal N: 128 + N, once
 its parent has released its leases (ingestion/node/parent.py).
+
+The one command table, :data:`COMMANDS`, names each command's module; a command module has
+``parser()`` (None: no flags) and ``main(argv)``, and is imported only when its command runs.
+What the parsers share is in :mod:`ingestion.cli.usage`.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any, NoReturn
+from collections.abc import Sequence
+from importlib import import_module
+from typing import Any, NamedTuple
 
-from ingestion import __version__
+from ingestion.cli.usage import UsageError
 
-# Subcommand -> its one line in ``ingestion --help``.
-COMMANDS = {
-    "run": "run one node: join the election and ingest while leader (the default)",
-    "simulate": "run the bundled Horizon (and Stellar RPC) simulator",
-    "inspect": "show every job's state in Redis, or one job's (--job)",
-    "tail": "print a job's events stream, one record per line",
-    "watch": "show several nodes' status sockets live",
-    "demo": "a local cluster, a killed leader and the takeover, to watch",
-    "verify": "check a job's events stream against its source (exit 0: exactly once, 1: not)",
-    "check-config": "print every setting, resolved and validated, with where it came from",
-    "version": "print the version",
+
+class Command(NamedTuple):
+    module: str  # exposes parser() and main(argv)
+    summary: str  # its one line in ``ingestion --help``
+
+
+COMMANDS: dict[str, Command] = {
+    "run": Command(
+        "ingestion.cli.run", "run one node: join the election and ingest while leader (the default)"
+    ),
+    "simulate": Command("ingestion.cli.simulate", "run the bundled Horizon (and Stellar RPC) simulator"),
+    "inspect": Command("ingestion.cli.inspect", "show every job's state in Redis, or one job's (--job)"),
+    "tail": Command("ingestion.cli.tail", "print a job's events stream, one record per line"),
+    "watch": Command("ingestion.cli.watch", "show several nodes' status sockets live"),
+    "demo": Command("ingestion.cli.demo", "a local cluster, a killed leader and the takeover, to watch"),
+    "verify": Command(
+        "ingestion.cli.verify",
+        "check a job's events stream against its source (exit 0: exactly once, 1: not)",
+    ),
+    "check-config": Command(
+        "ingestion.cli.check_config",
+        "print every setting, resolved and validated, with where it came from",
+    ),
+    "version": Command("ingestion.cli.version", "print the version"),
 }
-
-
-class UsageError(Exception):
-    """A bad command line: printed as one line, exit 2."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An argument parser whose mistakes are one line (``UsageError``), not usage plus error."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog.removeprefix('ingestion ')}: {message} (see {self.prog} --help)")
-
-
-def env_name(section: str, key: str) -> str:
-    return f"INGESTION_{section.upper()}_{key.upper()}"
-
-
-def setting_help(text: str, *settings: tuple[str, str]) -> str:
-    """``text`` followed by the setting's default and environment variable (the schema's)."""
-    from ingestion.config import SCHEMA
-
-    section, key = settings[0]
-    default = SCHEMA[section][key][1]
-    shown = ",".join(default) if isinstance(default, list) else default
-    if shown == "" or shown == []:
-        shown = "none"
-    envs = " or ".join(env_name(s, k) for s, k in settings)
-    return f"{text} (default: {shown}; env {envs}; setting {section}.{key})".replace("%", "%%")
-
-
-def _run_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(
-        prog="ingestion run",
-        description="Run one ingestion node: join the election and ingest Horizon (or Stellar RPC "
-        "contract events) while leader. Settings: defaults < config.toml < INGESTION_<SECTION>_<KEY> "
-        "< flags.",
-    )
-    h = setting_help
-    p.add_argument(
-        "--config", type=Path, metavar="PATH",
-        help="TOML file (default: ./config.toml if present; no environment variable)",
-    )  # fmt: skip
-    p.add_argument(
-        "--node-id", metavar="ID", help=h("this node's id; none: <hostname>-<pid>", ("node", "id"))
-    )
-    p.add_argument(
-        "--job", action="append", metavar="NAME[=RESOURCE]",
-        help=h("a singleton job to host (repeatable; RESOURCE defaults to --resource); none: every "
-               "[jobs.NAME] table, or one job named after --source (horizon or rpc)", ("node", "job")),
-    )  # fmt: skip
-    p.add_argument(
-        "--horizon", action="append", metavar="URL",
-        help=h("Horizon base URL (repeatable)", ("horizon", "urls")),
-    )  # fmt: skip
-    p.add_argument(
-        "--resource", metavar="PATH",
-        help=h("Horizon collection path, e.g. /payments (Horizon jobs only)", ("horizon", "resource")),
-    )  # fmt: skip
-    p.add_argument(
-        "--start-cursor", metavar="CURSOR",
-        help=h("where a job starts when nothing is committed: now, 0 or a paging token; for "
-               "--source rpc: now, 0, a ledger number or an event id",
-               ("horizon", "start_cursor"), ("rpc", "start_cursor")),
-    )  # fmt: skip
-    p.add_argument(
-        "--source", choices=("horizon", "rpc", "lake"),
-        help=h("what the jobs follow: a Horizon collection, Stellar RPC contract events, or the same "
-               "events from a ledger-metadata data lake (--lake)",
-               ("node", "source")),
-    )  # fmt: skip
-    p.add_argument(
-        "--rpc", action="append", metavar="URL", help=h("Stellar RPC URL (repeatable)", ("rpc", "urls"))
-    )
-    p.add_argument(
-        "--lake", metavar="URL",
-        help=h("the data lake of lake jobs: a directory or file://PATH", ("lake", "url")),
-    )  # fmt: skip
-    p.add_argument(
-        "--contract-id", action="append", metavar="C",
-        help=h("getEvents filter: a contract id (repeatable, at most 5; RPC jobs only)",
-               ("rpc", "contract_ids")),
-    )  # fmt: skip
-    p.add_argument(
-        "--event-type", choices=("contract", "system"),
-        help=h("getEvents filter: the event type (RPC jobs only); none: both", ("rpc", "event_type")),
-    )  # fmt: skip
-    p.add_argument(
-        "--topic", action="append", metavar="SEG[,SEG...]",
-        help=h("getEvents filter: a topic (repeatable, at most 5; RPC jobs only): 1 to 4 segments, "
-               "each a base64 ScVal, *, sym:NAME, str:TEXT, address:G...|C..., u32:N, i128:N, ..., "
-               "then optionally **", ("rpc", "topics")),
-    )  # fmt: skip
-    p.add_argument(
-        "--redis", metavar="URL",
-        help=h("redis://, rediss://, unix://, redis+sentinel://H:P[,H:P...]/SERVICE[/DB] or "
-               "redis+cluster://H:P[,H:P...]", ("redis", "url")),
-    )  # fmt: skip
-    p.add_argument(
-        "--lease-ttl-ms", type=int, metavar="N",
-        help=h("lease TTL in milliseconds", ("lease", "ttl_ms")),
-    )  # fmt: skip
-    p.add_argument(
-        "--events-max-len", type=int, metavar="N",
-        help=h("keep about N events-stream entries, never unacknowledged ones; 0: all",
-               ("events", "max_len")),
-    )  # fmt: skip
-    p.add_argument(
-        "--sink", metavar="URL",
-        help=h("postgresql://USER:PASSWORD@HOST:PORT/DB: the jobs' records and cursors in "
-               "PostgreSQL (the election stays in Redis); default: the Redis events stream",
-               ("sink", "url")),
-    )  # fmt: skip
-    p.add_argument(
-        "--metrics-port", type=int, metavar="N",
-        help=h("Prometheus /metrics port; 0: off", ("observe", "metrics_port")),
-    )  # fmt: skip
-    p.add_argument(
-        "--status-port", type=int, metavar="N",
-        help=h("WebSocket status port; 0: off", ("observe", "status_port")),
-    )  # fmt: skip
-    p.add_argument("--log-level", metavar="LEVEL", help=h("debug, info, warning or error", ("log", "level")))
-    p.add_argument(
-        "--log-format", choices=("json", "console", "auto"),
-        help=h("log rendering; auto: console on a terminal, else json", ("log", "format")),
-    )  # fmt: skip
-    return p
-
-
-def _flags_layer(ns: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    pairs = {
-        ("node", "id"): ns.node_id,
-        ("node", "job"): ns.job,
-        ("horizon", "urls"): ns.horizon,
-        ("horizon", "resource"): ns.resource,
-        ("horizon", "start_cursor"): ns.start_cursor,
-        ("rpc", "start_cursor"): ns.start_cursor,
-        ("node", "source"): getattr(ns, "source", None),
-        ("rpc", "urls"): getattr(ns, "rpc", None),
-        ("rpc", "contract_ids"): getattr(ns, "contract_id", None),
-        ("rpc", "event_type"): getattr(ns, "event_type", None),
-        ("rpc", "topics"): getattr(ns, "topic", None),
-        ("lake", "url"): getattr(ns, "lake", None),
-        ("redis", "url"): ns.redis,
-        ("lease", "ttl_ms"): ns.lease_ttl_ms,
-        ("events", "max_len"): getattr(ns, "events_max_len", None),
-        ("sink", "url"): getattr(ns, "sink", None),
-        ("observe", "metrics_port"): getattr(ns, "metrics_port", None),
-        ("observe", "status_port"): getattr(ns, "status_port", None),
-        ("log", "level"): getattr(ns, "log_level", None),
-        ("log", "format"): getattr(ns, "log_format", None),
-    }
-    layer: dict[str, dict[str, Any]] = {}
-    for (section, key), value in pairs.items():
-        if value is not None:
-            layer.setdefault(section, {})[key] = value
-    return layer
-
-
-def load_settings(ns: argparse.Namespace) -> Any:
-    from ingestion.config import load
-
-    return load(ns.config, os.environ, _flags_layer(ns))
-
-
-# Flags that only mean something for one kind of job: given while no hosted job is of that kind,
-# they would be silently ignored.
-_SOURCE_FLAGS = {
-    "--resource": ("resource", "horizon"),
-    "--contract-id": ("contract_id", "rpc"),
-    "--event-type": ("event_type", "rpc"),
-    "--topic": ("topic", "rpc"),
-    "--lake": ("lake", "lake"),
-}
-_SAME_FILTERS = {"rpc": {"rpc", "lake"}}  # a lake job takes the RPC filter flags too
-# The source URLs: used by a job of that kind that takes them from its section (a [jobs.NAME]
-# table may name its own, and a lake job reads no RPC).
-_URL_FLAGS = {"--horizon": ("horizon", "horizon", "horizon_urls"), "--rpc": ("rpc", "rpc", "rpc_urls")}
-_KIND_NAMES = {"horizon": "a Horizon", "rpc": "an RPC", "lake": "a lake"}
-
-
-def check_source_flags(ns: argparse.Namespace, settings: Any) -> None:
-    """Raises UsageError for a flag that applies to no hosted job (``--topic`` or ``--horizon``
-    with RPC jobs only, ``--rpc`` with Horizon jobs only)."""
-    kinds = {job.kind for job in settings.jobs}
-    hosted = ", ".join(sorted(f"{j.name} ({j.kind})" for j in settings.jobs))
-    for flag, (attr, kind) in _SOURCE_FLAGS.items():
-        if getattr(ns, attr, None) is not None and not (_SAME_FILTERS.get(kind, {kind}) & kinds):
-            raise UsageError(
-                f"{flag}: only for {_KIND_NAMES[kind]} job, and this node hosts {hosted}: drop "
-                f"{flag}, or follow {kind} with --source {kind}"
-            )
-    for flag, (attr, kind, field) in _URL_FLAGS.items():
-        given = getattr(ns, attr, None)
-        if given is None or any(j.kind == kind and getattr(j, field) == tuple(given) for j in settings.jobs):
-            continue
-        if kind in kinds:
-            raise UsageError(
-                f"{flag}: every {kind} job here names its own URLs (jobs.NAME.{kind}): drop {flag}"
-            )
-        raise UsageError(
-            f"{flag}: only for {_KIND_NAMES[kind]} job, and this node hosts {hosted}: drop {flag}, "
-            f"or follow {kind} with --source {kind}"
-        )
-
-
-def cmd_run(argv: Sequence[str]) -> int:
-    # SIGINT and SIGTERM are held (ingestion/node/stop_signals.py): one that came during a step ends
-    # start-up after it, with 128 + N; the node (and its parent) take them once they can.
-    from ingestion.node.stop_signals import asked, hold
-
-    hold()  # (already, under python -m ingestion; not when main() is called from Python)
-    ns = _run_parser().parse_args(argv)
-    settings = load_settings(ns)
-    check_source_flags(ns, settings)
-    from ingestion.node.worker import check_sources, preflight, start_node
-
-    check_sources(settings)
-    if (status := asked()) is not None:
-        return status
-    preflight(settings)
-    from ingestion.node import parent
-
-    if (status := asked()) is not None:
-        return status
-    if parent.supported():
-        forked = parent.fork_worker()
-        if forked is not None:  # this is the parent: it outlives the worker, nothing more
-            return parent.run_parent(settings, *forked)
-    return start_node(settings, lease_pipe=parent.worker_pipe())
-
-
-def _check_config_parser() -> argparse.ArgumentParser:
-    parser = _run_parser()
-    parser.prog = "ingestion check-config"
-    parser.description = (
-        "Resolve and validate every setting as `ingestion run` would with the same flags (no "
-        "network): each printed with its value and source (default, auto, file, env or flag). "
-        "Exit 0, or 2 with one line per problem."
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
-    return parser
-
-
-def cmd_check_config(argv: Sequence[str]) -> int:
-    """Resolve and validate every setting exactly as ``run`` would with the same flags, touching no
-    network; print each with its value and where it came from. Exit 0, or 2 with one line per
-    problem."""
-    import json
-
-    from ingestion.config import from_environment, redact_url
-    from ingestion.config.layers import file_layer, resolved_with_sources
-
-    ns = _check_config_parser().parse_args(argv)
-    settings = load_settings(ns)
-    check_source_flags(ns, settings)
-    from ingestion.node.worker import check_sources, source_identity
-
-    check_sources(settings)
-    rows = resolved_with_sources(
-        settings, file_layer(ns.config), from_environment(os.environ), _flags_layer(ns)
-    )
-    rows = [(name, redact_url(v) if name == "redis.url" else v, src) for name, v, src in rows]
-    jobs = [{"job": j.name, "kind": j.kind, "follows": source_identity(j)} for j in settings.jobs]
-    if ns.json:
-        print(json.dumps({
-            "settings": {name: {"value": value, "source": src} for name, value, src in rows},
-            "jobs": jobs,
-        }))  # fmt: skip
-        return 0
-    width = max(len(name) for name, _, _ in rows)
-    for name, value, src in rows:
-        shown = ",".join(map(str, value)) if isinstance(value, list) else value
-        print(f"{name:<{width}}  {src:<7}  {shown}")
-    for job in jobs:
-        print(f"job {job['job']}: {job['follows']}")
-    print("configuration OK")
-    return 0
-
-
-def cmd_verify(argv: Sequence[str]) -> int:
-    from ingestion.verify import main
-
-    return main(list(argv))
-
-
-def cmd_inspect(argv: Sequence[str]) -> int:
-    from ingestion.cli.inspect import main
-
-    return main(list(argv))
-
-
-def cmd_tail(argv: Sequence[str]) -> int:
-    from ingestion.cli.tail import main
-
-    return main(list(argv))
-
-
-def cmd_simulate(argv: Sequence[str]) -> int:
-    from ingestion.simulator.cli import main
-
-    return main(list(argv))
-
-
-def cmd_watch(argv: Sequence[str]) -> int:
-    from ingestion.cli.watch import main
-
-    return main(list(argv))
-
-
-def cmd_demo(argv: Sequence[str]) -> int:
-    from ingestion.cli.demo import main
-
-    return main(list(argv))
-
-
-def cmd_version(argv: Sequence[str]) -> int:
-    if argv:
-        raise UsageError(f"ingestion version: takes no arguments, got {' '.join(argv)}")
-    print(f"ingestion {__version__}")
-    return 0
 
 
 def parser_of(command: str) -> argparse.ArgumentParser | None:
     """The parser behind ``ingestion COMMAND`` (None: ``version``, which takes no flags), as used by
     the generated reference (``python -m ingestion.cli.reference``)."""
-    if command == "run":
-        return _run_parser()
-    if command == "check-config":
-        return _check_config_parser()
-    if command == "version":
-        return None
-    from importlib import import_module
-
-    module = {
-        "simulate": "ingestion.simulator.cli",
-        "inspect": "ingestion.cli.inspect",
-        "tail": "ingestion.cli.tail",
-        "watch": "ingestion.cli.watch",
-        "demo": "ingestion.cli.demo",
-        "verify": "ingestion.verify",
-    }[command]
-    parser: argparse.ArgumentParser = import_module(module)._parser()
+    parser: argparse.ArgumentParser | None = import_module(COMMANDS[command].module).parser()
     return parser
 
 
@@ -386,26 +66,12 @@ def top_help() -> str:
         "Highly available Stellar Horizon / Stellar RPC ingestion into Redis, with fencing tokens.",
         "",
         "commands:",
-        *(f"  {name:<{width}}  {text}" for name, text in COMMANDS.items()),
+        *(f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()),
         "",
         "With no command, the flags are run's: `python -m ingestion --node-id n1 ...`.",
         "`ingestion COMMAND --help` shows a command's flags, with defaults and environment variables.",
     ]
     return "\n".join(lines)
-
-
-HANDLERS: dict[str, Callable[[Sequence[str]], int]] = {
-    "run": cmd_run,
-    "simulate": cmd_simulate,
-    "inspect": cmd_inspect,
-    "tail": cmd_tail,
-    "watch": cmd_watch,
-    "demo": cmd_demo,
-    "verify": cmd_verify,
-    "check-config": cmd_check_config,
-    "version": cmd_version,
-}
-
 
 def _only_interrupts(group: BaseExceptionGroup[Any]) -> bool:
     rest = group.split(KeyboardInterrupt)[1]
@@ -420,11 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args and args[0] in ("-V", "--version"):
         args[0] = "version"
     command = "run"
-    if args and args[0] in HANDLERS:
+    if args and args[0] in COMMANDS:
         command = args.pop(0)
     elif args and not args[0].startswith("-"):
         print(
-            f"ingestion: unknown command {args[0]!r}: one of {', '.join(HANDLERS)} (see ingestion --help)",
+            f"ingestion: unknown command {args[0]!r}: one of {', '.join(COMMANDS)} (see ingestion --help)",
             file=sys.stderr,
         )
         return 2
@@ -434,7 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if command != "run":
             stop_signals.release()  # (held since start-up: see ingestion/node/stop_signals.py)
-        return HANDLERS[command](args)
+        handler = import_module(COMMANDS[command].module).main
+        return int(handler(args))
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"ingestion: configuration error: {problem}", file=sys.stderr)

@@ -514,8 +514,8 @@ class Demo:
                 p.kill()
 
 
-def _parser() -> argparse.ArgumentParser:
-    from ingestion.cli import OneLineParser
+def parser() -> argparse.ArgumentParser:
+    from ingestion.cli.usage import OneLineParser
 
     p = OneLineParser(
         prog="ingestion demo",
@@ -540,7 +540,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """Run the demo with these flags (no ``demo`` word); return the exit status."""
     try:
-        args = _parser().parse_args(argv)
+        args = parser().parse_args(argv)
     except SystemExit as exc:  # --help; a bad flag is a UsageError, one line from ingestion.cli
         return int(exc.code or 0)
     problems = []

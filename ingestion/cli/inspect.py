@@ -478,8 +478,8 @@ def render_table(
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-    from ingestion.cli import OneLineParser, setting_help
+def parser() -> argparse.ArgumentParser:
+    from ingestion.cli.usage import OneLineParser, setting_help
 
     p = OneLineParser(
         prog="ingestion inspect",
@@ -511,9 +511,9 @@ def main(argv: Sequence[str]) -> int:
     Raises:
         ConfigError: a bad setting (the CLI prints it and exits 2).
     """
-    ns = _parser().parse_args(list(argv))
+    ns = parser().parse_args(list(argv))
     if ns.audit < 1:
-        from ingestion.cli import UsageError
+        from ingestion.cli.usage import UsageError
 
         raise UsageError(f"inspect: --audit: must be at least 1, got {ns.audit}")
     flags: dict[str, dict[str, Any]] = {}

@@ -127,7 +127,7 @@ def commands_section() -> Iterator[str]:
         "environment variable and setting, where it has them, follow the precedence defaults < "
         "`config.toml` < environment < flags."
     )
-    for command, summary in COMMANDS.items():
+    for command, (_, summary) in COMMANDS.items():
         yield ""
         yield f"### `ingestion {command}`"
         yield ""
@@ -146,7 +146,7 @@ def commands_section() -> Iterator[str]:
 
 
 def settings_section() -> Iterator[str]:
-    from ingestion.cli import env_name
+    from ingestion.cli.usage import env_name
     from ingestion.config.schema import FLAGS, JOB_SCHEMA, SCHEMA
 
     yield "## Settings"

@@ -72,7 +72,7 @@ class SentinelGroup:
     # -- start and stop -------------------------------------------------------------------------
 
     def _server_args(self) -> tuple[str, ...]:
-        args = ("--replica-announce-ip", "127.0.0.1", "--repl-diskless-sync", "yes",
+        args: tuple[str, ...] = ("--replica-announce-ip", "127.0.0.1", "--repl-diskless-sync", "yes",
                 "--repl-diskless-sync-delay", "0", "--appendfsync", "everysec",
                 "--enable-debug-command", "local")  # fmt: skip
         if self.min_replicas_to_write:
@@ -149,7 +149,7 @@ class SentinelGroup:
             finally:
                 c.close()
             if addr:
-                return int(addr[1])
+                return int(addr[1])  # type: ignore[index]  # (a (host, port) pair when truthy)
         raise RuntimeError("no sentinel names a primary")
 
     def server(self, port: int) -> LocalRedis:
@@ -224,7 +224,7 @@ class SentinelGroup:
                     addr = c.sentinel_get_master_addr_by_name(SERVICE)
                 finally:
                     c.close()
-                named.add(int(addr[1]) if addr else None)
+                named.add(int(addr[1]) if addr else None)  # type: ignore[index]
             if len(named) != 1 or old_port in named or None in named:
                 return None
             port = named.pop()
