@@ -12,7 +12,7 @@ import trio
 
 from actors.lease_store import job_keys
 from ingestion.horizon.source import HorizonSource
-from ingestion.node.worker import audit_writer
+from ingestion.node.build import audit_writer
 from ingestion.simulator import Simulator, SimulatorConfig, open_simulator
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import json_lines, wait_until

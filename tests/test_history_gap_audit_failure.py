@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 from actors.lease_store import Acquired, LeaseStore, connect
 from actors.source import TermContext, current_term
 from ingestion.common.gaps import record_history_gap
-from ingestion.node.worker import audit_writer
+from ingestion.node.build import audit_writer
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.tcp_proxy import TcpProxy
 

@@ -89,7 +89,7 @@ def test_a_bad_filter_exits_2_with_one_line_naming_it() -> None:
 
 def test_on_history_gap_lake_needs_a_lake_and_builds_an_rpc_source_backed_by_it(tmp_path: Path) -> None:
     from ingestion.lake.source import LakeSource
-    from ingestion.node.worker import build_source
+    from ingestion.node.build import build_source
     from ingestion.rpc.source import RpcSource
 
     env = {"INGESTION_NODE_SOURCE": "rpc", "INGESTION_RPC_ON_HISTORY_GAP": "lake"}

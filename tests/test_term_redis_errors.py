@@ -22,7 +22,7 @@ from actors.messages import (
 from actors.sink import SinkUnavailable
 from actors.source import SyntheticSource
 from ingestion.config.sections import JobSettings
-from ingestion.node.worker import IdentifiedSource
+from ingestion.node.identity import IdentifiedSource
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.tcp_proxy import TcpProxy
 

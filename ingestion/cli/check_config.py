@@ -33,7 +33,8 @@ def main(argv: Sequence[str]) -> int:
     ns = parser().parse_args(argv)
     settings = run.load_settings(ns)
     run.check_source_flags(ns, settings)
-    from ingestion.node.worker import check_sources, source_identity
+    from ingestion.node.identity import source_identity
+    from ingestion.node.preflight import check_sources
 
     check_sources(settings)
     rows = resolved_with_sources(

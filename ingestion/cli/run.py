@@ -199,7 +199,8 @@ def main(argv: Sequence[str]) -> int:
     ns = parser().parse_args(argv)
     settings = load_settings(ns)
     check_source_flags(ns, settings)
-    from ingestion.node.worker import check_sources, preflight, start_node
+    from ingestion.node.preflight import check_sources, preflight
+    from ingestion.node.worker import start_node
 
     check_sources(settings)
     if (status := asked()) is not None:

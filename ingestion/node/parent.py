@@ -33,11 +33,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import os
 import signal
 import sys
-from typing import Any
 
 import redis
 import trio
@@ -46,7 +44,6 @@ from redis.exceptions import RedisClusterException
 from actors.lease_store import LeaseStore, RedisUnavailable, scripts
 from ingestion.config import Settings
 from ingestion.node import stop_signals
-from ingestion.node.lease_reports import LeaseReport
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 RELEASE_RETRY = 0.05  # seconds between attempts at a release Redis did not answer
@@ -103,24 +100,6 @@ def _become_worker(parent: int, write_end: int) -> None:
     _WORKER_PIPE = write_end
 
 
-def lease_reporter(write_end: int, log: Any) -> Any:
-    """The worker's ``LeaseStore.on_lease``: one line on the pipe per acquire and release."""
-    dropped = False
-
-    def report(kind: str, job: str, token: int, node: str) -> None:
-        nonlocal dropped
-        try:
-            os.write(write_end, LeaseReport(kind, job, token, node).encode())
-        except BlockingIOError:
-            if not dropped:
-                dropped = True
-                log.warning("lease-report-dropped", job=job, token=token, kind=kind)
-        except OSError as exc:
-            if exc.errno != errno.EPIPE:
-                raise  # EPIPE: the parent is gone, and this process is about to be killed
-
-    return report
-
 
 def exit_status(wait_status: int) -> tuple[int, str | None, int | None]:
     """``(the parent's exit status, the signal's name or None, the worker's exit status or
@@ -164,9 +143,9 @@ def run_parent(settings: Settings, worker: int, pipe: int) -> int:
 
 async def supervise(settings: Settings, worker: int, pipe: int) -> int:
     """Watch ``worker`` until it exits; release what it still held; the parent's exit status."""
+    from ingestion.node.build import build_store
     from ingestion.node.lease_reports import HeldLeases
     from ingestion.node.logs import configure_logging, node_logger
-    from ingestion.node.worker import build_store
 
     configure_logging(settings.log.level, settings.log.format)
     log = node_logger(settings.node.id, ",".join(settings.node.jobs))
