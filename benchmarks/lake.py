@@ -40,11 +40,12 @@ import redis
 import trio
 import zstandard
 
-from benchmarks.procs import NodeProcess, memory_kib
+from benchmarks.procs import memory_kib
 from benchmarks.rpc import RpcSimulator, _cursor, _page_everything
 from ingestion.lake.decoding import open_decoders
 from ingestion.rpc.protocol import Cursor
 from ingestion.testing import recorded
+from ingestion.testing.processes import NodeProcess
 
 PUBNET = (
     "wallet-backend_ledger-51000294.xdr.gz",

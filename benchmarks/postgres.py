@@ -28,9 +28,10 @@ import trio
 from actors.lease_store import Committed
 from benchmarks.catchup import _reference
 from benchmarks.commit_cost import _records
-from benchmarks.procs import NodeProcess, Simulator, percentile
+from benchmarks.procs import percentile
 from ingestion.postgres.sink import PostgresSink, connect
 from ingestion.testing.local_postgres import LocalPostgres
+from ingestion.testing.processes import NodeProcess, Simulator
 
 OPS_PER_LEDGER = 100
 LIVE_OPS_PER_LEDGER = 20

@@ -23,7 +23,7 @@ from actors.lease_store import LeaseStore, connect
 from ingestion.testing import recorded
 from ingestion.testing.local_postgres import LocalPostgres
 from ingestion.testing.local_redis import LocalRedis
-from ingestion.testing.redis_ha import sentinel_group  # noqa: F401  (a fixture)
+from ingestion.testing.redis_ha import SentinelGroup
 from tests.nodes import lease_store
 
 CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
@@ -145,3 +145,12 @@ def open_store() -> Iterator[Callable[..., LeaseStore]]:
             return opened.enter_context(lease_store(url, job, **options))
 
         yield open_
+
+
+@pytest.fixture
+def sentinel_group() -> Iterator[SentinelGroup]:
+    group = SentinelGroup().start()
+    try:
+        yield group
+    finally:
+        group.stop()

@@ -29,13 +29,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-from typing import Any, TextIO
+from typing import TextIO
 
 import attrs
 import redis
 import trio
 
 from actors.lease_store import connect, job_keys
+from ingestion.testing.cluster import LogLine
 from ingestion.testing.local_postgres import LocalPostgres, server_bin
 from ingestion.testing.local_redis import LocalRedis, RedisServerMissing
 from ingestion.verify import (
@@ -85,14 +86,6 @@ class DemoFailed(Exception):
     pass
 
 
-@attrs.frozen
-class Line:
-    at: float
-    node: str
-    event: str
-    fields: dict[str, Any]
-
-
 @attrs.define
 class Demo:
     nodes: int
@@ -108,7 +101,7 @@ class Demo:
     rpc: str = ""
     config_dir: str = ""
     postgres: LocalPostgres | None = None  # a job on PostgreSQL too, when it is installed
-    lines: list[Line] = attrs.Factory(list)
+    lines: list[LogLine] = attrs.Factory(list)
     procs: dict[str, trio.Process] = attrs.Factory(dict)
     every: list[trio.Process] = attrs.Factory(list)
     _changed: trio.Event = attrs.Factory(trio.Event)
@@ -126,7 +119,7 @@ class Demo:
         print(f"{clock}  {color}{who:<8}  {what:<24}{reset} {detail}".rstrip(), file=self.out)
         self.out.flush()
 
-    def _show(self, line: Line) -> None:
+    def _show(self, line: LogLine) -> None:
         if line.event not in SHOWN:
             return
         keys = FIELDS.get(line.event) or tuple(
@@ -169,7 +162,7 @@ class Demo:
                 except ValueError:
                     continue  # a traceback or a warning: not part of the show
                 if isinstance(obj, dict) and "event" in obj:
-                    line = Line(trio.current_time(), name, str(obj.pop("event")), obj)
+                    line = LogLine(trio.current_time(), name, str(obj.pop("event")), obj)
                     self.lines.append(line)
                     self._show(line)
                     self._changed.set()
@@ -177,7 +170,7 @@ class Demo:
 
     async def wait_for(
         self, event: str, *, since: float, node: str | None = None, job: str | None = None
-    ) -> Line:
+    ) -> LogLine:
         with trio.fail_after(STEP_TIMEOUT):
             while True:
                 for line in self.lines:

@@ -17,13 +17,12 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import attrs
-import pytest
 import redis
 import trio
 from redis.backoff import NoBackoff
@@ -320,15 +319,6 @@ class SentinelGroup:
         if errors:  # e.g. DEBUG disabled: the fault would silently not happen
             raise RuntimeError(f"DEBUG SLEEP failed: {errors[0]}")
         return thread
-
-
-@pytest.fixture
-def sentinel_group() -> Iterator[SentinelGroup]:
-    group = SentinelGroup().start()
-    try:
-        yield group
-    finally:
-        group.stop()
 
 
 # The Sentinel scenarios: real nodes on a SentinelGroup.
