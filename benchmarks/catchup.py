@@ -19,7 +19,8 @@ from typing import Any
 
 import redis
 
-from benchmarks.procs import NodeProcess, Simulator, memory_kib, wait_for_entries
+from benchmarks.procs import memory_kib, wait_for_entries
+from ingestion.testing.processes import NodeProcess, Simulator
 
 OPS_PER_LEDGER = 100
 ROOT = Path(__file__).resolve().parent.parent

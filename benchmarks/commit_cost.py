@@ -15,7 +15,7 @@ import trio
 from actors.lease_store import Acquired, Committed, LeaseStore, connect
 from actors.source import Record
 from benchmarks.procs import percentile
-from ingestion.paging import toid
+from ingestion.common.paging import toid
 
 _BODY = {
     "_links": {

@@ -20,7 +20,8 @@ from typing import Any
 
 import redis
 
-from benchmarks.procs import NodeProcess, Simulator, percentile
+from benchmarks.procs import percentile
+from ingestion.testing.processes import NodeProcess, Simulator
 
 LEDGER_INTERVAL = 0.01
 NODES = 3

@@ -21,7 +21,8 @@ from typing import Any
 
 import redis
 
-from benchmarks.procs import NodeProcess, Simulator, memory_kib, percentile
+from benchmarks.procs import memory_kib, percentile
+from ingestion.testing.processes import NodeProcess, Simulator
 
 RESOURCES = ("/operations", "/payments", "/effects", "/transactions", "/ledgers")
 
@@ -93,7 +94,7 @@ def run(
         per_s = (_commands(client) - before) / (time.monotonic() - at)
         changes = sum(
             1 for n, p in nodes.items() for line in p.lines[marks[n]:]
-            if line.fields.get("event") in ("became-leader", "lost-leadership")
+            if line.event in ("became-leader", "lost-leadership")
         )  # fmt: skip
         out["stable_s"] = stable_s
         out["stable_changes"] = changes

@@ -1,7 +1,7 @@
 """The data lake: decoding real pubnet ledgers on 1 and 2 processes, and an RPC job's backfill.
 
 Decode. The four busy pubnet ledgers of ``../shared/data/lake`` (``wallet-backend_ledger-*``:
-541, 264, 228 and 236 transactions, TransactionMeta V4; read where :mod:`tests.recorded` finds
+541, 264, 228 and 236 transactions, TransactionMeta V4; read where :mod:`ingestion.testing.recorded` finds
 them, never copied) are each made a one-ledger lake object (zstd of a ``LedgerCloseMetaBatch``,
 as Galexie writes them) in memory; ``objects`` of them, cycled, go through
 :func:`~ingestion.lake.decoding.open_decoders` as the lake source drives it: ``read_ahead``
@@ -40,11 +40,12 @@ import redis
 import trio
 import zstandard
 
-from benchmarks.procs import NodeProcess, memory_kib
+from benchmarks.procs import memory_kib
 from benchmarks.rpc import RpcSimulator, _cursor, _page_everything
 from ingestion.lake.decoding import open_decoders
 from ingestion.rpc.protocol import Cursor
-from tests import recorded
+from ingestion.testing import recorded
+from ingestion.testing.processes import NodeProcess
 
 PUBNET = (
     "wallet-backend_ledger-51000294.xdr.gz",

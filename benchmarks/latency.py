@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 import redis
 
-from benchmarks.procs import NodeProcess, Simulator, percentile
+from benchmarks.procs import percentile
+from ingestion.testing.processes import NodeProcess, Simulator
 
 OPS_PER_LEDGER = 20
 

@@ -9,7 +9,7 @@ release and the grant), so the harness's scheduling is not in the figures:
   the *able* nodes at work). Then the proxy forwards again and the balancer hands one job back to
   n1 (one each) before the next trial.
 - **root_only** (scenario 3): the same, with n1 behind an HTTP proxy that answers ``/`` but 503
-  ``stale_history`` for everything else (``tests/http_fault_proxy.py``).
+  ``stale_history`` for everything else (``ingestion/testing/http_fault_proxy.py``).
 - **handoff**: three nodes host the same four jobs (shares 2, 1, 1); each trial SIGTERMs a node
   that leads two jobs and measures, per job, its ``released`` entry -> the next ``became-leader``
   entry (the graceful handoff with many jobs: the released leases should go at once to the
@@ -32,9 +32,9 @@ import trio
 
 from actors.lease_store import job_keys, parse_lease_value
 from benchmarks.procs import percentile
-from tests.cluster import Cluster, open_cluster
-from tests.http_fault_proxy import HttpFaultProxy
-from tests.tcp_proxy import TcpProxy
+from ingestion.testing.cluster import Cluster, open_cluster
+from ingestion.testing.http_fault_proxy import HttpFaultProxy
+from ingestion.testing.tcp_proxy import TcpProxy
 
 TTL_MS = 1500
 HANDOVER_MS = 3000

@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from benchmarks.procs import NodeProcess, Simulator, stop_process
+from ingestion.testing.processes import NodeProcess, Simulator, stop_process
 
 OPS_PER_LEDGER = 100
 

@@ -38,16 +38,8 @@ from typing import Any
 import redis
 
 from benchmarks import catchup, rpc, standby
-from benchmarks.procs import (
-    NodeProcess,
-    Simulator,
-    cpu_line,
-    cpu_snapshot,
-    cpu_usage,
-    memory_kib,
-    redis_pid,
-    wait_for_entries,
-)
+from benchmarks.procs import cpu_line, cpu_snapshot, cpu_usage, memory_kib, redis_pid, wait_for_entries
+from ingestion.testing.processes import NodeProcess, Simulator
 
 ROOT = Path(__file__).resolve().parent.parent
 PY_SPY = ROOT / ".venv" / "bin" / "py-spy"

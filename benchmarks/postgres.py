@@ -28,10 +28,11 @@ import trio
 from actors.lease_store import Committed
 from benchmarks.catchup import _reference
 from benchmarks.commit_cost import _records
-from benchmarks.procs import NodeProcess, Simulator, percentile
+from benchmarks.procs import percentile
 from ingestion.postgres.connection import connect
-from ingestion.postgres.local import LocalPostgres
 from ingestion.postgres.sink import PostgresSink
+from ingestion.testing.local_postgres import LocalPostgres
+from ingestion.testing.processes import NodeProcess, Simulator
 
 OPS_PER_LEDGER = 100
 LIVE_OPS_PER_LEDGER = 20

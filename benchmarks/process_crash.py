@@ -1,6 +1,6 @@
 """Process-crash failover: SIGKILL of the leader's *worker*, its parent releasing its lease.
 
-Per lease TTL, three nodes (each a parent and a worker: ingestion/parent.py) follow a simulator
+Per lease TTL, three nodes (each a parent and a worker: ingestion/node/parent.py) follow a simulator
 that closes a small ledger every ``LEDGER_INTERVAL`` seconds. Each trial waits a random fraction
 of the renew interval (the kill lands anywhere in the renewal cycle), SIGKILLs the leader's worker
 and measures, on the harness's monotonic clock:
@@ -26,7 +26,9 @@ import redis
 import trio
 
 from benchmarks.failover import _first_commit_after, _wait_leader_committing
-from benchmarks.procs import LogLine, NodeProcess, Simulator, percentile
+from benchmarks.procs import percentile
+from ingestion.testing.cluster import LogLine
+from ingestion.testing.processes import NodeProcess, Simulator
 from ingestion.verify import verify_job
 
 LEDGER_INTERVAL = 0.01
@@ -40,7 +42,7 @@ def _first_leader_line(nodes: dict[str, NodeProcess], after: float, timeout: flo
             for line in reversed(node.lines):
                 if line.at < after:
                     break
-                if line.fields.get("event") == "became-leader":
+                if line.event == "became-leader":
                     return line
         time.sleep(0.001)
     raise TimeoutError(f"no became-leader within {timeout}s")

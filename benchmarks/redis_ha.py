@@ -1,7 +1,7 @@
 """Redis high availability: failover time through Sentinel, and the cost of replica acknowledgements.
 
 One Sentinel deployment (a primary, two replicas, three sentinels, ``down-after-milliseconds``
-1000) on loopback, from the tests' harness (``tests/redis_ha.py``).
+1000) on loopback, from the tests' harness (``ingestion/testing/redis_ha.py``).
 
 - **Failover**: two nodes ingest from the simulator; the fault is a planned failover
   (``SENTINEL FAILOVER``) or a SIGKILL of the primary (which is then restarted and rejoins as a
@@ -23,8 +23,8 @@ import trio
 from actors.lease_store import Acquired, Committed, LeaseStore, connect, job_keys
 from benchmarks.commit_cost import _records
 from benchmarks.procs import percentile
-from tests.cluster import open_cluster
-from tests.redis_ha import SentinelGroup
+from ingestion.testing.cluster import open_cluster
+from ingestion.testing.redis_ha import SentinelGroup
 
 TTL_MS = 2000
 

@@ -29,18 +29,9 @@ import attrs
 import httpx
 import redis
 
-from benchmarks.procs import (
-    NodeProcess,
-    _readline_within,
-    cpu_line,
-    cpu_snapshot,
-    cpu_usage,
-    memory_kib,
-    percentile,
-    redis_pid,
-    stop_process,
-)
+from benchmarks.procs import cpu_line, cpu_snapshot, cpu_usage, memory_kib, percentile, redis_pid
 from ingestion.rpc.protocol import Cursor
+from ingestion.testing.processes import NodeProcess, _readline_within, stop_process
 
 
 @attrs.define

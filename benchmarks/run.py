@@ -55,7 +55,7 @@ from benchmarks import (
     source_cut,
     standby,
 )
-from ingestion.local_redis import LocalRedis
+from ingestion.testing.local_redis import LocalRedis
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = (

@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 import trio
 
 from benchmarks.procs import percentile
-from tests.cluster import Cluster, open_cluster
-from tests.tcp_proxy import TcpProxy
+from ingestion.testing.cluster import Cluster, open_cluster
+from ingestion.testing.tcp_proxy import TcpProxy
 
 
 async def _first_commit_by(c: Cluster, node: str, after_entries: int, within: float) -> float:

@@ -24,7 +24,8 @@ from typing import Any
 
 import redis
 
-from benchmarks.procs import NodeProcess, Simulator, cpu_seconds, memory_kib
+from benchmarks.procs import cpu_seconds, memory_kib
+from ingestion.testing.processes import NodeProcess, Simulator
 
 HARNESS_COMMANDS = ("pexpire", "info", "set", "monitor")
 

@@ -27,7 +27,7 @@ from actors.lease_store import LeaseStore, connect
 from actors.observe import NodeObserver
 from actors.source import SyntheticSource
 from actors.supervisor import NodeSpec, run_node
-from ingestion.local_redis import LocalRedis
+from ingestion.testing.local_redis import LocalRedis
 from ingestion.webhook.core import RetrySchedule, parse_secrets, sign
 from ingestion.webhook.receiver import Receiver, serve_receiver
 from ingestion.webhook.records import StreamRecords
@@ -70,7 +70,7 @@ async def _deliver(url: str, source_job: str, job: str, port: int, count: int, b
         handle = await nursery.start(
             run_node, store, hook, spec, structlog.get_logger(), NodeObserver("n1", job)
         )
-        while hook.stats.delivered < receiver_total:
+        while hook.stats.delivered < receiver_total:  # noqa: ASYNC110 (the stats have no event)
             await trio.sleep(0.005)
         elapsed = time.perf_counter() - started
         await handle.shutdown()
@@ -119,7 +119,7 @@ async def _latency(url: str, source_job: str, job: str, port: int, receiver: Rec
             cursor = done.cursor
             msg_id = f"{source_job}:{record.paging_token}"
             with trio.fail_after(5):
-                while msg_id not in receiver.received_at:
+                while msg_id not in receiver.received_at:  # noqa: ASYNC110 (a tight poll: latency)
                     await trio.sleep(0.0005)
             samples.append((receiver.received_at[msg_id] - committed_at) * 1000)
             await trio.sleep(0.02)
@@ -159,8 +159,10 @@ async def main_async(records: int, rounds: int) -> dict[str, Any]:
                 })  # fmt: skip
                 print(json.dumps(out["rounds"][-1]), file=sys.stderr)
             lat = await _latency(redis_server.url, "live", "live-hook", port, receiver, 300)
-            out["latency_ms"] = {"p50": round(_p(lat, 0.5), 2), "p99": round(_p(lat, 0.99), 2),
-                                 "max": round(max(lat), 2), "mean": round(statistics.mean(lat), 2)}  # fmt: skip
+            out["latency_ms"] = {
+                "p50": round(_p(lat, 0.5), 2), "p99": round(_p(lat, 0.99), 2),
+                "max": round(max(lat), 2), "mean": round(statistics.mean(lat), 2),
+            }  # fmt: skip
             nursery.cancel_scope.cancel()
     finally:
         redis_server.stop()

@@ -2,7 +2,7 @@
 
 Imports nothing heavy before it can catch Ctrl-C: an interrupt while the modules load exits 130
 without a traceback, like one at any later moment of start-up. SIGINT and SIGTERM are blocked
-before anything else runs, so that none is lost in between (``ingestion/stop_signals.py``).
+before anything else runs, so that none is lost in between (``ingestion/node/stop_signals.py``).
 """
 
 import sys
@@ -10,7 +10,7 @@ import sys
 
 def entry() -> int:
     try:
-        from ingestion import stop_signals
+        from ingestion.node import stop_signals
 
         stop_signals.hold()  # first of all (it imports only the standard signal module)
         from ingestion.cli import main

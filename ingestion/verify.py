@@ -17,7 +17,9 @@ Three questions, answered from evidence the nodes cannot fake:
 
 :func:`check_stream` is the pure core (plain values in, a :class:`Verification` out);
 :func:`verify_job` gathers the evidence from Redis and Horizon and runs it;
-:func:`read_postgres_evidence` reads a PostgreSQL job's rows and fence history instead.
+:func:`read_postgres_evidence` reads a PostgreSQL job's rows and fence history instead;
+:func:`verify_configured_job` checks a configured job against its source. The command line,
+``ingestion verify``, is :mod:`ingestion.cli.verify`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -34,7 +36,7 @@ import redis
 import trio
 
 from actors.lease_store import connect, job_keys
-from ingestion.paging import token_key
+from ingestion.common.paging import token_key
 
 PAGE_LIMIT = 200  # Horizon's largest page
 HTTP_TIMEOUT = 10.0  # seconds, each page request
@@ -478,7 +480,7 @@ async def read_postgres_evidence(
 ) -> tuple[list[StreamEntry], int, list[str], int]:
     """A PostgreSQL job's rows as entries (``entry_id`` ``seq N``), how many rows retention
     deleted before the first (``seq`` is dense from 1), the fence-history problems
-    (:func:`ingestion.postgres.readers.check_job`) and the number of terms.
+    (:func:`ingestion.postgres.sink.check_job`) and the number of terms.
 
     Raises:
         psycopg.Error: PostgreSQL could not be read.
@@ -544,150 +546,3 @@ async def _check_against_source(
         trimmed = 0
     source = await fetch_source(source_url, job.resource, start, through=through)
     return check_stream(entries, source, grants, trimmed=trimmed)
-
-
-def _parser() -> Any:
-    from ingestion.cli import OneLineParser, setting_help
-
-    p = OneLineParser(
-        prog="ingestion verify",
-        description="Check a job's events stream against its source: every source record exactly "
-        "once, in order, as the source serves it, each written under the fencing token then current "
-        "(a job whose sink is PostgreSQL: its rows there, judged by the fence history). Exit 0: OK; "
-        "1: a problem (listed) or the source, Redis or PostgreSQL could not be read; 2: usage.",
-    )
-    p.add_argument("--config", metavar="PATH", help="TOML file (default: ./config.toml if present)")
-    p.add_argument("--redis", metavar="URL", help=setting_help("the nodes' Redis", ("redis", "url")))
-    p.add_argument("--sink", metavar="URL", help=setting_help(
-        "a PostgreSQL sink: check the job's rows there, judged by its fence history", ("sink", "url")
-    ))
-    p.add_argument(
-        "--job", metavar="NAME",
-        help="the job to check, as configured (kind, resource or filter, start cursor) (default: "
-        "the first configured job)",
-    )  # fmt: skip
-    p.add_argument("--source", choices=("horizon", "rpc"), help=setting_help(
-        "the job's kind, when no [jobs.NAME] table says", ("node", "source")
-    ))
-    p.add_argument("--horizon", metavar="URL", help="the Horizon to compare with (default: the job's first)")
-    p.add_argument("--rpc", metavar="URL", help="the Stellar RPC to compare with (default: the job's first)")
-    p.add_argument("--resource", metavar="PATH", help=setting_help(
-        "a Horizon job's collection", ("horizon", "resource")
-    ))
-    p.add_argument("--start-cursor", metavar="CURSOR", help=setting_help(
-        "where the job started", ("horizon", "start_cursor"), ("rpc", "start_cursor")
-    ))
-    p.add_argument("--topic", action="append", metavar="SEG[,SEG...]", help=setting_help(
-        "an RPC job's topic filter (repeatable)", ("rpc", "topics")
-    ))
-    p.add_argument("--contract-id", action="append", metavar="C", help=setting_help(
-        "an RPC job's contract filter (repeatable)", ("rpc", "contract_ids")
-    ))
-    p.add_argument("--event-type", choices=("contract", "system"), help=setting_help(
-        "an RPC job's event type filter", ("rpc", "event_type")
-    ))
-    return p
-
-
-def main(argv: Sequence[str]) -> int:
-    """Run ``verify`` with these flags; returns the exit status.
-
-    Raises:
-        ConfigError, UsageError: a bad setting or flag (the CLI prints it and exits 2).
-    """
-    import os
-    from pathlib import Path
-
-    from ingestion.cli import UsageError
-    from ingestion.config import load, redact_url
-
-    ns = _parser().parse_args(list(argv))
-    flags: dict[str, dict[str, Any]] = {}
-    for (section, key), value in {
-        ("redis", "url"): ns.redis,
-        ("sink", "url"): ns.sink,
-        ("node", "job"): [ns.job] if ns.job else None,
-        ("node", "source"): ns.source,
-        ("horizon", "resource"): ns.resource,
-        ("horizon", "start_cursor"): ns.start_cursor,
-        ("rpc", "start_cursor"): ns.start_cursor,
-        ("rpc", "topics"): ns.topic,
-        ("rpc", "contract_ids"): ns.contract_id,
-        ("rpc", "event_type"): ns.event_type,
-    }.items():
-        if value is not None:
-            flags.setdefault(section, {})[key] = value
-    settings = load(Path(ns.config) if ns.config else None, os.environ, flags)
-    job = settings.jobs[0]
-    if job.kind not in ("horizon", "rpc"):
-        raise UsageError(f"verify: job {job.name!r} is {job.kind}: only Horizon and RPC jobs have a source")
-    url = (ns.rpc or job.rpc_urls[0]) if job.kind == "rpc" else (ns.horizon or job.horizon_urls[0])
-    if job.sink:
-        return _verify_postgres_job(settings, job, url)
-    from actors.lease_store import describe_redis_error
-
-    where = redact_url(settings.redis.url)
-
-    def known() -> None:
-        client = connect(settings.redis.url, timeout=5.0)
-        try:
-            exists = client.exists(*job_keys(job.name).values())
-        finally:
-            client.close()
-        if not exists:
-            raise UsageError(
-                f"verify: no job {job.name!r} at {where}: nothing was ever elected or committed "
-                "for it (check --job and --redis)"
-            )
-
-    return _verify_and_say(
-        settings, job, url, known, redis.RedisError, lambda exc: describe_redis_error(exc, where=where)
-    )
-
-
-def _verify_and_say(
-    settings: Any,
-    job: Any,
-    url: str,
-    known: Callable[[], None],
-    store_error: type[Exception],
-    describe_store: Callable[[Any], str],
-) -> int:
-    """``verify`` of a job whose store ``known()`` has checked knows it (else it raises
-    UsageError): the summary, exit 0 or 1; the store (``store_error``, said by
-    ``describe_store``) or the source unreadable: one line, exit 1."""
-    import sys
-
-    try:
-        known()
-        result = trio.run(verify_configured_job, settings, job, url)
-    except store_error as exc:
-        print(f"ingestion: verify: {describe_store(exc)}", file=sys.stderr)
-        return 1
-    except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
-        print(f"ingestion: verify: cannot read {url}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    print(f"job {job.name} ({job.kind}, {url}): {result.summary()}")
-    return 0 if result.ok else 1
-
-
-def _verify_postgres_job(settings: Any, job: Any, url: str) -> int:
-    """``verify`` of a job whose sink is PostgreSQL: its rows there against the source, judged
-    by the fence history. Exit 0, 1 (a problem, or PostgreSQL or the source unreadable), or
-    :class:`~ingestion.cli.UsageError` (2) for a job PostgreSQL knows nothing of."""
-    import psycopg
-
-    from ingestion.cli import UsageError
-    from ingestion.postgres.connection import describe, redact
-    from ingestion.postgres.readers import job_known, job_state
-
-    schema = settings.sink.schema
-
-    def known() -> None:
-        if not job_known(job_state(job.sink, schema, job.name)):
-            raise UsageError(
-                f"verify: no job {job.name!r} in schema {schema} at {redact(job.sink)}: nothing was "
-                "ever committed for it (check --job, --sink and sink.schema)"
-            )
-
-    return _verify_and_say(settings, job, url, known, psycopg.Error, lambda exc: describe(exc, job.sink))

@@ -3,7 +3,7 @@
 Under ``CI=true`` no test skips silently: ``scripts/setup`` installs everything the suite needs
 (redis-server, a C compiler, libfaketime, the test extras), so a skip there means a test that did
 not run, and it is reported as a failure. The one exception is the recorded Horizon data, which lies
-outside the repository (:mod:`tests.recorded`): those tests may skip, with that reason only, and
+outside the repository (:mod:`ingestion.testing.recorded`): those tests may skip, with that reason only, and
 the run ends with a line saying how many did not run.
 """
 
@@ -20,11 +20,11 @@ import pytest
 import redis
 
 from actors.lease_store import LeaseStore, connect
-from ingestion.local_redis import LocalRedis
-from ingestion.postgres.local import LocalPostgres
-from tests import recorded
+from ingestion.testing import recorded
+from ingestion.testing.local_postgres import LocalPostgres
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.redis_ha import SentinelGroup
 from tests.nodes import lease_store
-from tests.redis_ha import sentinel_group  # noqa: F401  (a fixture)
 
 CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 
@@ -145,3 +145,12 @@ def open_store() -> Iterator[Callable[..., LeaseStore]]:
             return opened.enter_context(lease_store(url, job, **options))
 
         yield open_
+
+
+@pytest.fixture
+def sentinel_group() -> Iterator[SentinelGroup]:
+    group = SentinelGroup().start()
+    try:
+        yield group
+    finally:
+        group.stop()

@@ -1,5 +1,5 @@
 """Temporary lakes for tests, built from the real ledger metadata in ``../shared/data/lake`` (read
-through :mod:`tests.recorded`, never copied into the project) or from XDR made in the test."""
+through :mod:`ingestion.testing.recorded`, never copied into the project) or from XDR made in the test."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ingestion.lake.events import decompress, record_frames
 from ingestion.lake.keys import LakeSchema
 from ingestion.lake.source import LakeSource
 from ingestion.rpc.protocol import Cursor
-from tests import recorded
+from ingestion.testing import recorded
 
 STANDALONE = "galexie_load-test-ledgers-v23-standalone.xdr.zstd"  # ledgers 84, 85, 88
 
@@ -188,7 +188,7 @@ async def cancel_decodes_while_answering(fractions: Sequence[float]) -> None:
     import trio
 
     from ingestion.lake import decoding
-    from tests.helpers import wait_until
+    from ingestion.testing.wait import wait_until
 
     decoding.object_events = large_answer  # type: ignore[assignment]
     with tempfile.TemporaryDirectory() as tmp:

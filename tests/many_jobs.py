@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from actors.lease_store import job_keys, parse_lease_value
+from ingestion.testing.cluster import Cluster
 from ingestion.verify import verify_job
-from tests.cluster import Cluster
 
 RESOURCES = ("/operations", "/payments", "/effects", "/transactions", "/ledgers", "/operations")
 NODES = ("n1", "n2", "n3")

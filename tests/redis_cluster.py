@@ -18,7 +18,7 @@ import attrs
 import redis
 from redis.cluster import RedisCluster
 
-from ingestion.local_redis import LocalRedis, RedisServerMissing, free_port, start_retrying
+from ingestion.testing.local_redis import LocalRedis, RedisServerMissing, free_port, start_retrying
 
 
 def cluster_port() -> int:

@@ -19,9 +19,9 @@ import trio
 import trio.lowlevel
 
 from actors.source import Batch, Record, SourceFatalError
+from ingestion.common.paging import token_key
 from ingestion.horizon.pages import compact_json
 from ingestion.horizon.source import HorizonSource
-from ingestion.paging import token_key
 from ingestion.simulator import Simulator, SimulatorConfig, open_simulator
 
 SAFETY_SECONDS = 5.0  # no test stream should take this long; fail rather than hang

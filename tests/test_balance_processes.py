@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from actors.lease_store import job_keys, parse_lease_value
-from tests.cluster import ALLOWANCE, Cluster, figure, open_cluster
+from ingestion.testing.cluster import ALLOWANCE, Cluster, figure, open_cluster
 from tests.many_jobs import NODES, RESOURCES, holders, job_flags, job_names, verify_all
 from tests.redis_cluster import redis_cluster
 

@@ -19,7 +19,7 @@ from ingestion.horizon.catchup import (
     plan_ranges,
 )
 from ingestion.simulator import SimulatorConfig, open_simulator
-from tests.cluster import open_cluster
+from ingestion.testing.cluster import open_cluster
 from tests.simulator_fixtures import check_exact, following, source_for
 
 

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 SKIPS = '''
 import pytest
 from pathlib import Path
-from tests import recorded
+from ingestion.testing import recorded
 
 if not recorded.os.environ.get(recorded.ENV):
     recorded.HORIZON = Path(__file__).parent / "absent"  # as on a clone without ../shared

@@ -22,8 +22,9 @@ import redis
 
 from actors.lease_store import connect
 from ingestion import __version__
-from ingestion.cli import COMMANDS, _run_parser
-from ingestion.local_redis import LocalRedis
+from ingestion.cli import COMMANDS
+from ingestion.cli.run import parser as _run_parser
+from ingestion.testing.local_redis import LocalRedis
 from tests.ports import closed_port
 
 INGESTION = Path(sys.executable).parent / "ingestion"
@@ -139,7 +140,7 @@ def test_ctrl_c_during_start_up_exits_without_a_traceback(
 
 def test_a_stop_signal_while_start_up_waits_on_redis_ends_start_up_before_the_node() -> None:
     """SIGINT and SIGTERM are held from the first line of ``python -m ingestion`` until something
-    receives them on purpose (ingestion/stop_signals.py): one that came while Python ran other
+    receives them on purpose (ingestion/node/stop_signals.py): one that came while Python ran other
     code could be raised inside a finalizer ("Exception ignored in ConnectionPool.__del__"),
     dropped, and the node started and ran on. A SIGTERM while the start-up check waits on a
     Redis that accepts and never answers ends start-up after that step: 143, no node."""

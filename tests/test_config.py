@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from actors.lease_store import parse_sentinel_url
-from ingestion.cli import _run_parser
+from ingestion.cli.run import parser as _run_parser
 from ingestion.config import FLAGS, SCHEMA, ConfigError, Settings, load, redact_url, sample_toml
-from tests.helpers import child_env
+from ingestion.testing.wait import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,7 +20,7 @@ from actors.messages import (
 )
 from actors.observe import NodeObserver
 from actors.source import Record
-from ingestion.local_redis import LocalRedis
+from ingestion.testing.local_redis import LocalRedis
 
 
 def recs(*tokens: str) -> tuple[Record, ...]:

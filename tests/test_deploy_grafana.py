@@ -12,8 +12,8 @@ import httpx
 import pytest
 import trio
 
-from ingestion.local_redis import free_port
-from tests.cluster import open_cluster
+from ingestion.testing.cluster import open_cluster
+from ingestion.testing.local_redis import free_port
 from tests.deploy_tools import DEPLOY, require_tool
 
 DASHBOARD = DEPLOY / "grafana" / "ingestion.json"

@@ -14,9 +14,9 @@ import httpx
 import pytest
 import trio
 
-from ingestion.local_redis import free_port
-from ingestion.sd_notify import notify
-from tests.cluster import open_cluster
+from ingestion.node.sd_notify import notify
+from ingestion.testing.cluster import open_cluster
+from ingestion.testing.local_redis import free_port
 from tests.deploy_tools import DEPLOY
 
 UNIT = DEPLOY / "systemd" / "ingestion@.service"

@@ -11,10 +11,10 @@ import trio
 from actors.lease import LeaseTiming
 from actors.lease_store import job_keys
 from actors.source import SyntheticSource
-from ingestion.local_redis import LocalRedis
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.tcp_proxy import TcpProxy
 from ingestion.verify import SourceRecord, check_stream, read_entries, read_grants
 from tests.nodes import FAST_TIMING, Recorder, assert_exactly_once_in_order, events_in_stream, start_node
-from tests.tcp_proxy import TcpProxy
 
 LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)
 

@@ -29,9 +29,9 @@ from actors.messages import (
     TermEnded,
 )
 from actors.observe import NodeObserver
-from ingestion.local_redis import LocalRedis
-from tests.helpers import wait_until
-from tests.tcp_proxy import TcpProxy
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.tcp_proxy import TcpProxy
+from ingestion.testing.wait import wait_until
 
 # Long enough that nothing expires while a test is talking to the Elector.
 SLOW_TIMING = LeaseTiming(ttl=20.0, renew_interval=4.0, margin=2.0)

@@ -12,10 +12,10 @@ from actors.lease import LeaseTiming
 from actors.lease_store import job_keys
 from ingestion.horizon.pages import compact_json
 from ingestion.horizon.source import HorizonSource
-from ingestion.local_redis import LocalRedis
 from ingestion.simulator import SimulatorConfig, open_simulator
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.wait import wait_until
 from ingestion.verify import SourceRecord, check_stream, read_entries, read_grants
-from tests.helpers import wait_until
 from tests.nodes import Recorder, start_node
 
 pytestmark = pytest.mark.slow  # 50,000 records: about 20 s on a loaded 2-core machine

@@ -13,7 +13,7 @@ import redis
 
 from actors.lease_store import Committed, LeaseStore, connect
 from actors.source import Record
-from ingestion.local_redis import LocalRedis
+from ingestion.testing.local_redis import LocalRedis
 
 MAX_LEN = 500
 NODE_SIZE = 100  # Redis's stream-node-max-entries default: the granularity of an approximate trim

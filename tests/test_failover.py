@@ -21,9 +21,7 @@ import pytest
 import trio
 
 from actors.lease_store import Acquired, StateLost
-from ingestion.local_redis import LocalRedis
-from ingestion.verify import read_entries, read_grants
-from tests.cluster import (
+from ingestion.testing.cluster import (
     ALLOWANCE,
     TTL_MS,
     ClockFake,
@@ -33,9 +31,11 @@ from tests.cluster import (
     figure,
     open_cluster,
 )
-from tests.helpers import wait_until
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.tcp_proxy import TcpProxy
+from ingestion.testing.wait import wait_until
+from ingestion.verify import read_entries, read_grants
 from tests.nodes import OpenStore
-from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
 

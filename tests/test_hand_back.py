@@ -14,7 +14,7 @@ import trio
 
 from actors.lease_store import Acquired, Held, LeaseStore, StateLost
 from actors.source import SyntheticSource
-from ingestion.local_redis import LocalRedis
+from ingestion.testing.local_redis import LocalRedis
 from tests.nodes import OpenStore, Recorder, start_node
 
 LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)

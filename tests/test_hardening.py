@@ -16,9 +16,9 @@ from actors.clock import CLOCK_ID, BootClock
 from actors.lease import Extended, LeaseMachine, LeaseTiming, Lost, LostReason
 from actors.lease_store import Acquired, job_keys
 from actors.source import Batch, Record, SyntheticSource
-from ingestion.local_redis import LocalRedis
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.tcp_proxy import TcpProxy
 from tests.nodes import FAST_TIMING, OpenStore, Recorder, assert_exactly_once_in_order, start_node
-from tests.tcp_proxy import TcpProxy
 
 LIVE_SOURCE = SyntheticSource(total=None, batch_size=5, interval=0.02)
 

@@ -9,7 +9,7 @@ import redis
 
 from actors.lease_store import NODE_FORGET_MS
 from ingestion.config import ConfigError, Settings
-from ingestion.local_redis import LocalRedis
+from ingestion.testing.local_redis import LocalRedis
 from tests.nodes import OpenStore
 
 

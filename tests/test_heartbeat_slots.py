@@ -11,7 +11,7 @@ import trio.testing
 from actors.heartbeat import Heartbeat
 from actors.lease_store import Acquired, LeaseStore, connect
 from actors.messages import ElectorInput, HeartbeatInput, RenewSucceeded, StartRenewing, StopRenewing
-from ingestion.local_redis import LocalRedis
+from ingestion.testing.local_redis import LocalRedis
 
 
 class HeldRenewal(LeaseStore):

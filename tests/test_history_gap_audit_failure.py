@@ -10,10 +10,10 @@ from structlog.testing import capture_logs
 
 from actors.lease_store import Acquired, LeaseStore, connect
 from actors.source import TermContext, current_term
-from ingestion.gaps import record_history_gap
-from ingestion.local_redis import LocalRedis
-from ingestion.node import audit_writer
-from tests.tcp_proxy import TcpProxy
+from ingestion.common.gaps import record_history_gap
+from ingestion.node.build import audit_writer
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.tcp_proxy import TcpProxy
 
 GAP = {"cursor": str(5 << 32), "cursor_ledger": 5, "elder_ledger": 40, "horizon": "http://h"}
 RESUME = {"resume_from_ledger": 40}

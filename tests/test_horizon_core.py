@@ -9,6 +9,8 @@ import json
 import pytest
 
 from actors.source import Record, SourceFatalError
+from ingestion.common.paging import toid, token_key
+from ingestion.common.retry import RetryPolicy, parse_retry_after
 from ingestion.horizon.failures import Failure, fatal_message, problem_detail
 from ingestion.horizon.follower import HorizonFollower, Mode, PageRequest, StreamRequest, StreamSignal
 from ingestion.horizon.pages import (
@@ -21,9 +23,7 @@ from ingestion.horizon.pages import (
     validate_stream_record,
 )
 from ingestion.horizon.resources import check_resource
-from ingestion.paging import toid, token_key
-from ingestion.retry import RetryPolicy, parse_retry_after
-from tests import recorded
+from ingestion.testing import recorded
 
 AURORA = recorded.HORIZON / "aurora-rs_stellar-horizon-rs"  # outside the repository
 URL_A = "http://a.example"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from ingestion.common.paging import toid
+from ingestion.common.retry import RetryPolicy
 from ingestion.horizon.follower import HorizonFollower, Mode, PageRequest
 from ingestion.horizon.health import (
     HistoryGap,
@@ -15,8 +17,6 @@ from ingestion.horizon.health import (
     history_gap,
     parse_rate_headers,
 )
-from ingestion.paging import toid
-from ingestion.retry import RetryPolicy
 from ingestion.simulator.ratelimit import RateLimiter
 
 

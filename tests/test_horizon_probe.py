@@ -10,7 +10,7 @@ import trio
 from ingestion.horizon.resources import STREAM_LIMIT
 from ingestion.horizon.source import HorizonSource
 from ingestion.simulator import SimulatorConfig, open_simulator
-from tests.http_fault_proxy import HttpFaultProxy
+from ingestion.testing.http_fault_proxy import HttpFaultProxy
 
 CONFIG = SimulatorConfig(port=0, ledger_interval=None, history_ledgers=5, ops_per_ledger=5)
 

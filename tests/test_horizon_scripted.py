@@ -10,8 +10,8 @@ import structlog
 import trio
 
 from actors.source import Record, SourceFatalError
+from ingestion.common.paging import toid
 from ingestion.horizon.source import HorizonSource
-from ingestion.paging import toid
 from tests.horizon_fixtures import Reply, Request, page_reply, problem, serve_script, sse_frame
 
 

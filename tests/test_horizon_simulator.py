@@ -18,9 +18,9 @@ import trio.lowlevel
 from httpx_sse import aconnect_sse
 
 from actors.source import Record, SourceFatalError
-from ingestion.paging import toid
+from ingestion.common.paging import toid
 from ingestion.simulator import MalformedKind, Simulator, SimulatorConfig, open_simulator
-from tests.helpers import wait_until
+from ingestion.testing.wait import wait_until
 from tests.ports import closed_port_url
 from tests.simulator_fixtures import Follower, after, check_exact, close_ledgers, following, source_for
 

@@ -12,10 +12,10 @@ import trio
 
 from actors.lease_store import Acquired, LeaseStore, connect
 from actors.source import Record
-from ingestion.local_redis import LocalRedis
-from ingestion.paging import toid_parts, token_key
+from ingestion.common.paging import toid_parts, token_key
 from ingestion.simulator.server import SimulatorConfig, open_simulator
-from tests.helpers import child_env
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.wait import child_env
 
 CONTRACT_KEYS = {"job", "leader", "token", "lease_ttl_ms_left", "cursor", "events", "audit"}
 

@@ -34,8 +34,8 @@ from ingestion.lake.keys import LakeSchema, ManifestError, parse_name
 from ingestion.lake.source import LakeSource
 from ingestion.lake.store import LocalLake, check_lake_url
 from ingestion.rpc.protocol import OP_MASK, TX_MASK, Cursor, EventFilter, topic_from_text
-from tests import recorded
-from tests.helpers import alive, wait_until
+from ingestion.testing import recorded
+from ingestion.testing.wait import alive, wait_until
 from tests.lake_fixtures import (
     batch_bytes,
     die_always,

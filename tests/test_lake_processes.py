@@ -15,8 +15,8 @@ import trio
 from ingestion.lake.decoding import PARENT_WATCH
 from ingestion.lake.events import ledger_events
 from ingestion.rpc.protocol import Cursor
-from tests.cluster import open_cluster
-from tests.helpers import alive, children, wait_until
+from ingestion.testing.cluster import open_cluster
+from ingestion.testing.wait import alive, children, wait_until
 from tests.lake_fixtures import ledger_seq, resequenced, standalone_ledgers, write_lake
 
 pytestmark = pytest.mark.slow

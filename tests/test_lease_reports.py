@@ -1,4 +1,4 @@
-"""The worker-to-parent lease pipe (ingestion/lease_reports.py), with no processes at all, and the
+"""The worker-to-parent lease pipe (ingestion/node/lease_reports.py), with no processes at all, and the
 parent's exit status for each way a worker ends."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import signal
 
-from ingestion.lease_reports import HeldLeases, LeaseReport
-from ingestion.parent import exit_status
+from ingestion.node.lease_reports import HeldLeases, LeaseReport
+from ingestion.node.parent import exit_status
 
 
 def test_a_report_round_trips_and_a_node_id_may_hold_spaces_and_bars() -> None:

@@ -17,8 +17,8 @@ from actors.lease_store import (
     job_keys,
 )
 from actors.source import Record
-from ingestion.local_redis import LocalRedis
-from tests.tcp_proxy import TcpProxy
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.tcp_proxy import TcpProxy
 
 
 def recs(*tokens: str) -> list[Record]:

@@ -28,10 +28,10 @@ import redis
 import trio
 
 from actors.lease_store import job_keys, parse_lease_value
+from ingestion.testing.cluster import Cluster, figure, open_cluster
+from ingestion.testing.http_fault_proxy import HttpFaultProxy
+from ingestion.testing.tcp_proxy import TcpProxy
 from ingestion.verify import verify_job
-from tests.cluster import Cluster, figure, open_cluster
-from tests.http_fault_proxy import HttpFaultProxy
-from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from ingestion import local_redis
-from ingestion.local_redis import LocalRedis, PortInUse, start_retrying
+from ingestion.testing import local_redis
+from ingestion.testing.local_redis import LocalRedis, PortInUse, start_retrying
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from datetime import datetime
 import pytest
 import structlog
 
-from ingestion.logs import configure_logging, node_logger, redact
+from ingestion.node.logs import configure_logging, node_logger, redact
 
 
 class Tty(io.StringIO):

@@ -19,7 +19,7 @@ import redis
 
 from actors.lease_store import Acquired, CommitRejected, Committed, LeaseStore, connect
 from actors.source import Record
-from ingestion.local_redis import LocalRedis
+from ingestion.testing.local_redis import LocalRedis
 
 
 def body(token: str) -> str:

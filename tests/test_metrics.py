@@ -16,10 +16,10 @@ from actors.lease_store import Acquired, LeaseStore, connect
 from actors.observe import NodeObserver
 from actors.source import SourceFatalError, SyntheticSource
 from ingestion import __version__
-from ingestion.gaps import history_gap_listener, record_history_gap
-from ingestion.local_redis import LocalRedis
-from ingestion.metrics import NodeMetrics, serve_metrics
-from ingestion.node import _count_history_gap
+from ingestion.common.gaps import history_gap_listener, record_history_gap
+from ingestion.node.worker import _count_history_gap
+from ingestion.serve.metrics import NodeMetrics, serve_metrics
+from ingestion.testing.local_redis import LocalRedis
 from tests.nodes import OpenStore, Recorder, start_node
 
 LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)

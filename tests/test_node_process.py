@@ -13,8 +13,8 @@ import redis
 import trio
 
 from actors.lease_store import job_keys
-from ingestion.local_redis import LocalRedis
 from ingestion.simulator import SimulatorConfig, open_simulator
+from ingestion.testing.local_redis import LocalRedis
 
 
 async def test_a_horizon_error_retrying_cannot_fix_stops_the_node_with_status_1(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ingestion.paging import InvalidPagingToken, is_after, toid, toid_parts, token_key
+from ingestion.common.paging import InvalidPagingToken, is_after, toid, toid_parts, token_key
 
 
 def test_toids_compare_numerically() -> None:

@@ -15,12 +15,12 @@ import sys
 import pytest
 import trio
 
-from ingestion.postgres.local import LocalPostgres
 from ingestion.postgres.readers import job_state
+from ingestion.testing.cluster import open_cluster
+from ingestion.testing.local_postgres import LocalPostgres
+from ingestion.testing.tcp_proxy import TcpProxy
+from ingestion.testing.wait import wait_until
 from ingestion.verify import check_stream, fetch_source, read_postgres_evidence
-from tests.cluster import open_cluster
-from tests.helpers import wait_until
-from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
 JOB = "pg-ops"

@@ -19,16 +19,16 @@ from actors.observe import NodeObserver
 from actors.sink import SinkUnavailable, TermOpened, continuation
 from actors.source import Record, SyntheticSource, TermContext
 from actors.supervisor import NodeSpec, run_node
-from ingestion.local_redis import LocalRedis
 from ingestion.postgres import sql
 from ingestion.postgres.connection import connect, ensure_schema
 from ingestion.postgres.fence import FenceRejected, PostgresFence
-from ingestion.postgres.local import LocalPostgres
 from ingestion.postgres.readers import check_job, job_state, read_events
 from ingestion.postgres.sink import PostgresSink
-from tests.helpers import wait_until
+from ingestion.testing.local_postgres import LocalPostgres
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.tcp_proxy import TcpProxy
+from ingestion.testing.wait import wait_until
 from tests.nodes import FAST_TIMING, lease_store
-from tests.tcp_proxy import TcpProxy
 
 SRC = SyntheticSource(total=None)
 

@@ -14,13 +14,13 @@ import pytest
 import trio
 
 from actors.source import Record
-from ingestion import tail
-from ingestion.local_redis import LocalRedis
+from ingestion.cli import tail
 from ingestion.postgres.connection import connect
-from ingestion.postgres.local import LocalPostgres
 from ingestion.postgres.sink import PostgresSink
 from ingestion.simulator.server import SimulatorConfig, open_simulator
-from tests.helpers import child_env, wait_until
+from ingestion.testing.local_postgres import LocalPostgres
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.wait import child_env, wait_until
 
 
 async def ingestion(*args: str) -> trio.CompletedProcess[bytes]:
@@ -129,7 +129,7 @@ async def test_tail_prints_a_postgres_jobs_rows_and_wakes_on_notify_not_on_its_p
     monkeypatch.setattr(tail, "BLOCK_MS", 3_600_000)
     out = io.StringIO()
     reader = tail.PostgresTail(pg.url, "ingestion", "pg-tail", out)
-    ns = tail._parser().parse_args(["--from", "$", "--count", "7"])
+    ns = tail.parser().parse_args(["--from", "$", "--count", "7"])
     finished = threading.Event()
 
     def follow() -> None:

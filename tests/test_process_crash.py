@@ -1,4 +1,4 @@
-"""Process crashes with real processes: a node is a parent and a worker (ingestion/parent.py).
+"""Process crashes with real processes: a node is a parent and a worker (ingestion/node/parent.py).
 
 - The worker killed (SIGKILL): its parent releases exactly the leases it held, the standbys hear
   the release notice and one leads within milliseconds, whatever the TTL; the parent exits 137.
@@ -20,9 +20,9 @@ import signal
 import pytest
 import trio
 
+from ingestion.testing.cluster import Cluster, figure, open_cluster
+from ingestion.testing.wait import alive
 from ingestion.verify import read_entries
-from tests.cluster import Cluster, figure, open_cluster
-from tests.helpers import alive
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.cluster import TTL_MS, assert_verified, figure, open_cluster
+from ingestion.testing.cluster import TTL_MS, assert_verified, figure, open_cluster
 from tests.native import clockshift_env, clockshift_library
 
 pytestmark = [

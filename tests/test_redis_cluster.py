@@ -31,7 +31,7 @@ from actors.lease_store import (
     parse_cluster_url,
 )
 from actors.source import Record
-from tests.cluster import Cluster, figure, open_cluster
+from ingestion.testing.cluster import Cluster, figure, open_cluster
 from tests.many_jobs import NODES, holders, job_flags, job_names, verify_all
 from tests.redis_cluster import RedisClusterGroup, redis_cluster
 
@@ -184,8 +184,8 @@ async def test_a_node_started_while_every_cluster_node_is_down_waits_then_leads(
 
 @pytest.mark.parametrize("command", [["inspect"], ["inspect", "--job", "x"], ["tail"], ["verify"]])
 def test_the_tools_say_in_one_line_that_no_cluster_node_answers(command: list[str]) -> None:
-    from ingestion.local_redis import free_port
-    from tests.helpers import child_env
+    from ingestion.testing.local_redis import free_port
+    from ingestion.testing.wait import child_env
 
     url = f"redis+cluster://127.0.0.1:{free_port()}"
     done = subprocess.run(

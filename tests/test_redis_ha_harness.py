@@ -14,9 +14,9 @@ import redis
 import trio
 from redis.sentinel import Sentinel
 
-from ingestion.local_redis import LocalRedis
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.redis_ha import SERVICE, SentinelGroup
 from tests.ports import closed_port
-from tests.redis_ha import SERVICE, SentinelGroup
 
 
 @pytest.mark.slow

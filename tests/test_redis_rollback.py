@@ -17,7 +17,7 @@ import trio
 from actors.lease_store import Acquired, LeaseStore, StateLost, job_keys
 from actors.source import SyntheticSource
 from actors.token_memory import TokenMemory
-from ingestion.local_redis import LocalRedis
+from ingestion.testing.local_redis import LocalRedis
 from tests.nodes import OpenStore, Recorder, assert_exactly_once_in_order, events_in_stream, start_node
 
 SLOW = SyntheticSource(total=None, batch_size=5, interval=0.05)

@@ -20,8 +20,8 @@ from actors.observe import NodeObserver
 from actors.source import SyntheticSource
 from actors.supervisor import NodeSpec, run_node
 from ingestion.config import Settings
-from ingestion.local_redis import LocalRedis, free_port, start_retrying
-from ingestion.node import build_store
+from ingestion.node.build import build_store
+from ingestion.testing.local_redis import LocalRedis, free_port, start_retrying
 from tests.nodes import FAST_TIMING, Recorder
 from tests.ports import closed_port
 

@@ -16,8 +16,8 @@ import pytest
 import trio
 
 from actors.lease_store import job_keys
-from tests.cluster import ALLOWANCE, TTL_MS, Cluster, assert_verified, figure
-from tests.redis_ha import SentinelGroup, promoted, sentinel_cluster, start_nodes
+from ingestion.testing.cluster import ALLOWANCE, TTL_MS, Cluster, assert_verified, figure
+from ingestion.testing.redis_ha import SentinelGroup, promoted, sentinel_cluster, start_nodes
 
 pytestmark = pytest.mark.slow
 DOWN_AFTER_MS = 1000

@@ -21,8 +21,8 @@ import redis
 import trio
 
 from actors.lease_store import job_keys
-from tests.cluster import assert_verified
-from tests.redis_ha import promoted, sentinel_cluster, start_nodes
+from ingestion.testing.cluster import assert_verified
+from ingestion.testing.redis_ha import promoted, sentinel_cluster, start_nodes
 
 pytestmark = pytest.mark.slow
 

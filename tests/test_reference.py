@@ -1,4 +1,4 @@
-"""docs/REFERENCE.md is generated from the code (``ingestion/reference.py``) and kept current."""
+"""docs/REFERENCE.md is generated from the code (``ingestion/cli/reference.py``) and kept current."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ingestion import reference
+from ingestion.cli import reference
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "docs" / "REFERENCE.md"
@@ -20,7 +20,11 @@ def test_docs_reference_is_current() -> None:
 
 def test_the_generator_runs_as_a_module() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "ingestion.reference"], cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "ingestion.cli.reference"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert out.stdout == reference.render()
 

@@ -15,10 +15,10 @@ import sys
 import pytest
 import trio
 
-from ingestion.paging import token_key
+from ingestion.common.paging import token_key
+from ingestion.testing.cluster import open_cluster
+from ingestion.testing.wait import child_env, wait_until
 from ingestion.verify import fetch_source
-from tests.cluster import open_cluster
-from tests.helpers import child_env, wait_until
 
 pytestmark = pytest.mark.slow
 

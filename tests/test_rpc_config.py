@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ingestion.cli import _flags_layer, _run_parser
+from ingestion.cli.run import _flags_layer
+from ingestion.cli.run import parser as _run_parser
 from ingestion.config import ConfigError, Settings, load
 from ingestion.rpc.protocol import EventFilter, segment_from_text
 
@@ -88,7 +89,7 @@ def test_a_bad_filter_exits_2_with_one_line_naming_it() -> None:
 
 def test_on_history_gap_lake_needs_a_lake_and_builds_an_rpc_source_backed_by_it(tmp_path: Path) -> None:
     from ingestion.lake.source import LakeSource
-    from ingestion.node import build_source
+    from ingestion.node.build import build_source
     from ingestion.rpc.source import RpcSource
 
     env = {"INGESTION_NODE_SOURCE": "rpc", "INGESTION_RPC_ON_HISTORY_GAP": "lake"}

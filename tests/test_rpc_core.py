@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from ingestion.retry import RetryPolicy
+from ingestion.common.retry import RetryPolicy
 from ingestion.rpc.core import Phase, RpcFollower, parse_answer, read_events
 from ingestion.rpc.protocol import (
     INVALID_PARAMS,

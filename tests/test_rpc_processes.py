@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from ingestion.rpc.protocol import Cursor, segment_from_text
-from tests.cluster import Cluster, figure, open_cluster
+from ingestion.testing.cluster import Cluster, figure, open_cluster
 
 pytestmark = pytest.mark.slow
 

@@ -18,13 +18,13 @@ import trio
 
 from actors.elector import IngestionFatal
 from actors.lease_store import job_keys
-from ingestion.local_redis import LocalRedis
 from ingestion.rpc.protocol import Cursor, EventFilter, segment_from_text
 from ingestion.rpc.source import RpcSource
 from ingestion.simulator import Simulator, SimulatorConfig, open_simulator
-from tests.helpers import wait_until
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.tcp_proxy import TcpProxy
+from ingestion.testing.wait import wait_until
 from tests.nodes import FAST_TIMING, Recorder, start_node
-from tests.tcp_proxy import TcpProxy
 
 CONFIG = SimulatorConfig(ledger_interval=None, history_ledgers=300, ops_per_ledger=20, rpc_port=0)
 HANDOVER_AFTER = FAST_TIMING.ttl  # seconds: the least horizon.handover_after allows
@@ -344,7 +344,7 @@ async def test_an_rpc_that_stops_ingesting_is_left_for_one_that_goes_on(
 async def test_inspect_reports_an_rpc_jobs_lag_behind_the_rpc(
     redis_server: LocalRedis, redis_client: redis.Redis, job: str
 ) -> None:
-    from ingestion.inspect import rpc_lag
+    from ingestion.cli.inspect import rpc_lag
 
     async with open_simulator(CONFIG) as sim:
         async with node(redis_server.url, job, source(sim.rpc_url)):

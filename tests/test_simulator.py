@@ -14,11 +14,11 @@ import pytest
 import trio
 import trio.testing
 
-from ingestion.paging import toid, toid_parts, token_key
+from ingestion.common.paging import toid, toid_parts, token_key
 from ingestion.simulator import Faults, MalformedKind, Simulator, open_simulator
 from ingestion.simulator.chain import Chain
 from ingestion.simulator.records import ChainSpec
-from tests.helpers import wait_until
+from ingestion.testing.wait import wait_until
 from tests.simulator_fixtures import SMALL, read_stream, running, simulator_process
 
 

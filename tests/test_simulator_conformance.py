@@ -1,7 +1,7 @@
 """The simulator's records and pages have the shapes of the recorded real Horizon responses.
 
 The recordings live outside the repository (``../shared/data/horizon``, see its PROVENANCE.md);
-these tests are skipped when it is absent (:mod:`tests.recorded`; the one skip CI allows).
+these tests are skipped when it is absent (:mod:`ingestion.testing.recorded`; the one skip CI allows).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from ingestion.paging import toid_parts
+from ingestion.common.paging import toid_parts
 from ingestion.simulator import Simulator, SimulatorConfig
-from tests import recorded
+from ingestion.testing import recorded
 from tests.simulator_fixtures import running
 
 RECORDED = recorded.HORIZON

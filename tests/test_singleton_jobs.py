@@ -11,8 +11,8 @@ import trio
 from actors.lease_store import CommitRejected, LeaseStore, job_keys
 from actors.scheduled import ScheduledJob
 from actors.source import SyntheticSource, TermContext
-from ingestion.local_redis import LocalRedis
-from tests.helpers import wait_until
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.wait import wait_until
 from tests.nodes import OpenStore, Recorder, start_node
 
 

@@ -13,8 +13,8 @@ from urllib.parse import urlsplit
 import pytest
 import trio
 
-from tests.cluster import Cluster, figure, open_cluster
-from tests.tcp_proxy import TcpProxy
+from ingestion.testing.cluster import Cluster, figure, open_cluster
+from ingestion.testing.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
 

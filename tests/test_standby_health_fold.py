@@ -24,8 +24,8 @@ from actors.liveness import SourceHealth
 from actors.observe import NodeObserver
 from actors.source import SyntheticSource
 from actors.supervisor import NodeHandle
-from ingestion.local_redis import LocalRedis
-from tests.helpers import wait_until
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.wait import wait_until
 from tests.nodes import FAST_TIMING, OpenStore, Recorder, start_node
 
 TTL = FAST_TIMING.ttl

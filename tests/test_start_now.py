@@ -8,9 +8,9 @@ import trio
 
 from actors.lease_store import job_keys
 from ingestion.horizon.source import HorizonSource
-from ingestion.local_redis import LocalRedis
 from ingestion.simulator import SimulatorConfig, open_simulator
-from tests.helpers import wait_until
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.wait import wait_until
 from tests.nodes import Recorder, start_node
 
 

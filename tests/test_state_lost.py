@@ -19,7 +19,7 @@ from actors.lease_store import Acquired, Held, StateLost, connect, job_keys
 from actors.lease_store.store import deployment_name, deployment_of_url
 from actors.source import Batch, Record, SyntheticSource
 from actors.token_memory import TokenMemory
-from ingestion.local_redis import LocalRedis
+from ingestion.testing.local_redis import LocalRedis
 from tests.nodes import OpenStore, Recorder, start_node
 
 SLOW = SyntheticSource(total=None, batch_size=5, interval=0.05)
@@ -117,7 +117,7 @@ def test_preflight_reads_the_token_memory_of_the_configured_redis_and_refuses_a_
     """The node's own file (named by the deployment of ``redis.url``) is the one checked before
     the node starts: a corrupt one is a one-line configuration error, not a traceback later."""
     from ingestion.config import ConfigError, Settings
-    from ingestion.node import preflight
+    from ingestion.node.preflight import preflight
 
     url = "redis://127.0.0.1:1/0"  # nothing listens: preflight must fail before any network
     settings = Settings.from_mapping({

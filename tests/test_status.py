@@ -13,8 +13,8 @@ from trio_websocket import open_websocket_url
 
 from actors.observe import NodeObserver
 from actors.source import SyntheticSource
-from ingestion.local_redis import LocalRedis
-from ingestion.status import QUEUE_SIZE, serve_status
+from ingestion.serve.status import QUEUE_SIZE, serve_status
+from ingestion.testing.local_redis import LocalRedis
 from tests.nodes import Recorder, start_node
 
 LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)

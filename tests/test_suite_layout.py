@@ -1,5 +1,5 @@
 """The suite's own layout: test modules hold tests; what several of them share lives in helper
-modules (tests/cluster.py, tests/nodes.py, tests/helpers.py, tests/redis_ha.py, ...)."""
+modules (tests/nodes.py, ...) or in the testing kit (ingestion/testing/cluster.py, wait.py, ...)."""
 
 from __future__ import annotations
 

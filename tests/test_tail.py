@@ -13,9 +13,9 @@ import trio
 
 from actors.lease_store import Acquired, LeaseStore, connect, job_keys
 from actors.source import Record
-from ingestion.local_redis import LocalRedis
-from ingestion.tail import one_line
-from tests.helpers import child_env, wait_until
+from ingestion.cli.tail import one_line
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.wait import child_env, wait_until
 
 
 def body(i: int) -> str:

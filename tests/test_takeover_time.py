@@ -9,7 +9,7 @@ import redis
 import trio
 
 from actors.lease_store import Acquired, job_keys
-from ingestion.local_redis import LocalRedis
+from ingestion.testing.local_redis import LocalRedis
 from tests.nodes import OpenStore
 
 

@@ -22,9 +22,9 @@ from actors.messages import (
 from actors.sink import SinkUnavailable
 from actors.source import SyntheticSource
 from ingestion.config.sections import JobSettings
-from ingestion.local_redis import LocalRedis
-from ingestion.node import IdentifiedSource
-from tests.tcp_proxy import TcpProxy
+from ingestion.node.identity import IdentifiedSource
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.tcp_proxy import TcpProxy
 
 
 def horizon_job(name: str) -> JobSettings:

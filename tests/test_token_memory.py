@@ -19,7 +19,7 @@ import trio
 
 from actors.source import SyntheticSource
 from actors.token_memory import TokenMemory
-from ingestion.local_redis import LocalRedis
+from ingestion.testing.local_redis import LocalRedis
 from tests.nodes import Recorder, start_node
 
 

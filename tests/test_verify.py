@@ -17,8 +17,8 @@ import redis
 import trio
 
 from actors.lease_store import job_keys
-from ingestion.local_redis import LocalRedis
 from ingestion.simulator import SimulatorConfig, open_simulator
+from ingestion.testing.local_redis import LocalRedis
 from ingestion.verify import (
     Grant,
     SourceRecord,

@@ -13,12 +13,12 @@ import trio
 from actors.observe import NodeObserver
 from actors.source import SyntheticSource
 from actors.supervisor import NodeHandle, NodeSpec, run_node
-from ingestion.local_redis import LocalRedis
-from ingestion.status import serve_status
-from ingestion.watch import ClusterView, describe_event, normalise_url, watch
+from ingestion.cli.watch import ClusterView, describe_event, normalise_url, watch
+from ingestion.serve.status import serve_status
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.tcp_proxy import TcpProxy
 from tests.nodes import FAST_TIMING, Recorder, lease_store
 from tests.ports import closed_port
-from tests.tcp_proxy import TcpProxy
 
 LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)
 

@@ -13,13 +13,13 @@ import trio
 
 from actors.lease_store import LeaseStore, job_keys
 from actors.source import Record, SyntheticSource
-from ingestion.local_redis import LocalRedis
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.wait import wait_until
 from ingestion.webhook.build import holder_group
 from ingestion.webhook.core import RetrySchedule, parse_secrets
 from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
 from ingestion.webhook.records import StreamRecords
 from ingestion.webhook.source import WebhookSource, webhook_keys
-from tests.helpers import wait_until
 from tests.nodes import OpenStore, Recorder, start_node
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

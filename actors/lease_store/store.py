@@ -143,7 +143,7 @@ class LeaseStore:
         self._fenced_audit = client.register_script(scripts.FENCED_AUDIT)
         # Told ("acquired" | "released", job, token, node) as soon as Redis granted or released
         # this job's lease: a node process's parent learns from it which leases to release
-        # should the process die (ingestion/parent.py). Never told of an unknown outcome.
+        # should the process die (ingestion/node/parent.py). Never told of an unknown outcome.
         self.on_lease: Callable[[str, str, int, str], None] | None = None
 
     async def follow_primary(self, every: float = FOLLOW_PRIMARY_EVERY) -> None:

@@ -297,7 +297,7 @@ def check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
         problems.append(f"horizon.resource: must be a path such as /operations, got {horizon['resource']!r}")
     start = horizon["start_cursor"]
     if start not in ("now", "0"):
-        from ingestion.paging import InvalidPagingToken, token_key
+        from ingestion.common.paging import InvalidPagingToken, token_key
 
         try:
             token_key(start)

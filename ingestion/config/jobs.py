@@ -34,7 +34,7 @@ def _check_job_name(name: str, where: str, problems: list[str]) -> bool:
 def _check_start_cursor(start: str, where: str, problems: list[str]) -> None:
     if start in ("now", "0"):
         return
-    from ingestion.paging import InvalidPagingToken, token_key
+    from ingestion.common.paging import InvalidPagingToken, token_key
 
     try:
         token_key(start)
@@ -196,7 +196,7 @@ def _webhook_job(
     start = given.get("start", "now")
     start_cursor = {"first": "0", "now": "now"}.get(start)
     if start_cursor is None:
-        from ingestion.paging import InvalidPagingToken, token_key
+        from ingestion.common.paging import InvalidPagingToken, token_key
 
         try:
             token_key(start)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import attrs
 
 from actors.source import Record
-from ingestion.paging import token_key
+from ingestion.common.paging import token_key
 
 LEDGER_SHIFT = 32
 DENSE = ("/ledgers", "/transactions", "/operations", "/payments", "/effects", "/trades")

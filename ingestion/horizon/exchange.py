@@ -17,12 +17,12 @@ import structlog
 import trio
 
 from actors.health import SourceHealth
+from ingestion.common.http import describe
+from ingestion.common.retry import parse_retry_after
 from ingestion.horizon.failures import Failure, problem_detail
 from ingestion.horizon.follower import HorizonFollower, PageRequest, Retry, StreamRequest
 from ingestion.horizon.health import RatePacer, parse_rate_headers
 from ingestion.horizon.pages import Malformed
-from ingestion.http import describe
-from ingestion.retry import parse_retry_after
 
 log = structlog.get_logger()
 

@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from actors.source import Record, SourceFatalError
+from ingestion.common.paging import token_key
+from ingestion.common.retry import RetryPolicy
 from ingestion.horizon.failures import (
     Failure,
     NotFoundTracker,
@@ -38,8 +40,6 @@ from ingestion.horizon.resources import (
     check_resource,
     split_resource,
 )
-from ingestion.paging import token_key
-from ingestion.retry import RetryPolicy
 
 
 class Mode(enum.Enum):

@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from ingestion.paging import TOID_LEDGER_SHIFT, InvalidPagingToken, toid, token_key
+from ingestion.common.paging import TOID_LEDGER_SHIFT, InvalidPagingToken, toid, token_key
 
 
 @attrs.frozen

@@ -19,8 +19,8 @@ import msgspec
 import orjson
 
 from actors.source import Record
+from ingestion.common.paging import InvalidPagingToken, ascending_after, token_key
 from ingestion.horizon.resources import MAX_PAGE_LIMIT
-from ingestion.paging import InvalidPagingToken, ascending_after, token_key
 
 # One encoder, built once: json.dumps(..., separators=...) builds a new encoder on every call.
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)

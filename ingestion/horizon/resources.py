@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from actors.source import SourceFatalError
-from ingestion.paging import InvalidPagingToken, token_key
+from ingestion.common.paging import InvalidPagingToken, token_key
 
 #: Horizon's largest page.
 MAX_PAGE_LIMIT = 200

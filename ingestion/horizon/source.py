@@ -32,7 +32,10 @@ from httpx_sse import SSEError, aconnect_sse
 
 from actors.health import SourceHealth
 from actors.source import Batch, SourceFatalError
-from ingestion.gaps import record_history_gap
+from ingestion.common.gaps import record_history_gap
+from ingestion.common.http import describe, ssl_context
+from ingestion.common.paging import InvalidPagingToken, token_key
+from ingestion.common.retry import RetryPolicy
 from ingestion.horizon.catchup import overlappable
 from ingestion.horizon.exchange import MAX_ERROR_BODY, answered, failed, failure_of, get_page, malformed, pace
 from ingestion.horizon.failures import (
@@ -48,9 +51,6 @@ from ingestion.horizon.overlapped import overlapped
 from ingestion.horizon.resources import MAX_PAGE_LIMIT, STREAM_LIMIT, check_resource, split_resource
 from ingestion.horizon.streaming import follow_stream
 from ingestion.horizon.watch import Switch, watch_staleness
-from ingestion.http import describe, ssl_context
-from ingestion.paging import InvalidPagingToken, token_key
-from ingestion.retry import RetryPolicy
 
 log = structlog.get_logger()
 

@@ -14,13 +14,13 @@ import trio
 from httpx_sse import SSEError, aconnect_sse
 
 from actors.source import Batch, Record
+from ingestion.common.http import describe
 from ingestion.horizon.exchange import Requester, answered, failed, failure_of, malformed, pace, read_bounded
 from ingestion.horizon.failures import Failure
 from ingestion.horizon.follower import HorizonFollower, StreamRequest, StreamSignal
 from ingestion.horizon.health import RatePacer
 from ingestion.horizon.pages import Malformed
 from ingestion.horizon.watch import Switch
-from ingestion.http import describe
 
 log = structlog.get_logger()
 

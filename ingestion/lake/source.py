@@ -27,14 +27,14 @@ import trio
 
 from actors.health import SourceHealth
 from actors.source import Batch, SourceFatalError
-from ingestion.gaps import record_history_gap
-from ingestion.http import describe
+from ingestion.common.gaps import record_history_gap
+from ingestion.common.http import describe
+from ingestion.common.retry import RetryPolicy
 from ingestion.lake.core import LakeFollower
 from ingestion.lake.decoding import DecoderDied, Decoders, open_decoders
 from ingestion.lake.events import LakeFormatError, LedgerEvents
 from ingestion.lake.keys import LakeSchema, ManifestError
 from ingestion.lake.store import LocalLake, S3Lake, open_lake
-from ingestion.retry import RetryPolicy
 from ingestion.rpc.protocol import Cursor, EventFilter, checked_filters
 
 log = structlog.get_logger()

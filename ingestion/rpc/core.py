@@ -45,7 +45,7 @@ import msgspec
 import orjson
 
 from actors.source import Batch, Record
-from ingestion.retry import RetryPolicy
+from ingestion.common.retry import RetryPolicy
 from ingestion.rpc.protocol import (
     INVALID_PARAMS,
     INVALID_REQUEST,

@@ -36,9 +36,9 @@ import trio
 
 from actors.health import SourceHealth
 from actors.source import Batch, Source, SourceFatalError
-from ingestion.gaps import record_history_gap
-from ingestion.http import describe, ssl_context
-from ingestion.retry import RetryPolicy, parse_retry_after
+from ingestion.common.gaps import record_history_gap
+from ingestion.common.http import describe, ssl_context
+from ingestion.common.retry import RetryPolicy, parse_retry_after
 from ingestion.rpc.core import Note, Outcome, RpcFollower, parse_answer, read_events, request_body
 from ingestion.rpc.protocol import Cursor, EventFilter, checked_filters
 

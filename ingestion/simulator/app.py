@@ -22,8 +22,8 @@ import attrs
 import trio
 
 import ingestion.simulator.render as render
-from ingestion.asgi import respond, serve_lifespan
-from ingestion.paging import toid
+from ingestion.common.asgi import respond, serve_lifespan
+from ingestion.common.paging import toid
 from ingestion.simulator.chain import Chain
 from ingestion.simulator.control import ControlHost, serve_control
 from ingestion.simulator.faults import MalformedKind

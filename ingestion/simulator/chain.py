@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from ingestion.paging import toid
+from ingestion.common.paging import toid
 from ingestion.simulator.ledgers import build_ledger
 from ingestion.simulator.records import (
     ACCOUNT_COLLECTIONS,

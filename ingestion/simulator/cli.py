@@ -31,7 +31,7 @@ def _non_negative_float(text: str) -> float:
 
 def _parser() -> argparse.ArgumentParser:
     defaults = SimulatorConfig()
-    from ingestion.cli import OneLineParser
+    from ingestion.cli.usage import OneLineParser
 
     p = OneLineParser(prog="ingestion simulate", description="Run the bundled Horizon simulator.")
     p.add_argument("--host", default=defaults.host)

@@ -22,7 +22,7 @@ import json
 from typing import Any, Protocol
 
 import ingestion.simulator.render as render
-from ingestion.asgi import Receive, Scope, Send, respond
+from ingestion.common.asgi import Receive, Scope, Send, respond
 from ingestion.simulator.chain import Chain
 from ingestion.simulator.faults import Faults, MalformedKind, check_known, duration_of
 from ingestion.simulator.render import Problem

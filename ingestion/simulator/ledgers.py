@@ -14,7 +14,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from ingestion.paging import toid
+from ingestion.common.paging import toid
 from ingestion.simulator.records import (
     COLLECTIONS,
     EFFECT_TYPE_I,

@@ -44,7 +44,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from ingestion.asgi import Message, Receive, Scope, Send, respond, serve_lifespan
+from ingestion.common.asgi import Message, Receive, Scope, Send, respond, serve_lifespan
 from ingestion.rpc.protocol import (
     INTERNAL_ERROR,
     INVALID_REQUEST,

@@ -34,7 +34,7 @@ def build_webhook_source(settings: Any, job: Any, store: LeaseStore) -> WebhookS
     if hook.ca_file:
         verify = ssl.create_default_context(cafile=hook.ca_file)
     else:
-        from ingestion.http import ssl_context
+        from ingestion.common.http import ssl_context
 
         verify = ssl_context()
     return WebhookSource(

@@ -29,7 +29,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from ingestion.asgi import Receive, Scope, Send, respond, serve_lifespan
+from ingestion.common.asgi import Receive, Scope, Send, respond, serve_lifespan
 
 
 @attrs.define

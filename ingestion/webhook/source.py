@@ -36,8 +36,8 @@ import trio
 from actors.cursor_order import token_key
 from actors.lease_store import CommitRejected, LeaseStore
 from actors.source import Batch, Record, TermContext, TermFenced, current_term
-from ingestion.http import describe
-from ingestion.retry import parse_retry_after
+from ingestion.common.http import describe
+from ingestion.common.retry import parse_retry_after
 from ingestion.webhook.core import (
     DELIVERED,
     EXCERPT_BYTES,

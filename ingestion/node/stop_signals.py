@@ -8,7 +8,7 @@ received on purpose:
 
 - every command but ``run`` releases them at once (Ctrl-C: ``KeyboardInterrupt``, exit 130);
 - ``run`` asks :func:`asked` after each start-up step and exits 128 + N before the node exists;
-- the node's parent (``ingestion/parent.py``) and the node itself release them once a trio signal
+- the node's parent (``ingestion/node/parent.py``) and the node itself release them once a trio signal
   receiver holds them: the parent forwards the signal to its worker, the node stops gracefully.
 """
 

@@ -26,9 +26,9 @@ import redis
 import trio
 
 from actors.lease_store import connect, job_keys
-from ingestion.local_redis import LocalRedis
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.wait import output_lines, wait_until
 from ingestion.verify import Verification, verify_job, verify_rpc_job
-from tests.helpers import output_lines, wait_until
 
 PYTHON = sys.executable
 CLEANUP_TIMEOUT = 10.0  # seconds for the whole teardown
@@ -115,7 +115,7 @@ _NOISE = frozenset({"timestamp", "level", "node", "job", "event"})
 class Child:
     """One child process and what the harness knows about it.
 
-    A node is two processes (ingestion/parent.py): the parent, which the harness started, and
+    A node is two processes (ingestion/node/parent.py): the parent, which the harness started, and
     the worker it forked, which holds the leases (``worker_pid``, from its ``node-starting``
     line). :meth:`send` aims each signal where it keeps its meaning.
     """

@@ -11,7 +11,7 @@ only (a process crash: its parent releases the lease at once) and reports that t
 hands leadership over gracefully with SIGTERM and reports that time too, showing where
 every job is led after each step; and finally checks every job's events stream against the
 simulator's own records (:mod:`ingestion.verify`). When a PostgreSQL server is installed (Debian's
-``postgresql``), a throwaway one is started as well (``ingestion/postgres/local.py``) and one more
+``postgresql``), a throwaway one is started as well (``ingestion/testing/local_postgres.py``) and one more
 job writes there (``[jobs.NAME] sink``) through the same failovers; its rows are verified against
 the simulator and judged by their fence history. Without it, one line says so. Exit status: 0
 when the stream verified, 1 when it did not or the demo could not run, 2 for a bad flag. Every
@@ -29,15 +29,16 @@ import signal
 import subprocess
 import sys
 import tempfile
-from typing import Any, TextIO
+from typing import TextIO
 
 import attrs
 import redis
 import trio
 
 from actors.lease_store import connect, job_keys
-from ingestion.local_redis import LocalRedis, RedisServerMissing
-from ingestion.postgres.local import LocalPostgres, server_bin
+from ingestion.testing.cluster import LogLine
+from ingestion.testing.local_postgres import LocalPostgres, server_bin
+from ingestion.testing.local_redis import LocalRedis, RedisServerMissing
 from ingestion.verify import (
     Verification,
     check_stream,
@@ -85,14 +86,6 @@ class DemoFailed(Exception):
     pass
 
 
-@attrs.frozen
-class Line:
-    at: float
-    node: str
-    event: str
-    fields: dict[str, Any]
-
-
 @attrs.define
 class Demo:
     nodes: int
@@ -108,7 +101,7 @@ class Demo:
     rpc: str = ""
     config_dir: str = ""
     postgres: LocalPostgres | None = None  # a job on PostgreSQL too, when it is installed
-    lines: list[Line] = attrs.Factory(list)
+    lines: list[LogLine] = attrs.Factory(list)
     procs: dict[str, trio.Process] = attrs.Factory(dict)
     every: list[trio.Process] = attrs.Factory(list)
     _changed: trio.Event = attrs.Factory(trio.Event)
@@ -126,7 +119,7 @@ class Demo:
         print(f"{clock}  {color}{who:<8}  {what:<24}{reset} {detail}".rstrip(), file=self.out)
         self.out.flush()
 
-    def _show(self, line: Line) -> None:
+    def _show(self, line: LogLine) -> None:
         if line.event not in SHOWN:
             return
         keys = FIELDS.get(line.event) or tuple(
@@ -169,7 +162,7 @@ class Demo:
                 except ValueError:
                     continue  # a traceback or a warning: not part of the show
                 if isinstance(obj, dict) and "event" in obj:
-                    line = Line(trio.current_time(), name, str(obj.pop("event")), obj)
+                    line = LogLine(trio.current_time(), name, str(obj.pop("event")), obj)
                     self.lines.append(line)
                     self._show(line)
                     self._changed.set()
@@ -177,7 +170,7 @@ class Demo:
 
     async def wait_for(
         self, event: str, *, since: float, node: str | None = None, job: str | None = None
-    ) -> Line:
+    ) -> LogLine:
         with trio.fail_after(STEP_TIMEOUT):
             while True:
                 for line in self.lines:
@@ -514,8 +507,8 @@ class Demo:
                 p.kill()
 
 
-def _parser() -> argparse.ArgumentParser:
-    from ingestion.cli import OneLineParser
+def parser() -> argparse.ArgumentParser:
+    from ingestion.cli.usage import OneLineParser
 
     p = OneLineParser(
         prog="ingestion demo",
@@ -540,7 +533,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """Run the demo with these flags (no ``demo`` word); return the exit status."""
     try:
-        args = _parser().parse_args(argv)
+        args = parser().parse_args(argv)
     except SystemExit as exc:  # --help; a bad flag is a UsageError, one line from ingestion.cli
         return int(exc.code or 0)
     problems = []

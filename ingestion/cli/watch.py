@@ -311,8 +311,8 @@ async def _main(urls: list[str], table: bool, duration: float) -> None:
                 break
 
 
-def _parser() -> argparse.ArgumentParser:
-    from ingestion.cli import OneLineParser
+def parser() -> argparse.ArgumentParser:
+    from ingestion.cli.usage import OneLineParser
 
     p = OneLineParser(
         prog="ingestion watch",
@@ -331,7 +331,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     try:
-        ns = _parser().parse_args(argv)
+        ns = parser().parse_args(argv)
     except SystemExit as exc:  # --help; a bad flag is a UsageError, one line from ingestion.cli
         return int(exc.code or 0)
     table = sys.stdout.isatty() if ns.table is None else ns.table

@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 
 from actors.source import SourceFatalError
-from ingestion.http import describe
+from ingestion.common.http import describe
 
 log = structlog.get_logger()
 

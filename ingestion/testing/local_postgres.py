@@ -3,7 +3,7 @@ benchmark), from Debian's ``postgresql`` package (``/usr/lib/postgresql/*/bin``)
 
 PostgreSQL refuses to run as root: as root, ``initdb`` and ``postgres`` run as the ``postgres``
 user (``Popen(user=...)``, which execs directly, so the child's pid is the server's) in a
-temporary directory it owns. As with ``ingestion/local_redis.py``, no answer on the port is
+temporary directory it owns. As with ``ingestion/testing/local_redis.py``, no answer on the port is
 trusted: :meth:`LocalPostgres.start` accepts the server only when its ``data_directory`` is ours
 and that directory's ``postmaster.pid`` names our child's pid; a port someone else took is picked
 again, a bounded number of times.
@@ -26,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from ingestion.local_redis import OwnPort, PortInUse
+from ingestion.testing.local_redis import OwnPort, PortInUse
 
 START_ATTEMPTS = 5
 

@@ -17,21 +17,20 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import attrs
-import pytest
 import redis
 import trio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from actors.lease_store import job_keys
-from ingestion.local_redis import LocalRedis
-from tests.cluster import TTL_MS, Cluster, open_cluster
+from ingestion.testing.cluster import TTL_MS, Cluster, open_cluster
+from ingestion.testing.local_redis import LocalRedis
 
 SERVICE = "ingest"
 
@@ -72,7 +71,7 @@ class SentinelGroup:
     # -- start and stop -------------------------------------------------------------------------
 
     def _server_args(self) -> tuple[str, ...]:
-        args = ("--replica-announce-ip", "127.0.0.1", "--repl-diskless-sync", "yes",
+        args: tuple[str, ...] = ("--replica-announce-ip", "127.0.0.1", "--repl-diskless-sync", "yes",
                 "--repl-diskless-sync-delay", "0", "--appendfsync", "everysec",
                 "--enable-debug-command", "local")  # fmt: skip
         if self.min_replicas_to_write:
@@ -149,7 +148,7 @@ class SentinelGroup:
             finally:
                 c.close()
             if addr:
-                return int(addr[1])
+                return int(addr[1])  # type: ignore[index]  # (a (host, port) pair when truthy)
         raise RuntimeError("no sentinel names a primary")
 
     def server(self, port: int) -> LocalRedis:
@@ -224,7 +223,7 @@ class SentinelGroup:
                     addr = c.sentinel_get_master_addr_by_name(SERVICE)
                 finally:
                     c.close()
-                named.add(int(addr[1]) if addr else None)
+                named.add(int(addr[1]) if addr else None)  # type: ignore[index]
             if len(named) != 1 or old_port in named or None in named:
                 return None
             port = named.pop()
@@ -320,15 +319,6 @@ class SentinelGroup:
         if errors:  # e.g. DEBUG disabled: the fault would silently not happen
             raise RuntimeError(f"DEBUG SLEEP failed: {errors[0]}")
         return thread
-
-
-@pytest.fixture
-def sentinel_group() -> Iterator[SentinelGroup]:
-    group = SentinelGroup().start()
-    try:
-        yield group
-    finally:
-        group.stop()
 
 
 # The Sentinel scenarios: real nodes on a SentinelGroup.

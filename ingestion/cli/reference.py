@@ -1,4 +1,4 @@
-"""The reference, generated from the code: ``python -m ingestion.reference > docs/REFERENCE.md``.
+"""The reference, generated from the code: ``python -m ingestion.cli.reference > docs/REFERENCE.md``.
 
 Every table is read from where the thing is defined, so the reference cannot drift from it:
 
@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-REFRESH = "python -m ingestion.reference > docs/REFERENCE.md"
+ROOT = Path(__file__).resolve().parents[2]
+REFRESH = "python -m ingestion.cli.reference > docs/REFERENCE.md"
 
 # What each of a job's Redis keys is for (the keys themselves come from ``job_keys``).
 KEY_MEANINGS: dict[str, tuple[str, str]] = {
@@ -127,7 +127,7 @@ def commands_section() -> Iterator[str]:
         "environment variable and setting, where it has them, follow the precedence defaults < "
         "`config.toml` < environment < flags."
     )
-    for command, summary in COMMANDS.items():
+    for command, (_, summary) in COMMANDS.items():
         yield ""
         yield f"### `ingestion {command}`"
         yield ""
@@ -146,7 +146,7 @@ def commands_section() -> Iterator[str]:
 
 
 def settings_section() -> Iterator[str]:
-    from ingestion.cli import env_name
+    from ingestion.cli.usage import env_name
     from ingestion.config.schema import FLAGS, JOB_SCHEMA, SCHEMA
 
     yield "## Settings"
@@ -195,7 +195,7 @@ def redis_section() -> Iterator[str]:
     keys = job_keys("J")
     unexplained = sorted(set(keys) - set(KEY_MEANINGS))
     if unexplained:
-        raise SystemExit(f"ingestion.reference: give these Redis keys a meaning: {unexplained}")
+        raise SystemExit(f"ingestion.cli.reference: give these Redis keys a meaning: {unexplained}")
     yield "## Redis keys"
     yield ""
     yield (
@@ -254,7 +254,7 @@ def log_events(roots: tuple[str, ...] = ("actors", "ingestion")) -> dict[str, di
                 continue
             if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
                 where = f"{module}:{node.lineno}"
-                raise SystemExit(f"ingestion.reference: {where}: log event names must be literal strings")
+                raise SystemExit(f"ingestion.cli.reference: {where}: log event names must be literal strings")
             if not EVENT_NAME.fullmatch(name.value):
                 continue
             entry = events.setdefault(
@@ -300,7 +300,7 @@ def metric_families() -> list[tuple[str, str, list[str], str]]:
 
     from actors.lease_store import GroupInfo, StreamInfo
     from actors.observe import NodeObserver
-    from ingestion.metrics import NodeMetrics
+    from ingestion.serve.metrics import NodeMetrics
 
     observer = NodeObserver(
         node="n", job="J", role="leader", token=1, ingest_deadline=1.0, source_lag_seconds=0.0,
@@ -330,7 +330,7 @@ def metrics_section() -> Iterator[str]:
     yield ""
     yield (
         "Served on `--metrics-port` at `/metrics` (Prometheus text format), from each node's own "
-        "registry (`ingestion/metrics.py`). The per-job label is `ingestion_job`. Besides these, "
+        "registry (`ingestion/serve/metrics.py`). The per-job label is `ingestion_job`. Besides these, "
         "the standard collectors' `process_*`, `python_info` and `python_gc_*`. The probes "
         "`/livez`, `/readyz` and `/healthz` share the port (docs/OPERATIONS.md)."
     )
@@ -347,7 +347,7 @@ def render() -> str:
     parts = [
         "# Reference",
         "",
-        f"Generated from the code by `{REFRESH}` (module `ingestion/reference.py`); "
+        f"Generated from the code by `{REFRESH}` (module `ingestion/cli/reference.py`); "
         "`tests/test_reference.py` fails when this file is stale. Do not edit it by hand: change "
         "the code (a parser's help, the settings schema, a log call, a metric) and regenerate.",
         "",

@@ -49,7 +49,7 @@ from prometheus_client.registry import Collector
 from actors.lease_store import RedisUnavailable, StreamInfo
 from actors.observe import NodeObserver, NodeStatus
 from ingestion import __version__
-from ingestion.asgi import Receive, Scope, Send, serve_lifespan
+from ingestion.common.asgi import Receive, Scope, Send, serve_lifespan
 
 COMMIT_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, math.inf)
 JOB_LABEL = "ingestion_job"  # not "job": that is Prometheus's own target label

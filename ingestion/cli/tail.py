@@ -247,8 +247,8 @@ class PostgresTail:
                 after = rows[-1][0]
 
 
-def _parser() -> argparse.ArgumentParser:
-    from ingestion.cli import OneLineParser
+def parser() -> argparse.ArgumentParser:
+    from ingestion.cli.usage import OneLineParser
 
     p = OneLineParser(
         prog="ingestion tail",
@@ -316,7 +316,7 @@ def main(argv: Sequence[str]) -> int:
     Raises:
         ConfigError: a bad setting (the CLI prints it and exits 2).
     """
-    ns = _parser().parse_args(list(argv))
+    ns = parser().parse_args(list(argv))
     flags: dict[str, dict[str, Any]] = {}
     if ns.redis is not None:
         flags["redis"] = {"url": ns.redis}

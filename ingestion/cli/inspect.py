@@ -44,8 +44,8 @@ import trio
 from actors.lease_store import JobState, LeaseStore, RedisUnavailable, StreamInfo, job_keys
 from actors.lease_store.connect import describe_redis_error
 from actors.observe import record_time
+from ingestion.common.paging import InvalidPagingToken, toid_parts, token_key
 from ingestion.config import Settings, load, redact_url
-from ingestion.paging import InvalidPagingToken, toid_parts, token_key
 
 HORIZON_TIMEOUT = 5.0  # seconds, the whole lag query
 POSTGRES_TIMEOUT = 5.0  # seconds, reading one job's state in a PostgreSQL sink
@@ -479,8 +479,8 @@ def render_table(
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-    from ingestion.cli import OneLineParser, setting_help
+def parser() -> argparse.ArgumentParser:
+    from ingestion.cli.usage import OneLineParser, setting_help
 
     p = OneLineParser(
         prog="ingestion inspect",
@@ -512,9 +512,9 @@ def main(argv: Sequence[str]) -> int:
     Raises:
         ConfigError: a bad setting (the CLI prints it and exits 2).
     """
-    ns = _parser().parse_args(list(argv))
+    ns = parser().parse_args(list(argv))
     if ns.audit < 1:
-        from ingestion.cli import UsageError
+        from ingestion.cli.usage import UsageError
 
         raise UsageError(f"inspect: --audit: must be at least 1, got {ns.audit}")
     flags: dict[str, dict[str, Any]] = {}

@@ -1,4 +1,4 @@
-"""The pipe from a node's worker to its parent: which leases the worker holds (pure, no I/O).
+"""The pipe from a node's worker to its parent: which leases the worker holds.
 
 The worker reports every lease it acquires and every lease it releases, one line each, as soon as
 Redis answered:
@@ -19,9 +19,15 @@ The view is allowed to be stale in both directions, because the release script c
   was full) leaves a lease the parent does not know: it expires by itself, the TTL path;
 - an entry for a lease that was lost since (expired, taken by another node under a newer token)
   cannot match the lease value any more: its release answers 0.
+
+The lines and :class:`HeldLeases` are pure; :func:`lease_reporter` is the worker's writing end.
 """
 
 from __future__ import annotations
+
+import errno
+import os
+from typing import Any
 
 import attrs
 
@@ -91,3 +97,22 @@ class HeldLeases:
     def leases(self) -> list[tuple[str, int, str]]:
         """``(job, token, node)`` for every lease the worker may still hold, by job."""
         return [(job, token, node) for job, (token, node) in sorted(self.held.items())]
+
+
+def lease_reporter(write_end: int, log: Any) -> Any:
+    """The worker's ``LeaseStore.on_lease``: one line on the pipe per acquire and release."""
+    dropped = False
+
+    def report(kind: str, job: str, token: int, node: str) -> None:
+        nonlocal dropped
+        try:
+            os.write(write_end, LeaseReport(kind, job, token, node).encode())
+        except BlockingIOError:
+            if not dropped:
+                dropped = True
+                log.warning("lease-report-dropped", job=job, token=token, kind=kind)
+        except OSError as exc:
+            if exc.errno != errno.EPIPE:
+                raise  # EPIPE: the parent is gone, and this process is about to be killed
+
+    return report

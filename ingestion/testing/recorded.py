@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-
-import pytest
+from typing import Any
 
 ENV = "INGESTION_RECORDED_DATA"
-HORIZON = Path(os.environ.get(ENV) or Path(__file__).resolve().parents[2] / "shared" / "data" / "horizon")
+HORIZON = Path(os.environ.get(ENV) or Path(__file__).resolve().parents[3] / "shared" / "data" / "horizon")
 LAKE = HORIZON.parent / "lake"
 SKIP_REASON = "recorded Horizon data lies outside the repository and is absent"
 
@@ -42,6 +41,8 @@ def _skip(where: Path) -> None:
     current = os.environ.get("PYTEST_CURRENT_TEST", "")
     if current:
         excused.add(current.rsplit(" (", 1)[0])
+    import pytest  # (the kit is shipped code: pytest only when a test skips)
+
     pytest.skip(f"{SKIP_REASON}: {where}")
 
 
@@ -54,8 +55,14 @@ def require(path: Path) -> Path:
     return path
 
 
-needed = pytest.mark.skipif(not present(), reason=f"{SKIP_REASON}: {HORIZON}")
-"""Mark for tests (or ``pytestmark`` of modules) that read the recordings."""
+def __getattr__(name: str) -> Any:
+    """``needed``: the mark for tests (or ``pytestmark`` of modules) that read the recordings (made
+    when first asked for, so that importing the kit does not import pytest)."""
+    if name == "needed":
+        import pytest
+
+        return pytest.mark.skipif(not present(), reason=f"{SKIP_REASON}: {HORIZON}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def require_lake(name: str) -> Path:

@@ -2,7 +2,7 @@
 
 ``ingestion run`` forks. The child, the *worker*, runs the node exactly as before (actors, jobs,
 endpoints). The parent keeps only a Redis connection of its own and a pipe on which the worker
-reports each lease it acquires and releases (:mod:`ingestion.lease_reports`). Without the parent,
+reports each lease it acquires and releases (:mod:`ingestion.node.lease_reports`). Without the parent,
 a crashed process (an OOM kill, a segfault in a C extension, an unhandled exception, ``kill -9``)
 leaves its lease to expire: up to a whole TTL without a leader. With it:
 
@@ -33,20 +33,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import os
 import signal
 import sys
-from typing import Any
 
 import redis
 import trio
 from redis.exceptions import RedisClusterException
 
 from actors.lease_store import LeaseStore, RedisUnavailable, scripts
-from ingestion import stop_signals
 from ingestion.config import Settings
-from ingestion.lease_reports import LeaseReport
+from ingestion.node import stop_signals
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 RELEASE_RETRY = 0.05  # seconds between attempts at a release Redis did not answer
@@ -67,7 +64,7 @@ def fork_worker() -> tuple[int, int] | None:
     """
     read_end, write_end = os.pipe()
     parent = os.getpid()
-    # SIGINT and SIGTERM stay held (ingestion/stop_signals.py) in both processes: the parent
+    # SIGINT and SIGTERM stay held (ingestion/node/stop_signals.py) in both processes: the parent
     # releases them once it forwards them (supervise), the worker once its node receives them.
     stop_signals.hold()
     pid = os.fork()
@@ -98,28 +95,10 @@ def _become_worker(parent: int, write_end: int) -> None:
     if os.getppid() != parent:
         os._exit(1)  # the parent died before the death signal was set: nobody would release
     # Never block the node on a parent that does not read (paused): a report that does not fit
-    # is dropped, and a dropped report only means the TTL path (see ingestion.lease_reports).
+    # is dropped, and a dropped report only means the TTL path (see ingestion.node.lease_reports).
     os.set_blocking(write_end, False)
     _WORKER_PIPE = write_end
 
-
-def lease_reporter(write_end: int, log: Any) -> Any:
-    """The worker's ``LeaseStore.on_lease``: one line on the pipe per acquire and release."""
-    dropped = False
-
-    def report(kind: str, job: str, token: int, node: str) -> None:
-        nonlocal dropped
-        try:
-            os.write(write_end, LeaseReport(kind, job, token, node).encode())
-        except BlockingIOError:
-            if not dropped:
-                dropped = True
-                log.warning("lease-report-dropped", job=job, token=token, kind=kind)
-        except OSError as exc:
-            if exc.errno != errno.EPIPE:
-                raise  # EPIPE: the parent is gone, and this process is about to be killed
-
-    return report
 
 
 def exit_status(wait_status: int) -> tuple[int, str | None, int | None]:
@@ -164,9 +143,9 @@ def run_parent(settings: Settings, worker: int, pipe: int) -> int:
 
 async def supervise(settings: Settings, worker: int, pipe: int) -> int:
     """Watch ``worker`` until it exits; release what it still held; the parent's exit status."""
-    from ingestion.lease_reports import HeldLeases
-    from ingestion.logs import configure_logging, node_logger
-    from ingestion.node import build_store
+    from ingestion.node.build import build_store
+    from ingestion.node.lease_reports import HeldLeases
+    from ingestion.node.logs import configure_logging, node_logger
 
     configure_logging(settings.log.level, settings.log.format)
     log = node_logger(settings.node.id, ",".join(settings.node.jobs))

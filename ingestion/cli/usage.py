@@ -1,0 +1,37 @@
+"""What every command's parser shares: one-line usage errors, and flag help that names the setting.
+
+A module of its own so that the commands import it, never the command table (``ingestion.cli``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import NoReturn
+
+
+class UsageError(Exception):
+    """A bad command line: printed as one line, exit 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose mistakes are one line (``UsageError``), not usage plus error."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog.removeprefix('ingestion ')}: {message} (see {self.prog} --help)")
+
+
+def env_name(section: str, key: str) -> str:
+    return f"INGESTION_{section.upper()}_{key.upper()}"
+
+
+def setting_help(text: str, *settings: tuple[str, str]) -> str:
+    """``text`` followed by the setting's default and environment variable (the schema's)."""
+    from ingestion.config import SCHEMA
+
+    section, key = settings[0]
+    default = SCHEMA[section][key][1]
+    shown = ",".join(default) if isinstance(default, list) else default
+    if shown == "" or shown == []:
+        shown = "none"
+    envs = " or ".join(env_name(s, k) for s, k in settings)
+    return f"{text} (default: {shown}; env {envs}; setting {section}.{key})".replace("%", "%%")

@@ -1,0 +1,159 @@
+"""``ingestion verify``: check a configured job's events stream (or its PostgreSQL rows) against its
+source, with :mod:`ingestion.verify`. Exit 0: exactly once; 1: a problem (listed) or the source,
+Redis or PostgreSQL could not be read; 2: usage."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+import redis
+import trio
+
+from actors.lease_store import connect, job_keys
+from ingestion.cli.usage import OneLineParser, UsageError, setting_help
+from ingestion.verify import verify_configured_job
+
+
+def parser() -> Any:
+    p = OneLineParser(
+        prog="ingestion verify",
+        description="Check a job's events stream against its source: every source record exactly "
+        "once, in order, as the source serves it, each written under the fencing token then current "
+        "(a job whose sink is PostgreSQL: its rows there, judged by the fence history). Exit 0: OK; "
+        "1: a problem (listed) or the source, Redis or PostgreSQL could not be read; 2: usage.",
+    )
+    p.add_argument("--config", metavar="PATH", help="TOML file (default: ./config.toml if present)")
+    p.add_argument("--redis", metavar="URL", help=setting_help("the nodes' Redis", ("redis", "url")))
+    p.add_argument("--sink", metavar="URL", help=setting_help(
+        "a PostgreSQL sink: check the job's rows there, judged by its fence history", ("sink", "url")
+    ))
+    p.add_argument(
+        "--job", metavar="NAME",
+        help="the job to check, as configured (kind, resource or filter, start cursor) (default: "
+        "the first configured job)",
+    )  # fmt: skip
+    p.add_argument("--source", choices=("horizon", "rpc"), help=setting_help(
+        "the job's kind, when no [jobs.NAME] table says", ("node", "source")
+    ))
+    p.add_argument("--horizon", metavar="URL", help="the Horizon to compare with (default: the job's first)")
+    p.add_argument("--rpc", metavar="URL", help="the Stellar RPC to compare with (default: the job's first)")
+    p.add_argument("--resource", metavar="PATH", help=setting_help(
+        "a Horizon job's collection", ("horizon", "resource")
+    ))
+    p.add_argument("--start-cursor", metavar="CURSOR", help=setting_help(
+        "where the job started", ("horizon", "start_cursor"), ("rpc", "start_cursor")
+    ))
+    p.add_argument("--topic", action="append", metavar="SEG[,SEG...]", help=setting_help(
+        "an RPC job's topic filter (repeatable)", ("rpc", "topics")
+    ))
+    p.add_argument("--contract-id", action="append", metavar="C", help=setting_help(
+        "an RPC job's contract filter (repeatable)", ("rpc", "contract_ids")
+    ))
+    p.add_argument("--event-type", choices=("contract", "system"), help=setting_help(
+        "an RPC job's event type filter", ("rpc", "event_type")
+    ))
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``verify`` with these flags; returns the exit status.
+
+    Raises:
+        ConfigError, UsageError: a bad setting or flag (the CLI prints it and exits 2).
+    """
+    import os
+    from pathlib import Path
+
+    from ingestion.config import load, redact_url
+
+    ns = parser().parse_args(list(argv))
+    flags: dict[str, dict[str, Any]] = {}
+    for (section, key), value in {
+        ("redis", "url"): ns.redis,
+        ("sink", "url"): ns.sink,
+        ("node", "job"): [ns.job] if ns.job else None,
+        ("node", "source"): ns.source,
+        ("horizon", "resource"): ns.resource,
+        ("horizon", "start_cursor"): ns.start_cursor,
+        ("rpc", "start_cursor"): ns.start_cursor,
+        ("rpc", "topics"): ns.topic,
+        ("rpc", "contract_ids"): ns.contract_id,
+        ("rpc", "event_type"): ns.event_type,
+    }.items():
+        if value is not None:
+            flags.setdefault(section, {})[key] = value
+    settings = load(Path(ns.config) if ns.config else None, os.environ, flags)
+    job = settings.jobs[0]
+    if job.kind not in ("horizon", "rpc"):
+        raise UsageError(f"verify: job {job.name!r} is {job.kind}: only Horizon and RPC jobs have a source")
+    url = (ns.rpc or job.rpc_urls[0]) if job.kind == "rpc" else (ns.horizon or job.horizon_urls[0])
+    if job.sink:
+        return _verify_postgres_job(settings, job, url)
+    from actors.lease_store import describe_redis_error
+
+    where = redact_url(settings.redis.url)
+
+    def known() -> None:
+        client = connect(settings.redis.url, timeout=5.0)
+        try:
+            exists = client.exists(*job_keys(job.name).values())
+        finally:
+            client.close()
+        if not exists:
+            raise UsageError(
+                f"verify: no job {job.name!r} at {where}: nothing was ever elected or committed "
+                "for it (check --job and --redis)"
+            )
+
+    return _verify_and_say(
+        settings, job, url, known, redis.RedisError, lambda exc: describe_redis_error(exc, where=where)
+    )
+
+
+def _verify_and_say(
+    settings: Any,
+    job: Any,
+    url: str,
+    known: Callable[[], None],
+    store_error: type[Exception],
+    describe_store: Callable[[Any], str],
+) -> int:
+    """``verify`` of a job whose store ``known()`` has checked knows it (else it raises
+    UsageError): the summary, exit 0 or 1; the store (``store_error``, said by
+    ``describe_store``) or the source unreadable: one line, exit 1."""
+    import sys
+
+    try:
+        known()
+        result = trio.run(verify_configured_job, settings, job, url)
+    except store_error as exc:
+        print(f"ingestion: verify: {describe_store(exc)}", file=sys.stderr)
+        return 1
+    except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
+        print(f"ingestion: verify: cannot read {url}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(f"job {job.name} ({job.kind}, {url}): {result.summary()}")
+    return 0 if result.ok else 1
+
+
+def _verify_postgres_job(settings: Any, job: Any, url: str) -> int:
+    """``verify`` of a job whose sink is PostgreSQL: its rows there against the source, judged
+    by the fence history. Exit 0, 1 (a problem, or PostgreSQL or the source unreadable), or
+    :class:`~ingestion.cli.usage.UsageError` (2) for a job PostgreSQL knows nothing of."""
+    import psycopg
+
+    from ingestion.postgres.connection import describe, redact
+    from ingestion.postgres.readers import job_known, job_state
+
+    schema = settings.sink.schema
+
+    def known() -> None:
+        if not job_known(job_state(job.sink, schema, job.name)):
+            raise UsageError(
+                f"verify: no job {job.name!r} in schema {schema} at {redact(job.sink)}: nothing was "
+                "ever committed for it (check --job, --sink and sink.schema)"
+            )
+
+    return _verify_and_say(settings, job, url, known, psycopg.Error, lambda exc: describe(exc, job.sink))

@@ -1,0 +1,155 @@
+"""A node's parts built from its settings: each job's source (Horizon, RPC, lake or a scheduled
+action), its lease store and its sink (the Redis events stream, or PostgreSQL)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import redis
+
+from actors.lease_store import (
+    LeaseStore,
+)
+from actors.scheduled import ScheduledJob
+from actors.sink import Sink
+from actors.source import Source, current_term
+from ingestion.config import JobSettings, Settings, load_action, redact_url
+from ingestion.horizon.source import HorizonSource
+
+
+def _rpc_history(settings: Settings, job: JobSettings) -> Any:
+    """The lake an RPC job reads history older than RPC keeps from (``on_history_gap = "lake"``),
+    with the job's filters; None otherwise."""
+    if settings.rpc.on_history_gap != "lake":
+        return None
+    from ingestion.lake.source import LakeSource
+
+    return LakeSource(
+        settings.rpc.lake,
+        filters=job.rpc_filters(),
+        endpoint_url=settings.lake.endpoint_url,
+        poll_interval=settings.lake.poll_interval_ms / 1000,
+        read_ahead=settings.lake.read_ahead,
+        decode_processes=settings.lake.decode_processes,
+    )
+
+
+def build_source(
+    settings: Settings, job: JobSettings | None = None, store: LeaseStore | None = None
+) -> Source:
+    """The source of ``job`` (default: the node's first job); ``store`` (the job's) lets the
+    Horizon source write fenced audit entries (a skipped history gap).
+
+    Raises:
+        ValueError: the job's resource or action cannot be used.
+    """
+    job = job or settings.jobs[0]
+    if job.kind == "webhook":
+        from ingestion.webhook.build import build_webhook_source
+
+        if store is None:
+            raise ValueError("a webhook job's source needs its lease store")
+        return build_webhook_source(settings, job, store)
+    if job.kind == "scheduled":
+        action = load_action(job.action)
+        if action is None:
+            raise ValueError(f"cannot import the action {job.action!r}")
+        return ScheduledJob(action, period=job.period_ms / 1000)
+    if job.kind == "lake":
+        from ingestion.lake.source import LakeSource
+
+        return LakeSource(
+            job.lake_url,
+            filters=job.rpc_filters(),
+            endpoint_url=settings.lake.endpoint_url,
+            poll_interval=settings.lake.poll_interval_ms / 1000,
+            read_ahead=settings.lake.read_ahead,
+            decode_processes=settings.lake.decode_processes,
+        )
+    if job.kind == "rpc":
+        from ingestion.rpc.source import RpcSource
+
+        r = settings.rpc
+        return RpcSource(
+            urls=job.rpc_urls,
+            filters=job.rpc_filters(),
+            connect_timeout=r.connect_timeout_ms / 1000,
+            request_timeout=r.request_timeout_ms / 1000,
+            retry_base=r.retry_base_ms / 1000,
+            retry_cap=r.retry_cap_ms / 1000,
+            attempts_per_url=r.failover_after,
+            page_limit=r.page_limit,
+            on_history_gap=r.on_history_gap,
+            reset_after=r.reset_after_ms / 1000,
+            audit=None if store is None else audit_writer(store),
+            history=_rpc_history(settings, job),
+        )
+    h = settings.horizon
+    return HorizonSource(
+        urls=job.horizon_urls,
+        resource=job.resource,
+        connect_timeout=h.connect_timeout_ms / 1000,
+        read_timeout=h.read_timeout_ms / 1000,
+        stream_idle_timeout=h.stream_idle_timeout_ms / 1000,
+        retry_base=h.retry_base_ms / 1000,
+        retry_cap=h.retry_cap_ms / 1000,
+        attempts_per_url=h.failover_after,
+        parallel_requests=h.parallel_requests,
+        not_found_give_up=h.not_found_give_up_ms / 1000,
+        stale_check_interval=h.stale_check_ms / 1000,
+        stale_after_ledgers=h.stale_after_ledgers,
+        on_history_gap=h.on_history_gap,
+        audit=None if store is None else audit_writer(store),
+    )
+
+
+def _job_summary(job: JobSettings) -> dict[str, Any]:
+    if job.kind == "horizon":
+        return {"job": job.name, "kind": job.kind, "resource": job.resource or None}
+    if job.kind == "rpc":
+        return {
+            "job": job.name, "kind": job.kind, "rpc": list(job.rpc_urls),
+            "filters": [f.to_json() for f in job.rpc_filters()],
+        }  # fmt: skip
+    if job.kind == "lake":
+        return {
+            "job": job.name, "kind": job.kind, "lake": job.lake_url,
+            "filters": [f.to_json() for f in job.rpc_filters()],
+        }  # fmt: skip
+    if job.kind == "webhook" and job.webhook is not None:
+        hook = job.webhook
+        return {"job": job.name, "kind": job.kind, "from": hook.source_job, "url": redact_url(hook.url)}
+    return {"job": job.name, "kind": job.kind, "action": job.action}
+
+
+def audit_writer(store: LeaseStore) -> Callable[[str, dict[str, str]], Awaitable[bool]]:
+    """``await audit(event, fields)``: a fenced audit entry under the calling term's token."""
+
+    async def audit(event: str, fields: dict[str, str]) -> bool:
+        term = current_term.get()
+        return await store.fenced_audit(term.node, term.token, event, fields) is None
+
+    return audit
+
+
+def build_store(settings: Settings, job: str | None = None, client: redis.Redis | None = None) -> LeaseStore:
+    """The lease store of ``job`` (default: the first), on ``client`` (default: a new one)."""
+    return LeaseStore(
+        client if client is not None else settings.redis.connect(),
+        job or settings.node.job,
+        min_replicas_acked=settings.redis.min_replicas_acked,
+        events_max_len=settings.events.max_len,
+    )
+
+
+def build_sink(settings: Settings, job: JobSettings, store: LeaseStore) -> Sink | None:
+    """The job's sink when it is not the Redis events stream (``job.sink``, a PostgreSQL URL)."""
+    if not job.sink:
+        return None
+    from ingestion.postgres.sink import PostgresSink
+
+    return PostgresSink(
+        job.sink, job.name, schema=settings.sink.schema, call_timeout=store.call_timeout,
+        events_max_len=settings.events.max_len, application=f"ingestion:{settings.node.id}",
+    )  # fmt: skip

@@ -1,0 +1,350 @@
+"""One node process: settings in, a running node out, until SIGINT/SIGTERM.
+
+Builds each job's lease store, source and sink from the settings (:mod:`ingestion.node.build`),
+starts the supervisor (and the metrics and status endpoints when configured), and turns the first
+SIGINT or SIGTERM into a graceful shutdown: ingestion stops, the in-flight commit finishes, the
+lease is released so a standby takes over at once, and the process exits 0. A second signal cancels
+at once (the lease is still released, under a short shielded scope).
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import math
+import os
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import redis
+import structlog
+import trio
+from redis.exceptions import RedisClusterException
+
+from actors.clock import BootClock
+from actors.lease_store import (
+    LeaseStore,
+    NodeRegistry,
+    examine_redis,
+    job_keys,
+)
+from actors.lease_store.connect import ClusterUnreachable, describe_redis_error
+from actors.observe import NodeObserver
+from actors.supervisor import JobRun, NodeSpec, run_jobs
+from ingestion.common.gaps import history_gap_listener
+from ingestion.config import ConfigError, JobSettings, Settings, redact_url
+from ingestion.node import stop_signals
+from ingestion.node.build import _job_summary, build_sink, build_source, build_store
+from ingestion.node.identity import _identified, check_identities
+from ingestion.node.logs import configure_logging, node_logger
+from ingestion.node.preflight import PREFLIGHT_TIMEOUT, StartupError
+from ingestion.node.sd_notify import notify
+
+
+def start_node(settings: Settings, lease_pipe: int | None = None) -> int:
+    """Run the node until it stops; its exit status. ``lease_pipe``: in a worker process, where
+    to report each lease acquired and released to the parent (ingestion/node/parent.py).
+
+    Raises:
+        ConfigError: a listen socket could not be bound, or Redis holds the job under another
+            source (one line naming the setting), before the node campaigned.
+    """
+    try:
+        return trio.run(run_node_process, settings, lease_pipe, clock=BootClock())
+    except* StartupError as group:
+        raise ConfigError([str(e) for e in _leaves(group)]) from None
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
+OUTAGE_QUIET = 10.0  # seconds without redis-unavailable that end an outage (electors retry every 2 s at most)
+
+
+RECHECK_INTERVAL = 1.0  # seconds between questions to a Redis that does not answer
+
+
+async def connect_redis(settings: Settings, log: Any, *, retry_cap: float = 2.0) -> redis.Redis:
+    """The client of ``redis.url``. A cluster client reads the slot map when it is built: while no
+    node answers, that is an outage like any other (``redis-unavailable``, retried with backoff up
+    to ``retry_cap`` seconds), not a crash.
+
+    Raises:
+        StartupError: a node answered, but not as a cluster (one line, exit 2).
+    """
+    r = settings.redis
+    attempt = 0
+    while True:
+        try:
+            return await trio.to_thread.run_sync(r.connect, abandon_on_cancel=True)
+        except ClusterUnreachable as exc:
+            attempt += 1
+            delay = min(retry_cap, 0.1 * 2 ** min(attempt, 10))
+            log.warning(
+                "redis-unavailable", attempt=attempt, retry_in=delay,
+                error=describe_redis_error(exc, where=redact_url(r.url)),
+            )  # fmt: skip
+            await trio.sleep(delay)
+        except RedisClusterException as exc:
+            raise StartupError(f"redis.url {redact_url(r.url)}: {exc}") from exc
+
+
+async def diagnose_after_outages(
+    settings: Settings,
+    observers: list[NodeObserver],
+    *,
+    quiet: float = OUTAGE_QUIET,
+    interval: float = RECHECK_INTERVAL,
+) -> None:
+    """The start-up checks of what ``redis.url`` reaches (:func:`~ingestion.node.preflight.preflight`),
+    run again once per outage: an outage is retried, but a Redis that comes back (or first answers) with
+    a password the URL lacks, fewer databases or an ACL that denies the keys would be retried
+    forever. After a ``redis-unavailable``, ask until a server answers; the outage ends once no job
+    has seen ``redis-unavailable`` for ``quiet`` seconds.
+
+    Raises:
+        StartupError: what answered is wrong in a way retrying cannot fix (one line, exit 2).
+    """
+    r = settings.redis
+    examine = functools.partial(
+        examine_redis, r.url, [job_keys(j)["cursor"] for j in settings.node.jobs],
+        timeout=max(r.timeout_ms / 1000, PREFLIGHT_TIMEOUT), tls_ca_file=r.tls_ca_file or None,
+        tls_cert_file=r.tls_cert_file or None, tls_key_file=r.tls_key_file or None,
+    )  # fmt: skip
+    last_failure = -math.inf
+    failed = trio.Event()
+
+    def listen(event: str, _fields: dict[str, Any]) -> None:
+        nonlocal last_failure
+        if event == "redis-unavailable":
+            last_failure = trio.current_time()
+            failed.set()
+
+    unsubscribe = [o.subscribe(listen) for o in observers]
+    try:
+        while True:
+            await failed.wait()
+            while True:
+                diagnosis = await trio.to_thread.run_sync(examine, abandon_on_cancel=True)
+                if diagnosis.mistake:
+                    raise StartupError(f"redis.url {redact_url(r.url)}: {diagnosis.mistake}")
+                if diagnosis.reached:
+                    break
+                await trio.sleep(interval)
+            while True:  # the same outage, until it has been quiet that long
+                failed = trio.Event()
+                with trio.move_on_at(last_failure + quiet) as still_quiet:
+                    await failed.wait()
+                if still_quiet.cancelled_caught:
+                    break
+    finally:
+        for stop in unsubscribe:
+            stop()
+
+
+def _tell_service_manager(log: Any, state: str) -> None:
+    """``READY=1`` once serving, ``STOPPING=1`` on shutdown: for a systemd ``Type=notify`` unit."""
+    try:
+        notify(state)
+    except OSError as exc:
+        log.warning("sd-notify-failed", state=state, error=str(exc))
+
+
+def _count_history_gap(observers: dict[str, NodeObserver], action: str, fields: Any) -> None:
+    """A job's source met a history gap: the job is bound in the calling task's log context."""
+    job = structlog.contextvars.get_contextvars().get("job")
+    if job in observers:
+        observers[job].history_gap(action, **fields)
+
+
+def node_spec(settings: Settings, job: JobSettings | None = None) -> NodeSpec:
+    job = job or settings.jobs[0]
+    return NodeSpec(
+        node=settings.node.id,
+        job=job.name,
+        ttl_ms=settings.lease.ttl_ms,
+        timing=settings.lease.timing,
+        jitter=settings.lease.standby_jitter_ms / 1000,
+        start_cursor=job.start_cursor,
+        state_dir=settings.node.state_dir or None,
+        handover_after=settings.horizon.handover_after_ms / 1000,
+    )
+
+
+async def run_node_process(settings: Settings, lease_pipe: int | None = None) -> int:
+    """Host every configured job under one nursery until SIGINT/SIGTERM (exit 0) or until no job
+    is left because each stopped fatally (exit 1). A job that fails fatally stops alone. With
+    ``lease_pipe`` (a worker under ingestion/node/parent.py) each lease acquired or released is
+    reported there."""
+    configure_logging(settings.log.level, settings.log.format)
+    # Bound in the context too, so that every task's log lines carry the node (and, inside a
+    # job's tasks, the job: bound there).
+    structlog.contextvars.bind_contextvars(node=settings.node.id)
+    log = node_logger(settings.node.id, ",".join(settings.node.jobs))
+    log.info(
+        "node-starting",
+        redis=redact_url(settings.redis.url),
+        jobs=[_job_summary(j) for j in settings.jobs],
+        horizon=list(settings.horizon.urls),
+        resource=settings.horizon.resource,
+        lease_ttl_ms=settings.lease.ttl_ms,
+        renew_interval_ms=settings.lease.renew_interval_ms,
+        safety_margin_ms=settings.lease.safety_margin_ms,
+        redis_timeout_ms=settings.redis.timeout_ms,
+        min_replicas_acked=settings.redis.min_replicas_acked,
+        events_max_len=settings.events.max_len,
+        state_dir=settings.node.state_dir or None,
+        clock=getattr(trio.lowlevel.current_clock(), "name", type(trio.lowlevel.current_clock()).__name__),
+        pid=os.getpid(),
+        parent_pid=os.getppid() if lease_pipe is not None else None,
+    )
+    client: redis.Redis | None = None
+    stop_asked = False
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        stop_signals.release()  # held since start-up (ingestion/node/stop_signals.py): received here
+        async with trio.open_nursery() as nursery:  # a SIGTERM while Redis is away stops the wait
+
+            async def stop_waiting() -> None:
+                nonlocal stop_asked
+                async for _ in signals:
+                    stop_asked = True
+                    nursery.cancel_scope.cancel()
+
+            nursery.start_soon(stop_waiting)
+            client = await connect_redis(settings, log)
+            nursery.cancel_scope.cancel()
+        stop_signals.hold()  # until the next receiver (one left pending is delivered to it)
+    if client is None or stop_asked:
+        # (a signal taken just as the connection was made stops the node too: it is not lost)
+        if client is not None:
+            client.close()
+        log.info("node-stopped", reason="shutdown")
+        return 0
+    stores = {j.name: build_store(settings, j.name, client) for j in settings.jobs}
+    sinks = {j.name: build_sink(settings, j, stores[j.name]) for j in settings.jobs}
+    if lease_pipe is not None:
+        from ingestion.node.lease_reports import lease_reporter
+
+        for store in stores.values():
+            store.on_lease = lease_reporter(lease_pipe, log)
+    observers = {j.name: NodeObserver(settings.node.id, j.name) for j in settings.jobs}
+    history_gap_listener.set(functools.partial(_count_history_gap, observers))
+    fatal: dict[str, str] = {}
+    signalled = False
+    runs = [
+        JobRun(
+            stores[j.name],
+            _identified(build_source(settings, j, stores[j.name]), stores[j.name], j),
+            node_spec(settings, j),
+            node_logger(settings.node.id, j.name),
+            observers[j.name],
+            sinks[j.name],
+        )
+        for j in settings.jobs
+    ]
+
+    def on_fatal(job: str, error: str) -> None:
+        fatal[job] = error
+        node_logger(settings.node.id, job).error("job-stopped", reason="ingestion-fatal", error=error)
+
+    try:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            stop_signals.release()
+            async with trio.open_nursery() as nursery:
+
+                async def jobs_then_stop(*, task_status: trio.TaskStatus[Any]) -> None:
+                    try:
+                        await run_jobs(
+                            runs, log, registry=NodeRegistry(client), on_fatal=on_fatal,
+                            task_status=task_status,
+                        )  # fmt: skip
+                    finally:
+                        nursery.cancel_scope.cancel()
+
+                # Everything that can refuse to start does so before the node campaigns.
+                await _start_endpoints(nursery, settings, list(observers.values()), log, stores)
+                nursery.start_soon(diagnose_after_outages, settings, list(observers.values()))
+                await check_identities(settings, stores)
+                handle = await nursery.start(jobs_then_stop)
+                _tell_service_manager(log, "READY=1")
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if signalled:
+                        log.warning("shutdown-forced", signal=name)
+                        nursery.cancel_scope.cancel()
+                        break
+                    signalled = True
+                    log.info("shutdown-requested", signal=name)
+                    _tell_service_manager(log, "STOPPING=1")
+                    await handle.shutdown(name)
+    finally:
+        client.close()
+        for sink in sinks.values():
+            if sink is not None:
+                sink.close()  # type: ignore[attr-defined]
+    if fatal and not signalled:
+        log.error("node-stopped", reason="ingestion-fatal", error="; ".join(
+            f"{job}: {error}" for job, error in fatal.items()
+        ))
+        return 1
+    log.info("node-stopped", reason="shutdown")
+    return 0
+
+
+def _listen_problem(exc: OSError, key: str, host: str, port: int) -> str:
+    """One line for a listen socket that could not be bound, naming the setting and the fix."""
+    flag = "--metrics-port" if key == "metrics_port" else "--status-port"
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"observe.{key}: port {port} on {host} is already in use (another process listens "
+            f"there): choose another {flag}, or stop that process"
+        )
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"observe.listen_host: cannot listen on {host!r}: {exc.strerror or exc}: give an "
+            "address of this machine, such as 127.0.0.1 or 0.0.0.0 (INGESTION_OBSERVE_LISTEN_HOST)"
+        )
+    if exc.errno == errno.EACCES:
+        return f"observe.{key}: port {port} needs privileges: choose a port above 1023 ({flag})"
+    return f"observe.{key}: cannot listen on {host}:{port}: {exc.strerror or exc}"
+
+
+async def _bind(
+    nursery: trio.Nursery, key: str, host: str, port: int, serve: Callable[..., Awaitable[None]],
+    *args: Any,
+) -> None:
+    """Start one listening endpoint; a socket that cannot be bound is a ``StartupError``."""
+    try:
+        await nursery.start(serve, host, port, *args)
+    except* OSError as group:
+        raise StartupError(_listen_problem(_leaves(group)[0], key, host, port)) from None  # type: ignore[arg-type]
+
+
+async def _start_endpoints(
+    nursery: trio.Nursery,
+    settings: Settings,
+    observers: list[NodeObserver],
+    log: Any,
+    stores: dict[str, LeaseStore],
+) -> None:
+    """Start the metrics and status endpoints when configured (see ingestion.serve.metrics/status)."""
+    o = settings.observe
+    if o.metrics_port:
+        from ingestion.serve.metrics import serve_metrics
+
+        readers = {job: store.events_info for job, store in stores.items()}
+        await _bind(
+            nursery, "metrics_port", o.listen_host, o.metrics_port,
+            functools.partial(serve_metrics, stream_info=readers, ttl=settings.lease.ttl_ms / 1000),
+            observers, log,
+        )  # fmt: skip
+    if o.status_port:
+        from ingestion.serve.status import serve_status
+
+        await _bind(nursery, "status_port", o.listen_host, o.status_port, serve_status, observers, log)

@@ -1,0 +1,1 @@
+"""What a running node serves besides its jobs: Prometheus ``metrics`` and the WebSocket ``status``."""

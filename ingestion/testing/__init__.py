@@ -1,0 +1,13 @@
+"""A public testing kit, like ``trio.testing``: what the tests, the benchmarks and the demo build on.
+
+- ``local_redis``, ``local_postgres``: throwaway redis-server and PostgreSQL servers on loopback;
+- ``cluster``: the one harness that starts simulator and node processes and reads their JSON logs
+  (``LogLine``), with faults (signals, Redis restarts) and the exactly-once check;
+- ``processes``: the same node and simulator processes, driven from plain threads (the benchmarks);
+- ``tcp_proxy``, ``http_fault_proxy``: faults between a node and Redis or a source;
+- ``redis_ha``: Redis Sentinel groups (and the scenarios on them);
+- ``recorded``: the recorded real Horizon responses and lake objects;
+- ``wait``: waiting for a condition, and reading children's JSON lines.
+
+Shipped code: nothing here imports pytest at import time.
+"""
