@@ -266,3 +266,35 @@ def test_replay_bounds() -> None:
     assert replay_bound("2026-12-04T00:00:00Z") == "time:1796342400000"
     with pytest.raises(ValueError, match="neither"):
         replay_bound("yesterday")
+
+
+def test_the_webhooks_command_shows_status_and_asks_for_replays(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, tmp_path: Any
+) -> None:
+    import subprocess
+    import sys
+
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[redis]\nurl = "{redis_server.url}"\n[jobs.{job}-src]\nkind = "scheduled"\n'
+        f'action = "ingestion.jobs:heartbeat"\nperiod_ms = 100\n[jobs.{job}-hook]\nkind = "webhook"\n'
+        f'from = "{job}-src"\nurl = "http://user:pw@127.0.0.1:9/in"\nsecret = "{SECRET}"\n'
+    )
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "ingestion", "webhooks", "--config", str(config), *args],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    shown = run("status", "--json")
+    assert shown.returncode == 0, shown.stderr
+    (status,) = json.loads(shown.stdout)
+    assert status["job"] == f"{job}-hook" and status["state"] == "idle" and status["dead_letters"] == 0
+    assert SECRET not in shown.stdout and "pw@" not in shown.stdout
+    asked = run("replay", f"{job}-hook", "--from", "100", "--to", "2026-12-04T00:00:00Z")
+    assert asked.returncode == 0, asked.stderr
+    (entry,) = redis_client.xrange(webhook_keys(f"{job}-hook")["requests"])
+    assert entry[1]["from"] == str(100 << 32) and entry[1]["to"] == "time:1796342400000"
+    bad = run("replay", f"{job}-hook", "--from", "soon")
+    assert bad.returncode == 2 and "neither a record id" in bad.stderr

@@ -1,4 +1,4 @@
-"""The command line: ``ingestion [run|simulate|inspect|tail|watch|demo|verify|check-config] ...``.
+"""The command line: ``ingestion [run|simulate|inspect|tail|watch|demo|verify|check-config|webhooks]``.
 
 Installed as the ``ingestion`` console script and run by ``python -m ingestion``; with no
 subcommand (``python -m ingestion --node-id n1 ...``) it means ``run``.
@@ -45,6 +45,9 @@ COMMANDS: dict[str, Command] = {
     "check-config": Command(
         "ingestion.cli.check_config",
         "print every setting, resolved and validated, with where it came from",
+    ),
+    "webhooks": Command(
+        "ingestion.cli.webhooks", "the webhook jobs: status, replay, enable (the leaders carry them out)"
     ),
     "version": Command("ingestion.cli.version", "print the version"),
 }

@@ -16,7 +16,7 @@ from actors.lease_store import (
     job_keys,
 )
 from actors.source import Batch, Source, SourceFatalError, TermFenced, current_term
-from ingestion.config import JobSettings, Settings
+from ingestion.config import JobSettings, Settings, redact_url
 from ingestion.node.preflight import StartupError
 
 
@@ -30,6 +30,8 @@ def source_identity(job: JobSettings) -> str:
         if not filters:
             return "rpc (every event)"
         return "rpc " + json.dumps(filters, separators=(",", ":"), sort_keys=True)
+    if job.kind == "webhook" and job.webhook is not None:
+        return f"webhook {job.webhook.source_job} -> {redact_url(job.webhook.url)}"
     return f"scheduled {job.action}"
 
 

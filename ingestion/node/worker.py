@@ -15,7 +15,7 @@ import math
 import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis
@@ -268,7 +268,7 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
                         nursery.cancel_scope.cancel()
 
                 # Everything that can refuse to start does so before the node campaigns.
-                await _start_endpoints(nursery, settings, list(observers.values()), log, stores)
+                await _start_endpoints(nursery, settings, list(observers.values()), log, stores, runs)
                 nursery.start_soon(diagnose_after_outages, settings, list(observers.values()))
                 await check_identities(settings, stores)
                 handle = await nursery.start(jobs_then_stop)
@@ -332,16 +332,23 @@ async def _start_endpoints(
     observers: list[NodeObserver],
     log: Any,
     stores: dict[str, LeaseStore],
+    runs: Sequence[JobRun] = (),
 ) -> None:
     """Start the metrics and status endpoints when configured (see ingestion.serve.metrics/status)."""
     o = settings.observe
     if o.metrics_port:
         from ingestion.serve.metrics import serve_metrics
+        from ingestion.webhook.metrics import WebhookCollector
+        from ingestion.webhook.source import WebhookSource
 
         readers = {job: store.events_info for job, store in stores.items()}
+        hooks = {r.store.job: r.source.stats for r in runs if isinstance(r.source, WebhookSource)}
+        collectors = [WebhookCollector(hooks)] if hooks else []
         await _bind(
             nursery, "metrics_port", o.listen_host, o.metrics_port,
-            functools.partial(serve_metrics, stream_info=readers, ttl=settings.lease.ttl_ms / 1000),
+            functools.partial(
+                serve_metrics, stream_info=readers, ttl=settings.lease.ttl_ms / 1000, collectors=collectors
+            ),
             observers, log,
         )  # fmt: skip
     if o.status_port:

@@ -401,11 +401,12 @@ async def serve_metrics(
     *,
     stream_info: Mapping[str, StreamReader] | StreamReader | None = None,
     ttl: float = 5.0,
+    collectors: Sequence[Collector] = (),
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``/metrics``, ``/livez``, ``/readyz`` and ``/healthz`` on ``host:port`` until
     cancelled. ``stream_info`` reads each job's stream (and so tells whether Redis answers);
-    ``ttl`` is the lease TTL in seconds.
+    ``ttl`` is the lease TTL in seconds; ``collectors`` add job kinds' own metrics (webhooks).
 
     ``port`` 0 picks a free port. Calls ``task_status.started(port)`` with the bound port once the
     socket listens. Every connection is bounded by hypercorn's keep-alive and read timeouts.
@@ -414,6 +415,8 @@ async def serve_metrics(
         OSError: the address cannot be bound.
     """
     metrics = NodeMetrics(observer, stream_info=stream_info, ttl=ttl)
+    for collector in collectors:  # the jobs' own (the webhook jobs')
+        metrics.registry.register(collector)
     config = HypercornConfig()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None

@@ -1,0 +1,121 @@
+"""``ingestion webhooks``: the webhook jobs' endpoints, positions, lag, state and dead letters
+(``status``), and requests their leaders carry out under their own tokens (``replay``, ``enable``).
+
+Exit 0; 2 for a bad flag, an unknown job or a bound that does not parse; 1 when Redis cannot be
+read or written. Secrets are never shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from ingestion.cli.usage import OneLineParser, UsageError, setting_help
+
+
+def parser() -> argparse.ArgumentParser:
+    p = OneLineParser(
+        prog="ingestion webhooks",
+        description="The webhook jobs: status, replay, enable (docs/WEBHOOKS.md). The job's leader "
+        "carries out replays and enables, fenced; this command only asks.",
+    )
+    p.add_argument("--config", type=Path, help="TOML file (default: ./config.toml if present)")
+    p.add_argument("--redis", metavar="URL", help=setting_help("the nodes' Redis", ("redis", "url")))
+    sub = p.add_subparsers(dest="action", metavar="ACTION")
+    status = sub.add_parser("status", help="every webhook job: endpoint, position, lag, state, dead letters")
+    status.add_argument("--json", action="store_true", help="print a JSON list")
+    replay = sub.add_parser("replay", help="re-deliver a range of records, or the dead letters")
+    replay.add_argument("job", help="the webhook job")
+    replay.add_argument("--from", dest="start", metavar="ID|LEDGER|TIME", help="the first record to re-send")
+    replay.add_argument(
+        "--to", dest="end", metavar="ID|LEDGER|TIME", help="the last record (default: the newest)"
+    )
+    replay.add_argument("--dead-letters", action="store_true", help="re-deliver the dead letters instead")
+    enable = sub.add_parser("enable", help="deliver again to an endpoint disabled by 410 Gone")
+    enable.add_argument("job", help="the webhook job")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    from ingestion.config import load
+    from ingestion.webhook import admin
+
+    ns = parser().parse_args(list(argv))
+    if ns.action is None:
+        raise UsageError("webhooks: name an action: status, replay or enable")
+    flags: dict[str, dict[str, Any]] = {"redis": {"url": ns.redis}} if ns.redis else {}
+    settings = load(ns.config, os.environ, flags)
+    hooks = {j.name: j for j in settings.jobs if j.kind == "webhook" and j.webhook is not None}
+    if ns.action != "status" and ns.job not in hooks:
+        known = ", ".join(sorted(hooks)) or "none configured"
+        raise UsageError(f"webhooks {ns.action}: {ns.job!r} is not a webhook job here ({known})")
+    if ns.action == "replay":
+        if ns.dead_letters == bool(ns.start):
+            raise UsageError("webhooks replay: give --from (and maybe --to), or --dead-letters")
+        try:
+            start = admin.replay_bound(ns.start) if ns.start else ""
+            end = admin.replay_bound(ns.end) if ns.end else ""
+        except ValueError as exc:
+            raise UsageError(f"webhooks replay: {exc}") from None
+    client = settings.redis.connect()
+    try:
+        if ns.action == "status":
+            shown = []
+            for name, job in hooks.items():
+                assert job.webhook is not None
+                shown.append(admin.status(client, name, job.webhook.source_job, _redacted(job.webhook.url)))
+            _print_status(shown, ns.json)
+        elif ns.action == "replay":
+            rid = admin.request_replay(client, ns.job, start, end, dead_letters=ns.dead_letters)
+            print(
+                f"replay requested ({rid}): the leader of {ns.job} carries it out; "
+                "`webhooks status` shows it done"
+            )
+        else:
+            rid = admin.request_enable(client, ns.job)
+            print(f"enable requested ({rid}): the leader of {ns.job} delivers again once it reads it")
+    except (redis.RedisError, OSError) as exc:
+        print(f"webhooks: Redis: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    return 0
+
+
+def _redacted(url: str) -> str:
+    from ingestion.config import redact_url
+
+    return str(redact_url(url))
+
+
+def _print_status(shown: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(shown, indent=2))
+        return
+    if not shown:
+        print("no webhook job in this configuration")
+        return
+    for s in shown:
+        lag = "-" if s["lag_seconds"] is None else f"{s['lag_seconds']:.1f}s"
+        print(
+            f"{s['job']}: {s['state']} -> {s['url']} (from {s['from']}, leader {s['leader'] or 'none'}), "
+            f"position {s['position'] or '-'}, undelivered {s['undelivered']}, lag {lag}, "
+            f"dead letters {s['dead_letters']} ({s['dead_letters_replayed']} replayed), "
+            f"requests pending {s['requests_pending']}"
+        )
+        if s["state"] == "failing":
+            print(
+                f"  failing at {s['failing_record']}: {s['attempts']} attempts, "
+                f"last {s['last_status'] or s['last_error']}"
+            )
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
