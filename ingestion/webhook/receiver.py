@@ -117,8 +117,10 @@ class Receiver:
         self.posts += 1
         fault = self.fault
         if fault is not None:
-            if fault.hang:
+            if fault.hang:  # an answer that comes too late, and takes nothing
                 await trio.sleep(fault.hang)
+                await respond(send, 503, b"text/plain", b"hung on purpose")
+                return
             if fault.drop:
                 raise ConnectionAbortedError("dropped by the test")  # hypercorn closes the connection
             if fault.status:
