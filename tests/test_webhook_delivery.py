@@ -3,6 +3,7 @@ delivery with the official ``standardwebhooks`` package: order, retries, dead le
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -298,3 +299,68 @@ def test_the_webhooks_command_shows_status_and_asks_for_replays(
     assert entry[1]["from"] == str(100 << 32) and entry[1]["to"] == "time:1796342400000"
     bad = run("replay", f"{job}-hook", "--from", "soon")
     assert bad.returncode == 2 and "neither a record id" in bad.stderr
+
+
+async def test_trimming_the_source_stream_keeps_what_is_not_delivered_yet(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    source = open_store(redis_server.url, source_job, timeout=1.0, events_max_len=20)
+    await commit_source_records(source, 1, 5)
+    receiver = Receiver(SECRET, fault=Fault(status=503))  # the endpoint is down for now
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port, on_exhausted="block")
+        node = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook)
+        await wait_until(lambda: receiver.posts >= 2, 10, what="the first failed attempts")
+        for first in range(6, 300, 10):  # the source job goes on, trimming to about 20 entries
+            await commit_source_records(source, first, first + 9)
+        assert redis_client.xlen(job_keys(source_job)["events"]) >= 299  # the group held them
+        receiver.fault = None
+        await receiver.wait_for(305, 20)
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert seqs(receiver) == list(range(1, 306))
+    # once delivered, the source job's next commit trims them again
+    await commit_source_records(source, 306, 306)
+    assert redis_client.xlen(job_keys(source_job)["events"]) < 200
+
+
+async def test_tls_is_verified_against_the_configured_ca(
+    redis_server: LocalRedis, job: str, open_store: OpenStore, tmp_path: Any
+) -> None:
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    source_job = f"{job}-src"
+    await commit_source_records(open_store(redis_server.url, source_job), 1, 3)
+    receiver = Receiver(SECRET)
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(
+            functools.partial(serve_receiver, receiver, certfile=str(tmp_path / "cert.pem"),
+                              keyfile=str(tmp_path / "key.pem"))
+        )  # fmt: skip
+        # the system's CAs do not know this certificate: every attempt fails, none is accepted
+        untrusted, _ = webhook(open_store, redis_server.url, source_job, f"{job}-a", port,
+                               on_exhausted="block")  # fmt: skip
+        untrusted.url = untrusted.url.replace("http://", "https://")
+        a = await start_node(nursery, rec, redis_server.url, f"{job}-a", "a", untrusted)
+        await wait_until(lambda: untrusted.stats.attempts.get("error", 0) >= 2, 10, what="refused TLS")
+        await a.shutdown()
+        assert receiver.posts == 0
+        trusted, _ = webhook(open_store, redis_server.url, source_job, f"{job}-b", port,
+                             verify=ssl.create_default_context(cafile=str(tmp_path / "ca.pem")))  # fmt: skip
+        trusted.url = trusted.url.replace("http://", "https://")
+        b = await start_node(nursery, rec, redis_server.url, f"{job}-b", "b", trusted)
+        await receiver.wait_for(3, 10)
+        await b.shutdown()
+        nursery.cancel_scope.cancel()
+    assert seqs(receiver) == [1, 2, 3]

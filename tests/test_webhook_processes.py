@@ -89,14 +89,12 @@ async def test_every_record_arrives_once_in_order_through_kills_pauses_and_a_hos
                 await delivered_more(receiver, 10)
 
             # caught up: the position at the source stream's last record, at some moment
-            async def caught_up() -> bool:
+            def caught_up() -> bool:
                 last = cluster.client.xrevrange(job_keys(job)["events"], count=1)
                 position = cluster.client.hget(job_keys(hook)["cursor"], "cursor")
                 return bool(last) and position == last[0][1]["paging_token"]
 
-            with trio.fail_after(60):
-                while not await caught_up():
-                    await trio.sleep(0.05)
+            await wait_until(caught_up, 60, what="the deliverer at the source's last record")
             position = cluster.client.hget(job_keys(hook)["cursor"], "cursor")
             source = [
                 f["paging_token"] for _id, f in cluster.client.xrange(job_keys(job)["events"])

@@ -150,10 +150,13 @@ def _open_db(path: str) -> sqlite3.Connection:
 
 async def serve_receiver(
     receiver: Receiver, host: str = "127.0.0.1", port: int = 0,
-    *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+    *, certfile: str | None = None, keyfile: str | None = None,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:  # fmt: skip
-    """Serve ``receiver`` on ``host:port`` (0: a free port, told through ``task_status``)."""
+    """Serve ``receiver`` on ``host:port`` (0: a free port, told through ``task_status``), over
+    TLS with ``certfile`` and ``keyfile``."""
     config = HypercornConfig()
+    config.certfile, config.keyfile = certfile, keyfile
     config.bind = [f"{host}:{port}"]
     config.accesslog = None
     config.errorlog = None

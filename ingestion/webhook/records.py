@@ -146,7 +146,8 @@ class StreamRecords:
         await self.store.run(lambda: client.xread({self.key: start}, count=1, block=block_ms))
 
     async def hold(self, position: str) -> None:
-        if position == self._held or position in ("0", "0-0"):
+        position = "0-0" if position == "0" else position
+        if position == self._held:
             return
         client = self.store.client
 

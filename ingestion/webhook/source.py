@@ -58,6 +58,7 @@ USER_AGENT = "ingestion-webhooks/1"
 READ_PAGE = 1000  # records read from the source job's store at a time
 REQUESTS_EVERY = 1.0  # seconds between looks at the operators' requests while delivering
 DISABLED_POLL = 1.0  # seconds between looks while the endpoint is disabled
+HOLD_EVERY = 1.0  # seconds between moves of the source stream's retention floor (one call)
 
 
 def webhook_keys(job: str) -> dict[str, str]:
@@ -149,6 +150,7 @@ class WebhookSource:
         self.stats.oldest_undelivered_ms = None
         try:
             position = await self.records.locate(cursor)
+            await self.records.hold(position)  # retention keeps what this term has yet to deliver
             keys = webhook_keys(self.job)
             endpoint = await self.store.run(lambda: self.store.client.hgetall(keys["endpoint"]))
             if _text(endpoint.get(b"state", endpoint.get("state", b""))) == "disabled":
@@ -186,6 +188,7 @@ class WebhookSource:
 
                 nursery.start_soon(dispatch)
                 nursery.start_soon(self._serve_requests, client, term)
+                next_hold = trio.current_time() + HOLD_EVERY
                 async for _ in done_recv:
                     finished = window.take_done()
                     if not finished:
@@ -198,6 +201,9 @@ class WebhookSource:
                     self._committed(done)
                     if self.concurrency == 1:
                         slots.release()
+                    if trio.current_time() >= next_hold:  # the retention floor, behind what is committed
+                        await self.records.hold(done[-1][0].stored[-1].position)
+                        next_hold = trio.current_time() + HOLD_EVERY
         finally:
             self.stats.state = "idle"
 
@@ -215,7 +221,7 @@ class WebhookSource:
 
     async def _read(self, position: str, units: trio.MemorySendChannel[Unit]) -> None:
         """Read the source job's records after ``position`` and hand them on as units, waiting at
-        the end for more; keeps the retention floor at what was read and confirmed delivered."""
+        the end for more."""
         async with units:
             while True:
                 page = await self.records.read(position, READ_PAGE)
@@ -228,7 +234,6 @@ class WebhookSource:
                     if self.stats.oldest_undelivered_ms is None:
                         self.stats.oldest_undelivered_ms = unit.stored[0].committed_ms
                     await units.send(unit)
-                await self.records.hold(position)  # (only what the previous page left behind)
                 position = page[-1].position
 
     def _unit(self, stored: Sequence[Stored]) -> Unit:
