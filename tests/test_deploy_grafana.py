@@ -15,7 +15,7 @@ import trio
 from ingestion.testing.cluster import open_cluster
 from ingestion.testing.local_redis import free_port
 from ingestion.webhook.receiver import Receiver, serve_receiver
-from tests.deploy_tools import DEPLOY, require_tool
+from tests.deploy_tools import DEPLOY, require_tool, unknown_metrics
 
 DASHBOARD = DEPLOY / "grafana" / "ingestion.json"
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -48,6 +48,10 @@ def test_the_dashboard_shows_what_issue_24_asks_for() -> None:
                    "ingestion_webhook_endpoint_state"):  # fmt: skip
         assert metric in exprs
     assert "job)" not in exprs.replace("ingestion_job)", "")  # never Prometheus's own job label
+
+
+def test_every_metric_a_panel_queries_is_one_a_node_serves() -> None:
+    assert not unknown_metrics(" ".join(panel_queries().values()))
 
 
 async def query(client: httpx.AsyncClient, base: str, expr: str) -> list[Any]:
