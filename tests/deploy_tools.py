@@ -4,6 +4,7 @@ must have (scripts/setup installs them) but a developer's machine may lack."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -22,3 +23,16 @@ def require_tool(name: str, package: str) -> str:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+def unknown_metrics(expr_text: str) -> set[str]:
+    """The ``ingestion_*`` names a PromQL text queries that no node serves (as the reference lists
+    them: ``python -m ingestion.cli.reference``; a histogram's ``_bucket``, ``_sum``, ``_count``)."""
+    from ingestion.cli.reference import metric_families
+
+    known = set()
+    for name, kind, _, _ in metric_families():
+        known.add(name)
+        if kind == "histogram":
+            known |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    return set(re.findall(r"\bingestion_[a-z_]+", expr_text)) - known - {"ingestion_job"}

@@ -7,7 +7,7 @@ import subprocess
 
 import yaml
 
-from tests.deploy_tools import DEPLOY, require_tool
+from tests.deploy_tools import DEPLOY, require_tool, unknown_metrics
 
 RULES = DEPLOY / "prometheus" / "alerts.yml"
 RULE_TESTS = DEPLOY / "prometheus" / "alerts_test.yml"
@@ -54,3 +54,8 @@ def test_every_alert_is_there_and_has_a_test_in_which_it_fires() -> None:
         if case.get("exp_alerts")
     }
     assert fired == alerts()
+
+
+def test_every_metric_an_alert_queries_is_one_a_node_serves() -> None:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    assert not unknown_metrics(" ".join(rule["expr"] for group in groups for rule in group["rules"]))

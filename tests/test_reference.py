@@ -50,3 +50,9 @@ def test_every_redis_key_and_metric_is_listed() -> None:
             "ingestion_redis_up", "ingestion_consumer_group_lag_entries"} <= names  # fmt: skip
     labels = {name: labels for name, _, labels, _ in reference.metric_families()}
     assert labels["ingestion_consumer_group_lag_entries"] == ["ingestion_job", "group"]
+    # the webhook jobs' own collector (deploy/prometheus and deploy/grafana query these)
+    assert labels["ingestion_webhook_delivered_total"] == ["ingestion_job"]
+    assert labels["ingestion_webhook_attempts_total"] == ["ingestion_job", "outcome"]
+    assert labels["ingestion_webhook_dead_letters_total"] == ["ingestion_job"]
+    assert labels["ingestion_webhook_lag_seconds"] == ["ingestion_job"]
+    assert labels["ingestion_webhook_endpoint_state"] == ["ingestion_job", "state"]

@@ -11,7 +11,9 @@ Every table is read from where the thing is defined, so the reference cannot dri
   ``<logger>.<level>("event-name", field=...)`` call whose receiver is a logger (its expression
   names a ``log``), and every pure core's ``Note(level, "event-name", {...})`` that its shell logs;
 - metrics from a node's own Prometheus registry (:class:`ingestion.metrics.NodeMetrics`), fed a
-  made-up node whose every gauge has a value, so that each metric shows its labels.
+  made-up node whose every gauge has a value, so that each metric shows its labels, with the
+  webhook jobs' collector (:class:`ingestion.webhook.metrics.WebhookCollector`) registered as a
+  node hosting a webhook job registers it.
 
 ``tests/test_reference.py`` regenerates it and fails when ``docs/REFERENCE.md`` differs.
 """
@@ -301,6 +303,8 @@ def metric_families() -> list[tuple[str, str, list[str], str]]:
     from actors.lease_store import GroupInfo, StreamInfo
     from actors.observe import NodeObserver
     from ingestion.serve.metrics import NodeMetrics
+    from ingestion.webhook.metrics import WebhookCollector
+    from ingestion.webhook.source import WebhookStats
 
     observer = NodeObserver(
         node="n", job="J", role="leader", token=1, ingest_deadline=1.0, source_lag_seconds=0.0,
@@ -311,6 +315,7 @@ def metric_families() -> list[tuple[str, str, list[str], str]]:
         return StreamInfo(1, 1, "0-1", "0-1", (GroupInfo("g", 1, 0, 0, "0-1"),))
 
     metrics = NodeMetrics(observer, clock=lambda: 0.0, stream_info={"J": stream}, ttl=1.0)
+    metrics.registry.register(WebhookCollector({"J": WebhookStats(state="ok")}))
     trio.run(metrics.refresh)
     rows = []
     for family in metrics.registry.collect():
@@ -330,7 +335,9 @@ def metrics_section() -> Iterator[str]:
     yield ""
     yield (
         "Served on `--metrics-port` at `/metrics` (Prometheus text format), from each node's own "
-        "registry (`ingestion/serve/metrics.py`). The per-job label is `ingestion_job`. Besides these, "
+        "registry (`ingestion/serve/metrics.py`; the `ingestion_webhook_*` metrics, from "
+        "`ingestion/webhook/metrics.py`, on a node hosting a webhook job). The per-job label is "
+        "`ingestion_job`. Besides these, "
         "the standard collectors' `process_*`, `python_info` and `python_gc_*`. The probes "
         "`/livez`, `/readyz` and `/healthz` share the port (docs/OPERATIONS.md)."
     )
