@@ -16,6 +16,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -129,6 +130,67 @@ async def _latency(url: str, source_job: str, job: str, port: int, receiver: Rec
     return samples
 
 
+def standby_cost(url: str, jobs: int = 10, seconds: float = 30.0, ttl_ms: int = 5000) -> dict[str, Any]:
+    """Redis commands per second a standby node hosting ``jobs`` webhook jobs sends, per job: the
+    harness holds every lease (renewing them as a leader would) and counts, with ``MONITOR``,
+    what the node sends."""
+    import os
+    import subprocess
+    import tempfile
+
+    import redis as redis_py
+
+    from benchmarks.standby import _Monitor, _script_names
+
+    client = redis_py.Redis.from_url(url)
+    names = [f"hook{i}" for i in range(jobs)]
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "config.toml"
+        tables = "".join(
+            f'[jobs.{n}]\nkind = "webhook"\nfrom = "src"\nurl = "http://127.0.0.1:9/"\nsecret = "{SECRET}"\n'
+            for n in names
+        )
+        config.write_text(
+            f"[node]\njob = {json.dumps(names)}\n[lease]\nttl_ms = {ttl_ms}\n"
+            '[jobs.src]\nkind = "scheduled"\naction = "ingestion.jobs:heartbeat"\nperiod_ms = 1000\n' + tables
+        )
+        for n in names:
+            client.set(f"ingestion:{{{n}}}:token", 1)
+            client.set(f"ingestion:{{{n}}}:lease", "1|harness-leader", px=60_000)
+        node = subprocess.Popen(
+            [sys.executable, "-m", "ingestion", "--config", str(config), "--node-id", "standby",
+             "--redis", url, "--log-format", "json"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ},
+        )  # fmt: skip
+        mon = _Monitor(url, _script_names(), {client.client_info()["addr"]})
+        try:
+            time.sleep(5.0)  # start-up, the first campaigns
+            mon.start()
+            time.sleep(0.5)
+            mon.counting = True
+            started = time.monotonic()
+            while time.monotonic() < started + seconds:
+                for n in names:
+                    client.pexpire(f"ingestion:{{{n}}}:lease", ttl_ms)
+                time.sleep(ttl_ms / 5000)
+            mon.counting = False
+            elapsed = time.monotonic() - started
+            assert node.poll() is None, "the standby node exited"
+            for n in names:
+                assert client.get(f"ingestion:{{{n}}}:lease") == b"1|harness-leader", "a standby took a lease"
+        finally:
+            mon.stop()
+            node.terminate()
+            node.wait(10)
+            client.close()
+    sent = sum(mon.sent.values())
+    return {
+        "jobs": jobs, "ttl_ms": ttl_ms, "seconds": round(elapsed, 1),
+        "commands_per_s_per_job": round(sent / elapsed / jobs, 3),
+        "by_command_per_s": {k: round(v / elapsed, 3) for k, v in sorted(mon.sent.items())},
+    }  # fmt: skip
+
+
 def _p(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -159,6 +221,8 @@ async def main_async(records: int, rounds: int) -> dict[str, Any]:
                 })  # fmt: skip
                 print(json.dumps(out["rounds"][-1]), file=sys.stderr)
             lat = await _latency(redis_server.url, "live", "live-hook", port, receiver, 300)
+            out["standby"] = await trio.to_thread.run_sync(standby_cost, redis_server.url)
+            print(json.dumps(out["standby"]), file=sys.stderr)
             out["latency_ms"] = {
                 "p50": round(_p(lat, 0.5), 2), "p99": round(_p(lat, 0.99), 2),
                 "max": round(max(lat), 2), "mean": round(statistics.mean(lat), 2),

@@ -206,6 +206,7 @@ class WebhookSource:
                         next_hold = trio.current_time() + HOLD_EVERY
         finally:
             self.stats.state = "idle"
+            self.stats.oldest_undelivered_ms = None  # a standby shows no lag of its own
 
     def _committed(self, done: Sequence[tuple[Unit, str, dict[str, Any]]]) -> None:
         for _ in done:
