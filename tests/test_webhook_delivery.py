@@ -79,6 +79,7 @@ async def test_records_arrive_signed_in_order_once_and_the_position_is_committed
         nursery.cancel_scope.cancel()
     assert seqs(receiver) == list(range(1, 51))
     assert receiver.refused_signature == 0 and receiver.duplicates == 0
+    assert len(receiver.peers) == 1  # one connection, kept alive: answers are read to their end
     assert receiver.ids()[0] == f"{source_job}:{SyntheticSource.token_of(1)}"
     body = json.loads(receiver.db.execute("SELECT body FROM deliveries LIMIT 1").fetchone()[0])
     assert body[0]["type"] == "ingestion.scheduled.run"

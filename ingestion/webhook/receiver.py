@@ -50,6 +50,7 @@ class Receiver:
     fault: Fault | None = None
     answer_delay: float = 0.0
     posts: int = 0  # every POST that reached the app
+    peers: set[tuple[str, int]] = attrs.Factory(set)  # the senders' (host, port): their connections
     refused_stale: int = 0  # refused for a fencing token below the highest accepted
     refused_signature: int = 0
     duplicates: int = 0  # acknowledged again without a write (same webhook-id)
@@ -115,6 +116,8 @@ class Receiver:
             if not message.get("more_body"):
                 break
         self.posts += 1
+        if scope.get("client"):
+            self.peers.add(tuple(scope["client"]))  # type: ignore[arg-type]
         fault = self.fault
         if fault is not None:
             if fault.hang:  # an answer that comes too late, and takes nothing

@@ -325,11 +325,13 @@ class WebhookSource:
             try:
                 async with client.stream("POST", self.url, content=unit.body, headers=headers) as resp:
                     status = resp.status_code
-                    if not 200 <= status < 300:
-                        async for chunk in resp.aiter_raw():
-                            excerpt += chunk
-                            if len(excerpt) >= EXCERPT_BYTES:
-                                break
+                    # Read the answer to its end when it is small (a connection whose answer was
+                    # left unread is closed, not reused: every POST would connect anew), never
+                    # more than EXCERPT_BYTES of it.
+                    async for chunk in resp.aiter_raw():
+                        excerpt += chunk
+                        if len(excerpt) >= EXCERPT_BYTES:
+                            break
                     if status in (429, 503):
                         retry_after = parse_retry_after(resp.headers.get("retry-after"), time.time())
             except httpx.HTTPError as exc:
@@ -337,7 +339,8 @@ class WebhookSource:
                     return Attempt(None, describe(exc), None, "")
         if scope.cancelled_caught and status is None:
             return Attempt(None, f"timed out: no answer within {self.timeout:g} s", None, "")
-        text = excerpt[:EXCERPT_BYTES].decode("utf-8", "replace")
+        ok = status is not None and 200 <= status < 300
+        text = "" if ok else excerpt[:EXCERPT_BYTES].decode("utf-8", "replace")
         return Attempt(status, "" if status else "no answer", retry_after, text)
 
     # -- the endpoint's state and the operators' requests -----------------------------------------
