@@ -105,7 +105,7 @@ async def test_every_record_arrives_once_in_order_through_kills_pauses_and_a_hos
     delivered = [r["paging_token"] for r in receiver.records()]
     upto = source[: source.index(position) + 1]
     assert delivered[: len(upto)] == upto  # each once, first accepted in the source's order
-    assert receiver.refused_signature == 0
+    assert receiver.refused_signature == 0, receiver.refusals
     figure(
         "webhook_failovers", records=len(upto), failovers=failovers, duplicates=receiver.duplicates,
         stale_refused=receiver.refused_stale, posts=receiver.posts,

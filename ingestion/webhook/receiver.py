@@ -53,6 +53,7 @@ class Receiver:
     peers: set[tuple[str, int]] = attrs.Factory(set)  # the senders' (host, port): their connections
     refused_stale: int = 0  # refused for a fencing token below the highest accepted
     refused_signature: int = 0
+    refusals: list[str] = attrs.Factory(list)  # why, for each delivery whose signature was refused
     duplicates: int = 0  # acknowledged again without a write (same webhook-id)
     received_at: dict[str, float] = attrs.Factory(dict)  # webhook-id -> wall time first accepted
     _changed: trio.Event = attrs.Factory(trio.Event)
@@ -67,6 +68,7 @@ class Receiver:
             payload = self.verifier.verify(body, headers)
         except WebhookVerificationError as exc:
             self.refused_signature += 1
+            self.refusals.append(f"{headers.get('webhook-id')}: {exc}")
             return 401, f"signature: {exc}".encode()
         msg_id = headers["webhook-id"]
         token = int(headers.get("webhook-fencing-token", "0"))
@@ -112,6 +114,8 @@ class Receiver:
         body = b""
         while True:
             message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the sender went away mid-request (killed, timed out): nothing to take
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
