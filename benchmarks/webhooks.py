@@ -191,6 +191,64 @@ def standby_cost(url: str, jobs: int = 10, seconds: float = 30.0, ttl_ms: int = 
     }  # fmt: skip
 
 
+async def close_to_received(url: str, receiver: Receiver, port: int, trials: int = 100) -> dict[str, Any]:
+    """Ledger close -> received: a node process follows the simulator's stream (from ``now``)
+    and, as a second job of the same node, delivers its records to the in-process receiver; the
+    harness closes one ledger at a time and notes when the receiver has all of its records."""
+    import random
+    import tempfile
+
+    from ingestion.testing.processes import NodeProcess, Simulator
+
+    ops = 20
+    sim = await trio.to_thread.run_sync(lambda: Simulator.start(history_ledgers=10, ops_per_ledger=ops))
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "config.toml"
+        config.write_text(
+            '[jobs.live]\nkind = "horizon"\nresource = "/operations"\n'
+            f'[jobs.live-push]\nkind = "webhook"\nfrom = "live"\nurl = "http://127.0.0.1:{port}/"\n'
+            f'secret = "{SECRET}"\nstart = "now"\n'
+        )
+        node = await trio.to_thread.run_sync(
+            lambda: NodeProcess.start(
+                "push",
+                redis_url=url,
+                horizon=sim.url,
+                ttl_ms=5000,
+                start_cursor="now",
+                job="live",
+                extra=["--config", str(config), "--job", "live-push"],
+            )
+        )
+        samples: list[float] = []
+        try:
+            await trio.to_thread.run_sync(lambda: node.event("became-leader", timeout=30))
+            await trio.sleep(2.0)  # both jobs led, the stream open
+            async with httpx.AsyncClient(timeout=10) as http:
+                for i in range(trials + 3):
+                    await trio.sleep(random.uniform(0.02, 0.06))
+                    closed_at = time.time()
+                    answer = await http.post(f"{sim.url}/_simulator/ledgers", json={"count": 1})
+                    seq = int(answer.json()["latest_ledger"])
+
+                    def arrived(seq: int = seq) -> list[float]:
+                        return [t for i, t in receiver.received_at.items()
+                                if i.startswith("live:") and int(i[5:]) >> 32 == seq]  # fmt: skip
+
+                    with trio.fail_after(15):
+                        while len(arrived()) < ops:  # noqa: ASYNC110 (the receiver has no event per record)
+                            await trio.sleep(0.0005)
+                    if i >= 3:
+                        samples.append((max(arrived()) - closed_at) * 1000)
+        finally:
+            await trio.to_thread.run_sync(node.stop)
+            await trio.to_thread.run_sync(sim.stop)
+    return {
+        "trials": trials, "ops_per_ledger": ops, "p50_ms": round(_p(samples, 0.5), 1),
+        "p99_ms": round(_p(samples, 0.99), 1), "max_ms": round(max(samples), 1),
+    }  # fmt: skip
+
+
 def _p(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -221,6 +279,8 @@ async def main_async(records: int, rounds: int) -> dict[str, Any]:
                 })  # fmt: skip
                 print(json.dumps(out["rounds"][-1]), file=sys.stderr)
             lat = await _latency(redis_server.url, "live", "live-hook", port, receiver, 300)
+            out["close_to_received"] = await close_to_received(redis_server.url, receiver, port)
+            print(json.dumps(out["close_to_received"]), file=sys.stderr)
             out["standby"] = await trio.to_thread.run_sync(standby_cost, redis_server.url)
             print(json.dumps(out["standby"]), file=sys.stderr)
             out["latency_ms"] = {

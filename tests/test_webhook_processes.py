@@ -7,6 +7,7 @@ connections; at the end the receiver holds every record of the source job exactl
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -101,6 +102,9 @@ async def test_every_record_arrives_once_in_order_through_kills_pauses_and_a_hos
             ]
             verification = await cluster.verify()
             assert verification.ok, verification.summary()
+            logged = [json.dumps(line.fields) for line in cluster.log.lines]
+            logged += [text for _name, text in cluster.log.raw]
+            assert not [line for line in logged if SECRET[6:] in line]  # the secret is never logged
         outer.cancel_scope.cancel()
     delivered = [r["paging_token"] for r in receiver.records()]
     upto = source[: source.index(position) + 1]
