@@ -55,6 +55,7 @@ class Receiver:
     refused_signature: int = 0
     refusals: list[str] = attrs.Factory(list)  # why, for each delivery whose signature was refused
     duplicates: int = 0  # acknowledged again without a write (same webhook-id)
+    stored: int = 0  # records written (a batch counts its records)
     received_at: dict[str, float] = attrs.Factory(dict)  # webhook-id -> wall time first accepted
     _changed: trio.Event = attrs.Factory(trio.Event)
     verifier: Webhook = attrs.field(init=False)
@@ -86,6 +87,7 @@ class Receiver:
         if cur.rowcount == 0:
             self.duplicates += 1
         else:
+            self.stored += len(items)
             self.received_at[msg_id] = time.time()
         self._changed.set()
         self._changed = trio.Event()
@@ -104,12 +106,19 @@ class Receiver:
     async def wait_for(self, count: int, within: float) -> None:
         """Until ``count`` records are stored (bounded)."""
         with trio.fail_after(within):
-            while len(self.records()) < count:
+            while self.stored < count:
                 await self._changed.wait()
 
     async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await serve_lifespan(receive, send)
+            return
+        if scope.get("method") == "GET" and scope.get("path") == "/_receiver/stats":
+            stats = {
+                "posts": self.posts, "stored": self.stored, "duplicates": self.duplicates,
+                "refused_stale": self.refused_stale, "refused_signature": self.refused_signature,
+            }  # fmt: skip
+            await respond(send, 200, b"application/json", json.dumps(stats).encode())
             return
         body = b""
         while True:
@@ -173,3 +182,38 @@ async def serve_receiver(
     async with trio.open_nursery() as nursery:
         binds: list[str] = await nursery.start(functools.partial(serve, app, config, mode="asgi"))  # type: ignore[arg-type]
         task_status.started(int(binds[0].rsplit(":", 1)[-1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ingestion.webhook.receiver --port N``: serve the example receiver (its secret
+    from ``WEBHOOK_SECRET``) until interrupted; prints ``{"event": "receiver-listening", "port"}``
+    once it listens, and answers ``GET /_receiver/stats``."""
+    import argparse
+    import os
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m ingestion.webhook.receiver", description=main.__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--answer-delay-ms", type=float, default=0.0)
+    ns = parser.parse_args(argv)
+    secret = os.environ.get("WEBHOOK_SECRET", "")
+    if not secret:
+        print("python -m ingestion.webhook.receiver: set WEBHOOK_SECRET (whsec_...)", file=sys.stderr)
+        return 2
+    receiver = Receiver(secret, answer_delay=ns.answer_delay_ms / 1000)
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(functools.partial(serve_receiver, receiver, ns.host, ns.port))
+            print(json.dumps({"event": "receiver-listening", "port": port}), flush=True)
+
+    try:
+        trio.run(run)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -36,7 +36,7 @@ import trio
 from actors.cursor_order import token_key
 from actors.lease_store import CommitRejected, LeaseStore
 from actors.source import Batch, Record, TermContext, TermFenced, current_term
-from ingestion.common.http import describe
+from ingestion.common.http import describe, ssl_context
 from ingestion.common.retry import parse_retry_after
 from ingestion.webhook.core import (
     DELIVERED,
@@ -128,7 +128,7 @@ class WebhookSource:
     concurrency: int = 1
     connect_timeout: float = 2.0
     timeout: float = 15.0
-    verify: ssl.SSLContext | bool = True
+    verify: ssl.SSLContext | bool = attrs.Factory(ssl_context)  # one context per process (http.py)
     stats: WebhookStats = attrs.Factory(WebhookStats)
     rng: random.Random = attrs.Factory(random.Random)
     # commit time of each unit read and not yet committed (the delivery lag), in source order
