@@ -242,10 +242,7 @@ async def inspect_all(
                 sinks[name] = await postgres_state(url, settings.sink.schema, name)
                 state = _with_sink(state, sinks[name])
             states.append((state, await store.events_info()))
-    except RedisUnavailable as exc:
-        print(f"ingestion: cannot read the jobs: {exc}", file=sys.stderr)
-        return 1
-    except SinkUnreadable as exc:
+    except (RedisUnavailable, SinkUnreadable) as exc:
         print(f"ingestion: cannot read the jobs: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -342,10 +339,7 @@ async def inspect_job(
         state = await store.state(audit_count)
         stream = await store.events_info()
         source = await leader_source(store, state.leader)
-    except RedisUnavailable as exc:
-        print(f"ingestion: cannot read job {job!r}: {exc}", file=sys.stderr)
-        return 1
-    except SinkUnreadable as exc:
+    except (RedisUnavailable, SinkUnreadable) as exc:
         print(f"ingestion: cannot read job {job!r}: {exc}", file=sys.stderr)
         return 1
     finally:
