@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +30,7 @@ import redis
 
 from benchmarks.procs import cpu_line, cpu_snapshot, cpu_usage, memory_kib, percentile, redis_pid
 from ingestion.rpc.protocol import Cursor
+from ingestion.testing.launch import simulator_command
 from ingestion.testing.processes import NodeProcess, _readline_within, stop_process
 
 
@@ -41,10 +41,7 @@ class RpcSimulator:
 
     @classmethod
     def start(cls, *args: str) -> RpcSimulator:
-        command = [
-            sys.executable, "-m", "ingestion", "simulate", "--port", "0", "--rpc-port", "0",
-            "--rpc-max-healthy-latency", "0", *args,
-        ]  # fmt: skip
+        command = simulator_command(rpc=True, extra=["--rpc-max-healthy-latency", "0", *args])
         proc = subprocess.Popen(command, stdout=subprocess.PIPE)
         line = _readline_within(proc, 300)
         try:

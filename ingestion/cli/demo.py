@@ -21,12 +21,9 @@ child is stopped on the way out, Ctrl-C included.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
-import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 from typing import TextIO
@@ -36,7 +33,16 @@ import redis
 import trio
 
 from actors.lease_store import connect, job_keys
-from ingestion.testing.cluster import LogLine
+from ingestion.testing.cluster import Child, EventLog, spawn
+from ingestion.testing.launch import (
+    LISTENING,
+    LogLine,
+    joined,
+    kill_remaining,
+    node_command,
+    simulator_command,
+    terminate,
+)
 from ingestion.testing.local_postgres import LocalPostgres, server_bin
 from ingestion.testing.local_redis import LocalRedis, RedisServerMissing
 from ingestion.verify import (
@@ -101,10 +107,12 @@ class Demo:
     rpc: str = ""
     config_dir: str = ""
     postgres: LocalPostgres | None = None  # a job on PostgreSQL too, when it is installed
-    lines: list[LogLine] = attrs.Factory(list)
-    procs: dict[str, trio.Process] = attrs.Factory(dict)
+    log: EventLog = attrs.Factory(EventLog)
+    procs: dict[str, Child] = attrs.Factory(dict)
     every: list[trio.Process] = attrs.Factory(list)
-    _changed: trio.Event = attrs.Factory(trio.Event)
+
+    def __attrs_post_init__(self) -> None:
+        self.log.echo = self._show
 
     # -- output ---------------------------------------------------------------------------------
 
@@ -132,56 +140,22 @@ class Demo:
 
     # -- processes ------------------------------------------------------------------------------
 
-    async def _spawn(self, nursery: trio.Nursery, name: str, args: list[str]) -> trio.Process:
-        process = await trio.lowlevel.open_process(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self.procs[name] = process
-        self.every.append(process)
-        nursery.start_soon(self._read, name, process)
-        return process
-
-    async def _read(self, name: str, process: trio.Process) -> None:
-        assert process.stdout is not None
-        buffer = b""
-        while True:
-            try:
-                data = await process.stdout.receive_some(65536)
-            except (trio.ClosedResourceError, trio.BrokenResourceError):
-                data = b""
-            if not data:
-                return
-            *complete, buffer = (buffer + data).split(b"\n")
-            for raw in complete:
-                try:
-                    obj = json.loads(raw)
-                except ValueError:
-                    continue  # a traceback or a warning: not part of the show
-                if isinstance(obj, dict) and "event" in obj:
-                    line = LogLine(trio.current_time(), name, str(obj.pop("event")), obj)
-                    self.lines.append(line)
-                    self._show(line)
-                    self._changed.set()
-                    self._changed = trio.Event()
+    async def _spawn(self, nursery: trio.Nursery, name: str, args: list[str]) -> Child:
+        """The child ``name``: its JSON lines are shown as they come (a traceback or a warning is
+        not part of the show)."""
+        child = await spawn(nursery, name, args, self.log)
+        self.procs[name] = child
+        self.every.append(child.process)
+        return child
 
     async def wait_for(
         self, event: str, *, since: float, node: str | None = None, job: str | None = None
     ) -> LogLine:
+        fields = {} if job is None else {"job": job}
         with trio.fail_after(STEP_TIMEOUT):
-            while True:
-                for line in self.lines:
-                    if (
-                        line.event == event
-                        and line.at >= since
-                        and node in (None, line.node)
-                        and job in (None, line.fields.get("job"))
-                    ):
-                        return line
-                await self._changed.wait()
+            while not (found := self.log.of(event, node, since=since, **fields)):
+                await self.log.changed()
+            return found[0]
 
     @property
     def job_specs(self) -> list[tuple[str, str]]:
@@ -219,28 +193,21 @@ class Demo:
         return ["--config", path, *(a for job in self._other_jobs() for a in ("--job", job))]
 
     def node_args(self, name: str) -> list[str]:
-        jobs = [f for job, res in self.job_specs for f in ("--job", f"{job}={res}")]
-        return [
-            sys.executable, "-m", "ingestion",
-            "--node-id", name,
-            *jobs,
-            *self.write_config(),
-            "--redis", self.redis.url,
-            "--horizon", self.horizon,
-            "--start-cursor", "0",
-            "--lease-ttl-ms", str(self.ttl_ms),
-            "--log-format", "json",
-        ]  # fmt: skip
+        return node_command(
+            name,
+            jobs=[f"{job}={res}" for job, res in self.job_specs],
+            redis_url=self.redis.url,
+            horizon=self.horizon,
+            ttl_ms=self.ttl_ms,
+            extra=self.write_config(),
+        )
 
     async def start_node(self, nursery: trio.Nursery, name: str) -> None:
         since = trio.current_time()
         await self._spawn(nursery, name, self.node_args(name))
         with trio.fail_after(STEP_TIMEOUT):
-            while not any(
-                ln.node == name and ln.at >= since and ln.event in ("became-leader", "standby")
-                for ln in self.lines
-            ):
-                await self._changed.wait()
+            while not any(joined(ln, name, since) for ln in self.log.lines):
+                await self.log.changed()
 
     def _read_state(self) -> tuple[int, str | None, str | None]:
         """(events, cursor, lease holder) read now; blocking, so run it in a thread."""
@@ -337,11 +304,9 @@ class Demo:
         await self._spawn(
             nursery,
             "horizon",
-            [sys.executable, "-m", "ingestion", "simulate", "--port", "0",
-             "--ledger-interval", "0.2", "--ops-per-ledger", "10", "--history-ledgers", "20",
-             *(["--rpc-port", "0"] if self.rpc_job else [])],
-        )  # fmt: skip
-        listening = await self.wait_for("simulator-listening", since=since, node="horizon")
+            simulator_command(ledger_interval=0.2, ops_per_ledger=10, history_ledgers=20, rpc=self.rpc_job),
+        )
+        listening = await self.wait_for(LISTENING, since=since, node="horizon")
         self.horizon = str(listening.fields["url"])
         self.say("demo", "horizon-simulator", f"{self.horizon} (a ledger every 0.2 s)")
         if self.rpc_job:
@@ -366,11 +331,7 @@ class Demo:
             bold=True,
         )
         killed_at = trio.current_time()
-        self.procs[leader].kill()
-        worker = self.worker_pid(leader)
-        if worker is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(worker, signal.SIGKILL)  # (the kernel would too: PR_SET_PDEATHSIG)
+        self.procs[leader].send(signal.SIGKILL)  # the parent, then its worker
         taken = await self.wait_for("became-leader", since=killed_at, job=self.job)
         failover_ms = (taken.at - killed_at) * 1000
         self.say(
@@ -401,7 +362,7 @@ class Demo:
             raise DemoFailed("no leader before the graceful handoff")
         self.say("demo", "SIGTERM", f"{current} ({what}): a graceful handoff", bold=True)
         asked_at = trio.current_time()
-        self.procs[current].send_signal(signal.SIGTERM)
+        self.procs[current].send(signal.SIGTERM)
         handed = await self.wait_for("became-leader", since=asked_at, job=self.job)
         handoff_ms = (handed.at - asked_at) * 1000
         self.say(
@@ -455,18 +416,11 @@ class Demo:
         result = check_stream(entries, source, None, trimmed)
         return attrs.evolve(result, problems=result.problems + tuple(fence_problems), fence_terms=terms)
 
-    def worker_pid(self, name: str) -> int | None:
-        """The pid of ``name``'s worker, the process that runs its jobs (its latest
-        ``node-starting`` line); ``name``'s own process is the worker's parent."""
-        starts = [ln for ln in self.lines if ln.node == name and ln.event == "node-starting"]
-        pid = starts[-1].fields.get("pid") if starts else None
-        return int(pid) if pid is not None else None
-
     async def _kill_a_worker(self, nursery: trio.Nursery, what: str) -> float:
         """SIGKILL the current leader's worker: its parent releases the lease and exits, a
         standby leads within milliseconds; the node is restarted. The time to the new leader."""
         current = await self.leader()
-        worker = self.worker_pid(current) if current is not None else None
+        worker = self.procs[current].worker_pid if current is not None else None
         if current is None or worker is None:
             raise DemoFailed("no leader (or no worker pid) before the process crash")
         self.say(
@@ -474,7 +428,7 @@ class Demo:
             "(an OOM kill, a segfault); the parent stays", bold=True,
         )  # fmt: skip
         killed_at = trio.current_time()
-        os.kill(worker, signal.SIGKILL)
+        self.procs[current].kill_worker()
         taken = await self.wait_for("became-leader", since=killed_at, job=self.job)
         took_ms = (taken.at - killed_at) * 1000
         self.say(
@@ -485,26 +439,19 @@ class Demo:
             bold=True,
         )
         with trio.fail_after(STEP_TIMEOUT):
-            status = await self.procs[current].wait()
+            status = await self.procs[current].process.wait()
         self.say("demo", "restart", f"{current} (its parent exited {status}, as a service manager "
                  "would see it) under the same id")  # fmt: skip
         await self.start_node(nursery, current)
         return took_ms
 
     async def _stop_nodes(self) -> None:
-        running = [p for name, p in self.procs.items() if name != "horizon" and p.returncode is None]
-        for p in running:
-            p.send_signal(signal.SIGTERM)
-        with trio.move_on_after(10):
-            for p in running:
-                await p.wait()
+        await terminate([c.process for name, c in self.procs.items() if name != "horizon"], grace=10)
 
     async def _stop_all(self) -> None:
         with trio.move_on_after(10):
             await self._stop_nodes()
-        for p in self.every:
-            if p.returncode is None:
-                p.kill()
+        kill_remaining(self.every)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -44,6 +44,7 @@ import trio
 from actors.lease_store import JobState, LeaseStore, RedisUnavailable, StreamInfo, job_keys
 from actors.lease_store.connect import describe_redis_error
 from actors.observe import record_time
+from ingestion.cli.usage import flags_layer
 from ingestion.common.paging import InvalidPagingToken, toid_parts, token_key
 from ingestion.config import Settings, load, redact_url
 
@@ -242,10 +243,7 @@ async def inspect_all(
                 sinks[name] = await postgres_state(url, settings.sink.schema, name)
                 state = _with_sink(state, sinks[name])
             states.append((state, await store.events_info()))
-    except RedisUnavailable as exc:
-        print(f"ingestion: cannot read the jobs: {exc}", file=sys.stderr)
-        return 1
-    except SinkUnreadable as exc:
+    except (RedisUnavailable, SinkUnreadable) as exc:
         print(f"ingestion: cannot read the jobs: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -342,10 +340,7 @@ async def inspect_job(
         state = await store.state(audit_count)
         stream = await store.events_info()
         source = await leader_source(store, state.leader)
-    except RedisUnavailable as exc:
-        print(f"ingestion: cannot read job {job!r}: {exc}", file=sys.stderr)
-        return 1
-    except SinkUnreadable as exc:
+    except (RedisUnavailable, SinkUnreadable) as exc:
         print(f"ingestion: cannot read job {job!r}: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -517,15 +512,12 @@ def main(argv: Sequence[str]) -> int:
         from ingestion.cli.usage import UsageError
 
         raise UsageError(f"inspect: --audit: must be at least 1, got {ns.audit}")
-    flags: dict[str, dict[str, Any]] = {}
-    for (section, key), value in {
+    flags = flags_layer({
         ("redis", "url"): ns.redis,
         ("sink", "url"): ns.sink,
         ("node", "job"): ns.job,
         ("horizon", "resource"): ns.resource,
-    }.items():
-        if value is not None:
-            flags.setdefault(section, {})[key] = value
+    })
     settings = load(ns.config, os.environ, flags)
     if ns.job is None:
         return trio.run(inspect_all, settings, ns.json, ns.horizon, ns.rpc)

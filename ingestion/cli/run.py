@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ingestion.cli.usage import OneLineParser, UsageError, setting_help
+from ingestion.cli.usage import OneLineParser, UsageError, flags_layer, setting_help
 
 
 def parser() -> argparse.ArgumentParser:
@@ -137,11 +137,7 @@ def _flags_layer(ns: argparse.Namespace) -> dict[str, dict[str, Any]]:
         ("log", "level"): getattr(ns, "log_level", None),
         ("log", "format"): getattr(ns, "log_format", None),
     }
-    layer: dict[str, dict[str, Any]] = {}
-    for (section, key), value in pairs.items():
-        if value is not None:
-            layer.setdefault(section, {})[key] = value
-    return layer
+    return flags_layer(pairs)
 
 
 def load_settings(ns: argparse.Namespace) -> Any:

@@ -1,4 +1,5 @@
-"""What every command's parser shares: one-line usage errors, and flag help that names the setting.
+"""What every command's parser shares: one-line usage errors, flag help that names the setting, and
+the settings layer the flags make.
 
 A module of its own so that the commands import it, never the command table (``ingestion.cli``).
 """
@@ -6,7 +7,8 @@ A module of its own so that the commands import it, never the command table (``i
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+from collections.abc import Mapping
+from typing import Any, NoReturn
 
 
 class UsageError(Exception):
@@ -35,3 +37,12 @@ def setting_help(text: str, *settings: tuple[str, str]) -> str:
         shown = "none"
     envs = " or ".join(env_name(s, k) for s, k in settings)
     return f"{text} (default: {shown}; env {envs}; setting {section}.{key})".replace("%", "%%")
+
+
+def flags_layer(flags: Mapping[tuple[str, str], Any]) -> dict[str, dict[str, Any]]:
+    """The settings layer of a command's flags, ``(section, key) -> value``: those given (not None)."""
+    layer: dict[str, dict[str, Any]] = {}
+    for (section, key), value in flags.items():
+        if value is not None:
+            layer.setdefault(section, {})[key] = value
+    return layer

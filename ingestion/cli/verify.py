@@ -12,7 +12,7 @@ import redis
 import trio
 
 from actors.lease_store import connect, job_keys
-from ingestion.cli.usage import OneLineParser, UsageError, setting_help
+from ingestion.cli.usage import OneLineParser, UsageError, flags_layer, setting_help
 from ingestion.verify import verify_configured_job
 
 
@@ -69,8 +69,7 @@ def main(argv: Sequence[str]) -> int:
     from ingestion.config import load, redact_url
 
     ns = parser().parse_args(list(argv))
-    flags: dict[str, dict[str, Any]] = {}
-    for (section, key), value in {
+    flags = flags_layer({
         ("redis", "url"): ns.redis,
         ("sink", "url"): ns.sink,
         ("node", "job"): [ns.job] if ns.job else None,
@@ -81,9 +80,7 @@ def main(argv: Sequence[str]) -> int:
         ("rpc", "topics"): ns.topic,
         ("rpc", "contract_ids"): ns.contract_id,
         ("rpc", "event_type"): ns.event_type,
-    }.items():
-        if value is not None:
-            flags.setdefault(section, {})[key] = value
+    })
     settings = load(Path(ns.config) if ns.config else None, os.environ, flags)
     job = settings.jobs[0]
     if job.kind not in ("horizon", "rpc"):

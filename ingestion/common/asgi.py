@@ -22,6 +22,16 @@ async def serve_lifespan(receive: Receive, send: Send) -> None:
             return
 
 
+async def read_body(receive: Receive) -> bytes:
+    """A request's whole body, however many ``http.request`` messages it came in."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
 async def respond(
     send: Send,
     status: int,

@@ -1,15 +1,16 @@
 """One request to a Horizon, the parts every request of the source shares (I/O).
 
-Rate pacing (:func:`pace` before a request, :func:`answered` after it), a bounded page request
-(:func:`get_page`), what a failed answer means (:func:`failure_of`, :func:`read_bounded`), and
-logging the follower's decisions on a failure or malformed data (:func:`failed`, :func:`malformed`).
-What the source must provide is :class:`Requester`, which
+Rate pacing (:func:`pace` before a request, :func:`answered` after it), a bounded request
+(:func:`bounded_get`, a page's :func:`get_page`), what a failed answer means (:func:`failure_of`,
+:func:`read_bounded`), and logging the follower's decisions on a failure or malformed data
+(:func:`failed`, :func:`malformed`). What the source must provide is :class:`Requester`, which
 :class:`~ingestion.horizon.source.HorizonSource` is.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Protocol
 
 import httpx
@@ -68,19 +69,32 @@ async def get_page(
     source: Requester, client: httpx.AsyncClient, request: PageRequest
 ) -> tuple[httpx.Response | None, Failure | None]:
     """One page request, bounded as a whole: (the 200 response, None) or (None, why not)."""
+    return await bounded_get(source, client, request.base_url, request.url, request.params, "page")
+
+
+async def bounded_get(
+    source: Requester,
+    client: httpx.AsyncClient,
+    base: str,
+    url: str,
+    params: Mapping[str, str] | None = None,
+    what: str = "page",
+) -> tuple[httpx.Response | None, Failure | None]:
+    """A GET of ``url`` (on the Horizon ``base``, paced by its rate limit), bounded as a whole:
+    (the 200 response, None) or (None, why not); ``what`` names the request in a timeout."""
     failure: Failure | None = None
     response: httpx.Response | None = None
-    pacer = await pace(source, request.base_url)
+    pacer = await pace(source, base)
     try:
         with trio.move_on_after(source.connect_timeout + 2 * source.read_timeout) as scope:
             try:
-                response = await client.get(request.url, params=request.params)
+                response = await client.get(url, params=params)
             except httpx.HTTPError as exc:  # transport, decoding, too many redirects
                 failure = Failure(None, describe(exc))
     finally:
         answered(pacer, response)
     if scope.cancelled_caught:
-        failure = Failure(None, "page request timed out")
+        failure = Failure(None, f"{what} request timed out")
     elif response is not None and response.status_code != 200:
         failure = failure_of(response, response.content[:MAX_ERROR_BODY])
     if failure is not None or response is None:

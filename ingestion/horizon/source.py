@@ -37,7 +37,16 @@ from ingestion.common.http import describe, ssl_context
 from ingestion.common.paging import InvalidPagingToken, token_key
 from ingestion.common.retry import RetryPolicy
 from ingestion.horizon.catchup import overlappable
-from ingestion.horizon.exchange import MAX_ERROR_BODY, answered, failed, failure_of, get_page, malformed, pace
+from ingestion.horizon.exchange import (
+    MAX_ERROR_BODY,
+    answered,
+    bounded_get,
+    failed,
+    failure_of,
+    get_page,
+    malformed,
+    pace,
+)
 from ingestion.horizon.failures import (
     Failure,
     NotFoundTracker,
@@ -454,21 +463,7 @@ class HorizonSource:
             return True  # Horizon rejects it with its own clear error
         base = follower.base_url
         url = base + "/"
-        response: httpx.Response | None = None
-        failure: Failure | None = None
-        pacer = await pace(self, base)
-        try:
-            with trio.move_on_after(self.connect_timeout + 2 * self.read_timeout) as scope:
-                try:
-                    response = await client.get(url)
-                except httpx.HTTPError as exc:
-                    failure = Failure(None, describe(exc))
-        finally:
-            answered(pacer, response)
-        if scope.cancelled_caught:
-            failure = Failure(None, "root request timed out")
-        elif response is not None and response.status_code != 200:
-            failure = failure_of(response, response.content[:MAX_ERROR_BODY])
+        response, failure = await bounded_get(self, client, base, url, what="root")
         if failure is None and response is not None:
             try:
                 info = RootInfo.parse(response.content)

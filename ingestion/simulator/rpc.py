@@ -44,7 +44,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from ingestion.common.asgi import Message, Receive, Scope, Send, respond, serve_lifespan
+from ingestion.common.asgi import Message, Receive, Scope, Send, read_body, respond, serve_lifespan
 from ingestion.rpc.protocol import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
@@ -133,7 +133,7 @@ class RpcApp:
             return
         if scope["type"] != "http":
             return
-        body = await _read_body(receive)
+        body = await read_body(receive)
         if scope["path"].startswith("/_simulator/"):
             await self._control(scope, body, send)
             return
@@ -353,14 +353,3 @@ def _compact(value: Any) -> bytes:
 
 def _envelope(request_id: Any, member: bytes) -> bytes:
     return b'{"jsonrpc":"2.0","id":' + _compact(request_id) + b"," + member + b"}"
-
-
-async def _read_body(receive: Receive) -> bytes:
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            return body
-
-

@@ -12,11 +12,9 @@ Every child is killed when :func:`open_cluster` exits, however it exits.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,21 +24,23 @@ import redis
 import trio
 
 from actors.lease_store import connect, job_keys
+from ingestion.testing.launch import (
+    LISTENING,
+    LogLine,
+    child_env,
+    joined,
+    kill_remaining,
+    log_line,
+    node_command,
+    simulator_command,
+    terminate,
+)
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import output_lines, wait_until
 from ingestion.verify import Verification, verify_job, verify_rpc_job
 
-PYTHON = sys.executable
 CLEANUP_TIMEOUT = 10.0  # seconds for the whole teardown
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
-
-
-@attrs.frozen
-class LogLine:
-    at: float  # harness monotonic time (trio.current_time()) when the line was read
-    node: str  # the process's name in the harness
-    event: str
-    fields: dict[str, Any]
 
 
 class EventLog:
@@ -159,6 +159,23 @@ def _signal_pid(pid: int, sig: signal.Signals) -> None:
         pass  # already gone
 
 
+async def spawn(
+    nursery: trio.Nursery, name: str, args: Sequence[str], log: EventLog, env: dict[str, str] | None = None
+) -> Child:
+    """Start ``args`` as the child ``name`` (:func:`~ingestion.testing.launch.child_env` plus
+    ``env``), its output read into ``log`` by a task in ``nursery`` until it exits."""
+    process = await trio.lowlevel.open_process(
+        list(args),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=child_env(env),
+    )
+    child = Child(name, process, trio.current_time())
+    nursery.start_soon(_read_lines, child, log)
+    return child
+
+
 async def _read_lines(child: Child, log: EventLog) -> None:
     stream = child.process.stdout
     assert stream is not None
@@ -172,19 +189,11 @@ async def _read_lines(child: Child, log: EventLog) -> None:
 
 
 def _record(name: str, raw: bytes, at: float, log: EventLog) -> LogLine | None:
-    text = raw.decode(errors="replace").strip()
-    if not text:
-        return None
-    try:
-        obj = json.loads(text)
-    except ValueError:
+    line = log_line(name, raw, at)
+    if line is not None:
+        log.add(line)
+    elif text := raw.decode(errors="replace").strip():
         log.raw.append((name, text))
-        return None
-    if not isinstance(obj, dict) or "event" not in obj:
-        log.raw.append((name, text))
-        return None
-    line = LogLine(at, name, str(obj.pop("event")), obj)
-    log.add(line)
     return line
 
 
@@ -253,18 +262,9 @@ class Cluster:
     # -- processes ------------------------------------------------------------------------------
 
     async def _spawn(self, name: str, args: Sequence[str], env: dict[str, str] | None = None) -> Child:
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        process = await trio.lowlevel.open_process(
-            list(args),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-        )
-        child = Child(name, process, trio.current_time())
+        child = await spawn(self.nursery, name, args, self.log, env)
         self.children[name] = child
         self.history.append(child)
-        self.nursery.start_soon(_read_lines, child, self.log)
         return child
 
     async def start_simulator(
@@ -279,20 +279,19 @@ class Cluster:
     ) -> str:
         await self._spawn(
             "simulator",
-            [
-                PYTHON, "-m", "ingestion", "simulate", "--port", "0",
-                "--ledger-interval", str(ledger_interval),
-                "--ops-per-ledger", str(ops_per_ledger),
-                "--history-ledgers", str(history_ledgers),
-                "--response-delay-ms", str(response_delay_ms),
-                "--cache-records", str(max(60_000, 4 * ops_per_ledger * history_ledgers)),
-                *(["--rpc-port", "0"] if rpc else []),
-                *extra,
-            ],
-        )  # fmt: skip
-        listening = await self.log.wait_for("simulator-listening", "simulator", within=30)
-        self.horizon = str(listening.fields["url"])
-        self.rpc = str(listening.fields.get("rpc_url") or "")
+            simulator_command(
+                ledger_interval=ledger_interval,
+                ops_per_ledger=ops_per_ledger,
+                history_ledgers=history_ledgers,
+                response_delay_ms=response_delay_ms,
+                cache_records=max(60_000, 4 * ops_per_ledger * history_ledgers),
+                rpc=rpc,
+                extra=extra,
+            ),
+        )
+        ready = await self.log.wait_for(LISTENING, "simulator", within=30)
+        self.horizon = str(ready.fields["url"])
+        self.rpc = str(ready.fields.get("rpc_url") or "")
         return self.horizon
 
     def node_args(
@@ -301,17 +300,14 @@ class Cluster:
     ) -> list[str]:  # fmt: skip
         # --horizon only for a Horizon job: the node refuses a flag no hosted job uses.
         source = extra[list(extra).index("--source") + 1] if "--source" in extra else "horizon"
-        return [
-            PYTHON, "-m", "ingestion",
-            "--node-id", name,
-            "--job", self.job,
-            "--redis", redis_url or self.redis_url,
-            *(["--horizon", horizon or self.horizon] if source == "horizon" else []),
-            "--start-cursor", "0",
-            "--lease-ttl-ms", str(self.ttl_ms),
-            "--log-format", "json",
-            *extra,
-        ]  # fmt: skip
+        return node_command(
+            name,
+            jobs=[self.job],
+            redis_url=redis_url or self.redis_url,
+            horizon=(horizon or self.horizon) if source == "horizon" else None,
+            ttl_ms=self.ttl_ms,
+            extra=extra,
+        )
 
     async def start_node(
         self,
@@ -341,7 +337,7 @@ class Cluster:
         with trio.fail_after(within):
             while True:
                 for e in self.log.lines:
-                    if e.node == name and e.at >= since and e.event in ("became-leader", "standby"):
+                    if joined(e, name, since):
                         return e
                     if e.node == name and e.event == "process-exited" and e.fields["pid"] == pid:
                         raise AssertionError(f"{name} exited before joining:\n{self.log.tail()}")
@@ -463,13 +459,8 @@ class Cluster:
         for c in nodes:
             if c.paused:
                 c.send(signal.SIGCONT)
-            c.send(signal.SIGTERM)
-        with trio.move_on_after(5):
-            for c in nodes:
-                await c.process.wait()
-        for c in self.history:
-            if c.alive:
-                c.process.kill()
+        await terminate([c.process for c in nodes], grace=5)
+        kill_remaining(c.process for c in self.history)
 
 
 @asynccontextmanager
@@ -517,9 +508,7 @@ async def open_cluster(
             finally:
                 with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT):
                     await cluster.stop_all()
-                for c in cluster.history:
-                    if c.alive:
-                        c.process.kill()
+                kill_remaining(c.process for c in cluster.history)
                 cluster.client.close()
                 nursery.cancel_scope.cancel()
     finally:

@@ -1,7 +1,8 @@
 """Node and simulator processes driven from plain threads: what the benchmarks time in real time.
 
 The same children as :mod:`ingestion.testing.cluster` starts (``python -m ingestion`` nodes and
-``python -m ingestion simulate``), and the same :class:`~ingestion.testing.cluster.LogLine` per JSON
+``python -m ingestion simulate``, their command lines, environment and stopping from
+:mod:`ingestion.testing.launch`), and the same :class:`~ingestion.testing.launch.LogLine` per JSON
 log line, stamped with the harness's monotonic receive time (``time.monotonic()`` here, as these
 harnesses run no trio). Everything is synchronous and bounded: every wait has a deadline, every
 child is stopped by its own pid.
@@ -9,11 +10,7 @@ child is stopped by its own pid.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +18,15 @@ from collections.abc import Callable, Sequence
 import attrs
 import httpx
 
-from ingestion.testing.cluster import LogLine
+from ingestion.testing.launch import (
+    LogLine,
+    child_env,
+    listening,
+    log_line,
+    node_command,
+    simulator_command,
+    stop_process,
+)
 
 
 @attrs.define
@@ -42,25 +47,21 @@ class Simulator:
         timeout: float = 120.0,
         response_delay_ms: int = 0,
     ) -> Simulator:
-        args = [
-            sys.executable, "-m", "ingestion", "simulate", "--port", "0",
-            "--history-ledgers", str(history_ledgers),
-            "--ops-per-ledger", str(ops_per_ledger),
-            "--ledger-interval", str(ledger_interval),
-            "--cache-records", str(cache_records),
-            "--response-delay-ms", str(response_delay_ms),
-        ]  # fmt: skip
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE)
+        args = simulator_command(
+            ledger_interval=ledger_interval,
+            ops_per_ledger=ops_per_ledger,
+            history_ledgers=history_ledgers,
+            response_delay_ms=response_delay_ms,
+            cache_records=cache_records,
+        )
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, env=child_env())
         line = _readline_within(proc, timeout)
-        try:
-            event = json.loads(line)
-            if event.get("event") != "simulator-listening":
-                raise ValueError(line)
-        except ValueError:
+        ready = log_line("simulator", line, time.monotonic())
+        if ready is None or not listening(ready):
             proc.kill()
             proc.wait()
-            raise RuntimeError(f"simulator did not start: {line!r}") from None
-        return cls(proc, event["url"])
+            raise RuntimeError(f"simulator did not start: {line!r}")
+        return cls(proc, ready.fields["url"])
 
     def close_ledgers(self, client: httpx.Client, count: int = 1) -> int:
         r = client.post(f"{self.url}/_simulator/ledgers", json={"count": count})
@@ -78,16 +79,6 @@ def _readline_within(proc: subprocess.Popen[bytes], timeout: float) -> str:
     reader.start()
     reader.join(timeout)
     return box[0].decode() if box else ""
-
-
-def stop_process(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @attrs.define(eq=False)
@@ -112,17 +103,13 @@ class NodeProcess:
         extra: Sequence[str] = (),
         env: dict[str, str] | None = None,
     ) -> NodeProcess:
-        args = [
-            sys.executable, "-m", "ingestion", "--node-id", node_id, "--job", job,
-            "--redis", redis_url, *(["--horizon", horizon] if horizon else []),
-            "--lease-ttl-ms", str(ttl_ms),
-            "--start-cursor", start_cursor, "--log-format", "json", "--log-level", "info",
-            *extra,
-        ]  # fmt: skip
-        proc = subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/tmp",
-            env={**os.environ, **(env or {})},
+        args = node_command(
+            node_id, jobs=[job], redis_url=redis_url, horizon=horizon, ttl_ms=ttl_ms,
+            start_cursor=start_cursor, extra=["--log-level", "info", *extra],
         )  # fmt: skip
+        proc = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd="/tmp", env=child_env(env)
+        )
         node = cls(node_id, proc)
         threading.Thread(target=node._read, daemon=True).start()
         return node
@@ -141,14 +128,9 @@ class NodeProcess:
     def _read(self) -> None:
         assert self.process.stdout is not None
         for raw in self.process.stdout:
-            now = time.monotonic()
-            try:
-                fields = json.loads(raw)
-            except ValueError:
+            line = log_line(self.node_id, raw, time.monotonic())
+            if line is None:
                 continue
-            if not isinstance(fields, dict):
-                continue
-            line = LogLine(now, self.node_id, str(fields.pop("event", "")), fields)
             with self._cond:
                 self.lines.append(line)
                 self._cond.notify_all()
