@@ -22,11 +22,21 @@ async def serve_lifespan(receive: Receive, send: Send) -> None:
             return
 
 
+class Disconnected(Exception):
+    """The client went away before its request's body was whole (``http.disconnect``)."""
+
+
 async def read_body(receive: Receive) -> bytes:
-    """A request's whole body, however many ``http.request`` messages it came in."""
+    """A request's whole body, however many ``http.request`` messages it came in.
+
+    Raises:
+        Disconnected: the client left mid-request: what came is not the body it sent.
+    """
     body = b""
     while True:
         message = await receive()
+        if message["type"] == "http.disconnect":
+            raise Disconnected("the client went away before its request was whole")
         body += message.get("body", b"")
         if not message.get("more_body"):
             return body

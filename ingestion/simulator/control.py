@@ -22,7 +22,7 @@ import json
 from typing import Any, Protocol
 
 import ingestion.simulator.render as render
-from ingestion.common.asgi import Receive, Scope, Send, read_body, respond
+from ingestion.common.asgi import Disconnected, Receive, Scope, Send, read_body, respond
 from ingestion.simulator.chain import Chain
 from ingestion.simulator.faults import Faults, MalformedKind, check_known, duration_of
 from ingestion.simulator.render import Problem
@@ -45,7 +45,10 @@ async def serve_control(sim: ControlHost, scope: Scope, receive: Receive, send: 
     Raises:
         Problem: 404 for an unknown path or method, 400 for a bad body (the app answers with it).
     """
-    body = await read_body(receive)
+    try:
+        body = await read_body(receive)
+    except Disconnected:
+        return  # the client left mid-request: nobody to answer
     method, path, faults = scope["method"], scope["path"], sim.faults
     try:
         data = json.loads(body) if body.strip() else {}

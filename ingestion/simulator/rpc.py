@@ -44,7 +44,16 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from ingestion.common.asgi import Message, Receive, Scope, Send, read_body, respond, serve_lifespan
+from ingestion.common.asgi import (
+    Disconnected,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    respond,
+    serve_lifespan,
+)
 from ingestion.rpc.protocol import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
@@ -133,7 +142,10 @@ class RpcApp:
             return
         if scope["type"] != "http":
             return
-        body = await read_body(receive)
+        try:
+            body = await read_body(receive)
+        except Disconnected:
+            return  # the client left mid-request: nobody to answer
         if scope["path"].startswith("/_simulator/"):
             await self._control(scope, body, send)
             return

@@ -29,7 +29,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from ingestion.common.asgi import Receive, Scope, Send, respond, serve_lifespan
+from ingestion.common.asgi import Disconnected, Receive, Scope, Send, read_body, respond, serve_lifespan
 
 
 @attrs.define
@@ -120,14 +120,10 @@ class Receiver:
             }  # fmt: skip
             await respond(send, 200, b"application/json", json.dumps(stats).encode())
             return
-        body = b""
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return  # the sender went away mid-request (killed, timed out): nothing to take
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        try:
+            body = await read_body(receive)
+        except Disconnected:
+            return  # the sender went away mid-request (killed, timed out): nothing to take
         self.posts += 1
         if scope.get("client"):
             self.peers.add(tuple(scope["client"]))  # type: ignore[arg-type]
