@@ -25,7 +25,7 @@ from ingestion import __version__
 from ingestion.cli import COMMANDS
 from ingestion.cli.run import parser as _run_parser
 from ingestion.testing.local_redis import LocalRedis
-from tests.ports import closed_port
+from tests.support.ports import closed_port
 
 INGESTION = Path(sys.executable).parent / "ingestion"
 

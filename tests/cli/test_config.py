@@ -14,7 +14,7 @@ from ingestion.cli.run import parser as _run_parser
 from ingestion.config import FLAGS, SCHEMA, ConfigError, Settings, load, redact_url, sample_toml
 from ingestion.testing.wait import child_env
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def problems_of(raw: dict) -> list[str]:  # type: ignore[type-arg]

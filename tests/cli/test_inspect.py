@@ -95,7 +95,7 @@ async def test_inspect_shows_leader_cursor_takeover_audit_and_lag_behind_horizon
 async def test_inspect_reports_an_unreachable_horizon_as_unknown_lag(
     redis_server: LocalRedis, job: str
 ) -> None:
-    from tests.ports import closed_port
+    from tests.support.ports import closed_port
 
     client = connect(redis_server.url, timeout=2.0)
     client.set(f"ingestion:{{{job}}}:token", 0)  # a job that exists
@@ -121,7 +121,7 @@ async def test_inspect_of_an_unknown_job_or_a_bad_flag_is_exit_2_with_one_line(
 
 
 async def test_inspect_with_an_unreachable_redis_exits_1_naming_the_setting() -> None:
-    from tests.ports import closed_port
+    from tests.support.ports import closed_port
 
     done = await run_inspect("--redis", f"redis://u:hunter2@127.0.0.1:{closed_port()}/0", "--json")
     err = done.stderr.decode()

@@ -20,7 +20,7 @@ from ingestion.common.gaps import history_gap_listener, record_history_gap
 from ingestion.node.worker import _count_history_gap
 from ingestion.serve.metrics import NodeMetrics, serve_metrics
 from ingestion.testing.local_redis import LocalRedis
-from tests.nodes import OpenStore, Recorder, start_node
+from tests.support.nodes import OpenStore, Recorder, start_node
 
 LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)
 LOG = structlog.get_logger()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ingestion.cli import reference
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "REFERENCE.md"
 
 

@@ -15,7 +15,7 @@ from actors.observe import NodeObserver
 from actors.source import SyntheticSource
 from ingestion.serve.status import QUEUE_SIZE, serve_status
 from ingestion.testing.local_redis import LocalRedis
-from tests.nodes import Recorder, start_node
+from tests.support.nodes import Recorder, start_node
 
 LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)
 LOG = structlog.get_logger()

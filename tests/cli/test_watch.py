@@ -17,8 +17,8 @@ from ingestion.cli.watch import ClusterView, describe_event, normalise_url, watc
 from ingestion.serve.status import serve_status
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.tcp_proxy import TcpProxy
-from tests.nodes import FAST_TIMING, Recorder, lease_store
-from tests.ports import closed_port
+from tests.support.nodes import FAST_TIMING, Recorder, lease_store
+from tests.support.ports import closed_port
 
 LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)
 

@@ -14,7 +14,7 @@ import trio
 
 from ingestion.testing.cluster import open_cluster
 from ingestion.testing.local_redis import free_port
-from tests.deploy_tools import DEPLOY, require_tool
+from tests.support.deploy import DEPLOY, require_tool
 
 DASHBOARD = DEPLOY / "grafana" / "ingestion.json"
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from ingestion.config import load
-from tests.deploy_tools import DEPLOY
+from tests.support.deploy import DEPLOY
 
 MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
 K8S_VERSION = "1.30.0"  # the oldest version the manifests promise to fit

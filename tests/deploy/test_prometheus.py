@@ -7,7 +7,7 @@ import subprocess
 
 import yaml
 
-from tests.deploy_tools import DEPLOY, require_tool
+from tests.support.deploy import DEPLOY, require_tool
 
 RULES = DEPLOY / "prometheus" / "alerts.yml"
 RULE_TESTS = DEPLOY / "prometheus" / "alerts_test.yml"

@@ -17,7 +17,7 @@ import trio
 from ingestion.node.sd_notify import notify
 from ingestion.testing.cluster import open_cluster
 from ingestion.testing.local_redis import free_port
-from tests.deploy_tools import DEPLOY
+from tests.support.deploy import DEPLOY
 
 UNIT = DEPLOY / "systemd" / "ingestion@.service"
 

@@ -17,8 +17,8 @@ import trio
 
 from actors.lease_store import job_keys, parse_lease_value
 from ingestion.testing.cluster import ALLOWANCE, Cluster, figure, open_cluster
-from tests.many_jobs import NODES, RESOURCES, holders, job_flags, job_names, verify_all
-from tests.redis_cluster import redis_cluster
+from tests.support.many_jobs import NODES, RESOURCES, holders, job_flags, job_names, verify_all
+from tests.support.redis_cluster import redis_cluster
 
 pytestmark = pytest.mark.slow
 

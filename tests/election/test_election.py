@@ -14,7 +14,13 @@ from actors.source import SyntheticSource
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.tcp_proxy import TcpProxy
 from ingestion.verify import SourceRecord, check_stream, read_entries, read_grants
-from tests.nodes import FAST_TIMING, Recorder, assert_exactly_once_in_order, events_in_stream, start_node
+from tests.support.nodes import (
+    FAST_TIMING,
+    Recorder,
+    assert_exactly_once_in_order,
+    events_in_stream,
+    start_node,
+)
 
 LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)
 

@@ -35,7 +35,7 @@ from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.tcp_proxy import TcpProxy
 from ingestion.testing.wait import wait_until
 from ingestion.verify import read_entries, read_grants
-from tests.nodes import OpenStore
+from tests.support.nodes import OpenStore
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import trio
 from actors.lease_store import Acquired, Held, LeaseStore, StateLost
 from actors.source import SyntheticSource
 from ingestion.testing.local_redis import LocalRedis
-from tests.nodes import OpenStore, Recorder, start_node
+from tests.support.nodes import OpenStore, Recorder, start_node
 
 LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)
 

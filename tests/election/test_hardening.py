@@ -18,7 +18,7 @@ from actors.lease_store import Acquired, job_keys
 from actors.source import Batch, Record, SyntheticSource
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.tcp_proxy import TcpProxy
-from tests.nodes import FAST_TIMING, OpenStore, Recorder, assert_exactly_once_in_order, start_node
+from tests.support.nodes import FAST_TIMING, OpenStore, Recorder, assert_exactly_once_in_order, start_node
 
 LIVE_SOURCE = SyntheticSource(total=None, batch_size=5, interval=0.02)
 

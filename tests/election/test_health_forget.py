@@ -10,7 +10,7 @@ import redis
 from actors.lease_store import NODE_FORGET_MS
 from ingestion.config import ConfigError, Settings
 from ingestion.testing.local_redis import LocalRedis
-from tests.nodes import OpenStore
+from tests.support.nodes import OpenStore
 
 
 async def test_a_node_dead_for_the_forget_window_loses_its_failing_marker_too(

@@ -1,9 +1,9 @@
-"""The liveness rule, checked by simulation (tests/liveness_sim.py drives actors/liveness.py).
+"""The liveness rule, checked by simulation (tests/support/liveness_sim.py drives actors/liveness.py).
 
 Random worlds: every step asserts that a job some live node hosts and can serve is led by a node
 that can serve it within B. ``LIVENESS_SEEDS=5000`` runs a soak instead of the suite's 200.
 The three worlds of issue 23 are scripted too, and run against the rules the code had before
-(tests/liveness_old_rules.py) to show the simulation finds them. So is a leader whose Horizon
+(tests/support/liveness_old_rules.py) to show the simulation finds them. So is a leader whose Horizon
 answers pages but blocks the stream, against the probe Horizon had before (a GET of the
 collection, which such a Horizon answers: the leader kept a job it could not serve).
 """
@@ -16,8 +16,8 @@ from types import ModuleType
 import pytest
 
 import actors.liveness as rules
-from tests import liveness_old_rules as old_rules
-from tests.liveness_sim import HANDOVER, STEP, TTL, LivenessViolation, World, bound_ms, run
+from tests.support import liveness_old_rules as old_rules
+from tests.support.liveness_sim import HANDOVER, STEP, TTL, LivenessViolation, World, bound_ms, run
 
 SEEDS = int(os.environ.get("LIVENESS_SEEDS", "200"))
 CHUNK = 20

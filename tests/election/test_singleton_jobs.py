@@ -13,7 +13,7 @@ from actors.scheduled import ScheduledJob
 from actors.source import SyntheticSource, TermContext
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import wait_until
-from tests.nodes import OpenStore, Recorder, start_node
+from tests.support.nodes import OpenStore, Recorder, start_node
 
 
 async def test_a_periodic_job_runs_each_run_once_across_a_handoff_with_fenced_side_effects(

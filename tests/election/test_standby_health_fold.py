@@ -26,7 +26,7 @@ from actors.source import SyntheticSource
 from actors.supervisor import NodeHandle
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import wait_until
-from tests.nodes import FAST_TIMING, OpenStore, Recorder, start_node
+from tests.support.nodes import FAST_TIMING, OpenStore, Recorder, start_node
 
 TTL = FAST_TIMING.ttl
 WINDOW_MS = 10_000

@@ -10,7 +10,7 @@ import trio
 
 from actors.lease_store import Acquired, job_keys
 from ingestion.testing.local_redis import LocalRedis
-from tests.nodes import OpenStore
+from tests.support.nodes import OpenStore
 
 
 async def test_a_takeover_after_a_crash_counts_from_the_last_renewal(

@@ -20,7 +20,7 @@ import trio
 from actors.source import SyntheticSource
 from actors.token_memory import TokenMemory
 from ingestion.testing.local_redis import LocalRedis
-from tests.nodes import Recorder, start_node
+from tests.support.nodes import Recorder, start_node
 
 
 @contextlib.contextmanager

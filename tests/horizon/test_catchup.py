@@ -20,7 +20,7 @@ from ingestion.horizon.catchup import (
 )
 from ingestion.simulator import SimulatorConfig, open_simulator
 from ingestion.testing.cluster import open_cluster
-from tests.simulator_fixtures import check_exact, following, source_for
+from tests.support.simulator import check_exact, following, source_for
 
 
 def toid(ledger: int, tx: int = 0, op: int = 0) -> int:

@@ -12,7 +12,7 @@ import trio
 from actors.source import Record, SourceFatalError
 from ingestion.common.paging import toid
 from ingestion.horizon.source import HorizonSource
-from tests.horizon_fixtures import Reply, Request, page_reply, problem, serve_script, sse_frame
+from tests.support.scripted_horizon import Reply, Request, page_reply, problem, serve_script, sse_frame
 
 
 def tok(i: int) -> str:

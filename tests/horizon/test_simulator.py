@@ -21,8 +21,8 @@ from actors.source import Record, SourceFatalError
 from ingestion.common.paging import toid
 from ingestion.simulator import MalformedKind, Simulator, SimulatorConfig, open_simulator
 from ingestion.testing.wait import wait_until
-from tests.ports import closed_port_url
-from tests.simulator_fixtures import Follower, after, check_exact, close_ledgers, following, source_for
+from tests.support.ports import closed_port_url
+from tests.support.simulator import Follower, after, check_exact, close_ledgers, following, source_for
 
 SMALL = SimulatorConfig(ledger_interval=None, history_ledgers=20, ops_per_ledger=10)
 

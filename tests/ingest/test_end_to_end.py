@@ -16,7 +16,7 @@ from ingestion.simulator import SimulatorConfig, open_simulator
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import wait_until
 from ingestion.verify import SourceRecord, check_stream, read_entries, read_grants
-from tests.nodes import Recorder, start_node
+from tests.support.nodes import Recorder, start_node
 
 pytestmark = pytest.mark.slow  # 50,000 records: about 20 s on a loaded 2-core machine
 

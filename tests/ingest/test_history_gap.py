@@ -16,7 +16,7 @@ from ingestion.node.build import audit_writer
 from ingestion.simulator import Simulator, SimulatorConfig, open_simulator
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import json_lines, wait_until
-from tests.nodes import OpenStore, Recorder, start_node
+from tests.support.nodes import OpenStore, Recorder, start_node
 
 CONFIG = SimulatorConfig(ledger_interval=None, history_ledgers=10, ops_per_ledger=4, retention_ledgers=20)
 

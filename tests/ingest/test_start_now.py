@@ -11,7 +11,7 @@ from ingestion.horizon.source import HorizonSource
 from ingestion.simulator import SimulatorConfig, open_simulator
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import wait_until
-from tests.nodes import Recorder, start_node
+from tests.support.nodes import Recorder, start_node
 
 
 async def test_now_is_pinned_once_and_a_successor_ingests_what_arrived_while_leaderless(

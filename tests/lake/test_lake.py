@@ -36,7 +36,7 @@ from ingestion.lake.store import LocalLake, check_lake_url
 from ingestion.rpc.protocol import OP_MASK, TX_MASK, Cursor, EventFilter, topic_from_text
 from ingestion.testing import recorded
 from ingestion.testing.wait import alive, wait_until
-from tests.lake_fixtures import (
+from tests.support.lakes import (
     batch_bytes,
     die_always,
     die_once,
@@ -380,13 +380,13 @@ def test_a_decode_cancelled_while_its_worker_answers_leaves_nothing_to_wait_for(
     interpreter joins that thread at exit (a node handed its lease over, then never exited)."""
     fractions = (0.0, 0.2, 0.4, 0.6, 0.8)
     code = (
-        "import trio; from tests.lake_fixtures import cancel_decodes_while_answering as run; "
+        "import trio; from tests.support.lakes import cancel_decodes_while_answering as run; "
         f"trio.run(run, {fractions!r})"
     )
     try:
         done = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-            cwd=Path(__file__).parent.parent,
+            cwd=Path(__file__).parents[2],
         )  # fmt: skip
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the process did not exit within 60 s; it printed:\n{exc.stdout}{exc.stderr}")
@@ -404,10 +404,10 @@ async def test_a_decode_worker_whose_node_was_killed_mid_decode_exits_by_itself(
     signal follows the thread): the worker watches its parent, and leaves when orphaned."""
     marker = tmp_path / "worker-pid"
     code = (
-        "import trio; from tests.lake_fixtures import decode_forever; "
+        "import trio; from tests.support.lakes import decode_forever; "
         f"trio.run(decode_forever, {str(marker)!r})"
     )
-    node = await trio.lowlevel.open_process([sys.executable, "-c", code], cwd=Path(__file__).parent.parent)
+    node = await trio.lowlevel.open_process([sys.executable, "-c", code], cwd=Path(__file__).parents[2])
     try:
         await wait_until(lambda: marker.exists() and marker.read_text(), 30, what="the decode to start")
         worker = int(marker.read_text())

@@ -17,7 +17,7 @@ from ingestion.lake.events import ledger_events
 from ingestion.rpc.protocol import Cursor
 from ingestion.testing.cluster import open_cluster
 from ingestion.testing.wait import alive, children, wait_until
-from tests.lake_fixtures import ledger_seq, resequenced, standalone_ledgers, write_lake
+from tests.support.lakes import ledger_seq, resequenced, standalone_ledgers, write_lake
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ async def test_two_nodes_follow_a_lake_through_sigkill_and_sigterm(job: str, tmp
         assert taken.node == "n2" and Cursor.parse(taken.fields["cursor"]) >= Cursor.parse(at_death["cursor"])
 
         # the dead node's decode worker leaves by itself (idle here: its pipe closed; a worker
-        # orphaned mid-decode watches its parent: tests/test_lake.py)
+        # orphaned mid-decode watches its parent: tests/lake/test_lake.py)
         def gone() -> bool:
             return not any(alive(pid) for pid in decoders)
 

@@ -14,8 +14,8 @@ from ingestion.lake.source import LakeSource
 from ingestion.lake.store import S3Lake, check_lake_url, open_lake
 from ingestion.rpc.protocol import Cursor
 from ingestion.simulator import SimulatorConfig, open_simulator
-from tests.lake_fixtures import ids_until
-from tests.ports import closed_port
+from tests.support.lakes import ids_until
+from tests.support.ports import closed_port
 
 
 @pytest.fixture

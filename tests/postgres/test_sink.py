@@ -28,7 +28,7 @@ from ingestion.testing.local_postgres import LocalPostgres
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.tcp_proxy import TcpProxy
 from ingestion.testing.wait import wait_until
-from tests.nodes import FAST_TIMING, lease_store
+from tests.support.nodes import FAST_TIMING, lease_store
 
 SRC = SyntheticSource(total=None)
 

@@ -9,7 +9,7 @@ that was set or renewed before it:
   TTL + step. The remedy is operational: slew-only NTP on Redis hosts (chrony ``makestep 0 0`` or
   ``maxslewrate``), never stepping.
 
-redis-server runs with a wall-clock shim (tests/native/clockshift.c; libfaketime 0.9.10 cannot start
+redis-server runs with a wall-clock shim (tests/support/native/clockshift.c; libfaketime 0.9.10 cannot start
 Debian's jemalloc-linked redis-server) whose shift the test rewrites mid-run.
 """
 
@@ -21,7 +21,7 @@ import pytest
 import trio
 
 from ingestion.testing.cluster import TTL_MS, assert_verified, figure, open_cluster
-from tests.native import clockshift_env, clockshift_library
+from tests.support.native import clockshift_env, clockshift_library
 
 pytestmark = [
     pytest.mark.slow,

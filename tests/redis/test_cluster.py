@@ -32,8 +32,8 @@ from actors.lease_store import (
 )
 from actors.source import Record
 from ingestion.testing.cluster import Cluster, figure, open_cluster
-from tests.many_jobs import NODES, holders, job_flags, job_names, verify_all
-from tests.redis_cluster import RedisClusterGroup, redis_cluster
+from tests.support.many_jobs import NODES, holders, job_flags, job_names, verify_all
+from tests.support.redis_cluster import RedisClusterGroup, redis_cluster
 
 
 def test_cluster_urls_parse_and_bad_ones_say_why() -> None:

@@ -19,8 +19,8 @@ import trio
 
 from actors.lease_store import Acquired, Held, LeaseStore, connect, job_keys
 from actors.source import SyntheticSource
-from tests.nodes import Recorder, start_node
-from tests.redis_cluster import RedisClusterGroup, redis_cluster
+from tests.support.nodes import Recorder, start_node
+from tests.support.redis_cluster import RedisClusterGroup, redis_cluster
 
 LIVE = SyntheticSource(total=None, batch_size=5, interval=0.01)
 ASK_WINDOW = 3.0  # seconds every key sits on the target while the map still names the source

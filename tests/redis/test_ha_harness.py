@@ -16,7 +16,7 @@ from redis.sentinel import Sentinel
 
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.redis_ha import SERVICE, SentinelGroup
-from tests.ports import closed_port
+from tests.support.ports import closed_port
 
 
 @pytest.mark.slow

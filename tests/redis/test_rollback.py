@@ -18,7 +18,13 @@ from actors.lease_store import Acquired, LeaseStore, StateLost, job_keys
 from actors.source import SyntheticSource
 from actors.token_memory import TokenMemory
 from ingestion.testing.local_redis import LocalRedis
-from tests.nodes import OpenStore, Recorder, assert_exactly_once_in_order, events_in_stream, start_node
+from tests.support.nodes import (
+    OpenStore,
+    Recorder,
+    assert_exactly_once_in_order,
+    events_in_stream,
+    start_node,
+)
 
 SLOW = SyntheticSource(total=None, batch_size=5, interval=0.05)
 
@@ -83,7 +89,7 @@ async def test_acquire_after_a_rollback_floors_above_the_known_token_and_audits_
     last = redis_client.xrevrange(job_keys(job)["audit"], count=1)[0][1]
     assert last["rolled_back_from"] == "1" and last["token"] == "4"
     # A loss is not a rollback: with the cursor gone too, nothing is issued (to a caller that saw
-    # the job commit: tests/test_state_lost.py has the caller that did not).
+    # the job commit: tests/redis/test_state_lost.py has the caller that did not).
     redis_client.delete(*job_keys(job).values())
     lost = await store.acquire("b", 60_000, known_token=4, known_committed=True)
     assert lost == StateLost(counter=0, cursor=None)

@@ -22,8 +22,8 @@ from actors.supervisor import NodeSpec, run_node
 from ingestion.config import Settings
 from ingestion.node.build import build_store
 from ingestion.testing.local_redis import LocalRedis, free_port, start_retrying
-from tests.nodes import FAST_TIMING, Recorder
-from tests.ports import closed_port
+from tests.support.nodes import FAST_TIMING, Recorder
+from tests.support.ports import closed_port
 
 PASSWORD = "Sup3r-S3cret-pw"
 ACL_PASSWORD = "acl-Pa55-word"

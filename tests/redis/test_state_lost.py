@@ -20,7 +20,7 @@ from actors.lease_store.store import deployment_name, deployment_of_url
 from actors.source import Batch, Record, SyntheticSource
 from actors.token_memory import TokenMemory
 from ingestion.testing.local_redis import LocalRedis
-from tests.nodes import OpenStore, Recorder, start_node
+from tests.support.nodes import OpenStore, Recorder, start_node
 
 SLOW = SyntheticSource(total=None, batch_size=5, interval=0.05)
 
@@ -153,7 +153,7 @@ async def test_a_standby_that_only_looks_at_the_lease_learns_its_token_and_the_c
 
     from actors.elector import Elector
     from actors.observe import NodeObserver
-    from tests.nodes import FAST_TIMING
+    from tests.support.nodes import FAST_TIMING
 
     store = open_store(redis_server.url, job)
     granted = await store.acquire("a", 60_000)

@@ -40,7 +40,7 @@ from ingestion.simulator.cli import config_from_args
 from ingestion.simulator.records import NETWORK_PASSPHRASE, PROTOCOL_VERSION, ChainSpec, ledger_hash_of
 from ingestion.simulator.rpc import go_duration
 from ingestion.simulator.rpc_events import EventLog, ledger_events, scval_b64, stroops_of
-from tests.simulator_fixtures import simulator_process
+from tests.support.simulator import simulator_process
 
 # 60 ledgers, the newest 50 kept: oldest 50000010, latest 50000059 (system events in 20, 40).
 CONFIG = SimulatorConfig(

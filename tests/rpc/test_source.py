@@ -24,7 +24,7 @@ from ingestion.simulator import Simulator, SimulatorConfig, open_simulator
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.tcp_proxy import TcpProxy
 from ingestion.testing.wait import wait_until
-from tests.nodes import FAST_TIMING, Recorder, start_node
+from tests.support.nodes import FAST_TIMING, Recorder, start_node
 
 CONFIG = SimulatorConfig(ledger_interval=None, history_ledgers=300, ops_per_ledger=20, rpc_port=0)
 HANDOVER_AFTER = FAST_TIMING.ttl  # seconds: the least horizon.handover_after allows

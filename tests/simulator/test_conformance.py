@@ -19,7 +19,7 @@ import pytest
 from ingestion.common.paging import toid_parts
 from ingestion.simulator import Simulator, SimulatorConfig
 from ingestion.testing import recorded
-from tests.simulator_fixtures import running
+from tests.support.simulator import running
 
 RECORDED = recorded.HORIZON
 pytestmark = recorded.needed

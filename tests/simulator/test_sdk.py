@@ -11,7 +11,7 @@ import stellar_sdk  # a dependency of the package: missing is an error, never a 
 import trio
 
 from ingestion.simulator import Simulator, SimulatorConfig
-from tests.simulator_fixtures import running
+from tests.support.simulator import running
 
 
 @pytest.fixture

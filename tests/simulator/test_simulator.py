@@ -19,7 +19,7 @@ from ingestion.simulator import Faults, MalformedKind, Simulator, open_simulator
 from ingestion.simulator.chain import Chain
 from ingestion.simulator.records import ChainSpec
 from ingestion.testing.wait import wait_until
-from tests.simulator_fixtures import SMALL, read_stream, running, simulator_process
+from tests.support.simulator import SMALL, read_stream, running, simulator_process
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ACTORS = ROOT / "actors"
 
 # Layer -> the module prefixes it consists of (longest prefix wins). Every prefix is named: a new

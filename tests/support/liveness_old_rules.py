@@ -1,6 +1,6 @@
 """The liveness rules as the code had them before issue 23, in ``actors.liveness``'s shape.
 
-Only for ``tests/test_liveness_simulation.py``: to show that the simulation finds what issue 23
+Only for ``tests/election/test_liveness_simulation.py``: to show that the simulation finds what issue 23
 found (a job left leaderless by the balanced share; a probe of ``/`` hiding failing requests; a
 failing node counted healthy for two TTLs). Each difference names the old code it copies.
 """

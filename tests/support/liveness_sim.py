@@ -464,6 +464,6 @@ def run(
 
 
 def _old_rules() -> ModuleType:
-    from tests import liveness_old_rules
+    from tests.support import liveness_old_rules
 
     return liveness_old_rules

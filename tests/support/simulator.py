@@ -95,7 +95,7 @@ async def running(config: SimulatorConfig = SMALL) -> AsyncIterator[Simulator]:
         yield sim
 
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @asynccontextmanager

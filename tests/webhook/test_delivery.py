@@ -20,7 +20,7 @@ from ingestion.webhook.core import RetrySchedule, parse_secrets
 from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
 from ingestion.webhook.records import StreamRecords
 from ingestion.webhook.source import WebhookSource, webhook_keys
-from tests.nodes import OpenStore, Recorder, start_node
+from tests.support.nodes import OpenStore, Recorder, start_node
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 FAST = RetrySchedule((0.05, 0.05, 0.05))
