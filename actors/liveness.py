@@ -1,7 +1,7 @@
 """Liveness: whether a node campaigns for a job, holds off, hands a lease back or stays.
 
 Pure decisions, no I/O and no clock (every time is an argument). The Elector, the Balancer and
-the SourceWatch ask here; ``tests/liveness_sim.py`` drives the same functions over random worlds.
+the SourceWatch ask here; ``tests/support/liveness_sim.py`` drives the same functions over random worlds.
 Safety is not decided here (the lease and the fencing token keep two writers apart whatever
 these rules say); these rules decide only *who* leads and *how soon*.
 

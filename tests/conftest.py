@@ -24,7 +24,7 @@ from ingestion.testing import recorded
 from ingestion.testing.local_postgres import LocalPostgres
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.redis_ha import SentinelGroup
-from tests.nodes import lease_store
+from tests.support.nodes import lease_store
 
 CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 
@@ -138,7 +138,7 @@ def redis_client(redis_server: LocalRedis) -> Iterator[redis.Redis]:
 @pytest.fixture
 def open_store() -> Iterator[Callable[..., LeaseStore]]:
     """``open_store(url, job, timeout=..., **options)``: a lease store on a client of its own
-    (:func:`tests.nodes.lease_store`); every one the test opened is closed when it ends."""
+    (:func:`tests.support.nodes.lease_store`); every one the test opened is closed when it ends."""
     with contextlib.ExitStack() as opened:
 
         def open_(url: str, job: str, **options: Any) -> LeaseStore:

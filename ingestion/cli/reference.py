@@ -15,7 +15,7 @@ Every table is read from where the thing is defined, so the reference cannot dri
   webhook jobs' collector (:class:`ingestion.webhook.metrics.WebhookCollector`) registered as a
   node hosting a webhook job registers it.
 
-``tests/test_reference.py`` regenerates it and fails when ``docs/REFERENCE.md`` differs.
+``tests/cli/test_reference.py`` regenerates it and fails when ``docs/REFERENCE.md`` differs.
 """
 
 from __future__ import annotations
@@ -355,7 +355,7 @@ def render() -> str:
         "# Reference",
         "",
         f"Generated from the code by `{REFRESH}` (module `ingestion/cli/reference.py`); "
-        "`tests/test_reference.py` fails when this file is stale. Do not edit it by hand: change "
+        "`tests/cli/test_reference.py` fails when this file is stale. Do not edit it by hand: change "
         "the code (a parser's help, the settings schema, a log call, a metric) and regenerate.",
         "",
         "- [Commands](#commands)",

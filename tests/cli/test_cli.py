@@ -1,0 +1,387 @@
+"""The command line as an operator meets it: real processes, their exit status and stderr.
+
+Each mistake gets one line on stderr naming the setting and exit 2, never a traceback, and a node
+that cannot start says so before it campaigns.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from actors.lease_store import connect
+from ingestion import __version__
+from ingestion.cli import COMMANDS
+from ingestion.cli.run import parser as _run_parser
+from ingestion.testing.local_redis import LocalRedis
+from tests.support.ports import closed_port
+
+INGESTION = Path(sys.executable).parent / "ingestion"
+
+
+def env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("INGESTION_")}
+
+
+def run(
+    *args: str, timeout: float = 30, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ingestion", *args],
+        capture_output=True, text=True, timeout=timeout, env={**env(), **(extra_env or {})},
+    )  # fmt: skip
+
+
+def one_line(done: subprocess.CompletedProcess[str], status: int = 2) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == status, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def listening() -> Iterator[int]:
+    """A loopback port another process (this one) already listens on."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    yield int(s.getsockname()[1])
+    s.close()
+
+
+def test_the_installed_command_lists_every_subcommand_and_prints_the_version() -> None:
+    done = subprocess.run([str(INGESTION), "--help"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0
+    for name in ("run", "simulate", "inspect", "tail", "watch", "demo", "verify", "check-config"):
+        assert any(line.split()[:1] == [name] for line in done.stdout.splitlines()), name
+    assert set(COMMANDS) >= {"verify", "check-config"}
+    for argv in (["--version"], ["version"]):
+        done = subprocess.run([str(INGESTION), *argv], capture_output=True, text=True, timeout=30)
+        assert (done.returncode, done.stdout.strip()) == (0, f"ingestion {__version__}")
+
+
+def test_every_run_flag_shows_its_default_and_environment_variable() -> None:
+    for action in _run_parser()._actions:
+        if action.dest in ("help", "config"):
+            continue
+        assert "default: " in (action.help or "") and "env INGESTION_" in (action.help or ""), action.dest
+    done = subprocess.run([str(INGESTION), "run", "--help"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and "INGESTION_REDIS_URL" in done.stdout and "--metrics-port" in done.stdout
+
+
+def test_an_unknown_flag_or_command_is_one_line() -> None:
+    assert one_line(run("--no-such-flag")).startswith("ingestion: run: unrecognized arguments")
+    assert one_line(run("inspekt")).startswith("ingestion: unknown command 'inspekt'")
+
+
+@pytest.mark.parametrize("command", ["watch", "demo", "simulate"])
+def test_a_bad_flag_of_watch_demo_or_simulate_is_one_line(command: str) -> None:
+    extra = ["ws://127.0.0.1:1"] if command == "watch" else []
+    line = one_line(run(command, *extra, "--x"))
+    assert line == f"ingestion: {command}: unrecognized arguments: --x (see ingestion {command} --help)"
+    assert one_line(run(command, "--duration" if command != "simulate" else "--port", "soon"))
+
+
+@pytest.mark.parametrize("flag", ["--metrics-port", "--status-port"])
+def test_a_busy_listen_port_is_one_line_before_campaigning(
+    redis_server: LocalRedis, job: str, listening: int, flag: str
+) -> None:
+    done = run("--redis", redis_server.url, "--job", job, flag, str(listening), "--log-format", "json")
+    setting = "observe.metrics_port" if flag == "--metrics-port" else "observe.status_port"
+    line = one_line(done)
+    assert line.startswith(f"ingestion: configuration error: {setting}: port {listening}")
+    assert "already in use" in line
+    assert "became-leader" not in done.stdout and "standby" not in done.stdout
+
+
+def test_a_bad_listen_host_is_one_line_naming_the_setting(redis_server: LocalRedis, job: str) -> None:
+    done = run(
+        "--redis", redis_server.url, "--job", job, "--metrics-port", "0", "--status-port", "1",
+        "--log-format", "json", extra_env={"INGESTION_OBSERVE_LISTEN_HOST": "no-such-host.invalid"},
+    )  # fmt: skip
+    assert one_line(done).startswith("ingestion: configuration error: observe.listen_host: ")
+    assert "became-leader" not in done.stdout
+
+
+def test_the_simulator_on_a_busy_port_is_one_line(listening: int) -> None:
+    line = one_line(run("simulate", "--port", str(listening)))
+    assert line.startswith(f"ingestion: simulate: --port {listening}: already in use")
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.1, 0.2, 0.4])
+def test_ctrl_c_during_start_up_exits_without_a_traceback(
+    redis_server: LocalRedis, job: str, delay: float
+) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-m", "ingestion", "--redis", redis_server.url, "--job", job,
+         "--log-format", "json"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env(),
+    )  # fmt: skip
+    time.sleep(delay)
+    child.send_signal(signal.SIGINT)
+    _out, err = child.communicate(timeout=30)
+    assert "Traceback" not in err and not err.strip(), err
+    # 130 while it starts; 0 once the node runs (its graceful shutdown). A signal that arrives
+    # before the interpreter has installed any handler (a loaded machine can start Python later
+    # than `delay`) ends the process by SIGINT's default action, which a shell reports as 130 too.
+    assert child.returncode in (0, 130, -signal.SIGINT)
+
+
+def test_a_stop_signal_while_start_up_waits_on_redis_ends_start_up_before_the_node() -> None:
+    """SIGINT and SIGTERM are held from the first line of ``python -m ingestion`` until something
+    receives them on purpose (ingestion/node/stop_signals.py): one that came while Python ran other
+    code could be raised inside a finalizer ("Exception ignored in ConnectionPool.__del__"),
+    dropped, and the node started and ran on. A SIGTERM while the start-up check waits on a
+    Redis that accepts and never answers ends start-up after that step: 143, no node."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # connections complete in the backlog; nothing ever answers
+        child = subprocess.Popen(
+            [sys.executable, "-m", "ingestion", "--redis", f"redis://127.0.0.1:{silent.getsockname()[1]}/0",
+             "--job", "held", "--log-format", "json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+        )  # fmt: skip
+        silent.settimeout(30)
+        waiting, _ = silent.accept()  # the start-up check has connected: it now waits (2 s)
+        with waiting:
+            child.send_signal(signal.SIGTERM)
+            out, err = child.communicate(timeout=30)
+    assert child.returncode == 128 + signal.SIGTERM, (child.returncode, err)
+    assert not err.strip(), err
+    assert "node-starting" not in out
+
+
+def test_a_database_that_is_not_a_number_is_exit_2() -> None:
+    line = one_line(run("check-config", "--redis", "redis://127.0.0.1:6390/abc"))
+    assert line == (
+        "ingestion: configuration error: redis.url: the database must be a number such as /0, "
+        "got 'abc' in 'redis://127.0.0.1:6390/abc'"
+    )
+
+
+def test_a_database_beyond_the_servers_databases_is_exit_2(redis_server: LocalRedis, job: str) -> None:
+    url = redis_server.url.rsplit("/", 1)[0] + "/99"
+    line = one_line(run("--redis", url, "--job", job), 2)
+    assert line.startswith(f"ingestion: configuration error: redis.url {url}: database 99 does not exist")
+
+
+def test_a_sentinel_url_pointed_at_a_plain_redis_is_exit_2(redis_server: LocalRedis, job: str) -> None:
+    address = redis_server.url.split("//")[1].split("/")[0]
+    line = one_line(run("--redis", f"redis+sentinel://{address}/mymaster", "--job", job))
+    assert line.startswith("ingestion: configuration error: redis.url")
+    assert f"{address} is not a sentinel" in line
+
+
+def test_a_cluster_url_pointed_at_a_plain_redis_is_exit_2(redis_server: LocalRedis, job: str) -> None:
+    address = redis_server.url.split("//")[1].split("/")[0]
+    line = one_line(run("--redis", f"redis+cluster://{address}", "--job", job))
+    assert line.startswith(f"ingestion: configuration error: redis.url redis+cluster://{address}: ")
+    assert f"{address} is not a Redis Cluster node" in line and "cluster support disabled" in line
+    assert "use redis://HOST:PORT/DB for a plain Redis" in line
+
+
+@pytest.mark.parametrize(
+    ("server_args", "path", "says"),
+    [
+        (("--requirepass", "secret"), "/0", "authentication failed"),
+        (("--databases", "4"), "/9", "database 9 does not exist on this server (it has 4 databases)"),
+    ],
+)
+def test_a_redis_down_at_start_that_comes_up_wrong_is_exit_2_not_retried_forever(
+    job: str, server_args: tuple[str, ...], path: str, says: str
+) -> None:
+    server = LocalRedis(extra_args=server_args, password="secret" if "--requirepass" in server_args else None)
+    url = f"redis://127.0.0.1:{server.port}{path}"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "ingestion", "--redis", url, "--job", job, "--log-format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+    )  # fmt: skip
+    try:
+        time.sleep(3)
+        assert child.poll() is None  # an outage: waited out
+        server.start()
+        _out, err = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+        server.stop()
+    done = subprocess.CompletedProcess(child.args, child.returncode, _out, err)
+    line = one_line(done)
+    assert line.startswith(f"ingestion: configuration error: redis.url {url}: {says}"), line
+
+
+def test_a_redis_url_pointed_at_an_http_server_is_exit_2() -> None:
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "ingestion", "simulate", "--port", "0", "--ledger-interval", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env(),
+    )  # fmt: skip
+    try:
+        assert sim.stdout is not None
+        url = json.loads(sim.stdout.readline())["url"]
+        port = url.rsplit(":", 1)[1]
+        line = one_line(run("--redis", f"redis://127.0.0.1:{port}/0", "--job", "j"))
+        assert "an HTTP server answers at" in line and "redis.url" in line
+    finally:
+        sim.terminate()
+        sim.wait(timeout=10)
+
+
+def test_refused_credentials_and_acl_are_exit_2(redis_server: LocalRedis, job: str) -> None:
+    admin = connect(redis_server.url, timeout=2.0)
+    user = f"u-{job}"
+    admin.acl_setuser(user, enabled=True, passwords=["+secret"], keys=["other:*"], commands=["+@all"])
+    try:
+        address = redis_server.url.split("//")[1]
+        line = one_line(run("--redis", f"redis://{user}:wrong@{address}", "--job", job))
+        assert "authentication failed" in line and "wrong" not in line
+        line = one_line(run("--redis", f"redis://{user}:secret@{address}", "--job", job))
+        assert "permission denied by the Redis ACL" in line
+    finally:
+        admin.acl_deluser(user)
+        admin.close()
+
+
+def test_an_unreachable_redis_is_still_retried_not_refused(job: str) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-m", "ingestion", "--redis", f"redis://127.0.0.1:{closed_port()}/0",
+         "--job", job, "--log-format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+    )  # fmt: skip
+    try:
+        time.sleep(3)
+        assert child.poll() is None  # still waiting for Redis
+    finally:
+        child.send_signal(signal.SIGTERM)
+        child.communicate(timeout=30)
+
+
+def test_the_default_job_is_named_after_the_source() -> None:
+    done = run("check-config", "--source", "rpc", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["jobs"] == [{"job": "rpc", "kind": "rpc", "follows": "rpc (every event)"}]
+    assert doc["settings"]["node.source"] == {"value": "rpc", "source": "flag"}
+    assert doc["settings"]["node.job"]["value"] == ["rpc"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--source", "rpc", "--resource", "/payments"], "ingestion: --resource: only for a Horizon job"),
+        (["--topic", "sym:transfer"], "ingestion: --topic: only for an RPC job"),
+        (["--event-type", "contract"], "ingestion: --event-type: only for an RPC job"),
+        (["--source", "rpc", "--horizon", "http://h:8000"], "ingestion: --horizon: only for a Horizon job"),
+        (["--rpc", "http://r:8000"], "ingestion: --rpc: only for an RPC job"),
+        (["--source", "lake", "--lake", "/tmp", "--rpc", "http://r:8000"], "ingestion: --rpc: only for"),
+        (["--job", "a", "--job", "b=/payments", "--rpc", "http://r:8000"], "ingestion: --rpc: only for"),
+    ],
+)
+def test_a_flag_for_the_other_source_is_exit_2(argv: list[str], says: str) -> None:
+    assert one_line(run(*argv, "--redis", f"redis://127.0.0.1:{closed_port()}/0")).startswith(says)
+
+
+def test_a_node_hosting_both_kinds_takes_both_sources_flags(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('[jobs.h]\nkind = "horizon"\n[jobs.r]\nkind = "rpc"\n')
+    flags = ["--horizon", "http://h:8000", "--rpc", "http://r:8000", "--topic", "sym:transfer"]
+    done = run("check-config", "--config", str(config), *flags, "--resource", "/payments", "--json")
+    assert done.returncode == 0, done.stderr
+    assert [j["kind"] for j in json.loads(done.stdout)["jobs"]] == ["horizon", "rpc"]
+    # ... but not a URL flag that every job of its kind overrides in its table.
+    config.write_text('[jobs.h]\nkind = "horizon"\nhorizon = ["http://own:8000"]\n[jobs.r]\nkind = "rpc"\n')
+    line = one_line(run("check-config", "--config", str(config), *flags))
+    assert line.startswith("ingestion: --horizon: every horizon job here names its own URLs")
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"source": "horizon /operations", "cursor": "12884905985"}, "follows horizon /operations"),
+        ({"cursor": "12884905985"}, "follows horizon (its cursor 12884905985 is a Horizon paging token)"),
+    ],
+)
+def test_a_node_configured_for_another_source_refuses_the_job(
+    redis_server: LocalRedis, job: str, fields: dict[str, str], says: str
+) -> None:
+    client: redis.Redis = connect(redis_server.url, timeout=2.0)
+    client.hset(f"ingestion:{{{job}}}:cursor", mapping=fields)
+    client.close()
+    done = run("--redis", redis_server.url, "--job", job, "--source", "rpc", "--rpc",
+               f"http://127.0.0.1:{closed_port()}", "--log-format", "json")  # fmt: skip
+    line = one_line(done)
+    assert line.startswith(f"ingestion: configuration error: node.job: job {job!r} in Redis {says}")
+    assert "this node is configured for rpc (every event)" in line
+    assert "became-leader" not in done.stdout
+
+
+def test_check_config_names_where_each_setting_came_from(tmp_path: Path) -> None:
+    (tmp_path / "c.toml").write_text("[lease]\nttl_ms = 6000\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "ingestion", "check-config", "--config", str(tmp_path / "c.toml"),
+         "--redis", "redis://:pw@127.0.0.1:1/3", "--json"],
+        capture_output=True, text=True, timeout=30, env={**env(), "INGESTION_LOG_LEVEL": "debug"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)["settings"]
+    assert got["lease.ttl_ms"] == {"value": 6000, "source": "file"}
+    assert got["log.level"] == {"value": "debug", "source": "env"}
+    assert got["redis.url"] == {"value": "redis://:***@127.0.0.1:1/3", "source": "flag"}
+    assert got["lease.renew_interval_ms"] == {"value": 1200, "source": "auto"}
+    assert got["events.max_len"] == {"value": 0, "source": "default"}
+    assert "pw" not in done.stdout
+    line = one_line(run("check-config", "--lease-ttl-ms", "5"))
+    assert line.startswith("ingestion: configuration error: lease.ttl_ms: ")
+
+
+def test_verify_an_unknown_job_is_exit_2(redis_server: LocalRedis, job: str) -> None:
+    line = one_line(run("verify", "--redis", redis_server.url, "--job", job))
+    assert line.startswith(f"ingestion: verify: no job {job!r} at ")
+
+
+async def test_the_first_term_records_the_source_and_verify_checks_the_stream(
+    redis_server: LocalRedis, job: str
+) -> None:
+    """A Horizon node's first term writes ``source`` into the cursor hash; ``ingestion verify``
+    then finds the stream exactly once (exit 0), and a forged entry makes it exit 1."""
+    import trio
+
+    from ingestion.simulator.server import SimulatorConfig, open_simulator
+
+    config = SimulatorConfig(ledger_interval=None, history_ledgers=5, ops_per_ledger=3)
+    client: redis.Redis = connect(redis_server.url, timeout=2.0)
+    key = f"ingestion:{{{job}}}:cursor"
+    async with open_simulator(config) as sim:
+        args = ["--redis", redis_server.url, "--job", job, "--horizon", sim.url, "--start-cursor", "0",
+                "--lease-ttl-ms", "1000", "--log-format", "json"]  # fmt: skip
+        async with trio.open_nursery() as nursery:
+            node = await nursery.start(functools.partial(
+                trio.run_process, [sys.executable, "-m", "ingestion", *args], env=env(),
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
+            ))  # fmt: skip
+            with trio.fail_after(20):
+                while client.xlen(f"ingestion:{{{job}}}:events") < 15:  # noqa: ASYNC110 (another process)
+                    await trio.sleep(0.1)
+            node.send_signal(signal.SIGTERM)
+        assert client.hget(key, "source") == "horizon /operations"
+        verify = ["verify", "--redis", redis_server.url, "--job", job, "--horizon", sim.url,
+                  "--start-cursor", "0"]  # fmt: skip
+        done = await trio.to_thread.run_sync(functools.partial(run, *verify))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "exactly once, in order: OK" in done.stdout
+        first = client.xrange(f"ingestion:{{{job}}}:events", count=1)[0][1]
+        client.xadd(f"ingestion:{{{job}}}:events", first)  # a duplicate, as a broken writer would
+        done = await trio.to_thread.run_sync(functools.partial(run, *verify))
+        assert done.returncode == 1 and "FAILED" in done.stdout, done.stdout + done.stderr
+    client.close()

@@ -1,0 +1,1 @@
+"""deploy/: Grafana, Kubernetes, Prometheus and systemd files checked with their own tools."""

@@ -1,0 +1,1 @@
+"""The data-lake source: keys, events, the follower, real processes, an s3:// lake."""

@@ -1,0 +1,1 @@
+"""The PostgreSQL sink, its tools, and real processes on it."""

@@ -1,0 +1,444 @@
+"""The PostgreSQL sink against a real server (Debian's postgres, started here), and its pure parts
+(continuity, the fence-history check, the column contract) alone."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import psycopg
+import pytest
+import structlog
+import trio
+
+from actors.cursor_writer import CursorWriter
+from actors.lease_store import CommitRejected, Committed, LeaseStore, job_keys
+from actors.messages import CommitCursor, CommitRefused, CursorCommitted, OpenTerm, SinkOpened
+from actors.observe import NodeObserver
+from actors.sink import SinkUnavailable, TermOpened, continuation
+from actors.source import Record, SyntheticSource, TermContext
+from actors.supervisor import NodeSpec, run_node
+from ingestion.postgres import sql
+from ingestion.postgres.connection import connect, ensure_schema
+from ingestion.postgres.fence import FenceRejected, PostgresFence
+from ingestion.postgres.readers import check_job, job_state, read_events
+from ingestion.postgres.sink import PostgresSink
+from ingestion.testing.local_postgres import LocalPostgres
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.tcp_proxy import TcpProxy
+from ingestion.testing.wait import wait_until
+from tests.support.nodes import FAST_TIMING, lease_store
+
+SRC = SyntheticSource(total=None)
+
+
+def recs(first: int, last: int) -> list[Record]:
+    return [SRC.record(i) for i in range(first, last + 1)]
+
+
+
+def test_continuation_is_the_redis_scripts_rule() -> None:
+    assert continuation(None, recs(1, 3), None) == SRC.token_of(3)
+    assert continuation(SRC.token_of(3), [], SRC.token_of(9)) == SRC.token_of(9)
+    with pytest.raises(ValueError, match="not-after-cursor"):
+        continuation(SRC.token_of(3), recs(3, 4), None)
+    with pytest.raises(ValueError, match="not-after-cursor"):
+        continuation(None, recs(1, 2), SRC.token_of(1))
+    with pytest.raises(ValueError, match="bad-paging-token"):
+        continuation(None, [Record("x", "{}")], None)
+
+
+def test_fence_history_judges_rows_by_when_the_fence_rose() -> None:
+    # term 2 opened after row 2; a stale term-1 row before the raise is fine, after it is not
+    assert sql.verify_fences([(1, 1), (2, 1), (3, 2)], [(1, 0), (2, 2)]) == []
+    assert sql.verify_fences([(1, 1), (2, 2), (3, 1)], [(1, 0), (2, 1)]) != []
+    assert sql.verify_fences([(1, 1), (3, 1)], [(1, 0)]) == ["seq 3 follows 1: a gap"]
+
+
+def test_a_table_with_other_columns_breaks_the_contract() -> None:
+    assert sql.column_problem("ingestion", "events", []) is None
+    line = sql.column_problem("ingestion", "events", [("job", "text"), ("id", "integer")])
+    assert line is not None and line.startswith("sink.schema: table ingestion.events")
+
+
+async def test_commits_are_fenced_continuous_and_notified(pg: LocalPostgres) -> None:
+    sink = PostgresSink(pg.url, "j1", call_timeout=5)
+    assert await sink.open_term("a", 1) == TermOpened(None, True)
+    listener = psycopg.connect(pg.url, autocommit=True)
+    listener.execute("LISTEN ingestion_events")
+    done = await sink.commit("a", 1, None, recs(1, 3))
+    assert done == Committed(token=1, cursor=SRC.token_of(3), count=3)
+    note = next(listener.notifies(timeout=2, stop_after=1))
+    assert json.loads(note.payload) == {"job": "j1", "seq": 3, "cursor": SRC.token_of(3)}
+    listener.close()
+    # a replayed batch: the stored cursor moved on
+    replay = await sink.commit("a", 1, None, recs(1, 3))
+    assert isinstance(replay, CommitRejected) and replay.reason == "cursor-moved"
+    # a new term raises the fence and reads the cursor there ...
+    other = PostgresSink(pg.url, "j1", call_timeout=5)
+    assert await other.open_term("b", 2) == TermOpened(SRC.token_of(3), True)
+    # ... after which the old term's commit changes nothing
+    stale = await sink.commit("a", 1, SRC.token_of(3), recs(4, 5))
+    assert stale == CommitRejected(1, "stale-token", 2, SRC.token_of(3))
+    assert await sink.open_term("a", 1) == CommitRejected(1, "stale-token", 2, None)
+    assert await other.commit("b", 2, SRC.token_of(3), recs(4, 5)) == Committed(2, SRC.token_of(5), 2)
+    rows = read_events(pg.url, "ingestion", "j1")
+    assert [(s, p, t) for s, p, t, _ in rows] == [
+        (i, SRC.token_of(i), 1 if i <= 3 else 2) for i in range(1, 6)
+    ]
+    assert json.loads(rows[0][3]) == json.loads(SRC.record(1).body)
+    assert check_job(pg.url, "ingestion", "j1") == ([], 5)
+    sink.close()
+    other.close()
+
+
+async def test_retention_keeps_the_newest_max_len_rows(pg: LocalPostgres) -> None:
+    sink = PostgresSink(pg.url, "kept", call_timeout=5, events_max_len=4)
+    await sink.open_term("a", 1)
+    cursor = None
+    for first in range(1, 20, 3):
+        done = await sink.commit("a", 1, cursor, recs(first, first + 2))
+        assert isinstance(done, Committed)
+        cursor = done.cursor
+    rows = read_events(pg.url, "ingestion", "kept")
+    assert [s for s, *_ in rows] == [18, 19, 20, 21]
+    sink.close()
+
+
+async def test_the_cursor_writer_steps_down_on_a_postgres_fence(pg: LocalPostgres) -> None:
+    sink = PostgresSink(pg.url, "w", call_timeout=5)
+    inbox_send, inbox = trio.open_memory_channel[CommitCursor | OpenTerm](0)
+    elector_send, elector_recv = trio.open_memory_channel[object](4)
+    observer = NodeObserver("a", "w")
+    writer = CursorWriter(None, "a", inbox, elector_send, structlog.get_logger(), observer, sink=sink)  # type: ignore[arg-type]
+    reply_send, reply_recv = trio.open_memory_channel[object](1)
+    with structlog.testing.capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(writer.run)
+            await inbox_send.send(OpenTerm(1, reply_send))  # type: ignore[arg-type]
+            assert await reply_recv.receive() == SinkOpened(1, None)
+            await inbox_send.send(CommitCursor(1, None, tuple(recs(1, 2)), reply_send))  # type: ignore[arg-type]
+            assert await reply_recv.receive() == CursorCommitted(1, SRC.token_of(2), 2)
+            assert await PostgresSink(pg.url, "w", call_timeout=5).open_term("b", 7) == TermOpened(
+                SRC.token_of(2), True
+            )
+            await inbox_send.send(CommitCursor(1, SRC.token_of(2), tuple(recs(3, 3)), reply_send))  # type: ignore[arg-type]
+            assert await reply_recv.receive() == CommitRefused(1, "stale-token", 7)
+            assert (await elector_recv.receive()).current_token == 7  # type: ignore[attr-defined]
+            inbox_send.close()
+    fenced = [e for e in logs if e["event"] == "fencing-token-rejected"]
+    assert fenced and fenced[0]["sink"] == "postgres" and fenced[0]["checked_by"] == "postgres"
+    sink.close()
+
+
+async def test_job_code_writes_only_under_the_current_fence(pg: LocalPostgres) -> None:
+    pg.psql("CREATE TABLE IF NOT EXISTS public.notes (k text PRIMARY KEY, v int)")
+    fence = PostgresFence(pg.url, "proj", call_timeout=5)
+    async with TermContext("a", 3).fenced(fence) as tx:
+        await tx.execute("INSERT INTO public.notes VALUES ('x', 3)")
+    with pytest.raises(FenceRejected):
+        async with TermContext("old", 2).fenced(fence) as tx:
+            await tx.execute("UPDATE public.notes SET v = 2")
+    with connect(pg.url, 5) as conn:
+        assert conn.execute("SELECT v FROM public.notes").fetchall() == [(3,)]
+
+
+def test_an_existing_table_with_other_columns_is_refused(pg: LocalPostgres) -> None:
+    pg.psql("CREATE SCHEMA odd; CREATE TABLE odd.events (id int)")
+    with connect(pg.url, 5) as conn:
+        with pytest.raises(sql.SchemaMismatch, match=r"sink\.schema: table odd\.events"):
+            ensure_schema(conn, "odd")
+
+
+async def test_the_payment_projector_is_fenced_and_idempotent_by_paging_token(pg: LocalPostgres) -> None:
+    from ingestion.postgres.projector import projector
+
+    def payment(i: int, to: str, amount: str) -> Record:
+        token = SRC.token_of(i)
+        body = json.dumps({"id": token, "paging_token": token, "type": "payment", "to": to, "amount": amount})
+        return Record(token, body)
+
+    sink = PostgresSink(pg.url, "payments", call_timeout=5)
+    await sink.open_term("a", 1)
+    first = [payment(1, "GA", "1.5"), payment(2, "GB", "2"), payment(3, "GA", "0.5")]
+    await sink.commit("a", 1, None, first)
+    action = projector(pg.url, "payments", "totals")
+    assert (await action(1, TermContext("a", 4)))["rows"] == 3
+    assert (await action(2, TermContext("a", 4)))["rows"] == 0  # nothing new: no double count
+    await sink.commit("a", 1, SRC.token_of(3), [payment(4, "GB", "3")])
+    with pytest.raises(FenceRejected):
+        await action(3, TermContext("old", 3))  # a stale leader projects nothing
+    assert (await action(3, TermContext("b", 5)))["rows"] == 1
+    with connect(pg.url, 5) as conn:
+        totals = conn.execute(
+            "SELECT account, total, payments FROM ingestion.payment_totals ORDER BY 1"
+        ).fetchall()
+    assert [(a, str(t), n) for a, t, n in totals] == [("GA", "2.0", 2), ("GB", "5", 2)]
+    sink.close()
+
+
+async def test_a_node_that_cannot_reach_its_postgres_sink_holds_off_and_uses_no_token(
+    pg: LocalPostgres, redis_server: LocalRedis, job: str
+) -> None:
+    """PostgreSQL out of reach (e.g. at start-up): the node does not campaign, so no term ends
+    commit-unknown and no token is used up; it says so once, and leads once PostgreSQL answers."""
+    with connect(pg.url, 5) as conn:
+        ensure_schema(conn, "ingestion")  # (for the reads below)
+    async with trio.open_nursery() as nursery:
+        proxy: TcpProxy = await nursery.start(TcpProxy(pg.port).serve)
+        proxy.set_mode("refuse")
+        sink = PostgresSink(pg.url.replace(f":{pg.port}/", f":{proxy.port}/"), job, call_timeout=1.0)
+        spec = NodeSpec("a", job, 1500, FAST_TIMING, 0.01, "0")
+        with lease_store(redis_server.url, job) as store, structlog.testing.capture_logs() as logs:
+            await nursery.start(functools.partial(
+                run_node, store, SyntheticSource(total=None), spec, structlog.get_logger(), sink=sink,
+            ))  # fmt: skip
+
+            def held_off() -> list[Any]:
+                return [e for e in logs if e["event"] == "campaign-held-off"]
+
+            await wait_until(held_off, 10, what="campaign-held-off")
+            await trio.sleep(2 * FAST_TIMING.ttl)  # before, a term (and a token) per attempt
+            assert held_off()[0]["reason"] == "sink-unreachable" and len(held_off()) == 1
+            assert store.client.get(job_keys(job)["token"]) is None
+            assert not [e for e in logs if e["event"] == "became-leader"]
+
+            proxy.set_mode("forward")
+            await wait_until(lambda: job_state(pg.url, "ingestion", job)["events"] > 0, 15,
+                             what="rows committed once PostgreSQL answers")  # fmt: skip
+            assert int(store.client.get(job_keys(job)["token"])) == 1
+            nursery.cancel_scope.cancel()
+    sink.close()
+
+
+def test_a_text_array_literal_round_trips_every_character(pg: LocalPostgres) -> None:
+    values = ['{"a": "q\\"uote", "b": "back\\\\slash\\n"}', "{x,y}", "", "NULL", "ünï\tcode ,} \\"]
+    with connect(pg.url, 5) as conn:
+        row = conn.execute("SELECT %s::text[]", (sql.text_array(values),)).fetchone()
+    assert row is not None and row[0] == values
+
+
+# --- review findings: each test failed before its fix ----------------------------------------------
+
+
+def node_spec(node: str, job: str) -> NodeSpec:
+    return NodeSpec(node, job, 1500, FAST_TIMING, 0.01, "0")
+
+
+async def start_on(nursery: trio.Nursery, store: LeaseStore, job: str, sink: PostgresSink) -> None:
+    """Node "a" of ``job`` on a synthetic source, committing into ``sink``."""
+    await nursery.start(functools.partial(
+        run_node, store, SyntheticSource(total=None), node_spec("a", job), structlog.get_logger(),
+        sink=sink,
+    ))  # fmt: skip
+
+
+def events_of(logs: list[Any], name: str) -> list[Any]:
+    return [e for e in logs if e["event"] == name]
+
+
+async def test_a_token_issued_twice_opens_in_postgres_for_one_node_only(pg: LocalPostgres) -> None:
+    """Redis issued token 5 twice (a Sentinel failover lost the grant): PostgreSQL lets only the
+    node that opened it first commit under it, and refuses the other as stale."""
+    a = PostgresSink(pg.url, "twice", call_timeout=5)
+    c = PostgresSink(pg.url, "twice", call_timeout=5)
+    assert await a.open_term("a", 5) == TermOpened(None, True)
+    assert await a.open_term("a", 5) == TermOpened(None, True)  # the same node again: fine
+    assert await c.open_term("c", 5) == CommitRejected(5, "stale-token", 5, None)
+    refused = await c.commit("c", 5, None, recs(1, 2))
+    assert isinstance(refused, CommitRejected) and refused.reason == "stale-token"
+    assert await a.commit("a", 5, None, recs(1, 2)) == Committed(5, SRC.token_of(2), 2)
+    fence = PostgresFence(pg.url, "twice", call_timeout=5)
+    with pytest.raises(FenceRejected):
+        async with TermContext("c", 5).fenced(fence) as tx:
+            await tx.execute("SELECT 1")
+    assert job_state(pg.url, "ingestion", "twice")["fence_node"] == "a"
+    assert await c.probe() == 5  # what the Elector floors its next campaign above
+    a.close()
+    c.close()
+
+
+async def test_a_node_campaigns_above_the_postgres_fence(
+    pg: LocalPostgres, redis_server: LocalRedis, job: str
+) -> None:
+    """PostgreSQL's fence is ahead of Redis's counter (a rolled-back or fresh Redis): the probe
+    before the campaign raises the node's known token, so Redis never grants a token at or below
+    the fence (which PostgreSQL would refuse, or, equal, share between two nodes)."""
+    ahead = PostgresSink(pg.url, job, call_timeout=5)
+    assert await ahead.open_term("z", 7) == TermOpened(None, True)
+    ahead.close()
+    sink = PostgresSink(pg.url, job, call_timeout=2.0)
+    with lease_store(redis_server.url, job) as store, structlog.testing.capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            await start_on(nursery, store, job, sink)
+            await wait_until(lambda: events_of(logs, "became-leader"), 10, what="a leader")
+            await wait_until(lambda: job_state(pg.url, "ingestion", job)["events"] > 0, 10,
+                             what="rows")  # fmt: skip
+            nursery.cancel_scope.cancel()
+    assert events_of(logs, "became-leader")[0]["token"] == 8
+    assert not events_of(logs, "fencing-token-rejected")
+    sink.close()
+
+
+async def test_a_postgres_fence_rejection_releases_the_redis_lease(
+    pg: LocalPostgres, redis_server: LocalRedis, job: str
+) -> None:
+    """A newer term raised PostgreSQL's fence while this node still holds the Redis lease: the
+    node steps down *and* releases its lease (it is still its own), so it reports no
+    duplicate-node-id and the next campaign does not wait out the TTL."""
+    sink = PostgresSink(pg.url, job, call_timeout=2.0)
+    with lease_store(redis_server.url, job) as store, structlog.testing.capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            await start_on(nursery, store, job, sink)
+            await wait_until(lambda: job_state(pg.url, "ingestion", job)["events"] > 0, 10,
+                             what="rows")  # fmt: skip
+            first = events_of(logs, "became-leader")[0]["token"]
+            other = PostgresSink(pg.url, job, call_timeout=5)
+            assert await other.open_term("b", first + 5) == TermOpened(
+                job_state(pg.url, "ingestion", job)["cursor"], True
+            )
+            other.close()
+            await wait_until(lambda: len(events_of(logs, "became-leader")) > 1, 10,
+                             what="a new term")  # fmt: skip
+            nursery.cancel_scope.cancel()
+    assert events_of(logs, "fencing-token-rejected")
+    assert [e["token"] for e in events_of(logs, "lease-released")][:1] == [first]
+    assert not events_of(logs, "duplicate-node-id")
+    assert events_of(logs, "became-leader")[1]["token"] == first + 6
+    sink.close()
+
+
+async def test_a_record_jsonb_would_refuse_is_stored_as_sent(pg: LocalPostgres) -> None:
+    """A Horizon memo can carry the JSON escape \\u0000, which jsonb refuses: the record is
+    stored as sent (json keeps the text)."""
+    sink = PostgresSink(pg.url, "nul", call_timeout=5)
+    await sink.open_term("a", 1)
+    token = SRC.token_of(1)
+    body = json.dumps({"id": token, "memo": "a\x00b"})  # the escape \u0000 in the text
+    assert "\\u0000" in body
+    assert await sink.commit("a", 1, None, [Record(token, body)]) == Committed(1, token, 1)
+    assert read_events(pg.url, "ingestion", "nul")[0][3] == body
+    sink.close()
+
+
+async def test_a_batch_postgres_refuses_is_a_definite_refusal_not_an_outage(pg: LocalPostgres) -> None:
+    """The server answered an error for the one autocommit statement (data or integrity,
+    SQLSTATE classes 22 and 23): it was rolled back, so the commit is refused (``bad-batch``,
+    as the Redis path reports a batch it cannot take), not of unknown outcome."""
+    sink = PostgresSink(pg.url, "bad", call_timeout=5)
+    await sink.open_term("a", 1)
+    with pytest.raises(ValueError, match=r"sink\.url"):
+        await sink.commit("a", 1, None, [Record(SRC.token_of(1), "not json")])
+    # the connection is fine and nothing was written
+    assert await sink.commit("a", 1, None, recs(1, 1)) == Committed(1, SRC.token_of(1), 1)
+    sink.close()
+
+
+async def test_terms_that_keep_ending_commit_unknown_back_off(
+    pg: LocalPostgres, redis_server: LocalRedis, job: str
+) -> None:
+    """PostgreSQL answers the probe but every term's first transaction times out (its fence row
+    locked): the node does not campaign again at once each time, burning a token per call bound;
+    after the second such term in a row it waits a lease TTL."""
+    with connect(pg.url, 5) as conn:
+        ensure_schema(conn, "ingestion")
+    holder = psycopg.connect(pg.url)
+    holder.execute(f"INSERT INTO ingestion.fences (job, token) VALUES ('{job}', 0)")
+    holder.commit()
+    holder.execute(f"SELECT * FROM ingestion.fences WHERE job = '{job}' FOR UPDATE")
+    sink = PostgresSink(pg.url, job, call_timeout=0.3)
+    try:
+        with lease_store(redis_server.url, job) as store, structlog.testing.capture_logs() as logs:
+            async with trio.open_nursery() as nursery:
+                await start_on(nursery, store, job, sink)
+                await trio.sleep(5)  # real PostgreSQL timeouts: no mock clock here
+                nursery.cancel_scope.cancel()
+        unknown = events_of(logs, "term-open-unknown")
+        assert 2 <= len(unknown) <= 5, len(unknown)
+    finally:
+        holder.close()
+        sink.close()
+
+
+async def test_sink_calls_do_not_need_trios_default_thread_slots(pg: LocalPostgres) -> None:
+    """Abandoned PostgreSQL threads must not take the thread slots Redis calls need (and the
+    other way round): the sink has a limiter of its own, and its connections keepalives and a
+    TCP user timeout, so a dead peer ends a thread's wait."""
+    limiter = trio.to_thread.current_default_thread_limiter()
+    borrowers = [object() for _ in range(int(limiter.total_tokens))]
+    for b in borrowers:
+        limiter.acquire_on_behalf_of_nowait(b)
+    sink = PostgresSink(pg.url, "limits", call_timeout=2)
+    try:
+        assert type(await sink.probe()) is int  # (None: no answer within the call bound)
+    finally:
+        for b in borrowers:
+            limiter.release_on_behalf_of(b)
+    with connect(pg.url, 1.0) as conn:
+        params = conn.info.get_parameters()
+    assert params["keepalives"] == "1" and int(params["tcp_user_timeout"]) > 0
+    sink.close()
+
+
+async def test_a_call_abandoned_while_connecting_neither_runs_nor_takes_over(pg: LocalPostgres) -> None:
+    """A call that timed out while its thread was still connecting: when the connection comes
+    up late, that thread closes it instead of publishing it as the sink's connection and running
+    the abandoned statement."""
+    pg.psql("CREATE TABLE IF NOT EXISTS public.late (v int)")
+    with connect(pg.url, 5) as conn:
+        ensure_schema(conn, "ingestion")
+
+    def sessions() -> int:
+        with connect(pg.url, 5) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'late-call'"
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    async with trio.open_nursery() as nursery:
+        proxy: TcpProxy = await nursery.start(TcpProxy(pg.port).serve)
+        proxy.set_mode("blackhole")
+        url = pg.url.replace(f":{pg.port}/", f":{proxy.port}/")
+        sink = PostgresSink(url, "late", call_timeout=0.5, application="late-call")
+        with pytest.raises(SinkUnavailable):
+            await sink.call(lambda c: c.execute("INSERT INTO public.late VALUES (1)"))
+        proxy.set_mode("forward")
+        await trio.sleep(1.5)  # the abandoned thread's connect completes meanwhile
+        assert await trio.to_thread.run_sync(sessions) == 0
+        nursery.cancel_scope.cancel()
+    with connect(pg.url, 5) as conn:
+        assert conn.execute("SELECT count(*) FROM public.late").fetchone() == (0,)
+    sink.close()
+
+
+def test_another_versions_functions_are_left_alone(pg: LocalPostgres) -> None:
+    """In a mixed-version fleet each version calls functions of its own name: starting a node
+    does not replace what an older (or newer) node runs."""
+    old = (
+        "CREATE SCHEMA mixed; CREATE FUNCTION mixed.open_term(p_job text, p_token bigint) "
+        "RETURNS TABLE(ok boolean, fence bigint, cursor text) LANGUAGE plpgsql AS "
+        "$$BEGIN RETURN QUERY SELECT true, p_token, 'old'::text; END$$"
+    )
+    pg.psql(old)
+    with connect(pg.url, 5) as conn:
+        ensure_schema(conn, "mixed")
+        row = conn.execute(
+            "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = 'mixed' AND p.proname = 'open_term'"
+        ).fetchone()
+    assert row is not None and "'old'" in row[0]
+
+
+async def test_a_timed_out_fenced_statement_is_cancelled_before_its_connection_closes(
+    pg: LocalPostgres,
+) -> None:
+    """Job code's statement outlived the call bound: it is cancelled on the server (its thread
+    lets go of the connection) before the connection is closed, so the fence row's lock goes at
+    once rather than when ``statement_timeout`` ends the statement, and the next term writes."""
+    fence = PostgresFence(pg.url, "slow-job", call_timeout=0.5)
+    with pytest.raises(SinkUnavailable):
+        async with TermContext("a", 1).fenced(fence) as tx:
+            await tx.execute("SELECT pg_sleep(30)")
+    async with TermContext("b", 2).fenced(fence) as tx:  # within 0.5 s: the lock is gone
+        assert await tx.execute("SELECT 1") == [(1,)]

@@ -1,0 +1,321 @@
+"""The layout is the architecture, and these tests keep its one-way rules.
+
+``actors/`` is the generic runtime and never imports ``ingestion``. Inside ``ingestion/`` the
+dependencies run one way: runtime <- what both sources share <- each source <- the entry points
+(CLI, node, config, ops tools). The two sources never import each other, and the simulator (a
+stand-in for the network) never imports the node's sources, only the wire rules it shares with them.
+docs/ARCHITECTURE.md draws the same picture and names every module.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ACTORS = ROOT / "actors"
+
+# Layer -> the module prefixes it consists of (longest prefix wins). Every prefix is named: a new
+# module at the top of ingestion/ belongs to no layer until it is placed here.
+LAYERS: dict[str, tuple[str, ...]] = {
+    "runtime": ("actors",),
+    "shared": ("ingestion.common",),
+    "horizon": ("ingestion.horizon",),
+    "rpc": ("ingestion.rpc",),
+    # the wire rules of Stellar RPC, which the node's RPC source and the simulator's RPC share
+    "rpc-wire": ("ingestion.rpc.protocol",),
+    # the data lake source: its events are RPC's, so it reads the RPC wire rules (ids, filters), and
+    # nothing else of the RPC source
+    "lake": ("ingestion.lake",),
+    # the wire rules of a data lake (the SEP-54 layout: manifest and object keys), which the lake
+    # source reads and the simulator's lake writer writes; like rpc-wire, the one piece of a source
+    # the simulator may share, so the simulator still never imports how the node reads the lake
+    "lake-wire": ("ingestion.lake.keys",),
+    "simulator": ("ingestion.simulator",),
+    "config": ("ingestion.config",),
+    "postgres": ("ingestion.postgres",),
+    # the scheduled jobs' actions (``action = "ingestion.jobs:heartbeat"`` in config files)
+    "actions": ("ingestion.jobs",),
+    # push delivery: webhook jobs (reads the delivered job's records, Redis or PostgreSQL)
+    "webhook": ("ingestion.webhook",),
+    # its rules (signatures, retry schedule, ...), pure: what config checks settings against
+    "webhook-rules": ("ingestion.webhook.core",),
+    # the node: its composition (sources, stores, sinks built from the settings) and its processes
+    "node": ("ingestion.node",),
+    # what a running node serves: metrics and status
+    "serve": ("ingestion.serve",),
+    # checking a job's stream against its source (the library behind ``verify``)
+    "verify": ("ingestion.verify",),
+    # the testing kit: local servers, the cluster harness, fault proxies (tests, benchmarks, demo)
+    "testing": ("ingestion.testing",),
+    # the command line; ``simulate``'s own lives with the simulator (it shares the one-line usage
+    # errors); ``demo`` runs a cluster, so it may use the testing kit
+    "cli": ("ingestion.cli", "ingestion.simulator.cli"),
+    "demo": ("ingestion.cli.demo",),
+    # the package itself (its version) and ``python -m ingestion``
+    "entry": ("ingestion.__init__", "ingestion.__main__"),
+}
+SOURCES = {"shared", "horizon", "rpc", "rpc-wire", "lake", "lake-wire"}
+# Layer -> the layers it may import.
+ALLOWED: dict[str, set[str]] = {
+    "runtime": {"runtime"},
+    "shared": {"runtime", "shared"},
+    "rpc-wire": {"runtime", "shared", "rpc-wire"},
+    "horizon": {"runtime", "shared", "horizon"},
+    "rpc": {"runtime", "shared", "rpc", "rpc-wire"},
+    "lake-wire": {"lake-wire"},
+    "lake": {"runtime", "shared", "lake", "lake-wire", "rpc-wire"},
+    "simulator": {"shared", "rpc-wire", "lake-wire", "simulator"},
+    "config": {"runtime", "shared", "rpc-wire", "lake", "webhook-rules", "config"},
+    "webhook-rules": {"webhook-rules"},
+    "webhook": {"runtime", "shared", "postgres", "webhook-rules", "webhook"},
+    "postgres": {"runtime", "shared", "config", "postgres"},
+    "actions": {"runtime"},
+    "node": {"runtime", *SOURCES, "config", "postgres", "serve", "webhook", "webhook-rules", "node"},
+    "serve": {"runtime", "shared", "entry", "serve"},
+    "verify": {"runtime", *SOURCES, "postgres", "verify"},
+    "testing": {"runtime", "verify", "testing"},
+    "cli": {
+        "runtime", *SOURCES, "config", "postgres", "node", "serve", "verify", "simulator", "webhook",
+        "webhook-rules", "entry", "cli",
+    },
+    "demo": {"runtime", *SOURCES, "config", "postgres", "verify", "testing", "entry", "cli", "demo"},
+    "entry": {"node", "cli", "entry"},
+}
+# Who may import the testing kit, besides the kit itself: tests/, benchmarks/, and the demo.
+TESTING_USERS = {"demo", "testing"}
+
+
+def layer_of(module: str) -> str | None:
+    best: tuple[int, str] | None = None
+    for layer, prefixes in LAYERS.items():
+        for prefix in prefixes:
+            inside = module == prefix or module.startswith(prefix + ".")
+            if inside and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), layer)
+    return best[1] if best else None
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def layer_of_path(path: Path) -> str | None:
+    """A module's layer; the package ``ingestion`` itself (its ``__init__``) is the entry layer."""
+    name = module_name(path)
+    return layer_of("ingestion.__init__" if name == "ingestion" else name)
+
+
+def project_modules() -> list[Path]:
+    return sorted([*ACTORS.rglob("*.py"), *(ROOT / "ingestion").rglob("*.py")])
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every project import in ``path``, function-level ones included."""
+    here = module_name(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            found.append((node.lineno, target))
+    return [(line, m) for line, m in found if m.split(".")[0] in ("actors", "ingestion")]
+
+
+def test_every_project_module_belongs_to_a_layer() -> None:
+    assert [module_name(p) for p in project_modules() if layer_of_path(p) is None] == []
+
+
+def test_imports_follow_the_one_way_rules() -> None:
+    offenders = []
+    for path in project_modules():
+        layer = layer_of_path(path)
+        assert layer is not None
+        for line, target in imports_of(path):
+            target_layer = layer_of("ingestion.__init__" if target == "ingestion" else target)
+            if target_layer not in ALLOWED[layer]:
+                where = f"{path.relative_to(ROOT)}:{line}"
+                offenders.append(f"{where} ({layer}) imports {target} ({target_layer})")
+    assert offenders == []
+
+
+@pytest.mark.parametrize(
+    ("module", "target", "allowed"),
+    [
+        ("actors.elector", "ingestion.config", False),
+        ("ingestion.rpc.source", "ingestion.horizon.follower", False),
+        ("ingestion.horizon.source", "ingestion.rpc.core", False),
+        ("ingestion.horizon.follower", "ingestion.node", False),
+        ("ingestion.simulator.app", "ingestion.horizon.source", False),
+        ("ingestion.common.retry", "ingestion.horizon.follower", False),
+        ("ingestion.simulator.rpc", "ingestion.rpc.protocol", True),
+        ("ingestion.rpc.core", "ingestion.common.retry", True),
+        ("ingestion.node", "ingestion.rpc.source", True),
+        ("ingestion.lake.source", "ingestion.rpc.protocol", True),
+        ("ingestion.lake.source", "ingestion.rpc.source", False),
+        ("ingestion.rpc.core", "ingestion.lake.core", False),
+        ("ingestion.simulator.lake", "ingestion.lake.keys", True),
+        ("ingestion.simulator.lake", "ingestion.lake.events", False),
+        ("ingestion.lake.keys", "ingestion.rpc.protocol", False),
+        ("ingestion.node.worker", "ingestion.testing.cluster", False),
+        ("ingestion.horizon.source", "ingestion.testing.local_redis", False),
+        ("actors.supervisor", "ingestion.testing.local_redis", False),
+        ("ingestion.serve.metrics", "ingestion.testing.local_redis", False),
+        ("ingestion.cli.tail", "ingestion.testing.local_redis", False),
+        ("ingestion.cli.demo", "ingestion.testing.cluster", True),
+        ("ingestion.node.parent", "ingestion.node.build", True),
+        ("ingestion.node.worker", "ingestion.cli.usage", False),
+        ("ingestion.common.retry", "ingestion.node.build", False),
+        ("ingestion.testing.cluster", "ingestion.cli.run", False),
+    ],
+)
+def test_the_rules_refuse_what_they_should(module: str, target: str, allowed: bool) -> None:
+    source, dest = layer_of(module), layer_of(target)
+    assert source is not None and dest is not None
+    assert (dest in ALLOWED[source]) is allowed
+
+
+def test_only_the_tests_benchmarks_and_demo_use_the_testing_kit() -> None:
+    users = {layer for layer, allowed in ALLOWED.items() if "testing" in allowed}
+    assert users == TESTING_USERS
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (module-level, in functions, under TYPE_CHECKING),
+    ``from pkg import mod`` resolved to the module ``pkg.mod``."""
+    modules = {module_name(p): p for p in project_modules()}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if a.name in modules}
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here.split(".")[: len(here.split(".")) - node.level + 1]
+                    target = ".".join([*base, node.module] if node.module else base)
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    edges.add(sub if sub in modules else target)
+        graph[name] = {m for m in edges if m in modules and m != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles() -> None:
+    found = circles(import_graph())
+    assert sorted(map(sorted, found)) == []
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [{"a", "b", "c"}]
+
+
+def test_benchmarks_import_nothing_from_tests() -> None:
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} {target}"
+        for path in sorted((ROOT / "benchmarks").rglob("*.py"))
+        for line, target in _all_imports(path)
+        if target == "tests" or target.startswith("tests.")
+    ]
+    assert offenders == []
+
+
+def _all_imports(path: Path) -> list[tuple[int, str]]:
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.append((node.lineno, node.module or ""))
+    return found
+
+
+MAX_TOP_MODULES = 8  # at the top of ingestion/, besides __init__ and __main__ (packages do not count)
+
+
+def test_the_top_of_ingestion_holds_few_modules() -> None:
+    top = sorted(p.name for p in (ROOT / "ingestion").glob("*.py"))
+    top = [name for name in top if name not in ("__init__.py", "__main__.py")]
+    assert len(top) <= MAX_TOP_MODULES, top
+
+
+def test_the_testing_kit_does_not_import_pytest_when_imported() -> None:
+    kit = sorted(module_name(p) for p in (ROOT / "ingestion" / "testing").glob("*.py"))
+    code = (
+        "import importlib, sys\n"
+        f"for m in {kit!r}: importlib.import_module(m)\n"
+        "print('pytest' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "False"
+
+
+def test_importing_every_actors_module_loads_no_ingestion_module() -> None:
+    modules = sorted(module_name(p) for p in ACTORS.rglob("*.py"))
+    assert "actors.lease_store.store" in modules
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "print(sorted(m for m in sys.modules if m == 'ingestion' or m.startswith('ingestion.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_architecture_doc_names_every_module() -> None:
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    missing = [
+        str(p.relative_to(ROOT))
+        for p in project_modules()
+        if p.name != "__init__.py" and str(p.relative_to(ROOT)) not in text
+    ]
+    assert missing == [], "docs/ARCHITECTURE.md's layout does not name these modules"

@@ -1,0 +1,1 @@
+"""What several test modules share (not tests, not fixtures: those are in conftest.py)."""

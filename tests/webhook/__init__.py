@@ -1,0 +1,1 @@
+"""Webhook jobs: the rules, delivery in process, delivery through real failures."""

@@ -1,0 +1,415 @@
+"""Webhook jobs in-process against a real Redis and a real HTTP receiver that verifies every
+delivery with the official ``standardwebhooks`` package: order, retries, dead letters, fencing."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import pytest
+import redis
+import structlog
+import trio
+
+from actors.lease_store import LeaseStore, job_keys
+from actors.source import Record, SyntheticSource
+from ingestion.testing.local_postgres import LocalPostgres
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.wait import wait_until
+from ingestion.webhook.build import holder_group
+from ingestion.webhook.core import RetrySchedule, parse_secrets
+from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
+from ingestion.webhook.records import StreamRecords
+from ingestion.webhook.source import WebhookSource, webhook_keys
+from tests.support.nodes import OpenStore, Recorder, start_node
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+FAST = RetrySchedule((0.05, 0.05, 0.05))
+
+
+async def commit_source_records(store: LeaseStore, first: int, last: int, node: str = "src") -> None:
+    """Commit synthetic records ``first..last`` to the source job's stream, as its leader would."""
+    got = await store.acquire(node, 60_000)
+    token = got.token  # type: ignore[union-attr]
+    cursor = await store.committed_cursor()
+    src = SyntheticSource(total=last)
+    records = [src.record(i) for i in range(first, last + 1)]
+    done = await store.commit(node, token, cursor, records)
+    assert done.__class__.__name__ == "Committed", done
+    await store.release(node, token)
+
+
+def webhook(
+    open_store: OpenStore, url: str, source_job: str, job: str, port: int, **options: Any
+) -> tuple[WebhookSource, LeaseStore]:
+    store = open_store(url, job, timeout=1.0)
+    source_store = open_store(url, source_job, timeout=1.0)
+    hook = WebhookSource(
+        job=job, from_job=source_job, from_kind="scheduled",
+        records=StreamRecords(source_store, holder_group(job)), store=store,
+        url=f"http://127.0.0.1:{port}/hook", keys=parse_secrets(SECRET),
+        schedule=options.pop("schedule", FAST), log=structlog.get_logger().bind(job=job),
+        timeout=options.pop("timeout", 2.0), **options,
+    )  # fmt: skip
+    return hook, store
+
+
+def seqs(receiver: Receiver) -> list[int]:
+    return [r["seq"] for r in receiver.records()]
+
+
+async def test_records_arrive_signed_in_order_once_and_the_position_is_committed(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    await commit_source_records(open_store(redis_server.url, source_job), 1, 30)
+    receiver = Receiver(SECRET)
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _store = webhook(open_store, redis_server.url, source_job, hook_job, port)
+        node = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook)
+        await receiver.wait_for(30, 10)
+        await commit_source_records(open_store(redis_server.url, source_job), 31, 50)
+        await receiver.wait_for(50, 10)
+        last = SyntheticSource.token_of(50)
+        await wait_until(lambda: redis_client.hget(job_keys(hook_job)["cursor"], "cursor") == last, 5,
+                         what="the delivery position committed")  # fmt: skip
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert seqs(receiver) == list(range(1, 51))
+    assert receiver.refused_signature == 0 and receiver.duplicates == 0
+    assert len(receiver.peers) == 1  # one connection, kept alive: answers are read to their end
+    assert receiver.ids()[0] == f"{source_job}:{SyntheticSource.token_of(1)}"
+    body = json.loads(receiver.db.execute("SELECT body FROM deliveries LIMIT 1").fetchone()[0])
+    assert body[0]["type"] == "ingestion.scheduled.run"
+    # no record of its own in the webhook job's stream: nothing was dead-lettered
+    assert redis_client.xlen(job_keys(hook_job)["events"]) == 0
+    # the source job's stream keeps what is undelivered: the group sits at a delivered record
+    groups = redis_client.xinfo_groups(job_keys(source_job)["events"])
+    assert [g["name"] for g in groups] == [holder_group(hook_job)]
+
+
+async def test_failures_are_retried_in_order_and_exhausted_records_are_dead_lettered(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    await commit_source_records(open_store(redis_server.url, source_job), 1, 5)
+    receiver = Receiver(SECRET, fault=Fault(status=503, retry_after=0))
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port)
+        node = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook)
+        # 4 attempts for record 1 (the first and 3 retries), then its dead letter; likewise 2
+        await wait_until(lambda: redis_client.xlen(job_keys(hook_job)["events"]) >= 2, 10,
+                         what="two dead letters")  # fmt: skip
+        receiver.fault = None
+        await receiver.wait_for(3, 10)
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    dead = [json.loads(f["record"]) for _id, f in redis_client.xrange(job_keys(hook_job)["events"])]
+    assert [d["record"]["seq"] for d in dead][:2] == [1, 2]
+    assert dead[0]["attempts"] == 4 and dead[0]["status"] == 503
+    assert dead[0]["webhook_id"] == f"{source_job}:{SyntheticSource.token_of(1)}"
+    # the records after the dead letters were delivered, in order, none twice
+    delivered = seqs(receiver)
+    assert delivered == sorted(delivered) and delivered[-1] == 5
+    assert set(delivered) | {d["record"]["seq"] for d in dead} == {1, 2, 3, 4, 5}
+    state = redis_client.hgetall(webhook_keys(hook_job)["endpoint"])
+    assert state["state"] == "ok"
+
+
+async def test_blocking_keeps_order_through_a_long_outage(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    await commit_source_records(open_store(redis_server.url, source_job), 1, 5)
+    receiver = Receiver(SECRET, fault=Fault(status=500))
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port, on_exhausted="block")
+        node = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook)
+        await wait_until(lambda: receiver.posts >= 12, 10, what="a dozen failed attempts")
+        receiver.fault = None
+        await receiver.wait_for(5, 10)
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert seqs(receiver) == [1, 2, 3, 4, 5]
+    assert redis_client.xlen(job_keys(hook_job)["events"]) == 0
+
+
+async def test_410_disables_the_endpoint_until_enabled(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    await commit_source_records(open_store(redis_server.url, source_job), 1, 3)
+    receiver = Receiver(SECRET, fault=Fault(status=410))
+    rec = Recorder()
+    keys = webhook_keys(hook_job)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port)
+        node = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook)
+        await wait_until(lambda: redis_client.hget(keys["endpoint"], "state") == "disabled", 10,
+                         what="the endpoint disabled")  # fmt: skip
+        await trio.sleep(0.5)
+        assert receiver.posts == 1  # disabled at once: no retry
+        receiver.fault = None
+        redis_client.hset(
+            keys["endpoint"], "enable_requested_at_ms", str(2**62)
+        )
+        await receiver.wait_for(3, 10)
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert seqs(receiver) == [1, 2, 3]
+
+
+async def test_a_stale_deliverer_cannot_move_the_position(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    hook_job = f"{job}-hook"
+    store = open_store(redis_server.url, hook_job, timeout=1.0)
+    a = await store.acquire("a", 60_000)
+    assert (await store.commit("a", a.token, None, (), anchor="100")).__class__.__name__ == "Committed"  # type: ignore[union-attr]
+    redis_client.delete(store.keys["lease"])
+    b = await store.acquire("b", 60_000)
+    assert (await store.commit("b", b.token, "100", (), anchor="200")).__class__.__name__ == "Committed"  # type: ignore[union-attr]
+    # a, paused past its lease, wakes and tries to move the position forward or back: refused
+    for cursor in ("300", "50"):
+        refused = await store.commit("a", a.token, "100", (Record(cursor, "{}"),))  # type: ignore[union-attr]
+        assert refused.__class__.__name__ == "CommitRejected"
+    assert redis_client.hget(store.keys["cursor"], "cursor") == "200"
+
+
+async def test_batches_carry_up_to_n_records_each_keeping_its_id(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    await commit_source_records(open_store(redis_server.url, source_job), 1, 250)
+    receiver = Receiver(SECRET)
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port, batch=100)
+        node = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook)
+        await receiver.wait_for(250, 10)
+        last = SyntheticSource.token_of(250)
+        await wait_until(lambda: redis_client.hget(job_keys(hook_job)["cursor"], "cursor") == last, 5,
+                         what="the position at the last record")  # fmt: skip
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert seqs(receiver) == list(range(1, 251))
+    assert len(receiver.ids()) <= 250 // 100 + 2  # a batch is whatever was there, up to 100
+    assert all(r["id"] == SyntheticSource.token_of(r["seq"]) for r in receiver.records())
+
+
+async def test_concurrency_gives_up_order_but_moves_the_position_over_a_finished_prefix(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    await commit_source_records(open_store(redis_server.url, source_job), 1, 60)
+    receiver = Receiver(SECRET, answer_delay=0.01)
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port, concurrency=8)
+        node = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook)
+        await receiver.wait_for(60, 10)
+        last = SyntheticSource.token_of(60)
+        await wait_until(lambda: redis_client.hget(job_keys(hook_job)["cursor"], "cursor") == last, 5,
+                         what="the position at the last record")  # fmt: skip
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert sorted(seqs(receiver)) == list(range(1, 61)) and receiver.duplicates == 0
+
+
+async def test_replays_are_carried_out_by_the_leader_with_the_same_ids(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    from ingestion.webhook.admin import replay_bound, request_replay, status
+
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    await commit_source_records(open_store(redis_server.url, source_job), 1, 10)
+    receiver = Receiver(SECRET, fault=Fault(status=500))
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port,
+                          schedule=RetrySchedule((0.02,)))  # fmt: skip
+        node = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook)
+        await wait_until(lambda: redis_client.xlen(job_keys(hook_job)["events"]) == 10, 10,
+                         what="every record dead-lettered")  # fmt: skip
+        shown = status(redis_client, hook_job, source_job, "http://x")
+        assert shown["dead_letters"] == 10 and shown["undelivered"] == 0 and shown["leader"] == "a"
+        receiver.fault = None
+        request_replay(redis_client, hook_job, dead_letters=True)
+        await receiver.wait_for(10, 10)
+        # records 4..6 again, by record id: the receiver de-duplicates them by webhook-id
+        request_replay(redis_client, hook_job, replay_bound(SyntheticSource.token_of(4)),
+                       replay_bound(SyntheticSource.token_of(6)))  # fmt: skip
+        await wait_until(lambda: receiver.duplicates == 3, 10, what="three records replayed")
+        await wait_until(lambda: status(redis_client, hook_job, source_job, "x")["requests_pending"] == 0, 5,
+                         what="both requests done")  # fmt: skip
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert seqs(receiver) == list(range(1, 11))
+    assert redis_client.hlen(webhook_keys(hook_job)["replayed"]) == 10
+    assert json.loads(redis_client.hget(webhook_keys(hook_job)["endpoint"], "last_request"))["sent"] == 3
+
+
+def test_replay_bounds() -> None:
+    from ingestion.webhook.admin import replay_bound
+
+    assert replay_bound("1000") == str(1000 << 32)
+    assert replay_bound("4294971393") == "4294971393"
+    assert replay_bound("0000000123-0000000001".zfill(30)) == "0000000123-0000000001".zfill(30)
+    assert replay_bound("2026-12-04T00:00:00Z") == "time:1796342400000"
+    with pytest.raises(ValueError, match="neither"):
+        replay_bound("yesterday")
+
+
+def test_the_webhooks_command_shows_status_and_asks_for_replays(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, tmp_path: Any
+) -> None:
+    import subprocess
+    import sys
+
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[redis]\nurl = "{redis_server.url}"\n[jobs.{job}-src]\nkind = "scheduled"\n'
+        f'action = "ingestion.jobs:heartbeat"\nperiod_ms = 100\n[jobs.{job}-hook]\nkind = "webhook"\n'
+        f'from = "{job}-src"\nurl = "http://user:pw@127.0.0.1:9/in"\nsecret = "{SECRET}"\n'
+    )
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "ingestion", "webhooks", "--config", str(config), *args],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    shown = run("status", "--json")
+    assert shown.returncode == 0, shown.stderr
+    (status,) = json.loads(shown.stdout)
+    assert status["job"] == f"{job}-hook" and status["state"] == "idle" and status["dead_letters"] == 0
+    assert SECRET not in shown.stdout and "pw@" not in shown.stdout
+    asked = run("replay", f"{job}-hook", "--from", "100", "--to", "2026-12-04T00:00:00Z")
+    assert asked.returncode == 0, asked.stderr
+    (entry,) = redis_client.xrange(webhook_keys(f"{job}-hook")["requests"])
+    assert entry[1]["from"] == str(100 << 32) and entry[1]["to"] == "time:1796342400000"
+    bad = run("replay", f"{job}-hook", "--from", "soon")
+    assert bad.returncode == 2 and "neither a record id" in bad.stderr
+
+
+async def test_trimming_the_source_stream_keeps_what_is_not_delivered_yet(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    source = open_store(redis_server.url, source_job, timeout=1.0, events_max_len=20)
+    await commit_source_records(source, 1, 5)
+    receiver = Receiver(SECRET, fault=Fault(status=503))  # the endpoint is down for now
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port, on_exhausted="block")
+        node = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook)
+        await wait_until(lambda: receiver.posts >= 2, 10, what="the first failed attempts")
+        for first in range(6, 300, 10):  # the source job goes on, trimming to about 20 entries
+            await commit_source_records(source, first, first + 9)
+        assert redis_client.xlen(job_keys(source_job)["events"]) >= 299  # the group held them
+        receiver.fault = None
+        await receiver.wait_for(305, 20)
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert seqs(receiver) == list(range(1, 306))
+    # once delivered, the source job's next commit trims them again
+    await commit_source_records(source, 306, 306)
+    assert redis_client.xlen(job_keys(source_job)["events"]) < 200
+
+
+async def test_tls_is_verified_against_the_configured_ca(
+    redis_server: LocalRedis, job: str, open_store: OpenStore, tmp_path: Any
+) -> None:
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    source_job = f"{job}-src"
+    await commit_source_records(open_store(redis_server.url, source_job), 1, 3)
+    receiver = Receiver(SECRET)
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(
+            functools.partial(serve_receiver, receiver, certfile=str(tmp_path / "cert.pem"),
+                              keyfile=str(tmp_path / "key.pem"))
+        )  # fmt: skip
+        # the system's CAs do not know this certificate: every attempt fails, none is accepted
+        untrusted, _ = webhook(open_store, redis_server.url, source_job, f"{job}-a", port,
+                               on_exhausted="block")  # fmt: skip
+        untrusted.url = untrusted.url.replace("http://", "https://")
+        a = await start_node(nursery, rec, redis_server.url, f"{job}-a", "a", untrusted)
+        await wait_until(lambda: untrusted.stats.attempts.get("error", 0) >= 2, 10, what="refused TLS")
+        await a.shutdown()
+        assert receiver.posts == 0
+        trusted, _ = webhook(open_store, redis_server.url, source_job, f"{job}-b", port,
+                             verify=ssl.create_default_context(cafile=str(tmp_path / "ca.pem")))  # fmt: skip
+        trusted.url = trusted.url.replace("http://", "https://")
+        b = await start_node(nursery, rec, redis_server.url, f"{job}-b", "b", trusted)
+        await receiver.wait_for(3, 10)
+        await b.shutdown()
+        nursery.cancel_scope.cancel()
+    assert seqs(receiver) == [1, 2, 3]
+
+
+async def test_a_postgres_jobs_rows_are_delivered_in_order_and_located_after_a_failover(
+    pg: LocalPostgres, redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    from ingestion.postgres.sink import PostgresSink
+    from ingestion.webhook.records import PostgresRecords
+
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    sink = PostgresSink(pg.url, source_job, call_timeout=5)
+    src = SyntheticSource(total=None)
+    records = [src.record(i) for i in range(1, 41)]
+    assert await sink.open_term("a", 1)
+    await sink.commit("a", 1, None, records[:25])
+    receiver = Receiver(SECRET)
+    rec = Recorder()
+    store = open_store(redis_server.url, hook_job, timeout=1.0)
+    rows = PostgresRecords(pg.url, "ingestion", source_job, timeout=2.0)
+
+    def hook() -> WebhookSource:
+        return WebhookSource(
+            job=hook_job, from_job=source_job, from_kind="scheduled", records=rows, store=store,
+            url=f"http://127.0.0.1:{port}/in", keys=parse_secrets(SECRET), schedule=FAST,
+            log=structlog.get_logger(),
+        )  # fmt: skip
+
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        a = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook(), store=store)
+        await receiver.wait_for(25, 10)
+        last = SyntheticSource.token_of(25)
+        await wait_until(lambda: redis_client.hget(job_keys(hook_job)["cursor"], "cursor") == last, 5,
+                         what="the position at row 25")  # fmt: skip
+        await a.shutdown()
+        # more rows while nobody delivers; the next deliverer finds its place by the paging token
+        await sink.commit("a", 1, records[24].paging_token, records[25:])
+        b = await start_node(nursery, rec, redis_server.url, hook_job, "b", hook(), store=store)
+        await receiver.wait_for(40, 10)
+        await b.shutdown()
+        nursery.cancel_scope.cancel()
+    sink.close()
+    rows.close()
+    assert seqs(receiver) == list(range(1, 41)) and receiver.duplicates == 0
+    again = PostgresRecords(pg.url, "ingestion", source_job)
+    assert await again.locate(SyntheticSource.token_of(7)) == "7"  # bisected by paging token
+    assert await again.locate(SyntheticSource.token_of(7), inclusive=True) == "6"
+    again.close()
