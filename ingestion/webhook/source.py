@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import collections
 import datetime
+import functools
 import random
 import ssl
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
@@ -101,6 +102,9 @@ class Unit:
         return self.stored[-1].record.paging_token
 
 
+Done = tuple[Unit, str, dict[str, Any]]  # a unit, its outcome (delivered or dead), the dead letter's detail
+
+
 @attrs.frozen
 class Attempt:
     status: int | None
@@ -165,48 +169,71 @@ class WebhookSource:
             )  # fmt: skip
             async with client, trio.open_nursery() as nursery:
                 units_send, units_recv = trio.open_memory_channel[Unit](max(2, 2 * self.concurrency))
-                done_send, done_recv = trio.open_memory_channel[None](float("inf"))
                 nursery.start_soon(self._read, position, units_send)
-                window = Window()
-                slots = trio.Semaphore(self.concurrency)
-                outcomes: dict[str, tuple[Unit, str, dict[str, Any]]] = {}
-
-                async def deliver(unit: Unit) -> None:
-                    outcome, detail = await self._deliver(client, unit, term)
-                    outcomes[unit.key] = (unit, outcome, detail)
-                    window.finished(unit.key, outcome)
-                    if self.concurrency > 1:
-                        slots.release()
-                    done_send.send_nowait(None)
-
-                async def dispatch() -> None:
-                    async with units_recv:
-                        async for unit in units_recv:
-                            await slots.acquire()
-                            window.opened(unit.key)
-                            nursery.start_soon(deliver, unit)
-
-                nursery.start_soon(dispatch)
                 nursery.start_soon(self._serve_requests, client, term)
+                next_done: Callable[[], Awaitable[list[Done]]]
+                if self.concurrency == 1:
+                    next_done = functools.partial(self._next_in_order, client, term, units_recv)
+                else:
+                    next_done = self._side_by_side(client, term, units_recv, nursery)
                 next_hold = trio.current_time() + HOLD_EVERY
-                async for _ in done_recv:
-                    finished = window.take_done()
-                    if not finished:
-                        continue
-                    done = [outcomes.pop(key) for key, _ in finished]
+                while True:
+                    done = await next_done()
                     batch = _commit_batch(done)
                     yield batch
                     assert batch.committed is not None
-                    await batch.committed.wait()
+                    await batch.committed.wait()  # (in order: the next POST only after this)
                     self._committed(done)
-                    if self.concurrency == 1:
-                        slots.release()
                     if trio.current_time() >= next_hold:  # the retention floor, behind what is committed
                         await self.records.hold(done[-1][0].stored[-1].position)
                         next_hold = trio.current_time() + HOLD_EVERY
         finally:
             self.stats.state = "idle"
             self.stats.oldest_undelivered_ms = None  # a standby shows no lag of its own
+
+    async def _next_in_order(
+        self, client: httpx.AsyncClient, term: TermContext, units: trio.MemoryReceiveChannel[Unit]
+    ) -> list[Done]:
+        """The next unit, delivered or given up (``concurrency = 1``): one POST at a time."""
+        unit = await units.receive()
+        outcome, detail = await self._deliver(client, unit, term)
+        return [(unit, outcome, detail)]
+
+    def _side_by_side(
+        self, client: httpx.AsyncClient, term: TermContext, units: trio.MemoryReceiveChannel[Unit],
+        nursery: trio.Nursery,
+    ) -> Callable[[], Awaitable[list[Done]]]:  # fmt: skip
+        """Up to ``concurrency`` units delivered side by side; the returned function answers the
+        next finished prefix (the position moves over nothing still in flight)."""
+        window = Window()
+        slots = trio.Semaphore(self.concurrency)
+        outcomes: dict[str, Done] = {}
+        done_send, done_recv = trio.open_memory_channel[None](float("inf"))
+
+        async def deliver(unit: Unit) -> None:
+            outcome, detail = await self._deliver(client, unit, term)
+            outcomes[unit.key] = (unit, outcome, detail)
+            window.finished(unit.key, outcome)
+            slots.release()
+            done_send.send_nowait(None)
+
+        async def dispatch() -> None:
+            async with units:
+                async for unit in units:
+                    await slots.acquire()
+                    window.opened(unit.key)
+                    nursery.start_soon(deliver, unit)
+
+        nursery.start_soon(dispatch)
+
+        async def next_done() -> list[Done]:
+            while True:
+                await done_recv.receive()
+                finished = window.take_done()
+                if finished:
+                    return [outcomes.pop(key) for key, _ in finished]
+
+        return next_done
 
     def _committed(self, done: Sequence[tuple[Unit, str, dict[str, Any]]]) -> None:
         for _ in done:
@@ -497,7 +524,7 @@ class WebhookSource:
             after = f"({_text(rows[-1][0])}"
 
 
-def _commit_batch(done: Sequence[tuple[Unit, str, dict[str, Any]]]) -> Batch:
+def _commit_batch(done: Sequence[Done]) -> Batch:
     """One commit for a finished prefix: the dead letters as the webhook job's records, and the
     position through the last unit (a cursor-only batch when everything was delivered)."""
     records: list[Record] = []
