@@ -216,8 +216,8 @@ async def close_to_received(url: str, receiver: Receiver, port: int, trials: int
                 horizon=sim.url,
                 ttl_ms=5000,
                 start_cursor="now",
-                job="live",
-                extra=["--config", str(config), "--job", "live-push"],
+                job="closing",
+                extra=["--config", str(config), "--job", "closing-push"],
             )
         )
         samples: list[float] = []
@@ -242,6 +242,10 @@ async def close_to_received(url: str, receiver: Receiver, port: int, trials: int
                     if i >= 3:
                         samples.append((max(arrived()) - closed_at) * 1000)
                         firsts.append((min(arrived()) - closed_at) * 1000)
+        except BaseException:
+            for line in node.lines[-30:]:  # the node's last words, for whoever reads the failure
+                print(f"  node: {line.event} {json.dumps(line.fields)[:300]}", file=sys.stderr)
+            raise
         finally:
             await trio.to_thread.run_sync(node.stop)
             await trio.to_thread.run_sync(sim.stop)
