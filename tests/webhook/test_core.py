@@ -151,3 +151,26 @@ def test_webhook_settings_problems_are_one_line_each(tmp_path: Path) -> None:
     ):  # fmt: skip
         assert expected in text
     assert "abc" not in text
+
+
+def test_the_example_receiver_refuses_a_lower_fencing_token_and_takes_a_retry_once() -> None:
+    from ingestion.webhook.receiver import Receiver
+
+    receiver = Receiver(SECRET)
+
+    def post(msg_id: str, token: int, seq: int) -> int:
+        body = envelope("t", "x", json.dumps({"seq": seq})).encode()
+        ts = int(datetime.datetime.now(datetime.UTC).timestamp())
+        headers = {"webhook-id": msg_id, "webhook-timestamp": str(ts), "webhook-fencing-token": str(token),
+                   "webhook-signature": sign(parse_secrets(SECRET), msg_id, ts, body)}  # fmt: skip
+        return receiver.accept(headers, body)[0]
+
+    assert post("j:1", 3, 1) == 204
+    assert post("j:2", 5, 2) == 204
+    assert post("j:3", 4, 3) == 409  # a former leader's late POST: refused beside the write
+    assert post("j:2", 5, 2) == 204  # a retry of what was taken: acknowledged, not written again
+    assert [r["seq"] for r in receiver.records()] == [1, 2]
+    assert (receiver.refused_stale, receiver.duplicates) == (1, 1)
+    forged = {"webhook-id": "j:4", "webhook-timestamp": "1", "webhook-signature": "v1,AAAA"}
+    bad = receiver.accept(forged, b"{}")
+    assert bad[0] == 401 and receiver.refused_signature == 1

@@ -113,7 +113,7 @@ async def test_every_record_arrives_once_in_order_through_kills_pauses_and_a_hos
     figure(
         "webhook_failovers", records=len(upto), failovers=failovers, duplicates=receiver.duplicates,
         stale_refused=receiver.refused_stale, posts=receiver.posts,
-        duplicates_per_failover=round(receiver.duplicates / failovers, 2),
+        duplicates_per_failover=f"{receiver.duplicates / failovers:.2f}",
     )  # fmt: skip
     # at most the POST in flight is repeated per failover (the endpoint's own faults add none:
     # a failed POST was not accepted)
