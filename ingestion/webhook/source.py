@@ -21,12 +21,13 @@ the leader carries them out under its token and records them done in the ``endpo
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime
 import functools
 import random
 import ssl
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
@@ -35,7 +36,8 @@ import orjson
 import trio
 
 from actors.cursor_order import token_key
-from actors.lease_store import CommitRejected, LeaseStore
+from actors.lease_store import CommitRejected, LeaseStore, RedisUnavailable
+from actors.sink import SinkUnavailable
 from actors.source import Batch, Record, TermContext, TermFenced, current_term
 from ingestion.common.http import describe, ssl_context
 from ingestion.common.retry import parse_retry_after
@@ -167,7 +169,7 @@ class WebhookSource:
                 timeout=timeout, limits=limits, verify=self.verify, follow_redirects=False,
                 headers={"user-agent": USER_AGENT, "content-type": "application/json"},
             )  # fmt: skip
-            async with client, trio.open_nursery() as nursery:
+            async with client, _plain_errors(), trio.open_nursery() as nursery:
                 units_send, units_recv = trio.open_memory_channel[Unit](max(2, 2 * self.concurrency))
                 nursery.start_soon(self._read, position, units_send)
                 nursery.start_soon(self._serve_requests, client, term)
@@ -195,7 +197,12 @@ class WebhookSource:
         self, client: httpx.AsyncClient, term: TermContext, units: trio.MemoryReceiveChannel[Unit]
     ) -> list[Done]:
         """The next unit, delivered or given up (``concurrency = 1``): one POST at a time."""
-        unit = await units.receive()
+        try:
+            unit = await units.receive()
+        except trio.EndOfChannel:
+            # The reader stops only when it fails or is cancelled (the term ends): let that
+            # ending, already on its way, be what ends this task too.
+            await trio.sleep_forever()
         outcome, detail = await self._deliver(client, unit, term)
         return [(unit, outcome, detail)]
 
@@ -522,6 +529,24 @@ class WebhookSource:
             if len(rows) < READ_PAGE:
                 return {"action": "replay-dead-letters", "sent": sent, "failed": failed}
             after = f"({_text(rows[-1][0])}"
+
+
+@contextlib.asynccontextmanager
+async def _plain_errors() -> AsyncIterator[None]:
+    """A failure of one of the term's tasks as the Ingestor knows it, not wrapped in the nursery's
+    group: a fenced write refused ends the term as ``fenced``, Redis or the source job's sink not
+    answering as ``commit-unknown``, never the node. Anything else (a bug) goes on as it is."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        for kind in (TermFenced, RedisUnavailable, SinkUnavailable):
+            matched, _rest = group.split(kind)
+            if matched is not None:
+                leaf: BaseException = matched
+                while isinstance(leaf, BaseExceptionGroup):
+                    leaf = leaf.exceptions[0]
+                raise leaf from group
+        raise
 
 
 def _commit_batch(done: Sequence[Done]) -> Batch:

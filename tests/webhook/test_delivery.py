@@ -413,3 +413,28 @@ async def test_a_postgres_jobs_rows_are_delivered_in_order_and_located_after_a_f
     assert await again.locate(SyntheticSource.token_of(7)) == "7"  # bisected by paging token
     assert await again.locate(SyntheticSource.token_of(7), inclusive=True) == "6"
     again.close()
+
+
+async def test_terms_handed_over_at_many_points_still_deliver_every_record_once_in_order(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    """Thirty terms, each ended (handed over) after a different short time: mid-POST, mid-commit,
+    mid-read; each ends as a term does, and the records arrive once each, in order."""
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    await commit_source_records(open_store(redis_server.url, source_job), 1, 400)
+    receiver = Receiver(SECRET, answer_delay=0.002)
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        for turn in range(30):
+            hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port)
+            node = await start_node(nursery, rec, redis_server.url, hook_job, f"n{turn}", hook)
+            await rec.wait_for("became-leader", f"n{turn}")
+            await trio.sleep(0.005 * (turn % 7))
+            await node.shutdown()
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port)
+        node = await start_node(nursery, rec, redis_server.url, hook_job, "last", hook)
+        await receiver.wait_for(400, 20)
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert seqs(receiver) == list(range(1, 401))

@@ -17,6 +17,7 @@ import trio
 from actors.lease_store import job_keys
 from ingestion.testing.cluster import Cluster, figure, open_cluster
 from ingestion.testing.wait import wait_until
+from ingestion.webhook import admin
 from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
 
 pytestmark = pytest.mark.slow
@@ -118,3 +119,55 @@ async def test_every_record_arrives_once_in_order_through_kills_pauses_and_a_hos
     # at most the POST in flight is repeated per failover (the endpoint's own faults add none:
     # a failed POST was not accepted)
     assert receiver.duplicates <= failovers
+
+
+async def test_dead_letters_through_an_outage_are_replayed_by_the_leader_on_the_commands_request(
+    job: str, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    hook = f"{job}-hook"
+    receiver = Receiver(SECRET, fault=Fault(status=500))  # down from the start
+    async with trio.open_nursery() as outer:
+        port = await outer.start(serve_receiver, receiver)
+        config = tmp_path / "config.toml"
+        config.write_text(
+            f'[jobs.{job}]\nkind = "horizon"\nresource = "/operations"\n'
+            f'[jobs.{hook}]\nkind = "webhook"\nfrom = "{job}"\nurl = "http://127.0.0.1:{port}/in"\n'
+            f'secret = "{SECRET}"\nstart = "first"\nretry_schedule = ["20ms", "20ms"]\n'
+        )
+        extra = ["--config", str(config), "--job", hook]
+        async with open_cluster(job, ttl_ms=TTL_MS, ops_per_ledger=2, history_ledgers=5,
+                                ledger_interval=0.5) as cluster:  # fmt: skip
+            for name in ("n1", "n2"):
+                await cluster.start_node(name, extra=extra)
+            dead = job_keys(hook)["events"]
+            await wait_until(lambda: cluster.client.xlen(dead) >= 10, 30, what="ten dead letters")
+            receiver.fault = None
+            await wait_until(lambda: receiver.stored > 0, 30, what="delivery going on")
+
+            def command(*args: str) -> subprocess.CompletedProcess[str]:
+                return subprocess.run(
+                    [sys.executable, "-m", "ingestion", "webhooks", "--config", str(config),
+                     "--redis", cluster.redis_url, *args],
+                    capture_output=True, text=True, timeout=60,
+                )  # fmt: skip
+
+            asked = await trio.to_thread.run_sync(command, "replay", hook, "--dead-letters")
+            assert asked.returncode == 0, asked.stderr
+            letters = [f["paging_token"] for _id, f in cluster.client.xrange(dead)]
+
+            def replayed() -> bool:
+                status = admin.status(cluster.client, hook, job, "")
+                return status["requests_pending"] == 0 and status["dead_letters_replayed"] >= len(letters)
+
+            await wait_until(replayed, 30, what="the dead letters replayed")
+            shown = await trio.to_thread.run_sync(command, "status", "--json")
+            (status,) = [s for s in json.loads(shown.stdout) if s["job"] == hook]
+            assert status["dead_letters"] == len(letters) == status["dead_letters_replayed"]
+            assert json.loads(status["last_request"])["action"] == "replay-dead-letters"
+        outer.cancel_scope.cancel()
+    delivered = {r["paging_token"] for r in receiver.records()}
+    assert set(letters) <= delivered  # every dead letter arrived once the endpoint answered
+    assert receiver.refused_signature == 0
