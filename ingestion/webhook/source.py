@@ -139,6 +139,8 @@ class WebhookSource:
     rng: random.Random = attrs.Factory(random.Random)
     # commit time of each unit read and not yet committed (the delivery lag), in source order
     _waiting: collections.deque[int] = attrs.field(factory=collections.deque, init=False)
+    # the store position of the last record whose outcome is committed (this term)
+    _delivered_through: str | None = attrs.field(default=None, init=False)
 
     async def resolve_start(self, cursor: str) -> str:
         """``now``: the newest record the source job holds (``0`` when it holds none)."""
@@ -153,6 +155,7 @@ class WebhookSource:
         term = current_term.get()
         self.stats.state = "ok"
         self._waiting.clear()
+        self._delivered_through = None
         self.stats.oldest_undelivered_ms = None
         try:
             position = await self.records.locate(cursor)
@@ -243,6 +246,7 @@ class WebhookSource:
         return next_done
 
     def _committed(self, done: Sequence[tuple[Unit, str, dict[str, Any]]]) -> None:
+        self._delivered_through = done[-1][0].stored[-1].position
         for _ in done:
             if self._waiting:
                 self._waiting.popleft()
@@ -261,6 +265,8 @@ class WebhookSource:
             while True:
                 page = await self.records.read(position, READ_PAGE)
                 if not page:
+                    if self._delivered_through is not None:  # idle: the floor up to what is committed
+                        await self.records.hold(self._delivered_through)
                     await self.records.wait(position, 1.0)
                     continue
                 for i in range(0, len(page), self.batch):

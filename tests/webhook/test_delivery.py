@@ -321,6 +321,14 @@ async def test_trimming_the_source_stream_keeps_what_is_not_delivered_yet(
         assert redis_client.xlen(job_keys(source_job)["events"]) >= 299  # the group held them
         receiver.fault = None
         await receiver.wait_for(305, 20)
+        stream = job_keys(source_job)["events"]
+        last_id = redis_client.xrevrange(stream, count=1)[0][0]
+
+        def held_at_the_end() -> bool:
+            groups = redis_client.xinfo_groups(stream)
+            return [g["last-delivered-id"] for g in groups] == [last_id]
+
+        await wait_until(held_at_the_end, 5, what="the retention floor at the last delivered record")
         await node.shutdown()
         nursery.cancel_scope.cancel()
     assert seqs(receiver) == list(range(1, 306))
