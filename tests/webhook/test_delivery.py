@@ -55,6 +55,31 @@ def webhook(
     return hook, store
 
 
+async def at_position(redis_client: redis.Redis, hook_job: str, index: int) -> None:
+    """Until the webhook job's committed position is synthetic record ``index``."""
+    last = SyntheticSource.token_of(index)
+    await wait_until(lambda: redis_client.hget(job_keys(hook_job)["cursor"], "cursor") == last, 5,
+                     what=f"the delivery position at record {index}")  # fmt: skip
+
+
+async def deliver_all(
+    url: str, redis_client: redis.Redis, open_store: OpenStore, job: str, receiver: Receiver, count: int,
+    **options: Any,
+) -> None:  # fmt: skip
+    """Commit synthetic records 1..``count`` to ``job``-src and run ``job``-hook (with
+    ``options``) until all are delivered and the position is at the last."""
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    await commit_source_records(open_store(url, source_job), 1, count)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, url, source_job, hook_job, port, **options)
+        node = await start_node(nursery, Recorder(), url, hook_job, "a", hook)
+        await receiver.wait_for(count, 10)
+        await at_position(redis_client, hook_job, count)
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+
+
 def seqs(receiver: Receiver) -> list[int]:
     return [r["seq"] for r in receiver.records()]
 
@@ -73,9 +98,7 @@ async def test_records_arrive_signed_in_order_once_and_the_position_is_committed
         await receiver.wait_for(30, 10)
         await commit_source_records(open_store(redis_server.url, source_job), 31, 50)
         await receiver.wait_for(50, 10)
-        last = SyntheticSource.token_of(50)
-        await wait_until(lambda: redis_client.hget(job_keys(hook_job)["cursor"], "cursor") == last, 5,
-                         what="the delivery position committed")  # fmt: skip
+        await at_position(redis_client, hook_job, 50)
         await node.shutdown()
         nursery.cancel_scope.cancel()
     assert seqs(receiver) == list(range(1, 51))
@@ -187,20 +210,8 @@ async def test_a_stale_deliverer_cannot_move_the_position(
 async def test_batches_carry_up_to_n_records_each_keeping_its_id(
     redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
 ) -> None:
-    source_job, hook_job = f"{job}-src", f"{job}-hook"
-    await commit_source_records(open_store(redis_server.url, source_job), 1, 250)
     receiver = Receiver(SECRET)
-    rec = Recorder()
-    async with trio.open_nursery() as nursery:
-        port = await nursery.start(serve_receiver, receiver)
-        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port, batch=100)
-        node = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook)
-        await receiver.wait_for(250, 10)
-        last = SyntheticSource.token_of(250)
-        await wait_until(lambda: redis_client.hget(job_keys(hook_job)["cursor"], "cursor") == last, 5,
-                         what="the position at the last record")  # fmt: skip
-        await node.shutdown()
-        nursery.cancel_scope.cancel()
+    await deliver_all(redis_server.url, redis_client, open_store, job, receiver, 250, batch=100)
     assert seqs(receiver) == list(range(1, 251))
     assert len(receiver.ids()) <= 250 // 100 + 2  # a batch is whatever was there, up to 100
     assert all(r["id"] == SyntheticSource.token_of(r["seq"]) for r in receiver.records())
@@ -209,20 +220,8 @@ async def test_batches_carry_up_to_n_records_each_keeping_its_id(
 async def test_concurrency_gives_up_order_but_moves_the_position_over_a_finished_prefix(
     redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
 ) -> None:
-    source_job, hook_job = f"{job}-src", f"{job}-hook"
-    await commit_source_records(open_store(redis_server.url, source_job), 1, 60)
     receiver = Receiver(SECRET, answer_delay=0.01)
-    rec = Recorder()
-    async with trio.open_nursery() as nursery:
-        port = await nursery.start(serve_receiver, receiver)
-        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port, concurrency=8)
-        node = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook)
-        await receiver.wait_for(60, 10)
-        last = SyntheticSource.token_of(60)
-        await wait_until(lambda: redis_client.hget(job_keys(hook_job)["cursor"], "cursor") == last, 5,
-                         what="the position at the last record")  # fmt: skip
-        await node.shutdown()
-        nursery.cancel_scope.cancel()
+    await deliver_all(redis_server.url, redis_client, open_store, job, receiver, 60, concurrency=8)
     assert sorted(seqs(receiver)) == list(range(1, 61)) and receiver.duplicates == 0
 
 
@@ -404,9 +403,7 @@ async def test_a_postgres_jobs_rows_are_delivered_in_order_and_located_after_a_f
         port = await nursery.start(serve_receiver, receiver)
         a = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook(), store=store)
         await receiver.wait_for(25, 10)
-        last = SyntheticSource.token_of(25)
-        await wait_until(lambda: redis_client.hget(job_keys(hook_job)["cursor"], "cursor") == last, 5,
-                         what="the position at row 25")  # fmt: skip
+        await at_position(redis_client, hook_job, 25)
         await a.shutdown()
         # more rows while nobody delivers; the next deliverer finds its place by the paging token
         await sink.commit("a", 1, records[24].paging_token, records[25:])
