@@ -131,6 +131,12 @@ def test_ctrl_c_during_start_up_exits_without_a_traceback(
     time.sleep(delay)
     child.send_signal(signal.SIGINT)
     _out, err = child.communicate(timeout=30)
+    if "Fatal Python error: init_import_site" in err:
+        # The signal came while the interpreter was still starting (its site module importing the
+        # installed packages' .pth hooks, before `python -m ingestion` ran a line of ours): Python's
+        # own start-up, seen once in CI under load at 0.05 s; no program can change what it prints.
+        assert err.rstrip().endswith("KeyboardInterrupt)"), err
+        return
     assert "Traceback" not in err and not err.strip(), err
     # 130 while it starts; 0 once the node runs (its graceful shutdown). A signal that arrives
     # before the interpreter has installed any handler (a loaded machine can start Python later
