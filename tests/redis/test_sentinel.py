@@ -209,13 +209,24 @@ async def test_write_loss_recipe_loses_only_unconfirmed_commits_and_reingests_th
         await c.wait_for_events(200)
         old = g.primary()
         replicas = g.replicas()
-        await trio.to_thread.run_sync(g.cut_replicas)
-        cut_ms = redis_ms(g, old.port)  # the primary's clock, as its stream ids are
-        cut_at = trio.current_time()
-        await trio.sleep(0.8)
-        with trio.fail_after(10):  # a starved node may take longer to commit once
-            while not entries_between(g, old.port, job, cut_ms):  # noqa: ASYNC110 (Redis)
-                await trio.sleep(0.05)
+        for _cut in range(3):
+            await trio.to_thread.run_sync(g.cut_replicas)
+            cut_ms = redis_ms(g, old.port)  # the primary's clock, as its stream ids are
+            cut_at = trio.current_time()
+            await trio.sleep(0.8)
+            with trio.move_on_after(10):  # a starved node may take longer to commit once
+                while not entries_between(g, old.port, job, cut_ms):  # noqa: ASYNC110 (Redis)
+                    await trio.sleep(0.05)
+            if entries_between(g, old.port, job, cut_ms):
+                break
+            # With acks, a commit in flight across the cut lands before cut_ms is read and ends its
+            # term unacknowledged; no term is granted without acks, so nothing follows it on the
+            # primary alone: the scenario did not happen (seen in CI). Reconnect, cut again.
+            for r in replicas:
+                await trio.to_thread.run_sync(g.resume, r)
+            await c.wait_for_progress(50, within=30)
+        else:
+            raise AssertionError("three cuts and no commit reached the primary alone")
         # A commit in flight when the primary dies is unknown to its writer (no answer at all).
         lost = entries_between(g, old.port, job, cut_ms)
         await trio.to_thread.run_sync(g.kill, old)
