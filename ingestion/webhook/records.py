@@ -131,8 +131,7 @@ class StreamRecords:
 
     async def position_at(self, ms: int) -> str:
         """The position before the first record committed at or after ``ms`` (Unix ms)."""
-        before = await self._range("-", f"{max(0, ms - 1)}", 1, reverse=False) if ms > 0 else []
-        if not before:
+        if ms <= 0:
             return "0-0"
         last = await self._range(f"{ms - 1}", "-", 1, reverse=True)
         return last[0].position if last else "0-0"

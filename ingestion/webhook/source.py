@@ -270,14 +270,15 @@ class WebhookSource:
                     await self.records.wait(position, 1.0)
                     continue
                 for i in range(0, len(page), self.batch):
-                    unit = self._unit(page[i : i + self.batch])
+                    unit = self._unit(page[i : i + self.batch], as_batch=self.batch > 1)
                     self._waiting.append(unit.stored[0].committed_ms)
                     if self.stats.oldest_undelivered_ms is None:
                         self.stats.oldest_undelivered_ms = unit.stored[0].committed_ms
                     await units.send(unit)
                 position = page[-1].position
 
-    def _unit(self, stored: Sequence[Stored]) -> Unit:
+    def _unit(self, stored: Sequence[Stored], *, as_batch: bool) -> Unit:
+        """What one POST carries: one record, or (``as_batch``) a JSON array of them."""
         bodies = []
         for s in stored:
             try:
@@ -288,7 +289,7 @@ class WebhookSource:
             when = event_time(record) or _iso(s.committed_ms)
             bodies.append(envelope(event_type(self.from_kind, record), when, s.record.body))
         first, last = stored[0].record.paging_token, stored[-1].record.paging_token
-        if self.batch == 1:
+        if not as_batch:
             return Unit(tuple(stored), message_id(self.from_job, first), bodies[0].encode())
         return Unit(tuple(stored), message_id(self.from_job, first, last), f"[{','.join(bodies)}]".encode())
 
@@ -403,8 +404,9 @@ class WebhookSource:
     async def _enable_requested(self, term: TermContext) -> bool:
         keys = webhook_keys(self.job)
         client = self.store.client
-        raw = await self.store.run(lambda: client.hget(keys["endpoint"], "enable_requested_at_ms"))
-        done = await self.store.run(lambda: client.hget(keys["endpoint"], "disabled_at_ms"))
+        raw, done = await self.store.run(
+            lambda: client.hmget(keys["endpoint"], ["enable_requested_at_ms", "disabled_at_ms"])
+        )
         if raw is None or int(_text(raw)) < int(_text(done or b"0")):
             return False
         await self._set_endpoint(term, state="ok", attempts="0")
@@ -459,7 +461,7 @@ class WebhookSource:
                     end_ms is not None and stored.committed_ms > end_ms
                 ):
                     return {"action": "replay", "from": start, "to": end, "sent": sent, "failed": failed}
-                if await self._replay_one(client, term, self._unit_of(stored)):
+                if await self._replay_one(client, term, self._unit([stored], as_batch=False)):
                     sent += 1
                 else:
                     failed += 1
@@ -475,13 +477,6 @@ class WebhookSource:
                 raise ValueError("replay --from TIME needs the source job's Redis stream")
             return await self.records.position_at(int(start[5:]))  # type: ignore[attr-defined, no-any-return]
         return await self.records.locate(start, inclusive=True)
-
-    def _unit_of(self, stored: Stored) -> Unit:
-        saved, self.batch = self.batch, 1  # a replay sends one record per POST, with its own id
-        try:
-            return self._unit([stored])
-        finally:
-            self.batch = saved
 
     async def _replay_one(self, client: httpx.AsyncClient, term: TermContext, unit: Unit) -> bool:
         """One record of a replay: tried along the schedule, given up (not dead-lettered again)
@@ -523,7 +518,7 @@ class WebhookSource:
                     else orjson.dumps(letter["record"]).decode()
                 )
                 stored = Stored("", _stream_ms_of(_text(entry_id)), Record(f["paging_token"], body))
-                if await self._replay_one(client, term, self._unit_of(stored)):
+                if await self._replay_one(client, term, self._unit([stored], as_batch=False)):
                     sent += 1
                     refused = await self.store.fenced_hset(
                         term.node, term.token, keys["replayed"], {f["paging_token"]: str(_now_ms())}
