@@ -36,6 +36,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # the simulator may share, so the simulator still never imports how the node reads the lake
     "lake-wire": ("ingestion.lake.keys",),
     "simulator": ("ingestion.simulator",),
+    # decoded events, the transfer view and watch lists: pure rules over what the sources commit,
+    # and the stage that applies them to a job's batches
+    "events": ("ingestion.events",),
     "config": ("ingestion.config",),
     "postgres": ("ingestion.postgres",),
     # the scheduled jobs' actions (``action = "ingestion.jobs:heartbeat"`` in config files)
@@ -70,18 +73,21 @@ ALLOWED: dict[str, set[str]] = {
     "lake-wire": {"lake-wire"},
     "lake": {"runtime", "shared", "lake", "lake-wire", "rpc-wire"},
     "simulator": {"shared", "rpc-wire", "lake-wire", "simulator"},
-    "config": {"runtime", "shared", "rpc-wire", "lake", "webhook-rules", "config"},
+    "config": {"runtime", "shared", "rpc-wire", "lake", "webhook-rules", "events", "config"},
     "webhook-rules": {"webhook-rules"},
+    "events": {"runtime", "shared", "rpc-wire", "events"},
     "webhook": {"runtime", "shared", "postgres", "webhook-rules", "webhook"},
     "postgres": {"runtime", "shared", "config", "postgres"},
     "actions": {"runtime"},
-    "node": {"runtime", *SOURCES, "config", "postgres", "serve", "webhook", "webhook-rules", "node"},
+    "node": {
+        "runtime", *SOURCES, "config", "postgres", "serve", "webhook", "webhook-rules", "events", "node",
+    },
     "serve": {"runtime", "shared", "entry", "serve"},
     "verify": {"runtime", *SOURCES, "postgres", "verify"},
     "testing": {"runtime", "verify", "testing"},
     "cli": {
         "runtime", *SOURCES, "config", "postgres", "node", "serve", "verify", "simulator", "webhook",
-        "webhook-rules", "entry", "cli",
+        "webhook-rules", "events", "entry", "cli",
     },
     "demo": {"runtime", *SOURCES, "config", "postgres", "verify", "testing", "entry", "cli", "demo"},
     "entry": {"node", "cli", "entry"},
