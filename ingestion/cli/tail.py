@@ -72,6 +72,32 @@ def one_line(record: str) -> str:
     return _BREAKS.sub("", record).strip()
 
 
+def transfer_line(record: str) -> str | None:
+    """The record's transfer view as one tab-separated line (``--transfers``): id, kind, amount
+    (in the asset's smallest unit: stroops), asset (``native``, ``CODE:ISSUER``, or the token's
+    contract id), from, to and the destination's muxed id (``-`` where the view has none); None
+    for a record that moves nothing."""
+    import orjson
+
+    try:
+        doc = orjson.loads(record)
+    except orjson.JSONDecodeError:
+        return None
+    view = doc.get("transfer") if isinstance(doc, dict) else None
+    if not isinstance(view, dict):
+        return None
+    asset = view.get("asset") or doc.get("contractId") or "-"
+    fields = (doc.get("id"), view.get("kind"), view.get("amount"), asset, view.get("from"),
+              view.get("to"), view.get("to_muxed_id"))  # fmt: skip
+    return "\t".join("-" if f in (None, "") else str(f) for f in fields)
+
+
+def render(record: str, transfers: bool) -> str | None:
+    """What ``tail`` prints for ``record``: its JSON on one line, or with ``transfers`` its transfer
+    line (None: nothing to print)."""
+    return transfer_line(record) if transfers else one_line(record)
+
+
 def _check_from(value: str) -> str:
     if value in ("0", "$") or _ENTRY_ID.match(value):
         return value
@@ -83,12 +109,15 @@ def _check_from(value: str) -> str:
 class Tail:
     """The reading loop, on a blocking redis-py client (``tail`` is a foreground command)."""
 
-    def __init__(self, client: redis.Redis, job: str, out: TextIO, where: str) -> None:
+    def __init__(
+        self, client: redis.Redis, job: str, out: TextIO, where: str, transfers: bool = False
+    ) -> None:
         self.client = client
         self.job = job
         self.key = job_keys(job)["events"]
         self.out = out
         self.where = where
+        self.transfers = transfers
         self.printed = 0
 
     def check_job(self) -> None:
@@ -109,8 +138,10 @@ class Tail:
                 # A pending entry deleted from the stream (XDEL by someone): nothing to print.
                 print(f"ingestion: entry {entry_id} is gone from the stream; skipped", file=sys.stderr)
                 continue
-            self.out.write(one_line(fields["record"]) + "\n")
-            self.printed += 1
+            line = render(fields["record"], self.transfers)
+            if line is not None:
+                self.out.write(line + "\n")
+                self.printed += 1
         self.out.flush()  # before any acknowledgement: at least once, never at most once
         return ids
 
@@ -178,7 +209,7 @@ class Tail:
 class PostgresTail:
     """The reading loop for a job whose sink is PostgreSQL (blocking, a foreground command)."""
 
-    def __init__(self, url: str, schema: str, job: str, out: TextIO) -> None:
+    def __init__(self, url: str, schema: str, job: str, out: TextIO, transfers: bool = False) -> None:
         from ingestion.postgres.connection import redact
         from ingestion.postgres.readers import EventsFollower
 
@@ -187,6 +218,7 @@ class PostgresTail:
         self.where = f"{redact(url)} (schema {schema})"
         self.job = job
         self.out = out
+        self.transfers = transfers
         self.printed = 0
 
     def run(self, ns: argparse.Namespace) -> int:
@@ -240,8 +272,10 @@ class PostgresTail:
                 continue
             lost_since = None
             for _seq, _paging_token, _token, record in rows:
-                self.out.write(one_line(record) + "\n")
-                self.printed += 1
+                line = render(record, self.transfers)
+                if line is not None:
+                    self.out.write(line + "\n")
+                    self.printed += 1
             if rows:
                 self.out.flush()
                 after = rows[-1][0]
@@ -271,6 +305,12 @@ def parser() -> argparse.ArgumentParser:
         "$: only new ones (default: $, or 0 when a --group is created)",
     )
     p.add_argument("--count", type=int, metavar="N", help="exit after N records (default: follow)")
+    p.add_argument(
+        "--transfers", action="store_true",
+        help="print each record's transfer view instead, one tab-separated line per transfer: id, "
+        "kind, amount, asset, from, to, muxed id (records that move nothing are skipped; --count "
+        "counts transfers)",
+    )
     p.add_argument("--group", metavar="G", help="read as consumer group G and acknowledge")
     p.add_argument(
         "--consumer", metavar="C", default="tail", help="consumer name within --group (default: tail)"
@@ -287,7 +327,7 @@ def run(ns: argparse.Namespace, settings: Settings, out: TextIO) -> int:
 
     sink = configured_sink(settings, settings.node.job)
     if sink:
-        return PostgresTail(sink, settings.sink.schema, settings.node.job, out).run(ns)
+        return PostgresTail(sink, settings.sink.schema, settings.node.job, out, ns.transfers).run(ns)
     start = _check_from(ns.start if ns.start is not None else ("0" if ns.group else "$"))
     r = settings.redis
     where = redact_url(r.url)
@@ -296,7 +336,7 @@ def run(ns: argparse.Namespace, settings: Settings, out: TextIO) -> int:
         client = r.connect(timeout=bound + BLOCK_MS / 1000, connect_timeout=bound)
     except redis.RedisError as exc:  # a cluster's client reads the slot map when built
         raise TailError(describe_redis_error(exc, where=where, secret=None), 1) from exc
-    tail = Tail(client, settings.node.job, out, where)
+    tail = Tail(client, settings.node.job, out, where, ns.transfers)
     try:
         tail.check_job()
         if ns.group:
