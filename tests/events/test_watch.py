@@ -1,0 +1,310 @@
+"""Watch lists: the strkey rules (checked against stellar-sdk), matching (muxed included), the file
+source's reloads and refusals, and the Redis set source and the operator's edits on a real Redis."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from stellar_sdk import MuxedAccount
+from stellar_sdk.strkey import StrKey
+from structlog.testing import capture_logs
+
+from actors.lease_store import connect
+from ingestion.events import watch
+from ingestion.events.watch import (
+    FileWatch,
+    InlineWatch,
+    InvalidAddress,
+    RedisWatch,
+    WatchFileError,
+    WatchList,
+    WatchUnavailable,
+    account_of_muxed,
+    add,
+    address_problem,
+    is_address,
+    members_count,
+    remove,
+    valid_entries,
+    watch_keys,
+)
+from ingestion.testing.local_redis import LocalRedis
+
+
+def accounts(n: int) -> list[str]:
+    return [StrKey.encode_ed25519_public_key(os.urandom(32)) for _ in range(n)]
+
+
+G1, G2, G3 = accounts(3)
+C1 = StrKey.encode_contract(os.urandom(32))
+M1 = MuxedAccount(G1, 42).account_muxed
+M2 = MuxedAccount(G2, 2**64 - 1).account_muxed
+B1 = StrKey.encode_claimable_balance(b"\x00" + os.urandom(32))
+L1 = StrKey.encode_liquidity_pool(os.urandom(32))
+
+
+def strkey(version: int, payload: bytes) -> str:
+    """A strkey with a correct checksum for any version byte (to test the version check alone)."""
+    body = bytes([version]) + payload
+    return base64.b32encode(body + binascii.crc_hqx(body, 0).to_bytes(2, "little")).decode().rstrip("=")
+
+
+def test_every_kind_of_address_is_accepted_as_stellar_sdk_accepts_it() -> None:
+    for _ in range(200):
+        made = [
+            StrKey.encode_ed25519_public_key(os.urandom(32)), StrKey.encode_contract(os.urandom(32)),
+            StrKey.encode_med25519_public_key(os.urandom(40)), StrKey.encode_liquidity_pool(os.urandom(32)),
+            StrKey.encode_claimable_balance(os.urandom(33)),
+        ]  # fmt: skip
+        for address in made:
+            assert is_address(address) and address_problem(address) is None, address
+        assert valid_entries(made) == made
+
+
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [
+        (G1[:-1] + ("A" if G1[-1] != "A" else "B"), "checksum"),
+        (G1[:10] + ("A" if G1[10] != "A" else "B") + G1[11:], "checksum"),
+        (G1[:-1], "has 55 characters"),
+        (G1 + "A", "has 57 characters"),
+        (M1[:56], "has 56 characters; a muxed account address"),
+        (G1.lower(), "not a G, C, M, B or L"),
+        ("G" + G1[1:].lower(), "not base32"),
+        (G1[:5] + "1" + G1[6:], "not base32"),
+        (G1[:5] + " " + G1[6:], "not base32"),
+        (G1[:5] + "_" + G1[6:], "not base32"),
+        (G1[:5] + "É" + G1[6:], "not base32"),
+        (strkey(6 << 3 | 1, os.urandom(32)), "wrong version byte"),
+        (StrKey.encode_ed25519_secret_seed(os.urandom(32)), "not a G, C, M, B or L"),
+        (StrKey.encode_pre_auth_tx(os.urandom(32)), "not a G, C, M, B or L"),
+        ("", "not a G, C, M, B or L"),
+        (f" {G1}"[:56], "not a G, C, M, B or L"),
+    ],
+)
+def test_invalid_entries_are_refused_and_the_reason_named(entry: str, says: str) -> None:
+    assert not is_address(entry)
+    problem = address_problem(entry)
+    assert problem is not None and says in problem
+    with pytest.raises(InvalidAddress, match="watch\\[1\\]"):
+        InlineWatch([G1, entry])
+    assert valid_entries([G2, entry, G3]) == [G2, G3]
+
+
+def test_a_muxed_address_with_nonzero_padding_bits_is_refused() -> None:
+    # 69 characters carry 345 bits for 344: the last one must be zero, or two spellings would exist
+    value = int(M1.encode().translate(watch._TO_DIGITS), 32) | 1
+    digits = "".join("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"[(value >> (5 * i)) & 31] for i in reversed(range(69)))
+    assert digits != M1 and not is_address(digits)
+    assert not StrKey.is_valid_med25519_public_key(digits)
+
+
+def test_a_bulk_chunk_with_one_bad_entry_keeps_the_rest() -> None:
+    good = [*accounts(300), C1, L1]
+    bad = good[7][:-1] + ("A" if good[7][-1] != "A" else "B")
+    skipped = watch._Skipped()
+    assert valid_entries([*good[:7], bad, *good[8:]], skipped) == good[:7] + good[8:]
+    assert skipped.count == 1 and skipped.examples == [bad]
+
+
+def test_matches_a_watched_address_among_those_a_record_names() -> None:
+    wl = WatchList.of([G1, C1])
+    assert wl.matches((G3, G1)) and wl.matches([C1]) and wl.matches(iter([G2, C1]))
+    assert not wl.matches((G2, G3)) and not wl.matches(()) and not wl.matches(("", "x"))
+    assert G1 in wl and len(wl) == 2 and repr(wl) == "WatchList(2 addresses)"
+
+
+def test_a_muxed_address_matches_when_it_or_its_account_is_watched() -> None:
+    assert account_of_muxed(M1) == G1 and account_of_muxed(M2) == G2
+    assert account_of_muxed(G1) is None and account_of_muxed("M" + G1[1:]) is None
+    assert WatchList.of([G1]).matches((G3, M1))  # its G account is watched
+    assert WatchList.of([M1]).matches((M1,))  # the M itself
+    assert not WatchList.of([M1]).matches((G1,))  # watching one muxed id is not watching the account
+    assert not WatchList.of([G1]).matches((M2, G3))
+    assert not WatchList.of([MuxedAccount(G1, 7).account_muxed]).matches((M1,))
+
+
+def test_of_refuses_an_invalid_entry() -> None:
+    with pytest.raises(InvalidAddress, match="checksum"):
+        WatchList.of([G1, G2[:-1] + ("A" if G2[-1] != "A" else "B")])
+
+
+async def test_inline_list_is_given_as_is() -> None:
+    source = InlineWatch([G1, M1])
+    wl = await source.current()
+    assert wl.addresses == {G1, M1} and await source.current() is wl
+    assert "2 addresses" in source.describe()
+
+
+# -- the file source
+
+
+def write(path: Path, text: str) -> None:
+    path.write_text(text)
+    stat = path.stat()  # a rewrite within the clock's tick still differs: move mtime on explicitly
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+
+
+async def test_file_is_read_without_comments_and_blank_lines_and_reloaded_on_change(tmp_path: Path) -> None:
+    path = tmp_path / "watch.txt"
+    write(path, f"# treasury\n{G1}\n\n  {C1}   # the pool contract\n")
+    source = FileWatch.open(path)
+    first = await source.current()
+    assert first.addresses == {G1, C1} and await source.current() is first
+    del first
+    write(path, f"{G2}\n{M1}\n")
+    second = await source.current()
+    assert second.addresses == {G2, M1}
+    assert source.statistics().loads == 2 and source.statistics().entries == 2
+    os.replace(_written(tmp_path / "new.txt", f"{G3}\n"), path)  # an editor's write-and-rename
+    assert (await source.current()).addresses == {G3}
+
+
+def _written(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_an_invalid_line_at_start_up_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "watch.txt"
+    path.write_text(f"{G1}\n# ok\n\n{G2[:-1]}\n")
+    with pytest.raises(WatchFileError, match=rf"{path}:4: .*has 55 characters"):
+        FileWatch.open(path)
+    with pytest.raises(WatchFileError, match="cannot read"):
+        FileWatch.open(tmp_path / "absent.txt")
+
+
+async def test_an_invalid_line_on_reload_keeps_the_list_and_is_reported_once(tmp_path: Path) -> None:
+    path = tmp_path / "watch.txt"
+    write(path, f"{G1}\n")
+    source = FileWatch.open(path)
+    kept = await source.current()
+    write(path, f"{G2}\nnot-an-address\n")
+    with capture_logs() as logs:
+        assert await source.current() is kept
+        assert await source.current() is kept
+    unusable = [e for e in logs if e["event"] == "watch-file-unusable"]
+    assert len(unusable) == 1 and f"{path}:2:" in unusable[0]["error"]
+    assert source.statistics().problem is not None and f"{path}:2:" in source.statistics().problem
+    write(path, f"{G2}\n")  # fixed: the next check loads it
+    assert (await source.current()).addresses == {G2}
+    assert source.statistics().problem is None
+
+
+async def test_a_vanished_file_keeps_the_list(tmp_path: Path) -> None:
+    path = tmp_path / "watch.txt"
+    write(path, f"{G1}\n")
+    source = FileWatch.open(path)
+    kept = await source.current()
+    path.unlink()
+    with capture_logs() as logs:
+        assert await source.current() is kept
+    assert [e["event"] for e in logs] == ["watch-file-unusable"]
+
+
+async def test_a_large_file_reloads_in_bulk(tmp_path: Path) -> None:
+    listed = accounts(25_000)
+    path = tmp_path / "watch.txt"
+    write(path, "\n".join(listed) + "\n")
+    source = FileWatch.open(path)
+    assert (await source.current()).addresses == set(listed)
+    write(path, "\n".join([*listed[:20_000], M1]) + "\n")
+    assert (await source.current()).addresses == {*listed[:20_000], M1}
+
+
+# -- the Redis set source and the operator's edits
+
+
+@pytest.fixture
+def client(redis_server: LocalRedis) -> Iterator[redis.Redis]:
+    c = connect(redis_server.url, timeout=2.0)
+    yield c
+    c.close()
+
+
+def test_keys_share_the_jobs_hash_tag() -> None:
+    assert watch_keys("payments") == {"watch": "ingestion:{payments}:watch",
+                                      "version": "ingestion:{payments}:watch:version"}  # fmt: skip
+
+
+def test_edits_validate_first_and_move_the_version_in_one_transaction(client: redis.Redis, job: str) -> None:
+    keys = watch_keys(job)
+    assert add(client, job, [G1, C1, G1]) == 2
+    assert client.get(keys["version"]) == "1"
+    assert add(client, job, [G1]) == 0  # nothing new: the version still moves (a harmless reload)
+    assert client.get(keys["version"]) == "2"
+    with pytest.raises(InvalidAddress, match="checksum"):
+        add(client, job, [G2, G3[:-1] + ("A" if G3[-1] != "A" else "B")])
+    assert client.smembers(keys["watch"]) == {G1, C1} and client.get(keys["version"]) == "2"
+    with pytest.raises(InvalidAddress):
+        remove(client, job, ["nope"])
+    assert remove(client, job, [C1, G2]) == 1 and members_count(client, job) == 1
+    assert client.get(keys["version"]) == "3"
+    assert add(client, job, []) == 0 and client.get(keys["version"]) == "3"
+
+
+async def test_redis_set_edits_are_seen_at_the_next_current(client: redis.Redis, job: str) -> None:
+    add(client, job, [G1, M1])
+    source = RedisWatch(client, job)
+    first = await source.current()
+    assert first.addresses == {G1, M1} and await source.current() is first
+    del first
+    add(client, job, [C1])
+    remove(client, job, [M1])
+    assert (await source.current()).addresses == {G1, C1}
+    assert source.statistics().loads == 2
+
+
+async def test_a_redis_set_of_many_is_read_in_chunks(client: redis.Redis, job: str) -> None:
+    listed = accounts(30_000)
+    add(client, job, listed)
+    source = RedisWatch(client, job, scan_count=1000)
+    assert (await source.current()).addresses == set(listed)
+
+
+async def test_invalid_members_added_around_the_tool_are_skipped_and_reported(
+    client: redis.Redis, job: str
+) -> None:
+    bad = ["nope", G2.lower(), G3[:-1] + ("A" if G3[-1] != "A" else "B")]
+    client.sadd(watch_keys(job)["watch"], G1, *bad)
+    with capture_logs() as logs:
+        wl = await RedisWatch(client, job).current()
+    assert wl.addresses == {G1}
+    reloaded = next(e for e in logs if e["event"] == "watch-reloaded")
+    assert reloaded["skipped"] == 3 and sorted(reloaded["skipped_examples"]) == sorted(bad)
+
+
+async def test_a_failed_version_read_keeps_the_list(private_redis: LocalRedis, job: str) -> None:
+    c = connect(private_redis.url, timeout=0.5)
+    try:
+        add(c, job, [G1])
+        source = RedisWatch(c, job)
+        kept = await source.current()
+        private_redis.stop()
+        with capture_logs() as logs:
+            assert await source.current() is kept
+            assert await source.current() is kept
+        assert [e["event"] for e in logs] == ["watch-version-unreadable"]  # once, not per batch
+        assert source.statistics().problem is not None
+    finally:
+        c.close()
+
+
+async def test_no_list_before_the_first_load_succeeds(private_redis: LocalRedis, job: str) -> None:
+    c = connect(private_redis.url, timeout=0.5)
+    try:
+        private_redis.stop()
+        source = RedisWatch(c, job)
+        with pytest.raises(WatchUnavailable):
+            await source.current()
+        private_redis.start()
+        add(c, job, [G1])
+        assert (await source.current()).addresses == {G1}
+    finally:
+        c.close()
