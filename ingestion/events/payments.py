@@ -14,7 +14,8 @@ number's exact range).
 Per type (Horizon's field names):
 
 - ``payment``, ``path_payment_strict_receive``, ``path_payment_strict_send``: ``from`` to ``to``
-  (their ``*_muxed`` M addresses instead when present, ``to_muxed_id`` from ``to_muxed_id``),
+  (the G accounts, as CAP-67's events name them: a muxed destination's id is ``to_muxed_id``;
+  the M address Horizon adds as ``to_muxed`` stays in the record, and the watch list matches it),
   the *destination* amount and asset (``amount``, ``asset_*``; a path payment's ``source_*``
   fields are what left the sender, in another asset). An issuer paying out its own asset is a
   "transfer" too: Horizon's kinds, not the token contract's mint/burn.
@@ -92,8 +93,9 @@ def asset_name(fields: dict[str, Any], prefix: str = "") -> str:
 
 
 def _party(record: dict[str, Any], field: str, *, required: bool = True) -> str | None:
-    """The party in ``field``, as its M address when Horizon gives one (``{field}_muxed``)."""
-    value = record.get(f"{field}_muxed") or record.get(field)
+    """The party in ``field``: the G account, as CAP-67's events name it (its M address, when
+    Horizon gives one as ``{field}_muxed``, only when the account itself is missing)."""
+    value = record.get(field) or record.get(f"{field}_muxed")
     if isinstance(value, str) and value:
         return value
     if required:

@@ -164,17 +164,24 @@ def payment(**fields: Any) -> dict[str, Any]:
     return {k: v for k, v in record.items() if v is not None}
 
 
-def test_payment_to_a_muxed_account_names_the_m_address_and_its_id() -> None:
+def test_payment_to_a_muxed_account_names_the_g_account_and_the_muxed_id_as_cap_67_does() -> None:
     text = compact(payment(to_muxed=M2, to_muxed_id="1"))
     out, named = payment_record_text(text)
-    assert json.loads(out)["transfer"] == {"kind": "transfer", "from": G1, "to": M2, "amount": "100000000",
+    assert json.loads(out)["transfer"] == {"kind": "transfer", "from": G1, "to": G2, "amount": "100000000",
                                           "asset": "native", "to_muxed_id": "1"}  # fmt: skip
-    assert named == (G1, G2, M2)
+    assert named == (G1, G2, M2)  # the M address is still matched by a watch list
 
 
-def test_payment_from_a_muxed_account_names_it_as_from() -> None:
+def test_payment_from_a_muxed_account_names_its_g_account_as_from() -> None:
     view = view_of(compact(payment(from_muxed=M2, from_muxed_id="1", source_account_muxed=M2)))
-    assert view is not None and view["from"] == M2 and view["to_muxed_id"] is None
+    assert view is not None and view["from"] == G1 and view["to_muxed_id"] is None
+
+
+def test_a_party_given_only_as_a_muxed_address_is_named_by_it() -> None:
+    record = payment(to_muxed=M2, to_muxed_id="1")
+    del record["to"]
+    view = view_of(compact(record))
+    assert view is not None and view["to"] == M2
 
 
 @pytest.mark.parametrize(
@@ -222,7 +229,7 @@ def test_a_payment_without_to_is_a_decode_error() -> None:
 def test_create_account_and_account_merge() -> None:
     create = {"type": "create_account", "source_account": G1, "funder": G1, "account": G2,
               "starting_balance": "1.0000000", "funder_muxed": M2, "funder_muxed_id": "1"}  # fmt: skip
-    assert view_of(compact(create)) == {"kind": "transfer", "from": M2, "to": G2, "amount": "10000000",
+    assert view_of(compact(create)) == {"kind": "transfer", "from": G1, "to": G2, "amount": "10000000",
                                         "asset": "native", "to_muxed_id": None}  # fmt: skip
     merge = {"type": "account_merge", "source_account": G1, "account": G1, "into": G2}
     assert view_of(compact(merge)) == {"kind": "transfer", "from": G1, "to": G2, "amount": None,
