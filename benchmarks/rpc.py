@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -97,11 +99,14 @@ def catch_up(
     delay_ms: int = 0,
     rounds: int = 1,
     profile: Callable[[int], Any] | None = None,
+    decode: tuple[bool, ...] = (True,),
 ) -> dict[str, Any]:
-    """``rounds``: each round is a plain warm pass, then the node, once per limit; the best of
-    each counts (a node's first pages can be slow on a noisy machine, and one plain pass is as
-    exposed). ``profile(pid)``, when given, is started on the first round's node processes (a
-    profiler with ``stop()``); what its ``stop()`` returns goes into the run's ``profile``."""
+    """``rounds``: each round is a plain warm pass, then the node, once per limit and per
+    ``decode`` setting (the job's ``decode``: events' ScVals decoded and the transfer view added,
+    or the events as RPC sent them); the best of each counts (a node's first pages can be slow on
+    a noisy machine, and one plain pass is as exposed). ``profile(pid)``, when given, is started on
+    the first round's node processes (a profiler with ``stop()``); what its ``stop()`` returns goes
+    into the run's ``profile``. ``runs`` holds one best run per limit and setting, in that order."""
     sim = RpcSimulator.start(
         "--history-ledgers", str(ledgers), "--retention-ledgers", str(ledgers),
         "--ops-per-ledger", "20", "--ledger-interval", "0",
@@ -134,26 +139,29 @@ def catch_up(
 
             done = str(Cursor.through(latest))
             for limit in limits:
-                tries: list[dict[str, Any]] = []
+                tries: dict[bool, list[dict[str, Any]]] = {d: [] for d in decode}
                 for r in range(rounds):
                     plain_eps = plain_pass()
-                    run = _node_catch_up(
-                        sim, http, client, redis_url, limit, events, done, shared,
-                        profile if r == 0 else None,
-                    )  # fmt: skip
-                    run["plain_eps"] = plain_eps
-                    tries.append(run)
-                    log(
-                        f"  node, page limit {limit:>5}, round {r + 1}: {run['eps']:,.0f} events/s "
-                        f"({run['seconds']:.2f} s, {run['requests']} getEvents requests; "
-                        f"{run['eps'] / plain_eps:.2f}x this round's plain pass)"
-                    )
-                    log(f"    node: {cpu_line(run['cpu'])}")
-                best = max(tries, key=lambda t: t["eps"])
-                best["rounds_eps"] = [{"node": t["eps"], "plain": t["plain_eps"]} for t in tries]
-                if tries[0].get("profile") is not None:
-                    best["profile"] = tries[0]["profile"]
-                out["runs"].append(best)
+                    for d in decode:
+                        run = _node_catch_up(
+                            sim, http, client, redis_url, limit, events, done, shared,
+                            profile if r == 0 else None, decode=d,
+                        )  # fmt: skip
+                        run["plain_eps"] = plain_eps
+                        tries[d].append(run)
+                        log(
+                            f"  node, page limit {limit:>5}, decode {'on' if d else 'off'}, round {r + 1}: "
+                            f"{run['eps']:,.0f} events/s ({run['seconds']:.2f} s, {run['requests']} "
+                            f"getEvents requests; {run['eps'] / plain_eps:.2f}x this round's plain pass)"
+                        )
+                        log(f"    node: {cpu_line(run['cpu'])}")
+                for d in decode:
+                    best = max(tries[d], key=lambda t: t["eps"])
+                    best["decode"] = d
+                    best["rounds_eps"] = [{"node": t["eps"], "plain": t["plain_eps"]} for t in tries[d]]
+                    if tries[d][0].get("profile") is not None:
+                        best["profile"] = tries[d][0]["profile"]
+                    out["runs"].append(best)
             best_plain, plain_cpu = max(plain, key=lambda p: p[0])
             out.update(
                 events=events, bare_cold_eps=events / cold, bare_warm_eps=best_plain, plain_cpu=plain_cpu
@@ -161,7 +169,8 @@ def catch_up(
             for run in out["runs"]:
                 run["ratio_bare_warm"] = run["eps"] / best_plain
                 log(
-                    f"  node, page limit {run['limit']:>5}, best of {rounds}: {run['eps']:,.0f} events/s, "
+                    f"  node, page limit {run['limit']:>5}, decode {'on' if run['decode'] else 'off'}, "
+                    f"best of {rounds}: {run['eps']:,.0f} events/s, "
                     f"{run['ratio_bare_warm']:.2f}x the best plain warm pass ({best_plain:,.0f} events/s)"
                 )
     finally:
@@ -180,15 +189,19 @@ def _node_catch_up(
     done: str,
     shared: dict[str, int | None],
     profile: Callable[[int], Any] | None,
+    decode: bool = True,
 ) -> dict[str, Any]:
     """One node process catching up the whole window from the oldest ledger, timed from
-    ``became-leader`` to its committed cursor reaching ``done``."""
-    job = f"bench-rpc-{limit}"
+    ``became-leader`` to its committed cursor reaching ``done``; with ``decode`` off, the job's
+    ``decode = false`` (a config file of one job table)."""
+    job = f"bench-rpc-{limit}" + ("" if decode else "-raw")
     client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token")))
     before = sim.requests(http)
+    config = Path(tempfile.mkdtemp(prefix="bench-rpc-")) / "config.toml"
+    config.write_text(f'[jobs."{job}"]\nkind = "rpc"\ndecode = {"true" if decode else "false"}\n')
     node = NodeProcess.start(
         f"rpc-{limit}", redis_url=redis_url, horizon=None, ttl_ms=5000,
-        job=job, extra=["--source", "rpc", "--rpc", sim.rpc],
+        job=job, extra=["--source", "rpc", "--rpc", sim.rpc, "--config", str(config)],
         env={"INGESTION_RPC_PAGE_LIMIT": str(limit)},
     )  # fmt: skip
     spy = None

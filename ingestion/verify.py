@@ -160,8 +160,14 @@ def check_stream(
         except ValueError:
             problem(f"entry {i}: paging token {entry.paging_token}: the record is not JSON")
             continue
-        if _without_origins(body) != _without_origins(expected.record):
+        if _without_origins(_as_sent(body)) != _without_origins(_as_sent(expected.record)):
             problem(f"entry {i}: paging token {entry.paging_token}: the record differs from Horizon's")
+        elif not _derived_right(body, expected.record):
+            problem(
+                f"entry {i}: paging token {entry.paging_token}: its decoded fields "
+                f"({', '.join(k for k in DERIVED if k in body) or 'none'}) are not what the source's "
+                "record decodes to"
+            )
 
     # 3: tokens never go backwards, and each was written by its holder while it held the lease.
     distinct: list[int] = []
@@ -210,6 +216,35 @@ def check_stream(
 
 
 _ORIGIN = re.compile(r"^https?://[^/]+")
+# What the events stage adds to a record (ingestion.events): checked apart, by decoding the
+# source's record again with the same rules
+DERIVED = ("topicJson", "valueJson", "decodeError", "transfer")
+
+
+def _as_sent(record: Any) -> Any:
+    """The record without the fields the events stage adds: what the source sent."""
+    if isinstance(record, dict) and any(k in record for k in DERIVED):
+        return {k: v for k, v in record.items() if k not in DERIVED}
+    return record
+
+
+def _derived_right(body: Any, expected: Any) -> bool:
+    """Whether the stream's record carries the decoded fields the source's record decodes to: the
+    same as ``expected``'s when it has them (a job known to decode), else none or exactly what the
+    rules give (a stream checked without knowing the job's settings: decoding may be off)."""
+    if not isinstance(body, dict) or not isinstance(expected, dict):
+        return True
+    have = {k: body[k] for k in DERIVED if k in body}
+    want = {k: expected[k] for k in DERIVED if k in expected}
+    if want or not have:
+        return have == want
+    from ingestion.events.stage import rule_for
+
+    kind = "rpc" if "contractId" in expected and "ledger" in expected else "horizon"
+    rule, _ = rule_for(kind)
+    assert rule is not None
+    derived = json.loads(rule(json.dumps(_as_sent(expected), separators=(",", ":"), ensure_ascii=False))[0])
+    return have == {k: derived[k] for k in DERIVED if k in derived}
 
 
 def _without_origins(value: Any) -> Any:
@@ -495,7 +530,7 @@ async def read_postgres_evidence(
     return entries, trimmed, fence_problems, len(state["terms"])
 
 
-async def verify_configured_job(settings: Any, job: Any, source_url: str) -> Verification:
+async def verify_configured_job(settings: Any, job: Any, source_url: str, watch: Any = None) -> Verification:
     """Check ``job`` (:class:`~ingestion.config.JobSettings`) as configured: its stream (or, for a
     job whose sink is PostgreSQL, its rows) against ``source_url`` (a Horizon or a Stellar RPC,
     after the job's kind), from its start cursor.
@@ -511,16 +546,40 @@ async def verify_configured_job(settings: Any, job: Any, source_url: str) -> Ver
         entries, trimmed, fence_problems, terms = await read_postgres_evidence(
             job.sink, settings.sink.schema, job.name
         )
-        result = await _check_against_source(job, entries, None, trimmed, source_url)
+        result = await _check_against_source(job, entries, None, trimmed, source_url, watch)
         problems = result.problems + tuple(fence_problems[: MAX_PROBLEMS])
         return attrs.evolve(result, problems=problems, fence_terms=terms)
     entries, grants, trimmed = await read_evidence(settings.redis.url, job.name)
-    return await _check_against_source(job, entries, grants, trimmed, source_url)
+    return await _check_against_source(job, entries, grants, trimmed, source_url, watch)
+
+
+async def as_committed(job: Any, source: list[SourceRecord], watch: Any = None) -> list[SourceRecord]:
+    """The source's records as ``job`` commits them: decoded (contract events' ScVals, the transfer
+    view) by the rules the node applies, and only those naming an address of ``watch`` (the job's
+    watch source, :func:`ingestion.node.build.watch_source`; None: every record).
+
+    A list edited while the job ran (``watch_set``, ``watch_file``) is checked as it stands now:
+    records committed under an earlier version of it show as differences."""
+    from ingestion.events.stage import rule_for
+
+    rule, changes = rule_for(job.kind, getattr(job, "resource", ""))
+    decode = changes and getattr(job, "decode", True)
+    if rule is None or not (decode or watch is not None):
+        return source
+    watched = None if watch is None else await watch.current()
+    out: list[SourceRecord] = []
+    for record in source:
+        text, addresses = rule(json.dumps(record.record, separators=(",", ":"), ensure_ascii=False))
+        if watched is not None and not watched.matches(addresses):
+            continue
+        out.append(SourceRecord(record.paging_token, json.loads(text)) if decode else record)
+    return out
 
 
 async def _check_against_source(
-    job: Any, entries: list[StreamEntry], grants: list[Grant] | None, trimmed: int, source_url: str
-) -> Verification:
+    job: Any, entries: list[StreamEntry], grants: list[Grant] | None, trimmed: int, source_url: str,
+    watch: Any = None,
+) -> Verification:  # fmt: skip
     through = entries[-1].paging_token if entries else None
     start = job.start_cursor
     if job.kind == "rpc":
@@ -535,7 +594,8 @@ async def _check_against_source(
             ledger = Cursor.parse(entries[0].paging_token).ledger
         else:
             ledger = None
-        source = await fetch_rpc_events(source_url, filters, ledger, through=through)
+        events = await fetch_rpc_events(source_url, filters, ledger, through=through)
+        source = await as_committed(job, events, watch)
         if start != "0" and not start.isdigit() and entries:
             first = token_key(entries[0].paging_token)
             source = [r for r in source if token_key(r.paging_token) >= first]
@@ -544,5 +604,6 @@ async def _check_against_source(
     if start == "now":
         start = await _before(source_url, job.resource, entries[0].paging_token) if entries else "0"
         trimmed = 0
-    source = await fetch_source(source_url, job.resource, start, through=through)
+    records = await fetch_source(source_url, job.resource, start, through=through)
+    source = await as_committed(job, records, watch)
     return check_stream(entries, source, grants, trimmed=trimmed)

@@ -1,4 +1,4 @@
-"""The command line: ``ingestion [run|simulate|inspect|tail|watch|demo|verify|check-config|webhooks]``.
+"""The command line: ``ingestion COMMAND``, one of :data:`COMMANDS` (``run``, ``tail``, ...).
 
 Installed as the ``ingestion`` console script and run by ``python -m ingestion``; with no
 subcommand (``python -m ingestion --node-id n1 ...``) it means ``run``.
@@ -48,6 +48,9 @@ COMMANDS: dict[str, Command] = {
     ),
     "webhooks": Command(
         "ingestion.cli.webhooks", "the webhook jobs: status, replay, enable (the leaders carry them out)"
+    ),
+    "watchlist": Command(
+        "ingestion.cli.watchlist", "edit a job's watch list in Redis (add, remove, count, show) while it runs"
     ),
     "version": Command("ingestion.cli.version", "print the version"),
 }

@@ -122,9 +122,12 @@ def _verify_and_say(
     ``describe_store``) or the source unreadable: one line, exit 1."""
     import sys
 
+    from ingestion.node.build import watch_source
+
     try:
         known()
-        result = trio.run(verify_configured_job, settings, job, url)
+        # the job's watch list as it stands now: the records it keeps are the ones to find
+        result = trio.run(verify_configured_job, settings, job, url, watch_source(settings, job))
     except store_error as exc:
         print(f"ingestion: verify: {describe_store(exc)}", file=sys.stderr)
         return 1

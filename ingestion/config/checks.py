@@ -121,6 +121,11 @@ def check_type(name: str, kind: type | str, value: Any, problems: list[str]) -> 
             return value
         problems.append(f"{name}: must be a list of strings, got {value!r}")
         return None
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        problems.append(f"{name}: must be true or false, got {value!r}")
+        return None
     if kind is int and isinstance(value, str):
         try:
             value = int(value)

@@ -100,14 +100,17 @@ def resolve_jobs(
                         problems.append(f"jobs.{name}.horizon: not an http(s) URL: {url!r}")
                 if not urls:
                     problems.append(f"jobs.{name}.horizon: at least one Horizon URL is needed")
-            jobs.append(JobSettings(name, kind, resource, start, urls))
+            jobs.append(_with_events(JobSettings(name, kind, resource, start, urls), given, problems))
             continue
         if kind in ("rpc", "lake"):
             job = _rpc_job(name, entry if eq else "", given, v["rpc"], problems, kind)
             if kind == "lake":
                 job = _lake_job(job, given, v["lake"], problems)
-            jobs.append(job)
+            jobs.append(_with_events(job, given, problems))
             continue
+        events_only = sorted(k for k in given if k in EVENTS_KEYS)
+        if events_only:
+            problems.append(f"jobs.{name}: {', '.join(events_only)} apply to horizon, rpc and lake jobs only")
         if kind == "webhook":
             if eq:
                 problems.append(f"node.job: {entry!r}: a webhook job takes no resource")
@@ -131,6 +134,29 @@ def resolve_jobs(
     return tuple(
         j if j.kind == "webhook" else _with_sink(j, tables, v["sink"]["url"], problems) for j in jobs
     )
+
+
+EVENTS_KEYS = ("decode", "watch", "watch_file", "watch_set")
+
+
+def _with_events(job: JobSettings, given: Mapping[str, Any], problems: list[str]) -> JobSettings:
+    """The job with its decoding and watch-list settings, the inline list's addresses checked (a
+    file's are checked when the node loads it: it may change while the node runs)."""
+    from ingestion.events.watch import address_problem
+
+    where = f"jobs.{job.name}"
+    watch = tuple(a.strip() for a in given.get("watch", ()))
+    for address in watch:
+        problem = address_problem(address)
+        if problem:
+            problems.append(f"{where}.watch: {problem}")
+    sources = [k for k in ("watch", "watch_file", "watch_set") if given.get(k)]
+    if len(sources) > 1:
+        problems.append(f"{where}: {' and '.join(sources)} both name the watch list: keep one")
+    return attrs.evolve(
+        job, decode=given.get("decode", True), watch=watch, watch_file=given.get("watch_file", ""),
+        watch_set=given.get("watch_set", False),
+    )  # fmt: skip
 
 
 WEBHOOK_KEYS = (

@@ -296,6 +296,23 @@ JOB_SCHEMA: dict[str, tuple[type | str, str]] = {
     "action": (str, "scheduled: the action to run, module:function (async (run, term) -> dict)"),
     "period_ms": (int, "scheduled: ms between the end of a run and the start of the next"),
     "sink": (str, "where this job's records and cursor go (default: sink.url)"),
+    # decoded events and watch lists (docs/CONSUMING.md)
+    "decode": (
+        bool,
+        "horizon, rpc, lake: add topicJson/valueJson (SEP-51) and the transfer view to each "
+        "event, or to Horizon /payments and /operations records (default true)",
+    ),
+    "watch": (
+        "list[str]",
+        "horizon, rpc, lake: commit only records naming one of these addresses (G, M, C, B, L); "
+        "the cursor still moves past the rest",
+    ),
+    "watch_file": (str, "horizon, rpc, lake: a watch list file, one address a line, reloaded on change"),
+    "watch_set": (
+        bool,
+        "horizon, rpc, lake: the watch list is the Redis set ingestion:{JOB}:watch, edited with "
+        "`ingestion watchlist` while the job runs",
+    ),
     # webhook jobs (docs/WEBHOOKS.md)
     "from": (str, "webhook: the job whose committed records are delivered"),
     "url": (str, "webhook: the endpoint (http or https) every record is POSTed to"),

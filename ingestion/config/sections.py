@@ -61,6 +61,17 @@ class JobSettings:
     lake_url: str = ""  # lake: the data lake (the filter fields above are its filter)
     webhook: WebhookSettings | None = None  # webhook: the endpoint and delivery rules
     source_sink: str = ""  # webhook: where the delivered job's records are (its sink URL)
+    # horizon, rpc, lake (docs/CONSUMING.md, "Decoded events and watch lists"): contract events'
+    # ScVals decoded and the transfer view added (Horizon: /payments and /operations records)
+    decode: bool = True
+    watch: tuple[str, ...] = ()  # only records naming one of these addresses are committed
+    watch_file: str = ""  # ... or those in this file (one a line), reloaded when it changes
+    watch_set: bool = False  # ... or those in the Redis set ingestion:{JOB}:watch
+
+    @property
+    def watching(self) -> bool:
+        """Whether the job keeps only the records that name a watched address."""
+        return bool(self.watch or self.watch_file or self.watch_set)
 
     def rpc_filters(self) -> tuple[Any, ...]:
         """The job's getEvents filters (:class:`ingestion.rpc.protocol.EventFilter`): one filter

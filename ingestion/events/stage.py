@@ -19,9 +19,14 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Any, Protocol
 
 import attrs
+import structlog
 import trio
 
 from actors.source import Batch, Record, Source
+from ingestion.events.watch import WatchUnavailable
+
+log = structlog.get_logger()
+UNAVAILABLE_RETRY = 1.0  # seconds between attempts to load a watch list that cannot be read
 
 Rule = Callable[[str], tuple[str, tuple[str, ...]]]
 """A record's text -> (its text as committed, the addresses it names)."""
@@ -33,8 +38,14 @@ class WatchList(Protocol):
 
 class WatchSource(Protocol):
     async def current(self) -> WatchList:
-        """The list as it stands now (cheap when it has not changed)."""
+        """The list as it stands now (cheap when it has not changed).
+
+        Raises:
+            WatchUnavailable: there is no list to give (Redis cannot be read and none was loaded).
+        """
         ...
+
+    def describe(self) -> str: ...
 
 
 @attrs.frozen
@@ -73,8 +84,26 @@ class EventsStage:
     async def stream(self, cursor: str) -> AsyncGenerator[Batch, None]:
         async with self.inner.stream(cursor) as batches:
             async for batch in batches:
-                watched = None if self.watch is None else await self.watch.current()
+                watched = None if self.watch is None else await self._current(self.watch)
                 yield self.apply(batch, watched)
+
+    async def _current(self, watch: WatchSource) -> WatchList:
+        """The list for the next batch. Without one the batch waits (it must not be committed
+        unfiltered, nor its records skipped): the load is tried again every
+        :data:`UNAVAILABLE_RETRY` seconds, for as long as the term lasts."""
+        failing = False
+        while True:
+            try:
+                watched = await watch.current()
+            except WatchUnavailable as exc:
+                if not failing:
+                    log.warning("watch-list-unavailable", source=watch.describe(), error=str(exc))
+                failing = True
+                await trio.sleep(UNAVAILABLE_RETRY)
+                continue
+            if failing:
+                log.info("watch-list-available", source=watch.describe())
+            return watched
 
     def apply(self, batch: Batch, watched: WatchList | None) -> Batch:
         """``batch`` decoded and filtered (pure: the list is given)."""
@@ -99,6 +128,21 @@ class EventsStage:
         if len(kept) == len(records) and through is None and not decode:
             return batch
         return Batch(tuple(kept), through=through, committed=batch.committed)
+
+
+def rule_for(kind: str, resource: str = "") -> tuple[Rule | None, bool]:
+    """The rule for a job's records, and whether it changes them: events (RPC, lake) are decoded;
+    Horizon ``/payments`` and ``/operations`` records get the transfer view; any other Horizon
+    record is kept as sent and only its addresses are read (for a watch list)."""
+    if kind in ("rpc", "lake"):
+        from ingestion.events.decoded import decode_event_text
+
+        return decode_event_text, True
+    if kind == "horizon":
+        from ingestion.events.payments import payment_record_text
+
+        return payment_record_text, resource.rstrip("/").endswith(("/payments", "/operations"))
+    return None, False
 
 
 def stage_for(source: Source, rule: Rule | None, decode: bool, watch: WatchSource | None) -> Source:

@@ -38,13 +38,42 @@ def _rpc_history(settings: Settings, job: JobSettings) -> Any:
 def build_source(
     settings: Settings, job: JobSettings | None = None, store: LeaseStore | None = None
 ) -> Source:
-    """The source of ``job`` (default: the node's first job); ``store`` (the job's) lets the
-    Horizon source write fenced audit entries (a skipped history gap).
+    """The source of ``job`` (default: the node's first job), behind the events stage when the job
+    decodes its records or watches a list (:mod:`ingestion.events.stage`); ``store`` (the job's)
+    lets the source write fenced audit entries (a skipped history gap) and holds the Redis the
+    watch list of ``watch_set`` is read from.
 
     Raises:
-        ValueError: the job's resource or action cannot be used.
+        ValueError: the job's resource or action cannot be used, or its watch list cannot be read.
     """
     job = job or settings.jobs[0]
+    source = _raw_source(settings, job, store)
+    if job.kind not in ("horizon", "rpc", "lake"):
+        return source
+    from ingestion.events.stage import rule_for, stage_for
+
+    rule, changes = rule_for(job.kind, job.resource)
+    return stage_for(source, rule, job.decode and changes, watch_source(settings, job, store))
+
+
+def watch_source(settings: Settings, job: JobSettings, store: LeaseStore | None = None) -> Any:
+    """The job's watch list (:class:`ingestion.events.watch.WatchSource`), or None.
+
+    Raises:
+        ValueError: an address of the list (or of its file) is not one.
+    """
+    from ingestion.events import watch
+
+    if job.watch:
+        return watch.InlineWatch(job.watch)
+    if job.watch_file:
+        return watch.FileWatch.open(job.watch_file)
+    if job.watch_set:
+        return watch.RedisWatch(store.client if store is not None else settings.redis.connect(), job.name)
+    return None
+
+
+def _raw_source(settings: Settings, job: JobSettings, store: LeaseStore | None) -> Source:
     if job.kind == "webhook":
         from ingestion.webhook.build import build_webhook_source
 

@@ -214,3 +214,37 @@ async def test_an_unreachable_redis_is_one_line_and_exit_1(job: str) -> None:
     assert done.returncode == 1
     err = done.stderr.decode().strip()
     assert len(err.splitlines()) == 1 and "127.0.0.1:1" in err and "secret" not in err, err
+
+
+async def test_transfers_prints_one_line_per_transfer_and_skips_what_moves_nothing(
+    redis_server: LocalRedis, job: str
+) -> None:
+    """``--transfers``: each record's transfer view (the events stage's, from a real payment
+    record) as a tab-separated line; records that move nothing are skipped and not counted."""
+    from ingestion.events.payments import payment_record_text
+
+    g1 = "GC5LF63GRVIT5ZXXCXLPI3RX2YXKJQFZVBSAO6AUELN3YIMSWPD6Z6FH"
+    g2 = "GAFK7XFZHMLSNV7OJTBO7BAIZA66X6QIBV5RMZZYXK4Q7ZSO52J5C3WQ"
+
+    def payment(i: int, amount: str) -> str:
+        record = {"id": str(i << 32), "paging_token": str(i << 32), "type": "payment",
+                  "transaction_successful": True, "from": g1, "to": g2, "amount": amount,
+                  "asset_type": "credit_alphanum4", "asset_code": "USDC", "asset_issuer": g1,
+                  "to_muxed_id": "7"}  # fmt: skip
+        return payment_record_text(json.dumps(record, separators=(",", ":")))[0]
+
+    def other(i: int) -> str:
+        record = {"id": str(i << 32), "paging_token": str(i << 32), "type": "set_options"}
+        return payment_record_text(json.dumps(record, separators=(",", ":")))[0]
+
+    store = LeaseStore(connect(redis_server.url, timeout=2.0), job)
+    assert isinstance(await store.acquire("writer", 60_000), Acquired)
+    bodies = [payment(1, "1.5000000"), other(2), payment(3, "0.0000001")]
+    await store.commit("writer", 1, None, [Record(str(i << 32), b) for i, b in enumerate(bodies, 1)])
+    done = await tail("--redis", redis_server.url, "--job", job, "--from", "0", "--count", "2", "--transfers")
+    assert done.returncode == 0, done.stderr
+    lines = [line.split("\t") for line in done.stdout.decode().splitlines()]
+    assert lines == [
+        [str(1 << 32), "transfer", "15000000", f"USDC:{g1}", g1, g2, "7"],
+        [str(3 << 32), "transfer", "1", f"USDC:{g1}", g1, g2, "7"],
+    ]

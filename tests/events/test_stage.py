@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import orjson
 import trio
+import trio.testing
 
 from actors.source import Batch, Record, SyntheticSource
-from ingestion.events.stage import EventsStage, stage_for
+from ingestion.events.stage import UNAVAILABLE_RETRY, EventsStage, stage_for
+from ingestion.events.watch import WatchUnavailable
 
 
 def _tagged(text: str) -> tuple[str, tuple[str, ...]]:
@@ -33,6 +35,23 @@ class _Editable:
 
     async def current(self) -> _Listed:
         self.asked += 1
+        return self.listed
+
+    def describe(self) -> str:
+        return "the test's list"
+
+
+class _Unreadable(_Editable):
+    """A watch source with no list for its first ``failures`` asks (Redis unreachable)."""
+
+    def __init__(self, listed: _Listed, failures: int) -> None:
+        super().__init__(listed)
+        self.failures = failures
+
+    async def current(self) -> _Listed:
+        self.asked += 1
+        if self.asked <= self.failures:
+            raise WatchUnavailable("redis set ingestion:{j}:watch: cannot read it")
         return self.listed
 
 
@@ -112,3 +131,16 @@ async def test_the_inner_source_s_other_parts_show_through() -> None:
             got = [b async for b in batches]
     assert [r.paging_token for b in got for r in b.records] == [SyntheticSource.token_of(5)]
     assert isinstance(got[0].records[0], Record)
+
+
+async def test_a_batch_waits_for_a_list_that_cannot_be_loaded_and_is_never_committed_unfiltered(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    watch = _Unreadable(_Listed("A1"), failures=3)
+    stage = EventsStage(SyntheticSource(total=3, batch_size=3), _tagged, watch=watch)
+    began = trio.current_time()
+    async with stage.stream("0") as batches:
+        got = [b async for b in batches]
+    assert trio.current_time() - began == 3 * UNAVAILABLE_RETRY
+    assert [[orjson.loads(r.body)["seq"] for r in b.records] for b in got] == [[1]]
+    assert got[0].cursor == SyntheticSource.token_of(3)

@@ -83,7 +83,7 @@ ALLOWED: dict[str, set[str]] = {
         "runtime", *SOURCES, "config", "postgres", "serve", "webhook", "webhook-rules", "events", "node",
     },
     "serve": {"runtime", "shared", "entry", "serve"},
-    "verify": {"runtime", *SOURCES, "postgres", "verify"},
+    "verify": {"runtime", *SOURCES, "postgres", "events", "verify"},
     "testing": {"runtime", "verify", "testing"},
     "cli": {
         "runtime", *SOURCES, "config", "postgres", "node", "serve", "verify", "simulator", "webhook",
