@@ -54,6 +54,23 @@ KEY_MEANINGS: dict[str, tuple[str, str]] = {
     "health": ("hash", "node -> Redis time (ms) its source last answered (source-aware leadership)"),
 }
 REGISTRY_MEANING = ("sorted set", "the live nodes, scored with the Redis time of their last heartbeat")
+# Keys of the application's own job features, beside the lease store's (same hash tag)
+APP_KEY_MEANINGS: dict[str, tuple[str, str]] = {
+    "endpoint": (
+        "hash", "a webhook job's endpoint state: disabled (410 Gone), the failing record, attempts "
+        "(WEBHOOKS.md)",
+    ),
+    "requests": ("stream", "a webhook job's operator requests (replay, enable), carried out by its leader"),
+    "replayed": ("hash", "a webhook job's replays done: request id -> outcome"),
+    "watch": (
+        "set", "a job's watch list when `watch_set = true`: addresses; edited with `ingestion watchlist` "
+        "(CONSUMING.md)",
+    ),
+    "watch:version": (
+        "integer", "moved by every edit of the watch set in the same transaction: the leader reloads the "
+        "set when it moves",
+    ),
+}  # fmt: skip
 
 LEVELS = ("debug", "info", "warning", "error", "exception", "critical")
 EVENT_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
@@ -212,6 +229,19 @@ def redis_section() -> Iterator[str]:
         yield f"| {cell(code(key))} | {cell(kind)} | {cell(meaning)} |"
     kind, meaning = REGISTRY_MEANING
     yield f"| {cell(code(NODE_REGISTRY_KEY))} | {cell(kind)} | {cell(meaning)} |"
+    from ingestion.events.watch import watch_keys
+    from ingestion.webhook.source import webhook_keys
+
+    watched = watch_keys("J")
+    app = {**webhook_keys("J"), "watch": watched["watch"], "watch:version": watched["version"]}
+    yield ""
+    yield "The application's own, for job `J` (`ingestion/webhook/source.py`, `ingestion/events/watch.py`):"
+    yield ""
+    yield "| key | type | meaning |"
+    yield "| --- | --- | --- |"
+    for name, key in app.items():
+        kind, meaning = APP_KEY_MEANINGS[name]
+        yield f"| {cell(code(key))} | {cell(kind)} | {cell(meaning)} |"
 
 
 # Log events
