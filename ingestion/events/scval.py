@@ -35,7 +35,6 @@ Every malformed input raises :class:`ScValError` and nothing else.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import struct
 from collections.abc import Callable
@@ -78,7 +77,44 @@ def strkey(version: int, payload: bytes) -> str:
     base32 padding left off."""
     data = bytes((version,)) + payload
     data += binascii.crc_hqx(data, 0).to_bytes(2, "little")
-    return base64.b32encode(data).decode("ascii").rstrip("=")
+    return base32(data)
+
+
+# base32 without padding. The standard library's is a Python loop over 5-byte chunks (4 us for a
+# strkey); here the bits are spread in a few big-int steps, each 5-bit group moved into a byte of
+# its own (in log2(groups) halvings: a block's upper half moves up by 3 bits a group), then the
+# bytes become letters in one translate. Twice as fast: a new address costs a strkey per topic.
+_BASE32 = bytes(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"[i] if i < 32 else 0 for i in range(256))
+
+
+def _spread_steps(slots: int) -> tuple[tuple[int, int, int], ...]:
+    """(upper halves' mask, the rest's mask, shift) per halving of ``slots`` 5-bit groups (a power
+    of two) into bytes."""
+    steps = []
+    block = slots
+    while block > 1:
+        half = block // 2
+        mask = 0
+        for base in range(0, slots * 8, block * 8):  # a block's final place; its bits packed by 5
+            mask |= ((1 << (block - half) * 5) - 1) << (base + half * 5)
+        steps.append((mask, ~mask, 3 * half))
+        block = half
+    return tuple(steps)
+
+
+_SPREADS = {1 << k: _spread_steps(1 << k) for k in range(8)}  # up to 128 groups: 80 bytes
+
+
+def base32(data: bytes) -> str:
+    """RFC 4648 base32 of ``data`` (at most 80 bytes), without padding."""
+    pad = -len(data) % 5
+    groups = (len(data) + pad) * 8 // 5
+    slots = 1 << (groups - 1).bit_length()
+    bits = int.from_bytes(data, "big") << pad * 8
+    for mask, rest, shift in _SPREADS[slots]:
+        bits = (bits & mask) << shift | bits & rest
+    letters = bits.to_bytes(slots, "big")[slots - groups : slots - groups + (len(data) * 8 + 4) // 5]
+    return letters.translate(_BASE32).decode("ascii")
 
 
 # -- the decoder -----------------------------------------------------------------------------------
@@ -374,11 +410,14 @@ def from_base64(text: str) -> Any:
     Raises:
         ScValError: not base64 (strictly: no whitespace, right padding), or see :func:`from_bytes`.
     """
+    return from_bytes(_base64(text))
+
+
+def _base64(text: str) -> bytes:
     try:
-        raw = binascii.a2b_base64(text, strict_mode=True)
+        return binascii.a2b_base64(text, strict_mode=True)
     except (binascii.Error, ValueError) as exc:  # ValueError: a non-ASCII str
         raise ScValError(f"not base64: {exc}") from None
-    return from_bytes(raw)
 
 
 def addresses_in(value: Any) -> tuple[str, ...]:
@@ -418,6 +457,22 @@ def decode(text: str) -> Decoded:
     """
     value = from_base64(text)
     return Decoded(value, orjson.dumps(value).decode(), addresses_in(value))
+
+
+_I128 = b"\0\0\0\n"
+
+
+def i128_of(text: str) -> str | None:
+    """The decimal amount of a base64 XDR ``SCVal`` when it is an ``i128`` (most events' value),
+    else None: the short way to :func:`decode`'s ``{"i128": amount}``, for the per-event path."""
+    try:
+        raw = binascii.a2b_base64(text, strict_mode=True)
+    except (binascii.Error, ValueError):
+        return None
+    if len(raw) != 20 or raw[:4] != _I128:
+        return None
+    hi, lo = _QQ_SIGNED(raw, 4)
+    return str(hi << 64 | lo)
 
 
 class DecodeCache:

@@ -38,7 +38,7 @@ token movement: None, never an exception: a contract may emit any event under an
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 KINDS = ("transfer", "mint", "burn", "clawback", "fee")
 _MUXED_ARMS = ("u64", "bytes", "string")  # each a JSON string: decimal, hex, escaped
@@ -63,8 +63,20 @@ def _string(topic: Any) -> str | None:
     return None
 
 
-def _amount(value: Any) -> tuple[str, str | None] | None:
-    """(amount, to_muxed_id) of an event's value, or None when it holds no amount."""
+class Movement(NamedTuple):
+    """What an event's topics say of a movement: its kind, its ends and its asset (None where the
+    kind has none); the value adds the amount."""
+
+    kind: str
+    sender: str | None
+    receiver: str | None
+    asset: str | None
+
+
+def amount_of(value: Any) -> tuple[str, str | None] | None:
+    """``(amount, to_muxed_id)`` of an event's value (SEP-51 JSON), or None when it holds no
+    amount: an ``i128``, or a map whose ``amount`` is one (its ``to_muxed_id`` a u64, bytes or
+    string; None when absent or another type)."""
     if type(value) is not dict:
         return None
     amount = value.get("i128")
@@ -92,14 +104,8 @@ def _amount(value: Any) -> tuple[str, str | None] | None:
     return amount, muxed
 
 
-def transfer_view(contract_id: str, topics: Sequence[Any], value: Any) -> Transfer | None:
-    """The transfer view of an event (its topics and value as SEP-51 JSON), or None when the event
-    is not a token movement (see the module's table).
-
-    ``contract_id`` (the emitting contract's C strkey, or "" for none) is not part of the view: a
-    non-SAC token is named by its contract, which the event carries anyway. It is taken so that a
-    rule that needs it (an allow-list of token contracts) changes no caller.
-    """
+def movement(topics: Sequence[Any]) -> Movement | None:
+    """The movement an event's topics (SEP-51 JSON) name, by the module's table, or None."""
     count = len(topics)
     if count < 2 or count > 4 or type(topics[0]) is not dict:
         return None
@@ -150,14 +156,34 @@ def transfer_view(contract_id: str, topics: Sequence[Any], value: Any) -> Transf
         if sender is None or count != 2:
             return None
         asset = "native"
-    amount = _amount(value)
+    return Movement(kind, sender, receiver, asset)
+
+
+def transfer_view(contract_id: str, topics: Sequence[Any], value: Any) -> Transfer | None:
+    """The transfer view of an event (its topics and value as SEP-51 JSON), or None when the event
+    is not a token movement (see the module's table): :func:`movement` of the topics with
+    :func:`amount_of` the value.
+
+    ``contract_id`` (the emitting contract's C strkey, or "" for none) is not part of the view: a
+    non-SAC token is named by its contract, which the event carries anyway. It is taken so that a
+    rule that needs it (an allow-list of token contracts) changes no caller.
+    """
+    moved = movement(topics)
+    if moved is None:
+        return None
+    amount = amount_of(value)
     if amount is None:
         return None
+    return view(moved, *amount)
+
+
+def view(moved: Movement, amount: str, to_muxed_id: str | None) -> Transfer:
+    """The transfer view's JSON object, its members in the served order."""
     return {
-        "kind": kind,
-        "from": sender,
-        "to": receiver,
-        "amount": amount[0],
-        "asset": asset,
-        "to_muxed_id": amount[1],
+        "kind": moved.kind,
+        "from": moved.sender,
+        "to": moved.receiver,
+        "amount": amount,
+        "asset": moved.asset,
+        "to_muxed_id": to_muxed_id,
     }
