@@ -29,17 +29,18 @@ never misses an edit.
 
 from __future__ import annotations
 
-import array
 import base64
 import binascii
 import functools
 import itertools
+import operator
 import os
-import sys
+import re
+import struct
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 import attrs
 import redis
@@ -49,7 +50,6 @@ import trio
 log = structlog.get_logger()
 
 SCAN_COUNT = 10_000  # SSCAN's COUNT: no reply holds more than about this many members
-CHUNK = 10_000  # file lines validated together
 EDIT_CHUNK = 10_000  # members per SADD/SREM inside one MULTI/EXEC
 EXAMPLES = 5  # invalid members named in a report
 MUXED_CACHE = 4096  # M addresses whose G account is kept decoded
@@ -179,13 +179,24 @@ _FIXED_CHARS = 56  # G, C and L strkeys: 35 bytes, 280 bits, no unused bits
 _FIXED_VERSIONS = frozenset(KINDS[k].version for k in "GCL")
 
 
+_RECORD = struct.Struct("35s")  # a G, C or L strkey decoded: version, payload 32, checksum 2
+_first = operator.itemgetter(0)
+
+
 def _all_valid(chunk: list[str]) -> bool:
     """Whether every entry of ``chunk`` is a valid G, C or L strkey, checked all at once.
 
     A reload checks up to a million entries, and one at a time (:func:`is_address`) costs about
     1.3 µs each in Python calls. Here the chunk is joined and decoded as one base32 number, cut
-    into 35-byte records and checksummed by ``map``: every loop is in C. False when any entry
-    is of another kind or invalid; the caller then checks them one by one.
+    into 35-byte records and checksummed by ``map``: every loop is in C. Each record's checksum
+    is first swapped to big-endian (two slice assignments over the chunk), because the XModem CRC
+    of a message followed by its own CRC, big-endian, is 0: then one ``crc_hqx`` call per record
+    says valid or not, with nothing to compare afterwards. False when any entry is of another
+    kind or invalid; the caller then checks them one by one.
+
+    ``struct.iter_unpack`` makes one short tuple per record: each is freed as soon as the next is
+    made, so the count of live container objects, which is what triggers a garbage collection
+    (one that would walk a million-entry set), does not grow.
     """
     if not chunk or set(map(len, chunk)) != {_FIXED_CHARS}:
         return False
@@ -193,24 +204,27 @@ def _all_valid(chunk: list[str]) -> bool:
         value = int("".join(chunk).encode("ascii").translate(_TO_DIGITS), 32)
     except (UnicodeEncodeError, ValueError):
         return False
-    size = 35 * len(chunk)
-    raw = value.to_bytes(size, "big")
+    raw = bytearray(value.to_bytes(35 * len(chunk), "big"))
     if not set(raw[0::35]) <= _FIXED_VERSIONS:  # the version bytes (they fix the first letters)
         return False
-    # No tuple per entry (struct.iter_unpack would make 10,000): each one counts towards a
-    # garbage collection, and a full one walks the frozenset being built, all million entries.
-    bodies = map(raw.__getitem__, map(slice, range(0, size, 35), range(33, size, 35)))
-    computed = array.array("H", map(binascii.crc_hqx, bodies, itertools.repeat(0)))
-    stored = bytearray(2 * len(chunk))
-    stored[0::2], stored[1::2] = raw[33::35], raw[34::35]  # each checksum little-endian
-    if sys.byteorder == "big":
-        computed.byteswap()
-    return computed.tobytes() == stored
+    raw[33::35], raw[34::35] = raw[34::35], raw[33::35]
+    return not any(map(binascii.crc_hqx, map(_first, _RECORD.iter_unpack(raw)), itertools.repeat(0)))
+
+
+def _every_valid(chunk: list[str]) -> bool:
+    """Whether every entry of ``chunk`` is valid: the G, C and L entries in bulk, M and B (rare)
+    one by one."""
+    if _all_valid(chunk):
+        return True
+    fixed = [entry for entry in chunk if len(entry) == _FIXED_CHARS]
+    if fixed and not _all_valid(fixed):
+        return False
+    return len(fixed) < len(chunk) and all(is_address(e) for e in chunk if len(e) != _FIXED_CHARS)
 
 
 def valid_entries(chunk: list[str], skipped: _Skipped | None = None) -> list[str]:
     """The valid entries of ``chunk`` (the chunk itself when all are); the others go to ``skipped``."""
-    if _all_valid(chunk):
+    if _every_valid(chunk):
         return chunk
     valid = []
     for entry in chunk:
@@ -219,6 +233,55 @@ def valid_entries(chunk: list[str], skipped: _Skipped | None = None) -> list[str
         elif skipped is not None:
             skipped.add(entry)
     return valid
+
+
+_SHAPES = frozenset((letter, kind.chars) for letter, kind in KINDS.items())
+_FIXED_LETTERS = frozenset("GCL")
+
+
+def has_address_shape(text: str) -> bool:
+    """Whether ``text`` looks like a strkey: a G, C, M, B or L, that kind's length, and base32.
+
+    The checksum is not checked: see :class:`RedisWatch` for why a reload of the Redis set
+    needs no more than this.
+    """
+    kind = KINDS.get(text[:1])
+    return (
+        kind is not None and len(text) == kind.chars and text.isascii()
+        and not text.encode("ascii").translate(None, _ALPHABET)
+    )  # fmt: skip
+
+
+def _all_shaped(chunk: list[str]) -> bool:
+    """Whether every entry of ``chunk`` has a strkey's shape (:func:`has_address_shape`), checked
+    all at once: each step is one C loop over the chunk (lengths, first letters, and the joined
+    chunk's characters against the base32 alphabet)."""
+    if not chunk:
+        return True
+    if set(map(len, chunk)) == {_FIXED_CHARS}:
+        joined = "".join(chunk)
+        if not set(joined[::_FIXED_CHARS]) <= _FIXED_LETTERS:
+            return False
+    else:
+        if "" in chunk or not set(zip(map(_first, chunk), map(len, chunk), strict=True)) <= _SHAPES:
+            return False
+        joined = "".join(chunk)
+    # str.isascii() is a flag the string carries: free; the rest is one pass over the bytes
+    return joined.isascii() and not joined.encode("ascii").translate(None, _ALPHABET)
+
+
+def shaped_entries(chunk: list[str], skipped: _Skipped) -> list[str]:
+    """The entries of ``chunk`` shaped as strkeys (the chunk itself when all are); the others go
+    to ``skipped``."""
+    if _all_shaped(chunk):
+        return chunk
+    shaped = []
+    for entry in chunk:
+        if has_address_shape(entry):
+            shaped.append(entry)
+        else:
+            skipped.add(entry)
+    return shaped
 
 
 def encode_account(key: bytes) -> str:
@@ -348,46 +411,94 @@ def _signature(stat: os.stat_result) -> Signature:
     return stat.st_mtime_ns, stat.st_size, stat.st_ino
 
 
-def _entries(lines: IO[str]) -> Iterator[list[tuple[int, str]]]:
-    """(line number, entry) of a watch file, in chunks of :data:`CHUNK`: one address a line;
-    blank lines and ``#`` comments (whole lines or after an address) are not entries."""
-    chunk: list[tuple[int, str]] = []
-    for number, line in enumerate(lines, 1):
-        entry = line.partition("#")[0].strip()
-        if entry:
-            chunk.append((number, entry))
-            if len(chunk) == CHUNK:
-                yield chunk
-                chunk = []
-    if chunk:
-        yield chunk
+FILE_WINDOW = 1 << 20  # bytes of a watch file split and checked together (about 18,000 lines)
+_COMMENT = re.compile(r"#[^\n]*")
 
 
-def _first_problem(path: Path, lines: IO[str]) -> str | None:
-    """``file:line: what is wrong`` for the first invalid line, or None."""
-    for chunk in _entries(lines):
-        if not _all_valid([entry for _, entry in chunk]):
-            for number, entry in chunk:
-                if not is_address(entry):
-                    return f"{path}:{number}: {address_problem(entry)}"
-    return None
+def _entries(text: str) -> list[str]:
+    """The entries of whole lines of a watch file: one address a line; blank lines and ``#``
+    comments (whole lines or after an address) are not entries; spaces around an address are not
+    part of it."""
+    if "#" in text:
+        text = _COMMENT.sub("", text)
+    entries = text.split()  # in C; but it also cuts where a line has spaces inside
+    if len(text) - sum(map(len, entries)) == text.count("\n"):  # newlines the only whitespace
+        return entries
+    return [entry for line in text.split("\n") if (entry := line.strip())]
 
 
-def _build_from_file(lines: IO[str], skipped: _Skipped) -> WatchList:
-    # An invalid line here means the file was rewritten in place since the first pass read it:
-    # it is skipped, and the file's new signature makes the next check read it again.
-    chunks = (valid_entries([entry for _, entry in chunk], skipped) for chunk in _entries(lines))
-    return WatchList(frozenset(itertools.chain.from_iterable(chunks)))
+@attrs.define
+class _FileContent:
+    """A watch file read whole, once: what is checked is what is built, even if the file is
+    rewritten in place meanwhile (its new signature makes the next check read it again).
+
+    Holding the bytes (about 57 MB for a million lines) beside the current list while checking is
+    the price of keeping that list until the file is known good; the list of entries, by
+    contrast, is never held whole beside it (each window's is checked and let go).
+    """
+
+    path: Path
+    signature: Signature
+    data: bytes
+
+    @classmethod
+    def read(cls, path: Path) -> _FileContent:
+        """Raises:
+        OSError: the file cannot be read.
+        """
+        with path.open("rb") as file:
+            signature = _signature(os.fstat(file.fileno()))
+            data = file.read()
+        if b"\r" in data:  # as text mode reads it: \r\n and \r end lines too
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        return cls(path, signature, data)
+
+    def _windows(self) -> Iterator[tuple[int, str]]:
+        """(offset, text) of whole lines, about :data:`FILE_WINDOW` bytes at a time.
+
+        Raises:
+            UnicodeDecodeError: the file is not UTF-8.
+        """
+        data, start = self.data, 0
+        while start < len(data):
+            end = data.find(b"\n", start + FILE_WINDOW)
+            end = len(data) if end < 0 else end + 1
+            yield start, data[start:end].decode("utf-8")
+            start = end
+
+    def problem(self) -> str | None:
+        """``file:line: what is wrong`` for the first invalid line, or None. The full check
+        (checksum included): people type these files.
+
+        Raises:
+            UnicodeDecodeError: the file is not UTF-8.
+        """
+        for start, text in self._windows():
+            if _every_valid(_entries(text)):
+                continue
+            first = self.data.count(b"\n", 0, start) + 1  # only now: the line numbers, for the message
+            for number, line in enumerate(text.split("\n"), first):
+                entry = line.partition("#")[0].strip()
+                if entry and not is_address(entry):
+                    return f"{self.path}:{number}: {address_problem(entry)}"
+        return None
+
+    def build(self) -> WatchList:
+        """The list of a file whose :meth:`problem` is None; the bytes are let go before the set is
+        made, whose members are the strings split from them."""
+        chunks = [_entries(text) for _, text in self._windows()]
+        self.data = b""
+        return WatchList(frozenset(itertools.chain.from_iterable(chunks)))
 
 
 class FileWatch:
     """A watch file (``watch_file``): one address a line, ``#`` comments and blank lines ignored.
 
     :meth:`current` compares the file's (mtime_ns, size, inode) with the loaded one's: one
-    ``stat`` per batch. On a change it reads the file twice: once to find an invalid line (then
-    the previous list stays, the error is reported once for that version of the file, and the
-    node carries on), then, the old list dropped, to build the new one. A missing file keeps the
-    previous list too, reported once.
+    ``stat`` per batch. On a change it reads the file once, whole, and checks every line in full
+    (then an invalid line keeps the previous list, the error is reported once for that version of
+    the file, and the node carries on); only a file known good drops the old list, and then the
+    new one is built from what was read. A missing file keeps the previous list too, reported once.
     """
 
     def __init__(self, path: Path, watch: WatchList, signature: Signature) -> None:
@@ -396,7 +507,7 @@ class FileWatch:
         self._signature = signature  # of the file the list was built from
         self._refused: Signature | None = None  # a version of the file already reported unusable
         self._problem: str | None = None
-        self._loads, self._skipped = 1, _Skipped()
+        self._loads = 1
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> FileWatch:
@@ -408,18 +519,15 @@ class FileWatch:
         """
         where = Path(path)
         try:
-            with where.open(encoding="utf-8") as lines:
-                signature = _signature(os.fstat(lines.fileno()))
-                problem = _first_problem(where, lines)
-                if problem is not None:
-                    raise WatchFileError(problem)
-                lines.seek(0)
-                watch = _build_from_file(lines, _Skipped())
+            content = _FileContent.read(where)
+            problem = content.problem()
         except OSError as exc:
             raise WatchFileError(f"{where}: cannot read the watch file: {exc.strerror or exc}") from exc
         except UnicodeDecodeError as exc:
             raise WatchFileError(f"{where}: not UTF-8 text ({exc.reason})") from exc
-        return cls(where, watch, signature)
+        if problem is not None:
+            raise WatchFileError(problem)
+        return cls(where, content.build(), content.signature)
 
     def _refuse(self, signature: Signature | None, problem: str) -> WatchList:
         assert self._list is not None
@@ -439,32 +547,28 @@ class FileWatch:
             return self._list
         started = time.monotonic()
         try:
-            with self.path.open(encoding="utf-8") as lines:
-                signature = _signature(os.fstat(lines.fileno()))
-                problem = await trio.to_thread.run_sync(_first_problem, self.path, lines)
-                if problem is not None:
-                    return self._refuse(signature, problem)
-                lines.seek(0)
-                self._list, skipped = None, _Skipped()  # drop first: one list in memory, not two
-                self._list = await trio.to_thread.run_sync(_build_from_file, lines, skipped)
-        except (OSError, UnicodeDecodeError) as exc:
-            if self._list is None:
-                raise WatchUnavailable(f"{self.path}: the reload failed: {exc}") from exc
-            return self._refuse(None, f"{self.path}: cannot read the watch file: {exc}")
-        self._signature, self._refused, self._problem = signature, None, None
-        self._loads, self._skipped = self._loads + 1, skipped
+            content = await trio.to_thread.run_sync(_FileContent.read, self.path)
+        except OSError as exc:
+            return self._refuse(None, f"{self.path}: cannot read the watch file: {exc.strerror or exc}")
+        try:
+            problem = await trio.to_thread.run_sync(content.problem)
+        except UnicodeDecodeError as exc:
+            problem = f"{self.path}: not UTF-8 text ({exc.reason})"
+        if problem is not None:
+            return self._refuse(content.signature, problem)
+        self._list = None  # drop first: one list in memory, not two
+        self._list = await trio.to_thread.run_sync(content.build)
+        self._signature, self._refused, self._problem = content.signature, None, None
+        self._loads += 1
         log.info("watch-reloaded", source=self.describe(), entries=len(self._list),
-                 seconds=round(time.monotonic() - started, 3), skipped=skipped.count)  # fmt: skip
+                 seconds=round(time.monotonic() - started, 3))  # fmt: skip
         return self._list
 
     def describe(self) -> str:
         return f"watch file {self.path}"
 
-    def statistics(self) -> WatchStatistics:
-        return WatchStatistics(
-            entries=len(self._list or EMPTY), loads=self._loads, skipped=self._skipped.count,
-            skipped_examples=tuple(self._skipped.examples), problem=self._problem,
-        )  # fmt: skip
+    def statistics(self) -> WatchStatistics:  # nothing skipped: a file with a bad line is refused
+        return WatchStatistics(entries=len(self._list or EMPTY), loads=self._loads, problem=self._problem)
 
 
 def watch_keys(job: str) -> dict[str, str]:
@@ -478,23 +582,59 @@ def _text(member: str | bytes) -> str:
     return member.decode("utf-8", "replace") if isinstance(member, bytes) else member
 
 
+def _sscan_replies(client: redis.Redis, key: str, count: int) -> Iterator[list[str]]:
+    """The members of each SSCAN reply for the set at ``key``, in order, the scan whole.
+
+    SSCAN's cursor comes with its reply, so the next call cannot be sent earlier; but it can be
+    sent *before* the caller handles this reply's members, and then the server works on the
+    next chunk while this one is checked and added (measured: the server spends about 0.57 s on
+    the SSCANs of a million members, the client about 0.25 s on the checking and the set,
+    which thus costs nothing). Every read is bounded by the client's socket timeout.
+
+    A cluster client has no pool of its own to take one connection from: it is asked call by
+    call (no overlap), and follows a moved slot as it does for every other command.
+    """
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        cursor: Any = 0
+        while True:
+            cursor, members = client.sscan(key, cursor, count=count)
+            yield members  # type: ignore[misc]
+            if int(cursor) == 0:
+                return
+    connection = pool.get_connection()
+    try:
+        connection.send_command("SSCAN", key, 0, "COUNT", count)
+        while True:
+            cursor, members = connection.read_response()
+            if int(cursor) != 0:
+                connection.send_command("SSCAN", key, cursor, "COUNT", count)
+            yield members
+            if int(cursor) == 0:
+                return
+    except BaseException:
+        connection.disconnect()  # a reply may be half read, or still to come: not reusable
+        raise
+    finally:
+        pool.release(connection)
+
+
 def _scan_list(client: redis.Redis, key: str, count: int, skipped: _Skipped) -> WatchList:
     """The set at ``key`` as a list, read with SSCAN ``count`` at a time (runs in a worker thread).
 
     SSCAN returns every member that is in the set for the whole scan; one added or removed during
-    it may or may not be seen, but its edit moved the version, which the next check sees."""
+    it may or may not be seen, but its edit moved the version, which the next check sees.
 
-    def chunks() -> Iterator[list[str]]:
-        cursor: Any = 0
-        while True:
-            cursor, members = client.sscan(key, cursor, count=count)
-            if members and not isinstance(members[0], str):  # a client without decode_responses
-                members = [_text(member) for member in members]
-            yield valid_entries(members, skipped)  # type: ignore[arg-type]
-            if int(cursor) == 0:
-                return
-
-    return WatchList(frozenset(itertools.chain.from_iterable(chunks())))
+    The members are added to a ``set`` chunk by chunk, while the server prepares the next chunk,
+    and frozen at the end (a copy of the hash table, about 0.06 s for a million: the strings are
+    shared and their hashes kept).
+    """
+    building: set[str] = set()
+    for members in _sscan_replies(client, key, count):
+        building.update(shaped_entries(members, skipped))
+    watch = WatchList(frozenset(building))
+    building.clear()
+    return watch
 
 
 class RedisWatch:
@@ -510,9 +650,27 @@ class RedisWatch:
 
     ``client`` is a redis-py client whose calls are bounded (``actors.lease_store.connect``); its
     calls run in worker threads, one reload at a time.
+
+    Why a reload checks each member's *shape* only (letter, length, base32: :func:`has_address_shape`),
+    not its checksum: the full check costs about 0.5 s per million members, half the time a reload
+    may take, and buys nothing here. The only writer the project gives operators, :func:`add` (which
+    ``ingestion watchlist`` calls), checks every address in full before it writes; and a member
+    whose checksum is wrong can never equal an address a record names (records carry valid
+    strkeys), so it cannot make a record match. A member that is not even shaped as a strkey (a
+    write around the tool) is skipped, counted and named in the reload's log line and in
+    :meth:`statistics`.
+
+    Raises:
+        ValueError: ``client`` does not decode replies (``decode_responses=True``): members must
+            arrive as ``str``, decoded by the reply parser (hiredis, in C), not one by one here.
     """
 
     def __init__(self, client: redis.Redis, job: str, *, scan_count: int = SCAN_COUNT) -> None:
+        if not client.get_encoder().decode_responses:
+            raise ValueError(
+                "RedisWatch needs a client built with decode_responses=True "
+                "(actors.lease_store.connect builds one)"
+            )
         self.client, self.job, self.scan_count = client, job, scan_count
         self.keys = watch_keys(job)
         self._list: WatchList | None = None
