@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,17 +37,25 @@ from ingestion.events.watch import (
 )
 from ingestion.testing.local_redis import LocalRedis
 
+# Seeded, not os.urandom: parametrized ids hold addresses, and every xdist worker must collect the
+# same ones
+_RANDOM = random.Random(20261204)
+
+
+def _bytes(n: int) -> bytes:
+    return _RANDOM.randbytes(n)
+
 
 def accounts(n: int) -> list[str]:
-    return [StrKey.encode_ed25519_public_key(os.urandom(32)) for _ in range(n)]
+    return [StrKey.encode_ed25519_public_key(_bytes(32)) for _ in range(n)]
 
 
 G1, G2, G3 = accounts(3)
-C1 = StrKey.encode_contract(os.urandom(32))
+C1 = StrKey.encode_contract(_bytes(32))
 M1 = MuxedAccount(G1, 42).account_muxed
 M2 = MuxedAccount(G2, 2**64 - 1).account_muxed
-B1 = StrKey.encode_claimable_balance(b"\x00" + os.urandom(32))
-L1 = StrKey.encode_liquidity_pool(os.urandom(32))
+B1 = StrKey.encode_claimable_balance(b"\x00" + _bytes(32))
+L1 = StrKey.encode_liquidity_pool(_bytes(32))
 
 
 def strkey(version: int, payload: bytes) -> str:
@@ -58,9 +67,9 @@ def strkey(version: int, payload: bytes) -> str:
 def test_every_kind_of_address_is_accepted_as_stellar_sdk_accepts_it() -> None:
     for _ in range(200):
         made = [
-            StrKey.encode_ed25519_public_key(os.urandom(32)), StrKey.encode_contract(os.urandom(32)),
-            StrKey.encode_med25519_public_key(os.urandom(40)), StrKey.encode_liquidity_pool(os.urandom(32)),
-            StrKey.encode_claimable_balance(os.urandom(33)),
+            StrKey.encode_ed25519_public_key(_bytes(32)), StrKey.encode_contract(_bytes(32)),
+            StrKey.encode_med25519_public_key(_bytes(40)), StrKey.encode_liquidity_pool(_bytes(32)),
+            StrKey.encode_claimable_balance(_bytes(33)),
         ]  # fmt: skip
         for address in made:
             assert is_address(address) and address_problem(address) is None, address
@@ -81,9 +90,9 @@ def test_every_kind_of_address_is_accepted_as_stellar_sdk_accepts_it() -> None:
         (G1[:5] + " " + G1[6:], "not base32"),
         (G1[:5] + "_" + G1[6:], "not base32"),
         (G1[:5] + "É" + G1[6:], "not base32"),
-        (strkey(6 << 3 | 1, os.urandom(32)), "wrong version byte"),
-        (StrKey.encode_ed25519_secret_seed(os.urandom(32)), "not a G, C, M, B or L"),
-        (StrKey.encode_pre_auth_tx(os.urandom(32)), "not a G, C, M, B or L"),
+        (strkey(6 << 3 | 1, _bytes(32)), "wrong version byte"),
+        (StrKey.encode_ed25519_secret_seed(_bytes(32)), "not a G, C, M, B or L"),
+        (StrKey.encode_pre_auth_tx(_bytes(32)), "not a G, C, M, B or L"),
         ("", "not a G, C, M, B or L"),
         (f" {G1}"[:56], "not a G, C, M, B or L"),
     ],
