@@ -300,7 +300,7 @@ JOB_SCHEMA: dict[str, tuple[type | str, str]] = {
     "decode": (
         bool,
         "horizon, rpc, lake: add topicJson/valueJson (SEP-51) and the transfer view to each "
-        "event, or to Horizon /payments and /operations records (default true)",
+        "event, or to Horizon /payments records (default true)",
     ),
     "watch": (
         "list[str]",

@@ -62,7 +62,7 @@ class JobSettings:
     webhook: WebhookSettings | None = None  # webhook: the endpoint and delivery rules
     source_sink: str = ""  # webhook: where the delivered job's records are (its sink URL)
     # horizon, rpc, lake (docs/CONSUMING.md, "Decoded events and watch lists"): contract events'
-    # ScVals decoded and the transfer view added (Horizon: /payments and /operations records)
+    # ScVals decoded and the transfer view added (Horizon: /payments records)
     decode: bool = True
     watch: tuple[str, ...] = ()  # only records naming one of these addresses are committed
     watch_file: str = ""  # ... or those in this file (one a line), reloaded when it changes

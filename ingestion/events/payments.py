@@ -56,6 +56,7 @@ TRANSFER_TYPES = frozenset({"payment", "path_payment_strict_receive", "path_paym
 
 _AMOUNT = re.compile(r"([0-9]+)(?:\.([0-9]{1,7}))?", re.ASCII)
 _ADDRESS = re.compile(r"[GC][A-Z2-7]{55}|M[A-Z2-7]{68}", re.ASCII)
+_LENGTHS = (56, 69)
 
 
 class UnusableRecord(ValueError):
@@ -161,7 +162,11 @@ def named_addresses(record: dict[str, Any]) -> tuple[str, ...]:
     """The addresses ``record`` names, by the rule in the module docstring, each once, in order."""
     found: dict[str, None] = {}
     for field, value in record.items():
-        if isinstance(value, str) and not field.endswith("_issuer") and _ADDRESS.fullmatch(value):
+        # the cheap tests first: most fields are links, numbers, hashes and amounts
+        if (
+            type(value) is str and len(value) in _LENGTHS and value[0] in "GCM"
+            and _ADDRESS.fullmatch(value) and not field.endswith("_issuer")
+        ):  # fmt: skip
             found[value] = None
     changes = record.get("asset_balance_changes")
     if isinstance(changes, list):
@@ -174,7 +179,7 @@ def named_addresses(record: dict[str, Any]) -> tuple[str, ...]:
     return tuple(found)
 
 
-def payment_record_text(text: str) -> tuple[str, tuple[str, ...]]:
+def payment_record_text(text: str, names: bool = True) -> tuple[str, tuple[str, ...]]:
     """One ``/payments`` record's compact JSON text as the node commits it -> (the text with
     ``,"transfer":{...}`` inserted before its final ``}`` when the record is a movement, or
     ``,"decodeError":"..."`` when it is a movement whose fields make no view, else unchanged;
@@ -182,7 +187,8 @@ def payment_record_text(text: str) -> tuple[str, tuple[str, ...]]:
 
     Never raises: text that is not a JSON object comes back unchanged, naming no address. A record
     that already has a ``transfer`` (or ``decodeError``) field comes back unchanged, so applying
-    this twice is applying it once.
+    this twice is applying it once. With ``names`` false (no watch list to match) the addresses
+    are not looked for: ``()``.
     """
     try:
         record = orjson.loads(text)
@@ -190,7 +196,7 @@ def payment_record_text(text: str) -> tuple[str, tuple[str, ...]]:
         return text, ()
     if not isinstance(record, dict):
         return text, ()
-    addresses = named_addresses(record)
+    addresses = named_addresses(record) if names else ()
     if "transfer" in record or "decodeError" in record:
         return text, addresses
     try:

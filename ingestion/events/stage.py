@@ -15,6 +15,7 @@ does, when asked).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, Protocol
 
@@ -130,10 +131,11 @@ class EventsStage:
         return Batch(tuple(kept), through=through, committed=batch.committed)
 
 
-def rule_for(kind: str, resource: str = "") -> tuple[Rule | None, bool]:
+def rule_for(kind: str, resource: str = "", names: bool = True) -> tuple[Rule | None, bool]:
     """The rule for a job's records, and whether it changes them: events (RPC, lake) are decoded;
-    Horizon ``/payments`` and ``/operations`` records get the transfer view; any other Horizon
-    record is kept as sent and only its addresses are read (for a watch list)."""
+    Horizon ``/payments`` records get the transfer view; any other Horizon
+    record is kept as sent and only its addresses are read (for a watch list). With ``names``
+    false (no watch list) a rule may leave the addresses out where finding them costs."""
     if kind in ("rpc", "lake"):
         from ingestion.events.decoded import decode_event_text
 
@@ -141,7 +143,11 @@ def rule_for(kind: str, resource: str = "") -> tuple[Rule | None, bool]:
     if kind == "horizon":
         from ingestion.events.payments import payment_record_text
 
-        return payment_record_text, resource.rstrip("/").endswith(("/payments", "/operations"))
+        # payments only (/payments, /accounts/G.../payments, ...): an /operations job, the default,
+        # keeps its records as sent (the view would cost its catch-up a third for a few records)
+        changes = resource.partition("?")[0].rstrip("/").endswith("/payments")
+        rule = payment_record_text if names else functools.partial(payment_record_text, names=False)
+        return rule, changes
     return None, False
 
 

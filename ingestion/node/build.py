@@ -52,8 +52,9 @@ def build_source(
         return source
     from ingestion.events.stage import rule_for, stage_for
 
-    rule, changes = rule_for(job.kind, job.resource)
-    return stage_for(source, rule, job.decode and changes, watch_source(settings, job, store))
+    watch = watch_source(settings, job, store)
+    rule, changes = rule_for(job.kind, job.resource, names=watch is not None)
+    return stage_for(source, rule, job.decode and changes, watch)
 
 
 def watch_source(settings: Settings, job: JobSettings, store: LeaseStore | None = None) -> Any:

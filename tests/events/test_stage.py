@@ -144,3 +144,23 @@ async def test_a_batch_waits_for_a_list_that_cannot_be_loaded_and_is_never_commi
     assert trio.current_time() - began == 3 * UNAVAILABLE_RETRY
     assert [[orjson.loads(r.body)["seq"] for r in b.records] for b in got] == [[1]]
     assert got[0].cursor == SyntheticSource.token_of(3)
+
+
+def test_which_records_a_job_s_decoding_changes() -> None:
+    from ingestion.events.stage import rule_for
+
+    assert rule_for("rpc")[1] and rule_for("lake")[1]
+    assert rule_for("horizon", "/payments")[1]
+    assert rule_for("horizon", "/accounts/GABC/payments?include_failed=true")[1]
+    # an /operations job (the default) keeps its records as sent; its rule still names addresses
+    rule, changes = rule_for("horizon", "/operations")
+    assert rule is not None and not changes
+    assert rule_for("scheduled") == (None, False)
+    record = '{"id":"1","type":"payment","from":"%s","to":"%s","amount":"1.0000000","asset_type":"native"}'
+    g1 = "GC5LF63GRVIT5ZXXCXLPI3RX2YXKJQFZVBSAO6AUELN3YIMSWPD6Z6FH"
+    g2 = "GAFK7XFZHMLSNV7OJTBO7BAIZA66X6QIBV5RMZZYXK4Q7ZSO52J5C3WQ"
+    named = rule_for("horizon", "/payments", names=True)[0]
+    unnamed = rule_for("horizon", "/payments", names=False)[0]
+    assert named is not None and unnamed is not None
+    assert named(record % (g1, g2))[1] == (g1, g2)
+    assert unnamed(record % (g1, g2)) == (named(record % (g1, g2))[0], ())
