@@ -11,6 +11,7 @@ import pytest
 from ingestion.cli.run import _flags_layer
 from ingestion.cli.run import parser as _run_parser
 from ingestion.config import ConfigError, Settings, load
+from ingestion.events.stage import EventsStage
 from ingestion.rpc.protocol import EventFilter, segment_from_text
 
 CONTRACT = "CDLZFC3SYJYDZT7K67VZ75HPJVIEUVNIXF47ZG2FB2RMQQVU2HHGCYSC"
@@ -101,7 +102,9 @@ def test_on_history_gap_lake_needs_a_lake_and_builds_an_rpc_source_backed_by_it(
         {**env, "INGESTION_RPC_LAKE": f"file://{tmp_path}", "INGESTION_RPC_TOPICS": "sym:transfer,**"},
         {},
     )
-    source = build_source(s)
+    staged = build_source(s)
+    assert isinstance(staged, EventsStage)  # decoding is on by default: the events stage wraps it
+    source = staged.inner
     assert isinstance(source, RpcSource) and isinstance(source.history, LakeSource)
     assert source.history.filters == source.filters and source.on_history_gap == "lake"
     with pytest.raises(ValueError, match="needs a lake"):
