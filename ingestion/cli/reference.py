@@ -222,11 +222,7 @@ def redis_section() -> Iterator[str]:
         "Cluster slot), from `actors/lease_store/keys.py`:"
     )
     yield ""
-    yield "| key | type | meaning |"
-    yield "| --- | --- | --- |"
-    for name, key in keys.items():
-        kind, meaning = KEY_MEANINGS[name]
-        yield f"| {cell(code(key))} | {cell(kind)} | {cell(meaning)} |"
+    yield from _key_table(keys, KEY_MEANINGS)
     kind, meaning = REGISTRY_MEANING
     yield f"| {cell(code(NODE_REGISTRY_KEY))} | {cell(kind)} | {cell(meaning)} |"
     from ingestion.events.watch import watch_keys
@@ -237,10 +233,14 @@ def redis_section() -> Iterator[str]:
     yield ""
     yield "The application's own, for job `J` (`ingestion/webhook/source.py`, `ingestion/events/watch.py`):"
     yield ""
+    yield from _key_table(app, APP_KEY_MEANINGS)
+
+
+def _key_table(keys: dict[str, str], meanings: dict[str, tuple[str, str]]) -> Iterator[str]:
     yield "| key | type | meaning |"
     yield "| --- | --- | --- |"
-    for name, key in app.items():
-        kind, meaning = APP_KEY_MEANINGS[name]
+    for name, key in keys.items():
+        kind, meaning = meanings[name]
         yield f"| {cell(code(key))} | {cell(kind)} | {cell(meaning)} |"
 
 

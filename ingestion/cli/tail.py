@@ -42,6 +42,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+import orjson
 import redis
 
 from actors.lease_store import describe_redis_error, job_keys
@@ -77,8 +78,6 @@ def transfer_line(record: str) -> str | None:
     (in the asset's smallest unit: stroops), asset (``native``, ``CODE:ISSUER``, or the token's
     contract id), from, to and the destination's muxed id (``-`` where the view has none); None
     for a record that moves nothing."""
-    import orjson
-
     try:
         doc = orjson.loads(record)
     except orjson.JSONDecodeError:

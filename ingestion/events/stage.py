@@ -33,6 +33,8 @@ Rule = Callable[[str], tuple[str, tuple[str, ...]]]
 """A record's text -> (its text as committed, the addresses it names)."""
 
 
+# What the stage needs of ingestion.events.watch's WatchList and WatchSource (no more: the tests
+# feed it lists of their own)
 class WatchList(Protocol):
     def matches(self, addresses: tuple[str, ...]) -> bool: ...
 
@@ -47,15 +49,6 @@ class WatchSource(Protocol):
         ...
 
     def describe(self) -> str: ...
-
-
-@attrs.frozen
-class StageCounts:
-    """What the stage has seen since the node started: records in, kept, left out by the watch
-    list; for the metrics."""
-
-    seen: int = 0
-    kept: int = 0
 
 
 @attrs.define(eq=False)
