@@ -160,16 +160,19 @@ def _signal_pid(pid: int, sig: signal.Signals) -> None:
 
 
 async def spawn(
-    nursery: trio.Nursery, name: str, args: Sequence[str], log: EventLog, env: dict[str, str] | None = None
+    nursery: trio.Nursery, name: str, args: Sequence[str], log: EventLog, env: dict[str, str] | None = None,
+    *, group: int | None = None,
 ) -> Child:
     """Start ``args`` as the child ``name`` (:func:`~ingestion.testing.launch.child_env` plus
-    ``env``), its output read into ``log`` by a task in ``nursery`` until it exits."""
+    ``env``), its output read into ``log`` by a task in ``nursery`` until it exits. ``group``: the
+    child's group id (root only), by which a packet filter can tell its connections apart."""
     process = await trio.lowlevel.open_process(
         list(args),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=child_env(env),
+        group=group,
     )
     child = Child(name, process, trio.current_time())
     nursery.start_soon(_read_lines, child, log)
