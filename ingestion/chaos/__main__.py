@@ -10,10 +10,14 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+import tempfile
+from pathlib import Path
 
 import trio
 
+from ingestion.chaos import mutants
 from ingestion.chaos.campaign import BY_NAME, Campaign, Options, write_json
+from ingestion.chaos.mutants import MUTANTS
 
 
 def parser() -> argparse.ArgumentParser:
@@ -31,6 +35,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the summary as JSON to PATH")
     p.add_argument("--kinds", default="", help="comma-separated fault kinds to draw from (default: all)")
     p.add_argument("--build", metavar="DIR", help="run the nodes from this copy of the code (PYTHONPATH)")
+    p.add_argument(
+        "--mutant",
+        choices=sorted(MUTANTS),
+        help="run the nodes from a deliberately broken copy of the code (the campaign must fail)",
+    )
     p.add_argument("--ttl-ms", type=int, default=1500, help="the nodes' lease TTL (default 1500)")
     p.add_argument("--echo", action="store_true", help="print the nodes' log events as they come")
     return p
@@ -46,8 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     if not 5 <= args.seconds <= 7200:
         print(f"--seconds: between 5 and 7200, got {args.seconds}", file=sys.stderr)
         return 2
+    build = args.build
+    if args.mutant:
+        build = str(mutants.build(args.mutant, Path(tempfile.mkdtemp(prefix=f"ingestion-{args.mutant}-"))))
+        print(f"chaos: the nodes run mutant {args.mutant} from {build}", flush=True)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
-    options = Options(seconds=args.seconds, seed=seed, ttl_ms=args.ttl_ms, build=args.build, kinds=kinds,
+    options = Options(seconds=args.seconds, seed=seed, ttl_ms=args.ttl_ms, build=build, kinds=kinds,
                       echo=args.echo)  # fmt: skip
     campaign = Campaign(options, out=lambda s: print(s, flush=True))
     report = trio.run(campaign.run)

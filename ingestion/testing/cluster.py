@@ -160,12 +160,19 @@ def _signal_pid(pid: int, sig: signal.Signals) -> None:
 
 
 async def spawn(
-    nursery: trio.Nursery, name: str, args: Sequence[str], log: EventLog, env: dict[str, str] | None = None,
-    *, group: int | None = None,
+    nursery: trio.Nursery,
+    name: str,
+    args: Sequence[str],
+    log: EventLog,
+    env: dict[str, str] | None = None,
+    *,
+    group: int | None = None,
+    cwd: str | None = None,
 ) -> Child:
     """Start ``args`` as the child ``name`` (:func:`~ingestion.testing.launch.child_env` plus
     ``env``), its output read into ``log`` by a task in ``nursery`` until it exits. ``group``: the
-    child's group id (root only), by which a packet filter can tell its connections apart."""
+    child's group id (root only), by which a packet filter can tell its connections apart; ``cwd``
+    its working directory (``python -m`` imports from there first)."""
     process = await trio.lowlevel.open_process(
         list(args),
         stdin=subprocess.DEVNULL,
@@ -173,6 +180,7 @@ async def spawn(
         stderr=subprocess.STDOUT,
         env=child_env(env),
         group=group,
+        cwd=cwd,
     )
     child = Child(name, process, trio.current_time())
     nursery.start_soon(_read_lines, child, log)

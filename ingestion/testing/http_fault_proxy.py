@@ -35,9 +35,7 @@ class HttpFaultProxy:
         self._changed.set()
         self._changed = trio.Event()
 
-    async def serve(
-        self, *, task_status: trio.TaskStatus[HttpFaultProxy] = trio.TASK_STATUS_IGNORED
-    ) -> None:
+    async def serve(self, *, task_status: trio.TaskStatus[HttpFaultProxy] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
         self.port = listeners[0].socket.getsockname()[1]
         async with httpx.AsyncClient(timeout=httpx.Timeout(10.0)) as client:

@@ -1,15 +1,21 @@
-"""A network partition of one process from some loopback ports, by the kernel's packet filter.
+"""Network partitions of one node from Redis, with a cut that holds what was sent, not drops it.
 
-Each process to cut off runs under a group id of its own (``spawn(..., group=GID)``, root only);
-:meth:`Partitions.cut` adds an nftables rule that drops every TCP packet a socket of that group
-sends to the given ports, on every interface (loopback included), and :meth:`Partitions.heal`
-removes it. Established connections stall rather than close, as a cable cut would: what the
-process sent in the meantime is retransmitted by its kernel once healed, and lands late (the
-delayed write a fence must refuse). Packets to the process are untouched, but with its own
-packets (its acknowledgements too) dropped nothing gets through.
+Each node runs under a group id of its own (``spawn(..., group=GID)``, root only). :meth:`Links.route`
+gives a group its own transparent :class:`~ingestion.testing.tcp_proxy.TcpProxy` and adds an
+nftables rule that redirects every TCP connection a socket of that group opens to the given ports
+(the Redis servers and the sentinels) to that proxy, which carries it on to where it was headed
+(``SO_ORIGINAL_DST``). The node needs no setting of its own: Sentinel names the real primary, and
+the kernel sends the node's connections through its proxy anyway.
 
-Needs root and the ``nft`` command (Debian's ``nftables``); :func:`available` tells, by trying.
-Everything lives in one table of this process's own, deleted by :meth:`Partitions.close`.
+:meth:`Links.cut` turns the proxy to ``blackhole``: no byte moves either way, the node's calls
+time out, and what it sent meanwhile is held (closing its socket does not take it back).
+:meth:`Links.heal` forwards again, held bytes first: a command sent before the lease expired
+lands after another node has taken over, the delayed write a fence must refuse (TCP
+retransmitting a segment after a partition heals does the same). ``heal(drop=True)`` resets the
+held connections instead, as a partition that outlived TCP's patience would.
+
+Needs root and the ``nft`` command with NAT (Debian's ``nftables``); :func:`available` tells, by
+trying. Everything lives in one table of this process's own, deleted by :meth:`Links.close`.
 """
 
 from __future__ import annotations
@@ -19,7 +25,12 @@ import shutil
 import subprocess
 from collections.abc import Iterable
 
+import trio
+
+from ingestion.testing.tcp_proxy import TcpProxy
+
 TIMEOUT = 10.0  # seconds for one nft command
+NAT_CHAIN = "{ type nat hook output priority -100 ; }"
 
 
 def _nft(*args: str) -> subprocess.CompletedProcess[str]:
@@ -33,44 +44,54 @@ def available() -> str | None:
     if shutil.which("nft") is None:
         return "partitions need the nft command (Debian: apt-get install -y nftables)"
     table = f"ingestion_probe_{os.getpid()}"
-    made = _nft("add", "table", "inet", table)
-    if made.returncode != 0:
-        return f"nft cannot add a table here: {made.stderr.strip() or made.returncode}"
-    _nft("delete", "table", "inet", table)
+    try:
+        for args in (("add", "table", "ip", table), ("add", "chain", "ip", table, "out", NAT_CHAIN)):
+            made = _nft(*args)
+            if made.returncode != 0:
+                return f"nft cannot redirect connections here: {made.stderr.strip() or made.returncode}"
+    finally:
+        _nft("delete", "table", "ip", table)
     return None
 
 
-class Partitions:
-    """The partitions of one campaign (see the module docstring)."""
+class Links:
+    """Every routed node's link to Redis (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.table = f"ingestion_chaos_{os.getpid()}"
-        made = _nft("add", "table", "inet", self.table)
-        if made.returncode != 0:
-            raise RuntimeError(f"nft: {made.stderr.strip()}")
-        self.cut_off: set[int] = set()
-
-    def cut(self, gid: int, ports: Iterable[int]) -> None:
-        """Drop what processes of group ``gid`` send to ``ports`` (TCP, any address)."""
-        chain = f"g{gid}"
-        listed = ", ".join(str(p) for p in sorted(set(ports)))
+        self.table = f"ingestion_links_{os.getpid()}"
         for args in (
-            ("add", "chain", "inet", self.table, chain, "{ type filter hook output priority 0 ; }"),
-            ("add", "rule", "inet", self.table, chain, "meta", "skgid", str(gid), "tcp", "dport",
-             f"{{ {listed} }}", "drop"),
-        ):  # fmt: skip
+            ("add", "table", "ip", self.table),
+            ("add", "chain", "ip", self.table, "out", NAT_CHAIN),
+        ):
             done = _nft(*args)
             if done.returncode != 0:
                 raise RuntimeError(f"nft {' '.join(args)}: {done.stderr.strip()}")
-        self.cut_off.add(gid)
+        self.proxies: dict[int, TcpProxy] = {}
 
-    def heal(self, gid: int) -> None:
-        chain = f"g{gid}"
-        if gid in self.cut_off:
-            _nft("flush", "chain", "inet", self.table, chain)
-            _nft("delete", "chain", "inet", self.table, chain)
-            self.cut_off.discard(gid)
+    async def route(self, nursery: trio.Nursery, gid: int, ports: Iterable[int]) -> TcpProxy:
+        """Send every connection group ``gid`` opens to ``ports`` through a proxy of its own."""
+        proxy: TcpProxy = await nursery.start(TcpProxy(None).serve)
+        listed = ", ".join(str(p) for p in sorted(set(ports)))
+        args = ("add", "rule", "ip", self.table, "out", "meta", "skgid", str(gid), "tcp", "dport",
+                f"{{ {listed} }}", "redirect", "to", f":{proxy.port}")  # fmt: skip
+        done = await trio.to_thread.run_sync(lambda: _nft(*args))
+        if done.returncode != 0:
+            raise RuntimeError(f"nft {' '.join(args)}: {done.stderr.strip()}")
+        self.proxies[gid] = proxy
+        return proxy
+
+    def cut(self, gid: int) -> None:
+        self.proxies[gid].set_mode("blackhole")
+
+    def heal(self, gid: int, *, drop: bool = False) -> int:
+        """Forward again; returns how many chunks were held (with ``drop``, reset instead)."""
+        proxy = self.proxies[gid]
+        held = proxy.held
+        if drop:
+            proxy.set_mode("refuse")
+        proxy.held_chunks.clear()
+        proxy.set_mode("forward")
+        return held
 
     def close(self) -> None:
-        _nft("delete", "table", "inet", self.table)
-        self.cut_off.clear()
+        _nft("delete", "table", "ip", self.table)

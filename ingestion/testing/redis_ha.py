@@ -294,7 +294,7 @@ class SentinelGroup:
         args = list(server.extra_args)
         if "--replicaof" in args:
             at = args.index("--replicaof")
-            del args[at:at + 3]
+            del args[at : at + 3]
             server.extra_args = tuple(args)
         server.start()
 

@@ -11,15 +11,31 @@ chunk that contains ``pattern`` arrives, and holds that chunk: a request certain
 yet arrived (a blackhole set from outside may fall between a request and its answer instead).
 ``watch(pattern)`` counts the server's replies that contain ``pattern`` (``seen[pattern]``): what
 the server answered, whoever reads it.
+
+``target_port`` None makes it transparent: each connection goes on to where its client sent it
+(``SO_ORIGINAL_DST``), for connections the packet filter redirected here
+(:mod:`ingestion.testing.partition`).
 """
 
 from __future__ import annotations
 
+import socket
+import struct
+
 import trio
+
+SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h: where a redirected connection was headed
+
+
+def original_destination(sock: trio.socket.SocketType) -> tuple[str, int]:
+    """The address a connection redirected by the packet filter was sent to (IPv4)."""
+    raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+    (port,) = struct.unpack("!H", raw[2:4])
+    return socket.inet_ntoa(raw[4:8]), port
 
 
 class TcpProxy:
-    def __init__(self, target_port: int) -> None:
+    def __init__(self, target_port: int | None) -> None:
         self.target_port = target_port
         self.port = 0
         self.mode = "forward"
@@ -61,7 +77,11 @@ class TcpProxy:
             with trio.CancelScope() as scope:
                 self._scopes.add(scope)
                 try:
-                    upstream = await trio.open_tcp_stream("127.0.0.1", self.target_port)
+                    if self.target_port is None:
+                        host, port = original_destination(client.socket)
+                    else:
+                        host, port = "127.0.0.1", self.target_port
+                    upstream = await trio.open_tcp_stream(host, port)
                     async with upstream, trio.open_nursery() as nursery:
                         nursery.start_soon(self._pump, client, upstream, True)
                         nursery.start_soon(self._pump, upstream, client, False)

@@ -55,6 +55,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "verify": ("ingestion.verify",),
     # the testing kit: local servers, the cluster harness, fault proxies (tests, benchmarks, demo)
     "testing": ("ingestion.testing",),
+    # the chaos campaign: a cluster from the testing kit under random faults, and its judge
+    "chaos": ("ingestion.chaos",),
     # the command line; ``simulate``'s own lives with the simulator (it shares the one-line usage
     # errors); ``demo`` runs a cluster, so it may use the testing kit
     "cli": ("ingestion.cli", "ingestion.simulator.cli"),
@@ -85,6 +87,7 @@ ALLOWED: dict[str, set[str]] = {
     "serve": {"runtime", "shared", "entry", "serve"},
     "verify": {"runtime", *SOURCES, "postgres", "events", "verify"},
     "testing": {"runtime", "verify", "testing"},
+    "chaos": {"runtime", "verify", "testing", "webhook", "chaos"},
     "cli": {
         "runtime", *SOURCES, "config", "postgres", "node", "serve", "verify", "simulator", "webhook",
         "webhook-rules", "events", "entry", "cli",
@@ -92,8 +95,8 @@ ALLOWED: dict[str, set[str]] = {
     "demo": {"runtime", *SOURCES, "config", "postgres", "verify", "testing", "entry", "cli", "demo"},
     "entry": {"node", "cli", "entry"},
 }
-# Who may import the testing kit, besides the kit itself: tests/, benchmarks/, and the demo.
-TESTING_USERS = {"demo", "testing"}
+# Who may import the testing kit, besides the kit itself: tests/, benchmarks/, the demo, chaos.
+TESTING_USERS = {"demo", "testing", "chaos"}
 
 
 def layer_of(module: str) -> str | None:
