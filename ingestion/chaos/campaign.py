@@ -45,7 +45,7 @@ import trio
 from actors.lease_store import connect, job_keys
 from ingestion.chaos import check
 from ingestion.testing import partition
-from ingestion.testing.cluster import Child, EventLog, spawn
+from ingestion.testing.cluster import Child, ClockFake, EventLog, faketime_available, spawn
 from ingestion.testing.launch import (
     LISTENING,
     joined,
@@ -77,6 +77,7 @@ POLL = 0.2  # seconds between polls of every job's lease and cursor
 ALLOWANCE = 1.5  # seconds beyond B: polling, the log pipe, process start-up on 2 busy cores
 WARM_UP = 90.0  # seconds for every job's first commit
 SETTLE = 60.0  # seconds for delivery to catch up at the end
+REDIS_COOL_DOWN = 12.0  # seconds between failovers: Sentinel's 2 x failover-timeout (5 s), and some
 
 
 def bound_s(ttl_ms: int, handover_ms: int) -> float:
@@ -118,6 +119,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("rpc-lag", "rpc", 1, True),  # the RPC node reports ledgers 3 behind, 1-3 s
     Kind("rpc-slow", "rpc", 0.5, True),  # every answer 300 ms late, 1-3 s
     Kind("receiver-outage", "webhook", 2, True),  # 503, 429, hangs or drops for 0.5-2.5 s
+    Kind("clock-jump", "clock", 1, False),  # the last node's wall clock jumps (libfaketime)
 )
 BY_NAME = {k.name: k for k in KINDS}
 MALFORMED = ("broken_json", "missing_paging_token", "token_regression", "duplicate")
@@ -144,6 +146,7 @@ class Report:
     bound: float
     faults: list[check.FaultWindow] = attrs.Factory(list)
     skipped_kinds: dict[str, str] = attrs.Factory(dict)
+    skipped_faults: list[str] = attrs.Factory(list)  # drawn but not injected, and why
     jobs: dict[str, dict[str, Any]] = attrs.Factory(dict)
     violations: list[str] = attrs.Factory(list)
     counts: dict[str, int] = attrs.Factory(dict)
@@ -157,6 +160,7 @@ class Report:
             "seed": self.seed, "seconds": self.seconds, "bound_s": round(self.bound, 3),
             "ok": self.ok, "faults": len(self.faults),
             "by_kind": _by_kind(self.faults), "skipped_kinds": self.skipped_kinds,
+            "skipped_faults": self.skipped_faults,
             "jobs": self.jobs, "counts": self.counts, "violations": self.violations,
             "fault_list": [
                 {"kind": f.kind, "target": f.target, "start": round(f.start, 3), "end": round(f.end, 3),
@@ -176,6 +180,9 @@ class Report:
         lines.append("by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(_by_kind(self.faults).items())))
         for kind, why in sorted(self.skipped_kinds.items()):
             lines.append(f"skipped: {kind}: {why}")
+        if self.skipped_faults:
+            first = self.skipped_faults[0]
+            lines.append(f"drawn but not injected: {len(self.skipped_faults)} (the first: {first})")
         for job, j in self.jobs.items():
             lines.append(
                 f"{job}: {j.get('records', 0)} records, {j.get('terms', 0)} terms; longest without a "
@@ -221,6 +228,7 @@ class Campaign:
         self.every: list[Child] = []
         self.impaired: set[str] = set()  # nodes dead, paused, cut off or restarting
         self.redis_busy = False
+        self.last_failover = -1e9  # when the last Redis failover ended (campaign seconds)
         self.horizon = self.rpc = ""
         self.hook_port = 0
         self.t0 = 0.0
@@ -228,6 +236,7 @@ class Campaign:
         self.jobs: list[str] = []
         self.nursery: trio.Nursery | None = None
         self.config_path = self.dir / "chaos.toml"
+        self.clock_file = self.dir / "faketime"  # the last node's wall-clock offset (libfaketime)
         self._polled = trio.Event()  # set after each poll, then replaced
 
     # -- time -----------------------------------------------------------------------------------
@@ -264,6 +273,8 @@ class Campaign:
         env = {"INGESTION_HORIZON_HANDOVER_AFTER_MS": str(self.o.handover_ms)}
         if self.o.build:
             env["PYTHONPATH"] = self.o.build
+        if name == f"n{self.o.nodes}" and "clock-jump" not in self.report.skipped_kinds:
+            env.update(ClockFake(timestamp_file=str(self.clock_file)).env())
         args = node_command(
             name, jobs=self.jobs, redis_url=self.redis.url, horizon=self.horizon, ttl_ms=self.o.ttl_ms,
             extra=["--config", str(self.config_path)],
@@ -296,6 +307,10 @@ class Campaign:
             for k in KINDS:
                 if k.layer == "postgres":
                     self.report.skipped_kinds[k.name] = "PostgreSQL is not installed"
+        if faketime_available():
+            self.clock_file.write_text("+0s\n")
+        else:
+            self.report.skipped_kinds["clock-jump"] = "libfaketime is not installed"
         why = partition.available()
         if why is None:
             self.links = partition.Links()
@@ -476,6 +491,12 @@ class Campaign:
             await self._horizon_fault(kind, r, start)
         elif layer == "rpc":
             await self._rpc_fault(kind, r, start)
+        elif layer == "clock":
+            offset = r.choice((-1, 1)) * r.uniform(5, 600)
+            self.clock_file.write_text(f"{offset:+.0f}s\n")
+            self.record(
+                kind, f"n{self.o.nodes}", start, start, frozenset(self.jobs), f"wall clock {offset:+.0f} s"
+            )
         else:
             await self._receiver_fault(kind, r, start)
 
@@ -539,17 +560,39 @@ class Campaign:
             await trio.sleep(r.uniform(0.5, 2.0))
             await trio.to_thread.run_sync(g.restart, replica)
             return
+        # Sentinel refuses a failover of the same primary within twice its failover timeout of
+        # the last one, and a replica still syncing cannot be promoted: such a round gets none
+        since = self.now() - self.last_failover
+        if since < REDIS_COOL_DOWN:
+            self.report.skipped_faults.append(
+                f"{kind.name} at t={start:.1f}: {since:.1f} s after the last failover"
+            )
+            return
+        try:
+            await trio.to_thread.run_sync(g.wait_replicas_synced, 10.0)
+        except TimeoutError as exc:
+            self.report.skipped_faults.append(f"{kind.name} at t={start:.1f}: replicas not in sync ({exc})")
+            return
+        start = self.now()
         old = await trio.to_thread.run_sync(g.primary_port)
         if kind.name == "redis-failover":
             await trio.to_thread.run_sync(g.failover)
         else:
             await trio.to_thread.run_sync(g.kill, g.server(old))
-        new = await trio.to_thread.run_sync(g.wait_for_new_primary, old, 30.0)
+        try:
+            new = await trio.to_thread.run_sync(g.wait_for_new_primary, old, 30.0)
+            detail = f"new primary {new.port} after {self.now() - start:.1f} s"
+        except TimeoutError:
+            # Sentinel did not fail over (the deployment's matter, not the nodes'): bring the old
+            # primary back if it was killed; the jobs are not held to B until a primary answers
+            if kind.name == "redis-primary-kill":
+                await trio.to_thread.run_sync(g.restart, g.server(old))
+            await trio.to_thread.run_sync(g.wait_replicas_synced, 60.0)
+            detail = "Sentinel did not fail over within 30 s; the old primary serves again"
         end = self.now()
-        self.record(
-            kind, f"primary:{old}", start, end, every, f"new primary {new.port} after {end - start:.1f} s"
-        )
-        if kind.name == "redis-primary-kill":
+        self.last_failover = end
+        self.record(kind, f"primary:{old}", start, end, every, detail)
+        if kind.name == "redis-primary-kill" and not detail.startswith("Sentinel did not"):
             await trio.to_thread.run_sync(g.restart, g.server(old))
 
     async def _pg_fault(self, kind: Kind, r: random.Random, start: float) -> None:
@@ -711,7 +754,13 @@ class Campaign:
 
     async def _after(self, offset: float, kind: Kind, r: random.Random) -> None:
         await trio.sleep(offset)
-        await self.inject(kind, r)
+        at = self.now()
+        try:
+            await self.inject(kind, r)
+        except (OSError, RuntimeError, TimeoutError, httpx.HTTPError) as exc:
+            # the harness could not carry the fault out: the run goes on (its records are still
+            # judged) but fails, naming it, rather than losing everything to one broken step
+            self.report.violations.append(f"harness: {kind.name} at t={at:.1f} failed: {exc!r}")
 
     async def _finish(self, begin: float) -> None:
         """Heal everything, let delivery catch up, stop the nodes, judge."""
@@ -729,9 +778,13 @@ class Campaign:
             position = client.hget(job_keys(HOOK)["cursor"], "cursor")
             return bool(last) and position == last[0][1]["paging_token"]
 
-        with trio.move_on_after(SETTLE):
+        with trio.move_on_after(SETTLE) as settling:
             while not await trio.to_thread.run_sync(caught_up):
                 await self._polled.wait()
+        if settling.cancelled_caught:
+            self.report.violations.append(
+                f"{HOOK}: delivery did not reach the last record of {OPS} within {SETTLE:.0f} s of the end"
+            )
         await self._stop_nodes()
         self.say(f"chaos: {len(self.report.faults)} faults injected; stopped; judging")
         try:
