@@ -20,7 +20,14 @@ import trio
 from actors.balance import CampaignGate
 from actors.health import SourceWatch
 from actors.lease import Extended, LeaseMachine, LeaseTiming, Lost, LostReason, standby_wait
-from actors.lease_store import Acquired, Held, LeaseStore, RedisUnavailable, StateLost
+from actors.lease_store import (
+    Acquired,
+    Held,
+    LeaseStore,
+    RedisUnavailable,
+    ReplicationUnconfirmed,
+    StateLost,
+)
 from actors.messages import (
     CampaignNow,
     ElectorInput,
@@ -195,8 +202,11 @@ class Elector:
                     self._own_lease_possible = True  # it may have been granted all the same
                     failures += 1
                     delay = min(self.retry_cap, 0.1 * 2 ** min(failures, 10))
+                    # a grant no replica confirmed names its token: the audit stream holds it
+                    granted = exc.token if isinstance(exc, ReplicationUnconfirmed) else None
                     self.log.warning(
-                        "redis-unavailable", error=str(exc), attempt=failures, retry_in=delay
+                        "redis-unavailable", error=str(exc), attempt=failures, retry_in=delay,
+                        **({"token": granted} if granted is not None else {}),
                     )
                     self.observer.election_event("redis-unavailable", error=str(exc))
                     await self._standby_until(trio.current_time() + delay * random.uniform(0.5, 1))

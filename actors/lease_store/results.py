@@ -15,12 +15,14 @@ class RedisUnavailable(Exception):
 
 class ReplicationUnconfirmed(RedisUnavailable):
     """The primary applied the write but fewer replicas than asked acknowledged it in time
-    (``WAIT``): a failover may still lose it, so its outcome is as unknown as a timed-out call's."""
+    (``WAIT``): a failover may still lose it, so its outcome is as unknown as a timed-out call's.
+    ``token``: the fencing token of a lease grant so applied (the node logs it: the audit names it)."""
 
-    def __init__(self, message: str, acked: int, wanted: int) -> None:
+    def __init__(self, message: str, acked: int, wanted: int, token: int | None = None) -> None:
         super().__init__(message)
         self.acked = acked
         self.wanted = wanted
+        self.token = token
 
 
 @attrs.frozen

@@ -282,7 +282,7 @@ class LeaseStore:
         conn: redis.Redis = self.client.get_redis_connection(node)
         return conn
 
-    def _check_acked(self, what: str, acked: int | None) -> None:
+    def _check_acked(self, what: str, acked: int | None, token: int | None = None) -> None:
         if acked is not None and acked < self.min_replicas_acked:
             raise ReplicationUnconfirmed(
                 f"{self._where}: {what} applied by the primary but acknowledged by {acked} of the "
@@ -290,6 +290,7 @@ class LeaseStore:
                 "(redis.min_replicas_acked): a failover may lose it",
                 acked,
                 self.min_replicas_acked,
+                token,
             )
 
     async def acquire(
@@ -337,7 +338,7 @@ class LeaseStore:
         _, token, prev_node, prev_token, takeover, cursor, rolled_back, _, _ = res
         if self.on_lease is not None:
             self.on_lease("acquired", self.job, int(token), node)  # granted, replicated or not
-        self._check_acked("the lease grant", acked)
+        self._check_acked("the lease grant", acked, int(token))
         return Acquired(
             token=int(token),
             previous_node=prev_node or None,

@@ -554,6 +554,17 @@ class Campaign:
     async def _redis_fault(self, kind: Kind, r: random.Random, start: float, every: frozenset[str]) -> None:
         g = self.redis
         if kind.name == "redis-replica-kill":
+            # One replica down while the other acknowledges is one fault; both down (the other
+            # still resyncing after its own kill) is an outage of every write (redis.
+            # min_replicas_acked), which the jobs are not held to B through: wait for the sync
+            try:
+                await trio.to_thread.run_sync(g.wait_replicas_synced, 10.0)
+            except TimeoutError as exc:
+                self.report.skipped_faults.append(
+                    f"{kind.name} at t={start:.1f}: replicas not in sync ({exc})"
+                )
+                return
+            start = self.now()
             replica = r.choice(await trio.to_thread.run_sync(g.replicas))
             await trio.to_thread.run_sync(g.kill, replica)
             self.record(kind, f"replica:{replica.port}", start, start, every)
@@ -832,8 +843,14 @@ class Campaign:
             commits = check.commit_times(samples)
             v += check.liveness_problems(job, commits, r.faults, begin, end, self.bound + ALLOWANCE)
             audit = await trio.to_thread.run_sync(_audit, client, job)
-            logged = [check.LoggedGrant(e.at, e.node, int(e.fields["token"]))
-                      for e in self.log.of("became-leader", job=job)]  # fmt: skip
+            logged = [
+                check.LoggedGrant(e.at, e.node, int(e.fields["token"]), kind)
+                for event, kind in (("became-leader", "became-leader"),
+                                    ("redis-unavailable", "unconfirmed"),
+                                    ("releasing-orphaned-lease", "orphaned"))
+                for e in self.log.of(event, job=job)
+                if e.fields.get("token") is not None
+            ]  # fmt: skip
             v += check.election_problems(job, audit, logged, self.o.ttl_ms, rollbacks=rollbacks)
             gap = check.longest_gap(commits, begin, end)
             quiet = [

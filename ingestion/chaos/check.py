@@ -70,11 +70,15 @@ class AuditGrant:
 
 @attrs.frozen
 class LoggedGrant:
-    """A ``became-leader`` line a node logged (the harness's clock)."""
+    """A grant a node logged (the harness's clock): ``became-leader``, or ``unconfirmed`` (a
+    ``redis-unavailable`` line naming the token of a grant no replica acknowledged, which the node
+    did not act on) or ``orphaned`` (``releasing-orphaned-lease``: a grant whose answer it never
+    had, handed back)."""
 
     at: float
     node: str
     token: int
+    event: str = "became-leader"
 
 
 @attrs.frozen
@@ -207,12 +211,14 @@ def election_problems(
     for g in grants:
         if (g.node, g.token) not in seen:
             problems.append(
-                f"election: {job} audit grants token {g.token} to {g.node}, which never logged it"
+                f"election: {job} audit grants token {g.token} to {g.node}, which never logged it "
+                "(as became-leader, an unconfirmed grant or an orphaned lease it released)"
             )
     if not rollbacks:
         nodes_of: dict[int, set[str]] = {}
         for lg in logged:
-            nodes_of.setdefault(lg.token, set()).add(lg.node)
+            if lg.event == "became-leader":
+                nodes_of.setdefault(lg.token, set()).add(lg.node)
         for token, nodes in sorted(nodes_of.items()):
             if len(nodes) > 1:
                 problems.append(f"election: {job} token {token} logged by {sorted(nodes)}")
@@ -223,5 +229,6 @@ def reissued_tokens(logged: Sequence[LoggedGrant]) -> int:
     """Tokens two nodes logged (only after a Redis rollback lost a grant)."""
     nodes_of: dict[int, set[str]] = {}
     for g in logged:
-        nodes_of.setdefault(g.token, set()).add(g.node)
+        if g.event == "became-leader":
+            nodes_of.setdefault(g.token, set()).add(g.node)
     return sum(1 for nodes in nodes_of.values() if len(nodes) > 1)

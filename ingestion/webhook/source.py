@@ -62,6 +62,48 @@ READ_PAGE = 1000  # records read from the source job's store at a time
 REQUESTS_EVERY = 1.0  # seconds between looks at the operators' requests while delivering
 DISABLED_POLL = 1.0  # seconds between looks while the endpoint is disabled
 HOLD_EVERY = 1.0  # seconds between moves of the source stream's retention floor (one call)
+CLOCK_REFRESH = 30.0  # seconds between reads of Redis's clock (carried by the monotonic clock between)
+SKEW_WARN = 5.0  # seconds: a node's wall clock further off Redis's than this is logged, once per term
+
+
+@attrs.define
+class ServerClock:
+    """The wall clock a signature's ``webhook-timestamp`` is taken from: Redis's ``TIME``, carried
+    forward by the node's monotonic clock between reads (every :data:`CLOCK_REFRESH` s).
+
+    Receivers refuse a timestamp more than a few minutes off their own clock (``standardwebhooks``:
+    five), so a node whose wall clock is wrong (an NTP step, a VM restored from a snapshot) would
+    sign every POST in a way the endpoint rejects (401), and delivery would stall for as long as it
+    led. Every node of a deployment shares Redis's clock, whatever its own says. Until Redis has
+    answered once (its outage is the lease's matter) the node's own wall clock stands in.
+    """
+
+    read: Callable[[], Awaitable[float]]  # Redis's TIME in seconds
+    log: Any
+    _anchor: tuple[float, float] | None = None  # (Redis seconds, trio time at that reading)
+    _warned: bool = False
+
+    async def now(self) -> float:
+        before = trio.current_time()
+        if self._anchor is None or before - self._anchor[1] >= CLOCK_REFRESH:
+            try:
+                server = await self.read()
+            except RedisUnavailable:
+                pass  # the last reading carries on; none yet: the node's own clock
+            else:
+                self._anchor = (server, (before + trio.current_time()) / 2)
+                skew = time.time() - server
+                if abs(skew) > SKEW_WARN and not self._warned:
+                    self._warned = True
+                    self.log.warning("wall-clock-skew", skew_s=round(skew, 1), signing_with="redis")
+        if self._anchor is None:
+            return time.time()
+        return self._anchor[0] + trio.current_time() - self._anchor[1]
+
+    def reset(self) -> None:
+        """A new term: read Redis's clock again before the first signature (say a skew again)."""
+        self._anchor = None
+        self._warned = False
 
 
 def webhook_keys(job: str) -> dict[str, str]:
@@ -141,6 +183,17 @@ class WebhookSource:
     _waiting: collections.deque[int] = attrs.field(factory=collections.deque, init=False)
     # the store position of the last record whose outcome is committed (this term)
     _delivered_through: str | None = attrs.field(default=None, init=False)
+    _clock: ServerClock = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._clock = ServerClock(self._redis_time, self.log)
+
+    async def _redis_time(self) -> float:
+        answer = await self.store.run(self.store.client.time)
+        if isinstance(answer, dict):  # a cluster asks each master: any of them will do
+            answer = next(iter(answer.values()))
+        seconds, micros = answer
+        return int(seconds) + int(micros) / 1e6
 
     async def resolve_start(self, cursor: str) -> str:
         """``now``: the newest record the source job holds (``0`` when it holds none)."""
@@ -157,6 +210,7 @@ class WebhookSource:
         self._waiting.clear()
         self._delivered_through = None
         self.stats.oldest_undelivered_ms = None
+        self._clock.reset()
         try:
             position = await self.records.locate(cursor)
             await self.records.hold(position)  # retention keeps what this term has yet to deliver
@@ -352,7 +406,8 @@ class WebhookSource:
             await trio.sleep(delay)
 
     async def _post(self, client: httpx.AsyncClient, unit: Unit, token: int) -> Attempt:
-        ts = int(time.time())
+        now = await self._clock.now()
+        ts = int(now)
         headers = {
             "webhook-id": unit.msg_id,
             "webhook-timestamp": str(ts),
@@ -374,7 +429,7 @@ class WebhookSource:
                         if len(excerpt) >= EXCERPT_BYTES:
                             break
                     if status in (429, 503):
-                        retry_after = parse_retry_after(resp.headers.get("retry-after"), time.time())
+                        retry_after = parse_retry_after(resp.headers.get("retry-after"), now)
             except httpx.HTTPError as exc:
                 if status is None:
                     return Attempt(None, describe(exc), None, "")

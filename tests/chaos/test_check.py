@@ -94,6 +94,23 @@ def test_tokens_that_fall_or_repeat_and_grants_nobody_logged_are_reported() -> N
     assert any("never logged it" in p for p in problems)
 
 
+def test_a_grant_the_node_logged_as_unconfirmed_or_released_as_orphaned_is_accounted_for() -> None:
+    audit = grants(
+        (1000, "became-leader", "n1", 1, None, None), (1090, "released", "n1", 1, None, None),
+        (1100, "became-leader", "n1", 2, 1, 10), (1290, "released", "n1", 2, None, None),
+        (1300, "became-leader", "n2", 3, 2, 10), (3000, "became-leader", "n2", 4, 3, 1600),
+    )  # fmt: skip
+    logged = [LoggedGrant(1.0, "n1", 1, "unconfirmed"), LoggedGrant(1.2, "n1", 2, "orphaned"),
+              LoggedGrant(1.3, "n2", 3)]  # fmt: skip
+    (problem,) = election_problems(JOB, audit, logged, 1500)
+    assert "token 4 to n2, which never logged it" in problem
+    # another node's unconfirmed line for the token does not count for the grantee
+    logged.append(LoggedGrant(3.0, "n1", 4, "unconfirmed"))
+    assert election_problems(JOB, audit, logged, 1500)
+    logged.append(LoggedGrant(3.0, "n2", 4, "unconfirmed"))
+    assert election_problems(JOB, audit, logged, 1500) == []
+
+
 def test_one_token_logged_by_two_nodes_is_a_violation_unless_redis_rolled_back() -> None:
     logged = [LoggedGrant(1, "n1", 3), LoggedGrant(2, "n2", 3)]
     assert election_problems(JOB, [], logged, 1500)

@@ -187,6 +187,12 @@ async def test_acquire_and_commit_wait_for_a_replica_and_report_what_it_did_not_
             assert "acknowledged by 0 of the 1 replicas" in str(caught.value)
             # Applied by the primary all the same: that is why it counts as unknown.
             assert probe.hget(job_keys(job)["cursor"], "cursor") == "11"
+            # A lease grant so applied names its token (the node logs it; the audit holds it).
+            assert await store.release("a", grant.token) is True
+            with pytest.raises(ReplicationUnconfirmed) as caught:
+                await store.acquire("a", 60_000)
+            assert caught.value.token == grant.token + 1
+            assert probe.get(job_keys(job)["lease"]) == f"{grant.token + 1}|a"
         finally:
             replica.process.send_signal(18)  # SIGCONT
         probe.close()

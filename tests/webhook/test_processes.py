@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from actors.lease_store import job_keys
-from ingestion.testing.cluster import Cluster, figure, open_cluster
+from ingestion.testing.cluster import ClockFake, Cluster, faketime_available, figure, open_cluster
 from ingestion.testing.wait import wait_until
 from ingestion.webhook import admin
 from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
@@ -171,3 +171,25 @@ async def test_dead_letters_through_an_outage_are_replayed_by_the_leader_on_the_
     delivered = {r["paging_token"] for r in receiver.records()}
     assert set(letters) <= delivered  # every dead letter arrived once the endpoint answered
     assert receiver.refused_signature == 0
+
+
+@pytest.mark.skipif(not faketime_available(), reason="libfaketime is not installed")
+async def test_a_node_whose_wall_clock_is_an_hour_off_signs_with_redis_clock(
+    job: str, tmp_path: Path
+) -> None:
+    """A receiver refuses a timestamp minutes off its own clock: a deliverer whose wall clock is
+    an hour behind (libfaketime; Redis and the receiver tell the time right) signs with Redis's
+    clock, so every POST is accepted, and says once that its own clock is off."""
+    hook = f"{job}-hook"
+    receiver = Receiver(SECRET)
+    async with trio.open_nursery() as outer:
+        port = await outer.start(serve_receiver, receiver)
+        config = hook_config(tmp_path / "config.toml", port, job)
+        extra = ["--config", str(config), "--job", hook]
+        async with open_cluster(job, ttl_ms=TTL_MS, ops_per_ledger=5, history_ledgers=5) as cluster:
+            await cluster.start_node("n1", clock=ClockFake("-1h"), extra=extra)
+            await delivered_more(receiver, 20)
+            skews = cluster.log.of("wall-clock-skew", "n1", job=hook)
+        outer.cancel_scope.cancel()
+    assert receiver.refused_signature == 0, receiver.refusals
+    assert skews and -3700 < skews[0].fields["skew_s"] < -3500, skews
