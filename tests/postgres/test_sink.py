@@ -443,19 +443,22 @@ async def test_a_call_abandoned_while_connecting_neither_runs_nor_takes_over(pg:
 def test_another_versions_functions_are_left_alone(pg: LocalPostgres) -> None:
     """In a mixed-version fleet each version calls functions of its own name: starting a node
     does not replace what an older (or newer) node runs."""
-    old = (
-        "CREATE SCHEMA mixed; CREATE FUNCTION mixed.open_term(p_job text, p_token bigint) "
+    old = (  # the previous version's, as a node of that version left it
+        "CREATE SCHEMA mixed; CREATE FUNCTION mixed.open_term_v2(p_job text, p_token bigint, p_node text) "
         "RETURNS TABLE(ok boolean, fence bigint, cursor text) LANGUAGE plpgsql AS "
         "$$BEGIN RETURN QUERY SELECT true, p_token, 'old'::text; END$$"
     )
     pg.psql(old)
+    assert sql.OPEN_TERM != "open_term_v2"
     with connect(pg.url, 5) as conn:
         ensure_schema(conn, "mixed")
-        row = conn.execute(
-            "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-            "WHERE n.nspname = 'mixed' AND p.proname = 'open_term'"
-        ).fetchone()
-    assert row is not None and "'old'" in row[0]
+        found = dict(conn.execute(
+            "SELECT p.proname, p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = 'mixed'"
+        ).fetchall())  # fmt: skip
+    assert "'old'" in found["open_term_v2"]
+    assert found[sql.OPEN_TERM] == sql.function_body("mixed", sql.OPEN_TERM)
+    assert found[sql.COMMIT_BATCH] == sql.function_body("mixed", sql.COMMIT_BATCH)
 
 
 async def test_a_timed_out_fenced_statement_is_cancelled_before_its_connection_closes(
@@ -531,3 +534,59 @@ async def test_fenced_job_code_that_waited_on_the_fence_sees_the_older_terms_wri
                              what="term 2's fenced transaction waiting")  # fmt: skip
     with connect(url, 5) as conn:
         assert conn.execute("SELECT term FROM public.sent").fetchall() == [(1,)]
+
+
+async def test_commit_batch_itself_refuses_a_batch_that_does_not_continue_the_cursor(url: str) -> None:
+    """A direct call of ``commit_batch`` (not through the sink, which checks the batch before
+    sending it) is held to the Redis script's rule: paging tokens well formed and strictly
+    rising, the first after the stored cursor, the new cursor the last token or an anchor after
+    it. Each refusal is definite and changes nothing."""
+    sink = PostgresSink(url, "direct", call_timeout=5)
+    await sink.open_term("a", 1)
+    assert await sink.commit("a", 1, None, recs(1, 3)) == Committed(1, SRC.token_of(3), 3)
+    t = SRC.token_of
+
+    def commit(tokens: list[str], cursor: str | None, previous: str = t(3)) -> tuple[bool, str]:
+        with connect(url, 5) as conn:
+            row = conn.execute(
+                f"SELECT ok, reason FROM ingestion.{sql.COMMIT_BATCH}"  # type: ignore[arg-type]
+                "(%s, 1, 'a', %s, %s, 0, %s::text[], %s::text[])",
+                ("direct", previous, cursor, sql.text_array(tokens), sql.text_array(["{}"] * len(tokens))),
+            ).fetchone()
+        assert row is not None
+        return bool(row[0]), str(row[1])
+
+    refused = {
+        "out of order": (commit([t(5), t(4)], t(4)), "not-after-cursor"),
+        "a repeated token": (commit([t(4), t(4)], t(4)), "not-after-cursor"),
+        "first not after the cursor": (commit([t(3), t(4)], t(4)), "not-after-cursor"),
+        "first before the cursor": (commit([t(2)], t(2)), "not-after-cursor"),
+        "cursor before the last token": (commit([t(4), t(5)], t(4)), "not-after-cursor"),
+        "cursor back, no records": (commit([], t(2)), "not-after-cursor"),
+        "cursor unchanged, no records": (commit([], t(3)), "not-after-cursor"),
+        "no cursor": (commit([t(4)], None), "bad-paging-token"),
+        "a malformed token": (commit([t(4), "x5"], t(6)), "bad-paging-token"),
+        "a malformed anchor": (commit([t(4)], "5x"), "bad-paging-token"),
+        "a position beyond int64": (commit([f"{1 << 63}"], f"{1 << 63}"), "bad-paging-token"),
+        "a sub-position beyond uint32": (commit([f"{t(4)}-{1 << 32}"], t(5)), "bad-paging-token"),
+    }  # fmt: skip
+    assert {k: answer for k, (answer, _) in refused.items()} == {
+        k: (False, reason) for k, (_, reason) in refused.items()
+    }
+    state = job_state(url, "ingestion", "direct")
+    assert (state["cursor"], state["last_seq"]) == (t(3), 3)
+    # what continues the cursor lands: numbers compare as numbers, sub-positions after them,
+    # an anchor after the last token, then Stellar RPC's fixed-width ids
+    assert commit([t(4), f"{t(4)}-1", f"{t(4)}-10"], t(5)) == (True, "")
+    assert commit([], t(6), t(5)) == (True, "")
+    rpc = [f"{p:019d}-{n:010d}" for p, n in ((100, 9), (100, 10), (101, 0))]
+    assert commit(rpc[:2], rpc[1], t(6)) == (False, "not-after-cursor")  # t(6) is far above 100
+    assert commit(["99999999999999"], "99999999999999", t(6)) == (True, "")
+    assert commit(rpc[1:2], rpc[1], "99999999999999") == (False, "not-after-cursor")
+    rpc_start = f"{99:019d}-{1:010d}"
+    with connect(url, 5) as conn:  # a job moved to Stellar RPC's ids
+        conn.execute("UPDATE ingestion.cursors SET cursor = %s WHERE job = 'direct'", (rpc_start,))
+    assert commit(rpc, rpc[2], rpc_start) == (True, "")
+    assert commit([rpc[1]], rpc[1], rpc[2]) == (False, "not-after-cursor")
+    assert job_state(url, "ingestion", "direct")["cursor"] == rpc[2]
+    sink.close()
