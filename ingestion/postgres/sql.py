@@ -30,11 +30,17 @@ node calls its own, and starting a node never replaces what another version runs
   strictly after the one before, the first after ``previous``, and ``cursor`` the last token or
   an anchor after it (``not-after-cursor``); then inserts the rows after the job's last ``seq``,
   moves the cursor, deletes rows beyond ``max_len`` (0: keep all), and ``NOTIFY``s channel
-  ``<schema>_events`` with ``{"job", "seq", "cursor"}``, delivered when the transaction commits.
+  ``<schema>_events`` with ``{"job", "seq", "cursor"}``, delivered when the transaction commits,
+  unless PostgreSQL's notification queue is fuller than ``ingestion.notify_queue_limit`` (a
+  setting, default 0.5 of the queue): a listener that stopped reading holds the server's one
+  queue, and once it is full every transaction that notifies fails at COMMIT (so no handler in
+  the function could save the commit). Past the limit the commit lands without its notice, and
+  readers find its rows by reading again, as ``tail`` does at least once a second.
   The sink checks the batch before sending it too (``actors.sink.continuation``): the function's
   check is for every other caller, a direct call included.
 
-Version 3 (the ``_v3`` names) differs from version 2 only in that check of ``commit_batch``.
+Version 3 (the ``_v3`` names) differs from version 2 only in ``commit_batch``: the continuity
+check and the notification queue's limit.
 
 Migration rule: at start the sink creates what is missing and never alters or drops anything. A
 table that exists must have at least the columns below with these types (extra columns are
@@ -169,8 +175,14 @@ BEGIN
     DELETE FROM {s}.events e WHERE e.job = p_job AND e.seq <= last + n - p_max_len;
     GET DIAGNOSTICS trimmed = ROW_COUNT;
   END IF;
-  PERFORM pg_notify({channel},
-    json_build_object('job', p_job, 'seq', last + n, 'cursor', p_cursor)::text);
+  -- PostgreSQL's one notification queue, held behind its slowest listener, fails every NOTIFY
+  -- on the server at commit once it is full (a plpgsql handler cannot catch that: it is raised
+  -- at COMMIT, after this function). Past the limit, the commit lands without its notice.
+  IF pg_notification_queue_usage()
+     < coalesce(nullif(current_setting('ingestion.notify_queue_limit', true), '')::float8, 0.5) THEN
+    PERFORM pg_notify({channel},
+      json_build_object('job', p_job, 'seq', last + n, 'cursor', p_cursor)::text);
+  END IF;
   RETURN QUERY SELECT true, ''::text, fence, p_cursor, last + n, trimmed;
 END
 """

@@ -22,7 +22,7 @@ from actors.supervisor import NodeSpec, run_node
 from ingestion.postgres import sql
 from ingestion.postgres.connection import connect, ensure_schema
 from ingestion.postgres.fence import FenceRejected, PostgresFence
-from ingestion.postgres.readers import check_job, job_state, read_events
+from ingestion.postgres.readers import EventsFollower, check_job, job_state, read_events
 from ingestion.postgres.sink import PostgresSink
 from ingestion.testing.local_postgres import LocalPostgres
 from ingestion.testing.local_redis import LocalRedis
@@ -590,3 +590,85 @@ async def test_commit_batch_itself_refuses_a_batch_that_does_not_continue_the_cu
     assert commit([rpc[1]], rpc[1], rpc[2]) == (False, "not-after-cursor")
     assert job_state(url, "ingestion", "direct")["cursor"] == rpc[2]
     sink.close()
+
+
+# --- PostgreSQL's notification queue: one per server, held behind its slowest listener ------------
+
+NOTICE_FILL = (  # 4000 notices of about 8 KB on the sink's channel for another job: 32 MB
+    "SELECT pg_notify('ingestion_events', json_build_object('job', 'other', 'pad', "
+    "repeat('x', 7800) || i)::text) FROM generate_series(1, 4000) i"
+)
+
+
+def queue_usage(url: str) -> float:
+    """``pg_notification_queue_usage()`` after one more notice (PostgreSQL advances the queue's
+    tail as notifiers write)."""
+    with connect(url, 5) as conn:
+        conn.execute("SELECT pg_notify('unheard', 'x')")
+        row = conn.execute("SELECT pg_notification_queue_usage()").fetchone()
+    return float(row[0]) if row else 0.0
+
+
+async def test_a_paused_tail_does_not_hold_the_servers_notification_queue(pg: LocalPostgres) -> None:
+    """``tail``'s consumer stops reading (its output paused in a pager, or a full pipe) while
+    commits go on: its listening connection is drained by a thread of its own, so its backend
+    never stalls writing to it and PostgreSQL's queue, which every NOTIFY on the server needs,
+    is not held behind it."""
+    with connect(pg.url, 5) as conn:
+        ensure_schema(conn, "ingestion")
+    follower = EventsFollower(pg.url, "ingestion", "paused", timeout=5)
+    try:
+        assert follower.last_seq() == 0  # listening from here on; then the consumer pauses
+        with connect(pg.url, 5) as conn:
+            conn.execute(NOTICE_FILL)  # more than a stalled backend's socket buffers hold
+        await wait_until(lambda: queue_usage(pg.url) == 0.0, 5, what="the queue drained")
+        with connect(pg.url, 5) as conn:
+            stalled = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'ingestion-tail%%' "
+                "AND wait_event = 'ClientWrite'"
+            ).fetchone()
+        assert stalled == (0,)
+        assert follower.wait(0.5) is True  # the first notice after connecting: read again
+        assert follower.wait(0.1) is False  # none of the 4000 was for this job
+    finally:
+        follower.close()
+
+
+async def test_a_commit_past_the_notification_queue_limit_lands_without_its_notice(pg: LocalPostgres) -> None:
+    """A listener that stopped reading holds PostgreSQL's notification queue; full, it fails every
+    transaction that notifies, at COMMIT. Past ``ingestion.notify_queue_limit`` (here 0.1 % of the
+    queue: PostgreSQL 15's is 8 GB and cannot be made smaller) a commit lands without its NOTIFY;
+    below it again, commits notify again."""
+    sink = PostgresSink(pg.url, "crowded", call_timeout=5)
+    await sink.open_term("a", 1)
+    listener = psycopg.connect(pg.url, autocommit=True)
+    listener.execute("LISTEN ingestion_events")  # and reads nothing until the end: it stalls
+    conn = connect(pg.url, 5)
+    conn.execute("SET ingestion.notify_queue_limit = 0.001")
+
+    def commit(first: int, last: int, previous: str | None) -> bool:
+        tokens, bodies = [r.paging_token for r in recs(first, last)], [r.body for r in recs(first, last)]
+        row = conn.execute(
+            f"SELECT ok FROM ingestion.{sql.COMMIT_BATCH}(%s, 1, 'a', %s, %s, 0, %s::text[], %s::text[])",  # type: ignore[arg-type]
+            ("crowded", previous, tokens[-1], sql.text_array(tokens), sql.text_array(bodies)),
+        ).fetchone()  # fmt: skip
+        return bool(row and row[0])
+
+    def notified() -> list[int]:
+        seqs = [json.loads(n.payload) for n in listener.notifies(timeout=1)]
+        return [p["seq"] for p in seqs if p.get("job") == "crowded"]
+
+    try:
+        assert commit(1, 1, None)
+        conn.execute(NOTICE_FILL)
+        assert queue_usage(pg.url) > 0.001
+        assert commit(2, 2, SRC.token_of(1))  # the queue past the limit: no notice, no failure
+        assert notified() == [1]  # reading them all releases the queue
+        assert queue_usage(pg.url) == 0.0
+        assert commit(3, 3, SRC.token_of(2))
+        assert notified() == [3]
+        assert [s for s, *_ in read_events(pg.url, "ingestion", "crowded")] == [1, 2, 3]
+    finally:
+        listener.close()
+        conn.close()
+        sink.close()
