@@ -118,8 +118,10 @@ DECLARE
   n bigint := coalesce(array_length(p_tokens, 1), 0);
   trimmed bigint := 0;
   chain text[];
+  joined text;
   shaped boolean;
   refusal text;
+  limit_setting text;
 BEGIN
   SELECT f.token, f.node INTO fence, holder FROM {s}.fences f WHERE f.job = p_job FOR UPDATE;
   SELECT c.cursor INTO stored FROM {s}.cursors c WHERE c.job = p_job;
@@ -144,7 +146,9 @@ BEGIN
   IF p_previous IS NOT NULL THEN
     chain := array_prepend(p_previous, chain);
   END IF;
-  shaped := array_to_string(chain, ',', '') ~ '^[0-9]{1,19}(-[0-9]{1,10})?(,[0-9]{1,19}(-[0-9]{1,10})?)*$';
+  joined := array_to_string(chain, ',', '');  -- (a comma inside a token shows in the count)
+  shaped := joined ~ '^[0-9]{1,19}(-[0-9]{1,10})?(,[0-9]{1,19}(-[0-9]{1,10})?)*$'
+    AND length(joined) - length(replace(joined, ',', '')) = cardinality(chain) - 1;
   SELECT x.refusal INTO refusal FROM (
     SELECT k.i, CASE WHEN k.pos IS NULL THEN 'bad-paging-token'
                      WHEN (k.pos, k.sub) <= (lag(k.pos) OVER w, lag(k.sub) OVER w) THEN 'not-after-cursor'
@@ -177,9 +181,11 @@ BEGIN
   END IF;
   -- PostgreSQL's one notification queue, held behind its slowest listener, fails every NOTIFY
   -- on the server at commit once it is full (a plpgsql handler cannot catch that: it is raised
-  -- at COMMIT, after this function). Past the limit, the commit lands without its notice.
-  IF pg_notification_queue_usage()
-     < coalesce(nullif(current_setting('ingestion.notify_queue_limit', true), '')::float8, 0.5) THEN
+  -- at COMMIT, after this function). Past the limit (unset or malformed: 0.5), the commit
+  -- lands without its notice.
+  limit_setting := current_setting('ingestion.notify_queue_limit', true);
+  IF pg_notification_queue_usage() < (CASE WHEN limit_setting ~ '^ *[0-9]*[.]?[0-9]+ *$'
+                                            THEN limit_setting::float8 ELSE 0.5 END) THEN
     PERFORM pg_notify({channel},
       json_build_object('job', p_job, 'seq', last + n, 'cursor', p_cursor)::text);
   END IF;

@@ -567,6 +567,7 @@ async def test_commit_batch_itself_refuses_a_batch_that_does_not_continue_the_cu
         "no cursor": (commit([t(4)], None), "bad-paging-token"),
         "a malformed token": (commit([t(4), "x5"], t(6)), "bad-paging-token"),
         "a malformed anchor": (commit([t(4)], "5x"), "bad-paging-token"),
+        "a comma in a token": (commit([t(4), f"{t(5)},{t(6)}"], t(7)), "bad-paging-token"),
         "a position beyond int64": (commit([f"{1 << 63}"], f"{1 << 63}"), "bad-paging-token"),
         "a sub-position beyond uint32": (commit([f"{t(4)}-{1 << 32}"], t(5)), "bad-paging-token"),
     }  # fmt: skip
@@ -644,7 +645,6 @@ async def test_a_commit_past_the_notification_queue_limit_lands_without_its_noti
     listener = psycopg.connect(pg.url, autocommit=True)
     listener.execute("LISTEN ingestion_events")  # and reads nothing until the end: it stalls
     conn = connect(pg.url, 5)
-    conn.execute("SET ingestion.notify_queue_limit = 0.001")
 
     def commit(first: int, last: int, previous: str | None) -> bool:
         tokens, bodies = [r.paging_token for r in recs(first, last)], [r.body for r in recs(first, last)]
@@ -659,7 +659,9 @@ async def test_a_commit_past_the_notification_queue_limit_lands_without_its_noti
         return [p["seq"] for p in seqs if p.get("job") == "crowded"]
 
     try:
+        conn.execute("SET ingestion.notify_queue_limit = 'not a number'")  # the default then, 0.5
         assert commit(1, 1, None)
+        conn.execute("SET ingestion.notify_queue_limit = 0.001")
         conn.execute(NOTICE_FILL)
         assert queue_usage(pg.url) > 0.001
         assert commit(2, 2, SRC.token_of(1))  # the queue past the limit: no notice, no failure
