@@ -7,7 +7,8 @@ without leading zeros; Stellar RPC's event ids are zero-padded to a fixed width
 compared as numbers (pairs), never as strings: ``"9" < "10"`` is false as strings. The same rule is
 implemented in Lua inside the commit script (``actors/lease_store/lua/commit.lua``), which compares decimal
 strings by (length, text) once leading zeros are stripped, because Redis's Lua numbers are doubles
-and cannot hold every int64.
+and cannot hold every int64; and in plpgsql inside the PostgreSQL sink's ``commit_batch``
+(``ingestion/postgres/sql.py``), as (position, sub-position) pairs of bigints.
 """
 
 from __future__ import annotations

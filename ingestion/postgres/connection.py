@@ -2,6 +2,16 @@
 tools: a fresh autocommit connection bounded by the server as well (:func:`connect`), the schema
 made ready (:func:`ensure_schema`; :func:`sink_problem` at start), and a failure in one line
 without the password (:func:`redact`, :func:`describe`, :func:`is_config_error`).
+
+Every session runs READ COMMITTED, whatever the server's default: the fence depends on it. A
+new term's ``open_term`` (or a fenced transaction) may wait on the fence row while the previous
+term's commit holds it; under READ COMMITTED each statement after the wait takes a new snapshot
+and sees that commit, so the term resumes from the cursor and ``seq`` it left. Under REPEATABLE
+READ (an ``ALTER DATABASE/ROLE ... SET default_transaction_isolation``) the snapshot is the one
+taken before the wait: the term reads a cursor already moved (its first commit refused
+``cursor-moved``), records a wrong ``terms.after_seq``, and fenced job code misses the older
+term's writes. A startup option outranks database and role settings, so :func:`connect` pins it
+there.
 """
 
 from __future__ import annotations
@@ -56,16 +66,20 @@ def is_config_error(exc: BaseException) -> bool:
 
 
 def connect(url: str, timeout: float, application: str = "ingestion") -> psycopg.Connection[Any]:
-    """A fresh autocommit connection whose statements the server bounds as well, and whose
-    client gives up on a dead peer within a few call bounds (keepalives, ``tcp_user_timeout``)
-    rather than the kernel's minutes."""
+    """A fresh autocommit connection whose statements the server bounds as well, whose
+    transactions are READ COMMITTED whatever the server's default (see the module docstring), and
+    whose client gives up on a dead peer within a few call bounds (keepalives,
+    ``tcp_user_timeout``) rather than the kernel's minutes."""
     ms = max(100, round(timeout * 1000))
     return psycopg.connect(
         url,
         autocommit=True,
         connect_timeout=max(2, round(timeout + 0.5)),
         application_name=application,
-        options=f"-c statement_timeout={4 * ms} -c idle_in_transaction_session_timeout={8 * ms}",
+        options=(
+            f"-c statement_timeout={4 * ms} -c idle_in_transaction_session_timeout={8 * ms} "
+            "-c default_transaction_isolation=read\\ committed"  # see the module docstring
+        ),
         keepalives=1,
         keepalives_idle=max(1, round(timeout)),
         keepalives_interval=1,

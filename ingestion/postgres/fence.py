@@ -97,7 +97,9 @@ class PostgresFence:
                 if not self._schema_ready:
                     ensure_schema(conn, self.schema)
                     self._schema_ready = True
-                conn.execute("BEGIN")
+                # READ COMMITTED whatever the session's default (``connection.py``): the
+                # statements after the wait on the fence row must see the commit waited for.
+                conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
                 row = conn.execute(
                     f"SELECT ok, fence FROM {self._q}.{sql.OPEN_TERM}(%s, %s, %s)",  # type: ignore[arg-type]
                     (self.job, token, node),

@@ -1,11 +1,13 @@
 """The read-only tools' view of a PostgreSQL sink (verify, inspect, tail): a job's rows, its
 state, the check of its rows, and :class:`EventsFollower`, which follows a job's commits by their
-``NOTIFY``. Blocking calls, each on a connection of its own (never the sink's).
+``NOTIFY`` (its listening connection drained by a thread of its own). Blocking calls, each on a
+connection of its own (never the sink's).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import psycopg
@@ -109,10 +111,21 @@ def read_all_events(
 class EventsFollower:
     """A job's rows after a ``seq``, woken by the ``NOTIFY`` each commit sends (``tail``).
 
-    Blocking (a foreground command): one connection that ``LISTEN``s on the schema's channel and
-    reads. :meth:`wait` returns after a notification or ``seconds``, whichever comes first: a
-    missed notification (a reconnect) costs at most one wait, never a row.
+    Blocking (a foreground command), on two connections: one reads; the other only ``LISTEN``s,
+    and a thread of the follower's own drains it continuously, whatever the caller is doing.
+    PostgreSQL keeps one notification queue for the whole server, and a listener's backend
+    consumes it only by sending the notices to its client: a client that stops reading (a
+    ``tail`` whose output is paused in a pager, or blocked on a full pipe) would let the socket's
+    buffers fill, stall its backend, and hold the queue behind it until every ``NOTIFY`` on the
+    server fails (``commit_batch`` stops notifying past a limit: ``ingestion/postgres/sql.py``).
+    Drained here, a paused consumer holds nothing; a stopped process (SIGSTOP) still can, which
+    the limit and the operator's alert cover (docs/POSTGRES.md).
+
+    :meth:`wait` returns after a notice for this job or ``seconds``, whichever comes first: a
+    missed notice (a reconnect) costs at most one wait, never a row.
     """
+
+    DRAIN_POLL = 0.25  # seconds: how soon the listening thread sees that it must stop
 
     def __init__(self, url: str, schema: str, job: str, timeout: float = 5.0) -> None:
         self.url = url
@@ -120,12 +133,44 @@ class EventsFollower:
         self.job = job
         self.timeout = timeout
         self._conn: psycopg.Connection[Any] | None = None
+        self._listener: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._woken = threading.Event()
+
+    def _listen(self) -> None:
+        """Start the listening thread unless it runs; return once it ``LISTEN``s (or has tried
+        for ``timeout``: it goes on trying, and reads go on regardless)."""
+        if self._listener is not None and self._listener.is_alive():
+            return
+        stop, listening = threading.Event(), threading.Event()
+        self._stop = stop
+        self._listener = threading.Thread(
+            target=self._drain, args=(stop, listening), name="ingestion-tail-listener", daemon=True
+        )
+        self._listener.start()
+        listening.wait(self.timeout)
+
+    def _drain(self, stop: threading.Event, listening: threading.Event) -> None:
+        """The listening thread: read every notice as it comes, wake :meth:`wait` for this job's,
+        reconnect after a failure, until ``stop``."""
+        while not stop.is_set():
+            try:
+                with connect(self.url, self.timeout, "ingestion-tail-listener") as conn:
+                    conn.execute(f"LISTEN {sql.channel(self.schema)}")  # type: ignore[arg-type]
+                    listening.set()
+                    self._woken.set()  # (re)connected: what was committed meanwhile is read again
+                    while not stop.is_set():
+                        for note in conn.notifies(timeout=self.DRAIN_POLL):
+                            if _for_job(note.payload, self.job):
+                                self._woken.set()
+            except (psycopg.Error, OSError):
+                listening.set()  # the reads report an outage; this thread tries again
+                stop.wait(0.5)
 
     def _connection(self) -> psycopg.Connection[Any]:
+        self._listen()  # before the first read, so that no commit after it goes unnoticed
         if self._conn is None or self._conn.closed or self._conn.broken:
-            conn = connect(self.url, self.timeout, "ingestion-tail")
-            conn.execute(f"LISTEN {sql.channel(self.schema)}")  # type: ignore[arg-type]
-            self._conn = conn
+            self._conn = connect(self.url, self.timeout, "ingestion-tail")
         return self._conn
 
     def read(self, after_seq: int, limit: int) -> list[tuple[int, str, int, str]]:
@@ -145,16 +190,28 @@ class EventsFollower:
         return int(row[0]) if row else 0
 
     def wait(self, seconds: float) -> bool:
-        """Until a commit of this job is notified, at most ``seconds``: whether one was."""
-        for note in self._connection().notifies(timeout=seconds):
-            try:
-                if payload(note.payload).get("job") == self.job:
-                    return True
-            except ValueError:
-                continue
-        return False
+        """Until a commit of this job is notified, at most ``seconds``: whether one was (since
+        the last wait)."""
+        self._listen()
+        if not self._woken.wait(seconds):
+            return False
+        self._woken.clear()
+        return True
 
     def close(self) -> None:
+        """Stop the listening thread (within :attr:`DRAIN_POLL`) and close both connections;
+        the follower may be used again (it reconnects)."""
+        self._stop.set()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.join(2 * self.DRAIN_POLL)  # one stuck connecting ends on its own (a daemon)
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+
+
+def _for_job(notice: str, job: str) -> bool:
+    try:
+        return bool(payload(notice).get("job") == job)
+    except (ValueError, AttributeError):
+        return False  # not one of commit_batch's

@@ -16,20 +16,31 @@ Tables, in the schema ``sink.schema`` (default ``ingestion``), one set shared by
   the job's last row was ``after_seq`` (what ``verify`` judges a job by).
 
 Two functions, each one statement and so one transaction, the way the Redis commit script is one
-atomic call. Their names carry the contract's version (``_v2``): in a fleet of mixed versions each
+atomic call. Their names carry the contract's version (``_v3``): in a fleet of mixed versions each
 node calls its own, and starting a node never replaces what another version runs.
 
-- ``open_term_v2(job, token, node)``: raises the fence to ``(token, node)`` (refused when it is
+- ``open_term_v3(job, token, node)``: raises the fence to ``(token, node)`` (refused when it is
   higher already, or equal and opened by another node; the answer names the fence), records the
   raise in ``terms``, answers the committed cursor.
-- ``commit_batch_v2(job, token, node, previous, cursor, max_len, paging_tokens[], records[])``:
+- ``commit_batch_v3(job, token, node, previous, cursor, max_len, paging_tokens[], records[])``:
   locks the fence row, refuses unless it holds exactly ``token`` from ``node`` (``stale-token``
-  when higher or another node's, ``term-not-open`` when lower) and the stored cursor is
-  ``previous`` (``cursor-moved``), inserts the rows after the job's last ``seq``, moves the
-  cursor, deletes rows beyond ``max_len`` (0: keep all), and ``NOTIFY``s channel
-  ``<schema>_events`` with ``{"job", "seq", "cursor"}``, delivered when the transaction commits.
-  The batch's own order and its continuity from ``previous`` are checked before it is sent
-  (``actors.sink.continuation``), as the Redis script checks them.
+  when higher or another node's, ``term-not-open`` when lower), the stored cursor is
+  ``previous`` (``cursor-moved``), and the batch continues it by the Redis commit script's rule
+  (``actors/cursor_order.py``): every paging token well formed (``bad-paging-token``) and
+  strictly after the one before, the first after ``previous``, and ``cursor`` the last token or
+  an anchor after it (``not-after-cursor``); then inserts the rows after the job's last ``seq``,
+  moves the cursor, deletes rows beyond ``max_len`` (0: keep all), and ``NOTIFY``s channel
+  ``<schema>_events`` with ``{"job", "seq", "cursor"}``, delivered when the transaction commits,
+  unless PostgreSQL's notification queue is fuller than ``ingestion.notify_queue_limit`` (a
+  setting, default 0.5 of the queue): a listener that stopped reading holds the server's one
+  queue, and once it is full every transaction that notifies fails at COMMIT (so no handler in
+  the function could save the commit). Past the limit the commit lands without its notice, and
+  readers find its rows by reading again, as ``tail`` does at least once a second.
+  The sink checks the batch before sending it too (``actors.sink.continuation``): the function's
+  check is for every other caller, a direct call included.
+
+Version 3 (the ``_v3`` names) differs from version 2 only in ``commit_batch``: the continuity
+check and the notification queue's limit.
 
 Migration rule: at start the sink creates what is missing and never alters or drops anything. A
 table that exists must have at least the columns below with these types (extra columns are
@@ -106,6 +117,11 @@ DECLARE
   last bigint;
   n bigint := coalesce(array_length(p_tokens, 1), 0);
   trimmed bigint := 0;
+  chain text[];
+  joined text;
+  shaped boolean;
+  refusal text;
+  limit_setting text;
 BEGIN
   SELECT f.token, f.node INTO fence, holder FROM {s}.fences f WHERE f.job = p_job FOR UPDATE;
   SELECT c.cursor INTO stored FROM {s}.cursors c WHERE c.job = p_job;
@@ -121,6 +137,36 @@ BEGIN
     RETURN QUERY SELECT false, 'cursor-moved'::text, fence, stored, 0::bigint, 0::bigint;
     RETURN;
   END IF;
+  -- Continuity, the Redis script's rule (actors/cursor_order.py): the stored cursor, the batch's
+  -- paging tokens and the anchor (the new cursor unless it is the last token) each well formed
+  -- (an int64 position, then an optional uint32 sub-position) and strictly after the one before,
+  -- compared as numbers; the first failure names the reason. One match over the whole chain
+  -- checks the shape of a well-formed batch (a match per token costs microseconds each).
+  chain := CASE WHEN n > 0 AND p_cursor = p_tokens[n] THEN p_tokens ELSE array_append(p_tokens, p_cursor) END;
+  IF p_previous IS NOT NULL THEN
+    chain := array_prepend(p_previous, chain);
+  END IF;
+  joined := array_to_string(chain, ',', '');  -- (a comma inside a token shows in the count)
+  shaped := joined ~ '^[0-9]{1,19}(-[0-9]{1,10})?(,[0-9]{1,19}(-[0-9]{1,10})?)*$'
+    AND length(joined) - length(replace(joined, ',', '')) = cardinality(chain) - 1;
+  SELECT x.refusal INTO refusal FROM (
+    SELECT k.i, CASE WHEN k.pos IS NULL THEN 'bad-paging-token'
+                     WHEN (k.pos, k.sub) <= (lag(k.pos) OVER w, lag(k.sub) OVER w) THEN 'not-after-cursor'
+                END AS refusal
+    FROM (
+      SELECT c.i, CASE WHEN (shaped OR c.t ~ '^[0-9]{1,19}(-[0-9]{1,10})?$')
+                         AND (length(c.a) < 19 OR c.a COLLATE "C" <= '9223372036854775807')
+                         AND (length(c.b) < 10 OR c.b COLLATE "C" <= '4294967295')
+                  THEN c.a::bigint END AS pos,
+             coalesce(nullif(c.b, '')::bigint, 0) AS sub
+      FROM (SELECT u.i, u.t, split_part(u.t, '-', 1) AS a, split_part(u.t, '-', 2) AS b
+            FROM unnest(chain) WITH ORDINALITY AS u(t, i)) c
+    ) k WINDOW w AS (ORDER BY k.i)
+  ) x WHERE x.refusal IS NOT NULL ORDER BY x.i LIMIT 1;
+  IF refusal IS NOT NULL THEN
+    RETURN QUERY SELECT false, refusal, fence, stored, 0::bigint, 0::bigint;
+    RETURN;
+  END IF;
   SELECT coalesce(max(e.seq), 0) INTO last FROM {s}.events e WHERE e.job = p_job;
   IF n > 0 THEN
     INSERT INTO {s}.events (job, seq, paging_token, token, record)
@@ -133,15 +179,23 @@ BEGIN
     DELETE FROM {s}.events e WHERE e.job = p_job AND e.seq <= last + n - p_max_len;
     GET DIAGNOSTICS trimmed = ROW_COUNT;
   END IF;
-  PERFORM pg_notify({channel},
-    json_build_object('job', p_job, 'seq', last + n, 'cursor', p_cursor)::text);
+  -- PostgreSQL's one notification queue, held behind its slowest listener, fails every NOTIFY
+  -- on the server at commit once it is full (a plpgsql handler cannot catch that: it is raised
+  -- at COMMIT, after this function). Past the limit (unset or malformed: 0.5), the commit
+  -- lands without its notice.
+  limit_setting := current_setting('ingestion.notify_queue_limit', true);
+  IF pg_notification_queue_usage() < (CASE WHEN limit_setting ~ '^ *[0-9]*[.]?[0-9]+ *$'
+                                            THEN limit_setting::float8 ELSE 0.5 END) THEN
+    PERFORM pg_notify({channel},
+      json_build_object('job', p_job, 'seq', last + n, 'cursor', p_cursor)::text);
+  END IF;
   RETURN QUERY SELECT true, ''::text, fence, p_cursor, last + n, trimmed;
 END
 """
 
 # The functions' names carry the contract's version: a node calls only its own version's.
-OPEN_TERM = "open_term_v2"
-COMMIT_BATCH = "commit_batch_v2"
+OPEN_TERM = "open_term_v3"
+COMMIT_BATCH = "commit_batch_v3"
 
 FUNCTIONS = {
     OPEN_TERM: (
