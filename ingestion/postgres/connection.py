@@ -95,11 +95,14 @@ def ensure_schema(conn: psycopg.Connection[Any], schema: str) -> None:
                 "WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
                 (schema, table),
             ).fetchall()
-            problem = sql.column_problem(schema, table, [(str(c), str(t)) for c, t in found])
+            columns = [(str(c), str(t)) for c, t in found]
+            problem = sql.column_problem(schema, table, columns)
             if problem:
                 raise sql.SchemaMismatch(problem)
             if not found:
                 conn.execute(sql.create_table(schema, table))  # type: ignore[arg-type]
+            for column, ddl in sql.missing_columns(table, columns) if found else ():
+                conn.execute(sql.add_column(schema, table, column, ddl))  # type: ignore[arg-type]
         for name in sql.FUNCTIONS:
             row = conn.execute(
                 "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "

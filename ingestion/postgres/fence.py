@@ -98,8 +98,8 @@ class PostgresFence:
                     ensure_schema(conn, self.schema)
                     self._schema_ready = True
                 conn.execute("BEGIN")
-                row = conn.execute(
-                    f"SELECT ok, fence FROM {self._q}.{sql.OPEN_TERM}(%s, %s, %s)",  # type: ignore[arg-type]
+                row = conn.execute(  # (no election domain: job code's fence does not check it)
+                    f"SELECT ok, fence FROM {self._q}.{sql.OPEN_TERM}(%s, %s, %s, NULL)",  # type: ignore[arg-type]
                     (self.job, token, node),
                 ).fetchone()
                 assert row is not None
