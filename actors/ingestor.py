@@ -165,6 +165,9 @@ class Ingestor:
         grant = term.grant
         committed = grant.committed_cursor
         cursor = grant.cursor
+        # This term task's own context, from its first step: a source's own fenced writes (a
+        # check before a "now" start is pinned included) run under the term's token.
+        current_term.set(TermContext(self.node, grant.token))
         if self.sink_keeps_cursor:
             opened = await self._commit(term, OpenTerm(grant.token, reply_send), reply_recv)
             if isinstance(opened, SinkRefused):
@@ -190,7 +193,6 @@ class Ingestor:
             committed = cursor
             if term.stopping:
                 return "revoked", ""
-        current_term.set(TermContext(self.node, grant.token))  # this term task's own context
         async with self.source.stream(cursor) as batches:
             while True:
                 with term.interruptible() as reading:

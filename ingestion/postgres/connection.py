@@ -1,7 +1,8 @@
 """Connections to the PostgreSQL sink's server, shared by the sink, the fence and the read-only
 tools: a fresh autocommit connection bounded by the server as well (:func:`connect`), the schema
-made ready (:func:`ensure_schema`; :func:`sink_problem` at start), and a failure in one line
-without the password (:func:`redact`, :func:`describe`, :func:`is_config_error`).
+made ready (:func:`ensure_schema`; :func:`sink_problem` at start), a failure in one line
+without the password (:func:`redact`, :func:`describe`, :func:`is_config_error`), and which
+database a URL names (:func:`server_identity`, part of a job's recorded sink).
 """
 
 from __future__ import annotations
@@ -32,6 +33,21 @@ def redact(url: str) -> str:
             netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
         url = f"{scheme}{sep}{netloc}{slash}{path}"
     return _PASSWORD.sub(r"\1***", url)
+
+
+def server_identity(url: str) -> str:
+    """Which database ``url`` names, the same for every node configured alike whatever its user,
+    password or options: ``HOST:PORT/DB`` (host lower-cased, port 5432 by default, the database
+    libpq would pick: the user's name when none is given).
+
+    Raises:
+        psycopg.ProgrammingError: not a connection string.
+    """
+    params = psycopg.conninfo.conninfo_to_dict(url)
+    host = str(params.get("host") or params.get("hostaddr") or "localhost").lower()
+    port = str(params.get("port") or 5432)
+    dbname = str(params.get("dbname") or params.get("user") or "")
+    return f"{host}:{port}/{dbname}"
 
 
 def describe(exc: BaseException, url: str) -> str:
