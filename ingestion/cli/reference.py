@@ -41,7 +41,7 @@ KEY_MEANINGS: dict[str, tuple[str, str]] = {
     "cursor": (
         "hash",
         "`cursor`, `token`, `node` of the last commit (events stream sink only); `source`: what the "
-        "job follows; `sink`: where it commits (`redis`, or `postgres HOST:PORT/DB schema S`)",
+        "job follows; `sink`: where it commits (`redis`, or `postgres database DB schema S`)",
     ),
     "events": (
         "stream",

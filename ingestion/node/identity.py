@@ -91,13 +91,15 @@ def identity_conflict(job: JobSettings, recorded: str | None, cursor: str | None
 
 def sink_identity(job: JobSettings, schema: str) -> str:
     """Where a job commits, as recorded in its cursor hash (field ``sink``) by its first term:
-    ``redis`` (the events stream) or ``postgres HOST:PORT/DB schema SCHEMA`` (``sink.schema``;
-    never a user or password: :func:`ingestion.postgres.connection.server_identity`)."""
+    ``redis`` (the events stream) or ``postgres database DB schema SCHEMA`` (``sink.schema``).
+    Not the server's address, which nodes configured alike may spell differently (each through
+    a proxy or pooler of its own), nor a user or password
+    (:func:`ingestion.postgres.connection.database_name`)."""
     if not job.sink:
         return "redis"
-    from ingestion.postgres.connection import server_identity
+    from ingestion.postgres.connection import database_name
 
-    return f"postgres {server_identity(job.sink)} schema {schema}"
+    return f"postgres database {database_name(job.sink)} schema {schema}"
 
 
 def sink_conflict(job: JobSettings, schema: str, recorded: str | None, cursor: str | None) -> str | None:

@@ -2,7 +2,7 @@
 tools: a fresh autocommit connection bounded by the server as well (:func:`connect`), the schema
 made ready (:func:`ensure_schema`; :func:`sink_problem` at start), a failure in one line
 without the password (:func:`redact`, :func:`describe`, :func:`is_config_error`), and which
-database a URL names (:func:`server_identity`, part of a job's recorded sink).
+database a URL names (:func:`database_name`, part of a job's recorded sink).
 """
 
 from __future__ import annotations
@@ -35,19 +35,17 @@ def redact(url: str) -> str:
     return _PASSWORD.sub(r"\1***", url)
 
 
-def server_identity(url: str) -> str:
-    """Which database ``url`` names, the same for every node configured alike whatever its user,
-    password or options: ``HOST:PORT/DB`` (host lower-cased, port 5432 by default, the database
-    libpq would pick: the user's name when none is given).
+def database_name(url: str) -> str:
+    """The database ``url`` names (the one libpq would pick: the user's name when none is
+    given), part of a job's recorded sink. Not the host or port: nodes configured alike may
+    reach one server by different addresses (a proxy or a pooler of their own, a name and an
+    IP address), and no user, password or option.
 
     Raises:
         psycopg.ProgrammingError: not a connection string.
     """
     params = psycopg.conninfo.conninfo_to_dict(url)
-    host = str(params.get("host") or params.get("hostaddr") or "localhost").lower()
-    port = str(params.get("port") or 5432)
-    dbname = str(params.get("dbname") or params.get("user") or "")
-    return f"{host}:{port}/{dbname}"
+    return str(params.get("dbname") or params.get("user") or "")
 
 
 def describe(exc: BaseException, url: str) -> str:

@@ -115,18 +115,21 @@ def test_a_lake_job_and_an_rpc_job_refuse_each_others_redis_state() -> None:
     assert identity_conflict(rpc, "rpc (every event)", EVENT_ID) is None
 
 
-def test_the_sink_identity_names_server_database_and_schema_never_credentials() -> None:
+def test_the_sink_identity_names_database_and_schema_never_address_or_credentials() -> None:
     a = sink_identity(horizon_job("j", sink="postgresql://u:secret@DB.example:5432/app"), "ingestion")
-    assert a == "postgres db.example:5432/app schema ingestion"
-    other_user = "postgres://other:pw@db.example/app?sslmode=require"
+    assert a == "postgres database app schema ingestion"
+    # the same data: users, passwords, options, and the address a node reaches it by (a proxy
+    # or pooler of its own) aside
+    other_user = "postgres://other:pw@127.0.0.1:6432/app?sslmode=require"
     b = sink_identity(horizon_job("j", sink=other_user), "ingestion")
-    assert a == b  # the same data: users, passwords, options and the default port aside
+    assert a == b
+    assert sink_identity(horizon_job("j", sink="postgresql://app@db.example"), "ingestion") == a
     assert sink_identity(horizon_job("j", sink="postgresql://u@db.example/app"), "other") != a
     assert sink_identity(horizon_job("j"), "ingestion") == "redis"
     assert "secret" not in a
     redis_job = horizon_job("j")
     line = sink_conflict(redis_job, "ingestion", a, None)
-    assert line is not None and "commits to postgres db.example:5432/app schema ingestion" in line
+    assert line is not None and "commits to postgres database app schema ingestion" in line
     assert "this node is configured for redis" in line
     pg_job = horizon_job("j", sink="postgresql://u:secret@db.example/app")
     assert sink_conflict(pg_job, "ingestion", "redis", None) is not None
@@ -163,7 +166,7 @@ async def test_a_node_with_another_sink_stops_the_job_at_its_term_before_writing
     term ends ``source-fatal`` (the job stops on that node) before any commit, the pinning of a
     ``now`` start included."""
     store = open_store(redis_server.url, job, timeout=1.0)
-    recorded = "postgres 127.0.0.1:5432/postgres schema ingestion"
+    recorded = "postgres database postgres schema ingestion"
     store.client.hset(store.keys["cursor"], mapping={"sink": recorded})
     granted = await store.acquire("a", 60_000)
     assert isinstance(granted, Acquired)
@@ -208,10 +211,10 @@ def test_a_node_configured_for_another_sink_refuses_to_start(
     done = run("--redis", redis_server.url, "--job", job, "--sink", pg.url, *horizon)
     line = one_line(done)
     assert line.startswith(f"ingestion: configuration error: node.job: job {job!r} in Redis commits to redis")
-    assert f"configured for postgres 127.0.0.1:{pg.port}/postgres schema ingestion" in line
+    assert "configured for postgres database postgres schema ingestion" in line
     assert pg.password not in line and "became-leader" not in done.stdout
     other = f"{job}-pg"
-    seed(redis_server, other, {"sink": f"postgres 127.0.0.1:{pg.port}/postgres schema ingestion"})
+    seed(redis_server, other, {"sink": "postgres database postgres schema ingestion"})
     done = run("--redis", redis_server.url, "--job", other, *horizon)
     assert "this node is configured for redis" in one_line(done)
 
