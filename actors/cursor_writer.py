@@ -4,7 +4,8 @@ Every commit reaches it as a :class:`CommitCursor` message carrying the fencing 
 locally a token it already knows to be stale, then commits through the job's sink
 (``actors/sink.py``: the Redis commit script by default, a fenced PostgreSQL transaction with a
 Postgres sink), and answers on the message's reply channel. A sink that keeps its own cursor is
-first told of each new term (:class:`OpenTerm`: its fence raised, its cursor read). When the sink
+first told of each new term (:class:`OpenTerm`: its fence raised, its cursor read; or the term
+refused for good, :class:`SinkRefused`, when another election domain owns the job there). When the sink
 rejects a token it logs ``fencing-token-rejected`` (with ``sink``) and tells the Elector, which
 steps the node down.
 """
@@ -27,11 +28,12 @@ from actors.messages import (
     FencingTokenRejected,
     OpenTerm,
     SinkOpened,
+    SinkRefused,
     WriterInput,
     WriterOutcome,
 )
 from actors.observe import NodeObserver
-from actors.sink import RedisStreamSink, Sink, SinkUnavailable
+from actors.sink import RedisStreamSink, Sink, SinkUnavailable, TermRefused
 from actors.token_memory import TokenMemory
 
 # Rejections that mean "this writer is no longer the leader", as opposed to a bad batch.
@@ -81,6 +83,8 @@ class CursorWriter:
         except (SinkUnavailable, RedisUnavailable) as exc:
             self.log.warning("term-open-unknown", token=msg.token, sink=self.sink.name, error=str(exc))
             return CommitUnknown(msg.token, str(exc))
+        if isinstance(result, TermRefused):
+            return SinkRefused(msg.token, result.problem)  # the job stops here: the Elector says so
         if isinstance(result, CommitRejected):
             self.highest_token_seen = max(self.highest_token_seen, result.current_token)
             return await self._fenced(msg, result.reason, result.current_token, local=False)

@@ -45,6 +45,7 @@ from actors.messages import (
     StartRenewing,
     StopRenewing,
     TermEnded,
+    TermResumed,
 )
 from actors.observe import NodeObserver
 from actors.token_memory import TokenMemory
@@ -57,7 +58,10 @@ _TERM_REASONS = {
     "commit-unknown": LostReason.REDIS_UNAVAILABLE,
     "commit-refused": LostReason.RELEASED,
     "source-fatal": LostReason.RELEASED,
+    "sink-refused": LostReason.RELEASED,
 }
+# Term endings that retrying cannot fix: the job stops on this node (``IngestionFatal``).
+_FATAL_REASONS = frozenset({"source-fatal", "sink-refused"})
 
 
 @attrs.frozen
@@ -111,6 +115,10 @@ class Elector:
     # not), and its fence's token, which the campaign then floors above. A term that cannot
     # commit ends commit-unknown, having used up a token: hold off while it fails.
     sink_probe: Callable[[], Awaitable[int | None]] | None = None
+    # The sink keeps the job's cursor (PostgreSQL): a term resumes from the cursor read when it
+    # opens there, not the grant's (Redis has none), so ``became-leader`` waits for that.
+    sink_keeps_cursor: bool = False
+    _unannounced: dict[str, Any] | None = None  # this term's became-leader, until it resumes
     _held_off: set[str] = attrs.Factory(set)  # why campaigns are held off now (logged once each)
     _woken: bool = False  # the last standby wait ended on a release notice or a wake-up
     _unknown_terms: int = 0  # short terms in a row that ended commit-unknown
@@ -416,10 +424,10 @@ class Elector:
             "previous_token": grant.previous_token,
             "takeover_ms": grant.takeover_ms,
         }
-        self.log.info("became-leader", **fields)
-        self.observer.election_event("became-leader", **fields)
-        if self.gate is not None:
-            self.gate.campaign_done()  # the balancer now sees the lease through the observer
+        if self.sink_keeps_cursor:
+            self._unannounced = fields  # announced once the term resumes (TermResumed)
+        else:
+            self._announce(fields)
         self.observer.deadline(term.ingest_deadline)
         released = False
         try:
@@ -433,7 +441,7 @@ class Elector:
                 await self._release(grant.token)
         # This node ended the term: as far as it knows the lease is free from now.
         self.seen_holder, self._free_since, self._known_expiry = None, trio.current_time(), None
-        if term_ended is not None and term_ended.reason == "source-fatal":
+        if term_ended is not None and term_ended.reason in _FATAL_REASONS:
             raise IngestionFatal(term_ended.detail)
         short = trio.current_time() - sent_at < self.ttl_ms / 1000
         unknown = term_ended is not None and term_ended.reason == "commit-unknown"
@@ -457,6 +465,20 @@ class Elector:
                 trio.current_time() + self.ttl_ms / 1000, wake_on_release=False
             )
 
+    def _announce(self, fields: dict[str, Any]) -> None:
+        """Log ``became-leader``: the term's token and the cursor it resumes from."""
+        self._unannounced = None
+        self.log.info("became-leader", **fields)
+        self.observer.election_event("became-leader", **fields)
+        if self.gate is not None:
+            self.gate.campaign_done()  # the balancer now sees the lease through the observer
+
+    def _announce_resumed(self, cursor: str | None) -> None:
+        """A term whose sink keeps the cursor: announced with the sink's (None: the term ended
+        before it opened there)."""
+        if self._unannounced is not None:
+            self._announce({**self._unannounced, "cursor": cursor})
+
     async def _run_term(
         self, machine: LeaseMachine, grant: Acquired, sent_at: float, cursor: str
     ) -> TermEnded | None:
@@ -476,6 +498,7 @@ class Elector:
                 lost, term_ended = await self._on_leader_input(machine, grant.token, msg)
                 continue
             lost = machine.deadline_passed(grant.token, trio.current_time())
+        self._announce_resumed(None)
         self.log.info("lost-leadership", token=lost.token, reason=lost.reason.value)
         self.observer.election_event("lost-leadership", token=lost.token, reason=lost.reason.value)
         await self.heartbeat.send(StopRenewing(grant.token))
@@ -518,8 +541,12 @@ class Elector:
             return machine.shutdown(), None
         if isinstance(msg, HandBack) and msg.token == token:
             return machine.hand_back(token, LostReason(msg.reason)), None
+        if isinstance(msg, TermResumed) and msg.token == token:
+            self._announce_resumed(msg.cursor)
+            return None, None
         if isinstance(msg, TermEnded) and msg.token == token:
-            if msg.reason == "source-fatal":
+            self._announce_resumed(None)  # (it ended before the sink opened it: no cursor)
+            if msg.reason in _FATAL_REASONS:
                 self.log.error("ingestion-fatal", token=token, error=msg.detail)
             elif msg.reason not in ("deadline", "revoked"):
                 self.log.warning("term-ended", token=token, reason=msg.reason, detail=msg.detail)

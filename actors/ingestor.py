@@ -5,6 +5,10 @@ Each term runs in ``trio.CancelScope(deadline=ingest_deadline)``; every renewal 
 in Redis: no message is needed for ingestion to stop. A graceful revoke (shutdown) stops reading the
 source but lets the in-flight commit finish; any other revoke cancels at once.
 
+A sink that keeps its own cursor (PostgreSQL) is opened first in each term; the Elector is told
+the cursor the term resumes from there (:class:`~actors.messages.TermResumed`), and a sink that
+refuses the job to this node for good ends the term as ``sink-refused``.
+
 A source's own Redis or sink call that does not answer (``RedisUnavailable``,
 ``SinkUnavailable``) ends the term as ``commit-unknown``, and a fenced write of its own that is
 refused (:class:`~actors.source.TermFenced`) as ``fenced``: a term's failure is never the node's.
@@ -38,7 +42,9 @@ from actors.messages import (
     LeaseRevoked,
     OpenTerm,
     SinkOpened,
+    SinkRefused,
     TermEnded,
+    TermResumed,
     WriterInput,
     WriterOutcome,
 )
@@ -159,12 +165,18 @@ class Ingestor:
         grant = term.grant
         committed = grant.committed_cursor
         cursor = grant.cursor
+        # This term task's own context, from its first step: a source's own fenced writes (a
+        # check before a "now" start is pinned included) run under the term's token.
+        current_term.set(TermContext(self.node, grant.token))
         if self.sink_keeps_cursor:
             opened = await self._commit(term, OpenTerm(grant.token, reply_send), reply_recv)
+            if isinstance(opened, SinkRefused):
+                return "sink-refused", opened.problem
             if not isinstance(opened, SinkOpened):
                 return self._refused(opened)
             committed = opened.cursor
             cursor = committed if committed is not None else self.start_cursor
+            await self.elector.send(TermResumed(grant.token, cursor))  # (the grant had no cursor)
             if term.stopping:
                 return "revoked", ""
         if committed is None and cursor == "now":
@@ -181,7 +193,6 @@ class Ingestor:
             committed = cursor
             if term.stopping:
                 return "revoked", ""
-        current_term.set(TermContext(self.node, grant.token))  # this term task's own context
         async with self.source.stream(cursor) as batches:
             while True:
                 with term.interruptible() as reading:

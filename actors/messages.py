@@ -5,10 +5,10 @@ Elector -> Ingestor:      LeaseGranted, LeaseExtended, LeaseRevoked
 Heartbeat -> Elector:     RenewSucceeded, RenewFailed, RenewRejected
 Ingestor -> CursorWriter: OpenTerm (a sink that keeps its own cursor), CommitCursor (carrying the
                           fencing token and a reply channel)
-CursorWriter -> Ingestor: SinkOpened, CursorCommitted, CommitRefused, CommitUnknown (on the reply
-                          channel)
+CursorWriter -> Ingestor: SinkOpened, SinkRefused, CursorCommitted, CommitRefused, CommitUnknown
+                          (on the reply channel)
 CursorWriter -> Elector:  FencingTokenRejected
-Ingestor -> Elector:      TermEnded
+Ingestor -> Elector:      TermResumed (a sink that keeps its own cursor), TermEnded
 supervisor -> Elector:    ShutdownRequested
 """
 
@@ -91,11 +91,22 @@ class FencingTokenRejected:
 class TermEnded:
     """The Ingestor's term is over. ``reason``: ``deadline`` (the lease scope fired), ``revoked``,
     ``fenced``, ``commit-unknown`` (Redis did not answer a commit), ``commit-refused`` (a batch
-    that does not follow the cursor), ``source-fatal``."""
+    that does not follow the cursor), ``source-fatal``, ``sink-refused`` (the sink refuses this
+    node's terms for good: :class:`SinkRefused`)."""
 
     token: int
     reason: str
     detail: str = ""
+
+
+@attrs.frozen
+class TermResumed:
+    """Term ``token`` opened in a sink that keeps the job's cursor: it resumes from ``cursor``
+    (the sink's committed cursor, else the job's start cursor). The Elector announces the term
+    (``became-leader``) with it."""
+
+    token: int
+    cursor: str
 
 
 @attrs.frozen
@@ -125,6 +136,7 @@ ElectorInput = (
     | RenewFailed
     | RenewRejected
     | FencingTokenRejected
+    | TermResumed
     | TermEnded
     | ShutdownRequested
     | HandBack
@@ -173,16 +185,27 @@ class SinkOpened:
 
 
 @attrs.frozen
+class SinkRefused:
+    """The sink refuses term ``token`` for good, whatever the token: another election domain
+    owns the job there (``actors.sink.TermRefused``). ``problem`` says what to do; the job stops
+    on this node."""
+
+    token: int
+    problem: str
+
+
+@attrs.frozen
 class OpenTerm:
     """A new term's first step where the sink keeps its own cursor (``actors/sink.py``): raise
     the sink's fence to ``token`` and read the committed cursor there. Answered with
-    :class:`SinkOpened`, or :class:`CommitRefused` / :class:`CommitUnknown` (the term ends)."""
+    :class:`SinkOpened`, :class:`SinkRefused`, or :class:`CommitRefused` /
+    :class:`CommitUnknown` (the term ends)."""
 
     token: int
-    reply: trio.MemorySendChannel[CommitOutcome | SinkOpened] = attrs.field(eq=False, repr=False)
+    reply: trio.MemorySendChannel[WriterOutcome] = attrs.field(eq=False, repr=False)
 
 
-WriterOutcome = CommitOutcome | SinkOpened
+WriterOutcome = CommitOutcome | SinkOpened | SinkRefused
 
 
 @attrs.frozen
@@ -194,7 +217,7 @@ class CommitCursor:
     token: int
     previous_cursor: str | None
     records: tuple[Record, ...]
-    reply: trio.MemorySendChannel[CommitOutcome | SinkOpened] = attrs.field(eq=False, repr=False)
+    reply: trio.MemorySendChannel[WriterOutcome] = attrs.field(eq=False, repr=False)
     anchor: str | None = None
 
     @property

@@ -6,7 +6,10 @@ things, each atomic and fenced where the data lives:
 - ``open_term(node, token)``: the first step of every term. A sink that keeps its own cursor
   (PostgreSQL) raises its fence for the job to ``token`` there (it never goes down) and answers
   the cursor committed there; the Redis stream sink keeps its cursor in the lease store, which the
-  grant already read, so it does nothing (``TermOpened(cursor=None, own_cursor=False)``).
+  grant already read, so it does nothing (``TermOpened(cursor=None, own_cursor=False)``). A sink
+  that keeps a fence of its own also records there which election domain (Redis deployment) owns
+  the job, and refuses for good a term from another (:class:`TermRefused`): two deployments
+  electing leaders for one job would otherwise fence each other out term after term.
 - ``commit(node, token, previous_cursor, records, anchor)``: append the records and move the
   cursor, only if ``token`` still holds the fence and the records continue exactly from
   ``previous_cursor``. Answers :class:`~actors.lease_store.Committed` or
@@ -48,6 +51,15 @@ class TermOpened:
     own_cursor: bool
 
 
+@attrs.frozen
+class TermRefused:
+    """The sink refuses this node's terms for the job whatever their token: another election
+    domain (the nodes of another Redis deployment) owns the job there. Retrying cannot help:
+    the job stops on this node; ``problem`` names both domains and what to do."""
+
+    problem: str
+
+
 class Sink(Protocol):
     """One job's records and cursor (see the module docstring)."""
 
@@ -61,7 +73,7 @@ class Sink(Protocol):
         """Seconds: the longest one call may take (an in-flight commit's drain)."""
         ...
 
-    async def open_term(self, node: str, token: int) -> TermOpened | CommitRejected: ...
+    async def open_term(self, node: str, token: int) -> TermOpened | CommitRejected | TermRefused: ...
 
     async def commit(
         self,
@@ -119,7 +131,7 @@ class RedisStreamSink:
     def call_timeout(self) -> float:
         return self.store.call_timeout
 
-    async def open_term(self, node: str, token: int) -> TermOpened | CommitRejected:
+    async def open_term(self, node: str, token: int) -> TermOpened | CommitRejected | TermRefused:
         return TermOpened(cursor=None, own_cursor=False)  # the grant carried Redis's cursor
 
     async def commit(

@@ -38,7 +38,11 @@ KEY_MEANINGS: dict[str, tuple[str, str]] = {
         "integer",
         "the fencing-token counter; only increases (floored at the committed cursor's token if lost)",
     ),
-    "cursor": ("hash", "`cursor`, `token`, `node` of the last commit; `source`: what the job follows"),
+    "cursor": (
+        "hash",
+        "`cursor`, `token`, `node` of the last commit (events stream sink only); `source`: what the "
+        "job follows; `sink`: where it commits (`redis`, or `postgres database DB schema S`)",
+    ),
     "events": (
         "stream",
         "one entry per source record: `paging_token`, `token`, `node`, `record` (CONSUMING.md)",

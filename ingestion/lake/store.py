@@ -39,6 +39,17 @@ def check_lake_url(url: str) -> str | None:
     return None
 
 
+def lake_identity(url: str) -> str:
+    """Which lake ``url`` names, the same however it is written: ``s3://BUCKET/PREFIX`` (no
+    slash at either end of the prefix) or ``file://ABSOLUTE-PATH`` (a directory and its
+    ``file://`` URL alike). What a lake job follows, with its filters (``ingestion/node/identity.py``)."""
+    parts = urlsplit(url)
+    if parts.scheme == "s3":
+        prefix = parts.path.strip("/")
+        return f"s3://{parts.netloc}/{prefix}" if prefix else f"s3://{parts.netloc}"
+    return f"file://{os.path.abspath(lake_path(url))}"
+
+
 def open_lake(url: str, endpoint_url: str = "") -> LocalLake | S3Lake:
     """The lake at ``url`` (``endpoint_url``: an S3-compatible endpoint for ``s3://``).
 

@@ -240,7 +240,7 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
     runs = [
         JobRun(
             stores[j.name],
-            _identified(build_source(settings, j, stores[j.name]), stores[j.name], j),
+            _identified(build_source(settings, j, stores[j.name]), stores[j.name], j, settings.sink.schema),
             node_spec(settings, j),
             node_logger(settings.node.id, j.name),
             observers[j.name],

@@ -1,7 +1,8 @@
 """Connections to the PostgreSQL sink's server, shared by the sink, the fence and the read-only
 tools: a fresh autocommit connection bounded by the server as well (:func:`connect`), the schema
-made ready (:func:`ensure_schema`; :func:`sink_problem` at start), and a failure in one line
-without the password (:func:`redact`, :func:`describe`, :func:`is_config_error`).
+made ready (:func:`ensure_schema`; :func:`sink_problem` at start), a failure in one line
+without the password (:func:`redact`, :func:`describe`, :func:`is_config_error`), and which
+database a URL names (:func:`database_name`, part of a job's recorded sink).
 
 Every session runs READ COMMITTED, whatever the server's default: the fence depends on it. A
 new term's ``open_term`` (or a fenced transaction) may wait on the fence row while the previous
@@ -42,6 +43,19 @@ def redact(url: str) -> str:
             netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
         url = f"{scheme}{sep}{netloc}{slash}{path}"
     return _PASSWORD.sub(r"\1***", url)
+
+
+def database_name(url: str) -> str:
+    """The database ``url`` names (the one libpq would pick: the user's name when none is
+    given), part of a job's recorded sink. Not the host or port: nodes configured alike may
+    reach one server by different addresses (a proxy or a pooler of their own, a name and an
+    IP address), and no user, password or option.
+
+    Raises:
+        psycopg.ProgrammingError: not a connection string.
+    """
+    params = psycopg.conninfo.conninfo_to_dict(url)
+    return str(params.get("dbname") or params.get("user") or "")
 
 
 def describe(exc: BaseException, url: str) -> str:
@@ -109,11 +123,14 @@ def ensure_schema(conn: psycopg.Connection[Any], schema: str) -> None:
                 "WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
                 (schema, table),
             ).fetchall()
-            problem = sql.column_problem(schema, table, [(str(c), str(t)) for c, t in found])
+            columns = [(str(c), str(t)) for c, t in found]
+            problem = sql.column_problem(schema, table, columns)
             if problem:
                 raise sql.SchemaMismatch(problem)
             if not found:
                 conn.execute(sql.create_table(schema, table))  # type: ignore[arg-type]
+            for column, ddl in sql.missing_columns(table, columns) if found else ():
+                conn.execute(sql.add_column(schema, table, column, ddl))  # type: ignore[arg-type]
         for name in sql.FUNCTIONS:
             row = conn.execute(
                 "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "

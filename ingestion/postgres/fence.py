@@ -100,8 +100,8 @@ class PostgresFence:
                 # READ COMMITTED whatever the session's default (``connection.py``): the
                 # statements after the wait on the fence row must see the commit waited for.
                 conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-                row = conn.execute(
-                    f"SELECT ok, fence FROM {self._q}.{sql.OPEN_TERM}(%s, %s, %s)",  # type: ignore[arg-type]
+                row = conn.execute(  # (no election domain: job code's fence does not check it)
+                    f"SELECT ok, fence FROM {self._q}.{sql.OPEN_TERM}(%s, %s, %s, NULL)",  # type: ignore[arg-type]
                     (self.job, token, node),
                 ).fetchone()
                 assert row is not None

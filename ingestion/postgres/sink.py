@@ -35,7 +35,7 @@ import psycopg
 import trio
 
 from actors.lease_store import CommitRejected, Committed
-from actors.sink import SinkUnavailable, TermOpened, continuation
+from actors.sink import SinkUnavailable, TermOpened, TermRefused, continuation
 from actors.source import Record
 from ingestion.postgres import sql
 from ingestion.postgres.connection import THREADS, connect, describe, ensure_schema, redact
@@ -48,15 +48,21 @@ class BatchRefused(ValueError):
 
 
 class PostgresSink:
-    """One job's records and cursor in ``schema`` at ``url`` (see the module docstring)."""
+    """One job's records and cursor in ``schema`` at ``url`` (see the module docstring).
+
+    ``domain``: the election domain this node's terms come from (its Redis deployment,
+    ``LeaseStore.deployment``), recorded with the job by the first term that opens and compared
+    by every later one: a term from another domain is refused for good (:class:`TermRefused`).
+    None: neither recorded nor checked."""
 
     def __init__(
         self, url: str, job: str, *, schema: str = "ingestion", call_timeout: float = 1.0,
-        events_max_len: int = 0, application: str = "ingestion",
+        events_max_len: int = 0, application: str = "ingestion", domain: str | None = None,
     ) -> None:
         self.url = url
         self.job = job
         self.schema = schema
+        self.domain = domain
         self.events_max_len = events_max_len
         self.application = application
         self._call_timeout = call_timeout
@@ -169,19 +175,31 @@ class PostgresSink:
             return None
         return int(row[0]) if row else 0
 
-    async def open_term(self, node: str, token: int) -> TermOpened | CommitRejected:
+    async def open_term(self, node: str, token: int) -> TermOpened | CommitRejected | TermRefused:
+        """Raise the job's fence to ``(token, node)`` and read its cursor (``open_term`` of
+        ``ingestion/postgres/sql.py``): refused as ``stale-token`` when the fence is higher (or
+        equal and another node's), and for good (:class:`TermRefused`) when another election
+        domain owns the job.
+
+        Raises:
+            SinkUnavailable: it failed or timed out (its effect is unknown).
+        """
         def run(conn: psycopg.Connection[Any]) -> tuple[Any, ...] | None:
             return conn.execute(
-                f"SELECT * FROM {self._q}.{sql.OPEN_TERM}(%s, %s, %s)", (self.job, token, node)  # type: ignore[arg-type]
+                f"SELECT * FROM {self._q}.{sql.OPEN_TERM}(%s, %s, %s, %s)",  # type: ignore[arg-type]
+                (self.job, token, node, self.domain),
             ).fetchone()
 
         row = await self.call(run)
         assert row is not None
-        ok, fence, cursor = row
-        if not ok:
-            return CommitRejected(token=token, reason="stale-token", current_token=int(fence),
+        answer = sql.OpenAnswer.from_row(row)
+        if answer.reason == "other-domain" and answer.owner is not None and self.domain is not None:
+            problem = sql.other_domain(self.schema, self.job, answer.owner, self.domain)
+            return TermRefused(f"sink.url {redact(self.url)}: {problem}")
+        if not answer.ok:
+            return CommitRejected(token=token, reason="stale-token", current_token=answer.fence,
                                   stored_cursor=None)  # fmt: skip
-        return TermOpened(cursor=cursor, own_cursor=True)
+        return TermOpened(cursor=answer.cursor, own_cursor=True)
 
     async def commit(
         self,

@@ -9,9 +9,11 @@ Tables, in the schema ``sink.schema`` (default ``ingestion``), one set shared by
   of the term that committed the row; ``record`` is the text as sent (``json`` keeps it, and
   takes the escape ``\\u0000`` that ``jsonb`` refuses).
 - ``cursors (job, cursor, token)``: the committed cursor of each job and the token that moved it.
-- ``fences (job, token, node)``: the highest token that opened a term for the job and the node
-  that opened it; the token only ever rises, and an equal token from another node is refused (a
-  Redis that issued a token twice, its grant lost in a failover, gets one writer under it).
+- ``fences (job, token, node, domain)``: the highest token that opened a term for the job and the
+  node that opened it; the token only ever rises, and an equal token from another node is refused
+  (a Redis that issued a token twice, its grant lost in a failover, gets one writer under it).
+  ``domain`` (version 3, nullable): the election domain, the Redis deployment whose nodes lead the
+  job (``actors.lease_store.deployment_name``), recorded by the first term that names one.
 - ``terms (job, token, after_seq, opened_at)``: the fence's history: term ``token`` opened when
   the job's last row was ``after_seq`` (what ``verify`` judges a job by).
 
@@ -19,9 +21,13 @@ Two functions, each one statement and so one transaction, the way the Redis comm
 atomic call. Their names carry the contract's version (``_v3``): in a fleet of mixed versions each
 node calls its own, and starting a node never replaces what another version runs.
 
-- ``open_term_v3(job, token, node)``: raises the fence to ``(token, node)`` (refused when it is
-  higher already, or equal and opened by another node; the answer names the fence), records the
-  raise in ``terms``, answers the committed cursor.
+- ``open_term_v3(job, token, node, domain)``: refuses a term from another election domain than
+  the job's (``other-domain``, whatever the token: tokens of two Redis deployments do not
+  compare; the answer names the owner); raises the fence to ``(token, node)`` (refused,
+  ``stale-token``, when it is higher already, or equal and opened by another node; the answer
+  names the fence), records the raise in ``terms`` and the domain when none is recorded yet,
+  answers the committed cursor. A NULL ``domain`` (job code's fence) neither records nor checks
+  one.
 - ``commit_batch_v3(job, token, node, previous, cursor, max_len, paging_tokens[], records[])``:
   locks the fence row, refuses unless it holds exactly ``token`` from ``node`` (``stale-token``
   when higher or another node's, ``term-not-open`` when lower), the stored cursor is
@@ -39,12 +45,14 @@ node calls its own, and starting a node never replaces what another version runs
   The sink checks the batch before sending it too (``actors.sink.continuation``): the function's
   check is for every other caller, a direct call included.
 
-Version 3 (the ``_v3`` names) differs from version 2 only in ``commit_batch``: the continuity
-check and the notification queue's limit.
+Version 3 (the ``_v3`` names) differs from version 2 in ``open_term`` (the election domain: a
+fourth argument and the ``fences.domain`` column) and ``commit_batch`` (the continuity check and
+the notification queue's limit).
 
 Migration rule: at start the sink creates what is missing and never alters or drops anything. A
 table that exists must have at least the columns below with these types (extra columns are
-allowed: a later version may only add columns, nullable or with a default); a function of this
+allowed: a later version may only add columns, nullable or with a default, and the columns of
+:data:`ADDED_COLUMNS` are added to a table that lacks them); a function of this
 version's name is created when missing and replaced when its text differs (only a change made
 without a new version name, i.e. in development).
 """
@@ -73,8 +81,14 @@ COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
               ("opened_at", "timestamp with time zone")),
 }  # fmt: skip
 
+# table -> (column, data_type, its DDL): columns a later version added (nullable, or with a
+# default), added to a table that lacks them; the migration rule allows nothing else.
+ADDED_COLUMNS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "fences": (("domain", "text", "text"),),  # v3: the election domain that owns the job
+}
+
 _TABLES = {
-    "fences": "job text PRIMARY KEY, token bigint NOT NULL, node text NOT NULL DEFAULT ''",
+    "fences": "job text PRIMARY KEY, token bigint NOT NULL, node text NOT NULL DEFAULT '', domain text",
     "cursors": "job text PRIMARY KEY, cursor text NOT NULL, token bigint NOT NULL",
     "events": (
         "job text NOT NULL, seq bigint NOT NULL, paging_token text NOT NULL, token bigint NOT NULL, "
@@ -91,21 +105,31 @@ OPEN_TERM_BODY = """
 DECLARE
   fence bigint;
   holder text;
+  owned_by text;
   last bigint;
 BEGIN
   INSERT INTO {s}.fences (job, token) VALUES (p_job, 0) ON CONFLICT (job) DO NOTHING;
-  SELECT f.token, f.node INTO fence, holder FROM {s}.fences f WHERE f.job = p_job FOR UPDATE;
-  IF fence > p_token OR (fence = p_token AND holder IS DISTINCT FROM p_node) THEN
-    RETURN QUERY SELECT false, fence, NULL::text;
+  SELECT f.token, f.node, f.domain INTO fence, holder, owned_by
+    FROM {s}.fences f WHERE f.job = p_job FOR UPDATE;
+  IF owned_by IS NOT NULL AND p_domain IS NOT NULL AND owned_by <> p_domain THEN
+    RETURN QUERY SELECT false, 'other-domain'::text, fence, NULL::text, owned_by;
     RETURN;
   END IF;
+  IF fence > p_token OR (fence = p_token AND holder IS DISTINCT FROM p_node) THEN
+    RETURN QUERY SELECT false, 'stale-token'::text, fence, NULL::text, owned_by;
+    RETURN;
+  END IF;
+  owned_by := coalesce(owned_by, p_domain);
   IF fence < p_token THEN
-    UPDATE {s}.fences SET token = p_token, node = p_node WHERE job = p_job;
+    UPDATE {s}.fences SET token = p_token, node = p_node, domain = owned_by WHERE job = p_job;
     SELECT coalesce(max(e.seq), 0) INTO last FROM {s}.events e WHERE e.job = p_job;
     INSERT INTO {s}.terms (job, token, after_seq) VALUES (p_job, p_token, last)
       ON CONFLICT DO NOTHING;
+  ELSE
+    UPDATE {s}.fences SET domain = owned_by WHERE job = p_job;
   END IF;
-  RETURN QUERY SELECT true, p_token, (SELECT c.cursor FROM {s}.cursors c WHERE c.job = p_job);
+  RETURN QUERY SELECT true, ''::text, p_token,
+    (SELECT c.cursor FROM {s}.cursors c WHERE c.job = p_job), owned_by;
 END
 """
 
@@ -199,8 +223,8 @@ COMMIT_BATCH = "commit_batch_v3"
 
 FUNCTIONS = {
     OPEN_TERM: (
-        "p_job text, p_token bigint, p_node text",
-        "TABLE(ok boolean, fence bigint, cursor text)",
+        "p_job text, p_token bigint, p_node text, p_domain text",
+        "TABLE(ok boolean, reason text, fence bigint, cursor text, owner text)",
         OPEN_TERM_BODY,
     ),
     COMMIT_BATCH: (
@@ -257,15 +281,59 @@ def text_array(values: list[str]) -> str:
     return "{" + ",".join(quoted) + "}"
 
 
-def column_problem(schema: str, table: str, found: list[tuple[str, str]]) -> str | None:
-    """Why ``table`` (its (column, data_type) pairs, empty: missing) breaks the contract, or None."""
+def add_column(schema: str, table: str, column: str, ddl: str) -> str:
+    return f"ALTER TABLE {quoted(schema)}.{table} ADD COLUMN IF NOT EXISTS {column} {ddl}"
+
+
+def missing_columns(table: str, found: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The columns a later version added that ``table`` (found with these columns) lacks:
+    (column, DDL) to add."""
     have = dict(found)
-    missing = [f"{c} {t}" for c, t in COLUMNS[table] if have.get(c) != t]
+    return [(c, ddl) for c, _, ddl in ADDED_COLUMNS.get(table, ()) if c not in have]
+
+
+def column_problem(schema: str, table: str, found: list[tuple[str, str]]) -> str | None:
+    """Why ``table`` (its (column, data_type) pairs, empty: missing) breaks the contract, or None
+    (a column a later version added may be missing: it is added)."""
+    have = dict(found)
+    wanted = list(COLUMNS[table])
+    wanted += [(c, t) for c, t, _ in ADDED_COLUMNS.get(table, ()) if c in have]
+    missing = [f"{c} {t}" for c, t in wanted if have.get(c) != t]
     if not found or not missing:
         return None
     return (
         f"sink.schema: table {schema}.{table} exists with other columns (lacks {', '.join(missing)}): "
         f"give another sink.schema, or move that table away"
+    )
+
+
+@attrs.frozen
+class OpenAnswer:
+    """What ``open_term`` answered (one row): ``reason`` ``stale-token`` or ``other-domain``
+    when refused; ``owner`` the election domain the job belongs to (None: not recorded yet)."""
+
+    ok: bool
+    reason: str
+    fence: int
+    cursor: str | None
+    owner: str | None
+
+    @classmethod
+    def from_row(cls, row: tuple[object, ...]) -> OpenAnswer:
+        ok, reason, fence, cursor, owner = row
+        return cls(bool(ok), str(reason), int(fence), None if cursor is None else str(cursor),  # type: ignore[call-overload]
+                   None if owner is None else str(owner))  # fmt: skip
+
+
+def other_domain(schema: str, job: str, owner: str, mine: str) -> str:
+    """One line for a term refused because another election domain (a Redis deployment,
+    ``actors.lease_store.deployment_name``) owns the job in ``schema``: both named, and the
+    two ways on."""
+    return (
+        f"job {job!r} in PostgreSQL schema {schema} belongs to the nodes of Redis {owner}, this "
+        f"node's Redis is {mine}: run this job's nodes on that Redis (or give it another name); "
+        f"to move the job to this Redis on purpose, stop the nodes on {owner} and run "
+        f"UPDATE {quoted(schema)}.fences SET domain = NULL WHERE job = '{job.replace(chr(39), chr(39) * 2)}'"
     )
 
 

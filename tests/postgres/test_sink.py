@@ -674,3 +674,129 @@ async def test_a_commit_past_the_notification_queue_limit_lands_without_its_noti
         listener.close()
         conn.close()
         sink.close()
+
+
+def settings_for(job: str, redis_url: str, sink_url: str) -> Any:
+    from ingestion.cli.run import _flags_layer
+    from ingestion.cli.run import parser as run_parser
+    from ingestion.config import load
+
+    return load(None, {}, _flags_layer(run_parser().parse_args(
+        ["--job", job, "--redis", redis_url, "--sink", sink_url, "--horizon", "http://127.0.0.1:1"]
+    )))  # fmt: skip
+
+
+async def test_nodes_of_another_redis_deployment_are_refused_for_the_job_not_churned(
+    pg: LocalPostgres, redis_server: LocalRedis, job: str
+) -> None:
+    """Nodes on two Redis deployments (db 7 and db 8) lead the same job into one schema: the
+    first term opened in PostgreSQL ties the job to its Redis deployment; the other's term is
+    refused for good (one line naming both deployments and what to do), the job stops on that
+    node after one term, and none of its rows land (before: the two alternated, a term each
+    couple of seconds, each fencing the other out)."""
+    from actors.observe import NodeObserver
+    from actors.supervisor import JobRun, run_jobs
+    from ingestion.node.build import build_sink
+
+    with connect(pg.url, 5) as conn:
+        ensure_schema(conn, "ingestion")  # (for the reads below)
+    home_url, other_url = redis_server.url[:-1] + "7", redis_server.url[:-1] + "8"
+    fatal: list[tuple[str, str]] = []
+    with (
+        lease_store(home_url, job) as home, lease_store(other_url, job) as other,
+        structlog.testing.capture_logs() as logs,
+    ):  # fmt: skip
+        home_settings = settings_for(job, home_url, pg.url)
+        other_settings = settings_for(job, other_url, pg.url)
+        home_sink = build_sink(home_settings, home_settings.jobs[0], home)
+        other_sink = build_sink(other_settings, other_settings.jobs[0], other)
+        assert isinstance(home_sink, PostgresSink) and isinstance(other_sink, PostgresSink)
+        async with trio.open_nursery() as nursery:
+            await start_on(nursery, home, job, home_sink)
+            await wait_until(lambda: job_state(pg.url, "ingestion", job)["events"] > 0, 10, what="rows")
+            run = JobRun(other, SyntheticSource(total=None), node_spec("b", job),
+                         structlog.get_logger().bind(n="b"), NodeObserver("b", job), other_sink)  # fmt: skip
+            await nursery.start(functools.partial(
+                run_jobs, [run], structlog.get_logger(), on_fatal=lambda j, e: fatal.append((j, e))
+            ))  # fmt: skip
+            await wait_until(lambda: fatal, 10, what="the other deployment's node refused")
+            rows = job_state(pg.url, "ingestion", job)["events"]
+            await wait_until(lambda: job_state(pg.url, "ingestion", job)["events"] > rows + 10, 10,
+                             what="the home node going on")  # fmt: skip
+            nursery.cancel_scope.cancel()
+    (stopped, error), = fatal
+    assert stopped == job
+    assert home.deployment in error and other.deployment in error and "UPDATE" in error
+    theirs = [e for e in logs if e.get("n") == "b"]
+    assert len([e for e in theirs if e["event"] == "became-leader"]) == 1
+    mine = {e["token"] for e in logs if e["event"] == "became-leader" and e.get("n") != "b"}
+    state = job_state(pg.url, "ingestion", job)
+    assert state["fence_node"] == "a" and {t["token"] for t in state["terms"]} <= mine
+    assert {t for _, _, t, _ in read_events(pg.url, "ingestion", job, limit=100_000)} <= mine
+    assert not [e for e in logs if e["event"] == "fencing-token-rejected"]
+    home_sink.close()
+    other_sink.close()
+
+
+async def test_became_leader_names_the_cursor_the_term_resumes_from_in_postgres(
+    pg: LocalPostgres, redis_server: LocalRedis, job: str
+) -> None:
+    """A PostgreSQL job's cursor is PostgreSQL's, not Redis's (which has none): ``became-leader``
+    logs the one the term resumes from, read when it opened there (before: the start cursor,
+    ``"0"``, whatever PostgreSQL held)."""
+    earlier = PostgresSink(pg.url, job, call_timeout=5)
+    assert await earlier.open_term("z", 1) == TermOpened(None, True)
+    assert await earlier.commit("z", 1, None, recs(1, 3)) == Committed(1, SRC.token_of(3), 3)
+    earlier.close()
+    sink = PostgresSink(pg.url, job, call_timeout=2.0)
+    with lease_store(redis_server.url, job) as store, structlog.testing.capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            await start_on(nursery, store, job, sink)
+            await wait_until(lambda: job_state(pg.url, "ingestion", job)["events"] > 3, 10, what="rows")
+            nursery.cancel_scope.cancel()
+    (became,) = events_of(logs, "became-leader")
+    assert became["cursor"] == SRC.token_of(3)
+    assert read_events(pg.url, "ingestion", job)[3][1] == SRC.token_of(4)  # resumed from there
+    sink.close()
+
+
+async def test_a_job_moves_to_another_redis_deployment_by_the_step_its_refusal_names(
+    pg: LocalPostgres,
+) -> None:
+    """The refusal names the one SQL step that moves a job to another Redis on purpose; after
+    it, the new deployment's first term owns the job and the old one's terms are refused."""
+    from actors.sink import TermRefused
+
+    home = PostgresSink(pg.url, "moved", call_timeout=5, domain="redis:10.0.0.1:6379/7")
+    new = PostgresSink(pg.url, "moved", call_timeout=5, domain="redis:10.0.0.2:6379/0")
+    assert await home.open_term("a", 1) == TermOpened(None, True)
+    refused = await new.open_term("b", 2)
+    assert isinstance(refused, TermRefused)
+    assert refused.problem.startswith(f"sink.url {pg.url.replace(pg.password, '***')}: job 'moved'")
+    assert "redis:10.0.0.1:6379/7" in refused.problem and "redis:10.0.0.2:6379/0" in refused.problem
+    assert job_state(pg.url, "ingestion", "moved")["fence"] == 1  # nothing changed
+    pg.psql(refused.problem.rsplit(" and run ", 1)[1])
+    assert await new.open_term("b", 2) == TermOpened(None, True)
+    assert isinstance(await home.open_term("a", 3), TermRefused)
+    home.close()
+    new.close()
+
+
+def test_a_version_2_fences_table_gains_the_domain_column_and_its_jobs_are_adopted(
+    pg: LocalPostgres,
+) -> None:
+    """The migration rule: a table of an earlier version gets the column this one added
+    (nullable); a job fenced before it has no domain yet, and its next term records one."""
+    pg.psql(
+        "CREATE SCHEMA earlier; CREATE TABLE earlier.fences (job text PRIMARY KEY, token bigint "
+        "NOT NULL, node text NOT NULL DEFAULT ''); INSERT INTO earlier.fences VALUES ('old', 4, 'a')"
+    )
+    with connect(pg.url, 5) as conn:
+        ensure_schema(conn, "earlier")
+        row = conn.execute(
+            "SELECT * FROM earlier.open_term_v3('old', 5, 'a', 'redis:h:1/0')"
+        ).fetchone()
+        assert row == (True, "", 5, None, "redis:h:1/0")
+        assert conn.execute("SELECT token, node, domain FROM earlier.fences").fetchall() == [
+            (5, "a", "redis:h:1/0")
+        ]
