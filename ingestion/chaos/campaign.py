@@ -34,6 +34,7 @@ import os
 import random
 import signal
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -851,7 +852,15 @@ class Campaign:
                 for e in self.log.of(event, job=job)
                 if e.fields.get("token") is not None
             ]  # fmt: skip
-            v += check.election_problems(job, audit, logged, self.o.ttl_ms, rollbacks=rollbacks)
+            # the nodes' lines on Redis's clock (the same host's wall clock) for the audit
+            wall_ms = time.time() * 1000 - trio.current_time() * 1000
+            unanswered = [
+                (e.node, int(wall_ms + e.at * 1000)) for e in self.log.of("redis-unavailable", job=job)
+                if e.fields.get("token") is None
+            ]  # fmt: skip
+            v += check.election_problems(
+                job, audit, logged, self.o.ttl_ms, rollbacks=rollbacks, unanswered=unanswered
+            )
             gap = check.longest_gap(commits, begin, end)
             quiet = [
                 check.longest_gap(commits, q.start, q.end)

@@ -169,13 +169,19 @@ def leaderless(samples: Iterable[Sample]) -> list[Stretch]:
     return out
 
 
+UNANSWERED_WINDOW_MS = 5000  # a Redis call's bound with its retry, and the log line's way out
+
+
 def election_problems(
     job: str, audit: Sequence[AuditGrant], logged: Sequence[LoggedGrant], ttl_ms: int,
-    *, rollbacks: bool = False,
+    *, rollbacks: bool = False, unanswered: Sequence[tuple[str, int]] = (),
 ) -> list[str]:  # fmt: skip
     """The audit stream against itself and the nodes' logs (see the module docstring).
     ``rollbacks``: a node saw Redis roll back during the run, so a grant it logged may be gone
-    from the audit and its token issued again; those two checks then only count."""
+    from the audit and its token issued again; those two checks then only count.
+    ``unanswered``: (node, ms on Redis's clock) of each campaign whose answer a node never had
+    (``redis-unavailable`` without a token): a grant to that node within
+    :data:`UNANSWERED_WINDOW_MS` before it is one nobody could log, and is not reported."""
     problems: list[str] = []
     grants = [g for g in sorted(audit, key=lambda g: g.at_ms) if g.event == "became-leader"]
     released = {(g.token, g.node): g.at_ms for g in audit if g.event == "released"}
@@ -209,7 +215,11 @@ def election_problems(
         previous = g
     seen = {(g.node, g.token) for g in logged}
     for g in grants:
-        if (g.node, g.token) not in seen:
+        lost_answer = any(
+            node == g.node and g.at_ms - 1000 <= at_ms <= g.at_ms + UNANSWERED_WINDOW_MS
+            for node, at_ms in unanswered
+        )
+        if (g.node, g.token) not in seen and not lost_answer:
             problems.append(
                 f"election: {job} audit grants token {g.token} to {g.node}, which never logged it "
                 "(as became-leader, an unconfirmed grant or an orphaned lease it released)"

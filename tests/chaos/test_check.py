@@ -111,6 +111,14 @@ def test_a_grant_the_node_logged_as_unconfirmed_or_released_as_orphaned_is_accou
     assert election_problems(JOB, audit, logged, 1500) == []
 
 
+def test_a_grant_whose_answer_the_node_never_had_is_not_held_against_it() -> None:
+    audit = grants((1000, "became-leader", "n1", 1, None, None), (4000, "became-leader", "n2", 2, 1, 1600))
+    logged = [LoggedGrant(1.0, "n1", 1)]
+    assert election_problems(JOB, audit, logged, 1500, unanswered=[("n2", 4150)]) == []
+    (problem,) = election_problems(JOB, audit, logged, 1500, unanswered=[("n1", 4150), ("n2", 12000)])
+    assert "token 2 to n2, which never logged it" in problem
+
+
 def test_one_token_logged_by_two_nodes_is_a_violation_unless_redis_rolled_back() -> None:
     logged = [LoggedGrant(1, "n1", 3), LoggedGrant(2, "n2", 3)]
     assert election_problems(JOB, [], logged, 1500)
