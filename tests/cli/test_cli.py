@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -25,29 +24,10 @@ from ingestion import __version__
 from ingestion.cli import COMMANDS
 from ingestion.cli.run import parser as _run_parser
 from ingestion.testing.local_redis import LocalRedis
+from tests.support.cli import env, one_line, run
 from tests.support.ports import closed_port
 
 INGESTION = Path(sys.executable).parent / "ingestion"
-
-
-def env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("INGESTION_")}
-
-
-def run(
-    *args: str, timeout: float = 30, extra_env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ingestion", *args],
-        capture_output=True, text=True, timeout=timeout, env={**env(), **(extra_env or {})},
-    )  # fmt: skip
-
-
-def one_line(done: subprocess.CompletedProcess[str], status: int = 2) -> str:
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == status, (done.returncode, done.stderr)
-    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
-    return lines[0]
 
 
 @pytest.fixture

@@ -35,7 +35,8 @@ from ingestion.node.identity import (
 )
 from ingestion.testing.local_postgres import LocalPostgres
 from ingestion.testing.local_redis import LocalRedis
-from tests.cli.test_cli import closed_port, one_line, run
+from tests.support.cli import one_line, run
+from tests.support.ports import closed_port
 
 EVENT_ID = "0000000214748364800-0000000001"  # an RPC event id (a lake job's cursors are too)
 
