@@ -10,6 +10,8 @@ import redis
 import trio
 from redis.sentinel import SentinelConnectionPool
 
+_FAILED = "\x00failed"  # what a wait answers when Redis failed (no node is named so)
+
 
 class NoticeSource(Protocol):
     """What the notices read of their store (a ``LeaseStore``): its Redis client and the job's
@@ -72,9 +74,7 @@ class ReleaseNotices:
                     return str(msg.get("data", "")).partition("|")[2]
         except (redis.RedisError, OSError):
             self._reset()
-            left = end - time.monotonic()
-            if left > 0:
-                time.sleep(left)
+            return _FAILED  # the caller waits out the rest in trio (no sleep in this thread)
         finally:
             with self._lock:
                 self._busy = False
@@ -113,7 +113,15 @@ class ReleaseNotices:
         return found
 
     async def wait(self, seconds: float) -> str | None:
-        return await trio.to_thread.run_sync(self._wait, seconds, abandon_on_cancel=True)
+        deadline = trio.current_time() + seconds
+        got = await trio.to_thread.run_sync(self._wait, seconds, abandon_on_cancel=True)
+        if got is _FAILED:
+            # Redis failed: wait out the rest rather than spin. In trio, not in the worker
+            # thread: a thread's time.sleep is a clock_nanosleep on an absolute deadline, which
+            # fails (EINVAL) in a process whose clocks are faked (libfaketime), and crashed it.
+            await trio.sleep_until(deadline)
+            return None
+        return got
 
     def _reset(self) -> None:
         if self._pubsub is not None:

@@ -893,7 +893,7 @@ class Campaign:
             v.append(f"{HOOK}: {self.receiver.refused_signature} deliveries with a bad signature")
         stopped = self.log.of("job-stopped") + self.log.of("ingestion-fatal")
         v += [f"{e.node}: {e.event} {e.fields.get('job')}: {e.fields.get('error', '')}" for e in stopped]
-        tracebacks = [text for _n, text in self.log.raw if text.startswith("Traceback")]
+        tracebacks = [text for _n, text in self.log.raw if "Traceback (most recent call last)" in text]
         v += [f"a node printed a traceback ({len(tracebacks)} in all)"] if tracebacks else []
 
     async def _verify_tick(self) -> Verification:
@@ -975,3 +975,5 @@ def write_json(
                     json.dumps({"t": round(e.at - t0, 3), "process": e.node, "event": e.event, **e.fields})
                     + "\n"
                 )
+            for process, text in log.raw:  # what was not a log line (a traceback, say), at the end
+                f.write(json.dumps({"process": process, "raw": text}) + "\n")

@@ -235,3 +235,27 @@ async def test_zero_padded_event_ids_compare_by_value(
     assert await store.commit("a", 1, second, [], anchor=through) == Committed(1, through, 0)
     earlier = await store.commit("a", 1, through, recs("0000214752659767295-0000000001"))
     assert isinstance(earlier, CommitRejected) and earlier.reason == "not-after-cursor"
+
+
+async def test_a_release_notice_wait_on_a_failing_redis_waits_out_its_time_in_trio() -> None:
+    """Redis refusing the subscription: the wait answers None after its time, never raises, and
+    sleeps in trio, not in its worker thread (a thread's sleep failed with EINVAL under libfaketime
+    and crashed a node in the chaos campaign)."""
+    import attrs
+    import redis as redis_py
+
+    from actors.lease_store.notices import ReleaseNotices
+    from tests.support.ports import closed_port
+
+    @attrs.define
+    class Unreachable:
+        client: redis_py.Redis = attrs.field(
+            factory=lambda: redis_py.Redis(port=closed_port(), socket_connect_timeout=0.2)
+        )
+        keys: dict[str, str] = attrs.Factory(lambda: {"released": "nowhere:released"})
+
+    notices = ReleaseNotices(Unreachable())
+    for _ in range(2):
+        before = trio.current_time()
+        assert await notices.wait(0.3) is None
+        assert trio.current_time() - before >= 0.3
