@@ -133,8 +133,8 @@ BEGIN
 END
 """
 
-COMMIT_BODY = """
-DECLARE
+_COMMIT_TEMPLATE = """
+DECLARE{staged_tokens}
   fence bigint;
   holder text;
   stored text;
@@ -193,9 +193,7 @@ BEGIN
   END IF;
   SELECT coalesce(max(e.seq), 0) INTO last FROM {s}.events e WHERE e.job = p_job;
   IF n > 0 THEN
-    INSERT INTO {s}.events (job, seq, paging_token, token, record)
-      SELECT p_job, last + r.i, r.pt, p_token, r.rec::json
-      FROM unnest(p_tokens, p_records) WITH ORDINALITY AS r(pt, rec, i);
+    {insert}
   END IF;
   INSERT INTO {s}.cursors (job, cursor, token) VALUES (p_job, p_cursor, p_token)
     ON CONFLICT (job) DO UPDATE SET cursor = excluded.cursor, token = excluded.token;
@@ -217,9 +215,34 @@ BEGIN
 END
 """
 
+# The batch's rows: from the two arrays (``commit_batch``), or from the session's staging table
+# that ``COPY`` filled in the same transaction (``commit_staged``).
+COMMIT_BODY = _COMMIT_TEMPLATE.replace("{staged_tokens}", "").replace(
+    "{insert}",
+    """INSERT INTO {s}.events (job, seq, paging_token, token, record)
+      SELECT p_job, last + r.i, r.pt, p_token, r.rec::json
+      FROM unnest(p_tokens, p_records) WITH ORDINALITY AS r(pt, rec, i);""",
+)
+STAGING = "ingestion_batch"
+COMMIT_STAGED_BODY = _COMMIT_TEMPLATE.replace(
+    "{staged_tokens}",
+    f"""
+  p_tokens text[] := (SELECT array_agg(b.paging_token ORDER BY b.i) FROM pg_temp.{STAGING} b);""",
+).replace(
+    "{insert}",
+    f"""INSERT INTO {{s}}.events (job, seq, paging_token, token, record)
+      SELECT p_job, last + b.i, b.paging_token, p_token, b.record FROM pg_temp.{STAGING} b;""",
+)
+CREATE_STAGING = (
+    f"CREATE TEMP TABLE IF NOT EXISTS {STAGING} (i bigint NOT NULL, paging_token text NOT NULL, "
+    "record json NOT NULL) ON COMMIT DELETE ROWS"
+)
+COPY_STAGING = f"COPY pg_temp.{STAGING} (i, paging_token, record) FROM STDIN"
+
 # The functions' names carry the contract's version: a node calls only its own version's.
 OPEN_TERM = "open_term_v3"
 COMMIT_BATCH = "commit_batch_v3"
+COMMIT_STAGED = "commit_staged_v3"
 
 FUNCTIONS = {
     OPEN_TERM: (
@@ -232,6 +255,11 @@ FUNCTIONS = {
         "p_tokens text[], p_records text[]",
         "TABLE(ok boolean, reason text, fence bigint, stored text, last_seq bigint, trimmed bigint)",
         COMMIT_BODY,
+    ),
+    COMMIT_STAGED: (
+        "p_job text, p_token bigint, p_node text, p_previous text, p_cursor text, p_max_len bigint",
+        "TABLE(ok boolean, reason text, fence bigint, stored text, last_seq bigint, trimmed bigint)",
+        COMMIT_STAGED_BODY,
     ),
 }
 
