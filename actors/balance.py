@@ -165,6 +165,9 @@ class Balancer:
     _refreshing: trio.Event | None = None
     _last_leading: frozenset[str] = frozenset()
     _held_off: set[str] = attrs.Factory(set)  # jobs whose Elector was told to hold off
+    # Whether this balancer's node leaves the registry when it stops: False for a second
+    # balancer of the node (a backfill's ranges), whose end must not unregister the node.
+    owns_registration: bool = True
 
     def __attrs_post_init__(self) -> None:
         self.live = (self.node,)
@@ -308,6 +311,8 @@ class Balancer:
             await self.leave()
 
     async def leave(self) -> None:
+        if not self.owns_registration:
+            return
         with trio.move_on_after(1.0, shield=True):
             try:
                 await self.registry.leave(self.node)

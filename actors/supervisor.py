@@ -239,6 +239,19 @@ class JobsHandle:
     handles: dict[str, NodeHandle]
     balancer: Balancer | None
 
+    async def stop_job(self, job: str, reason: str) -> None:
+        """Stop one job on this node for good (gracefully: it finishes its commit and releases
+        its lease) while the others go on; it no longer counts in the balancer's share. A job
+        that has stopped already is left alone."""
+        handle = self.handles.get(job)
+        if handle is None:
+            return
+        if self.balancer is not None:
+            self.balancer.job_stopped(job)
+        if handle.watch is not None:
+            await handle.watch.forget()
+        await handle.shutdown(reason)
+
     async def shutdown(self, signal: str = "request") -> None:
         """Leave the node registry first (the others' shares grow at once), then stop every job
         gracefully: each finishes its commit and releases its lease with a notice."""
@@ -258,19 +271,23 @@ async def run_jobs(
     *,
     registry: NodeRegistry | None = None,
     on_fatal: Any = None,
+    balanced: bool = False,
+    owns_registration: bool = True,
     task_status: trio.TaskStatus[JobsHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Host several elected jobs under one nursery until every one has stopped.
 
-    With a ``registry`` (and more than one job) a :class:`~actors.balance.Balancer` spreads their
-    leadership over the live nodes. A job whose source fails fatally stops alone: ``on_fatal(job,
-    error)`` is called (default: nothing) and the others go on.
+    With a ``registry`` (and more than one job, or ``balanced``) a
+    :class:`~actors.balance.Balancer` spreads their leadership over the live nodes (and, unless
+    ``owns_registration`` is False, unregisters the node when it stops). A job whose
+    source fails fatally stops alone: ``on_fatal(job, error)`` is called (default: nothing) and
+    the others go on.
     """
     node = jobs[0].spec.node
     handles: dict[str, NodeHandle] = {}
     balancer: Balancer | None = None
     async with trio.open_nursery() as nursery:
-        if registry is not None and len(jobs) > 1:
+        if registry is not None and (len(jobs) > 1 or balanced):
             ttl = jobs[0].spec.ttl_ms
 
             async def hand_back(job: str) -> None:
@@ -296,6 +313,7 @@ async def run_jobs(
                 ttl=ttl / 1000,
                 able=lambda job: w.able if job in handles and (w := handles[job].watch) else None,
                 holder=lambda job: e.seen_holder if job in handles and (e := handles[job].elector) else None,
+                owns_registration=owns_registration,
             )
             await nursery.start(balancer.run)
         left = len(jobs)

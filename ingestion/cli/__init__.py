@@ -52,6 +52,9 @@ COMMANDS: dict[str, Command] = {
     "watchlist": Command(
         "ingestion.cli.watchlist", "edit a job's watch list in Redis (add, remove, count, show) while it runs"
     ),
+    "backfill": Command(
+        "ingestion.cli.backfill", "backfill a span of an rpc or lake job in parallel ranges across the nodes"
+    ),
     "version": Command("ingestion.cli.version", "print the version"),
 }
 

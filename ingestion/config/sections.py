@@ -67,6 +67,10 @@ class JobSettings:
     watch: tuple[str, ...] = ()  # only records naming one of these addresses are committed
     watch_file: str = ""  # ... or those in this file (one a line), reloaded when it changes
     watch_set: bool = False  # ... or those in the Redis set ingestion:{JOB}:watch
+    # A backfill's range job (ingestion/backfill/): the job it is a range of, and its last ledger
+    # (its source stops there). "" and 0 for every configured job.
+    parent: str = ""
+    last_ledger: int = 0
 
     @property
     def watching(self) -> bool:

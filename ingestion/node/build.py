@@ -48,6 +48,10 @@ def build_source(
     """
     job = job or settings.jobs[0]
     source = _raw_source(settings, job, store)
+    if job.last_ledger and store is not None:  # a backfill's range (ingestion/backfill/)
+        from ingestion.backfill.bounded import BoundedSource
+
+        source = BoundedSource(source, job.last_ledger, store, job.name)
     if job.kind not in ("horizon", "rpc", "lake"):
         return source
     from ingestion.events.stage import rule_for, stage_for
@@ -70,7 +74,8 @@ def watch_source(settings: Settings, job: JobSettings, store: LeaseStore | None 
     if job.watch_file:
         return watch.FileWatch.open(job.watch_file)
     if job.watch_set:
-        return watch.RedisWatch(store.client if store is not None else settings.redis.connect(), job.name)
+        client = store.client if store is not None else settings.redis.connect()
+        return watch.RedisWatch(client, job.parent or job.name)  # a range watches its job's list
     return None
 
 

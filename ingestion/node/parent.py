@@ -212,7 +212,9 @@ async def supervise(settings: Settings, worker: int, pipe: int) -> int:
         outcomes: dict[tuple[str, int, str], bool | None] = {}
 
         async def release(job: str, token: int, node: str) -> None:
-            outcomes[job, token, node] = await release_until(stores[job], node, token, give_up_at)
+            # (a backfill's range job is not configured: its store is built when needed)
+            store = stores.get(job) or build_store(settings, job, client)
+            outcomes[job, token, node] = await release_until(store, node, token, give_up_at)
 
         if held and client is None:
             with trio.move_on_at(give_up_at):

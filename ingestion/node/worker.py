@@ -33,6 +33,7 @@ from actors.lease_store import (
 from actors.lease_store.connect import ClusterUnreachable, describe_redis_error
 from actors.observe import NodeObserver
 from actors.supervisor import JobRun, NodeSpec, run_jobs
+from ingestion.backfill.runner import BackfillRunner
 from ingestion.common.gaps import history_gap_listener
 from ingestion.config import ConfigError, JobSettings, Settings, redact_url
 from ingestion.node import stop_signals
@@ -253,6 +254,24 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
         fatal[job] = error
         node_logger(settings.node.id, job).error("job-stopped", reason="ingestion-fatal", error=error)
 
+    def range_run(job: JobSettings) -> JobRun:
+        """A backfill's range job (ingestion/backfill/), built like a configured one."""
+        store = build_store(settings, job.name, client)
+        if lease_pipe is not None:
+            from ingestion.node.lease_reports import lease_reporter
+
+            store.on_lease = lease_reporter(lease_pipe, log)
+        return JobRun(
+            store, _identified(build_source(settings, job, store), store, job, settings.sink.schema),
+            node_spec(settings, job), node_logger(settings.node.id, job.name),
+            NodeObserver(settings.node.id, job.name), build_sink(settings, job, store),
+        )  # fmt: skip
+
+    registry = NodeRegistry(client)
+    backfills = BackfillRunner(
+        settings.jobs, stores, registry, range_run, log, interval=settings.lease.ttl_ms / 1000
+    )
+
     try:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             stop_signals.release()
@@ -261,9 +280,8 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
                 async def jobs_then_stop(*, task_status: trio.TaskStatus[Any]) -> None:
                     try:
                         await run_jobs(
-                            runs, log, registry=NodeRegistry(client), on_fatal=on_fatal,
-                            task_status=task_status,
-                        )  # fmt: skip
+                            runs, log, registry=registry, on_fatal=on_fatal, task_status=task_status
+                        )
                     finally:
                         nursery.cancel_scope.cancel()
 
@@ -272,6 +290,8 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
                 nursery.start_soon(diagnose_after_outages, settings, list(observers.values()))
                 await check_identities(settings, stores)
                 handle = await nursery.start(jobs_then_stop)
+                if backfills.hosted:
+                    await nursery.start(backfills.run)
                 _tell_service_manager(log, "READY=1")
                 async for signum in signals:
                     name = signal.Signals(signum).name
@@ -282,6 +302,7 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
                     signalled = True
                     log.info("shutdown-requested", signal=name)
                     _tell_service_manager(log, "STOPPING=1")
+                    await backfills.shutdown(name)  # its ranges release their leases first
                     await handle.shutdown(name)
     finally:
         client.close()

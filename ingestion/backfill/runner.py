@@ -1,0 +1,150 @@
+"""Each node's backfill runner: the ranges of every plan of the jobs the node hosts, run as jobs.
+
+Every ``interval`` the runner reads the plan of each hosted ``rpc`` or ``lake`` job
+(``ingestion:{JOB}:backfill``) and the end of each of its ranges. A running plan with ranges not
+done gets a supervisor of its own (:func:`actors.supervisor.run_jobs`, balanced: its own
+:class:`~actors.balance.Balancer` spreads the ranges over the nodes that host the job, apart from
+the node's live jobs), one elected job per range not done; a range found done is stopped on this
+node (its leader releases it gracefully), and a plan cancelled, removed or replaced stops them
+all. Every node decides alone from what Redis holds, so a node that starts, restarts or crashes
+meanwhile changes only who leads which range: each range resumes from its committed cursor.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from actors.lease_store import LeaseStore, NodeRegistry, RedisUnavailable
+from actors.supervisor import JobRun, JobsHandle, run_jobs
+from ingestion.backfill.plan import Plan, backfill_key, range_name
+from ingestion.config.sections import JobSettings
+
+STOP_WAIT = 3.0  # seconds a node's shutdown waits for its ranges to release their leases
+
+
+def range_job(job: JobSettings, first: int, last: int) -> JobSettings:
+    """The settings of the range ``first..last`` of ``job``: the same source, filter and sink,
+    named after its bounds, started at ledger ``first`` and bounded at ``last``."""
+    return attrs.evolve(
+        job, name=range_name(job.name, first, last), start_cursor=str(first), parent=job.name,
+        last_ledger=last,
+    )  # fmt: skip
+
+
+@attrs.define
+class _Running:
+    plan: Plan
+    handle: JobsHandle
+    done: trio.Event
+
+
+@attrs.define
+class BackfillRunner:
+    """See the module docstring. ``make_run`` builds a range job's store, source, sink and
+    observer; ``stores`` are the hosted jobs' own (each reads its plan)."""
+
+    jobs: Sequence[JobSettings]
+    stores: dict[str, LeaseStore]
+    registry: NodeRegistry
+    make_run: Callable[[JobSettings], JobRun]
+    log: Any
+    interval: float
+    running: dict[str, _Running] = attrs.Factory(dict)
+    _unavailable: bool = False
+    _stopping: bool = False
+
+    @property
+    def hosted(self) -> list[JobSettings]:
+        return [j for j in self.jobs if j.kind in ("rpc", "lake") and not j.parent]
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            while not self._stopping:
+                for job in self.hosted:
+                    try:
+                        await self._look(nursery, job)
+                    except RedisUnavailable as exc:
+                        if not self._unavailable:
+                            self.log.warning("backfill-plan-unreadable", parent_job=job.name, error=str(exc))
+                        self._unavailable = True
+                        break
+                else:
+                    self._unavailable = False
+                await trio.sleep(self.interval)
+
+    async def _look(self, nursery: trio.Nursery, job: JobSettings) -> None:
+        store = self.stores[job.name]
+        fields = await store.run(store.client.hgetall, backfill_key(job.name))
+        plan = Plan.from_hash(job.name, {str(k): str(v) for k, v in fields.items()}) if fields else None
+        running = self.running.get(job.name)
+        live = plan is not None and plan.state == "running"
+        if running is not None and not (live and plan is not None and plan.same_work(running.plan)):
+            if plan is None:
+                why = "backfill-removed"
+            else:
+                why = "backfill-cancelled" if plan.state == "cancelled" else "backfill-replaced"
+            await self._stop(job.name, why)
+            return
+        if plan is None or plan.state != "running":
+            return
+        done = [await self._is_done(store, name) for name in plan.names]
+        if running is None:
+            todo = [(a, b) for (a, b), d in zip(plan.bounds, done, strict=True) if not d]
+            if todo:
+                runs = [self.make_run(range_job(job, a, b)) for a, b in todo]
+                self.running[job.name] = await nursery.start(self._run_plan, job.name, plan, runs)
+            return
+        for name, is_done in zip(plan.names, done, strict=True):
+            if is_done and name in running.handle.handles:
+                await running.handle.stop_job(name, "backfill-range-done")
+
+    async def _is_done(self, store: LeaseStore, name: str) -> bool:
+        return bool(await store.run(store.client.hexists, backfill_key(name), "done"))
+
+    async def _run_plan(
+        self, job: str, plan: Plan, runs: list[JobRun], *, task_status: trio.TaskStatus[_Running]
+    ) -> None:
+        done = trio.Event()
+        self.log.info("backfill-ranges-hosted", parent_job=job, ranges=[r.spec.job for r in runs],
+                      first_ledger=plan.first, last_ledger=plan.last)  # fmt: skip
+
+        def on_fatal(name: str, error: str) -> None:
+            self.log.error("backfill-range-stopped", range=name, error=error)
+
+        try:
+            async with trio.open_nursery() as nursery:
+                handle = await nursery.start(functools.partial(
+                    run_jobs, runs, self.log, registry=self.registry, on_fatal=on_fatal, balanced=True,
+                    owns_registration=False,
+                ))  # fmt: skip
+                task_status.started(_Running(plan, handle, done))
+        finally:
+            for run in runs:
+                if run.sink is not None:
+                    run.sink.close()  # type: ignore[attr-defined]
+            if self.running.get(job) is not None and self.running[job].done is done:
+                del self.running[job]
+            done.set()
+            self.log.info("backfill-ranges-left", parent_job=job)
+
+    async def _stop(self, job: str, reason: str) -> None:
+        running = self.running.get(job)
+        if running is None:
+            return
+        await running.handle.shutdown(reason)
+        with trio.move_on_after(STOP_WAIT):
+            await running.done.wait()
+
+    async def shutdown(self, reason: str) -> None:
+        """Stop every range this node runs gracefully (each releases its lease), waiting a few
+        seconds at most, and look for no more plans."""
+        self._stopping = True
+        async with trio.open_nursery() as nursery:
+            for job in list(self.running):
+                nursery.start_soon(self._stop, job, reason)

@@ -1,0 +1,114 @@
+"""Reading a backfill's state (plan, each range's cursor, end, leader and records) from Redis
+and, for a job with a PostgreSQL sink, from PostgreSQL: what ``ingestion backfill --status``,
+its progress bar and ``inspect`` show. Blocking calls: the CLI's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import redis
+
+from actors.lease_store import job_keys, parse_lease_value
+from ingestion.backfill.plan import Plan, Progress, backfill_key, ledger_of_cursor, range_states
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def read_plan(client: redis.Redis, job: str) -> Plan | None:
+    fields = client.hgetall(backfill_key(job))
+    return Plan.from_hash(job, {_text(k): _text(v) for k, v in fields.items()}) if fields else None  # type: ignore[union-attr]
+
+
+@attrs.frozen
+class Snapshot:
+    """A plan's progress and the records its ranges committed so far."""
+
+    progress: Progress
+    records: int
+
+
+def read_progress(client: redis.Redis, plan: Plan, sink_url: str, schema: str = "ingestion") -> Snapshot:
+    """Each range's committed cursor (from the sink: the Redis cursor hash, or PostgreSQL's
+    ``cursors``), end and leader, and the records committed (stream lengths, or the last
+    ``seq`` of each range in PostgreSQL).
+
+    Raises:
+        redis.RedisError, OSError: Redis cannot be read; psycopg.Error: PostgreSQL cannot.
+    """
+    names = plan.names
+    leaders, done, cursors = [], [], []
+    lengths = []
+    for name in names:  # (one key each, each in its own slot on a cluster)
+        keys = job_keys(name)
+        lease = client.get(keys["lease"])
+        leaders.append(parse_lease_value(_text(lease))[1] if lease else "")
+        done.append(bool(client.hexists(backfill_key(name), "done")))
+        if not sink_url:
+            cursor = client.hget(keys["cursor"], "cursor")
+            cursors.append(_text(cursor) if cursor is not None else None)
+            lengths.append(int(client.xlen(keys["events"])))  # type: ignore[arg-type]
+    if sink_url:
+        cursors, lengths = _postgres(sink_url, schema, names)
+    return Snapshot(range_states(plan, cursors, done, leaders), sum(lengths))
+
+
+def _postgres(url: str, schema: str, names: list[str]) -> tuple[list[str | None], list[int]]:
+    from ingestion.postgres import sql
+    from ingestion.postgres.connection import connect
+
+    q = sql.quoted(schema)
+    with connect(url, 5.0, "ingestion-backfill") as conn:
+        found = dict(
+            conn.execute(f"SELECT job, cursor FROM {q}.cursors WHERE job = ANY(%s)", (names,)).fetchall()
+        )  # type: ignore[arg-type]
+        seqs = dict(conn.execute(
+            f"SELECT job, max(seq) FROM {q}.events WHERE job = ANY(%s) GROUP BY job", (names,)  # type: ignore[arg-type]
+        ).fetchall())  # fmt: skip
+    return [found.get(n) for n in names], [int(seqs.get(n) or 0) for n in names]
+
+
+def committed_span(
+    client: redis.Redis, job: str, sink_url: str, schema: str = "ingestion"
+) -> tuple[int, int] | None:
+    """The first and last ledger of ``job``'s own committed records or cursor (None: nothing
+    committed): a backfill must end below it."""
+    from ingestion.rpc.protocol import Cursor, InvalidCursor
+
+    first_token: str | None = None
+    if sink_url:
+        from ingestion.postgres import sql
+        from ingestion.postgres.connection import connect
+
+        q = sql.quoted(schema)
+        with connect(sink_url, 5.0, "ingestion-backfill") as conn:
+            row = conn.execute(f"SELECT cursor FROM {q}.cursors WHERE job = %s", (job,)).fetchone()  # type: ignore[arg-type]
+            cursor = row[0] if row else None
+            first = conn.execute(
+                f"SELECT paging_token FROM {q}.events WHERE job = %s ORDER BY seq LIMIT 1",
+                (job,),  # type: ignore[arg-type]
+            ).fetchone()
+            first_token = first[0] if first else None
+    else:
+        keys = job_keys(job)
+        raw = client.hget(keys["cursor"], "cursor")
+        cursor = _text(raw) if raw is not None else None
+        entries = client.xrange(keys["events"], count=1)
+        if entries:
+            fields = entries[0][1]  # type: ignore[index]
+            token = fields.get("paging_token") or fields.get(b"paging_token")  # type: ignore[union-attr]
+            first_token = _text(token) if token is not None else None
+    high = ledger_of_cursor(cursor)
+    if high is None:
+        return None
+    low = high
+    if first_token is not None:
+        try:
+            low = Cursor.parse(first_token).ledger
+        except InvalidCursor:
+            pass
+    elif cursor is not None and "-" in cursor:
+        low = Cursor.parse(cursor).ledger
+    return low, max(low, high)
