@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import (
+    backfill,
     catchup,
     commit_cost,
     failover,
@@ -60,9 +61,7 @@ from ingestion.testing.local_redis import LocalRedis
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = (
     "catchup", "latency", "commit", "failover", "standby", "redis_ha", "memory", "jobs", "source_cut",
-    "per_record",
-    "lake",
-    "liveness", "catchup_curve", "rpc", "postgres", "process_crash",
+    "per_record", "lake", "backfill", "liveness", "catchup_curve", "rpc", "postgres", "process_crash",
 )
 
 # A smoke run: each part of the harness once, small (about two minutes on 2 cores).
@@ -143,6 +142,8 @@ def measure(
                 results[section] = lake.run(url, quick=quick)
             elif section == "postgres":
                 results[section] = postgres.run(url, quick=quick)
+            elif section == "backfill":
+                results[section] = backfill.run(url, quick=quick)
             elif section == "per_record":
                 results[section] = per_record.run(url, quick=quick, profile_dir=profile)
             elif section == "memory":

@@ -41,6 +41,7 @@ class _Running:
     plan: Plan
     handle: JobsHandle
     done: trio.Event
+    stopped: set[str] = attrs.Factory(set)  # ranges found done and stopped here
 
 
 @attrs.define
@@ -55,6 +56,7 @@ class BackfillRunner:
     log: Any
     interval: float
     running: dict[str, _Running] = attrs.Factory(dict)
+    finished: dict[str, Plan] = attrs.Factory(dict)  # plans found done (not read again)
     _unavailable: bool = False
     _stopping: bool = False
 
@@ -93,15 +95,20 @@ class BackfillRunner:
             return
         if plan is None or plan.state != "running":
             return
+        if running is None and job.name in self.finished and self.finished[job.name].same_work(plan):
+            return
         done = [await self._is_done(store, name) for name in plan.names]
         if running is None:
             todo = [(a, b) for (a, b), d in zip(plan.bounds, done, strict=True) if not d]
-            if todo:
+            if not todo:
+                self.finished[job.name] = plan
+            else:
                 runs = [self.make_run(range_job(job, a, b)) for a, b in todo]
                 self.running[job.name] = await nursery.start(self._run_plan, job.name, plan, runs)
             return
         for name, is_done in zip(plan.names, done, strict=True):
-            if is_done and name in running.handle.handles:
+            if is_done and name in running.handle.handles and name not in running.stopped:
+                running.stopped.add(name)
                 await running.handle.stop_job(name, "backfill-range-done")
 
     async def _is_done(self, store: LeaseStore, name: str) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from actors.source import Batch, Record
@@ -26,7 +28,7 @@ def test_a_span_splits_into_consecutive_ranges_of_near_equal_size() -> None:
     for first, last, k in ((1, 1000, 7), (100, 163, 64), (3, 50, 50)):
         ranges = split(first, last, k)
         assert ranges[0][0] == first and ranges[-1][1] == last
-        assert all(b[0] == a[1] + 1 for a, b in zip(ranges, ranges[1:], strict=False))
+        assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(ranges))
         sizes = [b - a + 1 for a, b in ranges]
         assert max(sizes) - min(sizes) <= 1
     with pytest.raises(ValueError, match="below --from"):

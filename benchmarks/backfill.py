@@ -1,0 +1,157 @@
+"""Backfill in parallel ranges (docs/BACKFILL.md): one node against two, side by side.
+
+A lake of ``ledgers`` real pubnet ledgers: the four busy ones of ``../shared/data/lake`` (read where
+:mod:`ingestion.testing.recorded` finds them, never copied), cycled, each written again under
+consecutive ledger numbers (the header's sequence patched in the XDR bytes: its events then carry
+those ledgers' ids), one ledger an object, as Galexie writes them. A lake job whose own start lies
+past the lake's end (it waits at the tip) is backfilled over the whole lake in ``ranges`` ranges,
+into the Redis stream, by one node and then by two. Each node is pinned to a core of its own
+(``sched_setaffinity`` on its processes; its decode workers inherit it): a node stands for a
+machine with one core, so the run measures how the work spreads over nodes, not how one node
+uses two cores. Timed from the plan's write until every range is done (the decode pools' start
+included: each range's term pays it once). Figures: ledgers/s and events/s of each run, the
+speed-up of two nodes over one, and how many ranges each node led.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import struct
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+import zstandard
+
+from actors.lease_store import job_keys
+from benchmarks.lake import PUBNET
+from ingestion.backfill.plan import Plan, backfill_key
+from ingestion.testing import recorded
+from ingestion.testing.processes import NodeProcess
+
+FIRST = 60_000_000  # the lake's first ledger
+
+
+def _templates() -> list[tuple[bytes, int]] | None:
+    """Each pubnet ledger's XDR and the offset of its header's ledger sequence in it."""
+    from stellar_sdk import xdr
+
+    if not recorded.LAKE.is_dir():
+        return None
+    out = []
+    for name in PUBNET:
+        raw = gzip.decompress((recorded.LAKE / name).read_bytes())
+        meta = xdr.LedgerCloseMeta.from_xdr_bytes(raw)
+        body = meta.v0 or meta.v1 or meta.v2
+        seq = body.ledger_header.header.ledger_seq.uint32
+        body.ledger_header.header.ledger_seq = xdr.Uint32(seq ^ 0x5A5A5A5A)
+        moved = meta.to_xdr_bytes()
+        offsets = [i for i in range(len(raw)) if raw[i] != moved[i]]
+        assert len(raw) == len(moved) and offsets and offsets[-1] - offsets[0] < 4, "one field moved"
+        start = offsets[-1] - 3
+        assert struct.unpack(">I", raw[start : start + 4])[0] == seq
+        out.append((raw, start))
+    return out
+
+
+def write_lake(root: Path, ledgers: int) -> int:
+    """The lake (one ledger an object, 64,000 objects a partition); its events."""
+    from stellar_sdk import xdr
+
+    from ingestion.lake.events import ledger_events
+    from ingestion.lake.keys import LakeSchema
+
+    templates = _templates()
+    assert templates is not None
+    schema = LakeSchema(1, 64_000)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / ".config.json").write_bytes(schema.to_manifest())
+    compress = zstandard.ZstdCompressor().compress
+    events = 0
+    per_template = [
+        len(ledger_events(xdr.LedgerCloseMeta.from_xdr_bytes(raw)).events) for raw, _ in templates
+    ]
+    for i in range(ledgers):
+        seq = FIRST + i
+        raw, at = templates[i % len(templates)]
+        meta = raw[:at] + struct.pack(">I", seq) + raw[at + 4 :]
+        batch = struct.pack(">III", seq, seq, 1) + meta  # LedgerCloseMetaBatch of one ledger
+        path = root / schema.object_key(seq)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(compress(batch))
+        events += per_template[i % len(templates)]
+    return events
+
+
+def _config(path: Path, job: str, lake: Path, ledgers: int) -> Path:
+    path.write_text(
+        f'[node]\nsource = "lake"\n\n[lake]\nurl = "file://{lake}"\ndecode_processes = 1\n\n'
+        f'[jobs.{job}]\nkind = "lake"\nstart_cursor = "{FIRST + ledgers + 1000}"\n'
+    )
+    return path
+
+
+def _backfill(redis_url: str, lake: Path, tmp: Path, job: str, nodes: int, ledgers: int, ranges: int,
+              limit: float) -> dict[str, Any]:  # fmt: skip
+    cfg = _config(tmp / f"{job}.toml", job, lake, ledgers)
+    cores = sorted(os.sched_getaffinity(0))
+    procs = []
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        for n in range(nodes):
+            node = NodeProcess.start(f"{job}-n{n + 1}", redis_url=redis_url, horizon=None, ttl_ms=3000,
+                                     job=job, extra=["--config", str(cfg)])  # fmt: skip
+            procs.append(node)
+            node.event("became-leader" if n == 0 else "standby", timeout=60)
+            core = {cores[n % len(cores)]}
+            for pid in (node.pid, node.worker_pid):
+                os.sched_setaffinity(pid, core)
+        plan = Plan(job, FIRST, FIRST + ledgers - 1, ranges)
+        started = time.monotonic()
+        client.hset(backfill_key(job), mapping=plan.to_hash())  # what `ingestion backfill` writes
+        while not all(client.hexists(backfill_key(name), "done") for name in plan.names):
+            if time.monotonic() - started > limit:
+                raise TimeoutError(f"the backfill of {ledgers} ledgers took more than {limit:.0f} s")
+            time.sleep(0.05)
+        seconds = time.monotonic() - started
+        records = sum(int(client.xlen(job_keys(name)["events"])) for name in plan.names)
+        led: dict[str, int] = {}
+        for node in procs:
+            led[node.node_id] = sum(
+                1 for line in node.lines
+                if line.event == "became-leader" and str(line.fields.get("job", "")).startswith(f"{job}~")
+            )  # fmt: skip
+    finally:
+        for node in procs:
+            node.stop()
+        client.close()
+    return {
+        "nodes": nodes, "ranges": ranges, "ledgers": ledgers, "records": records, "seconds": seconds,
+        "ledgers_per_s": ledgers / seconds, "records_per_s": records / seconds, "terms_by_node": led,
+    }  # fmt: skip
+
+
+def run(redis_url: str, *, quick: bool, log: Any = print) -> dict[str, Any]:
+    ledgers = 120 if quick else 480
+    tmp = Path(tempfile.mkdtemp(prefix="backfill-bench-"))
+    try:
+        lake = tmp / "lake"
+        events = write_lake(lake, ledgers)
+        log(f"  a lake of {ledgers} pubnet ledgers, {events:,} events")
+        limit = max(120.0, ledgers)
+        one = _backfill(redis_url, lake, tmp, "bf-one", 1, ledgers, 4, limit)
+        two = _backfill(redis_url, lake, tmp, "bf-two", 2, ledgers, 4, limit)
+        for r in (one, two):
+            assert r["records"] == events, (r["records"], events)
+            log(f"  {r['nodes']} node(s), {r['ranges']} ranges: {r['seconds']:.1f} s, "
+                f"{r['ledgers_per_s']:.1f} ledgers/s, {r['records_per_s']:,.0f} events/s, "
+                f"terms {r['terms_by_node']}")  # fmt: skip
+        speedup = two["ledgers_per_s"] / one["ledgers_per_s"]
+        log(f"  two nodes / one: {speedup:.2f}")
+        return {"events": events, "one": one, "two": two, "speedup": speedup}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,126 @@
+"""A backfill with real processes: two nodes host a lake job that follows the lake's tip; the CLI
+plans the history below it in four ranges, which the two nodes share, through a SIGKILL and a
+restart. Every event of the lake then lies exactly once in the job's stream or in one range's,
+each stream in id order, and the ranges meet the live job without a gap. Bad spans are refused
+with one line and nothing written."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import trio
+
+from actors.lease_store import job_keys
+from ingestion.backfill.plan import Plan, backfill_key
+from ingestion.lake.events import ledger_events
+from ingestion.rpc.protocol import Cursor
+from ingestion.testing.cluster import open_cluster
+from ingestion.testing.wait import wait_until
+from tests.support.cli import one_line, run
+from tests.support.lakes import ledger_seq, resequenced, standalone_ledgers, write_lake
+
+pytestmark = pytest.mark.slow
+
+TTL_MS = 1500
+LIVE_FROM = 96  # the job itself starts here; the backfill fills 84..95 below it
+
+
+def config(path: Path, job: str, lake: Path) -> Path:
+    path.write_text(
+        f'[node]\nsource = "lake"\n\n[lake]\nurl = "file://{lake}"\n\n'
+        f'[jobs."{job}"]\nkind = "lake"\nstart_cursor = "{LIVE_FROM}"\ntopics = ["**"]\n'
+    )
+    return path
+
+
+def ids_of(client: object, job: str) -> list[str]:
+    entries = client.xrange(job_keys(job)["events"])  # type: ignore[attr-defined]
+    return [fields.get("paging_token") or fields.get("id") for _, fields in entries]
+
+
+async def test_two_nodes_backfill_a_lake_span_in_ranges_through_a_sigkill(job: str, tmp_path: Path) -> None:
+    real = {ledger_seq(m): m for m in standalone_ledgers()}
+    metas = [real[84], real[85], *(resequenced(real[85], seq) for seq in range(86, 100))]
+    expected = [e.id for m in metas for e in ledger_events(m).events]
+    lake = tmp_path / "lake"
+    write_lake(lake, metas)
+    cfg = config(tmp_path / "config.toml", job, lake)
+    args = ["--config", str(cfg)]
+    async with open_cluster(job, ttl_ms=TTL_MS) as c:
+        await c.start_node("n1", extra=args)
+        await c.start_node("n2", extra=args)
+        through_99 = str(Cursor.through(99))
+        await wait_until(lambda: c.state()["cursor"] == through_99, 60, what="the live job at the tip")
+        live = ids_of(c.client, job)
+        assert live and Cursor.parse(live[0]).ledger == LIVE_FROM
+        cli = ["backfill", job, "--config", str(cfg), "--redis", c.redis_url]
+
+        # bad spans: one line, exit 2, nothing written
+        async def refusal(*span: str) -> str:
+            return one_line(await trio.to_thread.run_sync(lambda: run(*cli, *span)))
+
+        refused = {
+            "--to below --from": await refusal("--from", "90", "--to", "89"),
+            "beyond the lake": await refusal("--from", "2", "--to", "90"),
+            "over the live job": await refusal("--from", "84", "--to", "97"),
+        }
+        assert "below --from" in refused["--to below --from"]
+        assert "beyond the lake's reach (it holds ledgers 84..99)" in refused["beyond the lake"]
+        assert f"overlap job {job}'s committed span (ledgers {LIVE_FROM}..99)" in refused["over the live job"]
+        assert "give --to 95" in refused["over the live job"]
+        assert not c.client.exists(backfill_key(job))
+
+        planned = await trio.to_thread.run_sync(
+            lambda: run(*cli, "--from", "84", "--ranges", "4", "--detach")
+        )
+        assert planned.returncode == 0, planned.stderr
+        assert "ledgers 84..95 in 4 ranges" in planned.stdout
+        plan = Plan("j", 84, 95, 4)
+        names = [n.replace("j~", f"{job}~", 1) for n in plan.names]
+        # a range n1 leads, part done: n1 is killed, then comes back
+        led = await _range_led_by(c, "n1", names)
+        await trio.sleep(0.3)
+        killed_at = await c.kill("n1")
+        taken = await c.log.wait_for(
+            "became-leader", "n2", since=killed_at, within=TTL_MS / 1000 + 5, job=led
+        )
+        assert taken.fields["job"] == led
+        await c.start_node("n1", extra=args)
+
+        def every_range_done() -> bool:
+            return all(c.client.hexists(backfill_key(n), "done") for n in names)
+
+        await wait_until(every_range_done, 120, what="every range done")
+        status = await trio.to_thread.run_sync(lambda: run(*cli, "--status"))
+        assert status.returncode == 0 and "12/12 ledgers" in status.stdout, status.stdout
+        assert "complete through ledger 95" in status.stdout
+        follow = await trio.to_thread.run_sync(lambda: run(*cli, "--from", "84", "--ranges", "4"))
+        assert follow.returncode == 0 and "done: ledgers 84..95" in follow.stdout, follow.stdout
+
+        # every event exactly once: the ranges' streams, then the live job's, each in order
+        streams = [ids_of(c.client, n) for n in names]
+        for ids in streams:
+            assert ids == sorted(ids, key=Cursor.parse) and len(set(ids)) == len(ids)
+        merged = [i for ids in streams for i in ids] + ids_of(c.client, job)
+        assert merged == expected
+        # the ranges were shared: each node led at least one
+        leaders = {e.node for e in c.log.of("became-leader") if e.fields.get("job") in names}
+        assert leaders == {"n1", "n2"}
+        # and each range's leader released it once done (no lease left behind)
+        await wait_until(lambda: not any(c.client.exists(job_keys(n)["lease"]) for n in names), 10,
+                         what="the done ranges' leases released")  # fmt: skip
+        c.signal("n2", signal.SIGTERM)
+        assert await c.exited("n2") == 0
+
+
+async def _range_led_by(c: object, node: str, names: list[str]) -> str:
+    """The first range ``node`` leads (waiting for it)."""
+    log = c.log  # type: ignore[attr-defined]
+    with trio.fail_after(30):
+        while True:
+            for e in log.of("became-leader", node):
+                if e.fields.get("job") in names:
+                    return str(e.fields["job"])
+            await log.changed()
