@@ -1,4 +1,4 @@
-"""The PostgreSQL sink's contract: its tables, its two functions, and the migration rule. Pure:
+"""The PostgreSQL sink's contract: its tables, its three functions, and the migration rule. Pure:
 SQL text and decisions, no I/O (``ingestion/postgres/connection.py`` creates them,
 ``ingestion/postgres/sink.py`` and ``ingestion/postgres/fence.py`` run them).
 
@@ -17,8 +17,8 @@ Tables, in the schema ``sink.schema`` (default ``ingestion``), one set shared by
 - ``terms (job, token, after_seq, opened_at)``: the fence's history: term ``token`` opened when
   the job's last row was ``after_seq`` (what ``verify`` judges a job by).
 
-Two functions, each one statement and so one transaction, the way the Redis commit script is one
-atomic call. Their names carry the contract's version (``_v3``): in a fleet of mixed versions each
+Three functions, each one statement and so one transaction, the way the Redis commit script is
+one atomic call. Their names carry the contract's version (``_v3``): in a fleet of mixed versions each
 node calls its own, and starting a node never replaces what another version runs.
 
 - ``open_term_v3(job, token, node, domain)``: refuses a term from another election domain than
@@ -44,6 +44,12 @@ node calls its own, and starting a node never replaces what another version runs
   readers find its rows by reading again, as ``tail`` does at least once a second.
   The sink checks the batch before sending it too (``actors.sink.continuation``): the function's
   check is for every other caller, a direct call included.
+- ``commit_staged_v3(job, token, node, previous, cursor, max_len)``: ``commit_batch`` with the
+  batch's rows taken from the session's temporary table ``pg_temp.ingestion_batch (i,
+  paging_token, record)`` (``i`` 1, 2, ...: the order), which ``COPY`` filled earlier in the same
+  transaction (:data:`CREATE_STAGING`, :data:`COPY_STAGING`; ``ON COMMIT DELETE ROWS``). The
+  sink sends it in one message with the ``COMMIT``, so the fence row is locked by this statement
+  only (``ingestion/postgres/sink.py``, ``_commit_staged``).
 
 Version 3 (the ``_v3`` names) differs from version 2 in ``open_term`` (the election domain: a
 fourth argument and the ``fences.domain`` column) and ``commit_batch`` (the continuity check and
