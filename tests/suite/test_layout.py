@@ -41,6 +41,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "events": ("ingestion.events",),
     "config": ("ingestion.config",),
     "postgres": ("ingestion.postgres",),
+    # backfill in parallel ranges: a plan in Redis, each range a runtime job whose source is the
+    # job's own cut at the range's end (the node builds them; the CLI plans and shows them)
+    "backfill": ("ingestion.backfill",),
     # the scheduled jobs' actions (``action = "ingestion.jobs:heartbeat"`` in config files)
     "actions": ("ingestion.jobs",),
     # push delivery: webhook jobs (reads the delivered job's records, Redis or PostgreSQL)
@@ -80,9 +83,11 @@ ALLOWED: dict[str, set[str]] = {
     "events": {"runtime", "shared", "rpc-wire", "events"},
     "webhook": {"runtime", "shared", "postgres", "webhook-rules", "webhook"},
     "postgres": {"runtime", "shared", "config", "postgres"},
+    "backfill": {"runtime", "rpc-wire", "lake-wire", "config", "postgres", "backfill"},
     "actions": {"runtime"},
     "node": {
-        "runtime", *SOURCES, "config", "postgres", "serve", "webhook", "webhook-rules", "events", "node",
+        "runtime", *SOURCES, "config", "postgres", "serve", "webhook", "webhook-rules", "events", "backfill",
+        "node",
     },
     "serve": {"runtime", "shared", "entry", "serve"},
     "verify": {"runtime", *SOURCES, "postgres", "events", "verify"},
@@ -90,7 +95,7 @@ ALLOWED: dict[str, set[str]] = {
     "chaos": {"runtime", "verify", "testing", "webhook", "chaos"},
     "cli": {
         "runtime", *SOURCES, "config", "postgres", "node", "serve", "verify", "simulator", "webhook",
-        "webhook-rules", "events", "entry", "cli",
+        "webhook-rules", "events", "backfill", "entry", "cli",
     },
     "demo": {"runtime", *SOURCES, "config", "postgres", "verify", "testing", "entry", "cli", "demo"},
     "entry": {"node", "cli", "entry"},
