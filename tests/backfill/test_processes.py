@@ -15,8 +15,11 @@ import trio
 from actors.lease_store import job_keys
 from ingestion.backfill.plan import Plan, backfill_key
 from ingestion.lake.events import ledger_events
+from ingestion.postgres.connection import connect
+from ingestion.postgres.readers import check_job, job_state
 from ingestion.rpc.protocol import Cursor
 from ingestion.testing.cluster import open_cluster
+from ingestion.testing.local_postgres import LocalPostgres
 from ingestion.testing.wait import wait_until
 from tests.support.cli import one_line, run
 from tests.support.lakes import ledger_seq, resequenced, standalone_ledgers, write_lake
@@ -27,10 +30,11 @@ TTL_MS = 1500
 LIVE_FROM = 96  # the job itself starts here; the backfill fills 84..95 below it
 
 
-def config(path: Path, job: str, lake: Path) -> Path:
+def config(path: Path, job: str, lake: Path, sink: str = "") -> Path:
     path.write_text(
         f'[node]\nsource = "lake"\n\n[lake]\nurl = "file://{lake}"\n\n'
         f'[jobs."{job}"]\nkind = "lake"\nstart_cursor = "{LIVE_FROM}"\ntopics = ["**"]\n'
+        + (f'sink = "{sink}"\n' if sink else "")
     )
     return path
 
@@ -115,12 +119,73 @@ async def test_two_nodes_backfill_a_lake_span_in_ranges_through_a_sigkill(job: s
         assert await c.exited("n2") == 0
 
 
-async def _range_led_by(c: object, node: str, names: list[str]) -> str:
-    """The first range ``node`` leads (waiting for it)."""
+async def _range_led_by(c: object, node: str, names: list[str], since: float | None = None) -> str:
+    """The first range ``node`` leads (since ``since``), waiting for it."""
     log = c.log  # type: ignore[attr-defined]
     with trio.fail_after(30):
         while True:
-            for e in log.of("became-leader", node):
+            for e in log.of("became-leader", node, since=since):
                 if e.fields.get("job") in names:
                     return str(e.fields["job"])
             await log.changed()
+
+
+async def test_a_backfill_into_postgres_holds_every_event_once_through_kill_pause_and_restart(
+    job: str, tmp_path: Path, pg: LocalPostgres
+) -> None:
+    """The acceptance run: two nodes backfill into PostgreSQL while one is killed (and comes
+    back), one is paused past its TTL, and PostgreSQL restarts. Every event of the span is then
+    in exactly one range's rows, in id order across them, and every range's rows pass the fence
+    history check."""
+    real = {ledger_seq(m): m for m in standalone_ledgers()}
+    last = LIVE_FROM + 3
+    metas = [real[84], real[85], *(resequenced(real[85], seq) for seq in range(86, last + 1))]
+    expected = [e.id for m in metas for e in ledger_events(m).events]
+    lake = tmp_path / "lake"
+    write_lake(lake, metas)
+    cfg = config(tmp_path / "config.toml", job, lake, sink=pg.url)
+    args = ["--config", str(cfg)]
+    async with open_cluster(job, ttl_ms=TTL_MS) as c:
+        await c.start_node("n1", extra=args)
+        await c.start_node("n2", extra=args)
+        tip = str(Cursor.through(last))
+        await wait_until(
+            lambda: job_state(pg.url, "ingestion", job)["cursor"] == tip, 60, what="the live job"
+        )
+        cli = ["backfill", job, "--config", str(cfg), "--redis", c.redis_url]
+        planned = await trio.to_thread.run_sync(
+            lambda: run(*cli, "--from", "84", "--ranges", "4", "--detach")
+        )
+        assert planned.returncode == 0 and "ledgers 84..95 in 4 ranges" in planned.stdout, planned.stderr
+        names = [n.replace("j~", f"{job}~", 1) for n in Plan("j", 84, LIVE_FROM - 1, 4).names]
+
+        led = await _range_led_by(c, "n1", names)
+        killed_at = await c.kill("n1")
+        await c.log.wait_for("became-leader", "n2", since=killed_at, within=TTL_MS / 1000 + 5, job=led)
+        await c.start_node("n1", extra=args)
+        await _range_led_by(c, "n1", names, since=killed_at)
+        c.signal("n1", signal.SIGSTOP)  # paused past its TTL: its ranges go to n2
+        await trio.sleep(TTL_MS / 1000 + 1)
+        c.signal("n1", signal.SIGCONT)
+        await trio.to_thread.run_sync(pg.stop)
+        await trio.sleep(0.5)
+        await trio.to_thread.run_sync(pg.start)
+
+        def every_range_done() -> bool:
+            return all(c.client.hexists(backfill_key(n), "done") for n in names)
+
+        await wait_until(every_range_done, 120, what="every range done")
+        with connect(pg.url, 5) as conn:
+            rows = conn.execute(
+                "SELECT paging_token FROM ingestion.events WHERE starts_with(job, %s) ORDER BY paging_token",
+                (f"{job}~",),
+            ).fetchall()  # fmt: skip
+            live = conn.execute(
+                "SELECT paging_token FROM ingestion.events WHERE job = %s ORDER BY seq", (job,)
+            ).fetchall()
+        assert [r[0] for r in rows] + [r[0] for r in live] == expected
+        for name in names:
+            problems, count = check_job(pg.url, "ingestion", name)
+            assert problems == [] and count > 0, (name, problems)
+        leaders = {e.node for e in c.log.of("became-leader") if e.fields.get("job") in names}
+        assert leaders == {"n1", "n2"}
