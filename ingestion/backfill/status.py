@@ -112,3 +112,22 @@ def committed_span(
     elif cursor is not None and "-" in cursor:
         low = Cursor.parse(cursor).ledger
     return low, max(low, high)
+
+
+def backfill_doc(
+    client: redis.Redis, job: str, sink_url: str, schema: str = "ingestion"
+) -> dict[str, Any] | None:
+    """A job's backfill for ``inspect`` (None: it has none): the plan and its progress."""
+    plan = read_plan(client, job)
+    if plan is None:
+        return None
+    snapshot = read_progress(client, plan, sink_url, schema)
+    p = snapshot.progress
+    return {
+        "first_ledger": plan.first, "last_ledger": plan.last, "ranges": plan.ranges, "state": plan.state,
+        "created_at": plan.created_at, "created_by": plan.created_by,
+        "ledgers": p.total, "ledgers_done": p.ledgers_done, "records": snapshot.records,
+        "complete_through": p.complete_through, "finished": p.finished,
+        "ranges_running": p.running, "ranges_done": sum(1 for r in p.ranges if r.done),
+        "leading": p.by_node(),
+    }  # fmt: skip

@@ -340,6 +340,7 @@ async def inspect_job(
         state = await store.state(audit_count)
         stream = await store.events_info()
         source = await leader_source(store, state.leader)
+        backfill = await _backfill(client, job, sink_url, settings.sink.schema)
     except (RedisUnavailable, SinkUnreadable) as exc:
         print(f"ingestion: cannot read job {job!r}: {exc}", file=sys.stderr)
         return 1
@@ -356,10 +357,37 @@ async def inspect_job(
         if sink is not None:
             doc["sink"] = sink
         doc["leader_source_ok"] = source
+        doc["backfill"] = backfill
         print(json.dumps(doc))
     else:
         print(render_table(state, lag, None if sink is not None else stream, source, sink))
+        if backfill is not None:
+            print(_backfill_text(backfill))
     return 0
+
+
+async def _backfill(client: Any, job: str, sink_url: str, schema: str) -> dict[str, Any] | None:
+    """The job's backfill (docs/BACKFILL.md), None when it has none."""
+    import psycopg
+
+    from ingestion.backfill.status import backfill_doc
+
+    try:
+        return await trio.to_thread.run_sync(backfill_doc, client, job, sink_url, schema)
+    except (redis.RedisError, OSError) as exc:
+        raise RedisUnavailable(str(exc)) from exc
+    except psycopg.Error as exc:
+        raise SinkUnreadable(str(exc)) from exc
+
+
+def _backfill_text(b: dict[str, Any]) -> str:
+    leading = ", ".join(f"{n}: {k}" for n, k in sorted(b["leading"].items())) or "nobody"
+    return (
+        f"backfill: ledgers {b['first_ledger']}..{b['last_ledger']} in {b['ranges']} ranges, {b['state']}"
+        f"{' (finished)' if b['finished'] else ''}: {b['ledgers_done']}/{b['ledgers']} ledgers, "
+        f"{b['records']:,} records, complete through ledger {b['complete_through']}; ranges "
+        f"{b['ranges_running']} running, {b['ranges_done']} done; leading: {leading}"
+    )
 
 
 def _lag_text(lag: dict[str, Any] | None) -> str:

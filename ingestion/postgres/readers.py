@@ -85,8 +85,9 @@ def payload(notify: str) -> dict[str, Any]:
 def configured_sink(settings: Any, job: str) -> str:
     """A job's sink as configured: its ``[jobs.NAME] sink``, else ``sink.url`` (empty: the Redis
     events stream)."""
+    parent = job.rpartition("~")[0]  # a backfill's range job (JOB~FIRST-LAST): its job's sink
     for j in settings.jobs:
-        if j.name == job:
+        if j.name in (job, parent):
             return str(j.sink)
     return str(settings.sink.url)
 
