@@ -21,6 +21,12 @@ null, and ``sink`` holds the job's state there (``cursor_token``, ``fence``, ``f
 ``last_seq`` and the fence history ``terms``); the election (leader, token, lease, audit) is still
 Redis's.
 
+``backfill`` is the job's backfill (docs/BACKFILL.md; null when it has none): the plan
+(``first_ledger``, ``last_ledger``, ``ranges``, ``state``, ``created_at``, ``created_by``) and its
+progress (``ledgers``, ``ledgers_done``, ``records``, ``complete_through``, ``finished``,
+``ranges_running``, ``ranges_done``, ``leading``: ranges led per node), as ``ingestion backfill
+--status`` shows it.
+
 No password ever appears in the output: errors name ``redis.url`` (or ``sink.url``) with the
 password blanked.
 """
