@@ -19,6 +19,7 @@ from ingestion.postgres.connection import connect
 from ingestion.postgres.readers import check_job, job_state
 from ingestion.rpc.protocol import Cursor
 from ingestion.testing.cluster import open_cluster
+from ingestion.testing.lakes import resequencer, write_ledgers
 from ingestion.testing.local_postgres import LocalPostgres
 from ingestion.testing.wait import wait_until
 from tests.support.cli import one_line, run
@@ -30,10 +31,10 @@ TTL_MS = 1500
 LIVE_FROM = 96  # the job itself starts here; the backfill fills 84..95 below it
 
 
-def config(path: Path, job: str, lake: Path, sink: str = "") -> Path:
+def config(path: Path, job: str, lake: Path, sink: str = "", start: int = LIVE_FROM) -> Path:
     path.write_text(
         f'[node]\nsource = "lake"\n\n[lake]\nurl = "file://{lake}"\n\n'
-        f'[jobs."{job}"]\nkind = "lake"\nstart_cursor = "{LIVE_FROM}"\ntopics = ["**"]\n'
+        f'[jobs."{job}"]\nkind = "lake"\nstart_cursor = "{start}"\ntopics = ["**"]\n'
         + (f'sink = "{sink}"\n' if sink else "")
     )
     return path
@@ -51,7 +52,7 @@ async def test_two_nodes_backfill_a_lake_span_in_ranges_through_a_sigkill(job: s
     lake = tmp_path / "lake"
     write_lake(lake, metas)
     cfg = config(tmp_path / "config.toml", job, lake)
-    args = ["--config", str(cfg)]
+    args = ["--config", str(cfg), "--source", "lake"]
     async with open_cluster(job, ttl_ms=TTL_MS) as c:
         await c.start_node("n1", extra=args)
         await c.start_node("n2", extra=args)
@@ -137,14 +138,20 @@ async def test_a_backfill_into_postgres_holds_every_event_once_through_kill_paus
     back), one is paused past its TTL, and PostgreSQL restarts. Every event of the span is then
     in exactly one range's rows, in id order across them, and every range's rows pass the fence
     history check."""
+    live_from = 200  # a long span (116 ledgers, 116,000 events): every fault lands while ranges run
+    last = live_from + 3
     real = {ledger_seq(m): m for m in standalone_ledgers()}
-    last = LIVE_FROM + 3
-    metas = [real[84], real[85], *(resequenced(real[85], seq) for seq in range(86, last + 1))]
-    expected = [e.id for m in metas for e in ledger_events(m).events]
+    template = real[85].to_xdr_bytes()
+    copy = resequencer(template)
+    ids_85 = [Cursor.parse(e.id) for e in ledger_events(real[85]).events]
+    expected = [e.id for seq in (84, 85) for e in ledger_events(real[seq]).events] + [
+        str(Cursor(seq, c.tx, c.op, c.event)) for seq in range(86, last + 1) for c in ids_85
+    ]
     lake = tmp_path / "lake"
-    write_lake(lake, metas)
-    cfg = config(tmp_path / "config.toml", job, lake, sink=pg.url)
-    args = ["--config", str(cfg)]
+    write_ledgers(lake, [(84, real[84].to_xdr_bytes()), (85, template)]
+                  + [(seq, copy(seq)) for seq in range(86, last + 1)])  # fmt: skip
+    cfg = config(tmp_path / "config.toml", job, lake, sink=pg.url, start=live_from)
+    args = ["--config", str(cfg), "--source", "lake"]
     async with open_cluster(job, ttl_ms=TTL_MS) as c:
         await c.start_node("n1", extra=args)
         await c.start_node("n2", extra=args)
@@ -156,8 +163,10 @@ async def test_a_backfill_into_postgres_holds_every_event_once_through_kill_paus
         planned = await trio.to_thread.run_sync(
             lambda: run(*cli, "--from", "84", "--ranges", "4", "--detach")
         )
-        assert planned.returncode == 0 and "ledgers 84..95 in 4 ranges" in planned.stdout, planned.stderr
-        names = [n.replace("j~", f"{job}~", 1) for n in Plan("j", 84, LIVE_FROM - 1, 4).names]
+        assert planned.returncode == 0 and f"ledgers 84..{live_from - 1} in 4 ranges" in planned.stdout, (
+            planned.stderr
+        )
+        names = [n.replace("j~", f"{job}~", 1) for n in Plan("j", 84, live_from - 1, 4).names]
 
         led = await _range_led_by(c, "n1", names)
         killed_at = await c.kill("n1")
@@ -167,12 +176,15 @@ async def test_a_backfill_into_postgres_holds_every_event_once_through_kill_paus
         c.signal("n1", signal.SIGSTOP)  # paused past its TTL: its ranges go to n2
         await trio.sleep(TTL_MS / 1000 + 1)
         c.signal("n1", signal.SIGCONT)
-        await trio.to_thread.run_sync(pg.stop)
-        await trio.sleep(0.5)
-        await trio.to_thread.run_sync(pg.start)
 
         def every_range_done() -> bool:
             return all(c.client.hexists(backfill_key(n), "done") for n in names)
+
+        # (the faults must land while ranges run, or this test proves nothing)
+        assert not every_range_done(), "the backfill ended before PostgreSQL's restart"
+        await trio.to_thread.run_sync(pg.stop)
+        await trio.sleep(0.5)
+        await trio.to_thread.run_sync(pg.start)
 
         await wait_until(every_range_done, 120, what="every range done")
         with connect(pg.url, 5) as conn:
