@@ -23,12 +23,12 @@ from ingestion.testing.lakes import resequencer, write_ledgers
 from ingestion.testing.local_postgres import LocalPostgres
 from ingestion.testing.wait import wait_until
 from tests.support.cli import one_line, run
-from tests.support.lakes import ledger_seq, resequenced, standalone_ledgers, write_lake
+from tests.support.lakes import ledger_seq, standalone_ledgers
 
 pytestmark = pytest.mark.slow
 
 TTL_MS = 1500
-LIVE_FROM = 96  # the job itself starts here; the backfill fills 84..95 below it
+LIVE_FROM = 128  # the job itself starts here; the backfill fills 84..127 below it
 
 
 def config(path: Path, job: str, lake: Path, sink: str = "", start: int = LIVE_FROM) -> Path:
@@ -40,24 +40,34 @@ def config(path: Path, job: str, lake: Path, sink: str = "", start: int = LIVE_F
     return path
 
 
+def long_lake(root: Path, last: int) -> list[str]:
+    """A lake of ledgers 84..``last``: the real 84 and 85, then 85 again under each later number
+    (1,000 events each); its events' ids in order."""
+    real = {ledger_seq(m): m for m in standalone_ledgers()}
+    template = real[85].to_xdr_bytes()
+    copy = resequencer(template)
+    write_ledgers(root, [(84, real[84].to_xdr_bytes()), (85, template)]
+                  + [(seq, copy(seq)) for seq in range(86, last + 1)])  # fmt: skip
+    ids_85 = [Cursor.parse(e.id) for e in ledger_events(real[85]).events]
+    return [e.id for seq in (84, 85) for e in ledger_events(real[seq]).events] + [
+        str(Cursor(seq, c.tx, c.op, c.event)) for seq in range(86, last + 1) for c in ids_85
+    ]
+
+
 def ids_of(client: object, job: str) -> list[str]:
     entries = client.xrange(job_keys(job)["events"])  # type: ignore[attr-defined]
     return [fields.get("paging_token") or fields.get("id") for _, fields in entries]
 
 
 async def test_two_nodes_backfill_a_lake_span_in_ranges_through_a_sigkill(job: str, tmp_path: Path) -> None:
-    real = {ledger_seq(m): m for m in standalone_ledgers()}
-    metas = [real[84], real[85], *(resequenced(real[85], seq) for seq in range(86, 100))]
-    expected = [e.id for m in metas for e in ledger_events(m).events]
-    lake = tmp_path / "lake"
-    write_lake(lake, metas)
-    cfg = config(tmp_path / "config.toml", job, lake)
+    expected = long_lake(tmp_path / "lake", LIVE_FROM + 3)
+    cfg = config(tmp_path / "config.toml", job, tmp_path / "lake")
     args = ["--config", str(cfg), "--source", "lake"]
     async with open_cluster(job, ttl_ms=TTL_MS) as c:
         await c.start_node("n1", extra=args)
         await c.start_node("n2", extra=args)
-        through_99 = str(Cursor.through(99))
-        await wait_until(lambda: c.state()["cursor"] == through_99, 60, what="the live job at the tip")
+        tip = str(Cursor.through(LIVE_FROM + 3))
+        await wait_until(lambda: c.state()["cursor"] == tip, 60, what="the live job at the tip")
         live = ids_of(c.client, job)
         assert live and Cursor.parse(live[0]).ledger == LIVE_FROM
         cli = ["backfill", job, "--config", str(cfg), "--redis", c.redis_url]
@@ -69,24 +79,33 @@ async def test_two_nodes_backfill_a_lake_span_in_ranges_through_a_sigkill(job: s
         refused = {
             "--to below --from": await refusal("--from", "90", "--to", "89"),
             "beyond the lake": await refusal("--from", "2", "--to", "90"),
-            "over the live job": await refusal("--from", "84", "--to", "97"),
+            "over the live job": await refusal("--from", "84", "--to", str(LIVE_FROM + 1)),
         }
         assert "below --from" in refused["--to below --from"]
-        assert "beyond the lake's reach (it holds ledgers 84..99)" in refused["beyond the lake"]
-        assert f"overlap job {job}'s committed span (ledgers {LIVE_FROM}..99)" in refused["over the live job"]
-        assert "give --to 95" in refused["over the live job"]
+        assert f"beyond the lake's reach (it holds ledgers 84..{LIVE_FROM + 3})" in refused["beyond the lake"]
+        assert (
+            f"overlap job {job}'s committed span (ledgers {LIVE_FROM}..{LIVE_FROM + 3})"
+            in refused["over the live job"]
+        )
+        assert f"give --to {LIVE_FROM - 1}" in refused["over the live job"]
+        # a lake that lacks an object of the span: named, nothing written
+        hole = next((tmp_path / "lake").rglob("*--100.xdr.zst"))
+        kept = hole.read_bytes()
+        hole.unlink()
+        missing = await refusal("--from", "84", "--ranges", "4")
+        assert f"lacks 1 object(s) of the span: {hole.parent.name}/{hole.name}" in missing, missing
+        hole.write_bytes(kept)
         assert not c.client.exists(backfill_key(job))
 
         planned = await trio.to_thread.run_sync(
             lambda: run(*cli, "--from", "84", "--ranges", "4", "--detach")
         )
         assert planned.returncode == 0, planned.stderr
-        assert "ledgers 84..95 in 4 ranges" in planned.stdout
-        plan = Plan("j", 84, 95, 4)
+        assert f"ledgers 84..{LIVE_FROM - 1} in 4 ranges" in planned.stdout
+        plan = Plan("j", 84, LIVE_FROM - 1, 4)
         names = [n.replace("j~", f"{job}~", 1) for n in plan.names]
         # a range n1 leads, part done: n1 is killed, then comes back
         led = await _range_led_by(c, "n1", names)
-        await trio.sleep(0.3)
         killed_at = await c.kill("n1")
         taken = await c.log.wait_for(
             "became-leader", "n2", since=killed_at, within=TTL_MS / 1000 + 5, job=led
@@ -99,10 +118,12 @@ async def test_two_nodes_backfill_a_lake_span_in_ranges_through_a_sigkill(job: s
 
         await wait_until(every_range_done, 120, what="every range done")
         status = await trio.to_thread.run_sync(lambda: run(*cli, "--status"))
-        assert status.returncode == 0 and "12/12 ledgers" in status.stdout, status.stdout
-        assert "complete through ledger 95" in status.stdout
+        assert status.returncode == 0 and f"{LIVE_FROM - 84}/{LIVE_FROM - 84} ledgers" in status.stdout, (
+            status.stdout
+        )
+        assert f"complete through ledger {LIVE_FROM - 1}" in status.stdout
         follow = await trio.to_thread.run_sync(lambda: run(*cli, "--from", "84", "--ranges", "4"))
-        assert follow.returncode == 0 and "done: ledgers 84..95" in follow.stdout, follow.stdout
+        assert follow.returncode == 0 and f"done: ledgers 84..{LIVE_FROM - 1}" in follow.stdout, follow.stdout
 
         # every event exactly once: the ranges' streams, then the live job's, each in order
         streams = [ids_of(c.client, n) for n in names]
@@ -140,17 +161,8 @@ async def test_a_backfill_into_postgres_holds_every_event_once_through_kill_paus
     history check."""
     live_from = 200  # a long span (116 ledgers, 116,000 events): every fault lands while ranges run
     last = live_from + 3
-    real = {ledger_seq(m): m for m in standalone_ledgers()}
-    template = real[85].to_xdr_bytes()
-    copy = resequencer(template)
-    ids_85 = [Cursor.parse(e.id) for e in ledger_events(real[85]).events]
-    expected = [e.id for seq in (84, 85) for e in ledger_events(real[seq]).events] + [
-        str(Cursor(seq, c.tx, c.op, c.event)) for seq in range(86, last + 1) for c in ids_85
-    ]
-    lake = tmp_path / "lake"
-    write_ledgers(lake, [(84, real[84].to_xdr_bytes()), (85, template)]
-                  + [(seq, copy(seq)) for seq in range(86, last + 1)])  # fmt: skip
-    cfg = config(tmp_path / "config.toml", job, lake, sink=pg.url, start=live_from)
+    expected = long_lake(tmp_path / "lake", last)
+    cfg = config(tmp_path / "config.toml", job, tmp_path / "lake", sink=pg.url, start=live_from)
     args = ["--config", str(cfg), "--source", "lake"]
     async with open_cluster(job, ttl_ms=TTL_MS) as c:
         await c.start_node("n1", extra=args)
