@@ -97,7 +97,7 @@ def _backfill(redis_url: str, lake: Path, tmp: Path, job: str, nodes: int, ledge
 
 
 def run(redis_url: str, *, quick: bool, log: Any = print) -> dict[str, Any]:
-    ledgers = 120 if quick else 480
+    ledgers = 80 if quick else 240
     if not recorded.LAKE.is_dir():
         log(f"  skipped: the recorded lake ledgers are not at {recorded.LAKE}")
         return {"skipped": True}
