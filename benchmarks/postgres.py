@@ -7,14 +7,10 @@ beside the benchmarks' redis-server. Three measurements, each against its refere
   the simulator, timed from its ``became-leader`` line until the job's last ``seq`` reaches
   ``count``. The reference then writes *the same records in the same batches* (read back from the
   table: each commit is one transaction, so its rows share ``committed_at``) with ``COPY``, one
-  transaction per batch, from memory: no Horizon, no fence, no continuity check. Those same
-  batches then go through the commit path alone (``PostgresSink.commit`` from memory, no
-  Horizon), interleaved batch by batch with the ``COPY``: the commit path's own ratio.
-- **Commit latency by batch size** (1, 10, 200, 1000): ``PostgresSink.commit``, the
-  CursorWriter's own call (one fenced ``commit_batch`` statement below ``STAGED_MIN`` records,
-  ``COPY`` and ``commit_staged`` from there on; the one-statement path alone beside it), one
-  commit at a time continuing from the last cursor, interleaved round by round with a ``COPY``
-  transaction of the same batch.
+  transaction per batch, from memory: no Horizon, no fence, no continuity check.
+- **Commit latency by batch size** (1, 10, 200): ``PostgresSink.commit``, the CursorWriter's own
+  call (one fenced ``commit_batch`` statement), one commit at a time continuing from the last
+  cursor, interleaved round by round with a ``COPY`` transaction of the same batch.
 - **Live**: a node following the simulator from ``now``; the harness closes a ledger and
   ``LISTEN``s on the commits' ``NOTIFY`` channel: ledger close -> all its records committed.
 """
@@ -30,7 +26,6 @@ import psycopg
 import trio
 
 from actors.lease_store import Committed
-from actors.source import Record
 from benchmarks.catchup import _reference
 from benchmarks.commit_cost import _records
 from benchmarks.procs import percentile
@@ -41,13 +36,27 @@ from ingestion.testing.processes import NodeProcess, Simulator
 
 OPS_PER_LEDGER = 100
 LIVE_OPS_PER_LEDGER = 20
-SIZES = (1, 10, 200, 1000)
+SIZES = (1, 10, 200)
 
 _COPY = "COPY public.copy_reference (job, seq, paging_token, record) FROM STDIN"
 _COPY_TABLE = (
     "CREATE TABLE IF NOT EXISTS public.copy_reference (job text NOT NULL, seq bigint NOT NULL, "
     "paging_token text NOT NULL, record json NOT NULL, PRIMARY KEY (job, seq))"
 )
+
+
+def _copy_batches(url: str, job: str, batches: list[list[tuple[int, str, str]]]) -> float:
+    """Write ``batches`` of (seq, paging_token, record) with ``COPY``, a transaction each; seconds."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(_COPY_TABLE)
+        conn.execute("DELETE FROM public.copy_reference WHERE job = %s", (job,))
+        started = time.perf_counter()
+        for batch in batches:
+            with conn.transaction(), conn.cursor() as cur:
+                with cur.copy(_COPY) as cp:
+                    for seq, token, record in batch:
+                        cp.write_row((job, seq, token, record))
+        return time.perf_counter() - started
 
 
 def _last_seq(conn: psycopg.Connection[Any], job: str) -> int:
@@ -89,67 +98,18 @@ def catch_up(redis_url: str, pg: LocalPostgres, count: int, log: Any = print) ->
             batches.append([])
             last_at = at
         batches[-1].append((int(seq), str(token), str(record)))
-    # The same batches three ways, interleaved round by round: the sink's commit (what the
-    # CursorWriter calls: COPY and commit_staged from STAGED_MIN records on), the sink's
-    # one-statement path alone (commit_batch, every batch: the path before COPY), a bare COPY.
-    sides = trio.run(_replay, pg.url, job, batches, 3)
+    copy_s = _copy_batches(pg.url, job, batches)
     node_rate = written / (done - leader.at)
-    copy_rate = len(rows) / sides["copy"]
+    copy_rate = len(rows) / copy_s
     sizes = sorted(len(b) for b in batches)
     out = {
         "count": count, "node_records": written, "node_seconds": done - leader.at,
         "node_rate": node_rate, "copy_rate": copy_rate, "ratio": node_rate / copy_rate,
         "batches": len(batches), "batch_p50": sizes[len(sizes) // 2], "batch_max": sizes[-1],
-        "commit_rate": len(rows) / sides["sink"], "arrays_rate": len(rows) / sides["arrays"],
     }  # fmt: skip
-    out["commit_ratio"] = out["commit_rate"] / copy_rate
-    out["arrays_ratio"] = out["arrays_rate"] / copy_rate
     log(f"  catch-up of {written:,} ops into PostgreSQL: node {node_rate:,.0f} records/s, COPY of the "
         f"same {len(batches)} batches {copy_rate:,.0f} records/s: {out['ratio']:.2f}")  # fmt: skip
-    log(f"  the same batches by the sink's commit: {out['commit_rate']:,.0f} records/s "
-        f"({out['commit_ratio']:.2f} of COPY); one-statement path only: {out['arrays_rate']:,.0f} "
-        f"records/s ({out['arrays_ratio']:.2f})")  # fmt: skip
     return out
-
-
-async def _replay(
-    url: str, job: str, batches: list[list[tuple[int, str, str]]], rounds: int
-) -> dict[str, float]:
-    """Seconds each writer took for ``batches`` (the best of ``rounds`` rounds, the writers
-    interleaved batch by batch so that the disk's moods fall on all three alike): ``sink``
-    (PostgresSink.commit), ``arrays`` (the same with every batch as one ``commit_batch``
-    statement), ``copy`` (a bare ``COPY`` transaction per batch)."""
-    best = {"sink": float("inf"), "arrays": float("inf"), "copy": float("inf")}
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(_COPY_TABLE)
-        for r in range(rounds):
-            conn.execute("DELETE FROM public.copy_reference WHERE job = %s", (job,))
-            sinks = {
-                "sink": PostgresSink(url, f"{job}-replay{r}", call_timeout=30.0),
-                "arrays": PostgresSink(url, f"{job}-arrays{r}", call_timeout=30.0, staged_min=1 << 30),
-            }
-            cursors: dict[str, str | None] = {"sink": None, "arrays": None}
-            spent = dict.fromkeys(best, 0.0)
-            for sink in sinks.values():
-                await sink.open_term("bench", 1)
-            for batch in batches:
-                records = [Record(token, record) for _, token, record in batch]
-                for side, sink in sinks.items():
-                    t0 = time.perf_counter()
-                    res = await sink.commit("bench", 1, cursors[side], records)
-                    spent[side] += time.perf_counter() - t0
-                    assert isinstance(res, Committed), res
-                    cursors[side] = res.cursor
-                t0 = time.perf_counter()
-                with conn.transaction(), conn.cursor() as cur:
-                    with cur.copy(_COPY) as cp:
-                        for seq, token, record in batch:
-                            cp.write_row((job, seq, token, record))
-                spent["copy"] += time.perf_counter() - t0
-            for sink in sinks.values():
-                sink.close()
-            best = {k: min(best[k], spent[k]) for k in best}
-    return best
 
 
 async def _commit_latency(url: str, seconds: float) -> dict[str, Any]:
@@ -158,13 +118,9 @@ async def _commit_latency(url: str, seconds: float) -> dict[str, Any]:
         job = f"pg-commit{size}"
         sink = PostgresSink(url, job, call_timeout=10.0)
         await sink.open_term("bench", 1)
-        arrays = PostgresSink(url, f"{job}-arrays", call_timeout=10.0, staged_min=1 << 30)
-        await arrays.open_term("bench", 1)
         node_lat: list[float] = []
-        arrays_lat: list[float] = []
         copy_lat: list[float] = []
         cursor: str | None = None
-        arrays_cursor: str | None = None
         i = 0
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(_COPY_TABLE)
@@ -177,11 +133,6 @@ async def _commit_latency(url: str, seconds: float) -> dict[str, Any]:
                 assert isinstance(res, Committed), res
                 cursor = res.cursor
                 t0 = time.perf_counter()
-                res = await arrays.commit("bench", 1, arrays_cursor, batch)
-                arrays_lat.append(time.perf_counter() - t0)
-                assert isinstance(res, Committed), res
-                arrays_cursor = res.cursor
-                t0 = time.perf_counter()
                 with conn.transaction(), conn.cursor() as cur:
                     with cur.copy(_COPY) as cp:
                         for k, r in enumerate(batch):
@@ -189,11 +140,9 @@ async def _commit_latency(url: str, seconds: float) -> dict[str, Any]:
                 copy_lat.append(time.perf_counter() - t0)
                 i += 1
         sink.close()
-        arrays.close()
         results[str(size)] = {
             "commits": len(node_lat),
             "records_per_s": size * len(node_lat) / sum(node_lat),
-            "arrays_records_per_s": size * len(arrays_lat) / sum(arrays_lat),
             "copy_records_per_s": size * len(copy_lat) / sum(copy_lat),
             "p50_ms": percentile(node_lat, 50) * 1000, "p99_ms": percentile(node_lat, 99) * 1000,
             "copy_p50_ms": percentile(copy_lat, 50) * 1000, "copy_p99_ms": percentile(copy_lat, 99) * 1000,
@@ -252,8 +201,7 @@ def run(redis_url: str, *, quick: bool, log: Any = print) -> dict[str, Any]:
         out["catch_up"] = catch_up(redis_url, pg, 5_000 if quick else 30_000, log)
         out["commit"] = trio.run(_commit_latency, pg.url, 1.0 if quick else 3.0)
         for size, r in out["commit"].items():
-            log(f"  batch {size}: node {r['records_per_s']:,.0f} records/s (one-statement path "
-                f"{r['arrays_records_per_s']:,.0f}), p50 {r['p50_ms']:.2f} ms, "
+            log(f"  batch {size}: node {r['records_per_s']:,.0f} records/s, p50 {r['p50_ms']:.2f} ms, "
                 f"p99 {r['p99_ms']:.2f} ms; COPY {r['copy_records_per_s']:,.0f} records/s, p50 "
                 f"{r['copy_p50_ms']:.2f} ms, p99 {r['copy_p99_ms']:.2f} ms; "
                 f"ratio {r['ratio']:.2f}")  # fmt: skip

@@ -28,12 +28,10 @@ from __future__ import annotations
 
 import functools
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
-import psycopg.sql
 import trio
 
 from actors.lease_store import CommitRejected, Committed
@@ -43,10 +41,6 @@ from ingestion.postgres import sql
 from ingestion.postgres.connection import THREADS, connect, describe, ensure_schema, redact
 
 T = TypeVar("T")
-
-# A commit of at least this many records goes by ``COPY`` (``_commit_staged``): a few more round
-# trips, paid back by ``COPY``'s speed from about this size on (docs/BENCHMARKS.md).
-STAGED_MIN = 32
 
 
 class BatchRefused(ValueError):
@@ -59,23 +53,17 @@ class PostgresSink:
     ``domain``: the election domain this node's terms come from (its Redis deployment,
     ``LeaseStore.deployment``), recorded with the job by the first term that opens and compared
     by every later one: a term from another domain is refused for good (:class:`TermRefused`).
-    None: neither recorded nor checked.
-
-    ``staged_min``: a commit of at least this many records goes by ``COPY`` (``commit_staged``),
-    a smaller one as one ``commit_batch`` statement; the two are the same transaction to the
-    fence and to readers."""
+    None: neither recorded nor checked."""
 
     def __init__(
         self, url: str, job: str, *, schema: str = "ingestion", call_timeout: float = 1.0,
         events_max_len: int = 0, application: str = "ingestion", domain: str | None = None,
-        staged_min: int = STAGED_MIN,
     ) -> None:
         self.url = url
         self.job = job
         self.schema = schema
         self.domain = domain
         self.events_max_len = events_max_len
-        self.staged_min = staged_min
         self.application = application
         self._call_timeout = call_timeout
         self._conn: psycopg.Connection[Any] | None = None
@@ -86,8 +74,6 @@ class PostgresSink:
         self._generation = 0
         self._lock = threading.Lock()
         self._limiter: trio.CapacityLimiter | None = None
-        # The connections whose session has the staging table (``_commit_staged``).
-        self._staging_ready: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
 
     @property
     def name(self) -> str:
@@ -237,10 +223,17 @@ class PostgresSink:
         except ValueError as exc:
             return CommitRejected(token=token, reason=str(exc), current_token=token,
                                   stored_cursor=previous_cursor)  # fmt: skip
-        if len(records) >= self.staged_min:
-            run = functools.partial(self._commit_staged, node, token, previous_cursor, cursor, records)
-        else:
-            run = functools.partial(self._commit_arrays, node, token, previous_cursor, cursor, records)
+        tokens = sql.text_array([r.paging_token for r in records])
+        bodies = sql.text_array([r.body for r in records])
+        params = (self.job, token, node, previous_cursor, cursor, self.events_max_len, tokens, bodies)
+
+        def run(conn: psycopg.Connection[Any]) -> tuple[Any, ...] | None:
+            return conn.execute(
+                f"SELECT * FROM {self._q}.{sql.COMMIT_BATCH}"  # type: ignore[arg-type]
+                "(%s, %s, %s, %s, %s, %s, %s::text[], %s::text[])",
+                params,
+            ).fetchone()
+
         row = await self.call(run, refusals=True)
         assert row is not None
         answer = sql.CommitAnswer.from_row(row)
@@ -249,49 +242,3 @@ class PostgresSink:
                              trimmed=answer.trimmed)  # fmt: skip
         return CommitRejected(token=token, reason=answer.reason, current_token=answer.fence,
                               stored_cursor=answer.stored)  # fmt: skip
-
-    def _commit_arrays(
-        self, node: str, token: int, previous: str | None, cursor: str | None, records: Sequence[Record],
-        conn: psycopg.Connection[Any],
-    ) -> tuple[Any, ...] | None:
-        """A small batch: one ``commit_batch`` statement, its rows in two ``text[]`` parameters."""
-        tokens = sql.text_array([r.paging_token for r in records])
-        bodies = sql.text_array([r.body for r in records])
-        return conn.execute(
-            f"SELECT * FROM {self._q}.{sql.COMMIT_BATCH}"  # type: ignore[arg-type]
-            "(%s, %s, %s, %s, %s, %s, %s::text[], %s::text[])",
-            (self.job, token, node, previous, cursor, self.events_max_len, tokens, bodies),
-        ).fetchone()
-
-    def _commit_staged(
-        self, node: str, token: int, previous: str | None, cursor: str | None, records: Sequence[Record],
-        conn: psycopg.Connection[Any],
-    ) -> tuple[Any, ...] | None:
-        """A large batch, at ``COPY`` speed: in one transaction, ``COPY`` the rows into the
-        session's staging table (a temporary table, emptied at every commit), then
-        ``commit_staged`` moves them under the fence. The fence row is locked only by that last
-        statement, sent in one message with the ``COMMIT``: no lock is held across a client's
-        pause, as with ``commit_batch``. A row the server refuses (SQLSTATE class 22 or 23) rolls
-        the transaction back and is raised (a definite refusal; the connection stays)."""
-        if conn not in self._staging_ready:
-            conn.execute(sql.CREATE_STAGING)  # type: ignore[arg-type]
-            self._staging_ready.add(conn)
-        call = psycopg.sql.SQL(
-            "SELECT * FROM {schema}.{fn}({job}::text, {token}::bigint, {node}::text, "
-            "{previous}::text, {cursor}::text, {max_len}::bigint); COMMIT"
-        ).format(
-            schema=psycopg.sql.Identifier(self.schema), fn=psycopg.sql.Identifier(sql.COMMIT_STAGED),
-            job=psycopg.sql.Literal(self.job), token=psycopg.sql.Literal(token),
-            node=psycopg.sql.Literal(node), previous=psycopg.sql.Literal(previous),
-            cursor=psycopg.sql.Literal(cursor), max_len=psycopg.sql.Literal(self.events_max_len),
-        )  # fmt: skip
-        conn.execute("BEGIN")
-        try:
-            with conn.cursor() as cur:
-                with cur.copy(sql.COPY_STAGING) as copy:  # type: ignore[arg-type]
-                    for i, record in enumerate(records, 1):
-                        copy.write_row((i, record.paging_token, record.body))
-                return cur.execute(call).fetchone()
-        except (psycopg.DataError, psycopg.IntegrityError):
-            conn.execute("ROLLBACK")
-            raise

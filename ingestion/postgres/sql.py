@@ -1,4 +1,4 @@
-"""The PostgreSQL sink's contract: its tables, its three functions, and the migration rule. Pure:
+"""The PostgreSQL sink's contract: its tables, its two functions, and the migration rule. Pure:
 SQL text and decisions, no I/O (``ingestion/postgres/connection.py`` creates them,
 ``ingestion/postgres/sink.py`` and ``ingestion/postgres/fence.py`` run them).
 
@@ -17,8 +17,8 @@ Tables, in the schema ``sink.schema`` (default ``ingestion``), one set shared by
 - ``terms (job, token, after_seq, opened_at)``: the fence's history: term ``token`` opened when
   the job's last row was ``after_seq`` (what ``verify`` judges a job by).
 
-Three functions, each one statement and so one transaction, the way the Redis commit script is
-one atomic call. Their names carry the contract's version (``_v3``): in a fleet of mixed versions each
+Two functions, each one statement and so one transaction, the way the Redis commit script is one
+atomic call. Their names carry the contract's version (``_v3``): in a fleet of mixed versions each
 node calls its own, and starting a node never replaces what another version runs.
 
 - ``open_term_v3(job, token, node, domain)``: refuses a term from another election domain than
@@ -44,12 +44,6 @@ node calls its own, and starting a node never replaces what another version runs
   readers find its rows by reading again, as ``tail`` does at least once a second.
   The sink checks the batch before sending it too (``actors.sink.continuation``): the function's
   check is for every other caller, a direct call included.
-- ``commit_staged_v3(job, token, node, previous, cursor, max_len)``: ``commit_batch`` with the
-  batch's rows taken from the session's temporary table ``pg_temp.ingestion_batch (i,
-  paging_token, record)`` (``i`` 1, 2, ...: the order), which ``COPY`` filled earlier in the same
-  transaction (:data:`CREATE_STAGING`, :data:`COPY_STAGING`; ``ON COMMIT DELETE ROWS``). The
-  sink sends it in one message with the ``COMMIT``, so the fence row is locked by this statement
-  only (``ingestion/postgres/sink.py``, ``_commit_staged``).
 
 Version 3 (the ``_v3`` names) differs from version 2 in ``open_term`` (the election domain: a
 fourth argument and the ``fences.domain`` column) and ``commit_batch`` (the continuity check and
@@ -139,8 +133,8 @@ BEGIN
 END
 """
 
-_COMMIT_TEMPLATE = """
-DECLARE{staged_tokens}
+COMMIT_BODY = """
+DECLARE
   fence bigint;
   holder text;
   stored text;
@@ -199,7 +193,9 @@ BEGIN
   END IF;
   SELECT coalesce(max(e.seq), 0) INTO last FROM {s}.events e WHERE e.job = p_job;
   IF n > 0 THEN
-    {insert}
+    INSERT INTO {s}.events (job, seq, paging_token, token, record)
+      SELECT p_job, last + r.i, r.pt, p_token, r.rec::json
+      FROM unnest(p_tokens, p_records) WITH ORDINALITY AS r(pt, rec, i);
   END IF;
   INSERT INTO {s}.cursors (job, cursor, token) VALUES (p_job, p_cursor, p_token)
     ON CONFLICT (job) DO UPDATE SET cursor = excluded.cursor, token = excluded.token;
@@ -221,34 +217,9 @@ BEGIN
 END
 """
 
-# The batch's rows: from the two arrays (``commit_batch``), or from the session's staging table
-# that ``COPY`` filled in the same transaction (``commit_staged``).
-COMMIT_BODY = _COMMIT_TEMPLATE.replace("{staged_tokens}", "").replace(
-    "{insert}",
-    """INSERT INTO {s}.events (job, seq, paging_token, token, record)
-      SELECT p_job, last + r.i, r.pt, p_token, r.rec::json
-      FROM unnest(p_tokens, p_records) WITH ORDINALITY AS r(pt, rec, i);""",
-)
-STAGING = "ingestion_batch"
-COMMIT_STAGED_BODY = _COMMIT_TEMPLATE.replace(
-    "{staged_tokens}",
-    f"""
-  p_tokens text[] := (SELECT array_agg(b.paging_token ORDER BY b.i) FROM pg_temp.{STAGING} b);""",
-).replace(
-    "{insert}",
-    f"""INSERT INTO {{s}}.events (job, seq, paging_token, token, record)
-      SELECT p_job, last + b.i, b.paging_token, p_token, b.record FROM pg_temp.{STAGING} b;""",
-)
-CREATE_STAGING = (
-    f"CREATE TEMP TABLE IF NOT EXISTS {STAGING} (i bigint NOT NULL, paging_token text NOT NULL, "
-    "record json NOT NULL) ON COMMIT DELETE ROWS"
-)
-COPY_STAGING = f"COPY pg_temp.{STAGING} (i, paging_token, record) FROM STDIN"
-
 # The functions' names carry the contract's version: a node calls only its own version's.
 OPEN_TERM = "open_term_v3"
 COMMIT_BATCH = "commit_batch_v3"
-COMMIT_STAGED = "commit_staged_v3"
 
 FUNCTIONS = {
     OPEN_TERM: (
@@ -261,11 +232,6 @@ FUNCTIONS = {
         "p_tokens text[], p_records text[]",
         "TABLE(ok boolean, reason text, fence bigint, stored text, last_seq bigint, trimmed bigint)",
         COMMIT_BODY,
-    ),
-    COMMIT_STAGED: (
-        "p_job text, p_token bigint, p_node text, p_previous text, p_cursor text, p_max_len bigint",
-        "TABLE(ok boolean, reason text, fence bigint, stored text, last_seq bigint, trimmed bigint)",
-        COMMIT_STAGED_BODY,
     ),
 }
 

@@ -55,13 +55,6 @@ def url(request: pytest.FixtureRequest, pg: LocalPostgres) -> str:
     return str(request.getfixturevalue("repeatable_read_url"))
 
 
-@pytest.fixture(params=["arrays", "copy"])
-def staged_min(request: pytest.FixtureRequest) -> int:
-    """The sink's two commit paths: every batch as one ``commit_batch`` statement (its rows in
-    two arrays), then every batch by ``COPY`` into the staging table and ``commit_staged``."""
-    return 1 if request.param == "copy" else 1_000_000
-
-
 def waiting_on_a_lock(url: str, application: str) -> int:
     """How many sessions of ``application`` wait for a lock (a fence row's)."""
     with connect(url, 5) as conn:
@@ -96,48 +89,46 @@ def test_a_table_with_other_columns_breaks_the_contract() -> None:
     assert line is not None and line.startswith("sink.schema: table ingestion.events")
 
 
-async def test_commits_are_fenced_continuous_and_notified(url: str, staged_min: int) -> None:
-    job = f"j1-{staged_min}"
-    sink = PostgresSink(url, job, call_timeout=5, staged_min=staged_min)
+async def test_commits_are_fenced_continuous_and_notified(url: str) -> None:
+    sink = PostgresSink(url, "j1", call_timeout=5)
     assert await sink.open_term("a", 1) == TermOpened(None, True)
     listener = psycopg.connect(url, autocommit=True)
     listener.execute("LISTEN ingestion_events")
     done = await sink.commit("a", 1, None, recs(1, 3))
     assert done == Committed(token=1, cursor=SRC.token_of(3), count=3)
     note = next(listener.notifies(timeout=2, stop_after=1))
-    assert json.loads(note.payload) == {"job": job, "seq": 3, "cursor": SRC.token_of(3)}
+    assert json.loads(note.payload) == {"job": "j1", "seq": 3, "cursor": SRC.token_of(3)}
     listener.close()
     # a replayed batch: the stored cursor moved on
     replay = await sink.commit("a", 1, None, recs(1, 3))
     assert isinstance(replay, CommitRejected) and replay.reason == "cursor-moved"
     # a new term raises the fence and reads the cursor there ...
-    other = PostgresSink(url, job, call_timeout=5, staged_min=staged_min)
+    other = PostgresSink(url, "j1", call_timeout=5)
     assert await other.open_term("b", 2) == TermOpened(SRC.token_of(3), True)
     # ... after which the old term's commit changes nothing
     stale = await sink.commit("a", 1, SRC.token_of(3), recs(4, 5))
     assert stale == CommitRejected(1, "stale-token", 2, SRC.token_of(3))
     assert await sink.open_term("a", 1) == CommitRejected(1, "stale-token", 2, None)
     assert await other.commit("b", 2, SRC.token_of(3), recs(4, 5)) == Committed(2, SRC.token_of(5), 2)
-    rows = read_events(url, "ingestion", job)
+    rows = read_events(url, "ingestion", "j1")
     assert [(s, p, t) for s, p, t, _ in rows] == [
         (i, SRC.token_of(i), 1 if i <= 3 else 2) for i in range(1, 6)
     ]
     assert json.loads(rows[0][3]) == json.loads(SRC.record(1).body)
-    assert check_job(url, "ingestion", job) == ([], 5)
+    assert check_job(url, "ingestion", "j1") == ([], 5)
     sink.close()
     other.close()
 
 
-async def test_retention_keeps_the_newest_max_len_rows(url: str, staged_min: int) -> None:
-    job = f"kept-{staged_min}"
-    sink = PostgresSink(url, job, call_timeout=5, events_max_len=4, staged_min=staged_min)
+async def test_retention_keeps_the_newest_max_len_rows(url: str) -> None:
+    sink = PostgresSink(url, "kept", call_timeout=5, events_max_len=4)
     await sink.open_term("a", 1)
     cursor = None
     for first in range(1, 20, 3):
         done = await sink.commit("a", 1, cursor, recs(first, first + 2))
         assert isinstance(done, Committed)
         cursor = done.cursor
-    rows = read_events(url, "ingestion", job)
+    rows = read_events(url, "ingestion", "kept")
     assert [s for s, *_ in rows] == [18, 19, 20, 21]
     sink.close()
 
@@ -346,28 +337,24 @@ async def test_a_postgres_fence_rejection_releases_the_redis_lease(
     sink.close()
 
 
-async def test_a_record_jsonb_would_refuse_is_stored_as_sent(url: str, staged_min: int) -> None:
+async def test_a_record_jsonb_would_refuse_is_stored_as_sent(url: str) -> None:
     """A Horizon memo can carry the JSON escape \\u0000, which jsonb refuses: the record is
     stored as sent (json keeps the text)."""
-    job = f"nul-{staged_min}"
-    sink = PostgresSink(url, job, call_timeout=5, staged_min=staged_min)
+    sink = PostgresSink(url, "nul", call_timeout=5)
     await sink.open_term("a", 1)
     token = SRC.token_of(1)
     body = json.dumps({"id": token, "memo": "a\x00b"})  # the escape \u0000 in the text
     assert "\\u0000" in body
     assert await sink.commit("a", 1, None, [Record(token, body)]) == Committed(1, token, 1)
-    assert read_events(url, "ingestion", job)[0][3] == body
+    assert read_events(url, "ingestion", "nul")[0][3] == body
     sink.close()
 
 
-async def test_a_batch_postgres_refuses_is_a_definite_refusal_not_an_outage(
-    url: str, staged_min: int
-) -> None:
+async def test_a_batch_postgres_refuses_is_a_definite_refusal_not_an_outage(url: str) -> None:
     """The server answered an error for the one autocommit statement (data or integrity,
     SQLSTATE classes 22 and 23): it was rolled back, so the commit is refused (``bad-batch``,
     as the Redis path reports a batch it cannot take), not of unknown outcome."""
-    job = f"bad-{staged_min}"
-    sink = PostgresSink(url, job, call_timeout=5, staged_min=staged_min)
+    sink = PostgresSink(url, "bad", call_timeout=5)
     await sink.open_term("a", 1)
     with pytest.raises(ValueError, match=r"sink\.url"):
         await sink.commit("a", 1, None, [Record(SRC.token_of(1), "not json")])
@@ -549,50 +536,23 @@ async def test_fenced_job_code_that_waited_on_the_fence_sees_the_older_terms_wri
         assert conn.execute("SELECT term FROM public.sent").fetchall() == [(1,)]
 
 
-def call_commit_batch(conn: psycopg.Connection[Any], job: str, tokens: list[str], previous: str | None,
-                      cursor: str | None) -> tuple[Any, ...] | None:  # fmt: skip
-    return conn.execute(
-        f"SELECT ok, reason FROM ingestion.{sql.COMMIT_BATCH}"  # type: ignore[arg-type]
-        "(%s, 1, 'a', %s, %s, 0, %s::text[], %s::text[])",
-        (job, previous, cursor, sql.text_array(tokens), sql.text_array(["{}"] * len(tokens))),
-    ).fetchone()
-
-
-def call_commit_staged(conn: psycopg.Connection[Any], job: str, tokens: list[str], previous: str | None,
-                       cursor: str | None) -> tuple[Any, ...] | None:  # fmt: skip
-    conn.execute(sql.CREATE_STAGING)  # type: ignore[arg-type]
-    with conn.transaction(), conn.cursor() as cur:
-        with cur.copy(sql.COPY_STAGING) as copy:  # type: ignore[arg-type]
-            for i, token in enumerate(tokens, 1):
-                copy.write_row((i, token, "{}"))
-        return cur.execute(
-            f"SELECT ok, reason FROM ingestion.{sql.COMMIT_STAGED}(%s, 1, 'a', %s, %s, 0)",  # type: ignore[arg-type]
-            (job, previous, cursor),
-        ).fetchone()
-
-
-@pytest.mark.parametrize(
-    "call", [call_commit_batch, call_commit_staged], ids=["commit_batch", "commit_staged"]
-)
-async def test_commit_batch_itself_refuses_a_batch_that_does_not_continue_the_cursor(
-    url: str, call: Any
-) -> None:
-    """A direct call of ``commit_batch`` or ``commit_staged`` (not through the sink, which
-    checks the batch before sending it) is held to the Redis script's rule: paging tokens well
-    formed and strictly rising, the first after the stored cursor, the new cursor the last token
-    or an anchor after it. Each refusal is definite and changes nothing."""
-    job = f"direct-{call.__name__}"
-    sink = PostgresSink(url, job, call_timeout=5)
+async def test_commit_batch_itself_refuses_a_batch_that_does_not_continue_the_cursor(url: str) -> None:
+    """A direct call of ``commit_batch`` (not through the sink, which checks the batch before
+    sending it) is held to the Redis script's rule: paging tokens well formed and strictly
+    rising, the first after the stored cursor, the new cursor the last token or an anchor after
+    it. Each refusal is definite and changes nothing."""
+    sink = PostgresSink(url, "direct", call_timeout=5)
     await sink.open_term("a", 1)
     assert await sink.commit("a", 1, None, recs(1, 3)) == Committed(1, SRC.token_of(3), 3)
     t = SRC.token_of
 
     def commit(tokens: list[str], cursor: str | None, previous: str = t(3)) -> tuple[bool, str]:
         with connect(url, 5) as conn:
-            row = call(conn, job, tokens, previous, cursor)
-            # a staged batch leaves nothing behind in the session, refused or not
-            if call is call_commit_staged:
-                assert conn.execute(f"SELECT count(*) FROM pg_temp.{sql.STAGING}").fetchone() == (0,)  # type: ignore[arg-type]
+            row = conn.execute(
+                f"SELECT ok, reason FROM ingestion.{sql.COMMIT_BATCH}"  # type: ignore[arg-type]
+                "(%s, 1, 'a', %s, %s, 0, %s::text[], %s::text[])",
+                ("direct", previous, cursor, sql.text_array(tokens), sql.text_array(["{}"] * len(tokens))),
+            ).fetchone()
         assert row is not None
         return bool(row[0]), str(row[1])
 
@@ -614,7 +574,7 @@ async def test_commit_batch_itself_refuses_a_batch_that_does_not_continue_the_cu
     assert {k: answer for k, (answer, _) in refused.items()} == {
         k: (False, reason) for k, (_, reason) in refused.items()
     }
-    state = job_state(url, "ingestion", job)
+    state = job_state(url, "ingestion", "direct")
     assert (state["cursor"], state["last_seq"]) == (t(3), 3)
     # what continues the cursor lands: numbers compare as numbers, sub-positions after them,
     # an anchor after the last token, then Stellar RPC's fixed-width ids
@@ -626,39 +586,11 @@ async def test_commit_batch_itself_refuses_a_batch_that_does_not_continue_the_cu
     assert commit(rpc[1:2], rpc[1], "99999999999999") == (False, "not-after-cursor")
     rpc_start = f"{99:019d}-{1:010d}"
     with connect(url, 5) as conn:  # a job moved to Stellar RPC's ids
-        conn.execute("UPDATE ingestion.cursors SET cursor = %s WHERE job = %s", (rpc_start, job))
+        conn.execute("UPDATE ingestion.cursors SET cursor = %s WHERE job = 'direct'", (rpc_start,))
     assert commit(rpc, rpc[2], rpc_start) == (True, "")
     assert commit([rpc[1]], rpc[1], rpc[2]) == (False, "not-after-cursor")
-    assert job_state(url, "ingestion", job)["cursor"] == rpc[2]
+    assert job_state(url, "ingestion", "direct")["cursor"] == rpc[2]
     sink.close()
-
-
-async def test_a_batch_being_copied_holds_no_fence_row(url: str) -> None:
-    """A leader paused in the middle of a large commit (its rows half sent by ``COPY``) holds no
-    lock on the fence row: a new term opens at once, and the paused transaction, resumed,
-    commits nothing (``stale-token``)."""
-    sink = PostgresSink(url, "mid-copy", call_timeout=5)
-    await sink.open_term("a", 1)
-    with connect(url, 5) as conn:
-        conn.execute(sql.CREATE_STAGING)  # type: ignore[arg-type]
-        conn.execute("BEGIN")
-        with conn.cursor() as cur:
-            with cur.copy(sql.COPY_STAGING) as copy:  # type: ignore[arg-type]
-                for i, record in enumerate(recs(1, 50), 1):
-                    copy.write_row((i, record.paging_token, record.body))
-            other = PostgresSink(url, "mid-copy", call_timeout=1, application="other")
-            with trio.fail_after(1):
-                assert await other.open_term("b", 2) == TermOpened(None, True)
-            row = cur.execute(
-                f"SELECT ok, reason FROM ingestion.{sql.COMMIT_STAGED}('mid-copy', 1, 'a', NULL, %s, 0)",  # type: ignore[arg-type]
-                (SRC.token_of(50),),
-            ).fetchone()
-        conn.execute("COMMIT")
-    assert row == (False, "stale-token")
-    assert job_state(url, "ingestion", "mid-copy")["last_seq"] is None  # no row
-    assert await other.commit("b", 2, None, recs(1, 40)) == Committed(2, SRC.token_of(40), 40)
-    sink.close()
-    other.close()
 
 
 # --- PostgreSQL's notification queue: one per server, held behind its slowest listener ------------
