@@ -91,7 +91,7 @@ ALLOWED: dict[str, set[str]] = {
     },
     "serve": {"runtime", "shared", "entry", "serve"},
     "verify": {"runtime", *SOURCES, "postgres", "events", "verify"},
-    "testing": {"runtime", "verify", "testing"},
+    "testing": {"runtime", "lake-wire", "verify", "testing"},
     "chaos": {"runtime", "verify", "testing", "webhook", "chaos"},
     "cli": {
         "runtime", *SOURCES, "config", "postgres", "node", "serve", "verify", "simulator", "webhook",
