@@ -40,7 +40,8 @@ async def test_inspect_json_of_an_empty_job_has_the_contract_keys(
     assert set(doc) == CONTRACT_KEYS | {"lag", "stream", "leader_source_ok", "backfill"}
     assert doc == {"job": job, "leader": None, "token": 0, "lease_ttl_ms_left": None,
                    "cursor": None, "events": 0, "audit": [], "lag": None,
-                   "stream": {"trimmed": 0, "groups": []}, "leader_source_ok": None, "backfill": None}  # fmt: skip
+                   "stream": {"trimmed": 0, "groups": []}, "leader_source_ok": None,
+                   "backfill": None}  # fmt: skip
 
 
 async def test_inspect_shows_leader_cursor_takeover_audit_and_lag_behind_horizon(
