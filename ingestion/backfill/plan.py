@@ -35,15 +35,6 @@ def range_name(job: str, first: int, last: int) -> str:
     return f"{job}{RANGE_MARK}{first}-{last}"
 
 
-def parse_range_name(name: str) -> tuple[str, int, int] | None:
-    """(job, first, last) of a range job's name, or None for any other job."""
-    job, mark, bounds = name.rpartition(RANGE_MARK)
-    first, dash, last = bounds.partition("-")
-    if not mark or not job or not dash or not first.isdigit() or not last.isdigit():
-        return None
-    return job, int(first), int(last)
-
-
 def split(first: int, last: int, ranges: int) -> list[tuple[int, int]]:
     """``first..last`` (ledgers, both included) as ``ranges`` consecutive ranges of sizes that
     differ by one at most (fewer when the span has fewer ledgers).

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import getpass
 import os
 import socket
@@ -151,6 +152,8 @@ def _reach_problem(job: Any, settings: Any, first: int, last: int) -> str | None
 
 
 async def _lake_problem(job: Any, settings: Any, first: int, last: int) -> str | None:
+    import trio
+
     from ingestion.backfill import checks
     from ingestion.lake.store import LocalLake, open_lake
 
@@ -177,14 +180,10 @@ async def _lake_problem(job: Any, settings: Any, first: int, last: int) -> str |
         def names_in(partition: str) -> list[str]:
             return [n.rstrip("/") for n in lake._names(partition)]
 
-    missing = await trio_thread(checks.missing_objects, schema, first, last, names_in)
+    missing = await trio.to_thread.run_sync(
+        functools.partial(checks.missing_objects, schema, first, last, names_in)
+    )
     return checks.describe_missing(job.lake_url, missing) if missing else None
-
-
-async def trio_thread(fn: Any, *args: Any) -> Any:
-    import trio
-
-    return await trio.to_thread.run_sync(lambda: fn(*args))
 
 
 async def _rpc_problem(job: Any, first: int, last: int) -> str | None:

@@ -12,7 +12,6 @@ from ingestion.backfill.checks import missing_objects, overlap_problem
 from ingestion.backfill.plan import (
     Plan,
     ledger_of_cursor,
-    parse_range_name,
     range_name,
     range_states,
     split,
@@ -39,9 +38,6 @@ def test_a_span_splits_into_consecutive_ranges_of_near_equal_size() -> None:
 
 def test_range_names_carry_their_job_and_bounds() -> None:
     assert range_name("ops~x", 10, 20) == "ops~x~10-20"
-    assert parse_range_name("ops~x~10-20") == ("ops~x", 10, 20)
-    for other in ("ops", "ops~", "ops~10", "~10-20", "ops~a-20", "ops~10-"):
-        assert parse_range_name(other) is None
     plan = Plan("j", 1, 9, 2)
     assert plan.names == ["j~1-5", "j~6-9"]
     assert Plan.from_hash("j", plan.to_hash()) == plan
