@@ -168,6 +168,9 @@ class Balancer:
     # Whether this balancer's node leaves the registry when it stops: False for a second
     # balancer of the node (a backfill's ranges), whose end must not unregister the node.
     owns_registration: bool = True
+    # The longest wait of a fallback campaign (for a job placed on another node): longer for
+    # jobs that every live node starts a little apart (a backfill's ranges, noticed by polling).
+    max_rank_delay: float = MAX_RANK_DELAY
 
     def __attrs_post_init__(self) -> None:
         self.live = (self.node,)
@@ -223,7 +226,10 @@ class Balancer:
         age = trio.current_time() - self._viewed_at
         if age > (FRESH_VIEW if fresh else self.interval):
             await self._refresh()
-        decision = campaign(self.picture(), job, self.held(), free_for=free_for, ttl=self.ttl)
+        decision = campaign(
+            self.picture(), job, self.held(), free_for=free_for, ttl=self.ttl,
+            max_rank_delay=self.max_rank_delay,
+        )  # fmt: skip
         if not isinstance(decision, Campaign):
             self._held_off.add(job)
             return None

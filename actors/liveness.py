@@ -232,12 +232,14 @@ class HoldOff:
 
 
 def campaign(
-    picture: Picture, job: str, held: Iterable[str], *, free_for: float | None, ttl: float
+    picture: Picture, job: str, held: Iterable[str], *, free_for: float | None, ttl: float,
+    max_rank_delay: float = MAX_RANK_DELAY,
 ) -> Campaign | HoldOff:
     """Rules 2-4 for a standby (its source allows it): campaign after a delay, or hold off.
 
     ``held``: the jobs this node leads or campaigns for (``job`` not counted); ``free_for``:
-    seconds this node knows the lease to have been free (None: held, or not known to be free).
+    seconds this node knows the lease to have been free (None: held, or not known to be free);
+    ``max_rank_delay``: the longest wait for a job placed on another node (a fallback).
     """
     # The placement first: it already counts what this node leads against the share, and a
     # campaign in flight here (a fallback for a job placed elsewhere, a standby's look at a held
@@ -245,7 +247,7 @@ def campaign(
     # out that campaign's rendezvous delay (issue 23: 54 ms instead of a few).
     if picture.placement().get(job) == picture.node:
         return Campaign(0.0)
-    delay = min(MAX_RANK_DELAY, picture.rank(job) * RANK_STEP)
+    delay = min(max_rank_delay, picture.rank(job) * RANK_STEP)
     if len(set(held) - {job}) >= picture.share:
         if free_for is not None and free_for >= ADOPT_AFTER_TTLS * ttl:
             return Campaign(delay, adopting=True)

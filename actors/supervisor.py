@@ -14,13 +14,14 @@ Elector is started last; when it returns (after a shutdown request) the node is 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 import structlog
 import trio
 
-from actors.balance import Balancer, CampaignGate
+from actors.balance import MAX_RANK_DELAY, Balancer, CampaignGate
 from actors.commit_pace import CommitPace
 from actors.cursor_writer import CursorWriter
 from actors.elector import Elector, IngestionFatal, ReleaseNoticed
@@ -273,13 +274,18 @@ async def run_jobs(
     on_fatal: Any = None,
     balanced: bool = False,
     owns_registration: bool = True,
+    max_rank_delay: float = MAX_RANK_DELAY,
+    able_of: Callable[[str], frozenset[str] | None] | None = None,
     task_status: trio.TaskStatus[JobsHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Host several elected jobs under one nursery until every one has stopped.
 
     With a ``registry`` (and more than one job, or ``balanced``) a
     :class:`~actors.balance.Balancer` spreads their leadership over the live nodes (and, unless
-    ``owns_registration`` is False, unregisters the node when it stops). A job whose
+    ``owns_registration`` is False, unregisters the node when it stops); ``max_rank_delay`` is
+    its longest wait before a fallback campaign for a job placed on another node, and
+    ``able_of(job)`` (when given) the other nodes able to lead a job, instead of its source watch's
+    view. A job whose
     source fails fatally stops alone: ``on_fatal(job, error)`` is called (default: nothing) and
     the others go on.
     """
@@ -311,9 +317,12 @@ async def run_jobs(
                 interval=max(0.1, ttl / 4000),
                 live_window_ms=ttl,
                 ttl=ttl / 1000,
-                able=lambda job: w.able if job in handles and (w := handles[job].watch) else None,
+                able=able_of if able_of is not None else (
+                    lambda job: w.able if job in handles and (w := handles[job].watch) else None
+                ),
                 holder=lambda job: e.seen_holder if job in handles and (e := handles[job].elector) else None,
                 owns_registration=owns_registration,
+                max_rank_delay=max_rank_delay,
             )
             await nursery.start(balancer.run)
         left = len(jobs)

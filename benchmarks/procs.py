@@ -22,6 +22,50 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def _processes() -> tuple[dict[int, int], dict[int, float]]:
+    """Every process's parent and CPU seconds, its reaped children's included (``/proc``)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        pid = int(entry)
+        parents[pid] = int(fields[1])
+        times[pid] = sum(int(v) for v in fields[11:15]) / CLK_TCK
+    return parents, times
+
+
+def _below(root: int, pid: int, parents: dict[int, int]) -> bool:
+    while pid > 1:
+        if pid == root:
+            return True
+        pid = parents.get(pid, 0)
+    return False
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds of ``root`` and every process below it so far: each live one's user + system,
+    plus the children each has reaped (``cutime``/``cstime``: a node's finished decode workers)."""
+    parents, times = _processes()
+    return sum(t for pid, t in times.items() if _below(root, pid, parents))
+
+
+def pin_tree(root: int, cores: set[int]) -> None:
+    """Pin ``root`` and every process below it now to ``cores`` (their children inherit it)."""
+    parents, _ = _processes()
+    for pid in parents:
+        if _below(root, pid, parents):
+            try:
+                os.sched_setaffinity(pid, cores)
+            except ProcessLookupError:
+                pass  # gone meanwhile
+
+
 MACHINE = "machine"  # cpu_snapshot's key for the whole machine's busy CPU seconds
 
 

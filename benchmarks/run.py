@@ -362,6 +362,12 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
             f"commits) vs COPY of the same {cu['batches']} batches from memory, records/s",
             f"{cu['node_rate']:,.0f} vs {cu['copy_rate']:,.0f} ({cu['ratio']:.2f})", "", None,
         ))  # fmt: skip
+        rows.append((
+            f"PostgreSQL sink: the same {cu['batches']} batches by the commit path alone "
+            "(PostgresSink.commit from memory, interleaved with the COPY), records/s (ratio)",
+            f"{cu['commit_rate']:,.0f} vs {cu['copy_rate']:,.0f} ({cu['commit_ratio']:.2f})",
+            ">= 0.7", _ok(cu["commit_ratio"] >= 0.7),
+        ))  # fmt: skip
         for size, v in pg["commit"].items():
             rows.append((
                 f"PostgreSQL sink: commit of batch {size} (PostgresSink.commit vs COPY), records/s "

@@ -1,12 +1,16 @@
 """Each node's backfill runner: the ranges of every plan of the jobs the node hosts, run as jobs.
 
-Every ``interval`` the runner reads the plan of each hosted ``rpc`` or ``lake`` job
-(``ingestion:{JOB}:backfill``) and the end of each of its ranges. A running plan with ranges not
-done gets a supervisor of its own (:func:`actors.supervisor.run_jobs`, balanced: its own
-:class:`~actors.balance.Balancer` spreads the ranges over the nodes that host the job, apart from
-the node's live jobs), one elected job per range not done; a range found done is stopped on this
-node (its leader releases it gracefully), and a plan cancelled, removed or replaced stops them
-all. Every node decides alone from what Redis holds, so a node that starts, restarts or crashes
+Every ``interval / POLLS_PER_INTERVAL`` the runner reads the plan of each hosted ``rpc`` or
+``lake`` job (``ingestion:{JOB}:backfill``) and the end of each of its ranges: well inside the
+TTL after which a balancer adopts a free lease, so that every node hosting the job has started
+its range jobs before any node takes more than its share of a new plan's ranges. A running plan
+with ranges not done gets a supervisor of its own (:func:`actors.supervisor.run_jobs`,
+balanced: its own :class:`~actors.balance.Balancer` spreads the ranges over the nodes that host
+the job, apart from the node's live jobs; its fallback campaigns for ranges placed on other
+nodes wait half an ``interval``, twice the poll, so that a host that has not yet seen the plan
+gets its share), one elected job per range not done; a range found done is stopped on this node
+(its leader releases it gracefully), and a plan cancelled, removed or replaced stops them all.
+Every node decides alone from what Redis holds, so a node that starts, restarts or crashes
 meanwhile changes only who leads which range: each range resumes from its committed cursor.
 """
 
@@ -25,6 +29,7 @@ from ingestion.backfill.plan import Plan, backfill_key, range_name
 from ingestion.config.sections import JobSettings
 
 STOP_WAIT = 3.0  # seconds a node's shutdown waits for its ranges to release their leases
+POLLS_PER_INTERVAL = 4
 
 
 def range_job(job: JobSettings, first: int, last: int) -> JobSettings:
@@ -47,7 +52,10 @@ class _Running:
 @attrs.define
 class BackfillRunner:
     """See the module docstring. ``make_run`` builds a range job's store, source, sink and
-    observer; ``stores`` are the hosted jobs' own (each reads its plan)."""
+    observer; ``stores`` are the hosted jobs' own (each reads its plan). ``parent_able(job)``:
+    the other nodes able to lead the hosted job ``job`` (its source watch's view; None: not
+    known): they run its ranges too, so they are able to lead them before they have ever
+    campaigned for one, and a new plan's ranges are placed over all of them from the start."""
 
     jobs: Sequence[JobSettings]
     stores: dict[str, LeaseStore]
@@ -55,6 +63,7 @@ class BackfillRunner:
     make_run: Callable[[JobSettings], JobRun]
     log: Any
     interval: float
+    parent_able: Callable[[str], frozenset[str] | None] = lambda job: None
     running: dict[str, _Running] = attrs.Factory(dict)
     finished: dict[str, Plan] = attrs.Factory(dict)  # plans found done (not read again)
     _unavailable: bool = False
@@ -78,7 +87,7 @@ class BackfillRunner:
                         break
                 else:
                     self._unavailable = False
-                await trio.sleep(self.interval)
+                await trio.sleep(self.interval / POLLS_PER_INTERVAL)
 
     async def _look(self, nursery: trio.Nursery, job: JobSettings) -> None:
         store = self.stores[job.name]
@@ -118,8 +127,10 @@ class BackfillRunner:
         self, job: str, plan: Plan, runs: list[JobRun], *, task_status: trio.TaskStatus[_Running]
     ) -> None:
         done = trio.Event()
+        able = self.parent_able(job)
         self.log.info("backfill-ranges-hosted", parent_job=job, ranges=[r.spec.job for r in runs],
-                      first_ledger=plan.first, last_ledger=plan.last)  # fmt: skip
+                      first_ledger=plan.first, last_ledger=plan.last,
+                      other_hosts=sorted(able) if able is not None else None)  # fmt: skip
 
         def on_fatal(name: str, error: str) -> None:
             self.log.error("backfill-range-stopped", range=name, error=error)
@@ -128,7 +139,8 @@ class BackfillRunner:
             async with trio.open_nursery() as nursery:
                 handle = await nursery.start(functools.partial(
                     run_jobs, runs, self.log, registry=self.registry, on_fatal=on_fatal, balanced=True,
-                    owns_registration=False,
+                    owns_registration=False, max_rank_delay=self.interval / 2,
+                    able_of=lambda _range: self.parent_able(job),
                 ))  # fmt: skip
                 task_status.started(_Running(plan, handle, done))
         finally:

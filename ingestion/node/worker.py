@@ -32,7 +32,7 @@ from actors.lease_store import (
 )
 from actors.lease_store.connect import ClusterUnreachable, describe_redis_error
 from actors.observe import NodeObserver
-from actors.supervisor import JobRun, NodeSpec, run_jobs
+from actors.supervisor import JobRun, JobsHandle, NodeSpec, run_jobs
 from ingestion.backfill.runner import BackfillRunner
 from ingestion.common.gaps import history_gap_listener
 from ingestion.config import ConfigError, JobSettings, Settings, redact_url
@@ -290,6 +290,7 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
                 nursery.start_soon(diagnose_after_outages, settings, list(observers.values()))
                 await check_identities(settings, stores)
                 handle = await nursery.start(jobs_then_stop)
+                backfills.parent_able = functools.partial(_able, handle)
                 if backfills.hosted:
                     await nursery.start(backfills.run)
                 _tell_service_manager(log, "READY=1")
@@ -316,6 +317,12 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
         return 1
     log.info("node-stopped", reason="shutdown")
     return 0
+
+
+def _able(handle: JobsHandle, job: str) -> frozenset[str] | None:
+    """The other nodes able to lead ``job`` as its source watch sees them (None: no watch)."""
+    hosted = handle.handles.get(job)
+    return hosted.watch.able if hosted is not None and hosted.watch is not None else None
 
 
 def _listen_problem(exc: OSError, key: str, host: str, port: int) -> str:
