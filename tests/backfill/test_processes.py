@@ -96,7 +96,11 @@ async def test_two_nodes_backfill_a_lake_span_in_ranges_through_a_sigkill(job: s
         assert f"lacks 1 object(s) of the span: {hole.parent.name}/{hole.name}" in missing, missing
         hole.write_bytes(kept)
         assert not c.client.exists(backfill_key(job))
+        # a settled cluster: each node's source watch has read the other's report (once a TTL)
+        await wait_until(lambda: c.client.hlen(job_keys(job)["health"]) == 2, 10, what="both reports")
+        await trio.sleep(2 * TTL_MS / 1000)
 
+        planned_at = trio.current_time()
         planned = await trio.to_thread.run_sync(
             lambda: run(*cli, "--from", "84", "--ranges", "4", "--detach")
         )
@@ -107,6 +111,19 @@ async def test_two_nodes_backfill_a_lake_span_in_ranges_through_a_sigkill(job: s
         # a range n1 leads, part done: n1 is killed, then comes back
         led = await _range_led_by(c, "n1", names)
         killed_at = await c.kill("n1")
+        # placed over both hosts from the start: each node knew the other hosts the job (its
+        # source watch's view), none took more than its share of the four ranges and handed the
+        # rest back (before the kill, nothing was rebalanced)
+        hosts = c.log.of("backfill-ranges-hosted", since=planned_at)
+        hosted = {e.node: e.fields["other_hosts"] for e in hosts}
+        assert hosted == {"n1": ["n2"], "n2": ["n1"]}, hosted
+        terms = c.log.of("became-leader", since=planned_at)
+        first_terms = [e for e in terms if e.fields.get("job") in names]
+        assert len([e for e in first_terms if e.node == "n1" and e.at < killed_at]) <= 2, first_terms
+        assert not [
+            e for e in c.log.of("lost-leadership", since=planned_at)
+            if e.fields.get("job") in names and e.fields.get("reason") == "rebalanced" and e.at < killed_at
+        ]  # fmt: skip
         taken = await c.log.wait_for(
             "became-leader", "n2", since=killed_at, within=TTL_MS / 1000 + 5, job=led
         )

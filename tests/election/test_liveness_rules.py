@@ -37,3 +37,16 @@ def test_a_node_at_its_share_is_placed_nothing_and_holds_off() -> None:
     adopt = campaign(picture, "c", {"a", "b"}, free_for=1.5, ttl=1.5)
     assert isinstance(adopt, Campaign) and adopt.adopting
     assert adopt.delay == 0.05 * preference("c", live).index("n1")
+
+
+def test_a_fallback_campaign_waits_its_rank_up_to_the_caller_s_longest_delay() -> None:
+    # Twelve nodes, one job: its last-ranked node falls back after 11 rank steps, capped at the
+    # default 0.5 s, or at the longer wait a backfill's ranges ask for (their hosts notice a plan
+    # by polling, a little apart).
+    live = frozenset(f"n{i}" for i in range(12))
+    last = preference("a", live)[-1]
+    picture = Picture(last, live, ("a",))
+    assert picture.placement() == {"a": preference("a", live)[0]}
+    assert campaign(picture, "a", set(), free_for=None, ttl=1.5) == Campaign(0.5)
+    assert campaign(picture, "a", set(), free_for=None, ttl=1.5, max_rank_delay=0.75) == Campaign(0.55)
+    assert campaign(picture, "a", set(), free_for=None, ttl=1.5, max_rank_delay=0.3) == Campaign(0.3)
