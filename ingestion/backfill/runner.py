@@ -17,15 +17,19 @@ meanwhile changes only who leads which range: each range resumes from its commit
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
+import psycopg
+import redis
 import trio
 
 from actors.lease_store import LeaseStore, NodeRegistry, RedisUnavailable
 from actors.supervisor import JobRun, JobsHandle, run_jobs
 from ingestion.backfill.plan import Plan, backfill_key, range_name
+from ingestion.backfill.status import Snapshot, read_progress
 from ingestion.config.sections import JobSettings
 
 STOP_WAIT = 3.0  # seconds a node's shutdown waits for its ranges to release their leases
@@ -64,7 +68,11 @@ class BackfillRunner:
     log: Any
     interval: float
     parent_able: Callable[[str], frozenset[str] | None] = lambda job: None
+    schema: str = "ingestion"  # the PostgreSQL sink's, where a job's ranges write there
     running: dict[str, _Running] = attrs.Factory(dict)
+    # job -> its plan's progress as last read (once an interval while it runs): the metrics'
+    progress: dict[str, Snapshot] = attrs.Factory(dict)
+    _progress_at: dict[str, float] = attrs.Factory(dict)
     finished: dict[str, Plan] = attrs.Factory(dict)  # plans found done (not read again)
     _unavailable: bool = False
     _stopping: bool = False
@@ -101,16 +109,20 @@ class BackfillRunner:
             else:
                 why = "backfill-cancelled" if plan.state == "cancelled" else "backfill-replaced"
             await self._stop(job.name, why)
+            self._forget_progress(job.name)
             return
         if plan is None or plan.state != "running":
+            self._forget_progress(job.name)
             return
         if running is None and job.name in self.finished and self.finished[job.name].same_work(plan):
             return
         done = [await self._is_done(store, name) for name in plan.names]
+        await self._read_progress(store, job, plan)
         if running is None:
             todo = [(a, b) for (a, b), d in zip(plan.bounds, done, strict=True) if not d]
             if not todo:
                 self.finished[job.name] = plan
+                await self._read_progress(store, job, plan, force=True)  # the final figures
             else:
                 runs = [self.make_run(range_job(job, a, b)) for a, b in todo]
                 self.running[job.name] = await nursery.start(self._run_plan, job.name, plan, runs)
@@ -119,6 +131,27 @@ class BackfillRunner:
             if is_done and name in running.handle.handles and name not in running.stopped:
                 running.stopped.add(name)
                 await running.handle.stop_job(name, "backfill-range-done")
+
+    async def _read_progress(
+        self, store: LeaseStore, job: JobSettings, plan: Plan, *, force: bool = False
+    ) -> None:
+        """The plan's progress for the metrics, read again once an interval (bounded by it; a
+        failed read keeps the last one: the next look tries again)."""
+        now = trio.current_time()
+        if not force and now - self._progress_at.get(job.name, -math.inf) < self.interval:
+            return
+        self._progress_at[job.name] = now
+        with trio.move_on_after(self.interval):
+            try:
+                self.progress[job.name] = await trio.to_thread.run_sync(
+                    read_progress, store.client, plan, job.sink, self.schema, abandon_on_cancel=True
+                )
+            except (redis.RedisError, OSError, psycopg.Error) as exc:
+                self.log.debug("backfill-progress-unreadable", parent_job=job.name, error=str(exc))
+
+    def _forget_progress(self, job: str) -> None:
+        self.progress.pop(job, None)
+        self._progress_at.pop(job, None)
 
     async def _is_done(self, store: LeaseStore, name: str) -> bool:
         return bool(await store.run(store.client.hexists, backfill_key(name), "done"))

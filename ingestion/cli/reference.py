@@ -12,8 +12,9 @@ Every table is read from where the thing is defined, so the reference cannot dri
   names a ``log``), and every pure core's ``Note(level, "event-name", {...})`` that its shell logs;
 - metrics from a node's own Prometheus registry (:class:`ingestion.metrics.NodeMetrics`), fed a
   made-up node whose every gauge has a value, so that each metric shows its labels, with the
-  webhook jobs' collector (:class:`ingestion.webhook.metrics.WebhookCollector`) registered as a
-  node hosting a webhook job registers it.
+  webhook jobs' collector (:class:`ingestion.webhook.metrics.WebhookCollector`) and the
+  backfills' (:class:`ingestion.backfill.metrics.BackfillCollector`) registered as a node
+  hosting a webhook job, or running a backfill, registers them.
 
 ``tests/cli/test_reference.py`` regenerates it and fails when ``docs/REFERENCE.md`` differs.
 """
@@ -336,6 +337,9 @@ def metric_families() -> list[tuple[str, str, list[str], str]]:
 
     from actors.lease_store import GroupInfo, StreamInfo
     from actors.observe import NodeObserver
+    from ingestion.backfill.metrics import BackfillCollector
+    from ingestion.backfill.plan import Plan, range_states
+    from ingestion.backfill.status import Snapshot
     from ingestion.serve.metrics import NodeMetrics
     from ingestion.webhook.metrics import WebhookCollector
     from ingestion.webhook.source import WebhookStats
@@ -350,6 +354,9 @@ def metric_families() -> list[tuple[str, str, list[str], str]]:
 
     metrics = NodeMetrics(observer, clock=lambda: 0.0, stream_info={"J": stream}, ttl=1.0)
     metrics.registry.register(WebhookCollector({"J": WebhookStats(state="ok")}))
+    plan = Plan("J", 1, 100, 2)
+    progress = range_states(plan, ["10", None], [False, False], ["n", ""])
+    metrics.registry.register(BackfillCollector(lambda: {"J": Snapshot(progress, 10)}, "n"))
     trio.run(metrics.refresh)
     rows = []
     for family in metrics.registry.collect():
@@ -370,7 +377,9 @@ def metrics_section() -> Iterator[str]:
     yield (
         "Served on `--metrics-port` at `/metrics` (Prometheus text format), from each node's own "
         "registry (`ingestion/serve/metrics.py`; the `ingestion_webhook_*` metrics, from "
-        "`ingestion/webhook/metrics.py`, on a node hosting a webhook job). The per-job label is "
+        "`ingestion/webhook/metrics.py`, on a node hosting a webhook job; the `ingestion_backfill_*` "
+        "metrics, from `ingestion/backfill/metrics.py`, while a backfill of a job the node hosts "
+        "runs: the same on every such node, so aggregate them with `max`). The per-job label is "
         "`ingestion_job`. Besides these, "
         "the standard collectors' `process_*`, `python_info` and `python_gc_*`. The probes "
         "`/livez`, `/readyz` and `/healthz` share the port (docs/OPERATIONS.md)."

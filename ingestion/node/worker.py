@@ -21,6 +21,7 @@ from typing import Any
 import redis
 import structlog
 import trio
+from prometheus_client.registry import Collector
 from redis.exceptions import RedisClusterException
 
 from actors.clock import BootClock
@@ -269,7 +270,8 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
 
     registry = NodeRegistry(client)
     backfills = BackfillRunner(
-        settings.jobs, stores, registry, range_run, log, interval=settings.lease.ttl_ms / 1000
+        settings.jobs, stores, registry, range_run, log, interval=settings.lease.ttl_ms / 1000,
+        schema=settings.sink.schema,
     )
 
     try:
@@ -286,7 +288,9 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
                         nursery.cancel_scope.cancel()
 
                 # Everything that can refuse to start does so before the node campaigns.
-                await _start_endpoints(nursery, settings, list(observers.values()), log, stores, runs)
+                await _start_endpoints(
+                    nursery, settings, list(observers.values()), log, stores, runs, backfills
+                )
                 nursery.start_soon(diagnose_after_outages, settings, list(observers.values()))
                 await check_identities(settings, stores)
                 handle = await nursery.start(jobs_then_stop)
@@ -361,6 +365,7 @@ async def _start_endpoints(
     log: Any,
     stores: dict[str, LeaseStore],
     runs: Sequence[JobRun] = (),
+    backfills: BackfillRunner | None = None,
 ) -> None:
     """Start the metrics and status endpoints when configured (see ingestion.serve.metrics/status)."""
     o = settings.observe
@@ -371,7 +376,11 @@ async def _start_endpoints(
 
         readers = {job: store.events_info for job, store in stores.items()}
         hooks = {r.store.job: r.source.stats for r in runs if isinstance(r.source, WebhookSource)}
-        collectors = [WebhookCollector(hooks)] if hooks else []
+        collectors: list[Collector] = [WebhookCollector(hooks)] if hooks else []
+        if backfills is not None and backfills.hosted:
+            from ingestion.backfill.metrics import BackfillCollector
+
+            collectors.append(BackfillCollector(lambda: backfills.progress, settings.node.id))
         await _bind(
             nursery, "metrics_port", o.listen_host, o.metrics_port,
             functools.partial(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 
@@ -21,6 +22,7 @@ from ingestion.rpc.protocol import Cursor
 from ingestion.testing.cluster import open_cluster
 from ingestion.testing.lakes import resequencer, write_ledgers
 from ingestion.testing.local_postgres import LocalPostgres
+from ingestion.testing.local_redis import free_port
 from ingestion.testing.wait import wait_until
 from tests.support.cli import one_line, run
 from tests.support.lakes import ledger_seq, standalone_ledgers
@@ -65,7 +67,9 @@ async def test_two_nodes_backfill_a_lake_span_in_ranges_through_a_sigkill(job: s
     args = ["--config", str(cfg), "--source", "lake"]
     async with open_cluster(job, ttl_ms=TTL_MS) as c:
         await c.start_node("n1", extra=args)
-        await c.start_node("n2", extra=args)
+        port = free_port()
+        await c.start_node("n2", extra=[*args, "--metrics-port", str(port)])
+        scrape = f"http://127.0.0.1:{port}/metrics"
         tip = str(Cursor.through(LIVE_FROM + 3))
         await wait_until(lambda: c.state()["cursor"] == tip, 60, what="the live job at the tip")
         live = ids_of(c.client, job)
@@ -139,6 +143,28 @@ async def test_two_nodes_backfill_a_lake_span_in_ranges_through_a_sigkill(job: s
             status.stdout
         )
         assert f"complete through ledger {LIVE_FROM - 1}" in status.stdout
+        # the same figures in n2's metrics (read once a TTL; the same on every host)
+        records = sum(c.client.xlen(job_keys(n)["events"]) for n in names)
+        want = {
+            f'ingestion_backfill_ledgers{{ingestion_job="{job}"}}': LIVE_FROM - 84,
+            f'ingestion_backfill_ledgers_done{{ingestion_job="{job}"}}': LIVE_FROM - 84,
+            f'ingestion_backfill_records{{ingestion_job="{job}"}}': records,
+            f'ingestion_backfill_complete_through_ledger{{ingestion_job="{job}"}}': LIVE_FROM - 1,
+            f'ingestion_backfill_ranges{{ingestion_job="{job}",state="done"}}': 4,
+            f'ingestion_backfill_ranges{{ingestion_job="{job}",state="running"}}': 0,
+        }
+
+        async def scraped() -> dict[str, float]:
+            async with httpx.AsyncClient(timeout=5) as http:
+                text = (await http.get(scrape)).text
+            pairs = (line.rpartition(" ") for line in text.splitlines())
+            return {k: float(v) for k, _, v in pairs if k in want}
+
+        for _ in range(50):
+            if await scraped() == want:
+                break
+            await trio.sleep(0.2)
+        assert await scraped() == want
         follow = await trio.to_thread.run_sync(lambda: run(*cli, "--from", "84", "--ranges", "4"))
         assert follow.returncode == 0 and f"done: ledgers 84..{LIVE_FROM - 1}" in follow.stdout, follow.stdout
 
