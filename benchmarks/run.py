@@ -159,6 +159,32 @@ def measure(
 # --- the table -----------------------------------------------------------------------------------
 
 
+def _backfill_rows(bf: dict[str, Any] | None) -> list[tuple[str, str, str, str | None]]:
+    if not bf or bf.get("skipped"):
+        return []
+    one, two = bf["one"], bf["two"]
+    return [
+        (
+            f"backfill of {one['ledgers']:,} pubnet lake ledgers ({bf['events']:,} events) into Redis in "
+            f"{one['ranges']} ranges: 1 node vs 2, each on a core of its own, seconds from the plan "
+            "(ledgers/s); speed-up",
+            f"{one['seconds']:.1f} vs {two['seconds']:.1f} s ({one['ledgers_per_s']:.1f} vs "
+            f"{two['ledgers_per_s']:.1f}); {bf['speedup']:.2f}x "
+            f"({bf['work_speedup']:.2f}x from the first term)",
+            ">= 1.8x", _ok(bf["speedup"] >= 1.8),
+        ),
+        (
+            "backfill: ledgers per node CPU second, 1 node / 2 nodes (the per-core rate); CPU seconds "
+            "of the nodes, Redis and the whole machine (of the cores' wall seconds)",
+            f"{one['ledgers_per_cpu_s']:.1f} / {two['ledgers_per_cpu_s']:.1f}; 1 node: "
+            f"{sum(one['node_cpu_s']):.1f}, {one['redis_cpu_s']:.1f}, {one['machine_cpu_s']:.1f} of "
+            f"{2 * one['seconds']:.1f}; 2 nodes: {' + '.join(f'{c:.1f}' for c in two['node_cpu_s'])}, "
+            f"{two['redis_cpu_s']:.1f}, {two['machine_cpu_s']:.1f} of {2 * two['seconds']:.1f}",
+            "", None,
+        ),
+    ]  # fmt: skip
+
+
 def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
     """(metric, value, target, verdict) rows; verdict None when there is no target."""
     rows: list[tuple[str, str, str, str | None]] = []
@@ -325,6 +351,7 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str | None]]:
             "p99 < 50 ms (no rendezvous delay)", _ok(h["p99_ms"] < 50),
         ))  # fmt: skip
     rows.extend(_lake_rows(r.get("lake")))
+    rows.extend(_backfill_rows(r.get("backfill")))
     rp = r.get("rpc")
     for key in ("catch_up", "catch_up_100ms"):
         cu = (rp or {}).get(key)
