@@ -16,7 +16,13 @@ class UsageError(Exception):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An argument parser whose mistakes are one line (``UsageError``), not usage plus error."""
+    """An argument parser whose mistakes are one line (``UsageError``), not usage plus error,
+    and that takes no abbreviation of a flag (``--lease-ttl`` is not ``--lease-ttl-ms``: a
+    setting's unit is part of its name)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog.removeprefix('ingestion ')}: {message} (see {self.prog} --help)")

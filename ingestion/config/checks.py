@@ -225,6 +225,13 @@ def _check_redis_url(redis_: dict[str, Any], problems: list[str]) -> None:
             problems.append(f"redis.url: {redact_url(url)!r} {exc}")
     elif scheme in ("redis", "rediss", "unix"):
         parts = urlsplit(url)
+        try:
+            parts.port  # noqa: B018  (urllib checks the port when it is read)
+        except ValueError:
+            port = parts.netloc.rpartition("@")[2].rpartition(":")[2]
+            problems.append(
+                f"redis.url: the port must be a number from 1 to 65535, got {port!r} in {redact_url(url)!r}"
+            )
         dbs = [] if scheme == "unix" else [parts.path.strip("/")]
         dbs += [value for name, value in parse_qsl(parts.query) if name == "db"]
         for db in dbs:

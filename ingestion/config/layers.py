@@ -23,13 +23,19 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError([f"--config: {path} is not valid TOML: {exc}"]) from exc
 
 
+# ``INGESTION_*`` variables that are not settings: the test suite's recorded data and the example
+# projector's job and source (docs/POSTGRES.md). An operator may export them in the node's shell.
+NOT_SETTINGS = frozenset({"INGESTION_RECORDED_DATA", "INGESTION_PROJECTOR_JOB", "INGESTION_PROJECTOR_SOURCE"})
+
+
 def from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     """``INGESTION_<SECTION>_<KEY>`` variables as a nested mapping (lists are comma-separated;
-    ``INGESTION_RPC_TOPICS`` separates topics with ``;``, a topic's segments with ``,``)."""
+    ``INGESTION_RPC_TOPICS`` separates topics with ``;``, a topic's segments with ``,``); the
+    variables of :data:`NOT_SETTINGS` are left alone."""
     out: dict[str, dict[str, Any]] = {}
     problems: list[str] = []
     for name, value in environ.items():
-        if not name.startswith("INGESTION_"):
+        if not name.startswith("INGESTION_") or name in NOT_SETTINGS:
             continue
         if name.startswith("INGESTION_JOBS_") and name.endswith("_SECRET"):
             # a webhook job's secret (INGESTION_JOBS_<NAME>_SECRET), matched to its job by name

@@ -188,6 +188,39 @@ def test_a_database_that_is_not_a_number_is_exit_2() -> None:
     )
 
 
+@pytest.mark.parametrize("port", ["99999", "abc"])
+@pytest.mark.parametrize("command", ["check-config", "run", "inspect"])
+def test_a_redis_port_out_of_range_or_not_a_number_is_one_line_before_any_connection(
+    command: str, port: str
+) -> None:
+    line = one_line(run(command, "--redis", f"redis://127.0.0.1:{port}/0", "--job", "j"))
+    assert line == (
+        "ingestion: configuration error: redis.url: the port must be a number from 1 to 65535, "
+        f"got '{port}' in 'redis://127.0.0.1:{port}/0'"
+    )
+
+
+def test_a_flag_is_never_taken_for_a_longer_one() -> None:
+    # --lease-ttl is not --lease-ttl-ms (argparse would take the abbreviation): a unit is part of
+    # the name, and a value in seconds taken as milliseconds is no small mistake.
+    line = one_line(run("run", "--lease-ttl", "5", "--job", "j"))
+    assert "unrecognized arguments: --lease-ttl 5" in line, line
+
+
+def test_the_test_suite_s_and_the_projector_s_variables_are_not_taken_for_settings() -> None:
+    from ingestion.config.layers import NOT_SETTINGS
+    from ingestion.testing.recorded import ENV
+
+    assert ENV in NOT_SETTINGS
+    done = run("check-config", "--job", "j", extra_env={
+        ENV: "/nowhere", "INGESTION_PROJECTOR_JOB": "totals", "INGESTION_PROJECTOR_SOURCE": "h",
+    })  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert one_line(run("check-config", extra_env={"INGESTION_LEASE_TTL": "1"})).endswith(
+        "INGESTION_LEASE_TTL: unknown setting (did you mean 'lease_ttl_ms'?)"
+    )
+
+
 def test_a_database_beyond_the_servers_databases_is_exit_2(redis_server: LocalRedis, job: str) -> None:
     url = redis_server.url.rsplit("/", 1)[0] + "/99"
     line = one_line(run("--redis", url, "--job", job), 2)
