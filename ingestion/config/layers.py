@@ -111,7 +111,8 @@ def resolved_with_sources(
     flags: Mapping[str, Mapping[str, Any]],
 ) -> list[tuple[str, Any, str]]:
     """Every setting as ``(section.key, value in force, where it came from)``: ``flag``, ``env``,
-    ``file``, ``default``, or ``auto`` (a default derived from other settings)."""
+    ``file``, ``default``, or ``auto`` (a default derived from other settings, also when a layer
+    asked for it by giving the "auto" value itself, e.g. ``timeout_ms = 0``)."""
     out: list[tuple[str, Any, str]] = []
     for section, keys in SCHEMA.items():
         values = getattr(settings, section)
@@ -123,7 +124,8 @@ def resolved_with_sources(
             for name, layer in (("flag", flags), ("env", env), ("file", file)):
                 given = layer.get(section)
                 if isinstance(given, Mapping) and key in given:
-                    source = name
+                    asked_auto = str(given[key]) == str(default) and value != default
+                    source = "auto" if asked_auto else name
                     break
             else:
                 if value != default:

@@ -378,7 +378,8 @@ def test_a_node_configured_for_another_source_refuses_the_job(
 
 
 def test_check_config_names_where_each_setting_came_from(tmp_path: Path) -> None:
-    (tmp_path / "c.toml").write_text("[lease]\nttl_ms = 6000\n")
+    # redis.timeout_ms = 0 in the file asks for the derived value: "auto", not "file"
+    (tmp_path / "c.toml").write_text("[lease]\nttl_ms = 6000\n\n[redis]\ntimeout_ms = 0\n")
     done = subprocess.run(
         [sys.executable, "-m", "ingestion", "check-config", "--config", str(tmp_path / "c.toml"),
          "--redis", "redis://:pw@127.0.0.1:1/3", "--json"],
@@ -390,6 +391,7 @@ def test_check_config_names_where_each_setting_came_from(tmp_path: Path) -> None
     assert got["log.level"] == {"value": "debug", "source": "env"}
     assert got["redis.url"] == {"value": "redis://:***@127.0.0.1:1/3", "source": "flag"}
     assert got["lease.renew_interval_ms"] == {"value": 1200, "source": "auto"}
+    assert got["redis.timeout_ms"] == {"value": 500, "source": "auto"}
     assert got["events.max_len"] == {"value": 0, "source": "default"}
     assert "pw" not in done.stdout
     line = one_line(run("check-config", "--lease-ttl-ms", "5"))
