@@ -29,6 +29,7 @@ import tempfile
 from typing import TextIO
 
 import attrs
+import psycopg
 import redis
 import trio
 
@@ -244,6 +245,14 @@ class Demo:
         for i, job in enumerate(jobs):
             lease, events = raw[2 * i], raw[2 * i + 1]
             out[job] = (str(lease).partition("|")[2] if lease else None, int(events))
+        if self.postgres is not None:  # its records are rows in PostgreSQL, not a Redis stream
+            from ingestion.postgres.connection import connect as pg_connect
+
+            with pg_connect(self.postgres.url, 1.0) as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM ingestion.events WHERE job = %s", (self.pg_job_name,)
+                ).fetchone()
+            out[self.pg_job_name] = (out[self.pg_job_name][0], int(row[0]) if row else 0)
         return out
 
     async def show_placement(self, what: str = "placement") -> None:
@@ -260,14 +269,16 @@ class Demo:
             try:
                 if self.jobs > 1:
                     placed = await trio.to_thread.run_sync(self._placement)
-                    text = " ".join(f"{job}={events}@{holder}" for job, (holder, events) in placed.items())
+                    text = " ".join(
+                        f"{job}={events}@{holder or 'nobody'}" for job, (holder, events) in placed.items()
+                    )
                     self.say("redis", "progress", f"events: {text}")
                     continue
                 events, cursor, holder = await trio.to_thread.run_sync(self._read_state)
-            except (redis.RedisError, OSError) as exc:
+            except (redis.RedisError, OSError, psycopg.Error) as exc:
                 self.say("redis", "progress", f"unreadable: {exc}")
                 continue
-            self.say("redis", "progress", f"events={events} cursor={cursor} leader={holder}")
+            self.say("redis", "progress", f"events={events} cursor={cursor} leader={holder or 'nobody'}")
 
     # -- the show -------------------------------------------------------------------------------
 
@@ -398,7 +409,7 @@ class Demo:
             f"graceful handoff {handoff_ms:.0f} ms, "
             f"lease TTL {self.ttl_ms} ms"
             + (
-                f", {self.jobs + int(self.rpc_job)} jobs on {self.nodes} nodes"
+                f", {self.jobs + len(self._other_jobs())} jobs on {self.nodes} nodes"
                 if self.jobs > 1 or self.rpc_job
                 else ""
             ),
