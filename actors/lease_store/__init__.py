@@ -40,6 +40,7 @@ from actors.lease_store.keys import (
     AUDIT_MAXLEN,
     NODE_FORGET_MS,
     NODE_REGISTRY_KEY,
+    discover_jobs,
     job_keys,
     parse_lease_value,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "connect",
     "describe_redis_error",
     "diagnose_redis",
+    "discover_jobs",
     "examine_redis",
     "is_cluster_url",
     "is_sentinel_url",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 AUDIT_MAXLEN = 10_000  # entries kept in a job's audit stream (approximately: MAXLEN ~)
 NODE_REGISTRY_KEY = "ingestion:nodes"  # its own key (its own cluster slot): no script mixes it with a job's
 NODE_FORGET_MS = 3_600_000  # a node silent this long is dropped from the registry
@@ -20,3 +22,14 @@ def parse_lease_value(value: str) -> tuple[int, str]:
     token, _, node = value.partition("|")
     return int(token), node
 
+
+
+def discover_jobs(client: Any) -> list[str]:
+    """Every job with state in this Redis (any of its keys), sorted; on a cluster, from every
+    master (blocking: run it in a thread)."""
+    names: set[str] = set()
+    for key in client.scan_iter(match="ingestion:{*}:*", count=1000):
+        name, close, _rest = key[len("ingestion:{"):].partition("}:")
+        if close and name:
+            names.add(name)
+    return sorted(names)

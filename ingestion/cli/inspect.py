@@ -47,7 +47,7 @@ import httpx
 import redis
 import trio
 
-from actors.lease_store import JobState, LeaseStore, RedisUnavailable, StreamInfo, job_keys
+from actors.lease_store import JobState, LeaseStore, RedisUnavailable, StreamInfo, discover_jobs, job_keys
 from actors.lease_store.connect import describe_redis_error
 from actors.observe import record_time
 from ingestion.cli.usage import flags_layer
@@ -203,17 +203,6 @@ async def job_lag(
     if horizon:
         return await source_lag(horizon, resource, cursor)
     return None
-
-
-def discover_jobs(client: redis.Redis) -> list[str]:
-    """Every job with state in this Redis (any of its keys), sorted; on a cluster, from every
-    master (blocking: run it in a thread)."""
-    names: set[str] = set()
-    for key in client.scan_iter(match="ingestion:{*}:*", count=1000):
-        name, close, _rest = key[len("ingestion:{"):].partition("}:")
-        if close and name:
-            names.add(name)
-    return sorted(names)
 
 
 def _connect(settings: Settings, doing: str) -> redis.Redis | None:

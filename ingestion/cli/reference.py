@@ -230,6 +230,14 @@ def redis_section() -> Iterator[str]:
     yield from _key_table(keys, KEY_MEANINGS)
     kind, meaning = REGISTRY_MEANING
     yield f"| {cell(code(NODE_REGISTRY_KEY))} | {cell(kind)} | {cell(meaning)} |"
+    from ingestion.serve.console import PRESENCE_INFO_KEY, PRESENCE_KEY
+
+    for key, kind, meaning in (
+        (PRESENCE_KEY, "sorted set", "every node, scored with the Redis time of its last presence record "
+         "(once a lease TTL; the console's nodes, apart from the balancer's registry)"),
+        (PRESENCE_INFO_KEY, "hash", "node -> JSON of its configured jobs and version (the console's)"),
+    ):
+        yield f"| {cell(code(key))} | {cell(kind)} | {cell(meaning)} |"
     from ingestion.events.watch import watch_keys
     from ingestion.webhook.source import webhook_keys
 

@@ -43,6 +43,7 @@ from ingestion.node.identity import _identified, check_identities
 from ingestion.node.logs import configure_logging, node_logger
 from ingestion.node.preflight import PREFLIGHT_TIMEOUT, StartupError
 from ingestion.node.sd_notify import notify
+from ingestion.serve.console import keep_present
 
 
 def start_node(settings: Settings, lease_pipe: int | None = None) -> int:
@@ -292,6 +293,10 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
                     nursery, settings, list(observers.values()), log, stores, runs, backfills
                 )
                 nursery.start_soon(diagnose_after_outages, settings, list(observers.values()))
+                nursery.start_soon(
+                    keep_present, client, settings.node.id, [j.name for j in settings.jobs],
+                    settings.lease.ttl_ms, log,
+                )  # fmt: skip
                 await check_identities(settings, stores)
                 handle = await nursery.start(jobs_then_stop)
                 backfills.parent_able = functools.partial(_able, handle)
@@ -381,10 +386,17 @@ async def _start_endpoints(
             from ingestion.backfill.metrics import BackfillCollector
 
             collectors.append(BackfillCollector(lambda: backfills.progress, settings.node.id))
+        from ingestion.serve.console import ClusterReader
+
+        console = ClusterReader(
+            next(iter(stores.values())).client, settings.node.id,
+            {j.name: j.kind for j in settings.jobs}, settings.lease.ttl_ms,
+        )  # fmt: skip
         await _bind(
             nursery, "metrics_port", o.listen_host, o.metrics_port,
             functools.partial(
-                serve_metrics, stream_info=readers, ttl=settings.lease.ttl_ms / 1000, collectors=collectors
+                serve_metrics, stream_info=readers, ttl=settings.lease.ttl_ms / 1000, collectors=collectors,
+                console=console,
             ),
             observers, log,
         )  # fmt: skip

@@ -50,6 +50,7 @@ from actors.lease_store import RedisUnavailable, StreamInfo
 from actors.observe import NodeObserver, NodeStatus
 from ingestion import __version__
 from ingestion.common.asgi import Receive, Scope, Send, serve_lifespan
+from ingestion.serve.console import ClusterReader, is_console_path, serve_console
 
 COMMIT_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, math.inf)
 JOB_LABEL = "ingestion_job"  # not "job": that is Prometheus's own target label
@@ -347,8 +348,11 @@ class NodeMetrics:
         return generate_latest(self.registry)
 
 
-def metrics_app(metrics: NodeMetrics) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
-    """A tiny ASGI app: ``/metrics``, ``/livez``, ``/readyz`` and ``/healthz``, nothing else."""
+def metrics_app(
+    metrics: NodeMetrics, console: ClusterReader | None = None
+) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    """A tiny ASGI app: ``/metrics``, ``/livez``, ``/readyz`` and ``/healthz``, and with a
+    ``console`` the operator console (``/`` and ``/console/...``, ingestion/serve/console.py)."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -357,6 +361,9 @@ def metrics_app(metrics: NodeMetrics) -> Callable[[Scope, Receive, Send], Awaita
         if scope["type"] != "http":
             return
         path = scope["path"]
+        if console is not None and is_console_path(path):
+            await serve_console(console, scope, receive, send)
+            return
         doc: dict[str, Any]
         if scope["method"] not in ("GET", "HEAD"):
             status, ctype, body = 405, "text/plain", b"method not allowed\n"
@@ -402,11 +409,13 @@ async def serve_metrics(
     stream_info: Mapping[str, StreamReader] | StreamReader | None = None,
     ttl: float = 5.0,
     collectors: Sequence[Collector] = (),
+    console: ClusterReader | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``/metrics``, ``/livez``, ``/readyz`` and ``/healthz`` on ``host:port`` until
     cancelled. ``stream_info`` reads each job's stream (and so tells whether Redis answers);
-    ``ttl`` is the lease TTL in seconds; ``collectors`` add job kinds' own metrics (webhooks).
+    ``ttl`` is the lease TTL in seconds; ``collectors`` add job kinds' own metrics (webhooks);
+    ``console`` serves the operator console on the same port.
 
     ``port`` 0 picks a free port. Calls ``task_status.started(port)`` with the bound port once the
     socket listens. Every connection is bounded by hypercorn's keep-alive and read timeouts.
@@ -428,10 +437,11 @@ async def serve_metrics(
     try:
         async with trio.open_nursery() as nursery:
             binds: list[str] = await nursery.start(
-                functools.partial(serve, metrics_app(metrics), config, mode="asgi")  # type: ignore[arg-type]
+                functools.partial(serve, metrics_app(metrics, console), config, mode="asgi")  # type: ignore[arg-type]
             )
             bound_port = int(binds[0].rsplit(":", 1)[-1])
-            log.info("metrics-listening", host=host, port=bound_port, paths=list(PATHS))
+            paths = [*PATHS, "/", "/console/"] if console is not None else list(PATHS)
+            log.info("metrics-listening", host=host, port=bound_port, paths=paths)
             task_status.started(bound_port)
     finally:
         metrics.close()
