@@ -115,6 +115,7 @@ class Elector:
     # not), and its fence's token, which the campaign then floors above. A term that cannot
     # commit ends commit-unknown, having used up a token: hold off while it fails.
     sink_probe: Callable[[], Awaitable[int | None]] | None = None
+    sink_error: Callable[[], str | None] = lambda: None  # why the sink's last probe failed
     # The sink keeps the job's cursor (PostgreSQL): a term resumes from the cursor read when it
     # opens there, not the grant's (Redis has none), so ``became-leader`` waits for that.
     sink_keeps_cursor: bool = False
@@ -257,8 +258,9 @@ class Elector:
         if fence is not None:
             await self._see(fence)  # so Redis issues a token above the sink's fence
         return await self._wait_for_turn(
-            0.0 if fence is not None else None, self.ttl_ms / 1000, "sink-unreachable"
-        )
+            0.0 if fence is not None else None, self.ttl_ms / 1000, "sink-unreachable",
+            error=self.sink_error() if fence is None else None,
+        )  # fmt: skip
 
     async def _source_allows(self, watch: SourceWatch) -> bool:
         return await self._wait_for_turn(watch.campaign_delay(), watch.ttl, "source-unreachable")
@@ -311,14 +313,17 @@ class Elector:
         if info.committed:
             await self._see_commit()
 
-    async def _wait_for_turn(self, delay: float | None, recheck: float, reason: str) -> bool:
+    async def _wait_for_turn(
+        self, delay: float | None, recheck: float, reason: str, *, error: str | None = None
+    ) -> bool:
         """Whether to campaign now: after ``delay``, or (None: held off for ``reason``, said once
-        per stretch) not before ``recheck`` seconds or a wake-up."""
+        per stretch, with its cause when known) not before ``recheck`` seconds or a wake-up."""
         if delay is None:
             if reason not in self._held_off:
                 self._held_off.add(reason)
-                self.log.info("campaign-held-off", reason=reason)
-                self.observer.election_event("campaign-held-off", reason=reason)
+                cause = {"error": error} if error else {}
+                self.log.info("campaign-held-off", reason=reason, **cause)
+                self.observer.election_event("campaign-held-off", reason=reason, **cause)
             await self._standby_until(trio.current_time() + recheck)
             return False
         self._held_off.discard(reason)

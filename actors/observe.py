@@ -40,6 +40,7 @@ class NodeStatus:
     source_up: bool | None = None  # the source answered recently (None: not watched)
     source_last_ok: float | None = None  # trio time of the source's last successful answer
     history_gaps: dict[str, int] = attrs.Factory(dict)  # by action: stop or skip
+    held_off: str | None = None  # why the node holds off campaigning now (and the cause, if known)
 
 
 def record_time(body: str) -> float | None:
@@ -92,6 +93,7 @@ class NodeObserver:
     source_up: bool | None = None
     source_last_ok: float | None = None
     history_gaps: dict[str, int] = attrs.Factory(dict)
+    held_off: str | None = None
     recent_commit_latencies: deque[float] = attrs.Factory(lambda: deque(maxlen=1024))
     listeners: list[Listener] = attrs.Factory(list)
     wall_clock: Callable[[], float] = time.time
@@ -133,6 +135,11 @@ class NodeObserver:
                 self.role = "standby"
         elif event == "stopped":
             self.role = "stopped"
+        if event == "campaign-held-off":
+            error = fields.get("error")
+            self.held_off = str(fields.get("reason")) + (f" ({error})" if error else "")
+        elif event in ("became-leader", "standby", "stopped"):
+            self.held_off = None
         self._tell(event, fields)
 
     def source_state(self, up: bool, last_ok: float | None) -> None:
@@ -187,4 +194,5 @@ class NodeObserver:
             source_up=self.source_up,
             source_last_ok=self.source_last_ok,
             history_gaps=dict(self.history_gaps),
+            held_off=self.held_off,
         )

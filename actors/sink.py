@@ -87,6 +87,8 @@ class Sink(Protocol):
 
 @runtime_checkable
 class ProbedSink(Protocol):
+    probe_error: str | None  # why the last probe got no answer (None: it answered)
+
     async def probe(self) -> int | None:
         """One bounded round trip to where the data lives: None when it did not answer, else the
         highest token its fence for the job holds (0: none). Never raises."""

@@ -206,6 +206,7 @@ async def run_node(
             gate=gate,
             source_watch=watch,
             sink_probe=job_sink.probe if isinstance(job_sink, ProbedSink) else None,
+            sink_error=(lambda: job_sink.probe_error) if isinstance(job_sink, ProbedSink) else (lambda: None),
             sink_keeps_cursor=ingestor.sink_keeps_cursor,
         )
         elector_send.close()

@@ -61,6 +61,7 @@ class PostgresSink:
     ) -> None:
         self.url = url
         self.job = job
+        self.probe_error: str | None = None
         self.schema = schema
         self.domain = domain
         self.events_max_len = events_max_len
@@ -171,8 +172,10 @@ class PostgresSink:
 
         try:
             row = await self.call(run)
-        except SinkUnavailable:
+        except SinkUnavailable as exc:
+            self.probe_error = str(exc)
             return None
+        self.probe_error = None
         return int(row[0]) if row else 0
 
     async def open_term(self, node: str, token: int) -> TermOpened | CommitRejected | TermRefused:

@@ -184,7 +184,8 @@ def job_readiness(snap: NodeStatus, redis: RedisAnswers | None, now: float) -> l
     if snap.role == "stopped":
         reasons.append("stopped")
     elif snap.role == "starting":
-        reasons.append("not yet joined the election")
+        held = f": held off, {snap.held_off}" if snap.held_off else ""
+        reasons.append(f"not yet joined the election{held}")
     if redis is not None and not redis.up(snap.job, now):
         at = redis.answered.get(snap.job)
         since = "never" if at is None else f"not for {now - at:.1f} s"

@@ -305,3 +305,16 @@ async def test_history_gaps_are_counted_by_action_for_the_job_that_met_them() ->
     assert value(text, "ingestion_history_gaps_total", ingestion_job="b", action="stop") == 1
     assert value(text, "ingestion_history_gaps_total", ingestion_job="b", action="skip") == 1
     assert value(text, "ingestion_history_gaps_total", ingestion_job="a", action="stop") == 0
+
+
+def test_readyz_says_why_a_node_holds_off_and_the_cause() -> None:
+    from ingestion.serve.metrics import job_readiness
+
+    observer = NodeObserver("n1", "j")
+    assert job_readiness(observer.snapshot(), None, 0.0) == ["not yet joined the election"]
+    observer.election_event("campaign-held-off", reason="sink-unreachable", error="sink.url ...: refused")
+    assert job_readiness(observer.snapshot(), None, 0.0) == [
+        "not yet joined the election: held off, sink-unreachable (sink.url ...: refused)"
+    ]
+    observer.election_event("standby", leader="n2", token=3)
+    assert observer.snapshot().held_off is None

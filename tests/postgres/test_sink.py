@@ -229,6 +229,10 @@ async def test_a_node_that_cannot_reach_its_postgres_sink_holds_off_and_uses_no_
             await wait_until(held_off, 10, what="campaign-held-off")
             await trio.sleep(2 * FAST_TIMING.ttl)  # before, a term (and a token) per attempt
             assert held_off()[0]["reason"] == "sink-unreachable" and len(held_off()) == 1
+            # with its cause, as Redis trouble is said: the address and what went wrong, no password
+            cause = held_off()[0]["error"]
+            assert f"@127.0.0.1:{proxy.port}/" in cause and "connection failed" in cause, cause
+            assert ":***@" in cause  # the password blanked
             assert store.client.get(job_keys(job)["token"]) is None
             assert not [e for e in logs if e["event"] == "became-leader"]
 
