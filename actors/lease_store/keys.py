@@ -23,7 +23,6 @@ def parse_lease_value(value: str) -> tuple[int, str]:
     return int(token), node
 
 
-
 def discover_jobs(client: Any) -> list[str]:
     """Every job with state in this Redis (any of its keys), sorted; on a cluster, from every
     master (blocking: run it in a thread)."""

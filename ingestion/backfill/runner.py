@@ -117,12 +117,12 @@ class BackfillRunner:
         if running is None and job.name in self.finished and self.finished[job.name].same_work(plan):
             return
         done = [await self._is_done(store, name) for name in plan.names]
-        await self._read_progress(store, job, plan)
+        # (a plan found done is read once more at once: its final figures)
+        await self._read_progress(store, job, plan, force=running is None and all(done))
         if running is None:
             todo = [(a, b) for (a, b), d in zip(plan.bounds, done, strict=True) if not d]
             if not todo:
                 self.finished[job.name] = plan
-                await self._read_progress(store, job, plan, force=True)  # the final figures
             else:
                 runs = [self.make_run(range_job(job, a, b)) for a, b in todo]
                 self.running[job.name] = await nursery.start(self._run_plan, job.name, plan, runs)

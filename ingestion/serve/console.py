@@ -36,7 +36,7 @@ from typing import Any
 import attrs
 import trio
 
-from actors.lease_store import LeaseStore, NodeRegistry, RedisUnavailable, discover_jobs
+from actors.lease_store import LeaseStore, NodeRegistry, RedisUnavailable, discover_jobs, job_keys
 from ingestion import __version__
 from ingestion.common.asgi import Receive, Scope, Send
 
@@ -117,10 +117,10 @@ class ClusterReader:
 
     async def job(self, name: str) -> dict[str, Any] | None:
         """One job with its audit, or None when Redis holds nothing of it."""
-        jobs = await self._store.run(discover_jobs, self.client)
-        if name not in jobs and name not in self.configured:
+        store = LeaseStore(self.client, name)
+        if name not in self.configured and not await store.run(self.client.exists, *job_keys(name).values()):
             return None
-        state = await LeaseStore(self.client, name).state(AUDIT_ON_PAGE)
+        state = await store.state(AUDIT_ON_PAGE)
         return {**self._job_doc(state), "audit": _terms(state.audit)}
 
     async def _read(self) -> dict[str, Any]:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
-import trio
 
 from actors.lease_store import job_keys
 from ingestion.testing.cluster import open_cluster
 from ingestion.testing.local_redis import free_port
+from ingestion.testing.wait import wait_until
 from tests.support.browser import open_browser
 
 pytestmark = pytest.mark.slow
@@ -64,7 +65,11 @@ async def test_the_console_follows_a_failover_live_and_shows_the_audit(job: str)
 
         # markup planted in Redis is shown as text, on the server's page and by the live feed
         c.client.hset(job_keys(EVIL)["cursor"], mapping={"cursor": EVIL, "token": 1})
-        await trio.sleep(1.0)  # past the console's shared read (REFRESH): the server renders it
+        def planted_seen() -> bool:  # by the console's shared read, which renders the page too
+            jobs = httpx.get(f"{url}console/state", timeout=5).json()["jobs"]
+            return any(j["job"] == EVIL for j in jobs)
+
+        await wait_until(planted_seen, 10, what="the planted job in the console's state")
         await browser.call(lambda p: p.goto(url))
         assert await browser.call(lambda p: p.evaluate(leader_of(EVIL))) == ""  # there, leaderless
         cells = await browser.call(lambda p: p.inner_text(f"tr[data-job={json.dumps(EVIL)}]"))
@@ -72,5 +77,4 @@ async def test_the_console_follows_a_failover_live_and_shows_the_audit(job: str)
         c.client.hset(job_keys(EVIL + "2")["cursor"], mapping={"cursor": EVIL, "token": 1})
         await browser.call(lambda p: p.wait_for_function(f"{leader_of(EVIL + '2')} === ''"))
         assert await browser.call(lambda p: p.locator("img").count()) == 0
-        await trio.sleep(0.5)
         assert browser.dialogs == [] and browser.errors == []

@@ -12,9 +12,13 @@ function when(ms) {
   return ms == null ? "" : new Date(ms).toISOString().replace("T", " ");
 }
 
+function rowOf(body, key, value) {
+  for (const r of body.rows) if (r.dataset[key] === value) return r;
+  return null;
+}
+
 function jobRow(body, job) {
-  let row = null;
-  for (const r of body.rows) if (r.dataset.job === job.job) row = r;
+  let row = rowOf(body, "job", job.job);
   if (row === null) {
     row = document.createElement("tr");
     row.dataset.job = job.job;
@@ -41,8 +45,7 @@ function jobRow(body, job) {
 }
 
 function nodeRow(body, node) {
-  let row = null;
-  for (const r of body.rows) if (r.dataset.node === node.node) row = r;
+  let row = rowOf(body, "node", node.node);
   if (row === null) {
     row = document.createElement("tr");
     row.dataset.node = node.node;
