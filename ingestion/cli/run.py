@@ -189,7 +189,7 @@ def check_source_flags(ns: argparse.Namespace, settings: Any) -> None:
 def main(argv: Sequence[str]) -> int:
     # SIGINT and SIGTERM are held (ingestion/node/stop_signals.py): one that came during a step ends
     # start-up after it, with 128 + N; the node (and its parent) take them once they can.
-    from ingestion.node.stop_signals import asked, hold
+    from ingestion.node.stop_signals import asked, hold, run_unless_asked
 
     hold()  # (already, under python -m ingestion; not when main() is called from Python)
     ns = parser().parse_args(argv)
@@ -201,7 +201,10 @@ def main(argv: Sequence[str]) -> int:
     check_sources(settings)
     if (status := asked()) is not None:
         return status
-    preflight(settings)
+    # The questions to Redis (and PostgreSQL) may each wait 2 s on a server that does not answer:
+    # a stop signal meanwhile ends start-up at once (docs/OPERATIONS.md: within 2 s).
+    if (status := run_unless_asked(lambda: preflight(settings))) is not None:
+        return status
     from ingestion.node import parent
 
     if (status := asked()) is not None:

@@ -8,6 +8,8 @@ received on purpose:
 
 - every command but ``run`` releases them at once (Ctrl-C: ``KeyboardInterrupt``, exit 130);
 - ``run`` asks :func:`asked` after each start-up step and exits 128 + N before the node exists;
+  a step that asks a server (the Redis checks) runs in a thread through :func:`run_unless_asked`,
+  so that a signal during it ends start-up at once, not when the step's questions time out;
 - the node's parent (``ingestion/node/parent.py``) and the node itself release them once a trio signal
   receiver holds them: the parent forwards the signal to its worker, the node stops gracefully.
 """
@@ -15,6 +17,8 @@ received on purpose:
 from __future__ import annotations
 
 import signal
+import threading
+from collections.abc import Callable
 
 STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
 
@@ -35,3 +39,42 @@ def asked() -> int | None:
     if not pending:
         return None
     return 128 + (signal.SIGINT if signal.SIGINT in pending else signal.SIGTERM)
+
+
+POLL = 0.05  # seconds between looks at whether a start-up step running in a thread has returned
+
+
+def run_unless_asked(step: Callable[[], None]) -> int | None:
+    """Run the blocking start-up ``step`` while the stop signals stay held; None once it has
+    returned (its exception raised here), or at once the exit status of a stop signal that
+    comes first (128 + N). A step that waits on a server that does not answer (a Redis that
+    accepts and never answers: 2 s per question, several questions) then does not delay the
+    stop: the step runs on in a daemon thread, left to the process's exit.
+
+    Call it before any thread of the process's own exists: the step's thread has ended by the
+    time this returns None (a fork after it forks no thread).
+    """
+    if not hasattr(signal, "sigtimedwait"):  # (not on every platform): one check, as before
+        step()
+        return asked()
+    if (status := asked()) is not None:
+        return status
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            step()
+        except BaseException as exc:  # (raised again in the calling thread)
+            failure.append(exc)
+
+    # The thread inherits the held mask: a stop signal stays pending for sigtimedwait below.
+    thread = threading.Thread(target=run, name="start-up step", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        got = signal.sigtimedwait(STOP_SIGNALS, POLL)
+        if got is not None:
+            return 128 + got.si_signo
+    thread.join()
+    if failure:
+        raise failure[0]
+    return asked()
