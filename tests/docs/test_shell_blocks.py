@@ -246,6 +246,11 @@ def _get(url: str) -> tuple[int, str]:
         return 0, ""
 
 
+def _body_when_ok(url: str) -> str | None:
+    status, body = _get(url)
+    return body if status == 200 else None
+
+
 def _json_lines(text: str) -> list[dict[str, object]]:
     return [json.loads(x) for x in text.splitlines() if x.startswith("{")]
 
@@ -291,7 +296,7 @@ def test_readme_running_it_by_hand(private_redis: LocalRedis, tmp_path: Path) ->
         url = "http://" + runner.substitute(curl.commands()[0][-1])
         shown = curl.comment.split(", ...}")[0]
         assert shown.startswith("{"), curl.where()
-        body = eventually(lambda: (lambda a: a[1] if a[0] == 200 else None)(_get(url)), 30, f"{url} ready")
+        body = eventually(lambda: _body_when_ok(url), 30, f"{url} ready")
         assert body.startswith(shown), (curl.where(), body)
 
         inspect = _only(lines[5])
