@@ -1,9 +1,11 @@
 """``python -m ingestion inspect``: the job's state as read from Redis, as a table or JSON.
 
 ``--json`` prints one object (``job``, ``leader``, ``token``, ``lease_ttl_ms_left``,
-``cursor``, ``events``, ``audit``) plus three extra keys: ``stream`` (retention and consumer groups,
+``cursor``, ``events``, ``audit``: its tokens as integers, see :func:`audit_doc`) plus extra keys
+(every one documented in docs/OPERATIONS.md, "inspect"): ``stream`` (retention and consumer groups,
 see :func:`stream_doc`), ``leader_source_ok`` (when the leader's source last answered, see
-:func:`leader_source`) and ``lag``, null unless ``--horizon URL`` is
+:func:`leader_source`), ``backfill``, ``sink`` (PostgreSQL jobs) and ``lag``, null unless
+``--horizon URL`` is
 given, in which case inspect asks that Horizon for the newest record of the job's resource and
 reports how far the committed cursor is behind it::
 
@@ -347,6 +349,7 @@ async def inspect_job(
     if as_json:
         doc = attrs.asdict(state)
         doc.pop("cursor_token")
+        doc["audit"] = [audit_doc(entry) for entry in state.audit]
         doc["lag"] = lag
         doc["stream"] = None if sink is not None else stream_doc(stream)
         if sink is not None:
@@ -413,6 +416,27 @@ async def leader_source(store: LeaseStore, leader: str | None) -> dict[str, Any]
         "at": at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "seconds_ago": round(max(0, now_ms - health[leader]) / 1000, 3),
     }
+
+
+# Audit fields that hold whole numbers (a Redis stream keeps text): JSON integers, "" (unknown) null.
+AUDIT_NUMBERS = (
+    "token", "previous_token", "rolled_back_from", "takeover_ms", "cursor_ledger", "elder_ledger",
+)
+
+
+def audit_doc(entry: dict[str, str]) -> dict[str, Any]:
+    """One audit entry for ``--json``: its fields as written, the tokens (and other whole numbers
+    of :data:`AUDIT_NUMBERS`) as integers, an unknown one (``""``) as null."""
+    doc: dict[str, Any] = dict(entry)
+    for key in AUDIT_NUMBERS:
+        value = entry.get(key)
+        if value is None:
+            continue
+        try:
+            doc[key] = int(value) if value != "" else None
+        except ValueError:
+            pass  # (not a number: left as written)
+    return doc
 
 
 def stream_doc(stream: StreamInfo) -> dict[str, Any]:

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -44,6 +46,23 @@ async def test_inspect_json_of_an_empty_job_has_the_contract_keys(
                    "backfill": None}  # fmt: skip
 
 
+def documented_fields() -> set[str]:
+    """The fields docs/OPERATIONS.md's `inspect` section lists in its table of --json fields."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "OPERATIONS.md").read_text()
+    section = text.split("### `inspect`", 1)[1].split("\n### ", 1)[0]
+    return set(re.findall(r"^\| `([a-z_]+)` \|", section, flags=re.MULTILINE))
+
+
+async def test_every_field_of_inspect_json_is_documented(redis_server: LocalRedis, job: str) -> None:
+    client = connect(redis_server.url, timeout=2.0)
+    client.set(f"ingestion:{{{job}}}:token", 0)
+    client.close()
+    one = json.loads((await run_inspect("--redis", redis_server.url, "--job", job, "--json")).stdout)
+    every = json.loads((await run_inspect("--redis", redis_server.url, "--json")).stdout)
+    fields = set(one).union(*(set(doc) for doc in every)) | {"sink"}  # (sink: PostgreSQL jobs)
+    assert fields - documented_fields() == set()
+
+
 async def test_inspect_shows_leader_cursor_takeover_audit_and_lag_behind_horizon(
     redis_server: LocalRedis, job: str
 ) -> None:
@@ -75,8 +94,13 @@ async def test_inspect_shows_leader_cursor_takeover_audit_and_lag_behind_horizon
         assert 0 < doc["lease_ttl_ms_left"] <= 60_000
         takeover = doc["audit"][-1]  # newest last
         assert takeover["event"] == "became-leader" and takeover["node"] == "node-b"
-        assert takeover["previous_node"] == "node-a" and takeover["previous_token"] == "1"
+        assert takeover["previous_node"] == "node-a" and takeover["previous_token"] == 1
         assert [e["event"] for e in doc["audit"]] == ["became-leader", "released", "became-leader"]
+        # Tokens are integers (a stream keeps text); a first leader's unknown predecessor is null.
+        first, released = doc["audit"][0], doc["audit"][1]
+        assert (first["token"], first["previous_token"], first["previous_node"]) == (1, None, "")
+        assert (released["token"], takeover["token"]) == (1, 2)
+        assert isinstance(takeover["takeover_ms"], int)
 
         lag = doc["lag"]
         head_ledger = toid_parts(token_key(lag["head"])[0])[0]
