@@ -124,6 +124,7 @@ class Elector:
     _woken: bool = False  # the last standby wait ended on a release notice or a wake-up
     _unknown_terms: int = 0  # short terms in a row that ended commit-unknown
     _fenced_by_sink: bool = False  # this term was refused by the sink's fence, not by Redis
+    _handed_over: bool = False  # the term just ended because an operator asked
     # What this node knows of the lease while standby (for the balancer's placement and for
     # adoption, actors/liveness.py): its holder, when it would expire, since when it is free.
     seen_holder: str | None = None
@@ -448,6 +449,12 @@ class Elector:
         self.seen_holder, self._free_since, self._known_expiry = None, trio.current_time(), None
         if term_ended is not None and term_ended.reason in _FATAL_REASONS:
             raise IngestionFatal(term_ended.detail)
+        if self._handed_over:
+            # An operator asked that another node lead: stand aside one lease lifetime (a release
+            # notice from here does not wake this node). Should nobody take the job, it leads
+            # again after that.
+            self._handed_over = False
+            await self._standby_until(trio.current_time() + self.ttl_ms / 1000, wake_on_release=False)
         short = trio.current_time() - sent_at < self.ttl_ms / 1000
         unknown = term_ended is not None and term_ended.reason == "commit-unknown"
         self._unknown_terms = self._unknown_terms + 1 if unknown and short else 0
@@ -504,13 +511,15 @@ class Elector:
                 continue
             lost = machine.deadline_passed(grant.token, trio.current_time())
         self._announce_resumed(None)
+        self._handed_over = lost.reason is LostReason.HANDED_OVER
         self.log.info("lost-leadership", token=lost.token, reason=lost.reason.value)
         self.observer.election_event("lost-leadership", token=lost.token, reason=lost.reason.value)
         await self.heartbeat.send(StopRenewing(grant.token))
         if term_ended is None:
             graceful = lost.reason in (
-                LostReason.SHUTDOWN, LostReason.REBALANCED, LostReason.SOURCE_UNAVAILABLE
-            )
+                LostReason.SHUTDOWN, LostReason.REBALANCED, LostReason.SOURCE_UNAVAILABLE,
+                LostReason.HANDED_OVER,
+            )  # fmt: skip
             await self.ingestor.send(LeaseRevoked(grant.token, lost.reason.value, graceful))
             term_ended = await self._await_term_end(grant.token)
         # A rejection by Redis took the lease already; one by the sink's own fence did not: free

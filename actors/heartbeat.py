@@ -14,9 +14,11 @@ from typing import Any
 import attrs
 import trio
 
-from actors.lease_store import LeaseStore, RedisUnavailable
+from actors.lease import LostReason
+from actors.lease_store import LeaseStore, RedisUnavailable, Renewal
 from actors.messages import (
     ElectorInput,
+    HandBack,
     HeartbeatInput,
     RenewFailed,
     RenewRejected,
@@ -54,6 +56,16 @@ class Heartbeat:
                         current = None
                 nursery.cancel_scope.cancel()
 
+    async def _handed_over(self, token: int, by: str) -> None:
+        """An operator asked this term to hand over: say who in the job's audit (fenced: the term
+        still holds the lease), then end the term gracefully."""
+        self.log.info("handover-requested", token=token, by=by)
+        try:
+            await self.store.fenced_audit(self.node, token, "handover-requested", {"by": by})
+        except RedisUnavailable as exc:
+            self.log.warning("handover-unaudited", token=token, by=by, error=str(exc))
+        await self.elector.send(HandBack(token, LostReason.HANDED_OVER.value))
+
     async def _renew_loop(self, start: StartRenewing, scope: trio.CancelScope) -> None:
         with scope:
             tick = 1
@@ -70,5 +82,7 @@ class Heartbeat:
                         await self.elector.send(RenewRejected(start.token))
                         return
                     await self.elector.send(RenewSucceeded(start.token, sent_at))
+                    if ok is Renewal.HAND_OVER:
+                        await self._handed_over(start.token, self.store.last_handover_by)
                 elapsed = trio.current_time() - start.granted_at
                 tick = max(tick + 1, math.floor(elapsed / self.interval) + 1)

@@ -43,6 +43,7 @@ class LostReason(enum.Enum):
     REDIS_UNAVAILABLE = "redis-unavailable"
     REBALANCED = "rebalanced"  # handed back gracefully so that another node leads (the balancer)
     SOURCE_UNAVAILABLE = "source-unavailable"  # the source answered nothing for too long; others can
+    HANDED_OVER = "handed-over"  # an operator asked (ingestion handover, the console); the audit says who
 
 
 class LeaseProtocolError(Exception):

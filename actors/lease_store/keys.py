@@ -14,7 +14,9 @@ def job_keys(job: str) -> dict[str, str]:
     prefix = f"ingestion:{{{job}}}"
     return {
         name: f"{prefix}:{name}"
-        for name in ("lease", "token", "cursor", "events", "audit", "leader", "released", "health")
+        for name in (
+            "lease", "token", "cursor", "events", "audit", "leader", "released", "health", "rejections",
+        )
     }
 
 

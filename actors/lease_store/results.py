@@ -6,7 +6,17 @@ whose outcome the caller must treat as unknown (the command may have been applie
 
 from __future__ import annotations
 
+import enum
+
 import attrs
+
+
+class Renewal(enum.IntEnum):
+    """A renewal's answer (true when the lease was extended)."""
+
+    LOST = 0  # the lease is not (or no longer) this holder's
+    RENEWED = 1
+    HAND_OVER = 2  # renewed, and an operator asked this term to hand over (ingestion handover, the console)
 
 
 class RedisUnavailable(Exception):

@@ -50,6 +50,7 @@ from actors.lease_store.results import (
     JobState,
     LeaderInfo,
     RedisUnavailable,
+    Renewal,
     ReplicationUnconfirmed,
     StateLost,
     StreamInfo,
@@ -65,6 +66,7 @@ def _optional_ms(ms: int | None) -> str | int:
 
 
 FOLLOW_PRIMARY_EVERY = 0.5  # seconds: how stale the Sentinel-named primary may be (follow_primary)
+REJECTIONS_KEPT = 100  # fencing rejections kept per job (approximately) for the console
 
 
 def deployment_name(client: redis.Redis) -> str:
@@ -145,6 +147,7 @@ class LeaseStore:
         # this job's lease: a node process's parent learns from it which leases to release
         # should the process die (ingestion/node/parent.py). Never told of an unknown outcome.
         self.on_lease: Callable[[str, str, int, str], None] | None = None
+        self.last_handover_by = ""  # who asked for the hand-over the last renewal took
 
     async def follow_primary(self, every: float = FOLLOW_PRIMARY_EVERY) -> None:
         """With Sentinel, ask where the primary is every ``every`` seconds, until cancelled.
@@ -350,11 +353,41 @@ class LeaseStore:
             able=able,
         )
 
-    async def renew(self, node: str, token: int, ttl_ms: int) -> bool:
-        """Extend the lease if it still holds exactly ``node`` and ``token``; False if lost."""
+    async def renew(self, node: str, token: int, ttl_ms: int) -> Renewal:
+        """Extend the lease if it still holds exactly ``node`` and ``token``: ``LOST`` (false) if
+        it does not; ``HAND_OVER`` when extended and an operator asked this term to hand over
+        (:meth:`request_handover`; taken once: who asked is then ``last_handover_by``)."""
         k = self.keys
         res = await self._call(self._renew, keys=[k["lease"], k["leader"]], args=[node, token, ttl_ms])
-        return bool(int(res))
+        answer = Renewal(int(res[0]))
+        if answer is Renewal.HAND_OVER:
+            self.last_handover_by = str(res[1])
+        return answer
+
+    async def request_handover(self, token: int, by: str) -> None:
+        """Ask the leader of term ``token`` to hand the job over gracefully (finish its commit,
+        release, stand aside one TTL): its next renewal takes the request, and it writes who asked
+        (``by``) to the audit. A request for a term that has ended is dropped by the next renewal
+        of any term.
+
+        Raises:
+            RedisUnavailable: the outcome is unknown.
+        """
+        mapping = {"handover_token": str(token), "handover_by": by[:200]}
+        await self._call(self.client.hset, self.keys["leader"], mapping=mapping)
+
+    async def note_rejection(self, fields: dict[str, str | int]) -> None:
+        """Keep a fencing rejection this node was told of in the job's ``rejections`` stream (the
+        last ``REJECTIONS_KEPT``), for the console: a diagnostic, not a record or a cursor, so it
+        is written by the refused node itself. Bounded; never raises."""
+        entry = {k: str(v) for k, v in fields.items()}
+        with trio.move_on_after(self.call_timeout):
+            try:
+                await self._call(
+                    self.client.xadd, self.keys["rejections"], entry, maxlen=REJECTIONS_KEPT, approximate=True
+                )
+            except RedisUnavailable:
+                pass
 
     async def release(self, node: str, token: int) -> bool:
         """Give the lease up (if still ours) and wake the standbys; False if it was not ours."""
@@ -463,20 +496,23 @@ class LeaseStore:
         return {node: int(ms) for node, ms in raw.items() if not node.startswith("failing:")}
 
     async def fenced_audit(
-        self, node: str, token: int, event: str, fields: dict[str, str]
-    ) -> CommitRejected | None:
+        self, node: str, token: int, event: str, fields: dict[str, str], *, stream: str | None = None,
+        maxlen: int = AUDIT_MAXLEN,
+    ) -> CommitRejected | None:  # fmt: skip
         """Append ``event`` (with ``node``, ``token`` and ``fields``) to the job's audit stream,
         only if ``token`` is current and ``node`` holds the lease: a job's own record of something
-        that happened in its term (a skipped history gap). None when written, else the rejection.
+        that happened in its term (a skipped history gap). ``stream``: another stream of the job's
+        (under its hash tag), kept to ``maxlen``. None when written, else the rejection.
 
         Raises:
             RedisUnavailable: the outcome is unknown.
         """
-        args: list[str | int] = [node, token, AUDIT_MAXLEN, event]
+        args: list[str | int] = [node, token, maxlen, event]
         for field, value in fields.items():
             args += [field, value]
         k = self.keys
-        res = await self._call(self._fenced_audit, keys=[k["token"], k["lease"], k["audit"]], args=args)
+        keys = [k["token"], k["lease"], stream or k["audit"]]
+        res = await self._call(self._fenced_audit, keys=keys, args=args)
         if int(res[0]) == 1:
             return None
         return CommitRejected(token=token, reason=res[1], current_token=int(res[2]), stored_cursor=None)

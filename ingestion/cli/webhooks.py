@@ -1,5 +1,6 @@
 """``ingestion webhooks``: the webhook jobs' endpoints, positions, lag, state and dead letters
-(``status``), and requests their leaders carry out under their own tokens (``replay``, ``enable``).
+(``status``), and requests their leaders carry out under their own tokens (``replay``, ``enable``,
+``pause``, ``resume``), each written to the job's audit with who asked.
 
 Exit 0; 2 for a bad flag, an unknown job or a bound that does not parse; 1 when Redis cannot be
 read or written. Secrets are never shown.
@@ -23,8 +24,8 @@ from ingestion.cli.usage import OneLineParser, UsageError, setting_help
 def parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog="ingestion webhooks",
-        description="The webhook jobs: status, replay, enable (docs/WEBHOOKS.md). The job's leader "
-        "carries out replays and enables, fenced; this command only asks.",
+        description="The webhook jobs: status, replay, enable, pause, resume (docs/WEBHOOKS.md). The "
+        "job's leader carries out each request, fenced, and audits who asked; this command only asks.",
     )
     p.add_argument("--config", type=Path, help="TOML file (default: ./config.toml if present)")
     p.add_argument("--redis", metavar="URL", help=setting_help("the nodes' Redis", ("redis", "url")))
@@ -40,6 +41,10 @@ def parser() -> argparse.ArgumentParser:
     replay.add_argument("--dead-letters", action="store_true", help="re-deliver the dead letters instead")
     enable = sub.add_parser("enable", help="deliver again to an endpoint disabled by 410 Gone")
     enable.add_argument("job", help="the webhook job")
+    pause = sub.add_parser("pause", help="hold delivery (records wait in order; kept until resume)")
+    pause.add_argument("job", help="the webhook job")
+    resume = sub.add_parser("resume", help="deliver again after a pause")
+    resume.add_argument("job", help="the webhook job")
     return p
 
 
@@ -49,7 +54,7 @@ def main(argv: Sequence[str]) -> int:
 
     ns = parser().parse_args(list(argv))
     if ns.action is None:
-        raise UsageError("webhooks: name an action: status, replay or enable")
+        raise UsageError("webhooks: name an action: status, replay, enable, pause or resume")
     flags: dict[str, dict[str, Any]] = {"redis": {"url": ns.redis}} if ns.redis else {}
     settings = load(ns.config, os.environ, flags)
     hooks = {j.name: j for j in settings.jobs if j.kind == "webhook" and j.webhook is not None}
@@ -78,6 +83,9 @@ def main(argv: Sequence[str]) -> int:
                 f"replay requested ({rid}): the leader of {ns.job} carries it out; "
                 "`webhooks status` shows it done"
             )
+        elif ns.action in ("pause", "resume"):
+            rid = admin.request_pause(client, ns.job, ns.action == "pause")
+            print(f"{ns.action} requested ({rid}): the leader of {ns.job} carries it out within a second")
         else:
             rid = admin.request_enable(client, ns.job)
             print(f"enable requested ({rid}): the leader of {ns.job} delivers again once it reads it")

@@ -9,6 +9,8 @@ stream; the leader reads it, re-delivers with its own fencing token, and records
 from __future__ import annotations
 
 import datetime
+import getpass
+import socket
 import time
 from typing import Any
 
@@ -49,19 +51,44 @@ def replay_bound(text: str) -> str:
 
 
 def request_replay(
-    client: redis.Redis, job: str, start: str = "", end: str = "", dead_letters: bool = False
-) -> str:
+    client: redis.Redis, job: str, start: str = "", end: str = "", dead_letters: bool = False,
+    by: str = "",
+) -> str:  # fmt: skip
     """Ask ``job``'s leader to re-deliver records ``start``..``end`` (bounds as
-    :func:`replay_bound` makes them) or its dead letters; the request's id."""
-    fields = {"action": "replay", "dead_letters": "1" if dead_letters else "0", "from": start or "0",
-              "to": end, "requested_at_ms": str(int(time.time() * 1000))}  # fmt: skip
-    return _text(client.xadd(webhook_keys(job)["requests"], fields))  # type: ignore[arg-type]
+    :func:`replay_bound` makes them) or its dead letters; the request's id. ``by``: who asked
+    (the job's audit keeps it)."""
+    return _ask(client, job, "replay", by, dead_letters="1" if dead_letters else "0", start=start or "0",
+                end=end)  # fmt: skip
 
 
-def request_enable(client: redis.Redis, job: str) -> str:
+def request_enable(client: redis.Redis, job: str, by: str = "") -> str:
     """Ask ``job``'s leader to deliver again to an endpoint disabled by a 410 answer."""
-    fields = {"action": "enable", "requested_at_ms": str(int(time.time() * 1000))}
-    return _text(client.xadd(webhook_keys(job)["requests"], fields))  # type: ignore[arg-type]
+    return _ask(client, job, "enable", by)
+
+
+def request_pause(client: redis.Redis, job: str, pause: bool, by: str = "") -> str:
+    """Ask ``job``'s leader to pause delivery (records wait, in order, nothing is dropped) or to
+    resume it; kept across terms and nodes until resumed."""
+    return _ask(client, job, "pause" if pause else "resume", by)
+
+
+def _ask(client: redis.Redis, job: str, action: str, by: str, **extra: str) -> str:
+    fields: dict[Any, Any] = {
+        "action": action, "by": by or default_asker(), "requested_at_ms": str(int(time.time() * 1000)),
+    }
+    if "start" in extra:
+        extra["from"], extra["to"] = extra.pop("start"), extra.pop("end")
+    fields.update(extra)
+    return _text(client.xadd(webhook_keys(job)["requests"], fields))
+
+
+def default_asker() -> str:
+    """Who asks from the command line: the user and host, as the audit shows them."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"cli {user}@{socket.gethostname()}"
 
 
 def status(client: redis.Redis, job: str, source_job: str, url: str) -> dict[str, Any]:
@@ -76,9 +103,10 @@ def status(client: redis.Redis, job: str, source_job: str, url: str) -> dict[str
     done = endpoint.get("requests_done", "0-0")
     pending = client.xrange(keys["requests"], f"({done}", "+")
     undelivered, lag = _undelivered(client, source_job, _text(cursor) if cursor else None)
+    state = endpoint.get("state", "ok" if leader else "idle")
     return {
         "job": job, "from": source_job, "url": url, "leader": leader,
-        "state": endpoint.get("state", "ok" if leader else "idle"),
+        "state": "paused" if endpoint.get("paused") == "1" else state,
         "position": _text(cursor) if cursor else None,
         "undelivered": undelivered, "lag_seconds": lag,
         "failing_record": endpoint.get("failing_record") if endpoint.get("state") == "failing" else None,

@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 from ingestion.webhook.source import WebhookStats
 
 JOB_LABEL = "ingestion_job"
-STATES = ("idle", "ok", "failing", "disabled")
+STATES = ("idle", "ok", "failing", "disabled", "paused")
 OUTCOMES = ("2xx", "3xx", "4xx", "429", "5xx", "timeout", "error")
 
 
@@ -41,7 +41,7 @@ class WebhookCollector(Collector):
         )
         state = GaugeMetricFamily(
             "ingestion_webhook_endpoint_state",
-            "1 for the endpoint's state on this node: idle (not leading), ok, failing, disabled.",
+            "1 for the endpoint's state on this node: idle (not leading), ok, failing, disabled, paused.",
             labels=[JOB_LABEL, "state"],
         )
         now_ms = int(time.time() * 1000)

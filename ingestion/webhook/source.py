@@ -61,6 +61,8 @@ USER_AGENT = "ingestion-webhooks/1"
 READ_PAGE = 1000  # records read from the source job's store at a time
 REQUESTS_EVERY = 1.0  # seconds between looks at the operators' requests while delivering
 DISABLED_POLL = 1.0  # seconds between looks while the endpoint is disabled
+ATTEMPTS_KEPT = 200  # recent attempts kept in the job's attempts stream (approximately)
+ATTEMPT_SAMPLE = 1.0  # seconds: every failed attempt is kept, a delivered one at most this often
 HOLD_EVERY = 1.0  # seconds between moves of the source stream's retention floor (one call)
 CLOCK_REFRESH = 30.0  # seconds between reads of Redis's clock (carried by the monotonic clock between)
 SKEW_WARN = 5.0  # seconds: a node's wall clock further off Redis's than this is logged, once per term
@@ -109,7 +111,7 @@ class ServerClock:
 def webhook_keys(job: str) -> dict[str, str]:
     """The webhook job's own keys beside its lease store's (same hash tag, same cluster slot)."""
     prefix = f"ingestion:{{{job}}}"
-    return {name: f"{prefix}:{name}" for name in ("endpoint", "requests", "replayed")}
+    return {name: f"{prefix}:{name}" for name in ("endpoint", "requests", "replayed", "attempts")}
 
 
 @attrs.define
@@ -155,6 +157,7 @@ class Attempt:
     error: str
     retry_after: float | None
     excerpt: str
+    latency_ms: int = 0  # from the request to the answer (or the failure)
 
 
 @attrs.define
@@ -184,6 +187,9 @@ class WebhookSource:
     # the store position of the last record whose outcome is committed (this term)
     _delivered_through: str | None = attrs.field(default=None, init=False)
     _clock: ServerClock = attrs.field(init=False)
+    _paused: bool = attrs.field(default=False, init=False)  # an operator paused delivery (fenced, kept)
+    _resumed: trio.Event = attrs.field(factory=trio.Event, init=False)  # set when not paused
+    _last_kept: float = attrs.field(default=-1e9, init=False)  # when a delivered attempt was last kept
 
     def __attrs_post_init__(self) -> None:
         self._clock = ServerClock(self._redis_time, self.log)
@@ -218,6 +224,12 @@ class WebhookSource:
             endpoint = await self.store.run(lambda: self.store.client.hgetall(keys["endpoint"]))
             if _text(endpoint.get(b"state", endpoint.get("state", b""))) == "disabled":
                 self.stats.state = "disabled"
+            self._paused = _text(endpoint.get(b"paused", endpoint.get("paused", b""))) == "1"
+            self._resumed = trio.Event()
+            if self._paused:
+                self.stats.state = "paused"
+            else:
+                self._resumed.set()
             limits = httpx.Limits(
                 max_connections=self.concurrency, max_keepalive_connections=self.concurrency
             )
@@ -357,16 +369,18 @@ class WebhookSource:
         first_attempt = time.time()
         while True:
             await self._while_disabled(term)
+            await self._while_paused()
             attempt = await self._post(client, unit, term.token)
             label = outcome_label(attempt.status, attempt.error)
             self.stats.attempts[label] = self.stats.attempts.get(label, 0) + 1
             verdict = judge(attempt.status)
+            await self._keep_attempt(term, unit, attempt, label, delivered=verdict == DELIVERED)
             if verdict == DELIVERED:
                 if failures or self.stats.state == "failing":
                     # the endpoint answers again: said once, not per record
                     await self._set_endpoint(term, state="ok", attempts="0", last_status=str(attempt.status))
                     self.log.info("webhook-recovered", record=unit.key, attempts=failures + 1)
-                    self.stats.state = "ok"
+                    self.stats.state = "paused" if self._paused else "ok"
                 return DELIVERED, {}
             if verdict == GONE:
                 self.stats.state = "disabled"
@@ -393,7 +407,7 @@ class WebhookSource:
                 delay = max(delay, attempt.retry_after or 0.0)
             else:
                 delay = self.schedule.delay(failures, self.rng.random(), attempt.retry_after) or 0.0
-            self.stats.state = "failing"
+            self.stats.state = "paused" if self._paused else "failing"
             self.log.warning(
                 "webhook-failed", record=unit.key, attempt=failures, status=attempt.status,
                 error=attempt.error, answer=attempt.excerpt, retry_in_s=round(delay, 3),
@@ -417,6 +431,11 @@ class WebhookSource:
         status: int | None = None
         excerpt = b""
         retry_after: float | None = None
+        started = trio.current_time()
+
+        def took() -> int:
+            return round(1000 * (trio.current_time() - started))
+
         with trio.move_on_after(self.timeout) as scope:  # the total timeout: a slow endpoint is cut
             try:
                 async with client.stream("POST", self.url, content=unit.body, headers=headers) as resp:
@@ -432,12 +451,12 @@ class WebhookSource:
                         retry_after = parse_retry_after(resp.headers.get("retry-after"), now)
             except httpx.HTTPError as exc:
                 if status is None:
-                    return Attempt(None, describe(exc), None, "")
+                    return Attempt(None, describe(exc), None, "", took())
         if scope.cancelled_caught and status is None:
-            return Attempt(None, f"timed out: no answer within {self.timeout:g} s", None, "")
+            return Attempt(None, f"timed out: no answer within {self.timeout:g} s", None, "", took())
         ok = status is not None and 200 <= status < 300
         text = "" if ok else excerpt[:EXCERPT_BYTES].decode("utf-8", "replace")
-        return Attempt(status, "" if status else "no answer", retry_after, text)
+        return Attempt(status, "" if status else "no answer", retry_after, text, took())
 
     # -- the endpoint's state and the operators' requests -----------------------------------------
 
@@ -445,6 +464,47 @@ class WebhookSource:
         key = webhook_keys(self.job)["endpoint"]
         mapping = {k: str(v) for k, v in fields.items()} | {"updated_at_ms": str(_now_ms())}
         refused = await self.store.fenced_hset(term.node, term.token, key, mapping)
+        if isinstance(refused, CommitRejected):
+            raise TermFenced(refused.reason)
+
+    async def _keep_attempt(
+        self, term: TermContext, unit: Unit, attempt: Attempt, label: str, *, delivered: bool,
+        replay: bool = False,
+    ) -> None:  # fmt: skip
+        """Keep the attempt in the job's ``attempts`` stream (fenced, the last ``ATTEMPTS_KEPT``),
+        for the console and ``webhooks status``: every failed one, a delivered one at most once
+        an ``ATTEMPT_SAMPLE`` (one Redis call a second at full speed, not one per POST)."""
+        now = trio.current_time()
+        if delivered and now - self._last_kept < ATTEMPT_SAMPLE:
+            return
+        if delivered:
+            self._last_kept = now
+        fields = {
+            "record": unit.key, "records": str(len(unit.stored)), "outcome": label,
+            "status": str(attempt.status or ""), "latency_ms": str(attempt.latency_ms),
+            "error": attempt.error[:200], "answer": attempt.excerpt[:200], "replay": "1" if replay else "0",
+        }  # fmt: skip
+        refused = await self.store.fenced_audit(
+            term.node, term.token, "attempt", fields, stream=webhook_keys(self.job)["attempts"],
+            maxlen=ATTEMPTS_KEPT,
+        )  # fmt: skip
+        if isinstance(refused, CommitRejected):
+            raise TermFenced(refused.reason)
+
+    async def _while_paused(self) -> None:
+        """Wait while an operator has paused delivery (``webhooks pause``, the console), until
+        one resumes it: a request the leader carries out (fenced) in :meth:`_serve_requests`."""
+        while self._paused:
+            await self._resumed.wait()
+
+    async def _operator_audit(
+        self, term: TermContext, request: dict[str, str], summary: dict[str, Any]
+    ) -> None:
+        """The job's audit: what an operator asked, who, and what came of it (fenced)."""
+        fields = {"action": str(summary.get("action", request.get("action", ""))),
+                  "by": request.get("by", "")[:200], "request": request.get("id", ""),
+                  "result": orjson.dumps(summary).decode()[:500]}  # fmt: skip
+        refused = await self.store.fenced_audit(term.node, term.token, "operator-request", fields)
         if isinstance(refused, CommitRejected):
             raise TermFenced(refused.reason)
 
@@ -488,16 +548,32 @@ class WebhookSource:
             request_id, fields = pending[0]
             request = {_text(k): _text(v) for k, v in (fields or {}).items()}
             rid = _text(request_id)
-            if request.get("action") == "enable":
+            action = request.get("action")
+            summary: dict[str, Any]
+            if action == "enable":
                 if self.stats.state == "disabled":
                     await self._set_endpoint(term, enable_requested_at_ms=str(_now_ms()))
-                summary: dict[str, Any] = {"action": "enable"}
+                summary = {"action": "enable"}
+            elif action in ("pause", "resume"):
+                pause = action == "pause"
+                changed = pause != self._paused
+                await self._set_endpoint(term, paused="1" if pause else "0")
+                self._paused = pause
+                if pause:
+                    self.stats.state = "paused"
+                    self._resumed = trio.Event()
+                else:
+                    self._resumed.set()
+                    if self.stats.state == "paused":
+                        self.stats.state = "ok"
+                summary = {"action": action, "changed": changed}
             else:
                 summary = await self._replay(client, term, request)
             await self._set_endpoint(
                 term, requests_done=rid, last_request=orjson.dumps({"id": rid, **summary}).decode()
             )
-            self.log.info("webhook-request-done", request=rid, **summary)
+            await self._operator_audit(term, {**request, "id": rid}, summary)
+            self.log.info("webhook-request-done", request=rid, by=request.get("by", ""), **summary)
 
     async def _replay(
         self, client: httpx.AsyncClient, term: TermContext, request: dict[str, str]
@@ -539,7 +615,10 @@ class WebhookSource:
         failures = 0
         while True:
             attempt = await self._post(client, unit, term.token)
-            if judge(attempt.status) == DELIVERED:
+            label = outcome_label(attempt.status, attempt.error)
+            delivered = judge(attempt.status) == DELIVERED
+            await self._keep_attempt(term, unit, attempt, label, delivered=delivered, replay=True)
+            if delivered:
                 return True
             failures += 1
             delay = self.schedule.delay(failures, self.rng.random(), attempt.retry_after)

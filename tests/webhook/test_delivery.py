@@ -443,3 +443,55 @@ async def test_terms_handed_over_at_many_points_still_deliver_every_record_once_
         await node.shutdown()
         nursery.cancel_scope.cancel()
     assert seqs(receiver) == list(range(1, 401))
+
+
+async def test_an_operator_pauses_and_resumes_delivery_across_terms_and_the_audit_says_who(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    """Pause holds every record in order (nothing dropped, nothing dead-lettered), across a new
+    term on another node; resume delivers them. Each request is carried out by the leader under
+    its token and audited with who asked; every attempt that failed is kept with its status and
+    latency, for the console."""
+    from ingestion.webhook.admin import request_pause, status
+
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    src = open_store(redis_server.url, source_job)
+    await commit_source_records(src, 1, 3)
+    receiver = Receiver(SECRET, fault=Fault(status=503, retry_after=0))
+    rec = Recorder()
+    keys = webhook_keys(hook_job)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        slow = RetrySchedule((0.5, 0.5, 0.5))
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port, schedule=slow)
+        a = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook)
+        await wait_until(lambda: receiver.posts >= 2, 5, what="two failed attempts")
+        receiver.fault = None
+        await receiver.wait_for(3, 10)
+        request_pause(redis_client, hook_job, True, by="console 127.0.0.1 (alice)")
+        await wait_until(lambda: redis_client.hget(keys["endpoint"], "paused") == "1", 5, what="paused")
+        assert status(redis_client, hook_job, source_job, "x")["state"] == "paused"
+        await commit_source_records(src, 4, 6)
+        await a.shutdown()
+        # another term, on another node: still paused
+        hook_b, _ = webhook(open_store, redis_server.url, source_job, hook_job, port)
+        b = await start_node(nursery, rec, redis_server.url, hook_job, "b", hook_b)
+        await rec.wait_for("became-leader", "b")
+        await trio.sleep(1.0)
+        assert seqs(receiver) == [1, 2, 3]
+        request_pause(redis_client, hook_job, False, by="cli bob@ops")
+        await receiver.wait_for(6, 10)
+        await b.shutdown()
+        nursery.cancel_scope.cancel()
+    assert seqs(receiver) == [1, 2, 3, 4, 5, 6]
+    assert redis_client.xlen(job_keys(hook_job)["events"]) == 0  # no dead letter
+    audit = [f for _id, f in redis_client.xrange(job_keys(hook_job)["audit"])]
+    asked = [f for f in audit if f["event"] == "operator-request"]
+    assert [(f["action"], f["by"], f["node"]) for f in asked] == [
+        ("pause", "console 127.0.0.1 (alice)", "a"), ("resume", "cli bob@ops", "b"),
+    ]  # fmt: skip
+    attempts = [f for _id, f in redis_client.xrange(keys["attempts"])]
+    failed = [f for f in attempts if f["outcome"] != "2xx"]
+    assert [f["status"] for f in failed] == ["503", "503"]
+    assert failed[0]["record"] == SyntheticSource.token_of(1)
+    assert all(int(f["latency_ms"]) >= 0 for f in attempts) and any(f["outcome"] == "2xx" for f in attempts)

@@ -1,0 +1,76 @@
+"""An operator's hand-over (``ingestion handover``, the console's button): the request names the
+term; the leader's next renewal takes it (in the renew script, so only the term's own holder can),
+writes it to the audit with who asked, and the leader ends the term gracefully and stands aside
+one TTL, so a standby leads and resumes at the committed cursor. A request for a term that has
+ended changes nothing.
+
+In-process nodes, the real actors, a real redis-server.
+"""
+
+from __future__ import annotations
+
+import redis
+import trio
+
+from actors.lease_store import LeaseStore, Renewal, job_keys
+from actors.source import SyntheticSource
+from ingestion.testing.local_redis import LocalRedis
+from tests.support.nodes import FAST_TIMING, OpenStore, Recorder, start_node
+
+LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)
+
+
+def audit(client: redis.Redis, job: str) -> list[dict[str, str]]:
+    return [fields for _id, fields in client.xrange(job_keys(job)["audit"])]  # type: ignore[union-attr]
+
+
+async def test_a_handover_request_moves_the_job_to_a_standby_and_is_audited(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    rec = Recorder()
+    asker = open_store(redis_server.url, job)
+    async with trio.open_nursery() as nursery:
+        a = await start_node(nursery, rec, redis_server.url, job, "a", LIVE)
+        granted = await rec.wait_for("became-leader", "a")
+        b = await start_node(nursery, rec, redis_server.url, job, "b", LIVE)
+        await rec.wait_for("standby", "b")
+        await rec.wait_for("committed", "a", count=3)
+        asked_at = trio.current_time()
+        await asker.request_handover(granted.fields["token"], "console 127.0.0.1 (alice)")
+        lost = await rec.wait_for("lost-leadership", "a", reason="handed-over", within=2)
+        taken = await rec.wait_for("became-leader", "b", within=FAST_TIMING.ttl + 1)
+        # within a renew interval and the graceful release's wake-up, not a lease expiry
+        assert lost.at - asked_at <= FAST_TIMING.renew_interval + 0.5
+        assert taken.at - lost.at < FAST_TIMING.ttl / 2
+        assert taken.fields["previous_node"] == "a"
+        await rec.wait_for("committed", "b", count=2)
+        # a stood aside: it did not take the job back at once
+        assert len(rec.of("became-leader", "a")) == 1
+        await a.shutdown()
+        await b.shutdown()
+    entries = audit(redis_client, job)
+    asked = [e for e in entries if e["event"] == "handover-requested"]
+    assert asked == [{"event": "handover-requested", "node": "a", "token": str(granted.fields["token"]),
+                      "by": "console 127.0.0.1 (alice)"}]  # fmt: skip
+    events = [e["event"] for e in entries]
+    at = events.index("handover-requested")
+    assert events[at + 1 : at + 3] == ["released", "became-leader"]
+    assert not redis_client.hexists(job_keys(job)["leader"], "handover_token")
+
+
+async def test_a_request_naming_another_term_is_dropped_by_the_renewal(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    store: LeaseStore = open_store(redis_server.url, job)
+    first = await store.acquire("a", 5000)
+    await store.request_handover(first.token + 7, "someone")  # type: ignore[union-attr]
+    assert await store.renew("a", first.token, 5000) is Renewal.RENEWED  # type: ignore[union-attr]
+    assert not redis_client.hexists(job_keys(job)["leader"], "handover_token")  # dropped, not kept
+    await store.request_handover(first.token, "someone")  # type: ignore[union-attr]
+    # not the holder: nothing taken, nothing audited
+    assert await store.renew("b", first.token, 5000) is Renewal.LOST  # type: ignore[union-attr]
+    assert redis_client.hget(job_keys(job)["leader"], "handover_by") == "someone"
+    assert await store.renew("a", first.token, 5000) is Renewal.HAND_OVER  # type: ignore[union-attr]
+    assert store.last_handover_by == "someone"
+    assert not redis_client.hexists(job_keys(job)["leader"], "handover_token")  # taken once
+    assert await store.renew("a", first.token, 5000) is Renewal.RENEWED  # type: ignore[union-attr]
