@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ingestion.cli import run
 
@@ -40,7 +41,7 @@ def main(argv: Sequence[str]) -> int:
     rows = resolved_with_sources(
         settings, file_layer(ns.config), from_environment(os.environ), run._flags_layer(ns)
     )
-    rows = [(name, redact_url(v) if name == "redis.url" else v, src) for name, v, src in rows]
+    rows = [(name, _shown(name, v, redact_url), src) for name, v, src in rows]
     jobs = [{"job": j.name, "kind": j.kind, "follows": source_identity(j)} for j in settings.jobs]
     if ns.json:
         print(json.dumps({
@@ -56,3 +57,12 @@ def main(argv: Sequence[str]) -> int:
         print(f"job {job['job']}: {job['follows']}")
     print("configuration OK")
     return 0
+
+
+def _shown(name: str, value: Any, redact_url: Callable[[str], str]) -> Any:
+    """A setting as check-config prints it: URLs without their passwords, a token as set or not."""
+    if name in ("redis.url", "sink.url") and isinstance(value, str) and value:
+        return redact_url(value)
+    if name == "observe.console_token":
+        return "(set)" if value else ""
+    return value

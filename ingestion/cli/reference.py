@@ -52,20 +52,38 @@ KEY_MEANINGS: dict[str, tuple[str, str]] = {
         "stream",
         "the last 10,000 or so of: `became-leader` (`previous_node`, `previous_token`, `takeover_ms`; "
         "`rolled_back_from` after a rollback), `released`, and `history-gap` (`cursor`, `cursor_ledger`, "
-        '`elder_ledger`, `horizon` or `rpc`; only with `on_history_gap = "skip"`)',
+        '`elder_ledger`, `horizon` or `rpc`; only with `on_history_gap = "skip"`), `handover-requested` '
+        "(`by`: an operator's hand-over, written by the leader that took it) and `operator-request` "
+        "(`action`, `by`, `request`, `result`: a webhook request its leader carried out)",
     ),
-    "leader": ("hash", "the last holder, its token and its lease's end (Redis time): gives `takeover_ms`"),
+    "leader": (
+        "hash", "the last holder, its token and its lease's end (Redis time): gives `takeover_ms`; "
+        "`handover_token`, `handover_by`: an operator's hand-over request, taken by that term's next "
+        "renewal and dropped by any other",
+    ),
     "released": ("pub/sub channel", "release notices that wake the standbys"),
     "health": ("hash", "node -> Redis time (ms) its source last answered (source-aware leadership)"),
-}
+    "rejections": (
+        "stream", "the last 100 or so fencing rejections of the job (the fields of "
+        "`fencing-token-rejected` and `node`), kept by the refused node for the console",
+    ),
+}  # fmt: skip
 REGISTRY_MEANING = ("sorted set", "the live nodes, scored with the Redis time of their last heartbeat")
 # Keys of the application's own job features, beside the lease store's (same hash tag)
 APP_KEY_MEANINGS: dict[str, tuple[str, str]] = {
     "endpoint": (
-        "hash", "a webhook job's endpoint state: disabled (410 Gone), the failing record, attempts "
-        "(WEBHOOKS.md)",
+        "hash", "a webhook job's endpoint state: disabled (410 Gone), `paused`, the failing record, "
+        "attempts (WEBHOOKS.md)",
     ),
-    "requests": ("stream", "a webhook job's operator requests (replay, enable), carried out by its leader"),
+    "requests": (
+        "stream", "a webhook job's operator requests (replay, enable, pause, resume, with `by`), carried "
+        "out by its leader",
+    ),
+    "attempts": (
+        "stream", "a webhook job's recent delivery attempts (the last 200 or so; every failed one, a "
+        "delivered one at most once a second): `record`, `outcome`, `status`, `latency_ms`, `error`, "
+        "`answer`, `replay`",
+    ),
     "replayed": ("hash", "a webhook job's replays done: request id -> outcome"),
     "watch": (
         "set", "a job's watch list when `watch_set = true`: addresses; edited with `ingestion watchlist` "
@@ -230,12 +248,14 @@ def redis_section() -> Iterator[str]:
     yield from _key_table(keys, KEY_MEANINGS)
     kind, meaning = REGISTRY_MEANING
     yield f"| {cell(code(NODE_REGISTRY_KEY))} | {cell(kind)} | {cell(meaning)} |"
-    from ingestion.serve.console import PRESENCE_INFO_KEY, PRESENCE_KEY
+    from ingestion.serve.presence import PRESENCE_CHANNEL, PRESENCE_KEY
 
     for key, kind, meaning in (
-        (PRESENCE_KEY, "sorted set", "every node, scored with the Redis time of its last presence record "
-         "(once a lease TTL; the console's nodes, apart from the balancer's registry)"),
-        (PRESENCE_INFO_KEY, "hash", "node -> JSON of its configured jobs and version (the console's)"),
+        (PRESENCE_KEY, "hash", "node -> `at_ms|JSON`: its last presence report (what it hosts, leads and "
+         "sees, at Redis time at_ms; every 2 s or a lease TTL, and at once after an election event; "
+         "removed when it stops gracefully): the console's picture of the cluster"),
+        (PRESENCE_CHANNEL, "pub/sub channel", "`node|at_ms|JSON`, each presence report as it is written "
+         "(an empty report: the node left); the console follows it"),
     ):
         yield f"| {cell(code(key))} | {cell(kind)} | {cell(meaning)} |"
     from ingestion.events.watch import watch_keys

@@ -259,6 +259,12 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
             0,
             "WebSocket status port (python -m ingestion watch ws://host:port); 0: off",
         ),
+        "console_token": (
+            str,
+            "",
+            "unlocks the console's actions (hand over, pause/resume, replay dead letters) for who "
+            "gives it; empty: the console is read-only; never shown (check-config says set)",
+        ),
     },
     "log": {
         "level": (str, "info", "debug, info, warning or error"),

@@ -194,6 +194,7 @@ class ObserveSettings:
     listen_host: str
     metrics_port: int
     status_port: int
+    console_token: str = attrs.field(default="", repr=False)  # a secret: never in a repr or a log
 
 
 @attrs.frozen

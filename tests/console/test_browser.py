@@ -2,26 +2,36 @@
 
 The page is opened on a standby node (any node shows the whole cluster). Its leader is SIGKILLed;
 the page, never reloaded, moves the job's ``data-leader`` to the node that took over, shows the
-killed node down, and the job's page shows the takeover in the audit. Values planted in Redis by
-hand (a job name and cursor made of markup) show as text: no dialog opens, no script error.
+killed node down, and the job's page shows the takeover in the audit. Values planted by hand (a job
+name and cursor made of markup in Redis, a presence report of markup on the channel) show as text:
+no dialog opens, no script error. Then a leaderless job says why, a failing webhook endpoint shows
+its attempts and dead letters, and the actions are refused without the console token and carried
+out by the job's leader with it (a replay of the dead letters, a hand-over).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import pytest
+import trio
 
 from actors.lease_store import job_keys
+from ingestion.serve.presence import PRESENCE_CHANNEL
 from ingestion.testing.cluster import open_cluster
 from ingestion.testing.local_redis import free_port
 from ingestion.testing.wait import wait_until
+from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
+from ingestion.webhook.source import webhook_keys
 from tests.support.browser import open_browser
 
 pytestmark = pytest.mark.slow
 TTL_MS = 1500
 EVIL = '<img src=x onerror="alert(1)">'
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+TOKEN = "console-token-for-the-test"
 
 
 def leader_of(job: str) -> str:
@@ -74,7 +84,99 @@ async def test_the_console_follows_a_failover_live_and_shows_the_audit(job: str)
         assert await browser.call(lambda p: p.evaluate(leader_of(EVIL))) == ""  # there, leaderless
         cells = await browser.call(lambda p: p.inner_text(f"tr[data-job={json.dumps(EVIL)}]"))
         assert cells.count(EVIL) == 2  # its name and its cursor, as text
-        c.client.hset(job_keys(EVIL + "2")["cursor"], mapping={"cursor": EVIL, "token": 1})
+        # and by the live feed: a report on the presence channel naming markup (node, job, reason)
+        planted = {"kind": EVIL, "role": "standby", "token": 1, "leader": EVIL, "held_off": EVIL,
+                   "source_up": True}  # fmt: skip
+        report = {"version": EVIL, "every_ms": 60_000, "jobs": {EVIL + "2": planted}}
+        c.client.publish(PRESENCE_CHANNEL, f"{EVIL}|{2**50}|{json.dumps(report)}")
         await browser.call(lambda p: p.wait_for_function(f"{leader_of(EVIL + '2')} === ''"))
+        why = await browser.call(lambda p: p.inner_text(f"tr[data-job={json.dumps(EVIL + '2')}]"))
+        assert why.count(EVIL) >= 3, why  # its name, its kind, and the host's reason, as text
         assert await browser.call(lambda p: p.locator("img").count()) == 0
         assert browser.dialogs == [] and browser.errors == []
+
+
+def hook_config(path: Path, port: int, job: str) -> Path:
+    """A Horizon job, a webhook job of it that dead-letters at once, and a job whose PostgreSQL
+    sink is unreachable (so it has no leader, and says why)."""
+    path.write_text(
+        f'[jobs.{job}]\nkind = "horizon"\nresource = "/operations"\n'
+        f'[jobs.{job}-hook]\nkind = "webhook"\nfrom = "{job}"\nurl = "http://127.0.0.1:{port}/in"\n'
+        f'secret = "{SECRET}"\nstart = "first"\ntimeout_ms = 800\nretry_schedule = ["20ms"]\n'
+        'on_exhausted = "dead-letter"\n'
+        f'[jobs.{job}-pg]\nkind = "horizon"\nresource = "/operations"\n'
+        f'sink = "postgresql://ingestion:pw@127.0.0.1:{free_port()}/nothing"\n'
+    )
+    return path
+
+
+def text_of(selector: str) -> str:
+    return f"(document.querySelector({json.dumps(selector)})?.textContent ?? '')"
+
+
+async def test_a_leaderless_job_says_why_and_a_dead_letter_is_replayed_from_the_page_with_the_token(
+    job: str, tmp_path: Path
+) -> None:
+    hook, pg = f"{job}-hook", f"{job}-pg"
+    receiver = Receiver(SECRET, fault=Fault(status=500))
+    async with trio.open_nursery() as outer:
+        port = await outer.start(serve_receiver, receiver)
+        config = hook_config(tmp_path / "config.toml", port, job)
+        async with open_cluster(job, ttl_ms=TTL_MS) as c, open_browser() as browser:
+            ports = {name: free_port() for name in ("a", "b")}
+            for name, metrics in ports.items():
+                env = {"INGESTION_OBSERVE_CONSOLE_TOKEN": TOKEN} if name == "a" else {}
+                await c.start_node(name, env=env, extra=["--config", str(config), "--job", hook, "--job", pg,
+                                                         "--metrics-port", str(metrics)])  # fmt: skip
+            a, b = (f"http://127.0.0.1:{ports[n]}" for n in ("a", "b"))
+
+            # the job whose sink nobody reaches: leaderless, and why, on the overview
+            await browser.call(lambda p: p.goto(f"{a}/"))
+            why = text_of(f'tr[data-job="{pg}"] td[data-col="why"]')
+            await browser.call(lambda p: p.wait_for_function(f"{why}.includes('held off: sink-unreachable')"))
+            shown = await browser.call(lambda p: p.evaluate(why))
+            assert "a: held off" in shown and "b: held off" in shown and "pw" not in shown, shown
+            assert await browser.call(lambda p: p.evaluate(leader_of(pg))) == ""
+
+            # the failing endpoint: attempts with their status, and a dead letter, on the hook's page
+            await wait_until(lambda: c.client.xlen(job_keys(hook)["events"]) >= 1, 20, what="a dead letter")
+            await browser.call(lambda p: p.goto(f"{b}/console/job/{hook}"))
+            attempts = await browser.call(lambda p: p.inner_text("#attempts tbody"))
+            assert "500" in attempts and "5xx" in attempts, attempts
+            dead = await browser.call(lambda p: p.inner_text("#dead tbody"))
+            assert dead.strip(), "no dead letter shown"
+            # b has no token: every action is refused, and says so
+            await browser.call(lambda p: p.click('button[data-action="replay-dead-letters"]'))
+            await browser.call(lambda p: p.wait_for_function(f"{text_of('#result')}.includes('403')"))
+            assert "read-only" in await browser.call(lambda p: p.evaluate(text_of("#result")))
+
+            # a has one: refused without it, carried out by the leader with it
+            await browser.call(lambda p: p.goto(f"{a}/console/job/{hook}"))
+            await browser.call(lambda p: p.click('button[data-action="replay-dead-letters"]'))
+            await browser.call(lambda p: p.wait_for_function(f"{text_of('#result')}.includes('401')"))
+            receiver.fault = None  # the endpoint answers again
+            letters = c.client.xlen(job_keys(hook)["events"])
+            await browser.call(lambda p: p.fill("#token", TOKEN))
+            await browser.call(lambda p: p.fill("#operator", "alice"))
+            await browser.call(lambda p: p.click('button[data-action="replay-dead-letters"]'))
+            await browser.call(lambda p: p.wait_for_function(f"{text_of('#result')}.includes('202')"))
+            await wait_until(lambda: c.client.hlen(webhook_keys(hook)["replayed"]) >= letters, 20,
+                             what="the dead letters replayed")  # fmt: skip
+            # the page follows by itself: the replay in the audit, with who asked
+            audit = text_of("#audit tbody")
+            await browser.call(lambda p: p.wait_for_function(f"{audit}.includes('operator-request')"))
+            row = await browser.call(lambda p: p.evaluate(audit))
+            assert "alice" in row and "via a" in row, row
+
+            # hand the Horizon job over from its page: another node leads it, the audit says who asked
+            before = c.client.get(job_keys(job)["lease"]).partition("|")[2]
+            await browser.call(lambda p: p.goto(f"{a}/console/job/{job}"))
+            await browser.call(lambda p: p.click('button[data-action="handover"]'))
+            await browser.call(lambda p: p.wait_for_function(f"{text_of('#result')}.includes('202')"))
+            other = "b" if before == "a" else "a"
+            await browser.call(lambda p: p.wait_for_function(f"{leader_of(job)} === {json.dumps(other)}"))
+            await browser.call(lambda p: p.wait_for_function(f"{audit}.includes('handover-requested')"))
+            # (the browser logs the refused requests above as console errors: nothing else)
+            assert browser.dialogs == []
+            assert [e for e in browser.errors if "401" not in e and "403" not in e] == [], browser.errors
+        outer.cancel_scope.cancel()
