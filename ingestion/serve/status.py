@@ -16,7 +16,8 @@ Every client gets, as JSON text messages:
      "redis_errors": 0, "leaderless_seconds": 0.8, "source_up": true,
      "source_ok_seconds_ago": 0.4, "time": "2025-01-01T00:00:00.000Z"}
 
-``event`` (the election event's fields as in the logs, docs/REFERENCE.md)::
+``event`` (the election event's name and fields as in the logs, docs/REFERENCE.md: a job that has
+stopped is ``node-stopped``, as the log says, never ``stopped``)::
 
     {"type": "event", "event": "became-leader", "node": "a", "job": "horizon",
      "time": "...", "token": 7, "previous_node": "b", "takeover_ms": 812, ...}
@@ -42,6 +43,9 @@ STATUS_INTERVAL = 1.0  # seconds between unprompted status messages
 QUEUE_SIZE = 64  # events a connection may have pending before it is dropped as too slow
 SEND_TIMEOUT = 5.0  # seconds one message may take to send before the client is dropped
 HANDSHAKE_TIMEOUT = 5.0
+# Observer events the log names otherwise: the socket uses the log's word (a job's elector has
+# stopped: ``node-stopped``, as the node's last log line says; its status ``role`` is ``stopped``).
+LOGGED_AS = {"stopped": "node-stopped"}
 
 
 def wall_time(now: float | None = None) -> str:
@@ -115,7 +119,7 @@ class StatusHub:
             return  # folded into the periodic status (rate, cursor), not pushed one by one
         message = {
             "type": "event",
-            "event": event,
+            "event": LOGGED_AS.get(event, event),
             "node": observer.node,
             "job": observer.job,
             "time": wall_time(),

@@ -94,6 +94,20 @@ async def test_a_client_too_slow_to_read_is_dropped_without_blocking_the_node() 
     assert not observer.listeners  # the server unsubscribed when it stopped
 
 
+async def test_a_stopped_job_is_node_stopped_on_the_socket_as_in_the_log() -> None:
+    """The log's last line says ``node-stopped``; the socket used to say ``stopped``."""
+    observer = NodeObserver("n", "j")
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_status, "127.0.0.1", 0, observer, LOG)
+        async with open_websocket_url(f"ws://127.0.0.1:{port}/", connect_timeout=2) as ws:
+            await next_message(ws, "status")
+            observer.election_event("stopped")
+            msg = await next_message(ws, "event")
+            assert msg["event"] == "node-stopped"
+            assert (await next_message(ws, "status"))["role"] == "stopped"
+        nursery.cancel_scope.cancel()
+
+
 async def test_several_clients_each_get_every_event() -> None:
     observer = NodeObserver("n", "j")
     async with trio.open_nursery() as nursery:
