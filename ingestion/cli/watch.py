@@ -8,8 +8,9 @@ keeps each node's latest status, and prints:
 - a cluster line whenever the shape changes: who leads, who stands by, who is unreachable;
 - with ``--table`` (the default on a terminal), a redrawn table of all nodes every second.
 
-A node that goes away is shown as down and reconnected with backoff; when it comes back its fresh
-status is shown. :class:`ClusterView` is the I/O-free core (messages in, lines out); the trio part
+A node is shown as connecting until it first answers or a connection to it first fails; one that
+goes away is shown as down and reconnected with backoff; when it comes back its fresh status is
+shown. :class:`ClusterView` is the I/O-free core (messages in, lines out); the trio part
 only moves messages.
 """
 
@@ -60,6 +61,12 @@ class NodeView:
 
     def leading(self) -> list[str]:
         return sorted(job for job, s in self.jobs.items() if s.get("role") == "leader")
+
+    @property
+    def connecting(self) -> bool:
+        """Not answered yet, nor failed: neither up nor down (a node is down once a connection to
+        it has failed or been lost)."""
+        return not self.connected and not self.ever_connected and self.error is None
 
 
 @attrs.define
@@ -117,13 +124,16 @@ class ClusterView:
             n.name for n in self.nodes.values()
             if n.connected and n.status.get("role") in ("standby", "starting")
         )  # fmt: skip
-        down = sorted(n.name for n in self.nodes.values() if not n.connected)
+        down = sorted(n.name for n in self.nodes.values() if not n.connected and not n.connecting)
+        connecting = sorted(n.name for n in self.nodes.values() if n.connecting)
         stopped = sorted(
             n.name for n in self.nodes.values() if n.connected and n.status.get("role") == "stopped"
         )
         parts = [lead, "standby: " + (", ".join(standby) or "none")]
         if stopped:
             parts.append("stopped: " + ", ".join(stopped))
+        if connecting:
+            parts.append("connecting: " + ", ".join(connecting))
         if down:
             parts.append("down: " + ", ".join(down))
         return "cluster  " + " | ".join(parts)
@@ -135,7 +145,7 @@ class ClusterView:
         parts = []
         for n in self.nodes.values():
             if not n.connected:
-                parts.append(f"{n.name} down")
+                parts.append(f"{n.name} {'connecting' if n.connecting else 'down'}")
                 continue
             leading = n.leading()
             for job in leading:
@@ -165,8 +175,9 @@ class ClusterView:
         for n in self.nodes.values():
             if not n.connected:
                 job_cell = f"{'':<16} " if several else ""
-                rows.append(f"{job_cell}{n.name:<20} {'DOWN':<9} {'':>6} {'':>9} {'':>9} {'':>7} "
-                            f"{'':>7}  {n.error or 'connecting'}")  # fmt: skip
+                state = "connecting" if n.connecting else "DOWN"
+                rows.append(f"{job_cell}{n.name:<20} {state:<10} {'':>5} {'':>9} {'':>9} {'':>7} "
+                            f"{'':>7}  {n.error or 'not answered yet'}")  # fmt: skip
                 continue
             for job, s in sorted(n.jobs.items()) if several else [("", n.status)]:
                 lag = s.get("lag_seconds")
@@ -203,7 +214,7 @@ def describe_event(msg: dict[str, Any]) -> str:
         return f"{node} was fenced: token {msg.get('token')} is stale"
     if event == "redis-unavailable":
         return f"{node} cannot reach Redis: {msg.get('error')}"
-    if event == "stopped":
+    if event in ("node-stopped", "stopped"):  # (stopped: a node from before the log's word)
         return f"{node} stopped"
     extra = ", ".join(f"{k}={v}" for k, v in msg.items() if k not in ("type", "event", "node",
                                                                       "job", "time"))  # fmt: skip

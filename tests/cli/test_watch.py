@@ -113,6 +113,29 @@ def test_view_flags_two_nodes_that_both_claim_to_lead() -> None:
     assert "x" in table and "leader" in table
 
 
+def test_a_node_not_yet_answered_is_connecting_not_down() -> None:
+    """Live nodes used to show as down until watch had connected to them."""
+    view = ClusterView.of(["ws://x/", "ws://y/"])
+    assert view.summary() == "cluster  leader: none | standby: none | connecting: ws://x/, ws://y/"
+    assert "DOWN" not in view.table() and "connecting" in view.table()
+    view.connected("ws://x/")
+    view.message("ws://x/", {"type": "status", "node": "x", "role": "leader", "token": 1})
+    view.disconnected("ws://y/", "connection refused")  # its first failure: down from now on
+    assert view.summary() == "cluster  leader: x (token 1) | standby: none | down: ws://y/"
+    assert "connection refused" in view.table() and "DOWN" in view.table()
+    view.disconnected("ws://x/", "connection reset")  # lost after answering: down, not connecting
+    assert view.summary().endswith("| down: ws://y/, x")
+    several = ClusterView.of(["ws://x/", "ws://y/"])
+    several.connected("ws://x/")
+    for job in ("j1", "j2"):
+        several.message("ws://x/", {"type": "status", "node": "x", "job": job, "role": "leader"})
+    assert "ws://y/ connecting" in several.summary() and "down" not in several.summary()
+
+
+def test_a_stopped_node_reads_as_stopped_under_the_logs_word() -> None:
+    assert describe_event({"event": "node-stopped", "node": "a"}) == "a stopped"
+
+
 def test_event_lines_are_readable() -> None:
     assert describe_event(
         {"event": "lost-leadership", "node": "a", "token": 3, "reason": "lease-expired"}
