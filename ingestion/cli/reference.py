@@ -68,6 +68,12 @@ KEY_MEANINGS: dict[str, tuple[str, str]] = {
         "`fencing-token-rejected` and `node`), kept by the refused node for the console",
     ),
 }  # fmt: skip
+CLAIM_MEANING = (
+    "the running node process of node id `ID` (`ingestion/node/claim.py`): `INSTANCE|COUNTER|TTL_MS|PID|"
+    "PID_START|PID_SPACE|HOST`, set before the node campaigns with a PX of the lease TTL, renewed every "
+    "TTL/3 (the counter grows), deleted on a clean exit; a node that finds it renewed by another "
+    "instance refuses to start (exit 2, OPERATIONS.md)"
+)
 REGISTRY_MEANING = ("sorted set", "the live nodes, scored with the Redis time of their last heartbeat")
 # Keys of the application's own job features, beside the lease store's (same hash tag)
 APP_KEY_MEANINGS: dict[str, tuple[str, str]] = {
@@ -258,6 +264,9 @@ def redis_section() -> Iterator[str]:
          "(an empty report: the node left); the console follows it"),
     ):
         yield f"| {cell(code(key))} | {cell(kind)} | {cell(meaning)} |"
+    from ingestion.node.claim import instance_key
+
+    yield f"| {cell(code(instance_key('ID')))} | {cell('string, PX expiry')} | {cell(CLAIM_MEANING)} |"
     from ingestion.events.watch import watch_keys
     from ingestion.webhook.source import webhook_keys
 

@@ -39,6 +39,7 @@ from ingestion.common.gaps import history_gap_listener
 from ingestion.config import ConfigError, JobSettings, Settings, redact_url
 from ingestion.node import stop_signals
 from ingestion.node.build import _job_summary, build_sink, build_source, build_store
+from ingestion.node.claim import NodeClaim
 from ingestion.node.identity import _identified, check_identities
 from ingestion.node.logs import configure_logging, node_logger
 from ingestion.node.preflight import PREFLIGHT_TIMEOUT, StartupError
@@ -149,6 +150,16 @@ async def diagnose_after_outages(
     finally:
         for stop in unsubscribe:
             stop()
+
+
+def _redis_mistake(settings: Settings) -> str | None:
+    """What is wrong with what ``redis.url`` reaches, as the start-up checks word it (blocking)."""
+    r = settings.redis
+    return examine_redis(
+        r.url, [job_keys(j)["cursor"] for j in settings.node.jobs],
+        timeout=max(r.timeout_ms / 1000, PREFLIGHT_TIMEOUT), tls_ca_file=r.tls_ca_file or None,
+        tls_cert_file=r.tls_cert_file or None, tls_key_file=r.tls_key_file or None,
+    ).mistake  # fmt: skip
 
 
 def _tell_service_manager(log: Any, state: str) -> None:
@@ -275,6 +286,11 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
         schema=settings.sink.schema,
     )
 
+    claim = NodeClaim(
+        client, settings.node.id, settings.lease.ttl_ms, log, redact_url(settings.redis.url),
+        functools.partial(_redis_mistake, settings),
+    )  # fmt: skip
+    stopped_starting = claim_lost = False
     try:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             stop_signals.release()
@@ -288,37 +304,68 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
                     finally:
                         nursery.cancel_scope.cancel()
 
-                # Everything that can refuse to start does so before the node campaigns.
-                await _start_endpoints(
-                    nursery, settings, list(observers.values()), log, stores, runs, backfills
-                )
-                nursery.start_soon(diagnose_after_outages, settings, list(observers.values()))
-                nursery.start_soon(
-                    keep_present, client, settings.node.id, [j.name for j in settings.jobs],
-                    settings.lease.ttl_ms, log,
-                )  # fmt: skip
-                await check_identities(settings, stores)
-                handle = await nursery.start(jobs_then_stop)
-                backfills.parent_able = functools.partial(_able, handle)
-                if backfills.hosted:
-                    await nursery.start(backfills.run)
-                _tell_service_manager(log, "READY=1")
-                async for signum in signals:
-                    name = signal.Signals(signum).name
-                    if signalled:
-                        log.warning("shutdown-forced", signal=name)
-                        nursery.cancel_scope.cancel()
-                        break
-                    signalled = True
-                    log.info("shutdown-requested", signal=name)
-                    _tell_service_manager(log, "STOPPING=1")
-                    await backfills.shutdown(name)  # its ranges release their leases first
-                    await handle.shutdown(name)
+                # Everything that can refuse to start does so before the node campaigns, and a
+                # stop signal meanwhile ends start-up at once (the claim may wait up to a TTL).
+                with trio.CancelScope() as starting:
+                    async with trio.open_nursery() as watching:
+
+                        async def stop_starting() -> None:
+                            nonlocal stopped_starting
+                            async for signum in signals:
+                                stopped_starting = True
+                                log.info("shutdown-requested", signal=signal.Signals(signum).name)
+                                starting.cancel()
+                                return
+
+                        watching.start_soon(stop_starting)
+                        await _start_endpoints(
+                            nursery, settings, list(observers.values()), log, stores, runs, backfills
+                        )
+                        nursery.start_soon(diagnose_after_outages, settings, list(observers.values()))
+                        await claim.claim()  # one running node per node id (ingestion/node/claim.py)
+                        await nursery.start(claim.keep)
+                        nursery.start_soon(
+                            keep_present, client, settings.node.id, [j.name for j in settings.jobs],
+                            settings.lease.ttl_ms, log,
+                        )  # fmt: skip
+                        await check_identities(settings, stores)
+                        watching.cancel_scope.cancel()
+                if stopped_starting:
+                    nursery.cancel_scope.cancel()  # nothing campaigned: the endpoints (and the claim) end
+                else:
+                    handle = await nursery.start(jobs_then_stop)
+                    backfills.parent_able = functools.partial(_able, handle)
+                    if backfills.hosted:
+                        await nursery.start(backfills.run)
+                    _tell_service_manager(log, "READY=1")
+
+                    async def stop_on_claim_lost() -> None:
+                        nonlocal claim_lost
+                        await claim.lost.wait()
+                        claim_lost = True
+                        await backfills.shutdown("node-id-claim-lost")
+                        await handle.shutdown("node-id-claim-lost")
+
+                    nursery.start_soon(stop_on_claim_lost)
+                    async for signum in signals:
+                        name = signal.Signals(signum).name
+                        if signalled:
+                            log.warning("shutdown-forced", signal=name)
+                            nursery.cancel_scope.cancel()
+                            break
+                        signalled = True
+                        log.info("shutdown-requested", signal=name)
+                        _tell_service_manager(log, "STOPPING=1")
+                        await backfills.shutdown(name)  # its ranges release their leases first
+                        await handle.shutdown(name)
     finally:
         client.close()
         for sink in sinks.values():
             if sink is not None:
                 sink.close()  # type: ignore[attr-defined]
+    if claim_lost and not signalled:
+        log.error("node-stopped", reason="node-id-claim-lost")
+        return 1
     if fatal and not signalled:
         log.error("node-stopped", reason="ingestion-fatal", error="; ".join(
             f"{job}: {error}" for job, error in fatal.items()
