@@ -80,6 +80,10 @@ NOT_RUN: dict[Key, str] = {
         "placeholders (--redis ... --horizon ...) and a node that runs until stopped; "
         "tests/node runs many jobs per node"
     ),
+    ("docs/OPERATIONS.md", "useradd --system"): (
+        "installs as root into /opt, /etc and systemd (users, files, a unit): tests/deploy checks the "
+        "unit; its check-config line is parsed"
+    ),
     ("docs/REFERENCE.md", "usage: ingestion"): (
         "`ingestion --help`'s output, generated from the code: tests/cli/test_reference.py keeps it current"
     ),
