@@ -15,6 +15,7 @@ import math
 import os
 import signal
 import socket
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -44,7 +45,7 @@ from ingestion.node.identity import _identified, check_identities
 from ingestion.node.logs import configure_logging, node_logger
 from ingestion.node.preflight import PREFLIGHT_TIMEOUT, StartupError
 from ingestion.node.sd_notify import notify
-from ingestion.serve.console import keep_present
+from ingestion.serve.presence import keep_present
 
 
 def start_node(settings: Settings, lease_pipe: int | None = None) -> int:
@@ -325,8 +326,9 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
                         await claim.claim()  # one running node per node id (ingestion/node/claim.py)
                         await nursery.start(claim.keep)
                         nursery.start_soon(
-                            keep_present, client, settings.node.id, [j.name for j in settings.jobs],
-                            settings.lease.ttl_ms, log,
+                            keep_present, client, settings.node.id, list(observers.values()),
+                            {j.name: j.kind for j in settings.jobs}, settings.lease.ttl_ms, log,
+                            _webhook_figures(runs),
                         )  # fmt: skip
                         await check_identities(settings, stores)
                         watching.cancel_scope.cancel()
@@ -373,6 +375,22 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
         return 1
     log.info("node-stopped", reason="shutdown")
     return 0
+
+
+def _webhook_figures(runs: Sequence[JobRun]) -> dict[str, Callable[[], dict[str, Any]]]:
+    """A webhook job's delivery figures for its presence report (the console shows them)."""
+    from ingestion.webhook.source import WebhookSource
+
+    def figures(source: WebhookSource) -> Callable[[], dict[str, Any]]:
+        def now() -> dict[str, Any]:
+            s = source.stats
+            lag = s.lag_seconds(int(time.time() * 1000))
+            return {"delivery": s.state, "delivered": s.delivered, "dead_letters": s.dead_letters,
+                    "lag": round(lag, 3)}  # fmt: skip
+
+        return now
+
+    return {r.store.job: figures(r.source) for r in runs if isinstance(r.source, WebhookSource)}
 
 
 def _able(handle: JobsHandle, job: str) -> frozenset[str] | None:
@@ -436,9 +454,10 @@ async def _start_endpoints(
         from ingestion.serve.console import ClusterReader
 
         console = ClusterReader(
-            next(iter(stores.values())).client, settings.node.id,
-            {j.name: j.kind for j in settings.jobs}, settings.lease.ttl_ms,
+            next(iter(stores.values())).client, settings.node.id, {j.name: j.kind for j in settings.jobs},
+            token=o.console_token,
         )  # fmt: skip
+        await nursery.start(console.run)
         await _bind(
             nursery, "metrics_port", o.listen_host, o.metrics_port,
             functools.partial(
