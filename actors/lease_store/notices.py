@@ -45,6 +45,11 @@ class ReleaseNotices:
         self._lock = threading.Lock()
         self._busy = False
         self._closed = False
+        # Its own threads, not trio's default limiter's 40: a wait holds its thread for up to its
+        # whole length, and a node hosting 40 jobs would otherwise leave its short Redis calls
+        # no thread at all (each then times out as Redis unavailable). Two: a cancelled wait's
+        # thread may still be finishing when the next wait starts.
+        self._limiter = trio.CapacityLimiter(2)
 
     def _wait(self, seconds: float) -> str | None:
         with self._lock:
@@ -114,7 +119,9 @@ class ReleaseNotices:
 
     async def wait(self, seconds: float) -> str | None:
         deadline = trio.current_time() + seconds
-        got = await trio.to_thread.run_sync(self._wait, seconds, abandon_on_cancel=True)
+        got = await trio.to_thread.run_sync(
+            self._wait, seconds, abandon_on_cancel=True, limiter=self._limiter
+        )
         if got is _FAILED:
             # Redis failed: wait out the rest rather than spin. In trio, not in the worker
             # thread: a thread's time.sleep is a clock_nanosleep on an absolute deadline, which

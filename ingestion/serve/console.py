@@ -68,6 +68,7 @@ LIVE_REPORTS = 2.5  # a node is live while its last report is younger than this 
 CLAIM_SLACK = 0.25  # seconds a leader's claim outlives the lease it reported (the report's travel)
 CLAIM_REPORTS = 1.5  # a leader's claim holds this many report periods whatever lease it reported
 MAX_BODY = 4096  # bytes of an action's request body
+SILENCE = 6.0  # seconds without a report on the channel (its own node's included) before subscribing again
 HEADERS = [
     (b"cache-control", b"no-store"),
     (b"x-content-type-options", b"nosniff"),
@@ -241,6 +242,7 @@ class ClusterReader:
     _discovered_at: float = -1e9
     _lock: threading.Lock = attrs.Factory(threading.Lock)
     _closing: bool = False
+    _waits: trio.CapacityLimiter = attrs.Factory(lambda: trio.CapacityLimiter(2))
 
     def __attrs_post_init__(self) -> None:
         self._store = LeaseStore(self.client, "-")
@@ -262,11 +264,22 @@ class ClusterReader:
                     await self._seed()
                     self.view.error = None
                     self._changed()
+                    heard_at = trio.current_time()
                     while True:
-                        got = await trio.to_thread.run_sync(self._messages, pubsub, abandon_on_cancel=True)
+                        got = await trio.to_thread.run_sync(
+                            self._messages, pubsub, abandon_on_cancel=True, limiter=self._waits
+                        )  # (a thread of its own: a wait must not take one of the short calls')
                         if got is None:
                             raise RedisUnavailable("the presence subscription failed")
                         now = trio.current_time()
+                        if got:
+                            heard_at = now
+                        elif now - heard_at > SILENCE:
+                            # This node itself reports every 2 s: silence means a subscription
+                            # that hears nothing (a former primary after a failover, a half-open
+                            # connection). Subscribe again, where the client now points.
+                            self._close(pubsub)
+                            break
                         for data in got:
                             parsed = parse_message(data)
                             if parsed is not None:
@@ -599,16 +612,24 @@ AUDIT_COLS = (
 REJECTION_COLS = ("at_ms", "node", "token", "current_token", "rejection", "checked_by", "cursor")
 ATTEMPT_COLS = ("at_ms", "record", "outcome", "status", "latency_ms", "error", "answer", "replay")
 DEAD_COLS = ("at_ms", "record", "attempts", "status", "error", "answer", "replayed")
+def _yes(value: Any) -> str:
+    """A flag as an operator reads it (``1``/true: yes, ``0``/false: no, nothing: unknown)."""
+    if value is None or value == "":
+        return "unknown"
+    return "yes" if value is True or value == "1" else "no"
+
+
 WHEN = {"at_ms": _when}
+FLAGS = {"live": _yes, "source_up": _yes}
 
 
 def job_sections(job: dict[str, Any]) -> str:
     """The parts of a job's page below its row (the events feed replaces them when they change)."""
-    hosts = _rows(job["hosts"], ("node", "live", "role", "source_up", "held_off"), {})
+    hosts = _rows(job["hosts"], ("node", "live", "role", "source_up", "held_off"), FLAGS)
     parts = [
         f"<p id=\"why\">{_e(job['why'])}</p>" if job["why"] else "",
         f"<p>Healthy for this job by Redis's record (source answered within a minute): "
-        f"<span id=\"healthy\">{_e(', '.join(job['healthy']) or 'none')}</span></p>",
+        f"<span id=\"healthy\">{_e(', '.join(job['healthy']) or 'none recorded')}</span></p>",
         "<h2>Hosts</h2>", _table("hosts", ("node", "live", "role", "source up", "held off"), hosts),
         "<h2>Takeover audit (newest first)</h2>",
         _table("audit", ("when (UTC)", "event", "node", "token", "previous leader", "previous token",
@@ -626,10 +647,10 @@ def job_sections(job: dict[str, Any]) -> str:
                 "last_status", "last_error", "last_request")),
             "</tbody></table><h2>Recent attempts (newest first)</h2>",
             _table("attempts", ("when (UTC)", "record", "outcome", "status", "latency ms", "error", "answer",
-                                "replay"), _rows(hook["attempts"], ATTEMPT_COLS, WHEN)),
+                                "replay"), _rows(hook["attempts"], ATTEMPT_COLS, {**WHEN, "replay": _yes})),
             "<h2>Dead letters (newest first)</h2>",
             _table("dead", ("when (UTC)", "record", "attempts", "status", "error", "answer", "replayed"),
-                   _rows(hook["dead"], DEAD_COLS, WHEN)),
+                   _rows(hook["dead"], DEAD_COLS, {**WHEN, "replayed": _yes})),
         ]  # fmt: skip
     return "".join(parts)
 

@@ -19,6 +19,7 @@ from actors.lease_store import (
 from actors.source import Record
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.tcp_proxy import TcpProxy
+from tests.support.nodes import OpenStore
 
 
 def recs(*tokens: str) -> list[Record]:
@@ -259,3 +260,24 @@ async def test_a_release_notice_wait_on_a_failing_redis_waits_out_its_time_in_tr
         before = trio.current_time()
         assert await notices.wait(0.3) is None
         assert trio.current_time() - before >= 0.3
+
+
+async def test_release_waits_of_many_jobs_leave_the_store_calls_their_threads(
+    redis_server: LocalRedis, job: str, open_store: OpenStore
+) -> None:
+    """A node hosting 60 jobs has 60 standbys waiting for release notices at once, each wait
+    holding a thread for its whole length. They must not take the threads of the short calls
+    (trio's default limiter has 40): every call would then time out as Redis unavailable, and no
+    job could be led (the console benchmark's 50 jobs on 3 nodes found it)."""
+    stores = [open_store(redis_server.url, f"{job}-{i}") for i in range(60)]
+    notices = [s.release_notices() for s in stores]
+    async with trio.open_nursery() as nursery:
+        for n in notices:
+            nursery.start_soon(n.wait, 10.0)
+        await trio.sleep(0.5)  # every wait is in its thread now
+        with trio.fail_after(2):
+            for store in stores[:5]:
+                assert (await store.leader()).node is None  # within its own call bound
+        nursery.cancel_scope.cancel()
+    for n in notices:
+        n.close()
