@@ -12,6 +12,7 @@ out by the job's leader with it (a replay of the dead letters, a hand-over).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import httpx
@@ -25,7 +26,7 @@ from ingestion.testing.local_redis import free_port
 from ingestion.testing.wait import wait_until
 from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
 from ingestion.webhook.source import webhook_keys
-from tests.support.browser import open_browser
+from tests.support.browser import Browser, open_browser
 
 pytestmark = pytest.mark.slow
 TTL_MS = 1500
@@ -110,6 +111,15 @@ def hook_config(path: Path, port: int, job: str) -> Path:
     return path
 
 
+async def screenshot(browser: Browser, name: str) -> None:
+    """With CONSOLE_SCREENSHOTS=DIR, keep the page as DIR/name (docs/ holds the ones the docs show:
+    ``CONSOLE_SCREENSHOTS=docs .venv/bin/python -m pytest tests/console/test_browser.py``)."""
+    where = os.environ.get("CONSOLE_SCREENSHOTS")
+    if where:
+        await browser.call(lambda p: p.set_viewport_size({"width": 1400, "height": 900}))
+        await browser.call(lambda p: p.screenshot(path=str(Path(where) / name), full_page=True))
+
+
 def text_of(selector: str) -> str:
     return f"(document.querySelector({json.dumps(selector)})?.textContent ?? '')"
 
@@ -137,6 +147,7 @@ async def test_a_leaderless_job_says_why_and_a_dead_letter_is_replayed_from_the_
             shown = await browser.call(lambda p: p.evaluate(why))
             assert "a: held off" in shown and "b: held off" in shown and "pw" not in shown, shown
             assert await browser.call(lambda p: p.evaluate(leader_of(pg))) == ""
+            await screenshot(browser, "console-overview.png")
 
             # the failing endpoint: attempts with their status, and a dead letter, on the hook's page
             await wait_until(lambda: c.client.xlen(job_keys(hook)["events"]) >= 1, 20, what="a dead letter")
@@ -145,6 +156,7 @@ async def test_a_leaderless_job_says_why_and_a_dead_letter_is_replayed_from_the_
             assert "500" in attempts and "5xx" in attempts, attempts
             dead = await browser.call(lambda p: p.inner_text("#dead tbody"))
             assert dead.strip(), "no dead letter shown"
+            await screenshot(browser, "console-webhook.png")
             # b has no token: every action is refused, and says so
             await browser.call(lambda p: p.click('button[data-action="replay-dead-letters"]'))
             await browser.call(lambda p: p.wait_for_function(f"{text_of('#result')}.includes('403')"))

@@ -425,7 +425,8 @@ def test_consuming_deposit_detection(private_redis: LocalRedis, tmp_path: Path) 
 
 def test_webhooks_commands(private_redis: LocalRedis, tmp_path: Path) -> None:
     """WEBHOOKS.md's commands with its own configuration (the secret from the environment, as its
-    comment offers): `status` shows the job, `replay` and `enable` only ask (`requests pending`),
+    comment offers): `status` shows the job, `replay`, `enable`, `pause` and `resume` only ask
+    (`requests pending`),
     and the secret is never shown."""
     document = (ROOT / "docs/WEBHOOKS.md").read_text()
     toml = document.split("```toml\n", 1)[1].split("```", 1)[0]
@@ -437,16 +438,16 @@ def test_webhooks_commands(private_redis: LocalRedis, tmp_path: Path) -> None:
     assert variable in toml, "the documented variable"
     runner = Runner(private_redis.url, tmp_path, env={variable: secret})
     lines = _block(("docs/WEBHOOKS.md", "ingestion webhooks status")).command_lines()
-    status, replay_range, replay_dead, enable = lines
+    status, replay_range, replay_dead, enable, pause, resume = lines
     plain = Invocation("ingestion", "ingestion", tuple(a for a in _only(status).args if a != "[--json]"), ())
     done = runner.run(plain)
     assert done.returncode == 0 and done.stdout.startswith(f"{hook}: idle -> "), done
-    for line in (replay_dead, enable):
+    for line in (replay_dead, enable, pause, resume):
         done = runner.run(_filled(_only(line), {"JOB": hook}))
         assert done.returncode == 0 and "requested" in done.stdout, (line.where(), done)
     assert doc_shell.is_synopsis(_only(replay_range).args)
     with_json = Invocation("ingestion", "ingestion", ("webhooks", "status", "--json"), ())
     done = runner.run(with_json)
     (shown,) = json.loads(done.stdout)
-    assert shown["job"] == hook and shown["requests_pending"] == 2, shown
+    assert shown["job"] == hook and shown["requests_pending"] == 4, shown
     assert secret not in done.stdout + done.stderr
