@@ -82,7 +82,16 @@ def main(argv: Sequence[str]) -> int:
         ("rpc", "event_type"): ns.event_type,
     })
     settings = load(Path(ns.config) if ns.config else None, os.environ, flags)
-    job = settings.jobs[0]
+    job: Any = settings.jobs[0]
+    recorded = None if ns.source or job.kind != "horizon" else _recorded_rpc_filters(settings, job.name)
+    if recorded is not None:
+        # A job run with --source rpc and its filters on the command line: Redis recorded what it
+        # follows (its first term did), so verify needs no more than the RPC's URL again.
+        flags = {**flags, "node": {**flags.get("node", {}), "source": "rpc"}}
+        settings = load(Path(ns.config) if ns.config else None, os.environ, flags)
+        job = settings.jobs[0]
+        if not job.rpc_filters():
+            job = _WithFilters(job, recorded)
     if job.kind not in ("horizon", "rpc"):
         raise UsageError(f"verify: job {job.name!r} is {job.kind}: only Horizon and RPC jobs have a source")
     url = (ns.rpc or job.rpc_urls[0]) if job.kind == "rpc" else (ns.horizon or job.horizon_urls[0])
@@ -107,6 +116,47 @@ def main(argv: Sequence[str]) -> int:
     return _verify_and_say(
         settings, job, url, known, redis.RedisError, lambda exc: describe_redis_error(exc, where=where)
     )
+
+
+class _WithFilters:
+    """A job as configured, with the getEvents filters its first term recorded in Redis."""
+
+    def __init__(self, job: Any, filters: tuple[Any, ...]) -> None:
+        self._job, self._filters = job, filters
+
+    def rpc_filters(self) -> tuple[Any, ...]:
+        return self._filters
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._job, name)
+
+
+def _recorded_rpc_filters(settings: Any, job: str) -> tuple[Any, ...] | None:
+    """The filters of ``job`` when Redis records that it follows Stellar RPC (``rpc [...]`` or
+    ``rpc (every event)``), else None (not recorded, another source, Redis unreadable: the
+    configuration stands, and verify says what it finds)."""
+    import json
+
+    from ingestion.rpc.protocol import EventFilter, RpcError
+
+    try:
+        client = connect(settings.redis.url, timeout=5.0)
+        try:
+            source = client.hget(job_keys(job)["cursor"], "source")
+        finally:
+            client.close()
+    except (redis.RedisError, OSError):
+        return None
+    text = source.decode() if isinstance(source, bytes) else source
+    if not isinstance(text, str) or not text.startswith("rpc "):
+        return None
+    rest = text[len("rpc "):]
+    if rest == "(every event)":
+        return ()
+    try:
+        return tuple(EventFilter.from_json(f) for f in json.loads(rest))
+    except (ValueError, TypeError, AttributeError, KeyError, RpcError):
+        return None
 
 
 def _verify_and_say(

@@ -493,3 +493,37 @@ async def test_the_first_term_records_the_source_and_verify_checks_the_stream(
         done = await trio.to_thread.run_sync(functools.partial(run, *verify))
         assert done.returncode == 1 and "FAILED" in done.stdout, done.stdout + done.stderr
     client.close()
+
+
+async def test_verify_an_rpc_job_run_from_flags_needs_only_the_rpc_url(
+    redis_server: LocalRedis, job: str
+) -> None:
+    """A job run with ``--source rpc`` and a topic filter on the command line: its first term
+    records ``rpc [filters]`` in Redis, so ``verify --job J --rpc URL`` checks it as the RPC job it
+    is, with its filters, without the source flags again (it took it for a Horizon job before)."""
+    import trio
+
+    from ingestion.simulator.server import SimulatorConfig, open_simulator
+
+    config = SimulatorConfig(ledger_interval=None, history_ledgers=300, ops_per_ledger=20, rpc_port=0)
+    client: redis.Redis = connect(redis_server.url, timeout=2.0)
+    async with open_simulator(config) as sim:
+        args = ["--redis", redis_server.url, "--job", job, "--source", "rpc", "--rpc", sim.rpc_url,
+                "--topic", "sym:transfer,*,**", "--start-cursor", "0", "--lease-ttl-ms", "1000",
+                "--log-format", "json"]  # fmt: skip
+        async with trio.open_nursery() as nursery:
+            node = await nursery.start(functools.partial(
+                trio.run_process, [sys.executable, "-m", "ingestion", *args], env=env(),
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
+            ))  # fmt: skip
+            with trio.fail_after(30):
+                while client.xlen(f"ingestion:{{{job}}}:events") < 5:  # noqa: ASYNC110 (another process)
+                    await trio.sleep(0.1)
+            node.send_signal(signal.SIGTERM)
+        assert str(client.hget(f"ingestion:{{{job}}}:cursor", "source")).startswith("rpc [")
+        verify = ["verify", "--redis", redis_server.url, "--job", job, "--rpc", sim.rpc_url]
+        done = await trio.to_thread.run_sync(functools.partial(run, *verify))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"job {job} (rpc, {sim.rpc_url})" in done.stdout
+        assert "exactly once, in order: OK" in done.stdout
+    client.close()
