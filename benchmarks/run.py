@@ -42,6 +42,7 @@ from benchmarks import (
     backfill,
     catchup,
     commit_cost,
+    console,
     failover,
     jobs,
     lake,
@@ -62,6 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = (
     "catchup", "latency", "commit", "failover", "standby", "redis_ha", "memory", "jobs", "source_cut",
     "per_record", "lake", "backfill", "liveness", "catchup_curve", "rpc", "postgres", "process_crash",
+    "console",
 )
 
 # A smoke run: each part of the harness once, small (about two minutes on 2 cores).
@@ -146,6 +148,8 @@ def measure(
                 results[section] = backfill.run(url, quick=quick)
             elif section == "per_record":
                 results[section] = per_record.run(url, quick=quick, profile_dir=profile)
+            elif section == "console":
+                results[section] = console.run(url, window_s=8.0 if quick else 20.0)
             elif section == "memory":
                 results[section] = memory.run(url, count=20_000 if quick else 100_000)
             print(f"  ({time.monotonic() - started:.0f} s)", flush=True)
