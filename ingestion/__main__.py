@@ -15,9 +15,19 @@ def entry() -> int:
         stop_signals.hold()  # first of all (it imports only the standard signal module)
         from ingestion.cli import main
 
-        return main()
+        status = main()
+        sys.stdout.flush()
+        return status
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`ingestion check-config | head`): what was left to print has no
+        # reader. Not a traceback; stdout is pointed at /dev/null so that the interpreter's own
+        # final flush does not fail again. 141: killed by SIGPIPE, as a shell pipeline expects.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -527,3 +527,16 @@ async def test_verify_an_rpc_job_run_from_flags_needs_only_the_rpc_url(
         assert f"job {job} (rpc, {sim.rpc_url})" in done.stdout
         assert "exactly once, in order: OK" in done.stdout
     client.close()
+
+
+def test_a_reader_that_goes_away_is_not_a_traceback(tmp_path: Path) -> None:
+    """``ingestion check-config | head``: the pipe's reader gone before the command has printed
+    is exit 141 (as for SIGPIPE) and no traceback, not a BrokenPipeError."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ingestion", "check-config"], cwd=tmp_path, env=env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the command has started: its first write finds no reader
+    err = proc.stderr.read().decode()
+    assert proc.wait(30) == 141 and "Traceback" not in err, err
