@@ -81,8 +81,11 @@ def main(argv: Sequence[str]) -> int:
         if ns.detach:
             return 0
         return _follow(client, plan, job.sink, settings.sink.schema)
-    except (redis.RedisError, OSError) as exc:
+    except redis.RedisError as exc:
         print(f"ingestion: backfill: Redis: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the source's (its own words name it), not Redis's
+        print(f"ingestion: backfill: {exc}", file=sys.stderr)
         return 1
     finally:
         client.close()

@@ -540,3 +540,15 @@ def test_a_reader_that_goes_away_is_not_a_traceback(tmp_path: Path) -> None:
     proc.stdout.close()  # before the command has started: its first write finds no reader
     err = proc.stderr.read().decode()
     assert proc.wait(30) == 141 and "Traceback" not in err, err
+
+
+def test_a_backfill_whose_rpc_is_unreachable_blames_the_rpc_not_redis(
+    redis_server: LocalRedis, tmp_path: Path
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(f'[jobs.ev]\nkind = "rpc"\nrpc = ["http://127.0.0.1:{closed_port()}"]\n')
+    done = run("backfill", "ev", "--config", str(config), "--redis", redis_server.url, "--from", "100",
+               "--to", "200")  # fmt: skip
+    line = one_line(done) if done.returncode == 2 else done.stderr.strip().splitlines()[-1]
+    assert done.returncode in (1, 2) and "Traceback" not in done.stderr, done.stderr
+    assert "Redis:" not in line and "RPC" in line, line
