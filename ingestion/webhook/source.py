@@ -484,10 +484,13 @@ class WebhookSource:
             "status": str(attempt.status or ""), "latency_ms": str(attempt.latency_ms),
             "error": attempt.error[:200], "answer": attempt.excerpt[:200], "replay": "1" if replay else "0",
         }  # fmt: skip
-        refused = await self.store.fenced_audit(
-            term.node, term.token, "attempt", fields, stream=webhook_keys(self.job)["attempts"],
-            maxlen=ATTEMPTS_KEPT,
-        )  # fmt: skip
+        try:
+            refused = await self.store.fenced_audit(
+                term.node, term.token, "attempt", fields, stream=webhook_keys(self.job)["attempts"],
+                maxlen=ATTEMPTS_KEPT,
+            )  # fmt: skip
+        except RedisUnavailable:
+            return  # a diagnostic: nothing depends on it, and the next commit tells of Redis
         if isinstance(refused, CommitRejected):
             raise TermFenced(refused.reason)
 
