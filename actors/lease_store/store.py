@@ -60,6 +60,12 @@ from actors.source import Record
 T = TypeVar("T")
 
 
+def handover_request(token: int, by: str) -> dict[str, str]:
+    """The fields of the job's leader hash that ask term ``token`` to hand over (``by``: who
+    asks), as the renew script reads them (``lua/renew.lua``)."""
+    return {"handover_token": str(token), "handover_by": by[:200]}
+
+
 def _optional_ms(ms: int | None) -> str | int:
     """A report_health duration argument: '' for none, never negative."""
     return "" if ms is None else max(0, ms)
@@ -373,8 +379,7 @@ class LeaseStore:
         Raises:
             RedisUnavailable: the outcome is unknown.
         """
-        mapping = {"handover_token": str(token), "handover_by": by[:200]}
-        await self._call(self.client.hset, self.keys["leader"], mapping=mapping)
+        await self._call(self.client.hset, self.keys["leader"], mapping=handover_request(token, by))
 
     async def note_rejection(self, fields: dict[str, str | int]) -> None:
         """Keep a fencing rejection this node was told of in the job's ``rejections`` stream (the

@@ -47,13 +47,17 @@ COMMANDS: dict[str, Command] = {
         "print every setting, resolved and validated, with where it came from",
     ),
     "webhooks": Command(
-        "ingestion.cli.webhooks", "the webhook jobs: status, replay, enable (the leaders carry them out)"
+        "ingestion.cli.webhooks",
+        "the webhook jobs: status, replay, enable, pause, resume (the leaders carry them out)",
     ),
     "watchlist": Command(
         "ingestion.cli.watchlist", "edit a job's watch list in Redis (add, remove, count, show) while it runs"
     ),
     "backfill": Command(
         "ingestion.cli.backfill", "backfill a span of an rpc or lake job in parallel ranges across the nodes"
+    ),
+    "handover": Command(
+        "ingestion.cli.handover", "ask a job's leader to hand it over gracefully to a standby (audited)"
     ),
     "version": Command("ingestion.cli.version", "print the version"),
 }

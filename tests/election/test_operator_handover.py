@@ -9,6 +9,7 @@ In-process nodes, the real actors, a real redis-server.
 
 from __future__ import annotations
 
+import pytest
 import redis
 import trio
 
@@ -74,3 +75,34 @@ async def test_a_request_naming_another_term_is_dropped_by_the_renewal(
     assert store.last_handover_by == "someone"
     assert not redis_client.hexists(job_keys(job)["leader"], "handover_token")  # taken once
     assert await store.renew("a", first.token, 5000) is Renewal.RENEWED  # type: ignore[union-attr]
+
+
+@pytest.mark.slow
+async def test_the_handover_command_moves_a_job_run_by_node_processes(job: str) -> None:
+    """``ingestion handover JOB --wait 10`` against two real node processes: the other node leads
+    (exit 0), the audit names who asked (the command's user and host); a job with no leader,
+    exit 1; an unknown job, exit 2."""
+    from ingestion.testing.cluster import open_cluster
+    from tests.support.cli import run
+
+    async with open_cluster(job, ttl_ms=1500) as c:
+        await c.start_node("a")
+        await c.log.wait_for("became-leader", "a")
+        await c.start_node("b")
+        done = await trio.to_thread.run_sync(
+            lambda: run("handover", job, "--redis", c.redis_url, "--wait", "10")
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "asked a to hand" in done.stdout and f"b leads {job}" in done.stdout
+        await c.log.wait_for("lost-leadership", "a", reason="handed-over")
+        audit = [f for _id, f in c.client.xrange(job_keys(job)["audit"])]
+        asked = [f for f in audit if f["event"] == "handover-requested"]
+        assert len(asked) == 1 and asked[0]["by"].startswith("cli ") and asked[0]["node"] == "a"
+        await c.stop_all()
+        c.client.delete(job_keys(job)["lease"])
+        gone = await trio.to_thread.run_sync(lambda: run("handover", job, "--redis", c.redis_url))
+        assert gone.returncode == 1 and "no leader" in gone.stderr
+        unknown = await trio.to_thread.run_sync(
+            lambda: run("handover", "no-such-job", "--redis", c.redis_url)
+        )
+        assert unknown.returncode == 2 and "no job 'no-such-job'" in unknown.stderr
