@@ -187,6 +187,10 @@ class WebhookSource:
     # the store position of the last record whose outcome is committed (this term)
     _delivered_through: str | None = attrs.field(default=None, init=False)
     _clock: ServerClock = attrs.field(init=False)
+    # The endpoint's state, three things apart: delivery ok or failing, disabled by a 410 (until
+    # an enable), paused by an operator (until a resume); ``stats.state`` shows the one that holds.
+    _delivery: str = attrs.field(default="ok", init=False)
+    _disabled: bool = attrs.field(default=False, init=False)
     _paused: bool = attrs.field(default=False, init=False)  # an operator paused delivery (fenced, kept)
     _resumed: trio.Event = attrs.field(factory=trio.Event, init=False)  # set when not paused
     _last_kept: float = attrs.field(default=-1e9, init=False)  # when a delivered attempt was last kept
@@ -212,7 +216,8 @@ class WebhookSource:
     @trio.as_safe_channel
     async def stream(self, cursor: str) -> AsyncGenerator[Batch, None]:
         term = current_term.get()
-        self.stats.state = "ok"
+        self._delivery, self._disabled, self._paused = "ok", False, False
+        self._show()
         self._waiting.clear()
         self._delivered_through = None
         self.stats.oldest_undelivered_ms = None
@@ -222,14 +227,12 @@ class WebhookSource:
             await self.records.hold(position)  # retention keeps what this term has yet to deliver
             keys = webhook_keys(self.job)
             endpoint = await self.store.run(lambda: self.store.client.hgetall(keys["endpoint"]))
-            if _text(endpoint.get(b"state", endpoint.get("state", b""))) == "disabled":
-                self.stats.state = "disabled"
+            self._disabled = _text(endpoint.get(b"state", endpoint.get("state", b""))) == "disabled"
             self._paused = _text(endpoint.get(b"paused", endpoint.get("paused", b""))) == "1"
             self._resumed = trio.Event()
-            if self._paused:
-                self.stats.state = "paused"
-            else:
+            if not self._paused:
                 self._resumed.set()
+            self._show()
             limits = httpx.Limits(
                 max_connections=self.concurrency, max_keepalive_connections=self.concurrency
             )
@@ -369,21 +372,24 @@ class WebhookSource:
         first_attempt = time.time()
         while True:
             await self._while_disabled(term)
-            await self._while_paused()
+            paused_for = await self._while_paused()
+            first_failure += paused_for  # (the retry schedule's age counts no time paused)
             attempt = await self._post(client, unit, term.token)
             label = outcome_label(attempt.status, attempt.error)
             self.stats.attempts[label] = self.stats.attempts.get(label, 0) + 1
             verdict = judge(attempt.status)
             await self._keep_attempt(term, unit, attempt, label, delivered=verdict == DELIVERED)
             if verdict == DELIVERED:
-                if failures or self.stats.state == "failing":
+                if failures or self._delivery == "failing":
                     # the endpoint answers again: said once, not per record
                     await self._set_endpoint(term, state="ok", attempts="0", last_status=str(attempt.status))
                     self.log.info("webhook-recovered", record=unit.key, attempts=failures + 1)
-                    self.stats.state = "paused" if self._paused else "ok"
+                    self._delivery = "ok"
+                    self._show()
                 return DELIVERED, {}
             if verdict == GONE:
-                self.stats.state = "disabled"
+                self._disabled = True
+                self._show()
                 self.log.error("webhook-endpoint-disabled", url=self.url, record=unit.key, status=410,
                                answer=attempt.excerpt)  # fmt: skip
                 await self._set_endpoint(term, state="disabled", last_status="410", disabled_at_ms=_now_ms())
@@ -407,7 +413,8 @@ class WebhookSource:
                 delay = max(delay, attempt.retry_after or 0.0)
             else:
                 delay = self.schedule.delay(failures, self.rng.random(), attempt.retry_after) or 0.0
-            self.stats.state = "paused" if self._paused else "failing"
+            self._delivery = "failing"
+            self._show()
             self.log.warning(
                 "webhook-failed", record=unit.key, attempt=failures, status=attempt.status,
                 error=attempt.error, answer=attempt.excerpt, retry_in_s=round(delay, 3),
@@ -494,11 +501,18 @@ class WebhookSource:
         if isinstance(refused, CommitRejected):
             raise TermFenced(refused.reason)
 
-    async def _while_paused(self) -> None:
+    def _show(self) -> None:
+        """The state metrics, status and the console show: disabled over paused over ok/failing."""
+        self.stats.state = "disabled" if self._disabled else "paused" if self._paused else self._delivery
+
+    async def _while_paused(self) -> float:
         """Wait while an operator has paused delivery (``webhooks pause``, the console), until
-        one resumes it: a request the leader carries out (fenced) in :meth:`_serve_requests`."""
+        one resumes it: a request the leader carries out (fenced) in :meth:`_serve_requests`.
+        Returns how long it waited."""
+        started = trio.current_time()
         while self._paused:
             await self._resumed.wait()
+        return trio.current_time() - started
 
     async def _operator_audit(
         self, term: TermContext, request: dict[str, str], summary: dict[str, Any]
@@ -514,7 +528,7 @@ class WebhookSource:
     async def _while_disabled(self, term: TermContext) -> None:
         """Wait while the endpoint is disabled (410 Gone), until an operator enables it again
         (``ingestion webhooks enable``: a request the leader carries out, fenced)."""
-        while self.stats.state == "disabled":
+        while self._disabled:
             if await self._enable_requested(term):
                 return
             await trio.sleep(DISABLED_POLL)
@@ -528,7 +542,8 @@ class WebhookSource:
         if raw is None or int(_text(raw)) < int(_text(done or b"0")):
             return False
         await self._set_endpoint(term, state="ok", attempts="0")
-        self.stats.state = "ok"
+        self._disabled, self._delivery = False, "ok"
+        self._show()
         self.log.info("webhook-endpoint-enabled", url=self.url)
         return True
 
@@ -554,22 +569,26 @@ class WebhookSource:
             action = request.get("action")
             summary: dict[str, Any]
             if action == "enable":
-                if self.stats.state == "disabled":
+                if self._disabled:
                     await self._set_endpoint(term, enable_requested_at_ms=str(_now_ms()))
                 summary = {"action": "enable"}
             elif action in ("pause", "resume"):
                 pause = action == "pause"
                 changed = pause != self._paused
                 await self._set_endpoint(term, paused="1" if pause else "0")
-                self._paused = pause
-                if pause:
-                    self.stats.state = "paused"
-                    self._resumed = trio.Event()
-                else:
+                if pause and not self._paused:
+                    self._resumed = trio.Event()  # (a second pause keeps the waiters' event)
+                    self._paused = True
+                elif not pause and self._paused:
+                    self._paused = False
                     self._resumed.set()
-                    if self.stats.state == "paused":
-                        self.stats.state = "ok"
+                self._show()
                 summary = {"action": action, "changed": changed}
+            elif self._paused:
+                # (waiting here for a resume would hold up the resume itself: requests are
+                # carried out one at a time, in order)
+                summary = {"action": "replay", "sent": 0, "failed": 0,
+                           "refused": "the endpoint is paused: resume it, then ask again"}  # fmt: skip
             else:
                 summary = await self._replay(client, term, request)
             await self._set_endpoint(

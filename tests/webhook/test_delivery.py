@@ -471,14 +471,23 @@ async def test_an_operator_pauses_and_resumes_delivery_across_terms_and_the_audi
         request_pause(redis_client, hook_job, True, by="console 127.0.0.1 (alice)")
         await wait_until(lambda: redis_client.hget(keys["endpoint"], "paused") == "1", 5, what="paused")
         assert status(redis_client, hook_job, source_job, "x")["state"] == "paused"
-        await commit_source_records(src, 4, 6)
+        await trio.sleep(0.3)
+        assert seqs(receiver) == [1, 2, 3]
+        await commit_source_records(src, 4, 4)
+        request_pause(redis_client, hook_job, True, by="twice")  # a second pause, then a resume
+        request_pause(redis_client, hook_job, False, by="in the same term")
+        await receiver.wait_for(4, 10)
+        request_pause(redis_client, hook_job, True, by="console 127.0.0.1 (alice)")
+        await wait_until(lambda: status(redis_client, hook_job, source_job, "x")["requests_pending"] == 0, 5,
+                         what="the requests carried out")  # fmt: skip
+        await commit_source_records(src, 5, 6)
         await a.shutdown()
         # another term, on another node: still paused
         hook_b, _ = webhook(open_store, redis_server.url, source_job, hook_job, port)
         b = await start_node(nursery, rec, redis_server.url, hook_job, "b", hook_b)
         await rec.wait_for("became-leader", "b")
         await trio.sleep(1.0)
-        assert seqs(receiver) == [1, 2, 3]
+        assert seqs(receiver) == [1, 2, 3, 4]
         request_pause(redis_client, hook_job, False, by="cli bob@ops")
         await receiver.wait_for(6, 10)
         await b.shutdown()
@@ -488,10 +497,51 @@ async def test_an_operator_pauses_and_resumes_delivery_across_terms_and_the_audi
     audit = [f for _id, f in redis_client.xrange(job_keys(hook_job)["audit"])]
     asked = [f for f in audit if f["event"] == "operator-request"]
     assert [(f["action"], f["by"], f["node"]) for f in asked] == [
-        ("pause", "console 127.0.0.1 (alice)", "a"), ("resume", "cli bob@ops", "b"),
+        ("pause", "console 127.0.0.1 (alice)", "a"), ("pause", "twice", "a"),
+        ("resume", "in the same term", "a"), ("pause", "console 127.0.0.1 (alice)", "a"),
+        ("resume", "cli bob@ops", "b"),
     ]  # fmt: skip
     attempts = [f for _id, f in redis_client.xrange(keys["attempts"])]
     failed = [f for f in attempts if f["outcome"] != "2xx"]
     assert [f["status"] for f in failed] == ["503", "503"]
     assert failed[0]["record"] == SyntheticSource.token_of(1)
     assert all(int(f["latency_ms"]) >= 0 for f in attempts) and any(f["outcome"] == "2xx" for f in attempts)
+
+
+async def test_a_pause_neither_enables_an_endpoint_disabled_by_410_nor_lets_a_replay_through(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    """Disabled (410) and paused are kept apart: a pause and a resume leave the endpoint disabled
+    (no POST) until an enable; a replay asked while paused is refused, said so, and sends nothing."""
+    from ingestion.webhook.admin import request_enable, request_pause, request_replay, status
+
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    await commit_source_records(open_store(redis_server.url, source_job), 1, 3)
+    receiver = Receiver(SECRET, fault=Fault(status=410))
+    keys = webhook_keys(hook_job)
+
+    def done() -> int:
+        return int(status(redis_client, hook_job, source_job, "x")["requests_pending"] == 0)
+
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port)
+        node = await start_node(nursery, Recorder(), redis_server.url, hook_job, "a", hook)
+        await wait_until(lambda: redis_client.hget(keys["endpoint"], "state") == "disabled", 10,
+                         what="the endpoint disabled")  # fmt: skip
+        receiver.fault = None
+        request_pause(redis_client, hook_job, True)
+        request_replay(redis_client, hook_job, "0")
+        await wait_until(done, 5, what="the pause and the replay carried out")
+        last = json.loads(redis_client.hget(keys["endpoint"], "last_request"))
+        assert last["action"] == "replay" and last["sent"] == 0 and "paused" in last["refused"]
+        request_pause(redis_client, hook_job, False)
+        await wait_until(done, 5, what="the resume carried out")
+        await trio.sleep(1.5)  # (the disabled endpoint's poll is 1 s)
+        assert receiver.posts == 1 and hook.stats.state == "disabled"  # the one 410, nothing since
+        assert status(redis_client, hook_job, source_job, "x")["state"] == "disabled"
+        request_enable(redis_client, hook_job)
+        await receiver.wait_for(3, 10)
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert seqs(receiver) == [1, 2, 3]
