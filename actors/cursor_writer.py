@@ -172,7 +172,8 @@ class CursorWriter:
             fields["sink"] = self.sink.name
         self.log.warning("fencing-token-rejected", **fields)
         self.observer.fencing_rejected(**fields)
-        await self.store.note_rejection({"node": self.node, **fields})  # for the console (bounded)
+        if self.store is not None:  # (a sink's own fence is tested without any Redis)
+            await self.store.note_rejection({"node": self.node, **fields})  # for the console (bounded)
         lease_may_hold = not isinstance(self.sink, RedisStreamSink)
         await self.elector.send(FencingTokenRejected(msg.token, current, cursor, lease_may_hold))
         return CommitRefused(msg.token, reason, current)

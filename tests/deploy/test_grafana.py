@@ -127,6 +127,7 @@ async def test_every_panel_query_returns_series_from_a_live_cluster(job: str, tm
                         "ok": "1",
                         "failing": "0",
                         "disabled": "0",
+                        "paused": "0",
                     }
             finally:
                 process.terminate()
