@@ -28,6 +28,7 @@ from actors.lease_store import (
     ReplicationUnconfirmed,
     StateLost,
 )
+from actors.liveness import ADOPT_AFTER_TTLS
 from actors.messages import (
     CampaignNow,
     ElectorInput,
@@ -51,6 +52,7 @@ from actors.observe import NodeObserver
 from actors.token_memory import TokenMemory
 
 RELEASE_CLEANUP_TIMEOUT = 1.0  # seconds: bounded, shielded lease release at the end of a term
+HANDED_OVER_FREE_FOR = ADOPT_AFTER_TTLS  # TTLs a handed-over lease counts as free: adopted at once
 
 # Why the Ingestor ended a term, mapped to the reason the node reports for losing leadership.
 _TERM_REASONS = {
@@ -69,6 +71,7 @@ class ReleaseNoticed:
     """A standby heard that ``holder`` released the lease (from the release listener)."""
 
     holder: str
+    handed_over: bool = False  # an operator asked for the release: take over at once
 
 
 class IngestionFatal(Exception):
@@ -406,6 +409,11 @@ class Elector:
                 elif isinstance(msg, ReleaseNoticed) and msg.holder != self.node:
                     self._known_expiry = None
                     self._saw_holder(None, None)  # free from now
+                    if msg.handed_over:
+                        # Its leader was asked to hand it over: a standby held off at its share
+                        # adopts it at once instead of waiting for its rightful node (the one
+                        # that just stood aside).
+                        self._free_since = trio.current_time() - HANDED_OVER_FREE_FOR * self.ttl_ms / 1000
                     if not wake_on_release:
                         continue
                     self._woken = True
@@ -594,9 +602,10 @@ class Elector:
             overdue = trio.current_time() + self.timing.ttl
 
     async def _release(self, token: int) -> None:
+        reason = LostReason.HANDED_OVER.value if self._handed_over else ""
         with trio.move_on_after(RELEASE_CLEANUP_TIMEOUT, shield=True):
             try:
-                released = await self.store.release(self.node, token)
+                released = await self.store.release(self.node, token, reason)
             except RedisUnavailable as exc:
                 self._own_lease_possible = True  # still ours in Redis, maybe: free it next time
                 self.log.warning("release-failed", token=token, error=str(exc))

@@ -69,6 +69,7 @@ class Heartbeat:
     async def _renew_loop(self, start: StartRenewing, scope: trio.CancelScope) -> None:
         with scope:
             tick = 1
+            handed_over = False  # (the request stays while the term lasts: act on it once)
             while True:
                 await trio.sleep_until(start.granted_at + tick * self.interval)
                 sent_at = trio.current_time()
@@ -82,7 +83,8 @@ class Heartbeat:
                         await self.elector.send(RenewRejected(start.token))
                         return
                     await self.elector.send(RenewSucceeded(start.token, sent_at))
-                    if ok is Renewal.HAND_OVER:
+                    if ok is Renewal.HAND_OVER and not handed_over:
+                        handed_over = True
                         await self._handed_over(start.token, self.store.last_handover_by)
                 elapsed = trio.current_time() - start.granted_at
                 tick = max(tick + 1, math.floor(elapsed / self.interval) + 1)

@@ -115,7 +115,7 @@ async def listen_for_releases(
             while True:
                 holder = await notices.wait(RELEASE_POLL)
                 if holder is not None:
-                    await out.send(ReleaseNoticed(holder))
+                    await out.send(ReleaseNoticed(holder, notices.handed_over))
         finally:
             notices.close()
 

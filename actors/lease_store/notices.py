@@ -11,6 +11,15 @@ import trio
 from redis.sentinel import SentinelConnectionPool
 
 _FAILED = "\x00failed"  # what a wait answers when Redis failed (no node is named so)
+HANDED_OVER = "|handed-over"  # a notice's tail when an operator asked for the release
+
+
+def _holder(data: str) -> tuple[str, bool]:
+    """A notice (``token|node``, or ``token|node|handed-over``) as (node, handed over)."""
+    rest = data.partition("|")[2]
+    if rest.endswith(HANDED_OVER):
+        return rest[: -len(HANDED_OVER)], True
+    return rest, False
 
 
 class NoticeSource(Protocol):
@@ -45,6 +54,7 @@ class ReleaseNotices:
         self._lock = threading.Lock()
         self._busy = False
         self._closed = False
+        self.handed_over = False  # the notice the last wait returned was a hand-over's
         # Its own threads, not trio's default limiter's 40: a wait holds its thread for up to its
         # whole length, and a node hosting 40 jobs would otherwise leave its short Redis calls
         # no thread at all (each then times out as Redis unavailable). Two: a cancelled wait's
@@ -76,7 +86,7 @@ class ReleaseNotices:
             while (left := end - time.monotonic()) > 0:
                 msg = self._pubsub.get_message(timeout=left)
                 if msg is not None and msg.get("type") == "message":
-                    return str(msg.get("data", "")).partition("|")[2]
+                    return str(msg.get("data", ""))
         except (redis.RedisError, OSError):
             self._reset()
             return _FAILED  # the caller waits out the rest in trio (no sleep in this thread)
@@ -108,7 +118,7 @@ class ReleaseNotices:
                 if msg is None:
                     break
                 if msg.get("type") == "message":
-                    found = str(msg.get("data", "")).partition("|")[2]
+                    found = str(msg.get("data", ""))
         except (redis.RedisError, OSError):
             pass
         try:
@@ -118,7 +128,10 @@ class ReleaseNotices:
         return found
 
     async def wait(self, seconds: float) -> str | None:
+        """The releasing holder's node id (``handed_over``: whether an operator asked for the
+        release), or None when no notice came within ``seconds``."""
         deadline = trio.current_time() + seconds
+        self.handed_over = False
         got = await trio.to_thread.run_sync(
             self._wait, seconds, abandon_on_cancel=True, limiter=self._limiter
         )
@@ -128,7 +141,10 @@ class ReleaseNotices:
             # fails (EINVAL) in a process whose clocks are faked (libfaketime), and crashed it.
             await trio.sleep_until(deadline)
             return None
-        return got
+        if got is None:
+            return None
+        holder, self.handed_over = _holder(got)
+        return holder
 
     def _reset(self) -> None:
         if self._pubsub is not None:

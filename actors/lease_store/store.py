@@ -374,7 +374,7 @@ class LeaseStore:
         """Ask the leader of term ``token`` to hand the job over gracefully (finish its commit,
         release, stand aside one TTL): its next renewal takes the request, and it writes who asked
         (``by``) to the audit. A request for a term that has ended is dropped by the next renewal
-        of any term.
+        of any other term.
 
         Raises:
             RedisUnavailable: the outcome is unknown.
@@ -394,13 +394,15 @@ class LeaseStore:
             except RedisUnavailable:
                 pass
 
-    async def release(self, node: str, token: int) -> bool:
-        """Give the lease up (if still ours) and wake the standbys; False if it was not ours."""
+    async def release(self, node: str, token: int, reason: str = "") -> bool:
+        """Give the lease up (if still ours) and wake the standbys; False if it was not ours.
+        ``reason`` ``handed-over``: an operator asked, and the standbys take over at once (the
+        audit's ``released`` and the notice say so)."""
         k = self.keys
         res = await self._call(
             self._release,
             keys=[k["lease"], k["leader"], k["audit"]],
-            args=[node, token, k["released"], AUDIT_MAXLEN],
+            args=[node, token, k["released"], AUDIT_MAXLEN, reason],
         )
         if self.on_lease is not None:
             self.on_lease("released", self.job, token, node)  # released now, or not ours any more

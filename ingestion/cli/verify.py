@@ -83,7 +83,8 @@ def main(argv: Sequence[str]) -> int:
     })
     settings = load(Path(ns.config) if ns.config else None, os.environ, flags)
     job: Any = settings.jobs[0]
-    recorded = None if ns.source or job.kind != "horizon" else _recorded_rpc_filters(settings, job.name)
+    asked_horizon = ns.source or ns.horizon or ns.resource
+    recorded = None if asked_horizon or job.kind != "horizon" else _recorded_rpc_filters(settings, job.name)
     if recorded is not None:
         # A job run with --source rpc and its filters on the command line: Redis recorded what it
         # follows (its first term did), so verify needs no more than the RPC's URL again.

@@ -31,8 +31,9 @@ token, compared in constant time.
 
 Nothing a source, an endpoint or Redis gave is trusted: the server escapes every value it writes
 into HTML, and the page's script (``/console/app.js``, no inline script: the
-Content-Security-Policy forbids it) sets text only. No setting is rendered (so no secret: Redis
-and PostgreSQL URLs, webhook secrets, the console token).
+Content-Security-Policy forbids it) sets text only. No setting is rendered (so no secret: the
+Redis URL, webhook URLs and secrets, the console token; a PostgreSQL sink's URL appears only in a
+node's held-off reason, with its password blanked, as in its log line).
 """
 
 from __future__ import annotations
@@ -242,6 +243,8 @@ class ClusterReader:
     _discovered_at: float = -1e9
     _lock: threading.Lock = attrs.Factory(threading.Lock)
     _closing: bool = False
+    _busy: bool = False  # a worker thread is reading the subscription
+    _pubsub: Any = None
     _waits: trio.CapacityLimiter = attrs.Factory(lambda: trio.CapacityLimiter(2))
 
     def __attrs_post_init__(self) -> None:
@@ -260,7 +263,7 @@ class ClusterReader:
             while True:
                 pubsub = None
                 try:
-                    pubsub = await self._store.run(self._subscribe)
+                    pubsub = self._pubsub = await self._store.run(self._subscribe)
                     await self._seed()
                     self.view.error = None
                     self._changed()
@@ -292,7 +295,10 @@ class ClusterReader:
                     self._close(pubsub)
                     await trio.sleep(1.0)
         finally:
-            self._closing = True
+            with self._lock:
+                self._closing = True
+                if not self._busy:  # (else the thread still reading closes it when it returns)
+                    self._close(self._pubsub)
 
     def _subscribe(self) -> Any:
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
@@ -303,6 +309,10 @@ class ClusterReader:
         """What the channel brings within a second (in a worker thread; None: it failed)."""
         out: list[str] = []
         end = time.monotonic() + 1.0
+        with self._lock:
+            if self._closing:
+                return out
+            self._busy = True
         try:
             while (left := end - time.monotonic()) > 0 and len(out) < 1000:
                 msg = pubsub.get_message(timeout=left if not out else 0)
@@ -315,8 +325,10 @@ class ClusterReader:
         except (redis.RedisError, OSError):
             return None
         finally:
-            if self._closing:
-                self._close(pubsub)
+            with self._lock:
+                self._busy = False
+                if self._closing:
+                    self._close(pubsub)
         return out
 
     @staticmethod
@@ -361,25 +373,26 @@ class ClusterReader:
     async def _discover(self) -> None:
         reported = {j["job"] for j in self.view.state(trio.current_time())["jobs"] if j["hosts"]}
         names = sorted(set(await self._store.run(discover_jobs, self.client)) - reported)[:MAX_JOBS]
-        found: dict[str, dict[str, Any]] = {}
-        for name in names:
-            found[name] = await self._lease(name)
-        self.view.unreported = found
 
-    async def _lease(self, job: str) -> dict[str, Any]:
-        keys = job_keys(job)
-
-        def read() -> dict[str, Any]:
+        def read() -> dict[str, dict[str, Any]]:  # every such job's lease, in one round trip
             pipe = self.client.pipeline(transaction=False)
-            pipe.get(keys["lease"])
-            pipe.pttl(keys["lease"])
-            pipe.hget(keys["cursor"], "cursor")
-            lease, ttl, cursor = pipe.execute()
-            token, leader = parse_lease_value(lease) if lease else (None, "")
-            return {"leader": leader, "token": token, "cursor": cursor or "",
-                    "lease_ttl_ms_left": int(ttl) if lease and int(ttl) >= 0 else None}  # fmt: skip
+            for name in names:
+                keys = job_keys(name)
+                pipe.get(keys["lease"])
+                pipe.pttl(keys["lease"])
+                pipe.hget(keys["cursor"], "cursor")
+            answers = pipe.execute() if names else []
+            found = {}
+            for i, name in enumerate(names):
+                lease, ttl, cursor = answers[3 * i : 3 * i + 3]
+                token, leader = parse_lease_value(lease) if lease else (None, "")
+                left = int(ttl) if lease and int(ttl) >= 0 else None
+                found[name] = {
+                    "leader": leader, "token": token, "cursor": cursor or "", "lease_ttl_ms_left": left,
+                }  # fmt: skip
+            return found
 
-        return await self._store.run(read)
+        self.view.unreported = await self._store.run(read)
 
     async def job(self, name: str) -> dict[str, Any] | None:
         """One job's detail, read from Redis in one round trip; None when Redis holds nothing of

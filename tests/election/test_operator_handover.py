@@ -16,6 +16,7 @@ import trio
 from actors.lease_store import LeaseStore, Renewal, job_keys
 from actors.source import SyntheticSource
 from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.wait import wait_until
 from tests.support.nodes import FAST_TIMING, OpenStore, Recorder, start_node
 
 LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)
@@ -45,6 +46,8 @@ async def test_a_handover_request_moves_the_job_to_a_standby_and_is_audited(
         assert taken.at - lost.at < FAST_TIMING.ttl / 2
         assert taken.fields["previous_node"] == "a"
         await rec.wait_for("committed", "b", count=2)
+        await wait_until(lambda: not redis_client.hexists(job_keys(job)["leader"], "handover_token"), 2,
+                         what="the request dropped by b's first renewal")  # fmt: skip
         # a stood aside: it did not take the job back at once
         assert len(rec.of("became-leader", "a")) == 1
         await a.shutdown()
@@ -56,7 +59,7 @@ async def test_a_handover_request_moves_the_job_to_a_standby_and_is_audited(
     events = [e["event"] for e in entries]
     at = events.index("handover-requested")
     assert events[at + 1 : at + 3] == ["released", "became-leader"]
-    assert not redis_client.hexists(job_keys(job)["leader"], "handover_token")
+    assert entries[at + 1]["reason"] == "handed-over"
 
 
 async def test_a_request_naming_another_term_is_dropped_by_the_renewal(
@@ -73,8 +76,15 @@ async def test_a_request_naming_another_term_is_dropped_by_the_renewal(
     assert redis_client.hget(job_keys(job)["leader"], "handover_by") == "someone"
     assert await store.renew("a", first.token, 5000) is Renewal.HAND_OVER  # type: ignore[union-attr]
     assert store.last_handover_by == "someone"
-    assert not redis_client.hexists(job_keys(job)["leader"], "handover_token")  # taken once
-    assert await store.renew("a", first.token, 5000) is Renewal.RENEWED  # type: ignore[union-attr]
+    # it stays while the term lasts (a renewal whose answer was lost must not lose it) ...
+    assert await store.renew("a", first.token, 5000) is Renewal.HAND_OVER  # type: ignore[union-attr]
+    assert await store.release("a", first.token, "handed-over")  # type: ignore[union-attr]
+    released = [f for _id, f in redis_client.xrange(job_keys(job)["audit"]) if f["event"] == "released"]
+    assert released[-1]["reason"] == "handed-over"
+    # ... and the next term's first renewal drops it
+    second = await store.acquire("b", 5000)
+    assert await store.renew("b", second.token, 5000) is Renewal.RENEWED  # type: ignore[union-attr]
+    assert not redis_client.hexists(job_keys(job)["leader"], "handover_token")
 
 
 @pytest.mark.slow
@@ -106,3 +116,37 @@ async def test_the_handover_command_moves_a_job_run_by_node_processes(job: str) 
             lambda: run("handover", "no-such-job", "--redis", c.redis_url)
         )
         assert unknown.returncode == 2 and "no job 'no-such-job'" in unknown.stderr
+
+
+@pytest.mark.slow
+async def test_a_handover_in_a_balanced_cluster_goes_to_a_node_at_its_share_at_once(job: str) -> None:
+    """Two nodes, two jobs, one each: both at their share. A hand-over of one must not leave it
+    leaderless for a TTL and then give it back to the node that stood aside: the release says it
+    was handed over, and the other node adopts it at once (the balancer evens the shares later)."""
+    from ingestion.testing.cluster import open_cluster
+    from ingestion.testing.wait import wait_until
+    from tests.support.cli import run
+
+    ttl = 1.5
+    other_job = f"{job}-2"
+    async with open_cluster(job, ttl_ms=int(ttl * 1000)) as c:
+        extra = ["--job", f"{other_job}=/payments"]
+        await c.start_node("a", extra=extra)
+        await c.start_node("b", extra=extra)
+
+        def holder(name: str) -> str | None:
+            value = c.client.get(job_keys(name)["lease"])
+            return value.partition("|")[2] if value else None
+
+        await wait_until(lambda: {holder(job), holder(other_job)} == {"a", "b"}, 20, what="one job each")
+        await trio.sleep(2 * ttl)  # settled
+        before = holder(job)
+        asked_at = trio.current_time()
+        done = await trio.to_thread.run_sync(
+            lambda: run("handover", job, "--redis", c.redis_url, "--wait", "10")
+        )
+        took = trio.current_time() - asked_at
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert holder(job) not in (None, before), holder(job)
+        # a renewal interval, the release and the adoption (and the command's start), not a TTL and more
+        assert took < ttl + 0.5, took
