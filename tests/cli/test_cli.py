@@ -156,6 +156,15 @@ def test_ctrl_c_during_start_up_exits_without_a_traceback(
     assert child.returncode in (0, 130, -signal.SIGINT)
 
 
+def node_against(silent: socket.socket) -> subprocess.Popen[str]:
+    """A node process whose Redis is ``silent`` (a socket that accepts and never answers)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "ingestion", "--redis", f"redis://127.0.0.1:{silent.getsockname()[1]}/0",
+         "--job", "held", "--log-format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+    )  # fmt: skip
+
+
 def test_a_stop_signal_while_start_up_waits_on_redis_ends_start_up_before_the_node() -> None:
     """SIGINT and SIGTERM are held from the first line of ``python -m ingestion`` until something
     receives them on purpose (ingestion/node/stop_signals.py): one that came while Python ran other
@@ -165,11 +174,7 @@ def test_a_stop_signal_while_start_up_waits_on_redis_ends_start_up_before_the_no
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)  # connections complete in the backlog; nothing ever answers
-        child = subprocess.Popen(
-            [sys.executable, "-m", "ingestion", "--redis", f"redis://127.0.0.1:{silent.getsockname()[1]}/0",
-             "--job", "held", "--log-format", "json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
-        )  # fmt: skip
+        child = node_against(silent)
         silent.settimeout(30)
         waiting, _ = silent.accept()  # the start-up check has connected: it now waits (2 s)
         with waiting:
@@ -193,11 +198,7 @@ def test_a_stop_signal_during_the_start_up_checks_exits_within_the_documented_bo
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
-        child = subprocess.Popen(
-            [sys.executable, "-m", "ingestion", "--redis", f"redis://127.0.0.1:{silent.getsockname()[1]}/0",
-             "--job", "held", "--log-format", "json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
-        )  # fmt: skip
+        child = node_against(silent)
         silent.settimeout(30)
         waiting, _ = silent.accept()  # the start-up check has connected: it now waits
         with waiting:
@@ -219,11 +220,7 @@ def test_a_stop_signal_right_after_spawn_exits_within_the_documented_bound() -> 
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
-        child = subprocess.Popen(
-            [sys.executable, "-m", "ingestion", "--redis", f"redis://127.0.0.1:{silent.getsockname()[1]}/0",
-             "--job", "held", "--log-format", "json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
-        )  # fmt: skip
+        child = node_against(silent)
         time.sleep(0.05)
         sent = time.monotonic()
         child.send_signal(signal.SIGTERM)
