@@ -455,6 +455,21 @@ def test_verify_an_unknown_job_is_exit_2(redis_server: LocalRedis, job: str) -> 
     assert line.startswith(f"ingestion: verify: no job {job!r} at ")
 
 
+async def node_until(client: redis.Redis, job: str, args: list[str], records: int, within: float) -> None:
+    """Run a node process with ``args`` until ``job``'s stream holds ``records``, then SIGTERM it."""
+    import trio
+
+    async with trio.open_nursery() as nursery:
+        node = await nursery.start(functools.partial(
+            trio.run_process, [sys.executable, "-m", "ingestion", *args], env=env(),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
+        ))  # fmt: skip
+        with trio.fail_after(within):
+            while client.xlen(f"ingestion:{{{job}}}:events") < records:  # noqa: ASYNC110 (another process)
+                await trio.sleep(0.1)
+        node.send_signal(signal.SIGTERM)
+
+
 async def test_the_first_term_records_the_source_and_verify_checks_the_stream(
     redis_server: LocalRedis, job: str
 ) -> None:
@@ -470,15 +485,7 @@ async def test_the_first_term_records_the_source_and_verify_checks_the_stream(
     async with open_simulator(config) as sim:
         args = ["--redis", redis_server.url, "--job", job, "--horizon", sim.url, "--start-cursor", "0",
                 "--lease-ttl-ms", "1000", "--log-format", "json"]  # fmt: skip
-        async with trio.open_nursery() as nursery:
-            node = await nursery.start(functools.partial(
-                trio.run_process, [sys.executable, "-m", "ingestion", *args], env=env(),
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
-            ))  # fmt: skip
-            with trio.fail_after(20):
-                while client.xlen(f"ingestion:{{{job}}}:events") < 15:  # noqa: ASYNC110 (another process)
-                    await trio.sleep(0.1)
-            node.send_signal(signal.SIGTERM)
+        await node_until(client, job, args, 15, within=20)
         assert client.hget(key, "source") == "horizon /operations"
         verify = ["verify", "--redis", redis_server.url, "--job", job, "--horizon", sim.url,
                   "--start-cursor", "0"]  # fmt: skip
@@ -508,15 +515,7 @@ async def test_verify_an_rpc_job_run_from_flags_needs_only_the_rpc_url(
         args = ["--redis", redis_server.url, "--job", job, "--source", "rpc", "--rpc", sim.rpc_url,
                 "--topic", "sym:transfer,*,**", "--start-cursor", "0", "--lease-ttl-ms", "1000",
                 "--log-format", "json"]  # fmt: skip
-        async with trio.open_nursery() as nursery:
-            node = await nursery.start(functools.partial(
-                trio.run_process, [sys.executable, "-m", "ingestion", *args], env=env(),
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
-            ))  # fmt: skip
-            with trio.fail_after(30):
-                while client.xlen(f"ingestion:{{{job}}}:events") < 5:  # noqa: ASYNC110 (another process)
-                    await trio.sleep(0.1)
-            node.send_signal(signal.SIGTERM)
+        await node_until(client, job, args, 5, within=30)
         assert str(client.hget(f"ingestion:{{{job}}}:cursor", "source")).startswith("rpc [")
         verify = ["verify", "--redis", redis_server.url, "--job", job, "--rpc", sim.rpc_url]
         done = await trio.to_thread.run_sync(functools.partial(run, *verify))
