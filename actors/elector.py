@@ -468,7 +468,9 @@ class Elector:
         self._unknown_terms = self._unknown_terms + 1 if unknown and short else 0
         if self._unknown_terms >= 2:
             # Terms keep ending commit-unknown at once (the sink or Redis answers the campaign
-            # but not the commits): one term per lease lifetime, not one per call bound.
+            # but not the commits): one term per lease lifetime, not one per call bound. Said,
+            # since it delays a takeover by up to a TTL (release notices do not wake it).
+            self.log.info("campaign-held-off", reason="terms-ending-unknown", terms=self._unknown_terms)
             await self._standby_until(
                 trio.current_time() + self.ttl_ms / 1000, wake_on_release=False
             )

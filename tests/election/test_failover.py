@@ -375,7 +375,13 @@ async def test_wrong_and_jumping_wall_clocks_change_nothing(job: str, tmp_path: 
         asked = c.signal(await current_leader(c), signal.SIGTERM)
         handed = await c.log.wait_for("became-leader", since=asked, within=TTL + 2)
         figure("clock-skew-graceful", handoff_ms=(handed.at - asked) * 1000, new_leader=handed.node)
-        assert handed.at - asked < ALLOWANCE
+        # A standby whose own last two terms ended commit-unknown at once (Redis calls past their
+        # 150 ms bound on a starved machine: CI saw it) waits a lease lifetime before it campaigns,
+        # by design, and says so; the release notice does not wake it.
+        backing_off = c.log.of(
+            "campaign-held-off", handed.node, since=asked - TTL, reason="terms-ending-unknown"
+        )
+        assert handed.at - asked < (TTL + ALLOWANCE if backing_off else ALLOWANCE)
         await c.wait_for_progress(100)
         assert not [e for e in c.log.of("process-exited") if e.fields["returncode"] not in (0, -9)]
         await assert_verified(c, 300)
