@@ -57,8 +57,8 @@ def request_replay(
     """Ask ``job``'s leader to re-deliver records ``start``..``end`` (bounds as
     :func:`replay_bound` makes them) or its dead letters; the request's id. ``by``: who asked
     (the job's audit keeps it)."""
-    return _ask(client, job, "replay", by, dead_letters="1" if dead_letters else "0", start=start or "0",
-                end=end)  # fmt: skip
+    bounds = {"dead_letters": "1" if dead_letters else "0", "from": start or "0", "to": end}
+    return _ask(client, job, "replay", by, bounds)
 
 
 def request_enable(client: redis.Redis, job: str, by: str = "") -> str:
@@ -72,13 +72,11 @@ def request_pause(client: redis.Redis, job: str, pause: bool, by: str = "") -> s
     return _ask(client, job, "pause" if pause else "resume", by)
 
 
-def _ask(client: redis.Redis, job: str, action: str, by: str, **extra: str) -> str:
+def _ask(client: redis.Redis, job: str, action: str, by: str, extra: dict[str, str] | None = None) -> str:
     fields: dict[Any, Any] = {
         "action": action, "by": by or default_asker(), "requested_at_ms": str(int(time.time() * 1000)),
+        **(extra or {}),
     }
-    if "start" in extra:
-        extra["from"], extra["to"] = extra.pop("start"), extra.pop("end")
-    fields.update(extra)
     return _text(client.xadd(webhook_keys(job)["requests"], fields))
 
 
