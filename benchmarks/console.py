@@ -13,6 +13,7 @@ Measured, in one run, side by side:
 
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
 import subprocess
@@ -24,7 +25,7 @@ from typing import Any
 import httpx
 import redis
 
-from benchmarks.jobs import _commands, _wait_balanced, job_flags
+from benchmarks.jobs import _commands, _start, _wait_balanced
 from benchmarks.procs import percentile
 from ingestion.testing.local_redis import free_port
 from ingestion.testing.processes import NodeProcess, Simulator
@@ -93,8 +94,6 @@ def _browser_load_ms(url: str, rounds: int) -> list[float] | None:
             page.goto(url, wait_until="load")
             page.wait_for_function("document.getElementById('live').textContent.includes('live')")
             nav = page.evaluate("JSON.stringify(performance.getEntriesByType('navigation')[0])")
-            import json
-
             entry = json.loads(nav)
             out.append(float(entry["loadEventEnd"]) - float(entry["startTime"]))
         browser.close()
@@ -117,11 +116,8 @@ def run(
     out: dict[str, Any] = {"jobs": jobs, "nodes": len(names), "ttl_ms": ttl_ms, "window_s": window_s}
     try:
         for name in names:
-            nodes[name] = NodeProcess.start(
-                name, redis_url=redis_url, horizon=sim.url, ttl_ms=ttl_ms, job=f"{prefix}00",
-                start_cursor="now", extra=[*job_flags(prefix, jobs)[2:], "--metrics-port", str(metrics[name]),
-                                           "--status-port", str(status[name])],
-            )  # fmt: skip
+            ports = ["--metrics-port", str(metrics[name]), "--status-port", str(status[name])]
+            nodes[name] = _start(name, redis_url, sim.url, ttl_ms, prefix, jobs, ports)
         _wait_balanced(client, prefix, jobs, names, 90)
         time.sleep(2 * ttl_ms / 1000)
         base = f"http://127.0.0.1:{metrics['c1']}"

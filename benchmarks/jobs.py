@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -62,10 +63,13 @@ def _commands(client: redis.Redis) -> int:
     return sum(int(v["calls"]) for v in stats.values())
 
 
-def _start(name: str, redis_url: str, horizon: str, ttl_ms: int, prefix: str, count: int) -> NodeProcess:
+def _start(
+    name: str, redis_url: str, horizon: str, ttl_ms: int, prefix: str, count: int, extra: Sequence[str] = ()
+) -> NodeProcess:
+    """A node process hosting the jobs ``prefix00``..., from the tip (``extra``: more flags)."""
     return NodeProcess.start(
         name, redis_url=redis_url, horizon=horizon, ttl_ms=ttl_ms, job=f"{prefix}00",
-        start_cursor="now", extra=job_flags(prefix, count)[2:],
+        start_cursor="now", extra=[*job_flags(prefix, count)[2:], *extra],
     )  # fmt: skip
 
 
