@@ -143,7 +143,9 @@ async def test_a_leaderless_job_says_why_and_a_dead_letter_is_replayed_from_the_
             # the job whose sink nobody reaches: leaderless, and why, on the overview
             await browser.call(lambda p: p.goto(f"{a}/"))
             why = text_of(f'tr[data-job="{pg}"] td[data-col="why"]')
-            await browser.call(lambda p: p.wait_for_function(f"{why}.includes('held off: sink-unreachable')"))
+            # (both nodes: b may still be starting when a has said why)
+            held = " && ".join(f"{why}.includes('{n}: held off: sink-unreachable')" for n in "ab")
+            await browser.call(lambda p: p.wait_for_function(held))
             shown = await browser.call(lambda p: p.evaluate(why))
             assert "a: held off" in shown and "b: held off" in shown and "pw" not in shown, shown
             assert await browser.call(lambda p: p.evaluate(leader_of(pg))) == ""
