@@ -10,7 +10,12 @@ import redis
 import trio
 from redis.sentinel import SentinelConnectionPool
 
-_FAILED = "\x00failed"  # what a wait answers when Redis failed (no node is named so)
+
+class _Failed:
+    """What a wait's thread answers when Redis failed (the caller waits out the rest in trio)."""
+
+
+_FAILED = _Failed()
 HANDED_OVER = "|handed-over"  # a notice's tail when an operator asked for the release
 
 
@@ -61,7 +66,7 @@ class ReleaseNotices:
         # thread may still be finishing when the next wait starts.
         self._limiter = trio.CapacityLimiter(2)
 
-    def _wait(self, seconds: float) -> str | None:
+    def _wait(self, seconds: float) -> str | _Failed | None:
         with self._lock:
             if self._closed:
                 return None
@@ -135,7 +140,7 @@ class ReleaseNotices:
         got = await trio.to_thread.run_sync(
             self._wait, seconds, abandon_on_cancel=True, limiter=self._limiter
         )
-        if got is _FAILED:
+        if isinstance(got, _Failed):
             # Redis failed: wait out the rest rather than spin. In trio, not in the worker
             # thread: a thread's time.sleep is a clock_nanosleep on an absolute deadline, which
             # fails (EINVAL) in a process whose clocks are faked (libfaketime), and crashed it.

@@ -528,6 +528,19 @@ class LeaseStore:
         cursor: str | None = await self._call(self.client.hget, self.keys["cursor"], "cursor")  # type: ignore[arg-type]
         return cursor
 
+    async def server_time(self) -> float:
+        """Redis's clock (``TIME``) in seconds: the one wall clock every node of a deployment
+        shares, whatever its own says (a cluster asks each primary; any of them will do).
+
+        Raises:
+            RedisUnavailable: it failed or timed out.
+        """
+        answer = await self._call(self.client.time)
+        if isinstance(answer, dict):
+            answer = next(iter(answer.values()))
+        seconds, micros = answer
+        return int(seconds) + int(micros) / 1e6
+
     async def leader(self) -> LeaderInfo:
         def read() -> LeaderInfo:
             pipe = self.client.pipeline(transaction=False)

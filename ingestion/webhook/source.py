@@ -196,14 +196,7 @@ class WebhookSource:
     _last_kept: float = attrs.field(default=-1e9, init=False)  # when a delivered attempt was last kept
 
     def __attrs_post_init__(self) -> None:
-        self._clock = ServerClock(self._redis_time, self.log)
-
-    async def _redis_time(self) -> float:
-        answer = await self.store.run(self.store.client.time)
-        if isinstance(answer, dict):  # a cluster asks each master: any of them will do
-            answer = next(iter(answer.values()))
-        seconds, micros = answer
-        return int(seconds) + int(micros) / 1e6
+        self._clock = ServerClock(self.store.server_time, self.log)
 
     async def resolve_start(self, cursor: str) -> str:
         """``now``: the newest record the source job holds (``0`` when it holds none)."""
