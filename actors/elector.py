@@ -124,6 +124,9 @@ class Elector:
     sink_keeps_cursor: bool = False
     _unannounced: dict[str, Any] | None = None  # this term's became-leader, until it resumes
     _held_off: set[str] = attrs.Factory(set)  # why campaigns are held off now (logged once each)
+    # (reason, cause) said at info since this node last led the job: a node at its share looks at
+    # each held lease every few seconds, and each look ends a stretch; said again, it is debug
+    _said_held_off: set[tuple[str, str]] = attrs.Factory(set)
     _woken: bool = False  # the last standby wait ended on a release notice or a wake-up
     _unknown_terms: int = 0  # short terms in a row that ended commit-unknown
     _fenced_by_sink: bool = False  # this term was refused by the sink's fence, not by Redis
@@ -326,7 +329,11 @@ class Elector:
             if reason not in self._held_off:
                 self._held_off.add(reason)
                 cause = {"error": error} if error else {}
-                self.log.info("campaign-held-off", reason=reason, **cause)
+                if (reason, error or "") in self._said_held_off:
+                    self.log.debug("campaign-held-off", reason=reason, **cause)
+                else:
+                    self._said_held_off.add((reason, error or ""))
+                    self.log.info("campaign-held-off", reason=reason, **cause)
                 self.observer.election_event("campaign-held-off", reason=reason, **cause)
             await self._standby_until(trio.current_time() + recheck)
             return False
@@ -428,6 +435,7 @@ class Elector:
     async def _lead(self, machine: LeaseMachine, grant: Acquired, sent_at: float) -> None:
         term = machine.granted(grant.token, sent_at)
         self._last_standby = None
+        self._said_held_off.clear()  # held off after this term: said at info again
         self.seen_holder, self._free_since, self._known_expiry = self.node, None, None
         cursor = grant.cursor or self.start_cursor
         fields = {
