@@ -96,8 +96,12 @@ APP_KEY_MEANINGS: dict[str, tuple[str, str]] = {
         "(CONSUMING.md)",
     ),
     "watch:version": (
-        "integer", "moved by every edit of the watch set in the same transaction: the leader reloads the "
-        "set when it moves",
+        "integer", "moved after every edit that changed the watch set: the leader reloads the set when "
+        "it moves",
+    ),
+    "watch:editing": (
+        "string", "set while `ingestion watchlist add|remove` edits the watch set (in short commands); "
+        "left by an edit that was cut off, so that the next edit moves the version",
     ),
 }  # fmt: skip
 
@@ -271,7 +275,8 @@ def redis_section() -> Iterator[str]:
     from ingestion.webhook.source import webhook_keys
 
     watched = watch_keys("J")
-    app = {**webhook_keys("J"), "watch": watched["watch"], "watch:version": watched["version"]}
+    app = {**webhook_keys("J"), "watch": watched["watch"], "watch:version": watched["version"],
+           "watch:editing": watched["editing"]}  # fmt: skip
     yield ""
     yield "The application's own, for job `J` (`ingestion/webhook/source.py`, `ingestion/events/watch.py`):"
     yield ""

@@ -1,12 +1,13 @@
 """``ingestion watchlist``: edit a job's watch list in Redis (``watch_set = true``) while it runs.
 
-The list is the Redis set ``ingestion:{JOB}:watch``; every edit also increments
-``ingestion:{JOB}:watch:version`` in the same transaction, and the job's leader reads the version
-before each batch and reloads the set when it moved: an edit applies from the next batch on, with
-no restart. Addresses are checked (strkey, checksum) before anything is written: a bad one is
-named and nothing of that command is written. Large lists go in from a file (``--file``, one
-address a line, ``#`` comments), in transactions of :data:`CHUNK` addresses, each moving the
-version: a node may reload between two of them, and reloads again after the last.
+The list is the Redis set ``ingestion:{JOB}:watch``; an edit that changes it then increments
+``ingestion:{JOB}:watch:version``, and the job's leader reads the version before each batch and
+reloads the set when it moved: an edit applies from the next batch on, with no restart.
+Addresses are checked (strkey, checksum) before anything is written: a bad one is named and
+nothing of that command is written. Large lists go in from a file (``--file``, one address a
+line, ``#`` comments), in short commands (Redis goes on serving the nodes' leases between them),
+and the version moves once, after the last (:func:`ingestion.events.watch.add`). An edit cut off
+midway (Redis lost, Ctrl-C) has told no node: run it again, which completes it.
 
 Exit 0; 2 for a bad flag or address; 1 when Redis cannot be reached.
 """
@@ -23,8 +24,6 @@ from typing import Any
 import redis
 
 from ingestion.cli.usage import OneLineParser, UsageError, setting_help
-
-CHUNK = 100_000  # addresses per transaction (SADDs of 10,000): none holds Redis up for long
 
 
 def parser() -> argparse.ArgumentParser:
@@ -94,8 +93,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         if ns.action in ("add", "remove"):
             edit = watch.add if ns.action == "add" else watch.remove
-            chunks = (addresses[i : i + CHUNK] for i in range(0, len(addresses), CHUNK))
-            changed = sum(edit(client, ns.job, chunk) for chunk in chunks)
+            changed = edit(client, ns.job, addresses)
             verb = "added" if ns.action == "add" else "removed"
             total = watch.members_count(client, ns.job)
             print(f"{changed} {verb} ({len(addresses) - changed} unchanged); {ns.job} watches {total}")
@@ -105,7 +103,8 @@ def main(argv: Sequence[str]) -> int:
             for member in sorted(client.sscan_iter(watch.watch_keys(ns.job)["watch"], count=10_000)):
                 print(member.decode() if isinstance(member, bytes) else member)
     except (redis.RedisError, OSError) as exc:
-        print(f"ingestion: watchlist: Redis: {exc}", file=sys.stderr)
+        part = "; the edit may be part done, and no node was told: run it again" if addresses else ""
+        print(f"ingestion: watchlist: Redis: {exc}{part}", file=sys.stderr)
         return 1
     finally:
         client.close()

@@ -23,8 +23,9 @@ Three sources (:class:`WatchSource`): a list in the job's config (:class:`Inline
 (:class:`FileWatch`, reloaded when its (mtime_ns, size, inode) changes) and a Redis set
 (:class:`RedisWatch`, ``ingestion:{JOB}:watch``, reloaded when its version counter moves). The
 operator's edits to the Redis set are :func:`add` and :func:`remove`: each validates first, then
-changes the set and increments the version in one MULTI/EXEC, so a node that reads the version
-never misses an edit.
+changes the set in short commands (Redis goes on serving the leases between them) and, when that
+changed anything, increments the version, so a node that reads the version never misses an edit,
+and an edit that changes nothing reloads no node.
 """
 
 from __future__ import annotations
@@ -50,7 +51,19 @@ import trio
 log = structlog.get_logger()
 
 SCAN_COUNT = 10_000  # SSCAN's COUNT: no reply holds more than about this many members
-EDIT_CHUNK = 10_000  # members per SADD/SREM inside one MULTI/EXEC
+EDIT_CHUNK = 1_000  # members per SADD/SREM of an edit (each a short command: Redis serves others between)
+EDIT_ROUND = 50  # such commands per round trip of an edit
+
+# KEYS: the version counter, the edit-in-progress marker; ARGV: how many members the edit changed,
+# and whether it found the marker set (an edit before it was cut off, or one is running beside it).
+# The version moves if either: the nodes then read the set again.
+_EDIT_DONE = """
+if tonumber(ARGV[1]) > 0 or ARGV[2] == '1' then
+  redis.call('INCR', KEYS[1])
+end
+redis.call('DEL', KEYS[2])
+return redis.call('GET', KEYS[1])
+"""
 EXAMPLES = 5  # invalid members named in a report
 MUXED_CACHE = 4096  # M addresses whose G account is kept decoded
 
@@ -572,10 +585,11 @@ class FileWatch:
 
 
 def watch_keys(job: str) -> dict[str, str]:
-    """The job's watch set and its version counter, beside its lease store's keys (same hash tag,
-    so one cluster slot, so one MULTI/EXEC may edit both)."""
+    """The job's watch set, its version counter and the marker of an edit in progress, beside its
+    lease store's keys (same hash tag, so one cluster slot, so one script may edit two of them)."""
     prefix = f"ingestion:{{{job}}}"
-    return {"watch": f"{prefix}:watch", "version": f"{prefix}:watch:version"}
+    watch = f"{prefix}:watch"
+    return {"watch": watch, "version": f"{watch}:version", "editing": f"{watch}:editing"}
 
 
 def _text(member: str | bytes) -> str:
@@ -744,28 +758,42 @@ def _validated(addresses: Iterable[str]) -> list[str]:
 
 
 def _edit(client: redis.Redis, job: str, addresses: Iterable[str], command: str) -> int:
+    """Short commands, not one transaction: a million members in one MULTI/EXEC kept Redis from
+    every other client for about a second (0.4 s when nothing changed), and with it every node's
+    lease renewals, which must answer within ``redis.timeout_ms``. In chunks, the longest wait of
+    another client is a few milliseconds. The version moves once the set is edited (and only if
+    the edit changed it, or one before was cut off), so a node reloads once, after the edit."""
     entries = _validated(addresses)
     if not entries:
         return 0
     keys = watch_keys(job)
-    pipe = client.pipeline(transaction=True)
-    for start in range(0, len(entries), EDIT_CHUNK):
-        getattr(pipe, command)(keys["watch"], *entries[start : start + EDIT_CHUNK])
-    pipe.incr(keys["version"])
-    answers = pipe.execute()
-    return sum(int(n) for n in answers[:-1])
+    interrupted = client.getset(keys["editing"], "1") is not None
+    changed = 0
+    step = EDIT_CHUNK * EDIT_ROUND
+    for start in range(0, len(entries), step):
+        pipe = client.pipeline(transaction=False)
+        for at in range(start, min(start + step, len(entries)), EDIT_CHUNK):
+            getattr(pipe, command)(keys["watch"], *entries[at : at + EDIT_CHUNK])
+        changed += sum(int(n) for n in pipe.execute())
+    done = client.register_script(_EDIT_DONE)
+    done(keys=[keys["version"], keys["editing"]], args=[changed, "1" if interrupted else "0"])
+    return changed
 
 
 def add(client: redis.Redis, job: str, addresses: Iterable[str]) -> int:
     """Add ``addresses`` to ``job``'s watch set; how many were not there yet.
 
-    All are validated before anything is sent; the SADDs and the version's INCR are one MULTI/EXEC,
-    so a node sees the edit whole at its next batch. (The version moves even when nothing was
-    new: nodes then read the set again, which costs a reload, never a wrong list.)
+    All are validated before anything is sent. The members go in short commands, then the version
+    moves, so the leader reloads the set once, after the edit (one that loads it meanwhile for
+    another reason may see part of it, and reloads after). The version moves only when something
+    was new: adding what is already there makes no node read the set again (about 1 s at a million).
 
     Raises:
         InvalidAddress: an entry is not a valid address (named); nothing was changed.
-        redis.RedisError: the edit's outcome is unknown (a timeout): running it again is safe.
+        redis.RedisError: the edit's outcome is unknown (a timeout, a lost connection): part of it
+            may be done, and no node has been told yet. Running it again is safe and completes it
+            (a cut-off edit leaves a marker, so the next edit moves the version even if it finds
+            nothing left to change).
     """
     return _edit(client, job, addresses, "sadd")
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import os
 import random
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from structlog.testing import capture_logs
 from actors.lease_store import connect
 from ingestion.events import watch
 from ingestion.events.watch import (
+    EDIT_CHUNK,
     FileWatch,
     InlineWatch,
     InvalidAddress,
@@ -304,23 +307,57 @@ def client(redis_server: LocalRedis) -> Iterator[redis.Redis]:
 
 def test_keys_share_the_jobs_hash_tag() -> None:
     assert watch_keys("payments") == {"watch": "ingestion:{payments}:watch",
-                                      "version": "ingestion:{payments}:watch:version"}  # fmt: skip
+                                      "version": "ingestion:{payments}:watch:version",
+                                      "editing": "ingestion:{payments}:watch:editing"}  # fmt: skip
 
 
-def test_edits_validate_first_and_move_the_version_in_one_transaction(client: redis.Redis, job: str) -> None:
+def test_edits_validate_first_and_move_the_version_only_when_they_change_the_set(
+    client: redis.Redis, job: str
+) -> None:
     keys = watch_keys(job)
     assert add(client, job, [G1, C1, G1]) == 2
     assert client.get(keys["version"]) == "1"
-    assert add(client, job, [G1]) == 0  # nothing new: the version still moves (a harmless reload)
-    assert client.get(keys["version"]) == "2"
+    assert add(client, job, [G1]) == 0  # nothing new: the version stays (no node reloads)
+    assert remove(client, job, [G2]) == 0 and client.get(keys["version"]) == "1"
     with pytest.raises(InvalidAddress, match="checksum"):
         add(client, job, [G2, G3[:-1] + ("A" if G3[-1] != "A" else "B")])
-    assert client.smembers(keys["watch"]) == {G1, C1} and client.get(keys["version"]) == "2"
+    assert client.smembers(keys["watch"]) == {G1, C1} and client.get(keys["version"]) == "1"
     with pytest.raises(InvalidAddress):
         remove(client, job, ["nope"])
     assert remove(client, job, [C1, G2]) == 1 and members_count(client, job) == 1
-    assert client.get(keys["version"]) == "3"
-    assert add(client, job, []) == 0 and client.get(keys["version"]) == "3"
+    assert client.get(keys["version"]) == "2"
+    assert add(client, job, []) == 0 and client.get(keys["version"]) == "2"
+    assert add(client, job, [G1, G2]) == 1 and client.get(keys["version"]) == "3"
+
+
+def test_a_large_edit_goes_in_short_commands_and_moves_the_version_once_after(
+    client: redis.Redis, job: str
+) -> None:
+    """Not one transaction: a million members in one MULTI/EXEC held every other client (the
+    leases' renewals) for about a second. Each command carries at most ``EDIT_CHUNK`` members."""
+
+    def calls() -> Counter[str]:
+        stats = client.info("commandstats")
+        return Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()})
+
+    listed = accounts(12_345)
+    before = calls()
+    assert add(client, job, listed) == 12_345
+    made = calls() - before
+    assert made["sadd"] == math.ceil(12_345 / EDIT_CHUNK) and not made["exec"] and not made["multi"]
+    assert client.get(watch_keys(job)["version"]) == "1" and not client.exists(watch_keys(job)["editing"])
+
+
+def test_an_edit_cut_off_midway_is_completed_by_the_next_one(client: redis.Redis, job: str) -> None:
+    """An edit cut off after some of its commands (a lost connection, a killed CLI) has told no
+    node; it leaves its marker, so running it again moves the version though nothing is left to add."""
+    keys = watch_keys(job)
+    assert add(client, job, [G1]) == 1 and client.get(keys["version"]) == "1"
+    client.set(keys["editing"], "1")  # as the cut-off edit left it, with part of its members written
+    client.sadd(keys["watch"], C1, G2)
+    assert add(client, job, [C1, G2]) == 0  # again: nothing left to add, but the nodes are told
+    assert client.get(keys["version"]) == "2" and not client.exists(keys["editing"])
+    assert add(client, job, [C1]) == 0 and client.get(keys["version"]) == "2"  # now nothing to tell
 
 
 async def test_redis_set_edits_are_seen_at_the_next_current(client: redis.Redis, job: str) -> None:
@@ -337,7 +374,8 @@ async def test_redis_set_edits_are_seen_at_the_next_current(client: redis.Redis,
 
 async def test_a_redis_set_of_many_is_read_in_chunks(client: redis.Redis, job: str) -> None:
     listed = accounts(30_000)
-    add(client, job, listed)
+    assert add(client, job, listed) == 30_000  # one script, the members in several chunks
+    assert add(client, job, listed[::-7]) == 0 and client.get(watch_keys(job)["version"]) == "1"
     source = RedisWatch(client, job, scan_count=1000)
     assert (await source.current()).addresses == set(listed)
 
