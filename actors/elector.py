@@ -329,10 +329,11 @@ class Elector:
             if reason not in self._held_off:
                 self._held_off.add(reason)
                 cause = {"error": error} if error else {}
-                if (reason, error or "") in self._said_held_off:
+                said = (reason, error or "")
+                if said in self._said_held_off:
                     self.log.debug("campaign-held-off", reason=reason, **cause)
                 else:
-                    self._said_held_off.add((reason, error or ""))
+                    self._said_held_off.add(said)
                     self.log.info("campaign-held-off", reason=reason, **cause)
                 self.observer.election_event("campaign-held-off", reason=reason, **cause)
             await self._standby_until(trio.current_time() + recheck)

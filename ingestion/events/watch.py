@@ -62,7 +62,6 @@ if tonumber(ARGV[1]) > 0 or ARGV[2] == '1' then
   redis.call('INCR', KEYS[1])
 end
 redis.call('DEL', KEYS[2])
-return redis.call('GET', KEYS[1])
 """
 EXAMPLES = 5  # invalid members named in a report
 MUXED_CACHE = 4096  # M addresses whose G account is kept decoded

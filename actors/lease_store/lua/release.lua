@@ -12,14 +12,14 @@ if redis.call('GET', KEYS[1]) ~= ARGV[2] .. '|' .. ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 local now = now_ms()
 redis.call('HSET', KEYS[2], 'expires_at_ms', now, 'alive_at_ms', now)
+local entry = {'event', 'released', 'node', ARGV[1], 'token', ARGV[2]}
+local notice = ARGV[2] .. '|' .. ARGV[1]
 local why = ARGV[5] or ''
 if why ~= '' then
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*',
-    'event', 'released', 'node', ARGV[1], 'token', ARGV[2], 'reason', why)
-  redis.call('PUBLISH', ARGV[3], ARGV[2] .. '|' .. ARGV[1] .. '|' .. why)
-else
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*',
-    'event', 'released', 'node', ARGV[1], 'token', ARGV[2])
-  redis.call('PUBLISH', ARGV[3], ARGV[2] .. '|' .. ARGV[1])
+  table.insert(entry, 'reason')
+  table.insert(entry, why)
+  notice = notice .. '|' .. why
 end
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', unpack(entry))
+redis.call('PUBLISH', ARGV[3], notice)
 return 1
