@@ -13,7 +13,7 @@ import pytest
 import redis
 import trio
 
-from actors.lease_store import LeaseStore, Renewal, job_keys
+from actors.lease_store import LeaseStore, Renewal, job_keys, parse_lease_value
 from actors.source import SyntheticSource
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import wait_until
@@ -124,7 +124,6 @@ async def test_a_handover_in_a_balanced_cluster_goes_to_a_node_at_its_share_at_o
     leaderless for a TTL and then give it back to the node that stood aside: the release says it
     was handed over, and the other node adopts it at once (the balancer evens the shares later)."""
     from ingestion.testing.cluster import open_cluster
-    from ingestion.testing.wait import wait_until
     from tests.support.cli import run
 
     ttl = 1.5
@@ -136,7 +135,7 @@ async def test_a_handover_in_a_balanced_cluster_goes_to_a_node_at_its_share_at_o
 
         def holder(name: str) -> str | None:
             value = c.client.get(job_keys(name)["lease"])
-            return value.partition("|")[2] if value else None
+            return parse_lease_value(value)[1] if value else None
 
         await wait_until(lambda: {holder(job), holder(other_job)} == {"a", "b"}, 20, what="one job each")
         await trio.sleep(2 * ttl)  # settled
