@@ -53,6 +53,9 @@ from actors.token_memory import TokenMemory
 
 RELEASE_CLEANUP_TIMEOUT = 1.0  # seconds: bounded, shielded lease release at the end of a term
 HANDED_OVER_FREE_FOR = ADOPT_AFTER_TTLS  # TTLs a handed-over lease counts as free: adopted at once
+# A term that raised (``term-failed``): the node stands aside a TTL, doubled for each such term in
+# a row, at most this many seconds, so that a job that fails at once does not spin a token a term.
+TERM_FAILED_BACKOFF_CAP = 60.0
 
 # Why the Ingestor ended a term, mapped to the reason the node reports for losing leadership.
 _TERM_REASONS = {
@@ -61,6 +64,7 @@ _TERM_REASONS = {
     "commit-refused": LostReason.RELEASED,
     "source-fatal": LostReason.RELEASED,
     "sink-refused": LostReason.RELEASED,
+    "term-failed": LostReason.TERM_FAILED,
 }
 # Term endings that retrying cannot fix: the job stops on this node (``IngestionFatal``).
 _FATAL_REASONS = frozenset({"source-fatal", "sink-refused"})
@@ -129,6 +133,7 @@ class Elector:
     _said_held_off: set[tuple[str, str]] = attrs.Factory(set)
     _woken: bool = False  # the last standby wait ended on a release notice or a wake-up
     _unknown_terms: int = 0  # short terms in a row that ended commit-unknown
+    _failed_terms: int = 0  # terms in a row that ended term-failed (a failure nobody foresaw)
     _fenced_by_sink: bool = False  # this term was refused by the sink's fence, not by Redis
     _handed_over: bool = False  # the term just ended because an operator asked
     # What this node knows of the lease while standby (for the balancer's placement and for
@@ -472,6 +477,17 @@ class Elector:
             # again after that.
             self._handed_over = False
             await self._standby_until(trio.current_time() + self.ttl_ms / 1000, wake_on_release=False)
+        failed = term_ended is not None and term_ended.reason == "term-failed"
+        self._failed_terms = self._failed_terms + 1 if failed else 0
+        if failed:
+            # The term raised (a bug, or input nobody foresaw): the node and its other jobs go
+            # on; this job waits, longer each time in a row, and another node may lead it.
+            wait = min(TERM_FAILED_BACKOFF_CAP, self.ttl_ms / 1000 * 2 ** (self._failed_terms - 1))
+            cause = {"error": term_ended.detail if term_ended is not None else ""}
+            self.log.info("campaign-held-off", reason="term-failed", terms=self._failed_terms,
+                          for_s=round(wait, 3), **cause)  # fmt: skip
+            self.observer.election_event("campaign-held-off", reason="term-failed", **cause)
+            await self._standby_until(trio.current_time() + wait, wake_on_release=False)
         short = trio.current_time() - sent_at < self.ttl_ms / 1000
         unknown = term_ended is not None and term_ended.reason == "commit-unknown"
         self._unknown_terms = self._unknown_terms + 1 if unknown and short else 0

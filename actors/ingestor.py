@@ -10,8 +10,10 @@ the cursor the term resumes from there (:class:`~actors.messages.TermResumed`), 
 refuses the job to this node for good ends the term as ``sink-refused``.
 
 A source's own Redis or sink call that does not answer (``RedisUnavailable``,
-``SinkUnavailable``) ends the term as ``commit-unknown``, and a fenced write of its own that is
-refused (:class:`~actors.source.TermFenced`) as ``fenced``: a term's failure is never the node's.
+``SinkUnavailable``) ends the term as ``commit-unknown``, a fenced write of its own that is
+refused (:class:`~actors.source.TermFenced`) as ``fenced``, and any other exception (a request, a
+decode, a delivery that raised) as ``term-failed``, logged with its traceback: a term's failure is
+never the node's, nor its other jobs'.
 
 Each batch is committed through the CursorWriter with the term's fencing token, one at a time, so the
 cursor the next commit continues from is always the one Redis confirmed. A batch larger than the
@@ -50,6 +52,22 @@ from actors.messages import (
 )
 from actors.sink import SinkUnavailable
 from actors.source import Batch, Source, SourceFatalError, TermContext, TermFenced, current_term
+
+# How a term that raised ends, by what it raised (the first kind found among its failures).
+_ENDINGS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], str], ...] = (
+    (TermFenced, "fenced"),
+    (SourceFatalError, "source-fatal"),
+    ((RedisUnavailable, SinkUnavailable), "commit-unknown"),
+)
+
+
+def leaves(exc: BaseException) -> Iterator[BaseException]:
+    """The exceptions an exception (group) is made of, groups opened, in order."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from leaves(inner)
+    else:
+        yield exc
 
 
 @attrs.define
@@ -129,15 +147,9 @@ class Ingestor:
             try:
                 with term.scope:
                     reason, detail = await self._ingest(term, reply_send, reply_recv)
-            except SourceFatalError as exc:
-                reason, detail = "source-fatal", str(exc)
-            except (RedisUnavailable, SinkUnavailable) as exc:
-                # A source's own Redis or sink I/O (a term's first step, a fenced side effect)
-                # did not answer: its effect is unknown, as a commit's would be. The term ends;
-                # the node does not.
-                reason, detail = "commit-unknown", str(exc)
-            except TermFenced as exc:
-                reason, detail = "fenced", str(exc)
+            except* Exception as group:
+                # (``except*``: a cancellation from outside, beside a failure, goes on as it is)
+                reason, detail = self._failed(term, group)
             if term.commit_in_flight:
                 # Stopped while the CursorWriter was committing: wait (bounded) for its answer, so
                 # that the Elector hands the lease back only once no commit of ours is in flight.
@@ -155,6 +167,22 @@ class Ingestor:
                 )
         self.term = None
         await self.elector.send(TermEnded(term.grant.token, reason, detail))
+
+    def _failed(self, term: _Term, group: BaseExceptionGroup[Exception]) -> tuple[str, str]:
+        """Why a term ends that raised: a source's own Redis or sink I/O that did not answer (its
+        effect unknown, as a commit's would be) ``commit-unknown``; a fenced write of its own that
+        was refused ``fenced``; a failure retrying cannot fix ``source-fatal``; anything else (a
+        request, a decode, a delivery that raised: a bug or input nobody foresaw) ``term-failed``,
+        logged with its traceback. The term ends; the node and its other jobs do not."""
+        raised = list(leaves(group))
+        for kinds, reason in _ENDINGS:
+            known = next((exc for exc in raised if isinstance(exc, kinds)), None)
+            if known is not None:
+                return reason, str(known)
+        failure = raised[0]
+        error = f"{type(failure).__name__}: {failure}"
+        self.log.error("term-failed", token=term.grant.token, error=error, exc_info=failure)
+        return "term-failed", error
 
     async def _ingest(
         self,

@@ -44,6 +44,7 @@ class LostReason(enum.Enum):
     REBALANCED = "rebalanced"  # handed back gracefully so that another node leads (the balancer)
     SOURCE_UNAVAILABLE = "source-unavailable"  # the source answered nothing for too long; others can
     HANDED_OVER = "handed-over"  # an operator asked (ingestion handover, the console); the audit says who
+    TERM_FAILED = "term-failed"  # the term raised (logged ``term-failed``); the job backs off on this node
 
 
 class LeaseProtocolError(Exception):

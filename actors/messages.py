@@ -92,7 +92,8 @@ class TermEnded:
     """The Ingestor's term is over. ``reason``: ``deadline`` (the lease scope fired), ``revoked``,
     ``fenced``, ``commit-unknown`` (Redis did not answer a commit), ``commit-refused`` (a batch
     that does not follow the cursor), ``source-fatal``, ``sink-refused`` (the sink refuses this
-    node's terms for good: :class:`SinkRefused`)."""
+    node's terms for good: :class:`SinkRefused`), ``term-failed`` (the term raised an exception
+    nobody foresaw; ``detail`` names it)."""
 
     token: int
     reason: str

@@ -27,7 +27,7 @@ from actors.cursor_writer import CursorWriter
 from actors.elector import Elector, IngestionFatal, ReleaseNoticed
 from actors.health import ProbedSource, SourceWatch
 from actors.heartbeat import Heartbeat
-from actors.ingestor import Ingestor
+from actors.ingestor import Ingestor, leaves
 from actors.lease import LeaseTiming, LostReason
 from actors.lease_store import LeaseStore, NodeRegistry
 from actors.messages import (
@@ -240,6 +240,8 @@ class JobsHandle:
 
     handles: dict[str, NodeHandle]
     balancer: Balancer | None
+    # Set when a job is stopped for good here (or the node drains): a failed job is not restarted.
+    stops: dict[str, trio.Event] = attrs.Factory(dict)
 
     async def stop_job(self, job: str, reason: str) -> None:
         """Stop one job on this node for good (gracefully: it finishes its commit and releases
@@ -248,6 +250,8 @@ class JobsHandle:
         handle = self.handles.get(job)
         if handle is None:
             return
+        if job in self.stops:
+            self.stops[job].set()
         if self.balancer is not None:
             self.balancer.job_stopped(job)
         if handle.watch is not None:
@@ -257,6 +261,8 @@ class JobsHandle:
     async def shutdown(self, signal: str = "request") -> None:
         """Leave the node registry first (the others' shares grow at once), then stop every job
         gracefully: each finishes its commit and releases its lease with a notice."""
+        for stop in self.stops.values():
+            stop.set()
         if self.balancer is not None:
             self.balancer.draining = True
             await self.balancer.leave()
@@ -288,10 +294,14 @@ async def run_jobs(
     ``able_of(job)`` (when given) the other nodes able to lead a job, instead of its source watch's
     view. A job whose
     source fails fatally stops alone: ``on_fatal(job, error)`` is called (default: nothing) and
-    the others go on.
+    the others go on. A job whose actors raise anything else once it has started (a bug, or input
+    nobody foresaw, outside a term: a term's own failure ends only that term) is logged
+    ``job-failed`` and started again after a back-off (a TTL, doubled for each failure in a row,
+    at most :data:`JOB_RESTART_CAP` s); the others go on.
     """
     node = jobs[0].spec.node
     handles: dict[str, NodeHandle] = {}
+    stops = {job.spec.job: trio.Event() for job in jobs}
     balancer: Balancer | None = None
     async with trio.open_nursery() as nursery:
         if registry is not None and (len(jobs) > 1 or balanced):
@@ -334,11 +344,7 @@ async def run_jobs(
             # this task's own context, which the job's tasks inherit.
             structlog.contextvars.bind_contextvars(job=job.spec.job)
             try:
-                await run_node(
-                    job.store, job.source, job.spec, job.log, job.observer,
-                    gate=balancer.gate(job.spec.job) if balancer is not None else None,
-                    sink=job.sink, task_status=task_status,
-                )  # fmt: skip
+                await run_restarting(job, task_status)
             except* IngestionFatal as group:
                 # Stopped here only: no longer counted as able to lead it, nor in the share.
                 if balancer is not None:
@@ -353,6 +359,63 @@ async def run_jobs(
                 if not left:
                     nursery.cancel_scope.cancel("every job has stopped")
 
+        async def run_restarting(job: JobRun, first: trio.TaskStatus[NodeHandle]) -> None:
+            status = _Restarts(first, handles, job.spec.job)
+            failures = 0
+            while True:
+                began = trio.current_time()
+                try:
+                    await run_node(
+                        job.store, job.source, job.spec, job.log, job.observer,
+                        gate=balancer.gate(job.spec.job) if balancer is not None else None,
+                        sink=job.sink, task_status=status,
+                    )  # fmt: skip
+                    return
+                except Exception as exc:  # (an exception group too; a cancellation is not one)
+                    if not status.handed or _holds(exc, IngestionFatal):
+                        raise  # a job that cannot start fails the node's start, as before
+                    ttl = job.spec.ttl_ms / 1000
+                    failures = 1 if trio.current_time() - began > JOB_RESTART_CAP else failures + 1
+                    wait = min(JOB_RESTART_CAP, ttl * 2 ** (failures - 1))
+                    failure = next(leaves(exc))
+                    error = f"{type(failure).__name__}: {failure}"
+                    job.log.error("job-failed", error=error, restart_in_s=round(wait, 3),
+                                  failures=failures, exc_info=exc)  # fmt: skip
+                    if job.observer.role == "leader":  # (its elector was cancelled mid-term)
+                        job.observer.election_event("lost-leadership", token=job.observer.token,
+                                                    reason=LostReason.TERM_FAILED.value)  # fmt: skip
+                    job.observer.election_event("campaign-held-off", reason="job-failed", error=error)
+                with trio.move_on_after(wait):
+                    await stops[job.spec.job].wait()
+                if stops[job.spec.job].is_set():
+                    return
+
         for job in jobs:
             handles[job.spec.job] = await nursery.start(run_job, job)
-        task_status.started(JobsHandle(handles, balancer))
+        task_status.started(JobsHandle(handles, balancer, stops))
+
+
+JOB_RESTART_CAP = 60.0  # seconds: the longest wait before a failed job is started again
+
+
+@attrs.define
+class _Restarts:
+    """The task status a job's node is started with, each time: the first start is the job's
+    (``nursery.start`` waits for it); a restart only replaces the job's handle."""
+
+    first: trio.TaskStatus[NodeHandle]
+    handles: dict[str, NodeHandle]
+    job: str
+    handed: bool = False
+
+    def started(self, value: Any = None) -> None:  # (a NodeHandle: run_node always gives one)
+        self.handles[self.job] = value
+        if not self.handed:
+            self.handed = True
+            self.first.started(value)
+
+
+def _holds(exc: BaseException, kind: type[BaseException]) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(kind) is not None
+    return isinstance(exc, kind)

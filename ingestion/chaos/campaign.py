@@ -891,7 +891,8 @@ class Campaign:
         r.counts = count
         if self.receiver.refused_signature:
             v.append(f"{HOOK}: {self.receiver.refused_signature} deliveries with a bad signature")
-        stopped = self.log.of("job-stopped") + self.log.of("ingestion-fatal")
+        stopped = [e for name in ("job-stopped", "ingestion-fatal", "term-failed", "job-failed")
+                   for e in self.log.of(name)]  # fmt: skip
         v += [f"{e.node}: {e.event} {e.fields.get('job')}: {e.fields.get('error', '')}" for e in stopped]
         tracebacks = [text for _n, text in self.log.raw if "Traceback (most recent call last)" in text]
         v += [f"a node printed a traceback ({len(tracebacks)} in all)"] if tracebacks else []
