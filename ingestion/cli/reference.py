@@ -71,7 +71,7 @@ KEY_MEANINGS: dict[str, tuple[str, str]] = {
 CLAIM_MEANING = (
     "the running node process of node id `ID` (`ingestion/node/claim.py`): `INSTANCE|COUNTER|TTL_MS|PID|"
     "PID_START|PID_SPACE|HOST`, set before the node campaigns with a PX of the lease TTL, renewed every "
-    "TTL/3 (the counter grows), deleted on a clean exit; a node that finds it renewed by another "
+    "TTL/2 (the counter grows), deleted on a clean exit; a node that finds it renewed by another "
     "instance refuses to start (exit 2, OPERATIONS.md)"
 )
 REGISTRY_MEANING = ("sorted set", "the live nodes, scored with the Redis time of their last heartbeat")
@@ -262,7 +262,8 @@ def redis_section() -> Iterator[str]:
 
     for key, kind, meaning in (
         (PRESENCE_KEY, "hash", "node -> `at_ms|JSON`: its last presence report (what it hosts, leads and "
-         "sees, at Redis time at_ms; every 2 s or a lease TTL, and at once after an election event; "
+         "sees, at Redis time at_ms; every 2 s or a lease TTL while it leads a job, every TTL (at "
+         "most 10 s) while it leads none, and at once after an election event; "
          "removed when it stops gracefully): the console's picture of the cluster"),
         (PRESENCE_CHANNEL, "pub/sub channel", "`node|at_ms|JSON`, each presence report as it is written "
          "(an empty report: the node left); the console follows it"),

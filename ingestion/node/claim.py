@@ -4,12 +4,12 @@ Two processes under one ``--node-id`` on one Redis used to both run: the second 
 leases for leftovers of its own (``releasing-orphaned-lease``). Now each node process, before it
 joins any election, claims ``ingestion:node:{ID}:instance`` (:func:`instance_key`) with a value of
 its own, ``INSTANCE|COUNTER|TTL_MS|PID|PID_START|PID_SPACE|HOST`` (:class:`Holder`), under a PX
-of the lease TTL, renews it every TTL/3 while it runs (the counter grows), and deletes it on a
+of the lease TTL, renews it every TTL/2 while it runs (the counter grows), and deletes it on a
 clean exit (compare-and-delete: only its own). A node that finds the key held by another
 instance:
 
 - the key is watched for up to its remaining PX (at most one TTL): if it is renewed (or claimed
-  anew) meanwhile, a live duplicate runs: refused (within about TTL/3); if it expires, or is
+  anew) meanwhile, a live duplicate runs: refused (within about TTL/2); if it expires, or is
   deleted (that node's clean exit), the node claims it and goes on (a crash elsewhere);
 - **held by a process of this host's own pid space** (same boot id, pid namespace and hostname)
   that has exited (no such pid with that start time, or a zombie: a crash, SIGKILL, then systemd
@@ -40,7 +40,7 @@ from actors.lease_store.connect import describe_redis_error
 from ingestion.node.preflight import StartupError
 
 KEY_FORMAT = "ingestion:node:{{{node}}}:instance"
-RENEW_FRACTION = 3  # renewed every TTL / 3
+RENEW_FRACTION = 2  # renewed every TTL / 2 (half its PX left: an idle node's one call a TTL/2)
 RELEASE_TIMEOUT = 0.5  # seconds, the delete on a clean exit
 RETRY_CAP = 2.0  # seconds, the longest wait between questions to a Redis that does not answer
 OUTAGE = (redis.ConnectionError, redis.TimeoutError, ClusterDownError, RedisClusterException)
@@ -253,7 +253,7 @@ class NodeClaim:
         return bool(answer)
 
     async def keep(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Renew the claim every TTL/3 until cancelled, then delete it; set :attr:`lost` (and
+        """Renew the claim every TTL/2 until cancelled, then delete it; set :attr:`lost` (and
         return) when another instance holds it."""
         task_status.started()
         try:

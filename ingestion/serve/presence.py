@@ -1,8 +1,9 @@
 """Every node's presence: what it hosts, leads and sees, for the console of any node.
 
 Each node, console or not, publishes one report of itself every ``PRESENCE_EVERY`` seconds (at
-most a lease TTL) and at once after an election event of one of its jobs (a new leader, a lost
-term, a hold-off, a stop), debounced to ``DEBOUNCE``. One call to one script on one key does it
+most a lease TTL) while it leads a job, every lease TTL (at most ``STANDBY_EVERY_CAP``) while it
+leads none (:func:`report_every`), and at once after an election event of one of its jobs (a new
+leader, a lost term, a hold-off, a stop), debounced to ``DEBOUNCE``. One call to one script on one key does it
 (:data:`SCRIPT`): the report goes into the ``ingestion:presence`` hash (node -> ``at_ms|JSON``,
 ``at_ms`` Redis's clock) and, the same instant, onto the ``ingestion:presence:changes`` channel
 (``node|at_ms|JSON``). A node that stops gracefully publishes its leaving (an empty report) and
@@ -38,7 +39,8 @@ from ingestion.serve.status import StatusHub
 
 PRESENCE_KEY = "ingestion:presence"  # hash: node -> "at_ms|JSON report" (at_ms: Redis's clock)
 PRESENCE_CHANNEL = "ingestion:presence:changes"  # pub/sub: "node|at_ms|JSON report" ("" report: left)
-PRESENCE_EVERY = 2.0  # seconds between a node's reports (or the lease TTL, when shorter)
+PRESENCE_EVERY = 2.0  # seconds between a leading node's reports (or the lease TTL, when shorter)
+STANDBY_EVERY_CAP = 10.0  # seconds: a node that leads nothing reports every lease TTL, at most this
 DEBOUNCE = 0.1  # seconds: election events closer than this share one report
 PROMPT_EVENTS = frozenset({
     "became-leader", "lost-leadership", "standby", "campaign-held-off", "stopped", "duplicate-node-id",
@@ -96,6 +98,16 @@ def job_report(hub: StatusHub, observer: NodeObserver, kind: str, since_ms: int 
     }  # fmt: skip
 
 
+def report_every(ttl_ms: int, *, leading: bool) -> float:
+    """Seconds between a node's reports: a leader's figures move (rate, lag, lease left), so every
+    :data:`PRESENCE_EVERY` s (at most a TTL); a node that leads nothing has only its being there
+    to say, so every lease TTL (at most :data:`STANDBY_EVERY_CAP` s), which keeps an idle
+    standby's Redis cost under a command a second (with its campaigns and its node-id claim).
+    Any election event sends one at once either way; a report says its own ``every_ms``."""
+    ttl = ttl_ms / 1000
+    return min(PRESENCE_EVERY, ttl) if leading else min(STANDBY_EVERY_CAP, ttl)
+
+
 async def keep_present(
     client: Any, node: str, observers: list[NodeObserver], kinds: Mapping[str, str], ttl_ms: int, log: Any,
     extras: Mapping[str, Callable[[], dict[str, Any]]] | None = None,
@@ -107,7 +119,6 @@ async def keep_present(
     store = LeaseStore(client, "-")
     script = client.register_script(SCRIPT)
     hub = StatusHub(observers)
-    every = min(PRESENCE_EVERY, ttl_ms / 1000)
     prompt = trio.Event()
     since: dict[str, int] = {}
 
@@ -136,6 +147,7 @@ async def keep_present(
                 extra = extras.get(o.job)
                 if extra is not None:
                     jobs[o.job].update(extra())
+            every = report_every(ttl_ms, leading=any(o.role == "leader" for o in observers))
             report = {"version": __version__, "every_ms": round(every * 1000), "jobs": jobs}
             try:
                 await publish(json.dumps(report, separators=(",", ":")))
