@@ -69,8 +69,10 @@ class FailingTerms:
 
 @contextlib.contextmanager
 def stores(url: str, jobs: list[str]) -> Iterator[dict[str, LeaseStore]]:
+    """(Calls bounded at 1 s, not the nodes' 150 ms: what is tested here is what a failure does,
+    and on a loaded machine a Redis call past 150 ms ends a term too.)"""
     with contextlib.ExitStack() as stack:
-        yield {job: stack.enter_context(lease_store(url, job)) for job in jobs}
+        yield {job: stack.enter_context(lease_store(url, job, timeout=1.0)) for job in jobs}
 
 
 @pytest.mark.parametrize("in_group", [False, True], ids=["plain", "in-a-group"])
@@ -115,9 +117,10 @@ async def test_an_exception_in_one_jobs_term_ends_that_term_and_spares_the_node_
     assert [(e["terms"], e["for_s"]) for e in held] == [(1, FAST_TIMING.ttl), (2, 2 * FAST_TIMING.ttl)]
     terms = [e.at for e in rec.of("became-leader", failing)]
     assert terms[1] - terms[0] >= FAST_TIMING.ttl and terms[2] - terms[1] >= 2 * FAST_TIMING.ttl
-    # none of the other jobs lost a term, and every job's records are there once, in order
+    # no other job's term failed, and every job's records are there once, in order
+    assert not [e for e in logs if e["event"] in ("term-failed", "job-failed") and e["job"] != failing]
     assert not [e for e in logs if e["event"] == "lost-leadership" and e["job"] != failing and
-                e["reason"] != "shutdown"]  # fmt: skip
+                e["reason"] not in ("shutdown", "redis-unavailable")]  # fmt: skip
     for name in [failing, *others]:
         assert_exactly_once_in_order(redis_client, name)
 
