@@ -14,8 +14,9 @@ POST (``Batch.committed``): a record is sent again only when its acknowledgement
 and never after a later record was acknowledged. With ``concurrency`` > 1, up to that many POSTs are
 in flight and the position moves over the finished prefix (:class:`~ingestion.webhook.core.Window`).
 
-Operators' requests (``ingestion webhooks replay|enable``) arrive in the job's ``requests`` stream;
-the leader carries them out under its token and records them done in the ``endpoint`` hash.
+Operators' requests (``ingestion webhooks replay|enable|pause|resume``) arrive in the job's
+``requests`` stream; the leader carries them out under its token, beside delivery, and records them
+done in the ``endpoint`` hash (:mod:`ingestion.webhook.requests`).
 """
 
 from __future__ import annotations
@@ -375,11 +376,7 @@ class WebhookSource(RequestServing):
                     self._show()
                 return DELIVERED, {}
             if verdict == GONE:
-                self._disabled = True
-                self._show()
-                self.log.error("webhook-endpoint-disabled", url=self.url, record=unit.key, status=410,
-                               answer=attempt.excerpt)  # fmt: skip
-                await self._set_endpoint(term, state="disabled", last_status="410", disabled_at_ms=_now_ms())
+                await self._gone(term, unit, attempt)  # (disabled, until an enable)
                 continue
             failures += 1
             now = trio.current_time()
