@@ -36,7 +36,10 @@ def parser() -> argparse.ArgumentParser:
     replay.add_argument("job", help="the webhook job")
     replay.add_argument("--from", dest="start", metavar="ID|LEDGER|TIME", help="the first record to re-send")
     replay.add_argument(
-        "--to", dest="end", metavar="ID|LEDGER|TIME", help="the last record (default: the newest)"
+        "--to",
+        dest="end",
+        metavar="ID|LEDGER|TIME",
+        help="the last record, included (a LEDGER whole; default: the newest)",
     )
     replay.add_argument("--dead-letters", action="store_true", help="re-deliver the dead letters instead")
     enable = sub.add_parser("enable", help="deliver again to an endpoint disabled by 410 Gone")
@@ -143,10 +146,11 @@ def _print_status(shown: list[dict[str, Any]], as_json: bool, where: str) -> Non
         return
     for s in shown:
         lag = "-" if s["lag_seconds"] is None else f"{s['lag_seconds']:.1f}s"
+        undelivered = "-" if s["undelivered"] is None else s["undelivered"]
         print(
             f"{s['job']}: {s['state']} -> {s['url']} (from {s['from'] or '?'}, "
             f"leader {s['leader'] or 'none'}), "
-            f"position {s['position'] or '-'}, undelivered {s['undelivered']}, lag {lag}, "
+            f"position {s['position'] or '-'}, undelivered {undelivered}, lag {lag}, "
             f"dead letters {s['dead_letters']} ({s['dead_letters_replayed']} replayed), "
             f"requests pending {s['requests_pending']}"
         )

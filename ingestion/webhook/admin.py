@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import redis
+from redis.client import NEVER_DECODE
 
 from actors.cursor_order import InvalidPagingToken, token_key
 from actors.lease_store import job_keys, parse_lease_value
@@ -157,10 +158,12 @@ def _pending(client: redis.Redis, job: str, endpoint: dict[str, str]) -> int:
     controls = stream_id_key(endpoint.get("controls_done", legacy))
     replays = stream_id_key(endpoint.get("replays_done", legacy))
     after = min(controls, replays)
-    entries: Any = client.xrange(webhook_keys(job)["requests"], f"({after[0]}-{after[1]}", "+")
+    entries: Any = client.execute_command(  # (as bytes: redis-cli may have written anything)
+        "XRANGE", webhook_keys(job)["requests"], f"({after[0]}-{after[1]}", "+", **{NEVER_DECODE: True}
+    )
     pending = 0
     for entry_id, fields in entries:
-        is_replay = _text(fields.get("action", fields.get(b"action", b""))) == "replay"
+        is_replay = fields.get(b"action") == b"replay"
         pending += stream_id_key(_text(entry_id)) > (replays if is_replay else controls)
     return pending
 

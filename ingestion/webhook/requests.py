@@ -19,6 +19,7 @@ import attrs
 import httpx
 import orjson
 import trio
+from redis.client import NEVER_DECODE
 
 from actors.cursor_order import token_key
 from actors.lease_store import CommitRejected, RedisUnavailable
@@ -159,14 +160,16 @@ class RequestServing:
             nursery.start_soon(replay_lane)
             while True:
                 pending: Any = await self.store.run(
-                    lambda seen=seen: redis_client.xrange(keys["requests"], f"({seen}", "+", count=100)
+                    lambda seen=seen: redis_client.execute_command(  # (as bytes: _lenient reads them)
+                        "XRANGE", keys["requests"], f"({seen}", "+", "COUNT", 100, **{NEVER_DECODE: True}
+                    )
                 )
                 if not pending:
                     await trio.sleep(REQUESTS_EVERY)
                     continue
                 for request_id, fields in pending:
                     rid = seen = _text(request_id)
-                    request = {_text(k): _text(v) for k, v in (fields or {}).items()}
+                    request = {_lenient(k): _lenient(v) for k, v in (fields or {}).items()}
                     if request.get("action") == "replay":
                         if stream_id_key(rid) > stream_id_key(replays_done):
                             replays.append((rid, request))
@@ -389,6 +392,11 @@ def _now_ms() -> int:
 
 def _stream_ms_of(entry_id: str) -> int:
     return int(entry_id.partition("-")[0])
+
+
+def _lenient(value: Any) -> str:
+    """A request's field as text, whatever was written there (``redis-cli`` takes any bytes)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _text(value: Any) -> str:

@@ -72,6 +72,31 @@ async def test_a_request_that_fails_is_recorded_done_with_its_error_and_never_se
     assert [(f["action"], f["node"]) for f in asked] == [("replay", "a")]  # served once, by a
 
 
+async def test_a_request_that_is_not_even_text_is_carried_out(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    """``redis-cli`` writes any bytes to the requests stream: a field that is not UTF-8 ended the
+    term (and every term after it) before the request was even looked at."""
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    src = open_store(redis_server.url, source_job)
+    await commit_source_records(src, 1, 2)
+    receiver = Receiver(SECRET)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port)
+        node = await start_node(nursery, Recorder(), redis_server.url, hook_job, "a", hook)
+        await receiver.wait_for(2, 10)
+        redis_client.xadd(webhook_keys(hook_job)["requests"], {"action": "pause", "by": b"\xff\xfe ops"})
+        await wait_until(lambda: hook.stats.state == "paused", 5, what="the pause carried out")
+        admin.request_pause(redis_client, hook_job, False)
+        await commit_source_records(src, 3, 3)
+        await receiver.wait_for(3, 10)
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    asked = operator_requests(redis_client, hook_job)[0]
+    assert asked["action"] == "pause" and asked["by"] == "\ufffd\ufffd ops"
+
+
 async def test_a_replay_from_a_time_of_a_postgres_sourced_job_is_refused_not_fatal(
     pg: LocalPostgres, redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
 ) -> None:
