@@ -117,8 +117,8 @@ class RequestServing:
         self._state_changed()
         self.log.error("webhook-endpoint-disabled", url=self.url, record=unit.key, status=410,
                        answer=attempt.excerpt)  # fmt: skip
-        disabled_at = int(await self._clock.now() * 1000)
-        await self._set_endpoint(term, state="disabled", last_status="410", disabled_at_ms=disabled_at)
+        disabled_at = int(await self._clock.now() * 1000)  # (the former disabled_at_ms: a node's own)
+        await self._set_endpoint(term, state="disabled", last_status="410", disabled_at_redis_ms=disabled_at)
 
     # -- the requests: read in order, carried out in two lanes ------------------------------------
 
@@ -233,7 +233,7 @@ class RequestServing:
             if not self._disabled:
                 raise RequestRefused("the endpoint is not disabled: nothing to enable", "note")
             disabled_at = await self.store.run(
-                lambda: self.store.client.hget(webhook_keys(self.job)["endpoint"], "disabled_at_ms")
+                lambda: self.store.client.hget(webhook_keys(self.job)["endpoint"], "disabled_at_redis_ms")
             )
             if stream_id_key(rid)[0] < int(_text(disabled_at or b"0")):
                 raise RequestRefused("asked before the endpoint was disabled (410): ask again")
