@@ -203,13 +203,15 @@ class RequestServing:
     async def _request_done(
         self, term: TermContext, rid: str, request: dict[str, str], summary: dict[str, Any], **mark: str
     ) -> None:
-        """Record the request done (its lane's mark and its outcome, fenced), audit it, log it."""
+        """Audit the request, then record it done (its lane's mark and its outcome), both fenced,
+        and log it: a request shown done has its audit entry (a term cut off between the two
+        leaves it to the next leader, which audits it again)."""
         outcome = orjson.dumps({"id": rid, "by": request.get("by", ""), **summary}).decode()
         fields: dict[str, Any] = {**mark, "last_request": outcome}
         if summary.get("action", "").startswith("replay"):
             fields["last_replay"] = outcome
-        await self._set_endpoint(term, **fields)
         await self._operator_audit(term, {**request, "id": rid}, summary)
+        await self._set_endpoint(term, **fields)
         self.log.info("webhook-request-done", request=rid, by=request.get("by", ""), **summary)
 
     async def _operator_audit(
