@@ -78,8 +78,9 @@ REGISTRY_MEANING = ("sorted set", "the live nodes, scored with the Redis time of
 # Keys of the application's own job features, beside the lease store's (same hash tag)
 APP_KEY_MEANINGS: dict[str, tuple[str, str]] = {
     "endpoint": (
-        "hash", "a webhook job's endpoint state: disabled (410 Gone), `paused`, the failing record, "
-        "attempts (WEBHOOKS.md)",
+        "hash", "a webhook job's endpoint state: disabled (410 Gone, `disabled_at_redis_ms`), "
+        "`paused`, the failing record, attempts; the requests' marks (`controls_done`, `replays_done`) and "
+        "outcomes (`last_request`, `last_replay`); `from` and the endpoint's `origin` (WEBHOOKS.md)",
     ),
     "requests": (
         "stream", "a webhook job's operator requests (replay, enable, pause, resume, with `by`), carried "

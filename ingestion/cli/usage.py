@@ -7,6 +7,7 @@ A module of its own so that the commands import it, never the command table (``i
 from __future__ import annotations
 
 import argparse
+import copy
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -23,6 +24,29 @@ class OneLineParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._share_flags()
+        return super().parse_known_args(args, namespace)
+
+    def _share_flags(self) -> None:
+        """A command's flags before its action are taken after it too (``webhooks replay JOB
+        --config F``, as kubectl takes them): each action's parser gets a copy of each, whose
+        default (``SUPPRESS``) never overwrites the value given before the action."""
+        subparsers = [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+        shared = [
+            a for a in self._actions
+            if a.option_strings and not isinstance(a, (argparse._HelpAction, argparse._VersionAction))
+        ]  # fmt: skip
+        for sub in subparsers:
+            for child in set(sub.choices.values()):
+                for flag in shared:
+                    if any(o in child._option_string_actions for o in flag.option_strings):
+                        continue  # (its own, or shared already)
+                    copied = copy.copy(flag)
+                    copied.default = argparse.SUPPRESS
+                    copied.required = False
+                    child._add_action(copied)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog.removeprefix('ingestion ')}: {message} (see {self.prog} --help)")

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import redis
 
@@ -36,7 +36,10 @@ def parser() -> argparse.ArgumentParser:
     replay.add_argument("job", help="the webhook job")
     replay.add_argument("--from", dest="start", metavar="ID|LEDGER|TIME", help="the first record to re-send")
     replay.add_argument(
-        "--to", dest="end", metavar="ID|LEDGER|TIME", help="the last record (default: the newest)"
+        "--to",
+        dest="end",
+        metavar="ID|LEDGER|TIME",
+        help="the last record, included (a LEDGER whole; default: the newest)",
     )
     replay.add_argument("--dead-letters", action="store_true", help="re-deliver the dead letters instead")
     enable = sub.add_parser("enable", help="deliver again to an endpoint disabled by 410 Gone")
@@ -58,30 +61,54 @@ def main(argv: Sequence[str]) -> int:
     flags: dict[str, dict[str, Any]] = {"redis": {"url": ns.redis}} if ns.redis else {}
     settings = load(ns.config, os.environ, flags)
     hooks = {j.name: j for j in settings.jobs if j.kind == "webhook" and j.webhook is not None}
-    if ns.action != "status" and ns.job not in hooks:
-        known = ", ".join(sorted(hooks)) or "none configured"
-        raise UsageError(f"webhooks {ns.action}: {ns.job!r} is not a webhook job here ({known})")
     if ns.action == "replay":
         if ns.dead_letters == bool(ns.start):
             raise UsageError("webhooks replay: give --from (and maybe --to), or --dead-letters")
         try:
             start = admin.replay_bound(ns.start) if ns.start else ""
-            end = admin.replay_bound(ns.end) if ns.end else ""
+            end = admin.replay_bound(ns.end, end=True) if ns.end else ""
         except ValueError as exc:
             raise UsageError(f"webhooks replay: {exc}") from None
+        if admin.span_inverted(start, end):
+            raise UsageError(
+                f"webhooks replay: --from {ns.start} is after --to {ns.end}: nothing between them"
+            )
+        source = hooks[ns.job].source_sink if ns.job in hooks else None
+        if start.startswith("time:") and source:
+            raise UsageError(
+                f"webhooks replay: --from TIME needs the source job's Redis stream, and {ns.job}'s "
+                "source writes to PostgreSQL: give a record id or a ledger"
+            )
+    known = {n: (j.webhook.source_job, _redacted(j.webhook.url)) for n, j in hooks.items() if j.webhook}
+    if known and ns.action != "status" and ns.job not in known:
+        _unknown(ns.action, ns.job, known)
     client = settings.redis.connect()
     try:
+        if not known:  # no configuration names a webhook job: the ones this Redis knows
+            known = admin.discover(client)
+            if ns.action != "status" and ns.job not in known:
+                _unknown(ns.action, ns.job, known)
         if ns.action == "status":
-            shown = []
-            for name, job in hooks.items():
-                assert job.webhook is not None
-                shown.append(admin.status(client, name, job.webhook.source_job, _redacted(job.webhook.url)))
-            _print_status(shown, ns.json)
+            shown = [admin.status(client, name, src, url) for name, (src, url) in known.items()]
+            _print_status(
+                shown, ns.json, "in this configuration" if hooks else "in this configuration nor in Redis"
+            )
         elif ns.action == "replay":
+            endpoint = admin.endpoint_state(client, ns.job)
+            if endpoint.get("paused") == "1":
+                raise UsageError(
+                    f"webhooks replay: {ns.job} is paused: resume it first "
+                    f"(ingestion webhooks resume {ns.job})"
+                )
+            if endpoint.get("state") == "disabled":
+                raise UsageError(
+                    f"webhooks replay: {ns.job} is disabled by a 410 answer: enable it first "
+                    f"(ingestion webhooks enable {ns.job})"
+                )
             rid = admin.request_replay(client, ns.job, start, end, dead_letters=ns.dead_letters)
             print(
                 f"replay requested ({rid}): the leader of {ns.job} carries it out; "
-                "`webhooks status` shows it done"
+                "`webhooks status` shows what came of it"
             )
         elif ns.action in ("pause", "resume"):
             rid = admin.request_pause(client, ns.job, ns.action == "pause")
@@ -97,24 +124,33 @@ def main(argv: Sequence[str]) -> int:
     return 0
 
 
+def _unknown(action: str, job: str, known: dict[str, Any]) -> NoReturn:
+    names = ", ".join(sorted(known)) or "none configured, none in Redis"
+    raise UsageError(f"webhooks {action}: {job!r} is not a webhook job here ({names})")
+
+
 def _redacted(url: str) -> str:
     from ingestion.config import redact_url
 
     return str(redact_url(url))
 
 
-def _print_status(shown: list[dict[str, Any]], as_json: bool) -> None:
+def _print_status(shown: list[dict[str, Any]], as_json: bool, where: str) -> None:
+    from ingestion.webhook.admin import outcome_text
+
     if as_json:
         print(json.dumps(shown, indent=2))
         return
     if not shown:
-        print("no webhook job in this configuration")
+        print(f"no webhook job {where}")
         return
     for s in shown:
         lag = "-" if s["lag_seconds"] is None else f"{s['lag_seconds']:.1f}s"
+        undelivered = "-" if s["undelivered"] is None else s["undelivered"]
         print(
-            f"{s['job']}: {s['state']} -> {s['url']} (from {s['from']}, leader {s['leader'] or 'none'}), "
-            f"position {s['position'] or '-'}, undelivered {s['undelivered']}, lag {lag}, "
+            f"{s['job']}: {s['state']} -> {s['url']} (from {s['from'] or '?'}, "
+            f"leader {s['leader'] or 'none'}), "
+            f"position {s['position'] or '-'}, undelivered {undelivered}, lag {lag}, "
             f"dead letters {s['dead_letters']} ({s['dead_letters_replayed']} replayed), "
             f"requests pending {s['requests_pending']}"
         )
@@ -123,6 +159,11 @@ def _print_status(shown: list[dict[str, Any]], as_json: bool) -> None:
                 f"  failing at {s['failing_record']}: {s['attempts']} attempts, "
                 f"last {s['last_status'] or s['last_error']}"
             )
+        last, replay = s["last_request"], s["last_replay"]
+        if last:
+            print(f"  last request {outcome_text(last)}")
+        if replay and (not last or replay.get("id") != last.get("id")):
+            print(f"  last replay {outcome_text(replay)}")
 
 
 if __name__ == "__main__":

@@ -3,36 +3,43 @@ letters, and the requests (replay, enable) that the job's leader carries out und
 
 The command never delivers anything itself: it appends a request to the job's ``requests``
 stream; the leader reads it, re-delivers with its own fencing token, and records it done in the
-``endpoint`` hash (``requests_done``, ``last_request``).
+``endpoint`` hash (``controls_done`` and ``replays_done``, one mark for each lane of requests;
+``last_request`` and ``last_replay``, what came of them: :mod:`ingestion.webhook.requests`).
 """
 
 from __future__ import annotations
 
 import datetime
 import getpass
+import json
 import socket
 import time
 from typing import Any
 
 import redis
+from redis.client import NEVER_DECODE
 
 from actors.cursor_order import InvalidPagingToken, token_key
 from actors.lease_store import job_keys, parse_lease_value
+from ingestion.webhook.requests import stream_id_key
 from ingestion.webhook.source import webhook_keys
 
 LEDGER_LIMIT = 2**32  # a bound below this is a ledger sequence; a record id (TOID) is far above
 
 
-def replay_bound(text: str) -> str:
-    """A replay's ``--from``/``--to`` as the leader reads it: a record id as is, a ledger
-    ``N`` as the first id of that ledger (``N << 32``), an ISO 8601 time as ``time:<Unix ms>``
-    (the records committed from then on).
+def replay_bound(text: str, *, end: bool = False) -> str:
+    """A replay's ``--from``/``--to`` (``end``) as the leader reads it: a record id as is, a
+    ledger ``N`` as the first id of that ledger (``N << 32``; as ``--to``, the last id it may
+    hold: the ledger is replayed whole), an ISO 8601 time as ``time:<Unix ms>`` (the records
+    committed from then on, or up to then).
 
     Raises:
         ValueError: none of the three, in the operator's words.
     """
     text = text.strip()
     if text.isdigit() and int(text) < LEDGER_LIMIT:
+        if end:
+            return f"{((int(text) + 1) << 32) - 1}-{(1 << 32) - 1}"
         return str(int(text) << 32)
     try:
         token_key(text)
@@ -48,6 +55,16 @@ def replay_bound(text: str) -> str:
     if when.tzinfo is None:
         when = when.replace(tzinfo=datetime.UTC)
     return f"time:{int(when.timestamp() * 1000)}"
+
+
+def span_inverted(start: str, end: str) -> bool:
+    """Whether a replay's bounds (as :func:`replay_bound` makes them) leave nothing between them:
+    ``start`` after ``end``, both times or both record ids (a time and an id do not compare)."""
+    if not start or not end or start.startswith("time:") != end.startswith("time:"):
+        return False
+    if start.startswith("time:"):
+        return int(start[5:]) > int(end[5:])
+    return token_key(start) > token_key(end)
 
 
 def request_replay(
@@ -89,21 +106,39 @@ def default_asker() -> str:
     return f"cli {user}@{socket.gethostname()}"
 
 
+def discover(client: redis.Redis) -> dict[str, tuple[str, str]]:
+    """The webhook jobs this Redis knows, when no configuration names them: every job with an
+    ``endpoint`` hash (its leaders write it), as ``job -> (source job, endpoint)``; the endpoint is
+    its origin only (``https://host:port/...``: a path may hold a token), as the leader wrote it."""
+    found: dict[str, tuple[str, str]] = {}
+    for key in client.scan_iter(match="ingestion:{*}:endpoint", count=1000):
+        name = _text(key)[len("ingestion:{") : -len("}:endpoint")]
+        source, origin = client.hmget(key, ["from", "origin"])  # type: ignore[misc]
+        found[name] = (_text(source) if source else "", f"{_text(origin)}/..." if origin else "-")
+    return dict(sorted(found.items()))
+
+
+def endpoint_state(client: redis.Redis, job: str) -> dict[str, str]:
+    """The job's ``endpoint`` hash (state, paused, the requests' marks and outcomes)."""
+    raw: Any = client.hgetall(webhook_keys(job)["endpoint"]) or {}
+    return {_text(k): _text(v) for k, v in raw.items()}
+
+
 def status(client: redis.Redis, job: str, source_job: str, url: str) -> dict[str, Any]:
     """One webhook job as ``webhooks status`` shows it (secrets never included)."""
     keys, own = webhook_keys(job), job_keys(job)
-    endpoint = {_text(k): _text(v) for k, v in (client.hgetall(keys["endpoint"]) or {}).items()}  # type: ignore[union-attr]
+    endpoint = endpoint_state(client, job)
     cursor = client.hget(own["cursor"], "cursor")
     lease = client.get(own["lease"])
     leader = parse_lease_value(_text(lease))[1] if lease else None
     dead = int(client.xlen(own["events"]))  # type: ignore[arg-type]
     replayed = int(client.hlen(keys["replayed"]))  # type: ignore[arg-type]
-    done = endpoint.get("requests_done", "0-0")
-    pending = client.xrange(keys["requests"], f"({done}", "+")
-    undelivered, lag = _undelivered(client, source_job, _text(cursor) if cursor else None)
+    undelivered, lag = (
+        _undelivered(client, source_job, _text(cursor) if cursor else None) if source_job else (None, None)
+    )
     state = endpoint.get("state", "ok" if leader else "idle")
     return {
-        "job": job, "from": source_job, "url": url, "leader": leader,
+        "job": job, "from": source_job or None, "url": url, "leader": leader,
         "state": "paused" if endpoint.get("paused") == "1" else state,
         "position": _text(cursor) if cursor else None,
         "undelivered": undelivered, "lag_seconds": lag,
@@ -111,9 +146,57 @@ def status(client: redis.Redis, job: str, source_job: str, url: str) -> dict[str
         "attempts": int(endpoint.get("attempts", "0") or 0),
         "last_status": endpoint.get("last_status") or None, "last_error": endpoint.get("last_error") or None,
         "dead_letters": dead, "dead_letters_replayed": replayed,
-        "requests_pending": len(pending),  # type: ignore[arg-type]
-        "last_request": endpoint.get("last_request"),
+        "requests_pending": _pending(client, job, endpoint),
+        "last_request": _outcome(endpoint.get("last_request")),
+        "last_replay": _outcome(endpoint.get("last_replay")),
     }  # fmt: skip
+
+
+def _pending(client: redis.Redis, job: str, endpoint: dict[str, str]) -> int:
+    """The requests not done yet: each lane's after its own mark (the leader's two lanes)."""
+    legacy = endpoint.get("requests_done", "0-0")
+    controls = stream_id_key(endpoint.get("controls_done", legacy))
+    replays = stream_id_key(endpoint.get("replays_done", legacy))
+    after = min(controls, replays)
+    entries: Any = client.execute_command(  # (as bytes: redis-cli may have written anything)
+        "XRANGE", webhook_keys(job)["requests"], f"({after[0]}-{after[1]}", "+", **{NEVER_DECODE: True}
+    )
+    pending = 0
+    for entry_id, fields in entries:
+        is_replay = fields.get(b"action") == b"replay"
+        pending += stream_id_key(_text(entry_id)) > (replays if is_replay else controls)
+    return pending
+
+
+def _outcome(text: str | None) -> dict[str, Any] | None:
+    if not text:
+        return None
+    try:
+        shown = json.loads(text)
+    except ValueError:
+        return {"outcome": text}
+    return shown if isinstance(shown, dict) else {"outcome": text}
+
+
+def outcome_text(request: dict[str, Any]) -> str:
+    """What came of a request, in words (``webhooks status``): done, refused and why, stopped
+    and where, failed and why; a replay's figures."""
+    what = str(request.get("action", "?"))
+    if request.get("from") or request.get("to"):
+        what += f" {request.get('from') or 'first'}..{request.get('to') or 'newest'}"
+    words = "done"
+    for key, said in (("error", "failed"), ("refused", "refused"), ("stopped", "stopped")):
+        if request.get(key):
+            words = f"{said}: {request[key]}"
+            break
+    else:
+        if request.get("note"):
+            words = f"done: {request['note']}"
+        elif request.get("changed") is False:
+            words = "done (no change)"
+    figures = f"; sent {request['sent']}, failed {request['failed']}" if "sent" in request else ""
+    by = f" by {request['by']}" if request.get("by") else ""
+    return f"{request.get('id', '?')} {what}{by}: {words}{figures}"
 
 
 def _undelivered(

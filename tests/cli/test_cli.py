@@ -548,3 +548,27 @@ def test_a_backfill_whose_rpc_is_unreachable_blames_the_rpc_not_redis(
     line = one_line(done) if done.returncode == 2 else done.stderr.strip().splitlines()[-1]
     assert done.returncode in (1, 2) and "Traceback" not in done.stderr, done.stderr
     assert "Redis:" not in line and "RPC" in line, line
+
+
+@pytest.mark.parametrize(
+    ("command", "action"),
+    [
+        ("webhooks", ["replay", "J", "--from", "1"]),
+        ("webhooks", ["status"]),
+        ("watchlist", ["add", "J", "G1"]),
+    ],
+)
+def test_a_commands_flags_are_taken_after_its_action_too(command: str, action: list[str]) -> None:
+    """``ingestion webhooks replay JOB --config F`` as kubectl takes it: a command's flags after its
+    action as well as before (every command with actions: the parser shares them); one given
+    before the action only is not overwritten by the action's default."""
+    from ingestion.cli import parser_of
+
+    parser = parser_of(command)
+    assert parser is not None
+    after = parser.parse_args([*action, "--config", "f.toml", "--redis", "redis://after"])
+    assert (after.config, after.redis) == (Path("f.toml"), "redis://after")
+    before = parser.parse_args(["--config", "g.toml", *action, "--redis", "redis://after"])
+    assert (before.config, before.redis) == (Path("g.toml"), "redis://after")
+    neither = parser.parse_args(action)
+    assert (neither.config, neither.redis) == (None, None)

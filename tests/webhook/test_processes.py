@@ -166,7 +166,7 @@ async def test_dead_letters_through_an_outage_are_replayed_by_the_leader_on_the_
             shown = await trio.to_thread.run_sync(command, "status", "--json")
             (status,) = [s for s in json.loads(shown.stdout) if s["job"] == hook]
             assert status["dead_letters"] == len(letters) == status["dead_letters_replayed"]
-            assert json.loads(status["last_request"])["action"] == "replay-dead-letters"
+            assert status["last_request"]["action"] == "replay-dead-letters"
         outer.cancel_scope.cancel()
     delivered = {r["paging_token"] for r in receiver.records()}
     assert set(letters) <= delivered  # every dead letter arrived once the endpoint answered
