@@ -55,6 +55,7 @@ import trio
 from actors.lease_store import LeaseStore, RedisUnavailable, discover_jobs, job_keys, parse_lease_value
 from ingestion.common.asgi import Receive, Scope, Send
 from ingestion.serve.presence import PRESENCE_CHANNEL, PRESENCE_KEY, parse_entry, parse_message
+from ingestion.webhook.admin import outcome_text, outcome_words
 
 AUDIT_ON_PAGE = 50  # audit entries a job's page shows
 REJECTIONS_ON_PAGE = 20
@@ -442,7 +443,8 @@ class ClusterReader:
                 "position": cursor.get("cursor", ""), "dead_letters": int(records),
                 "dead_letters_replayed": int(replayed), "failing_record": endpoint.get("failing_record", ""),
                 "last_status": endpoint.get("last_status", ""), "last_error": endpoint.get("last_error", ""),
-                "last_request": endpoint.get("last_request", ""),
+                "last_request": _json_object(endpoint.get("last_request")),
+                "last_replay": _json_object(endpoint.get("last_replay")),
                 "lag_seconds": ((reported or {}).get("webhook") or {}).get("lag"),
                 "attempts": [{"at_ms": _since_ms(i), **f} for i, f in attempts],
                 "dead": [_dead_letter(i, f, f.get("paging_token") in done) for i, f in dead],
@@ -514,6 +516,15 @@ def _dead_letter(entry_id: str, fields: Mapping[str, str], replayed: bool) -> di
         "error": letter.get("error") or "", "answer": str(letter.get("answer") or "")[:200],
         "replayed": replayed,
     }  # fmt: skip
+
+
+def _json_object(raw: str | None) -> dict[str, Any] | None:
+    """A JSON object kept in a hash field (a request's outcome); None when absent or not one."""
+    try:
+        value = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _since_ms(entry_id: str) -> int | None:
@@ -621,6 +632,7 @@ def _rows(
 
 AUDIT_COLS = (
     "at_ms", "event", "node", "token", "previous_node", "previous_token", "takeover_ms", "reason", "by",
+    "action", "result",
 )  # fmt: skip
 REJECTION_COLS = ("at_ms", "node", "token", "current_token", "rejection", "checked_by", "cursor")
 ATTEMPT_COLS = ("at_ms", "record", "outcome", "status", "latency_ms", "error", "answer", "replay")
@@ -632,32 +644,62 @@ def _yes(value: Any) -> str:
     return "yes" if value is True or value == "1" else "no"
 
 
+def _result(value: Any) -> str:
+    """An operator request's result as the audit keeps it (a JSON object), in words."""
+    found = _json_object(value) if isinstance(value, str) else None
+    return outcome_words(found) if found is not None else str(value or "")
+
+
+def _request(value: Any) -> str:
+    return outcome_text(value) if isinstance(value, dict) else "none yet"
+
+
 WHEN = {"at_ms": _when}
 FLAGS = {"live": _yes, "source_up": _yes}
+# A webhook endpoint's fields as its page shows them: (field, label, in words); the failure's
+# own fields only while the endpoint is failing (after a recovery they name a past failure).
+ENDPOINT_ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("state", "state", str),
+    ("position", "delivered through", str),
+    ("lag_seconds", "delivery lag", lambda v: _num(v, " s") or "none"),
+    ("dead_letters", "dead letters", str),
+    ("dead_letters_replayed", "dead letters replayed", str),
+    ("failing_record", "failing record", str),
+    ("last_error", "last error", str),
+    ("last_status", "last HTTP status", str),
+    ("last_request", "last request", _request),
+    ("last_replay", "last replay", _request),
+)
+FAILURE_ONLY = frozenset({"failing_record", "last_error"})
 
 
 def job_sections(job: dict[str, Any]) -> str:
     """The parts of a job's page below its row (the events feed replaces them when they change)."""
-    hosts = _rows(job["hosts"], ("node", "live", "role", "source_up", "held_off"), FLAGS)
-    parts = [
-        f"<p id=\"why\">{_e(job['why'])}</p>" if job["why"] else "",
+    hook = job["webhook"]
+    # A webhook job's source is another job's store, not a service it probes: no source health.
+    host_cols = ("node", "live", "role", *(() if hook else ("source_up",)), "held_off")
+    host_heads = [c.replace("_", " ") for c in host_cols]
+    healthy = "" if hook else (
         f"<p>Healthy for this job by Redis's record (source answered within a minute): "
-        f"<span id=\"healthy\">{_e(', '.join(job['healthy']) or 'none recorded')}</span></p>",
-        "<h2>Hosts</h2>", _table("hosts", ("node", "live", "role", "source up", "held off"), hosts),
+        f"<span id=\"healthy\">{_e(', '.join(job['healthy']) or 'none recorded')}</span></p>"
+    )
+    parts = [
+        f"<p id=\"why\">{_e(job['why'])}</p>" if job["why"] else "", healthy,
+        "<h2>Hosts</h2>", _table("hosts", host_heads, _rows(job["hosts"], host_cols, FLAGS)),
         "<h2>Takeover audit (newest first)</h2>",
         _table("audit", ("when (UTC)", "event", "node", "token", "previous leader", "previous token",
-                         "leaderless ms", "reason", "by"), _rows(job["audit"], AUDIT_COLS, WHEN)),
+                         "leaderless ms", "reason", "by", "request", "result"),
+               _rows(job["audit"], AUDIT_COLS, {**WHEN, "result": _result})),
         "<h2>Recent fencing rejections</h2>",
         _table("rejections", ("when (UTC)", "node", "token", "current token", "why", "checked by", "cursor"),
                _rows(job["rejections"], REJECTION_COLS, WHEN)),
     ]  # fmt: skip
-    hook = job["webhook"]
     if hook is not None:
+        shown = [row for row in ENDPOINT_ROWS if row[0] not in FAILURE_ONLY or hook["state"] == "failing"]
         parts += [
             "<h2>Webhook endpoint</h2><table id=\"endpoint\"><tbody>",
-            *(f"<tr><th>{_e(k)}</th><td data-col=\"{_e(k)}\">{_e(hook[k])}</td></tr>" for k in (
-                "state", "position", "lag_seconds", "dead_letters", "dead_letters_replayed", "failing_record",
-                "last_status", "last_error", "last_request")),
+            *(f"<tr><th>{_e(label)}</th><td data-col=\"{_e(k)}\">{_e(words(hook.get(k)))}</td></tr>"
+              for k, label, words in shown),
             "</tbody></table><h2>Recent attempts (newest first)</h2>",
             _table("attempts", ("when (UTC)", "record", "outcome", "status", "latency ms", "error", "answer",
                                 "replay"), _rows(hook["attempts"], ATTEMPT_COLS, {**WHEN, "replay": _yes})),

@@ -184,6 +184,12 @@ def outcome_text(request: dict[str, Any]) -> str:
     what = str(request.get("action", "?"))
     if request.get("from") or request.get("to"):
         what += f" {request.get('from') or 'first'}..{request.get('to') or 'newest'}"
+    by = f" by {request['by']}" if request.get("by") else ""
+    return f"{request.get('id', '?')} {what}{by}: {outcome_words(request)}"
+
+
+def outcome_words(request: dict[str, Any]) -> str:
+    """What came of a request, without what it was or who asked (the console's audit rows)."""
     words = "done"
     for key, said in (("error", "failed"), ("refused", "refused"), ("stopped", "stopped")):
         if request.get(key):
@@ -195,8 +201,7 @@ def outcome_text(request: dict[str, Any]) -> str:
         elif request.get("changed") is False:
             words = "done (no change)"
     figures = f"; sent {request['sent']}, failed {request['failed']}" if "sent" in request else ""
-    by = f" by {request['by']}" if request.get("by") else ""
-    return f"{request.get('id', '?')} {what}{by}: {words}{figures}"
+    return f"{words}{figures}"
 
 
 def _undelivered(

@@ -18,7 +18,7 @@ from hypercorn.trio import serve
 
 from actors.lease_store import LeaseStore, job_keys
 from actors.observe import NodeObserver
-from ingestion.serve.console import ClusterReader
+from ingestion.serve.console import ClusterReader, job_sections
 from ingestion.serve.metrics import NodeMetrics, metrics_app
 from ingestion.serve.presence import PRESENCE_KEY, keep_present, parse_entry
 from ingestion.testing.local_redis import LocalRedis
@@ -170,3 +170,79 @@ async def test_every_action_is_refused_without_the_token_and_asked_of_the_leader
             ("replay", "1", "console 127.0.0.1 via n1")
         ]
     client.close()
+
+
+# -- a webhook job's page reads like the rest (issue 50, point 5): the operators' requests in the
+# audit with what was asked and what came of it, the endpoint's fields under labels in words, no
+# failure fields on a healthy endpoint, request outcomes in words, and no source health for a job
+# that has no source of its own to probe
+def webhook_job(**endpoint: Any) -> dict[str, Any]:
+    hook = {
+        "state": "ok", "position": "214748364800000", "dead_letters": 2, "dead_letters_replayed": 1,
+        "failing_record": "", "last_status": "", "last_error": "", "last_request": None,
+        "last_replay": None, "lag_seconds": 0.25, "attempts": [], "dead": [],
+    } | endpoint  # fmt: skip
+    return {
+        "job": "hook", "kind": "webhook", "leader": "n1", "token": 3, "why": "", "healthy": [],
+        "hosts": [{"node": "n1", "live": True, "role": "leader", "source_up": None, "held_off": None}],
+        "audit": [], "rejections": [], "webhook": hook,
+    }  # fmt: skip
+
+
+def test_a_healthy_endpoint_shows_no_past_failure_and_its_fields_in_words() -> None:
+    html = job_sections(webhook_job(state="ok", failing_record="214748364800001", last_error="HTTP 503",
+                                    last_status="204"))  # fmt: skip
+    assert "214748364800001" not in html and "HTTP 503" not in html  # a failure since mended
+    for label in ("delivered through", "delivery lag", "dead letters replayed", "last HTTP status",
+                  "last request", "last replay"):  # fmt: skip
+        assert f"<th>{label}</th>" in html
+    assert "lag_seconds</th>" not in html and "dead_letters_replayed</th>" not in html
+    assert "0.25 s" in html and "none yet" in html
+    # a webhook job has no source of its own: no "source up: unknown", no "none recorded"
+    assert "source up" not in html and "none recorded" not in html and "unknown" not in html
+    failing = job_sections(
+        webhook_job(state="failing", failing_record="214748364800001", last_error="HTTP 503")
+    )
+    assert "<th>failing record</th>" in failing and "214748364800001" in failing and "HTTP 503" in failing
+
+
+def test_request_outcomes_are_in_words() -> None:
+    request = {"id": "1765000000000-0", "action": "replay", "sent": 0, "failed": 0, "by": "ana",
+               "refused": "the endpoint is paused: resume it, then ask again"}  # fmt: skip
+    replay = {"id": "1765000000001-0", "action": "replay-dead-letters", "sent": 3, "failed": 1}
+    html = job_sections(webhook_job(last_request=request, last_replay=replay))
+    assert "{&quot;" not in html and '{"' not in html  # no JSON on the page
+    assert "1765000000000-0 replay by ana: refused: the endpoint is paused: resume it, then ask again" in html
+    assert "1765000000001-0 replay-dead-letters: done; sent 3, failed 1" in html
+
+
+async def test_the_audit_shows_what_each_operator_asked_and_what_came_of_it(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    """Before: eight identical ``operator-request`` rows (event, node, token, by), though Redis
+    holds the action and its result; and the endpoint's ``last_request`` as raw JSON."""
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    await LeaseStore(client, job).acquire("n1", 5000)
+    audit = job_keys(job)["audit"]
+    for action, result in (
+        ("pause", {"action": "pause", "changed": True}),
+        ("replay", {"action": "replay", "sent": 0, "failed": 0, "refused": "the endpoint is paused"}),
+        ("resume", {"action": "resume", "changed": False}),
+    ):
+        entry = {"event": "operator-request", "node": "n1", "token": "1", "by": "ana", "action": action,
+                 "request": "1-0", "result": json.dumps(result)}  # fmt: skip
+        redis_client.xadd(audit, entry)
+    redis_client.hset(webhook_keys(job)["endpoint"], mapping={
+        "state": "ok", "failing_record": "99", "last_error": "timed out",
+        "last_request": json.dumps({"id": "3-0", "action": "resume", "changed": False}),
+    })  # fmt: skip
+    async with console(client, {job: "webhook"}, token=TOKEN) as (_reader, http):
+        page = (await http.get(f"/console/job/{job}")).text
+    client.close()
+    rows = page.split('<table id="audit">')[1].split("</table>")[0]
+    assert '<td data-col="action">pause</td><td data-col="result">done</td>' in rows
+    assert '<td data-col="result">refused: the endpoint is paused; sent 0, failed 0</td>' in rows
+    assert '<td data-col="action">resume</td><td data-col="result">done (no change)</td>' in rows
+    endpoint = page.split('<table id="endpoint">')[1].split("</table>")[0]
+    assert "3-0 resume: done (no change)" in endpoint and "timed out" not in endpoint
+    assert "&quot;" not in endpoint
