@@ -451,11 +451,12 @@ async def _start_endpoints(
             from ingestion.backfill.metrics import BackfillCollector
 
             collectors.append(BackfillCollector(lambda: backfills.progress, settings.node.id))
+        from ingestion.backfill.status import listed_jobs
         from ingestion.serve.console import ClusterReader
 
         console = ClusterReader(
             next(iter(stores.values())).client, settings.node.id, {j.name: j.kind for j in settings.jobs},
-            token=o.console_token,
+            token=o.console_token, discover=listed_jobs,
         )  # fmt: skip
         await nursery.start(console.run)
         await _bind(
