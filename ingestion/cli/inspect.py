@@ -329,11 +329,14 @@ async def inspect_job(
         if sink_url:
             sink = await postgres_state(sink_url, settings.sink.schema, job)
         if not in_redis and not (sink is not None and job_known(sink)):
+            from ingestion.cli.known import known_jobs
+
             where = redact_url(settings.redis.url) + (f" or in {sink['url']}" if sink else "")
+            names = await store.run(known_jobs, [], client)
             print(
                 f"ingestion: inspect: no job {job!r} at {where}: nothing was ever elected or "
-                "committed for it (check --job, --redis and --sink; without --job every job is "
-                "listed)",
+                f"committed for it (jobs there: {', '.join(names[:20]) or 'none'}; check --job, "
+                "--redis and --sink)",
                 file=sys.stderr,
             )
             return 2
