@@ -343,6 +343,12 @@ def _follow(client: redis.Redis, plan: Plan, job: Any, schema: str) -> int:
                       f"{snapshot.records:,} records")  # fmt: skip
                 return 0
             now_plan = read_plan(client, plan.job)
+            if now_plan is not None and now_plan.same_work(plan) and now_plan.state == "done":
+                snapshot = read_progress(client, plan, job.sink, schema)  # (settled meanwhile: final)
+                bar.close()
+                print(f"backfill of {plan.job} done: ledgers {plan.first}..{plan.last}, "
+                      f"{snapshot.records:,} records")  # fmt: skip
+                return 0
             if now_plan is None or not now_plan.same_work(plan) or now_plan.state != "running":
                 bar.close()
                 why = (

@@ -316,3 +316,11 @@ async def test_two_backfills_one_after_the_other_both_reach_done_and_leave_no_jo
                 break
             await trio.sleep(0.5)
         assert await console_jobs() == [job]
+        # ... and shows them on the job's page, under its backfill, done
+        async with httpx.AsyncClient(timeout=5) as http:
+            detail = (await http.get(f"http://127.0.0.1:{port}/console/job/{job}/state")).json()
+            page = (await http.get(f"http://127.0.0.1:{port}/console/job/{job}")).text
+        assert detail["backfill"]["state"] == "done", detail["backfill"]
+        assert [r["range"] for r in detail["backfill"]["range_states"]] == ranges[2:]
+        assert [r["state"] for r in detail["backfill"]["range_states"]] == ["done", "done"]
+        assert '<span id="backfill-state">done</span>' in page and all(r in page for r in ranges[2:])
