@@ -1,7 +1,7 @@
 """A backfill's state in Redis: reading it (plan, each range's cursor, end, leader and records,
 from Redis and, for a job with a PostgreSQL sink, from PostgreSQL: what ``ingestion backfill
 --status``, its progress bar and ``inspect`` show), writing a plan and settling it (``lua/``), and
-the jobs to list (a finished range is shown under its backfill, not as a job). Blocking calls:
+the jobs to list (a range at rest is shown under its backfill, not as a job). Blocking calls:
 the CLI's, and the node's in worker threads."""
 
 from __future__ import annotations
@@ -68,24 +68,36 @@ def settle(client: redis.Redis, plan: Plan, state: str, at: str) -> tuple[bool, 
     return bool(int(moved)), _text(now)
 
 
-def finished_ranges(client: redis.Redis, names: list[str]) -> set[str]:
-    """The range jobs among ``names`` whose end is recorded (``done`` in their backfill hash)."""
+def resting_ranges(client: redis.Redis, names: list[str]) -> set[str]:
+    """The range jobs among ``names`` that no node runs or will run: each one done (its end
+    recorded), or not a range of its job's running plan (that plan done, cancelled, removed, or
+    another span's)."""
     ranges = [n for n in names if RANGE_MARK in n]
     if not ranges:
         return set()
+    parents = sorted({n.rsplit(RANGE_MARK, 1)[0] for n in ranges})
     pipe = client.pipeline(transaction=False)
     for name in ranges:
         pipe.hexists(backfill_key(name), "done")
-    return {name for name, done in zip(ranges, pipe.execute(), strict=True) if done}
+    for parent in parents:
+        pipe.hgetall(backfill_key(parent))
+    answers = pipe.execute()
+    done = dict(zip(ranges, answers[: len(ranges)], strict=True))
+    running: set[str] = set()
+    for parent, fields in zip(parents, answers[len(ranges) :], strict=True):
+        plan = Plan.from_hash(parent, {_text(k): _text(v) for k, v in fields.items()}) if fields else None
+        if plan is not None and plan.state == "running":
+            running.update(plan.names)
+    return {n for n in ranges if done[n] or n not in running}
 
 
 def listed_jobs(client: redis.Redis) -> list[str]:
     """Every job with state in this Redis (:func:`actors.lease_store.discover_jobs`) but the
-    finished backfill ranges, which ``inspect --job JOB`` and ``backfill --status`` show under
-    their backfill: done work, not a job without a leader."""
+    backfill ranges at rest (:func:`resting_ranges`), which ``inspect --job JOB`` and ``backfill
+    --status`` show under their backfill: finished or stopped work, not a job without a leader."""
     names = discover_jobs(client)
-    done = finished_ranges(client, names)
-    return [n for n in names if n not in done]
+    resting = resting_ranges(client, names)
+    return [n for n in names if n not in resting]
 
 
 @attrs.frozen

@@ -28,8 +28,8 @@ Redis's.
 progress (``ledgers``, ``ledgers_done``, ``records``, ``complete_through``, ``finished``,
 ``ranges_running``, ``ranges_done``, ``leading``: ranges led per node, ``range_states``: each
 range's ``range``, ``first_ledger``, ``last_ledger``, ``ledgers``, ``ledgers_done``, ``records``,
-``state`` and ``leader``), as ``ingestion backfill --status`` shows it. Without ``--job``, a finished
-range is not listed as a job: it is shown under its backfill.
+``state`` and ``leader``), as ``ingestion backfill --status`` shows it. Without ``--job``, a range at
+rest (done, or of a plan no longer running) is not listed as a job: it is shown under its backfill.
 
 No password ever appears in the output: errors name ``redis.url`` (or ``sink.url``) with the
 password blanked.

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from actors.lease_store import NODE_REGISTRY_KEY, connect
+from actors.lease_store import NODE_REGISTRY_KEY, connect, job_keys
 from ingestion.backfill.plan import Plan, backfill_key
-from ingestion.backfill.status import read_plan, write_plan
+from ingestion.backfill.status import listed_jobs, read_plan, settle, write_plan
 from ingestion.testing.local_redis import LocalRedis
 from tests.support.cli import one_line, run
 from tests.support.lakes import backfill_config as config
@@ -79,3 +79,31 @@ def test_two_plans_of_other_spans_written_at_once_one_wins(job: str, redis_clien
         for t in threads:
             t.join()
         assert sorted(outcomes) == ["busy", "planned"], (round_, outcomes)
+
+
+def test_only_the_ranges_of_a_running_plan_not_yet_done_are_listed_as_jobs(
+    job: str, redis_client: redis.Redis
+) -> None:
+    """A range done, or one of a plan cancelled, done or replaced, is no node's job any more: it is
+    shown under its backfill, not listed (inspect, the console) as a job without a leader."""
+    plan = Plan(job, 10, 29, 2, "running", "t", "u")
+    first, second = plan.names
+    other = Plan(job, 40, 49, 1).names[0]  # a range of an older span
+    keys = [backfill_key(job), *(job_keys(n)["token"] for n in (job, first, second, other))]
+    try:
+        for name in (job, first, second, other):
+            redis_client.set(job_keys(name)["token"], 1)  # each elected once
+
+        def listed() -> list[str]:
+            return [n for n in listed_jobs(redis_client) if n.startswith(job)]
+
+        assert listed() == [job]  # no plan: every range at rest
+        assert write_plan(redis_client, plan, 0).outcome == "planned"
+        assert listed() == [job, first, second]
+        redis_client.hset(backfill_key(first), "done", "x")
+        keys.append(backfill_key(first))
+        assert listed() == [job, second]
+        assert settle(redis_client, plan, "cancelled", "t") == (True, "cancelled")
+        assert listed() == [job]
+    finally:
+        redis_client.delete(*keys)
