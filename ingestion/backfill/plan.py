@@ -11,7 +11,9 @@ never mixes with it.
 Redis keys (each under its job's hash tag):
 
 - ``ingestion:{JOB}:backfill``, the plan: ``first``, ``last``, ``ranges``, ``state``
-  (``running`` or ``cancelled``), ``created_at``, ``created_by``.
+  (``running``, ``done`` once every range is done, or ``cancelled``), ``created_at``,
+  ``created_by`` (and ``finished_at``, ``cancelled_at``, ``resumed_at``, ``resumed_by`` when so).
+  Written by ``lua/plan.lua`` and moved by ``lua/settle.lua``, each one atomic step.
 - ``ingestion:{JOB~FIRST-LAST}:backfill``, a range's end: ``done`` (its final cursor),
   ``node``, ``at``.
 """
@@ -23,7 +25,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 RANGE_MARK = "~"
-STATES = ("running", "cancelled")
+STATES = ("running", "done", "cancelled")
 
 
 def backfill_key(job: str) -> str:

@@ -10,12 +10,16 @@ the job, apart from the node's live jobs; its fallback campaigns for ranges plac
 nodes wait half an ``interval``, twice the poll, so that a host that has not yet seen the plan
 gets its share), one elected job per range not done; a range found done is stopped on this node
 (its leader releases it gracefully), and a plan cancelled, removed or replaced stops them all.
+Once every range is done, the plan is settled ``done`` in Redis (``lua/settle.lua``: whichever
+node looks first; ``backfill-done``), which stops the plan's supervisor on every node, frees the
+job for a new span, and leaves the plan's final figures in the metrics.
 Every node decides alone from what Redis holds, so a node that starts, restarts or crashes
 meanwhile changes only who leads which range: each range resumes from its committed cursor.
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -29,7 +33,7 @@ import trio
 from actors.lease_store import LeaseStore, NodeRegistry, RedisUnavailable
 from actors.supervisor import JobRun, JobsHandle, run_jobs
 from ingestion.backfill.plan import Plan, backfill_key, range_name
-from ingestion.backfill.status import Snapshot, read_progress
+from ingestion.backfill.status import Snapshot, read_progress, settle
 from ingestion.config.sections import JobSettings
 
 STOP_WAIT = 3.0  # seconds a node's shutdown waits for its ranges to release their leases
@@ -73,7 +77,7 @@ class BackfillRunner:
     # job -> its plan's progress as last read (once an interval while it runs): the metrics'
     progress: dict[str, Snapshot] = attrs.Factory(dict)
     _progress_at: dict[str, float] = attrs.Factory(dict)
-    finished: dict[str, Plan] = attrs.Factory(dict)  # plans found done (not read again)
+    finished: dict[str, Plan] = attrs.Factory(dict)  # plans found done (their figures read once)
     _unavailable: bool = False
     _stopping: bool = False
 
@@ -104,33 +108,48 @@ class BackfillRunner:
         running = self.running.get(job.name)
         live = plan is not None and plan.state == "running"
         if running is not None and not (live and plan is not None and plan.same_work(running.plan)):
-            if plan is None:
-                why = "backfill-removed"
-            else:
-                why = "backfill-cancelled" if plan.state == "cancelled" else "backfill-replaced"
+            why = "backfill-removed" if plan is None else {
+                "cancelled": "backfill-cancelled", "done": "backfill-done"
+            }.get(plan.state, "backfill-replaced")  # fmt: skip
             await self._stop(job.name, why)
+            if why != "backfill-done":
+                self._forget_progress(job.name)
+            return
+        if plan is None or plan.state == "cancelled":
             self._forget_progress(job.name)
             return
-        if plan is None or plan.state != "running":
-            self._forget_progress(job.name)
+        if plan.state == "done":  # its final figures, read once (the metrics keep them)
+            if not (job.name in self.finished and self.finished[job.name].same_work(plan)):
+                await self._read_progress(store, job, plan, force=True)
+                self.finished[job.name] = plan
             return
-        if running is None and job.name in self.finished and self.finished[job.name].same_work(plan):
-            return
+        self.finished.pop(job.name, None)
         done = [await self._is_done(store, name) for name in plan.names]
         # (a plan found done is read once more at once: its final figures)
-        await self._read_progress(store, job, plan, force=running is None and all(done))
+        await self._read_progress(store, job, plan, force=all(done))
+        if all(done):
+            await self._settle(store, job, plan)
+            return
         if running is None:
             todo = [(a, b) for (a, b), d in zip(plan.bounds, done, strict=True) if not d]
-            if not todo:
-                self.finished[job.name] = plan
-            else:
-                runs = [self.make_run(range_job(job, a, b)) for a, b in todo]
-                self.running[job.name] = await nursery.start(self._run_plan, job.name, plan, runs)
+            runs = [self.make_run(range_job(job, a, b)) for a, b in todo]
+            self.running[job.name] = await nursery.start(self._run_plan, job.name, plan, runs)
             return
         for name, is_done in zip(plan.names, done, strict=True):
             if is_done and name in running.handle.handles and name not in running.stopped:
                 running.stopped.add(name)
                 await running.handle.stop_job(name, "backfill-range-done")
+
+    async def _settle(self, store: LeaseStore, job: JobSettings, plan: Plan) -> None:
+        """Every range done: the plan is ``done`` in Redis (one node's write wins; the next look
+        stops this node's ranges, and a new span is accepted)."""
+        at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        moved, _state = await store.run(settle, store.client, plan, "done", at)
+        if moved:
+            snapshot = self.progress.get(job.name)
+            self.log.info("backfill-done", parent_job=job.name, first_ledger=plan.first,
+                          last_ledger=plan.last, ranges=plan.ranges,
+                          records=snapshot.records if snapshot is not None else None)  # fmt: skip
 
     async def _read_progress(
         self, store: LeaseStore, job: JobSettings, plan: Plan, *, force: bool = False
@@ -138,6 +157,8 @@ class BackfillRunner:
         """The plan's progress for the metrics, read again once an interval (bounded by it; a
         failed read keeps the last one: the next look tries again)."""
         now = trio.current_time()
+        last = self.progress.get(job.name)
+        force = force or last is None or not last.progress.plan.same_work(plan)
         if not force and now - self._progress_at.get(job.name, -math.inf) < self.interval:
             return
         self._progress_at[job.name] = now

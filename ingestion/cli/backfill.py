@@ -28,7 +28,7 @@ from typing import Any
 
 import redis
 
-from ingestion.backfill.plan import Plan, Progress, backfill_key, split
+from ingestion.backfill.plan import Plan, Progress
 from ingestion.cli.usage import OneLineParser, UsageError, setting_help
 
 REFRESH = 1.0  # seconds between progress reads
@@ -50,7 +50,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ranges", type=int, default=0, metavar="K",
                    help="ranges run in parallel across the nodes (default: 4 per live node)")  # fmt: skip
     p.add_argument("--status", action="store_true", help="show the job's backfill and exit")
-    p.add_argument("--cancel", action="store_true", help="stop the job's backfill (resumable)")
+    p.add_argument("--cancel", action="store_true",
+                   help="stop the job's running backfill (the same span again resumes it)")  # fmt: skip
     p.add_argument("--detach", action="store_true", help="write the plan and exit at once")
     p.add_argument("--config", type=Path, help="TOML file (default: ./config.toml if present)")
     p.add_argument("--redis", metavar="URL", help=setting_help("the nodes' Redis", ("redis", "url")))
@@ -76,11 +77,11 @@ def main(argv: Sequence[str]) -> int:
         if ns.status:
             return _status(client, job, settings.sink.schema)
         if ns.cancel:
-            return _cancel(client, job.name)
+            return _cancel(client, job, settings.sink.schema)
         plan = _plan(ns, client, job, settings)
         if ns.detach:
             return 0
-        return _follow(client, plan, job.sink, settings.sink.schema)
+        return _follow(client, plan, job, settings.sink.schema)
     except redis.RedisError as exc:
         print(f"ingestion: backfill: Redis: {exc}", file=sys.stderr)
         return 1
@@ -94,7 +95,7 @@ def main(argv: Sequence[str]) -> int:
 def _plan(ns: argparse.Namespace, client: redis.Redis, job: Any, settings: Any) -> Plan:
     """Check the span and write the plan (or find the same one: it resumes)."""
     from ingestion.backfill import checks
-    from ingestion.backfill.status import committed_span, read_plan
+    from ingestion.backfill.status import committed_span, write_plan
 
     if ns.first is None:
         raise UsageError("backfill: give --from LEDGER (and --to LEDGER), or --status / --cancel")
@@ -114,28 +115,53 @@ def _plan(ns: argparse.Namespace, client: redis.Redis, job: Any, settings: Any) 
     problem = _reach_problem(job, settings, ns.first, last)
     if problem:
         raise UsageError(f"backfill: {problem}")
-    ranges = ns.ranges or 4 * max(1, _live_nodes(client))
-    if ranges < 1:
-        raise UsageError(f"backfill: --ranges must be at least 1, got {ranges}")
+    if ns.ranges < 0:
+        raise UsageError(f"backfill: --ranges must be at least 1, got {ns.ranges}")
+    span_ledgers = last - ns.first + 1
+    asked = min(ns.ranges, span_ledgers)
     plan = Plan(
-        job.name, ns.first, last, len(split(ns.first, last, ranges)), "running",
-        datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        f"{getpass.getuser()}@{socket.gethostname()}",
+        job.name, ns.first, last, min(4 * max(1, _live_nodes(client)), span_ledgers), "running",
+        _now(), f"{getpass.getuser()}@{socket.gethostname()}",
     )  # fmt: skip
-    existing = read_plan(client, job.name)
-    if existing is not None and existing.state == "running" and not existing.same_work(plan):
+    written = write_plan(client, plan, asked)
+    other = written.plan
+    if written.outcome == "busy" and _settled(client, other, job, settings.sink.schema) == "done":
+        written = write_plan(client, plan, asked)  # the one before had just finished
+        other = written.plan
+    if written.outcome == "busy":
         raise UsageError(
-            f"backfill: job {job.name} has a backfill running (ledgers {existing.first}..{existing.last} "
-            f"in {existing.ranges} ranges): wait for it, or stop it with --cancel first"
+            f"backfill: job {job.name} has a backfill running (ledgers {other.first}..{other.last} "
+            f"in {other.ranges} ranges): wait for it, or stop it with --cancel first"
         )
-    resumed = existing is not None and existing.same_work(plan)
-    client.hset(backfill_key(job.name), mapping=plan.to_hash())  # type: ignore[arg-type]
-    verb = "resumed" if resumed else "planned"
+    if written.outcome == "split":
+        raise UsageError(
+            f"backfill: ledgers {other.first}..{other.last} of {job.name} were planned in {other.ranges} "
+            f"ranges ({other.state}): the same span runs in the same ranges, whose names carry their "
+            f"bounds and whose records are kept, so that no ledger is committed twice; give "
+            f"--ranges {other.ranges}, or no --ranges"
+        )
+    plan = written.plan
     print(
-        f"backfill of {job.name} {verb}: ledgers {plan.first}..{plan.last} in {plan.ranges} ranges, "
-        f"run by the nodes that host {job.name}"
+        f"backfill of {job.name} {written.outcome}: ledgers {plan.first}..{plan.last} in {plan.ranges} "
+        f"ranges, run by the nodes that host {job.name}"
     )
     return plan
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def _settled(client: redis.Redis, plan: Plan, job: Any, schema: str) -> str:
+    """``plan``'s state, settled ``done`` in Redis first when every range is done (as the nodes do
+    within a quarter of a lease TTL): what the operator sees is what the cluster holds."""
+    from ingestion.backfill.status import read_progress, settle
+
+    if plan.state != "running":
+        return plan.state
+    if not read_progress(client, plan, job.sink, schema).progress.finished:
+        return plan.state
+    return settle(client, plan, "done", _now())[1] or plan.state
 
 
 def _live_nodes(client: redis.Redis) -> int:
@@ -209,13 +235,34 @@ async def _rpc_problem(job: Any, first: int, last: int) -> str | None:
     return None
 
 
-def _cancel(client: redis.Redis, job: str) -> int:
-    key = backfill_key(job)
-    if not client.exists(key):
-        print(f"job {job} has no backfill")
+def _cancel(client: redis.Redis, job: Any, schema: str) -> int:
+    """Stop the job's running backfill (atomically: only a plan still running is cancelled) and
+    say what that did."""
+    from ingestion.backfill.status import read_plan, read_progress, settle
+
+    plan = read_plan(client, job.name)
+    if plan is None:
+        print(f"job {job.name} has no backfill: nothing to cancel")
         return 0
-    client.hset(key, "state", "cancelled")
-    print(f"backfill of {job} cancelled: its ranges stop (resume with the same --from/--to/--ranges)")
+    span = f"ledgers {plan.first}..{plan.last} in {plan.ranges} ranges"
+    state = _settled(client, plan, job, schema)
+    if state == "running":
+        moved, state = settle(client, plan, "cancelled", _now())
+        if moved:
+            p = read_progress(client, plan, job.sink, schema).progress
+            done = sum(1 for r in p.ranges if r.done)
+            print(
+                f"backfill of {job.name} ({span}) cancelled: {done} of {plan.ranges} ranges were done, "
+                f"the others stop where they stand ({p.ledgers_done}/{p.total} ledgers committed, kept); "
+                f"the same command (--from {plan.first} --to {plan.last}) resumes it"
+            )
+            return 0
+    if state == "done":
+        print(f"backfill of {job.name} ({span}) is done: nothing to cancel")
+    elif state == "cancelled":
+        print(f"backfill of {job.name} ({span}) was already cancelled: nothing changed")
+    else:
+        print(f"the backfill of {job.name} changed meanwhile: nothing cancelled (see --status)")
     return 0
 
 
@@ -226,31 +273,44 @@ def _status(client: redis.Redis, job: Any, schema: str) -> int:
     if plan is None:
         print(f"job {job.name} has no backfill")
         return 0
+    state = _settled(client, plan, job, schema)
     progress = read_progress(client, plan, job.sink, schema).progress
-    print(f"backfill of {job.name}: ledgers {plan.first}..{plan.last} in {plan.ranges} ranges, {plan.state}"
+    print(f"backfill of {job.name}: ledgers {plan.first}..{plan.last} in {plan.ranges} ranges, {state}"
           f" (since {plan.created_at or '?'} by {plan.created_by or '?'})")  # fmt: skip
     print(_summary(progress))
     for r in progress.ranges:
-        state = "done" if r.done else (f"led by {r.leader}" if r.leader else "waiting")
-        print(f"  {r.name}: {r.ledgers_done}/{r.ledgers} ledgers, {state}")
+        shown = "done" if r.done else (f"led by {r.leader}" if r.leader else "waiting")
+        print(f"  {r.name}: {r.ledgers_done}/{r.ledgers} ledgers, {shown}")
     return 0
 
 
 def _summary(p: Progress) -> str:
     done = sum(1 for r in p.ranges if r.done)
-    nodes = ", ".join(f"{n}={k}" for n, k in sorted(p.by_node().items())) or "none"
+    if p.complete_through < p.plan.first:
+        complete = "no ledger complete yet"
+    else:
+        complete = f"complete through ledger {p.complete_through}"
+    nodes = ", ".join(f"{n}={k}" for n, k in sorted(p.by_node().items()))
+    if not nodes:
+        nodes = (
+            "no range led"
+            if p.finished
+            else "no range led yet (the nodes take a new plan up within a lease TTL)"
+        )
+    else:
+        nodes = f"leading: {nodes}"
     return (
         f"{p.ledgers_done}/{p.total} ledgers, ranges {p.running} running / {done} done of "
-        f"{len(p.ranges)}, complete through ledger {p.complete_through}; leading: {nodes}"
+        f"{len(p.ranges)}, {complete}; {nodes}"
     )
 
 
-def _follow(client: redis.Redis, plan: Plan, sink_url: str, schema: str) -> int:
-    """Progress until every range is done: a bar on a terminal, a line every few seconds
-    otherwise. Ctrl-C leaves the backfill running."""
+def _follow(client: redis.Redis, plan: Plan, job: Any, schema: str) -> int:
+    """Progress until every range is done (then the plan is settled ``done``): a bar on a
+    terminal, a line every few seconds otherwise. Ctrl-C leaves the backfill running."""
     from tqdm import tqdm
 
-    from ingestion.backfill.status import read_progress
+    from ingestion.backfill.status import read_plan, read_progress, settle
 
     tty = sys.stderr.isatty()
     bar = tqdm(total=plan.last - plan.first + 1, unit="ledger", disable=not tty, dynamic_ncols=True,
@@ -259,7 +319,7 @@ def _follow(client: redis.Redis, plan: Plan, sink_url: str, schema: str) -> int:
     started, last_line = time.monotonic(), 0.0
     try:
         while True:
-            snapshot = read_progress(client, plan, sink_url, schema)
+            snapshot = read_progress(client, plan, job.sink, schema)
             p = snapshot.progress
             bar.update(p.ledgers_done - shown)
             shown = p.ledgers_done
@@ -278,8 +338,26 @@ def _follow(client: redis.Redis, plan: Plan, sink_url: str, schema: str) -> int:
                 last_line = now
             if p.finished:
                 bar.close()
+                settle(client, plan, "done", _now())
                 print(f"backfill of {plan.job} done: ledgers {plan.first}..{plan.last}, "
                       f"{snapshot.records:,} records")  # fmt: skip
+                return 0
+            now_plan = read_plan(client, plan.job)
+            if now_plan is not None and now_plan.same_work(plan) and now_plan.state == "done":
+                snapshot = read_progress(client, plan, job.sink, schema)  # (settled meanwhile: final)
+                bar.close()
+                print(f"backfill of {plan.job} done: ledgers {plan.first}..{plan.last}, "
+                      f"{snapshot.records:,} records")  # fmt: skip
+                return 0
+            if now_plan is None or not now_plan.same_work(plan) or now_plan.state != "running":
+                bar.close()
+                why = (
+                    "removed"
+                    if now_plan is None
+                    else (now_plan.state if now_plan.same_work(plan) else "replaced by another plan")
+                )
+                print(f"backfill of {plan.job} {why}: ledgers {plan.first}..{plan.last}, "
+                      f"{p.ledgers_done}/{p.total} done, {snapshot.records:,} records")  # fmt: skip
                 return 0
             time.sleep(REFRESH)
     except KeyboardInterrupt:

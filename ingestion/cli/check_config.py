@@ -42,7 +42,10 @@ def main(argv: Sequence[str]) -> int:
         settings, file_layer(ns.config), from_environment(os.environ), run._flags_layer(ns)
     )
     rows = [(name, _shown(name, v, redact_url), src) for name, v, src in rows]
-    jobs = [{"job": j.name, "kind": j.kind, "follows": source_identity(j)} for j in settings.jobs]
+    jobs = [
+        {"job": j.name, "kind": j.kind, "follows": source_identity(j), "watch": watch_list(j)}
+        for j in settings.jobs
+    ]
     if ns.json:
         print(json.dumps({
             "settings": {name: {"value": value, "source": src} for name, value, src in rows},
@@ -54,9 +57,21 @@ def main(argv: Sequence[str]) -> int:
         shown = ",".join(map(str, value)) if isinstance(value, list) else value
         print(f"{name:<{width}}  {src:<7}  {shown}")
     for job in jobs:
-        print(f"job {job['job']}: {job['follows']}")
+        watching = f"; keeps only records naming an address of {job['watch']}" if job["watch"] else ""
+        print(f"job {job['job']}: {job['follows']}{watching}")
     print("configuration OK")
     return 0
+
+
+def watch_list(job: Any) -> str | None:
+    """Where a job's watch list comes from, in words (None: it keeps every record)."""
+    if job.watch:
+        return f"its watch setting ({len(job.watch)} address{'es' if len(job.watch) != 1 else ''})"
+    if job.watch_file:
+        return f"the watch file {job.watch_file} (reloaded when it changes)"
+    if job.watch_set:
+        return f"the Redis set ingestion:{{{job.name}}}:watch (edited with ingestion watchlist)"
+    return None
 
 
 def _shown(name: str, value: Any, redact_url: Callable[[str], str]) -> Any:

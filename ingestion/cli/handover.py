@@ -5,7 +5,8 @@ takes over at once. The request names the leader's term: one for a term that has
 is dropped. ``--wait`` waits (bounded) for another node to lead.
 
 Exit 0: asked (and, with ``--wait``, another node leads); 1: no leader, Redis unreadable, or
-nobody else took the job within the wait; 2: usage.
+nobody else took the job within the wait; 2: usage, or a job this Redis does not know (one line
+naming the known jobs).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import redis
 
 from actors.lease_store import job_keys, parse_lease_value
 from actors.lease_store.store import handover_request
+from ingestion.cli.known import in_redis, unknown_job
 from ingestion.cli.usage import OneLineParser, UsageError, setting_help
 
 
@@ -52,8 +54,8 @@ def main(argv: Sequence[str]) -> int:
     try:
         value = client.get(keys["lease"])
         if value is None:
-            if not client.exists(*keys.values()):
-                raise UsageError(f"handover: no job {ns.job!r} in this Redis")
+            if not in_redis(client, ns.job):
+                raise unknown_job("handover", ns.job, [j.name for j in settings.jobs], client)
             print(f"ingestion: handover: {ns.job} has no leader to hand over", file=sys.stderr)
             return 1
         token, leader = _holder(value)

@@ -26,8 +26,10 @@ Redis's.
 ``backfill`` is the job's backfill (docs/BACKFILL.md; null when it has none): the plan
 (``first_ledger``, ``last_ledger``, ``ranges``, ``state``, ``created_at``, ``created_by``) and its
 progress (``ledgers``, ``ledgers_done``, ``records``, ``complete_through``, ``finished``,
-``ranges_running``, ``ranges_done``, ``leading``: ranges led per node), as ``ingestion backfill
---status`` shows it.
+``ranges_running``, ``ranges_done``, ``leading``: ranges led per node, ``range_states``: each
+range's ``range``, ``first_ledger``, ``last_ledger``, ``ledgers``, ``ledgers_done``, ``records``,
+``state`` and ``leader``), as ``ingestion backfill --status`` shows it. Without ``--job``, a range at
+rest (done, or of a plan no longer running) is not listed as a job: it is shown under its backfill.
 
 No password ever appears in the output: errors name ``redis.url`` (or ``sink.url``) with the
 password blanked.
@@ -49,7 +51,7 @@ import httpx
 import redis
 import trio
 
-from actors.lease_store import JobState, LeaseStore, RedisUnavailable, StreamInfo, discover_jobs, job_keys
+from actors.lease_store import JobState, LeaseStore, RedisUnavailable, StreamInfo, job_keys
 from actors.lease_store.connect import describe_redis_error
 from actors.observe import record_time
 from ingestion.cli.usage import flags_layer
@@ -223,6 +225,7 @@ async def inspect_all(
 ) -> int:
     """Every job in Redis: a table (job, leader, token, lease left, cursor, events, lag), or a JSON
     list of the objects ``inspect --job`` prints (without their audit)."""
+    from ingestion.backfill.status import listed_jobs
     from ingestion.postgres.readers import configured_sink
 
     client = _connect(settings, "cannot read the jobs")
@@ -232,7 +235,7 @@ async def inspect_all(
     states: list[tuple[JobState, StreamInfo]] = []
     sinks: dict[str, dict[str, Any]] = {}
     try:
-        names = await LeaseStore(client, "-").run(discover_jobs, client)
+        names = await LeaseStore(client, "-").run(listed_jobs, client)
         for name in names:
             store = LeaseStore(client, name)
             state = await store.state(1)
@@ -326,11 +329,14 @@ async def inspect_job(
         if sink_url:
             sink = await postgres_state(sink_url, settings.sink.schema, job)
         if not in_redis and not (sink is not None and job_known(sink)):
+            from ingestion.cli.known import known_jobs
+
             where = redact_url(settings.redis.url) + (f" or in {sink['url']}" if sink else "")
+            names = await store.run(known_jobs, [], client)
             print(
                 f"ingestion: inspect: no job {job!r} at {where}: nothing was ever elected or "
-                "committed for it (check --job, --redis and --sink; without --job every job is "
-                "listed)",
+                f"committed for it (jobs there: {', '.join(names[:20]) or 'none'}; check --job, "
+                "--redis and --sink)",
                 file=sys.stderr,
             )
             return 2
@@ -358,7 +364,8 @@ async def inspect_job(
         doc["backfill"] = backfill
         print(json.dumps(doc))
     else:
-        print(render_table(state, lag, None if sink is not None else stream, source, sink))
+        kind = next((j.kind for j in settings.jobs if j.name == job), "")
+        print(render_table(state, lag, None if sink is not None else stream, source, sink, kind))
         if backfill is not None:
             print(_backfill_text(backfill))
     return 0
@@ -379,18 +386,36 @@ async def _backfill(client: Any, job: str, sink_url: str, schema: str) -> dict[s
 
 
 def _backfill_text(b: dict[str, Any]) -> str:
+    """The backfill under the job's table: its plan and progress, then one line per range (a
+    finished range is shown here, not as a job of its own)."""
     leading = ", ".join(f"{n}: {k}" for n, k in sorted(b["leading"].items())) or "nobody"
-    return (
-        f"backfill: ledgers {b['first_ledger']}..{b['last_ledger']} in {b['ranges']} ranges, {b['state']}"
-        f"{' (finished)' if b['finished'] else ''}: {b['ledgers_done']}/{b['ledgers']} ledgers, "
-        f"{b['records']:,} records, complete through ledger {b['complete_through']}; ranges "
+    complete = (
+        f"complete through ledger {b['complete_through']}"
+        if b["complete_through"] >= b["first_ledger"] else "no ledger complete yet"
+    )  # fmt: skip
+    lines = [
+        f"backfill: ledgers {b['first_ledger']}..{b['last_ledger']} in {b['ranges']} ranges, {b['state']}: "
+        f"{b['ledgers_done']}/{b['ledgers']} ledgers, {b['records']:,} records, {complete}; ranges "
         f"{b['ranges_running']} running, {b['ranges_done']} done; leading: {leading}"
-    )
+    ]
+    for r in b["range_states"]:
+        led = f" by {r['leader']}" if r["state"] == "running" else ""
+        lines.append(f"  {r['range']}: {r['ledgers_done']}/{r['ledgers']} ledgers, {r['records']:,} records, "
+                     f"{r['state']}{led}")  # fmt: skip
+    return "\n".join(lines)
 
 
-def _lag_text(lag: dict[str, Any] | None) -> str:
+LAG_HINTS = {  # what to give for a job's lag, by its kind ("": not in this configuration)
+    "horizon": "give --horizon URL to compare with the source",
+    "rpc": "give --rpc URL to compare with the source",
+    "lake": "give --rpc URL, a Stellar RPC of the lake's network, to compare with its latest ledger",
+    "": "give --horizon URL, or --rpc URL for an RPC or lake job, to compare with the source",
+}
+
+
+def _lag_text(lag: dict[str, Any] | None, kind: str = "") -> str:
     if lag is None:
-        return "- (give --horizon URL, or --rpc URL for an RPC job, to compare with the source)"
+        return "- (" + LAG_HINTS.get(kind, LAG_HINTS[""]) + ")"
     if lag["error"]:
         return f"unknown: {lag['error']}"
     parts = []
@@ -480,6 +505,7 @@ def render_table(
     stream: StreamInfo | None = None,
     source: dict[str, Any] | None = None,
     sink: dict[str, Any] | None = None,
+    kind: str = "",
 ) -> str:
     ttl = state.lease_ttl_ms_left
     trimmed = f" ({stream.trimmed} trimmed by retention)" if stream and stream.trimmed else ""
@@ -504,7 +530,7 @@ def render_table(
              if sink["fence"] is not None else "(never raised)"),
             ("terms", f"{len(terms)}" + (f" (latest: {shown})" if terms else "")),
         ]
-    rows += [("leader's source", _source_text(source)), ("lag", _lag_text(lag))]
+    rows += [("leader's source", _source_text(source)), ("lag", _lag_text(lag, kind))]
     width = max(len(k) for k, _ in rows)
     lines = [f"{key:<{width}}  {value}" for key, value in rows]
     lines.append("")

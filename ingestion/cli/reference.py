@@ -104,6 +104,13 @@ APP_KEY_MEANINGS: dict[str, tuple[str, str]] = {
         "string", "set while `ingestion watchlist add|remove` edits the watch set (in short commands); "
         "left by an edit that was cut off, so that the next edit moves the version",
     ),
+    "backfill": (
+        "hash", "an rpc or lake job's backfill plan (BACKFILL.md): `first`, `last`, `ranges`, `state` "
+        "(`running`, `done` once every range is done, `cancelled`), `created_at`, `created_by` (and "
+        "`finished_at`, `cancelled_at`, `resumed_at`, `resumed_by`), written and moved only by "
+        "`ingestion/backfill/lua/`; for a range job `J~FIRST-LAST`, its end: `done` (its last cursor), "
+        "`node`, `token`, `at`, written fenced by the range's leader",
+    ),
 }  # fmt: skip
 
 LEVELS = ("debug", "info", "warning", "error", "exception", "critical")
@@ -273,14 +280,16 @@ def redis_section() -> Iterator[str]:
     from ingestion.node.claim import instance_key
 
     yield f"| {cell(code(instance_key('ID')))} | {cell('string, PX expiry')} | {cell(CLAIM_MEANING)} |"
+    from ingestion.backfill.plan import backfill_key
     from ingestion.events.watch import watch_keys
     from ingestion.webhook.source import webhook_keys
 
     watched = watch_keys("J")
     app = {**webhook_keys("J"), "watch": watched["watch"], "watch:version": watched["version"],
-           "watch:editing": watched["editing"]}  # fmt: skip
+           "watch:editing": watched["editing"], "backfill": backfill_key("J")}  # fmt: skip
     yield ""
-    yield "The application's own, for job `J` (`ingestion/webhook/source.py`, `ingestion/events/watch.py`):"
+    yield ("The application's own, for job `J` (`ingestion/webhook/source.py`, `ingestion/events/watch.py`, "
+           "`ingestion/backfill/plan.py`):")  # fmt: skip
     yield ""
     yield from _key_table(app, APP_KEY_MEANINGS)
 
@@ -423,7 +432,8 @@ def metrics_section() -> Iterator[str]:
         "registry (`ingestion/serve/metrics.py`; the `ingestion_webhook_*` metrics, from "
         "`ingestion/webhook/metrics.py`, on a node hosting a webhook job; the `ingestion_backfill_*` "
         "metrics, from `ingestion/backfill/metrics.py`, while a backfill of a job the node hosts "
-        "runs: the same on every such node, so aggregate them with `max`). The per-job label is "
+        "runs and after it is done (its final figures): the same on every such node, so "
+        "aggregate them with `max`). The per-job label is "
         "`ingestion_job`. Besides these, "
         "the standard collectors' `process_*`, `python_info` and `python_gc_*`. The probes "
         "`/livez`, `/readyz` and `/healthz` share the port (docs/OPERATIONS.md)."

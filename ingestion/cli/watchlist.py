@@ -9,7 +9,10 @@ line, ``#`` comments), in short commands (Redis goes on serving the nodes' lease
 and the version moves once, after the last (:func:`ingestion.events.watch.add`). An edit cut off
 midway (Redis lost, Ctrl-C) has told no node: run it again, which completes it.
 
-Exit 0; 2 for a bad flag or address; 1 when Redis cannot be reached.
+A job that neither the configuration nor Redis knows is refused (one line naming the known
+jobs), before anything is written: a mistyped name leaves no set behind to show as a job.
+
+Exit 0; 2 for a bad flag, address or job; 1 when Redis cannot be reached.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 
 import redis
 
+from ingestion.cli.known import require_job
 from ingestion.cli.usage import OneLineParser, UsageError, setting_help
 
 
@@ -91,6 +95,7 @@ def main(argv: Sequence[str]) -> int:
         )
     client = settings.redis.connect()
     try:
+        require_job(f"watchlist {ns.action}", ns.job, list(jobs), client)
         if ns.action in ("add", "remove"):
             edit = watch.add if ns.action == "add" else watch.remove
             changed = edit(client, ns.job, addresses)

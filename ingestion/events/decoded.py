@@ -13,8 +13,10 @@ keep decoding them itself), and ``topicJson``/``valueJson`` are what stellar-rpc
 instead of all three: the event is kept, marked, never dropped, and nothing raises.
 
 It also returns the addresses the event names (every address in its topics, which holds the
-transfer's ends, then the emitting contract), so a watch list filters on them without parsing the
-text again.
+transfer's ends, then the emitting contract, and for a transfer whose ``to_muxed_id`` is a u64 the
+``M`` address of its receiver with that id, so that a watched ``M`` address matches the events
+CAP-67 writes for it: its ``G`` account in the topics, the id in the value), so a watch list
+filters on them without parsing the text again.
 
 Cost: this runs per event on the node's one thread during catch-up, so the text is parsed once,
 for just three fields (msgspec, in C), and the rest is cached in two parts. The contract and topics
@@ -32,7 +34,7 @@ import msgspec
 import orjson
 
 from ingestion.events.scval import CACHE_LIMIT, DecodeCache, ScValError, decode, i128_of
-from ingestion.events.transfers import Movement, amount_of, movement
+from ingestion.events.transfers import Movement, amount_of, movement, muxed_address, muxed_u64
 
 
 class _Fields(msgspec.Struct, kw_only=True):
@@ -53,10 +55,11 @@ class _Head(NamedTuple):
     addresses: tuple[str, ...]
 
 
-_Tail = tuple[str, str | None, str]
+_Tail = tuple[str, str | None, str, int | None]
 """What an event's value gives: its ``valueJson`` text, its amount (decimal digits: no JSON
-escaping needed) or None, and its ``to_muxed_id`` as JSON text (``null`` or a string). A plain
-tuple: built per event when the amount is new, and a NamedTuple's constructor costs 0.3 us."""
+escaping needed) or None, its ``to_muxed_id`` as JSON text (``null`` or a string), and that id
+when it is a u64 (an ``M`` address's). A plain tuple: built per event when the amount is new, and
+a NamedTuple's constructor costs 0.3 us."""
 
 
 _read_fields = msgspec.json.Decoder(_Fields).decode
@@ -68,7 +71,8 @@ _tails: dict[str, _Tail] = {}  # apart: amounts repeat less, and must not push t
 def decode_event_text(text: str) -> tuple[str, tuple[str, ...]]:
     """The event's text with its decoded fields added (see the module docstring), and the address
     strkeys it names: those anywhere in its topics (a transfer's ``from`` and ``to`` among them),
-    then its contract, each once (muxed ``M`` addresses as they are).
+    then its contract, each once (muxed ``M`` addresses as they are), then for a movement whose
+    ``to_muxed_id`` is a u64 the ``M`` address of its receiver and that id.
 
     Never raises: a ScVal that does not decode, or a text that is not an event object, gives the
     text with a ``decodeError`` member (and only the contract as its address); a text that does not
@@ -86,11 +90,15 @@ def decode_event_text(text: str) -> tuple[str, tuple[str, ...]]:
         tail = _tails.get(fields.value) or _tail(fields.value)
     except ScValError as exc:
         return _marked(text, str(exc)), (fields.contractId,) if fields.contractId else ()
-    value_json, amount, to_muxed_id = tail
+    value_json, amount, to_muxed_id, muxed = tail
     if head.movement is None or amount is None:
         return "".join((text[:-1], head.topic_json, value_json, "}")), head.addresses
     parts = (text[:-1], head.topic_json, value_json, head.transfer_start, amount, head.transfer_end)
-    return "".join((*parts, to_muxed_id, "}}")), head.addresses
+    addresses = head.addresses
+    if muxed is not None and head.movement.receiver:  # (rare: the M address is made only then)
+        received = muxed_address(head.movement.receiver, muxed)
+        addresses = (*addresses, received) if received else addresses
+    return "".join((*parts, to_muxed_id, "}}")), addresses
 
 
 def _marked(text: str, message: str) -> str:
@@ -126,7 +134,7 @@ def _tail(value: str) -> _Tail:
     amount = i128_of(value)
     tail: _Tail
     if amount is not None:
-        tail = ('{"i128":"' + amount + '"}', amount, "null")
+        tail = ('{"i128":"' + amount + '"}', amount, "null", None)
     else:
         try:
             decoded = decode(value)
@@ -134,9 +142,9 @@ def _tail(value: str) -> _Tail:
             raise ScValError(f"value: {exc}") from None
         found = amount_of(decoded.json)
         if found is None:
-            tail = (decoded.text, None, "null")
+            tail = (decoded.text, None, "null", None)
         else:
-            tail = (decoded.text, found[0], orjson.dumps(found[1]).decode())
+            tail = (decoded.text, found[0], orjson.dumps(found[1]).decode(), muxed_u64(decoded.json))
     if len(_tails) >= CACHE_LIMIT:
         _tails.clear()
     _tails[value] = tail

@@ -34,13 +34,15 @@ A record whose movement fields are unusable (an amount that is not a 7-decimal n
 party) gets ``"decodeError"`` instead of ``transfer``, so the record is still committed and the
 problem is visible beside it. Text that is not a JSON object is returned as it came.
 
-The addresses a record names (what a watch list is matched against): every top-level string field
-whose value has the shape of an account, contract or muxed strkey (``G``/``C`` and 56 base32
-characters, ``M`` and 69), in the record's order, plus each ``asset_balance_changes`` entry's
-``from`` and ``to``. Fields ending in ``_issuer`` are left out: an asset's issuer is not a party to
-a movement of it, and watching a big issuer would otherwise keep every payment in its asset. The
-shape is checked, not the checksum: these are Horizon's own strings, and a watch list holds only
-valid strkeys, so a malformed one could match nothing anyway.
+The addresses a record names (what a watch list is matched against): every string field, at the
+top level or nested in objects and lists (``claimants[].destination`` of
+``create_claimable_balance``, ``asset_balance_changes[].from``/``to``, ...), whose value has the
+shape of an account, contract or muxed strkey (``G``/``C`` and 56 base32 characters, ``M`` and
+69), in the record's order, depth first; ``_links`` is not read (URLs). Fields ending in
+``_issuer`` are left out: an asset's issuer is not a party to a movement of it (a path's assets
+included), and watching a big issuer would otherwise keep every payment in its asset. The shape is
+checked, not the checksum: these are Horizon's own strings, and a watch list holds only valid
+strkeys, so a malformed one could match nothing anyway.
 """
 
 from __future__ import annotations
@@ -161,22 +163,29 @@ def transfer_view(record: dict[str, Any]) -> dict[str, Any] | None:
 def named_addresses(record: dict[str, Any]) -> tuple[str, ...]:
     """The addresses ``record`` names, by the rule in the module docstring, each once, in order."""
     found: dict[str, None] = {}
-    for field, value in record.items():
-        # the cheap tests first: most fields are links, numbers, hashes and amounts
-        if (
-            type(value) is str and len(value) in _LENGTHS and value[0] in "GCM"
-            and _ADDRESS.fullmatch(value) and not field.endswith("_issuer")
-        ):  # fmt: skip
-            found[value] = None
-    changes = record.get("asset_balance_changes")
-    if isinstance(changes, list):
-        for change in changes:
-            if isinstance(change, dict):
-                for field in ("from", "to"):
-                    value = change.get(field)
-                    if isinstance(value, str) and _ADDRESS.fullmatch(value):
-                        found[value] = None
+    _collect(record, found)
     return tuple(found)
+
+
+def _collect(fields: dict[str, Any], found: dict[str, None]) -> None:
+    for field, value in fields.items():
+        kind = type(value)
+        # the cheap tests first: most fields are links, numbers, hashes and amounts
+        if kind is str:
+            if (
+                len(value) in _LENGTHS and value[0] in "GCM" and _ADDRESS.fullmatch(value)
+                and not field.endswith("_issuer")
+            ):  # fmt: skip
+                found[value] = None
+        elif kind is dict:
+            if field != "_links":
+                _collect(value, found)
+        elif kind is list:
+            for item in value:
+                if type(item) is dict:
+                    _collect(item, found)
+                elif type(item) is str and len(item) in _LENGTHS and _ADDRESS.fullmatch(item):
+                    found[item] = None
 
 
 def payment_record_text(text: str, names: bool = True) -> tuple[str, tuple[str, ...]]:

@@ -37,6 +37,9 @@ token movement: None, never an exception: a contract may emit any event under an
 
 from __future__ import annotations
 
+import base64
+import binascii
+import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -102,6 +105,34 @@ def amount_of(value: Any) -> tuple[str, str | None] | None:
     if type(amount) is not str:
         return None
     return amount, muxed
+
+
+def muxed_u64(value: Any) -> int | None:
+    """The ``to_muxed_id`` of a CAP-67 amount map when it is a ``u64`` (what an ``M`` address
+    carries beside its account), else None."""
+    entries = value.get("map") if type(value) is dict else None
+    if type(entries) is not list:
+        return None
+    for entry in entries:
+        key, val = entry.get("key"), entry.get("val")
+        if type(key) is dict and key.get("symbol") == "to_muxed_id" and type(val) is dict:
+            number = val.get("u64")
+            return int(number) if type(number) is str and number.isdigit() else None
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def muxed_address(account: str, muxed_id: int) -> str | None:
+    """The ``M`` strkey of the ``G`` account ``account`` with ``muxed_id`` (None: not a G strkey)."""
+    from ingestion.events.scval import MUXED, strkey
+
+    try:
+        raw = base64.b32decode(account)
+    except (binascii.Error, ValueError):
+        return None
+    if len(raw) != 35 or raw[0] != 6 << 3:
+        return None
+    return strkey(MUXED, raw[1:33] + muxed_id.to_bytes(8, "big"))
 
 
 def movement(topics: Sequence[Any]) -> Movement | None:

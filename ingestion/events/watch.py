@@ -79,7 +79,7 @@ ACCOUNT_VERSION = 6 << 3
 
 @attrs.frozen
 class _Kind:
-    name: str
+    name: str  # with its article, as a message says it ("an account")
     version: int  # the version byte
     payload: int  # payload bytes
     chars: int  # strkey length: ceil((1 + payload + 2) * 8 / 5)
@@ -93,11 +93,11 @@ def _kind(name: str, version: int, payload: int) -> _Kind:
 
 
 KINDS: dict[str, _Kind] = {
-    "G": _kind("account", 6 << 3, 32),
-    "C": _kind("contract", 2 << 3, 32),
-    "M": _kind("muxed account", 12 << 3, 40),  # ed25519 key (32) and id (8)
-    "B": _kind("claimable balance", 1 << 3, 33),  # type byte (0: v0) and hash (32)
-    "L": _kind("liquidity pool", 11 << 3, 32),
+    "G": _kind("an account", 6 << 3, 32),
+    "C": _kind("a contract", 2 << 3, 32),
+    "M": _kind("a muxed account", 12 << 3, 40),  # ed25519 key (32) and id (8)
+    "B": _kind("a claimable balance", 1 << 3, 33),  # type byte (0: v0) and hash (32)
+    "L": _kind("a liquidity pool", 11 << 3, 32),
 }
 
 
@@ -151,12 +151,12 @@ def address_problem(text: object) -> str | None:
     if kind is None:
         return f"{text!r} is not a G, C, M, B or L address (a strkey starts with one of those letters)"
     if len(text) != kind.chars:
-        return f"{text!r} has {len(text)} characters; a {kind.name} address ({text[0]}...) has {kind.chars}"
+        return f"{text!r} has {len(text)} characters; {kind.name} address ({text[0]}...) has {kind.chars}"
     value = _decoded(text, kind)
     if value is None:
         return f"{text!r} is not base32 as a strkey spells it (upper-case A-Z and 2-7, nothing else)"
     if (value >> 16) >> (kind.payload * 8) != kind.version:
-        return f"{text!r} has the wrong version byte for a {kind.name} address"
+        return f"{text!r} has the wrong version byte for {kind.name} address"
     if not _checked(value, kind):
         return f"{text!r} fails its checksum (a mistyped character?)"
     return None

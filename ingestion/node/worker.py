@@ -451,11 +451,14 @@ async def _start_endpoints(
             from ingestion.backfill.metrics import BackfillCollector
 
             collectors.append(BackfillCollector(lambda: backfills.progress, settings.node.id))
+        from ingestion.backfill.status import backfill_doc, listed_jobs
         from ingestion.serve.console import ClusterReader
 
+        sinks = {j.name: j.sink for j in settings.jobs}
         console = ClusterReader(
             next(iter(stores.values())).client, settings.node.id, {j.name: j.kind for j in settings.jobs},
-            token=o.console_token,
+            token=o.console_token, discover=listed_jobs,
+            backfill=lambda client, job: backfill_doc(client, job, sinks.get(job, ""), settings.sink.schema),
         )  # fmt: skip
         await nursery.start(console.run)
         await _bind(

@@ -38,6 +38,7 @@ node's held-off reason, with its password blanked, as in its log line).
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import html
 import json
@@ -54,6 +55,7 @@ import trio
 
 from actors.lease_store import LeaseStore, RedisUnavailable, discover_jobs, job_keys, parse_lease_value
 from ingestion.common.asgi import Receive, Scope, Send
+from ingestion.serve.backfill_section import backfill_section
 from ingestion.serve.presence import PRESENCE_CHANNEL, PRESENCE_KEY, parse_entry, parse_message
 from ingestion.webhook.admin import outcome_text, outcome_words
 
@@ -238,6 +240,8 @@ class ClusterReader:
     node: str
     configured: dict[str, str]
     token: str = attrs.field(default="", repr=False)
+    discover: Callable[[Any], list[str]] = discover_jobs  # Redis's jobs to list (the node's: no done range)
+    backfill: Callable[[Any, str], Any] = lambda _client, _job: None  # a job's, as inspect --json's
     view: ClusterView = attrs.field(init=False)
     changed: trio.Event = attrs.Factory(trio.Event)
     _store: LeaseStore = attrs.field(init=False)
@@ -373,7 +377,7 @@ class ClusterReader:
 
     async def _discover(self) -> None:
         reported = {j["job"] for j in self.view.state(trio.current_time())["jobs"] if j["hosts"]}
-        names = sorted(set(await self._store.run(discover_jobs, self.client)) - reported)[:MAX_JOBS]
+        names = sorted(set(await self._store.run(self.discover, self.client)) - reported)[:MAX_JOBS]
 
         def read() -> dict[str, dict[str, Any]]:  # every such job's lease, in one round trip
             pipe = self.client.pipeline(transaction=False)
@@ -425,6 +429,10 @@ class ClusterReader:
         redis_now = int(now_s) * 1000 + int(now_us) // 1000
         token, leader = parse_lease_value(lease) if lease else (None, "")
         kind = (reported or {}).get("kind") or self.configured.get(name, "")
+        backfill = None
+        if kind in ("rpc", "lake"):
+            with contextlib.suppress(RedisUnavailable):  # (its sink slow: the page goes on without it)
+                backfill = await self._store.run(self.backfill, self.client, name)
         webhook = None
         if kind == "webhook" or endpoint:
             kind = kind or "webhook"
@@ -462,7 +470,7 @@ class ClusterReader:
                               and str(ms).isdigit() and redis_now - int(ms) <= 60_000),
             "audit": [{"at_ms": _since_ms(i), **f} for i, f in audit],
             "rejections": [{"at_ms": _since_ms(i), **f} for i, f in rejections],
-            "webhook": webhook,
+            "webhook": webhook, "backfill": backfill,
         }  # fmt: skip
 
     # -- actions --------------------------------------------------------------------------------
@@ -694,6 +702,7 @@ def job_sections(job: dict[str, Any]) -> str:
         _table("rejections", ("when (UTC)", "node", "token", "current token", "why", "checked by", "cursor"),
                _rows(job["rejections"], REJECTION_COLS, WHEN)),
     ]  # fmt: skip
+    parts.append(backfill_section(job.get("backfill")))
     if hook is not None:
         shown = [row for row in ENDPOINT_ROWS if row[0] not in FAILURE_ONLY or hook["state"] == "failing"]
         parts += [

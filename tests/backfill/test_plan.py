@@ -91,3 +91,15 @@ def test_the_span_checks_name_missing_objects_and_an_overlap() -> None:
     line = overlap_problem("j", 10, 25, (21, 40))
     assert line is not None and "give --to 20" in line
     assert overlap_problem("j", 50, 60, (21, 40)) is not None  # the live job will get there itself
+
+
+def test_the_first_progress_line_says_nothing_is_complete_yet_not_the_ledger_before_the_span() -> None:
+    from ingestion.cli.backfill import _summary
+
+    plan = Plan("hist", 50_000_000, 50_000_363, 4)
+    start = range_states(plan, [None] * 4, [False] * 4, [""] * 4)
+    line = _summary(start)
+    assert "49999999" not in line and "no ledger complete yet" in line, line
+    assert "leading: none" not in line and "no range led yet" in line, line
+    going = range_states(plan, ["50000010", None, None, None], [False] * 4, ["n1", "n2", "", ""])
+    assert "complete through ledger 50000009; leading: n1=1, n2=1" in _summary(going)

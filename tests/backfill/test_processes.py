@@ -6,7 +6,9 @@ with one line and nothing written."""
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -15,45 +17,21 @@ import trio
 
 from actors.lease_store import job_keys
 from ingestion.backfill.plan import Plan, backfill_key
-from ingestion.lake.events import ledger_events
 from ingestion.postgres.connection import connect
 from ingestion.postgres.readers import check_job, job_state
 from ingestion.rpc.protocol import Cursor
 from ingestion.testing.cluster import open_cluster
-from ingestion.testing.lakes import resequencer, write_ledgers
 from ingestion.testing.local_postgres import LocalPostgres
 from ingestion.testing.local_redis import free_port
 from ingestion.testing.wait import wait_until
 from tests.support.cli import one_line, run
-from tests.support.lakes import ledger_seq, standalone_ledgers
+from tests.support.lakes import backfill_config as config
+from tests.support.lakes import long_lake
 
 pytestmark = pytest.mark.slow
 
 TTL_MS = 1500
 LIVE_FROM = 128  # the job itself starts here; the backfill fills 84..127 below it
-
-
-def config(path: Path, job: str, lake: Path, sink: str = "", start: int = LIVE_FROM) -> Path:
-    path.write_text(
-        f'[node]\nsource = "lake"\n\n[lake]\nurl = "file://{lake}"\n\n'
-        f'[jobs."{job}"]\nkind = "lake"\nstart_cursor = "{start}"\ntopics = ["**"]\n'
-        + (f'sink = "{sink}"\n' if sink else "")
-    )
-    return path
-
-
-def long_lake(root: Path, last: int) -> list[str]:
-    """A lake of ledgers 84..``last``: the real 84 and 85, then 85 again under each later number
-    (1,000 events each); its events' ids in order."""
-    real = {ledger_seq(m): m for m in standalone_ledgers()}
-    template = real[85].to_xdr_bytes()
-    copy = resequencer(template)
-    write_ledgers(root, [(84, real[84].to_xdr_bytes()), (85, template)]
-                  + [(seq, copy(seq)) for seq in range(86, last + 1)])  # fmt: skip
-    ids_85 = [Cursor.parse(e.id) for e in ledger_events(real[85]).events]
-    return [e.id for seq in (84, 85) for e in ledger_events(real[seq]).events] + [
-        str(Cursor(seq, c.tx, c.op, c.event)) for seq in range(86, last + 1) for c in ids_85
-    ]
 
 
 def ids_of(client: object, job: str) -> list[str]:
@@ -256,3 +234,93 @@ async def test_a_backfill_into_postgres_holds_every_event_once_through_kill_paus
             assert problems == [] and count > 0, (name, problems)
         leaders = {e.node for e in c.log.of("became-leader") if e.fields.get("job") in names}
         assert leaders == {"n1", "n2"}
+
+
+async def test_two_backfills_one_after_the_other_both_reach_done_and_leave_no_job_behind(
+    job: str, tmp_path: Path
+) -> None:
+    """A finished backfill is done everywhere (Redis, --status, inspect, metrics, the console) with
+    no --cancel, whether the nodes or the command see the end first, and the next span is
+    accepted at once; its finished ranges are shown under it, never listed as jobs."""
+    live_from = 100
+    long_lake(tmp_path / "lake", live_from + 3)
+    cfg = config(tmp_path / "config.toml", job, tmp_path / "lake", start=live_from)
+    args = ["--config", str(cfg), "--source", "lake"]
+    port = free_port()
+    async with open_cluster(job, ttl_ms=TTL_MS) as c:
+        await c.start_node("n1", extra=[*args, "--metrics-port", str(port)])
+        await c.start_node("n2", extra=args)
+        await wait_until(lambda: c.state()["cursor"] == str(Cursor.through(live_from + 3)), 60,
+                         what="the live job at the tip")  # fmt: skip
+        cli = ["backfill", job, "--config", str(cfg), "--redis", c.redis_url]
+
+        async def cli_run(*more: str, within: float = 30) -> subprocess.CompletedProcess[str]:
+            return await trio.to_thread.run_sync(lambda: run(*more, timeout=within))
+
+        def plan_state() -> str | None:
+            return c.client.hget(backfill_key(job), "state")  # type: ignore[no-any-return]
+
+        # the first span, left to the nodes (--detach): they settle it done, no command watching
+        first = await cli_run(*cli, "--from", "84", "--to", "91", "--ranges", "2", "--detach")
+        assert first.returncode == 0 and "planned: ledgers 84..91 in 2 ranges" in first.stdout, first.stderr
+        await wait_until(lambda: plan_state() == "done", 90, what="the first backfill done in Redis")
+        assert [e.fields["parent_job"] for e in c.log.of("backfill-done")] == [job]
+        status = await cli_run(*cli, "--status")
+        assert f"backfill of {job}: ledgers 84..91 in 2 ranges, done" in status.stdout, status.stdout
+        cancel = await cli_run(*cli, "--cancel")
+        assert cancel.returncode == 0 and "is done: nothing to cancel" in cancel.stdout, cancel.stdout
+        assert plan_state() == "done"
+
+        # the next span at once, followed by the command to its end: accepted, and done
+        second = await cli_run(*cli, "--from", "92", "--ranges", "2", within=120)
+        assert second.returncode == 0, second.stderr
+        assert "planned: ledgers 92..99 in 2 ranges" in second.stdout, second.stdout
+        assert "backfill of " + job + " done: ledgers 92..99" in second.stdout, second.stdout
+        assert plan_state() == "done"
+        status = await cli_run(*cli, "--status")
+        assert "ledgers 92..99 in 2 ranges, done" in status.stdout and "8/8 ledgers" in status.stdout
+
+        # inspect: no range listed as a job; the job's own page shows them under its backfill
+        ranges = [n.replace("j~", f"{job}~", 1) for p in (Plan("j", 84, 91, 2), Plan("j", 92, 99, 2))
+                  for n in p.names]  # fmt: skip
+        listed = await cli_run("inspect", "--redis", c.redis_url, "--json")
+        assert [d["job"] for d in json.loads(listed.stdout)] == [job], listed.stdout
+        table = await cli_run("inspect", "--redis", c.redis_url)
+        assert not [r for r in ranges if r in table.stdout], table.stdout
+        shown = await cli_run("inspect", "--config", str(cfg), "--redis", c.redis_url, "--job", job)
+        assert "backfill: ledgers 92..99 in 2 ranges, done: 8/8 ledgers" in shown.stdout, shown.stdout
+        for name in ranges[2:]:
+            assert f"  {name}: 4/4 ledgers, 4,000 records, done" in shown.stdout, shown.stdout
+        assert "--rpc URL, a Stellar RPC of the lake's network" in shown.stdout  # a lake job's lag hint
+
+        # the metrics keep the final figures, done; the console lists no finished range as a job
+        async def scrape() -> str:
+            async with httpx.AsyncClient(timeout=5) as http:
+                return (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+
+        done_metric = f'ingestion_backfill_done{{ingestion_job="{job}"}} 1.0'
+        for _ in range(50):
+            if done_metric in await scrape():
+                break
+            await trio.sleep(0.2)
+        assert done_metric in await scrape()
+        assert f'ingestion_backfill_ledgers{{ingestion_job="{job}"}} 8.0' in await scrape()
+
+        async def console_jobs() -> list[str]:
+            async with httpx.AsyncClient(timeout=5) as http:
+                state = (await http.get(f"http://127.0.0.1:{port}/console/state")).json()
+            return [j["job"] for j in state["jobs"]]
+
+        for _ in range(30):  # (the console looks for unreported jobs every 5 s)
+            if await console_jobs() == [job]:
+                break
+            await trio.sleep(0.5)
+        assert await console_jobs() == [job]
+        # ... and shows them on the job's page, under its backfill, done
+        async with httpx.AsyncClient(timeout=5) as http:
+            detail = (await http.get(f"http://127.0.0.1:{port}/console/job/{job}/state")).json()
+            page = (await http.get(f"http://127.0.0.1:{port}/console/job/{job}")).text
+        assert detail["backfill"]["state"] == "done", detail["backfill"]
+        assert [r["range"] for r in detail["backfill"]["range_states"]] == ranges[2:]
+        assert [r["state"] for r in detail["backfill"]["range_states"]] == ["done", "done"]
+        assert '<span id="backfill-state">done</span>' in page and all(r in page for r in ranges[2:])

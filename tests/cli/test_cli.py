@@ -374,7 +374,7 @@ def test_the_default_job_is_named_after_the_source() -> None:
     done = run("check-config", "--source", "rpc", "--json")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
-    assert doc["jobs"] == [{"job": "rpc", "kind": "rpc", "follows": "rpc (every event)"}]
+    assert doc["jobs"] == [{"job": "rpc", "kind": "rpc", "follows": "rpc (every event)", "watch": None}]
     assert doc["settings"]["node.source"] == {"value": "rpc", "source": "flag"}
     assert doc["settings"]["node.job"]["value"] == ["rpc"]
 
@@ -393,6 +393,28 @@ def test_the_default_job_is_named_after_the_source() -> None:
 )
 def test_a_flag_for_the_other_source_is_exit_2(argv: list[str], says: str) -> None:
     assert one_line(run(*argv, "--redis", f"redis://127.0.0.1:{closed_port()}/0")).startswith(says)
+
+
+def test_check_config_says_where_each_jobs_watch_list_comes_from(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    listing = tmp_path / "accounts.txt"
+    config.write_text(
+        '[jobs.a]\nkind = "rpc"\nwatch_set = true\n'
+        f'[jobs.b]\nkind = "rpc"\nwatch_file = "{listing}"\n'
+        '[jobs.c]\nkind = "rpc"\nwatch = ["GC5LF63GRVIT5ZXXCXLPI3RX2YXKJQFZVBSAO6AUELN3YIMSWPD6Z6FH"]\n'
+        '[jobs.d]\nkind = "rpc"\n'
+    )
+    listing.write_text("GAFK7XFZHMLSNV7OJTBO7BAIZA66X6QIBV5RMZZYXK4Q7ZSO52J5C3WQ\n")
+    done = run("check-config", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    lines = {line.split(":", 1)[0]: line for line in done.stdout.splitlines() if line.startswith("job ")}
+    assert lines["job a"].endswith("naming an address of the Redis set ingestion:{a}:watch (edited with "
+                                   "ingestion watchlist)"), lines  # fmt: skip
+    assert f"of the watch file {listing}" in lines["job b"]
+    assert lines["job c"].endswith("of its watch setting (1 address)")
+    assert "watch" not in lines["job d"]
+    doc = json.loads(run("check-config", "--config", str(config), "--json").stdout)
+    assert [j["watch"] is None for j in doc["jobs"]] == [False, False, False, True]
 
 
 def test_a_node_hosting_both_kinds_takes_both_sources_flags(tmp_path: Path) -> None:

@@ -84,3 +84,25 @@ def test_why_names_each_hosts_reason() -> None:
     assert why_leaderless(hosts) == (
         "a: held off: sink-unreachable (x); b: its source is unreachable; c: starting"
     )
+
+
+def test_a_backfill_is_shown_on_its_jobs_page_with_each_range_and_every_value_escaped() -> None:
+    from ingestion.serve.backfill_section import backfill_section
+
+    doc = {
+        "first_ledger": 10, "last_ledger": 19, "ranges": 2, "state": "done", "created_at": "2026-01-01",
+        "created_by": "<b>eve</b>@host", "ledgers": 10, "ledgers_done": 10, "records": 7,
+        "complete_through": 19,
+        "range_states": [
+            {"range": "j~10-14", "first_ledger": 10, "last_ledger": 14, "ledgers": 5, "ledgers_done": 5,
+             "records": 3, "state": "done", "leader": None},
+            {"range": "j~15-19", "first_ledger": 15, "last_ledger": 19, "ledgers": 5, "ledgers_done": 5,
+             "records": 4, "state": "done", "leader": None},
+        ],
+    }  # fmt: skip
+    html = backfill_section(doc)
+    assert '<span id="backfill-state">done</span>' in html and "complete through ledger 19" in html
+    assert "&lt;b&gt;eve&lt;/b&gt;@host" in html and "<b>" not in html
+    assert html.count("<tr>") == 3 and '<td data-col="ledgers_done">5/5</td>' in html
+    assert backfill_section(None) == ""
+    assert "no ledger complete yet" in backfill_section({**doc, "complete_through": 9})

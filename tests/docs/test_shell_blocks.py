@@ -58,6 +58,7 @@ RUN: dict[Key, str] = {
     ("docs/SOURCES.md", "ingestion simulate --port 8000 --rpc-port"): "test_sources_rpc_job",
     ("docs/CONSUMING.md", "ingestion watchlist add deposits"): "test_consuming_deposit_detection",
     ("docs/WEBHOOKS.md", "ingestion webhooks status"): "test_webhooks_commands",
+    ("docs/BACKFILL.md", "ingestion simulate --port 8000"): "test_backfill_two_spans_run_to_done",
 }
 
 # Deliberately not run (their project commands are still parsed, their scripts checked), and why.
@@ -68,7 +69,7 @@ NOT_RUN: dict[Key, str] = {
     ),
     ("docs/BACKFILL.md", "ingestion backfill ops"): (
         "needs an RPC whose history holds ledgers 50000000-50999999 and nodes hosting job ops; "
-        "tests/backfill runs the command against the simulator"
+        "the same document's walk on the simulator runs (test_backfill_two_spans_run_to_done)"
     ),
     ("docs/FAILOVER.md", "redis-server --port 6379 --appendonly"): (
         "three nodes killed by pids it leaves to the reader (<leader pid>); the same cluster as "
@@ -377,6 +378,46 @@ def test_sources_rpc_job(private_redis: LocalRedis, tmp_path: Path) -> None:
         events = _json_lines(done.stdout)
         assert len(events) == 3 and all(e["type"] == "contract" for e in events), done.stdout
         assert all(e["topicJson"][0] == {"symbol": "transfer"} for e in events), done.stdout  # type: ignore[index]
+    finally:
+        runner.stop_all()
+
+
+@pytest.mark.slow
+def test_backfill_two_spans_run_to_done(private_redis: LocalRedis, tmp_path: Path) -> None:
+    """BACKFILL.md's walk as typed: its TOML as config.toml, the simulator and two nodes, then two
+    backfills one after the other, each followed to done (exit 0, no --cancel), --status saying
+    done with each range, and inspect showing the ranges under the backfill, none as a job."""
+    document = (ROOT / "docs/BACKFILL.md").read_text()
+    block = _block(("docs/BACKFILL.md", "ingestion simulate --port 8000"))
+    runner = Runner(private_redis.url, tmp_path)
+    toml = document.split("```toml\n[jobs.hist]", 1)[1].split("```", 1)[0]
+    (tmp_path / "config.toml").write_text(runner.substitute("[jobs.hist]" + toml))
+    simulate, n1, n2, first, second, status, inspect = block.command_lines()
+    try:
+        assert simulate.background and n1.background and n2.background, block.where()
+        simulator = runner.start(_only(simulate), "simulate")
+        eventually(lambda: "simulator-listening" in simulator.text(), 20, "the simulator")
+        nodes = [runner.start(_only(n1), "n1"), runner.start(_only(n2), "n2")]
+        eventually(lambda: any('"became-leader"' in n.text() for n in nodes), 30, "a node leads hist")
+        done = runner.run(_only(first), timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "backfill of hist done: ledgers 50000000..50000039" in done.stdout, done.stdout
+
+        def second_done() -> subprocess.CompletedProcess[str] | None:
+            answer = runner.run(_only(second), timeout=120)
+            return None if "has committed nothing yet" in answer.stderr else answer  # (as the prose says)
+
+        done = eventually(second_done, 30, "the second backfill", every=0.5)
+        assert done.returncode == 0, done.stderr
+        assert "backfill of hist planned: ledgers 50000040.." in done.stdout, done.stdout
+        assert "backfill of hist done: ledgers 50000040.." in done.stdout, done.stdout
+        shown = runner.run(_only(status))
+        assert shown.returncode == 0 and ", done (since" in shown.stdout, shown.stdout
+        assert shown.stdout.count(": done") + shown.stdout.count(", done\n") >= 2, shown.stdout
+        page = runner.run(_only(inspect))
+        assert page.returncode == 0 and "in 2 ranges, done:" in page.stdout, page.stdout
+        listed = runner.run(Invocation("ingestion", "ingestion", ("inspect", "--json"), ()))
+        assert [d["job"] for d in json.loads(listed.stdout)] == ["hist"], listed.stdout
     finally:
         runner.stop_all()
 

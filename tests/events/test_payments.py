@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from ingestion.events.payments import payment_record_text, stroops
+from ingestion.events.watch import WatchList
 from ingestion.testing import recorded
 
 PAGES = (
@@ -282,3 +283,32 @@ def test_only_strkey_shaped_strings_are_named() -> None:
     record = {"type": "manage_data", "source_account": G1, "name": G2.lower(), "value": "G" * 56,
               "short": G2[:-1], "memo": f"{G2} ", "into_issuer": G2, "contract": CONTRACT}  # fmt: skip
     assert payment_record_text(compact(record))[1] == (G1, "G" * 56, CONTRACT)
+
+
+@recorded.needed
+def test_a_watched_account_named_only_in_a_nested_field_keeps_the_record() -> None:
+    """Real records (tests read them from ../shared/data/horizon): a claimable balance's claimant,
+    a path payment's ends, a trustor and a sponsor each keep the record for a list watching only
+    them; the assets' issuers (a path's included) never do."""
+    base = recorded.HORIZON / "lightsail-network_java-stellar-sdk"
+
+    def record(kind: str, name: str) -> dict[str, Any]:
+        return dict(json.loads(recorded.require(base / kind / f"{name}.json").read_text()))
+
+    claimable = record("operations", "create_claimable_balance")
+    claimant = claimable["claimants"][0]["destination"]
+    assert claimant not in {v for v in claimable.values() if isinstance(v, str)}  # only nested
+    send = record("operations", "path_payment_strict_send")
+    trust = record("operations", "allow_trust")
+    sponsored = record("effects", "trustline_sponsorship_created")
+    cases = [
+        (claimable, claimant), (send, send["from"]), (send, send["to"]), (trust, trust["trustor"]),
+        (sponsored, sponsored["sponsor"]),
+    ]  # fmt: skip
+    for fields, watched in cases:
+        _, named = payment_record_text(compact(fields))
+        assert WatchList.of([watched]).matches(named), (fields["type"], watched, named)
+    _, named = payment_record_text(compact(send))
+    issuers = {send["asset_issuer"], *(step["asset_issuer"] for step in send["path"])}
+    assert not WatchList.of(issuers).matches(named)
+    assert payment_record_text(compact(claimable))[1] == (claimable["source_account"], claimant)

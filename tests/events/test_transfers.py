@@ -8,10 +8,13 @@ from typing import Any
 
 import orjson
 import pytest
-from stellar_sdk import Keypair, scval, xdr
+from stellar_sdk import Keypair, MuxedAccount, scval, xdr
 
+from actors.source import Batch, Record, SyntheticSource
 from ingestion.events.decoded import decode_event_text
+from ingestion.events.stage import EventsStage
 from ingestion.events.transfers import transfer_view
+from ingestion.events.watch import WatchList
 
 ALICE = Keypair.from_raw_ed25519_seed(b"\1" * 32).public_key
 BOB = Keypair.from_raw_ed25519_seed(b"\2" * 32).public_key
@@ -255,3 +258,29 @@ def test_text_that_is_not_an_event_is_marked_or_returned_as_it_was() -> None:
     out, addresses = decode_event_text('{"type":"contract","topic":[1],"value":"AAAAAQ=="}')
     assert "not an event" in orjson.loads(out)["decodeError"] and addresses == ()
     assert decode_event_text("[1, 2]") == ("[1, 2]", ())
+
+
+def test_a_watched_muxed_address_keeps_the_events_of_its_account_with_that_muxed_id() -> None:
+    """CAP-67 events name the G account in their topics and the muxed id in the value (an address
+    in a topic cannot be muxed for SAC balances), so a watched M address matched none of them."""
+    bob_42 = MuxedAccount(BOB, 42).account_muxed
+    topics = [sym("transfer"), addr(ALICE), addr(BOB), scval.to_string("native")]
+
+    def paid(muxed: xdr.SCVal) -> Record:
+        value = scval.to_map({sym("amount"): AMOUNT, sym("to_muxed_id"): muxed})
+        return Record("0000258698337832960-0000000001", event(topics, value))
+
+    to_42, to_7, memo = paid(scval.to_uint64(42)), paid(scval.to_uint64(7)), paid(scval.to_bytes(b"*"))
+    plain = Record("0000258698337832960-0000000002", event(topics, AMOUNT))
+    stage = EventsStage(SyntheticSource(), decode_event_text)
+    batch = Batch((to_42, to_7, memo, plain))
+
+    def kept(*watched: str) -> list[str]:
+        out = stage.apply(batch, WatchList.of(watched))
+        return [orjson.loads(r.body)["transfer"]["to_muxed_id"] for r in out.records]
+
+    assert kept(bob_42) == ["42"]  # that muxed id only: not another, not a memo's bytes, not none
+    assert kept(MuxedAccount(BOB, 7).account_muxed) == ["7"]
+    assert kept(BOB) == ["42", "7", "2a", None]  # the account itself: every payment to it
+    assert kept(MuxedAccount(ALICE, 42).account_muxed) == []  # the sender's account: not the receiver
+    assert decode_event_text(to_42.body)[1] == (ALICE, BOB, TOKEN, bob_42)

@@ -84,7 +84,7 @@ def test_every_kind_of_address_is_accepted_as_stellar_sdk_accepts_it() -> None:
     [
         (G1[:-1] + ("A" if G1[-1] != "A" else "B"), "checksum"),
         (G1[:10] + ("A" if G1[10] != "A" else "B") + G1[11:], "checksum"),
-        (G1[:-1], "has 55 characters"),
+        (G1[:-1], "has 55 characters; an account address (G...) has 56"),
         (G1 + "A", "has 57 characters"),
         (M1[:56], "has 56 characters; a muxed account address"),
         (G1.lower(), "not a G, C, M, B or L"),
@@ -93,7 +93,7 @@ def test_every_kind_of_address_is_accepted_as_stellar_sdk_accepts_it() -> None:
         (G1[:5] + " " + G1[6:], "not base32"),
         (G1[:5] + "_" + G1[6:], "not base32"),
         (G1[:5] + "É" + G1[6:], "not base32"),
-        (strkey(6 << 3 | 1, _bytes(32)), "wrong version byte"),
+        (strkey(6 << 3 | 1, _bytes(32)), "wrong version byte for an account address"),
         (StrKey.encode_ed25519_secret_seed(_bytes(32)), "not a G, C, M, B or L"),
         (StrKey.encode_pre_auth_tx(_bytes(32)), "not a G, C, M, B or L"),
         ("", "not a G, C, M, B or L"),

@@ -11,11 +11,12 @@ from pathlib import Path
 import zstandard
 from stellar_sdk import xdr
 
-from ingestion.lake.events import decompress, record_frames
+from ingestion.lake.events import decompress, ledger_events, record_frames
 from ingestion.lake.keys import LakeSchema
 from ingestion.lake.source import LakeSource
 from ingestion.rpc.protocol import Cursor
 from ingestion.testing import recorded
+from ingestion.testing.lakes import resequencer, write_ledgers
 
 STANDALONE = "galexie_load-test-ledgers-v23-standalone.xdr.zstd"  # ledgers 84, 85, 88
 
@@ -265,3 +266,27 @@ def die_always(_data: bytes) -> list[bytes]:
 
     os.kill(os.getpid(), signal.SIGKILL)
     return []
+
+
+def backfill_config(path: Path, job: str, lake: Path, sink: str = "", start: int = 128) -> Path:
+    """A config.toml of one lake job ``job`` on the lake at ``lake``, started at ledger ``start``."""
+    path.write_text(
+        f'[node]\nsource = "lake"\n\n[lake]\nurl = "file://{lake}"\n\n'
+        f'[jobs."{job}"]\nkind = "lake"\nstart_cursor = "{start}"\ntopics = ["**"]\n'
+        + (f'sink = "{sink}"\n' if sink else "")
+    )
+    return path
+
+
+def long_lake(root: Path, last: int) -> list[str]:
+    """A lake of ledgers 84..``last``: the real 84 and 85, then 85 again under each later number
+    (1,000 events each); its events' ids in order."""
+    real = {ledger_seq(m): m for m in standalone_ledgers()}
+    template = real[85].to_xdr_bytes()
+    copy = resequencer(template)
+    write_ledgers(root, [(84, real[84].to_xdr_bytes()), (85, template)]
+                  + [(seq, copy(seq)) for seq in range(86, last + 1)])  # fmt: skip
+    ids_85 = [Cursor.parse(e.id) for e in ledger_events(real[85]).events]
+    return [e.id for seq in (84, 85) for e in ledger_events(real[seq]).events] + [
+        str(Cursor(seq, c.tx, c.op, c.event)) for seq in range(86, last + 1) for c in ids_85
+    ]
