@@ -44,7 +44,7 @@ from actors.lease_store.keys import (
     job_keys,
     parse_lease_value,
 )
-from actors.lease_store.notices import ReleaseNotices
+from actors.lease_store.notices import HANDED_OVER, NODE_EXITING, ReleaseNotices
 from actors.lease_store.registry import NodeRegistry
 from actors.lease_store.results import (
     Acquired,
@@ -67,6 +67,8 @@ __all__ = [
     "AUDIT_MAXLEN",
     "CLUSTER_SCHEMES",
     "FOLLOW_PRIMARY_EVERY",
+    "HANDED_OVER",
+    "NODE_EXITING",
     "NODE_FORGET_MS",
     "NODE_REGISTRY_KEY",
     "SENTINEL_SCHEMES",

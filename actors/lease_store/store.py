@@ -396,8 +396,9 @@ class LeaseStore:
 
     async def release(self, node: str, token: int, reason: str = "") -> bool:
         """Give the lease up (if still ours) and wake the standbys; False if it was not ours.
-        ``reason`` ``handed-over``: an operator asked, and the standbys take over at once (the
-        audit's ``released`` and the notice say so)."""
+        ``reason`` ``handed-over`` (an operator asked) or ``node-exiting`` (the node is going
+        away: its worker died): the standbys take over at once (the audit's ``released`` and
+        the notice say so)."""
         k = self.keys
         res = await self._call(
             self._release,
