@@ -38,6 +38,7 @@ from actors.lease_store.connect import (
 )
 from actors.lease_store.keys import (
     AUDIT_MAXLEN,
+    DEPLOYMENT_KEY,
     NODE_FORGET_MS,
     NODE_REGISTRY_KEY,
     discover_jobs,
@@ -66,6 +67,7 @@ from actors.lease_store.store import FOLLOW_PRIMARY_EVERY, LeaseStore
 __all__ = [
     "AUDIT_MAXLEN",
     "CLUSTER_SCHEMES",
+    "DEPLOYMENT_KEY",
     "FOLLOW_PRIMARY_EVERY",
     "HANDED_OVER",
     "NODE_EXITING",
