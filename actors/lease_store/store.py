@@ -392,7 +392,11 @@ class LeaseStore:
         Raises:
             RedisUnavailable: failed or timed out.
         """
-        answer = await self._call(self._deployment_id, keys=[DEPLOYMENT_KEY], args=[f"id:{uuid.uuid4().hex}"])
+        # (with min_replicas_acked, the replicas are waited for as after a grant: a failover just
+        # after the id was made does not lose it)
+        answer, _acked, _replid = await self._call(
+            self._script_then_wait, self._deployment_id, [DEPLOYMENT_KEY], [f"id:{uuid.uuid4().hex}"]
+        )
         return answer if isinstance(answer, str) else bytes(answer).decode()
 
     async def note_rejection(self, fields: dict[str, str | int]) -> None:
