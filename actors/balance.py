@@ -43,7 +43,6 @@ from actors.liveness import (  # noqa: F401  (re-exported)
 )
 
 RECHECK_TICKS = 4  # a held-off Elector asks again after this many ticks unless woken before
-FRESH_VIEW = 0.02  # seconds: a view younger than this counts as fresh
 PENDING_FOR = 5.0  # seconds an allowed campaign counts as a lease at most (if never answered)
 
 
@@ -55,11 +54,15 @@ class CampaignGate(Protocol):
         """Seconds to wait before asking again after a refusal."""
         ...
 
-    async def campaign_delay(self, *, fresh: bool = False, free_for: float | None = None) -> float | None:
+    async def campaign_delay(
+        self, *, fresh_since: float | None = None, free_for: float | None = None
+    ) -> float | None:
         """None: do not campaign now (ask again after ``recheck``, on a release notice or when
-        woken); else campaign after this many seconds. ``fresh``: decide on a view of the live
-        nodes read now (after a release notice). ``free_for``: how long the Elector knows the
-        lease to have been free (None: held, or not known)."""
+        woken); else campaign after this many seconds. ``fresh_since``: decide on a view of the
+        live nodes read since then (when a release notice or a wake-up arrived: a node that left
+        the registry before it released, a drained or exiting one, is seen gone; None: a view
+        up to a tick old will do). ``free_for``: how long the Elector knows the lease to have
+        been free (None: held, or not known)."""
         ...
 
     def campaign_done(self) -> None:
@@ -120,8 +123,10 @@ class JobGate:
         # safety net only: the balancer wakes held-off Electors when the picture changes.
         return min(self.balancer.interval * RECHECK_TICKS, SHARE_RECHECK_TTLS * self.balancer.ttl)
 
-    async def campaign_delay(self, *, fresh: bool = False, free_for: float | None = None) -> float | None:
-        return await self.balancer.campaign_delay(self.job, fresh=fresh, free_for=free_for)
+    async def campaign_delay(
+        self, *, fresh_since: float | None = None, free_for: float | None = None
+    ) -> float | None:
+        return await self.balancer.campaign_delay(self.job, fresh_since=fresh_since, free_for=free_for)
 
     def campaign_done(self) -> None:
         self.balancer.campaign_done(self.job)
@@ -159,10 +164,11 @@ class Balancer:
     _adopting: set[str] = attrs.Factory(set)
     _seen: set[str] = attrs.Factory(set)  # every node ever seen live in the registry
     _viewed_at: float = -math.inf
+    _view_from: float = -math.inf  # when the read that gave the view started
     _registry_down: bool = False
     _last_signature: tuple[object, ...] | None = None
     draining: bool = False  # the node is shutting down: hand nothing back, campaign for nothing
-    _refreshing: trio.Event | None = None
+    _refreshing: tuple[float, trio.Event] | None = None  # the read in flight: when it started
     _last_leading: frozenset[str] = frozenset()
     _held_off: set[str] = attrs.Factory(set)  # jobs whose Elector was told to hold off
     # Whether this balancer's node leaves the registry when it stops: False for a second
@@ -219,12 +225,13 @@ class Balancer:
         self._held_off.clear()
 
     async def campaign_delay(
-        self, job: str, *, fresh: bool = False, free_for: float | None = None
+        self, job: str, *, fresh_since: float | None = None, free_for: float | None = None
     ) -> float | None:
         if self.draining or job in self.stopped:
             return None
-        age = trio.current_time() - self._viewed_at
-        if age > (FRESH_VIEW if fresh else self.interval):
+        if fresh_since is not None:
+            await self._refresh(since=fresh_since)
+        elif trio.current_time() - self._viewed_at > self.interval:
             await self._refresh()
         decision = campaign(
             self.picture(), job, self.held(), free_for=free_for, ttl=self.ttl,
@@ -240,19 +247,28 @@ class Balancer:
             self.log.info("campaign-adopting", free_s=round(free_for or 0.0, 3))
         return decision.delay
 
-    async def _refresh(self) -> None:
-        """Heartbeat and read the live nodes (concurrent callers share one read)."""
-        if self._refreshing is not None:
-            await self._refreshing.wait()
+    async def _refresh(self, *, since: float | None = None) -> None:
+        """Heartbeat and read the live nodes. Concurrent callers share one read; with ``since``,
+        only a read started at or after it (the view is kept when it comes from one): one
+        started before may predate what the caller was told (a release notice sent after its
+        node left the registry)."""
+        if since is not None and self._view_from >= since:
             return
-        self._refreshing = trio.Event()
+        while self._refreshing is not None:
+            started, done = self._refreshing
+            await done.wait()
+            if since is None or started >= since:
+                return
+        done = trio.Event()
+        started = trio.current_time()
+        self._refreshing = (started, done)
         try:
-            await self._read_view()
+            await self._read_view(started)
         finally:
-            self._refreshing.set()
+            done.set()
             self._refreshing = None
 
-    async def _read_view(self) -> None:
+    async def _read_view(self, started: float) -> None:
         try:
             live = await self.registry.heartbeat(self.node, self.live_window_ms)
         except RedisUnavailable as exc:
@@ -263,7 +279,7 @@ class Balancer:
         if self._registry_down:
             self._registry_down = False
             self.log.info("balancer-registry-available")
-        self._viewed_at = trio.current_time()
+        self._viewed_at, self._view_from = trio.current_time(), started
         self.live = tuple(sorted(set(live) | {self.node}))
         self._seen |= set(self.live)
         picture = self.picture()

@@ -52,7 +52,8 @@ from actors.observe import NodeObserver
 from actors.token_memory import TokenMemory
 
 RELEASE_CLEANUP_TIMEOUT = 1.0  # seconds: bounded, shielded lease release at the end of a term
-HANDED_OVER_FREE_FOR = ADOPT_AFTER_TTLS  # TTLs a handed-over lease counts as free: adopted at once
+# TTLs a lease counts as free once its holder stood aside (a hand-over, a node exiting): adopted at once
+HANDED_OVER_FREE_FOR = ADOPT_AFTER_TTLS
 # A term that raised (``term-failed``): the node stands aside a TTL, doubled for each such term in
 # a row, at most this many seconds, so that a job that fails at once does not spin a token a term.
 TERM_FAILED_BACKOFF_CAP = 60.0
@@ -75,7 +76,9 @@ class ReleaseNoticed:
     """A standby heard that ``holder`` released the lease (from the release listener)."""
 
     holder: str
-    handed_over: bool = False  # an operator asked for the release: take over at once
+    # The releasing node stands aside (an operator asked for the release, or the node is going
+    # away: its worker died): take over at once, even at the share.
+    handed_over: bool = False
 
 
 class IngestionFatal(Exception):
@@ -132,6 +135,8 @@ class Elector:
     # each held lease every few seconds, and each look ends a stretch; said again, it is debug
     _said_held_off: set[tuple[str, str]] = attrs.Factory(set)
     _woken: bool = False  # the last standby wait ended on a release notice or a wake-up
+    _woken_at: float | None = None  # when that notice or wake-up arrived
+    _noticed: bool = False  # it was a release notice (the lease is known free: no need to look)
     _unknown_terms: int = 0  # short terms in a row that ended commit-unknown
     _failed_terms: int = 0  # terms in a row that ended term-failed (a failure nobody foresaw)
     _fenced_by_sink: bool = False  # this term was refused by the sink's fence, not by Redis
@@ -279,12 +284,13 @@ class Elector:
 
     async def _gate_allows(self, gate: CampaignGate) -> bool:
         # Woken by a release notice or the balancer: the balancer's view may be a tick old (a node
-        # that just left still counted), so it reads the registry again first.
-        if "share-reached" in self._held_off:
+        # that just left still counted), so it decides on a view read since the wake-up.
+        if "share-reached" in self._held_off and not (self._woken and self._noticed):
             await self._look_at_lease()  # held off at the share: is the lease free, and how long?
         now = trio.current_time()
         free_for = None if self._free_since is None else now - self._free_since
-        delay = await gate.campaign_delay(fresh=self._woken, free_for=free_for)
+        fresh_since = self._woken_at if self._woken else None
+        delay = await gate.campaign_delay(fresh_since=fresh_since, free_for=free_for)
         self._woken = False
         if delay is not None and delay > 0:
             # A rendezvous delay (another node is better placed, or this is a standby's look at
@@ -413,7 +419,7 @@ class Elector:
         ``self._woken`` says whether one of those ended it."""
         if wake_on_campaign is None:
             wake_on_campaign = wake_on_release
-        self._woken = False
+        self._woken = self._noticed = False
         while not self._stopping:
             with trio.move_on_at(deadline):
                 msg = await self.inbox.receive()
@@ -423,17 +429,18 @@ class Elector:
                     self._known_expiry = None
                     self._saw_holder(None, None)  # free from now
                     if msg.handed_over:
-                        # Its leader was asked to hand it over: a standby held off at its share
-                        # adopts it at once instead of waiting for its rightful node (the one
-                        # that just stood aside).
+                        # Its leader was asked to hand it over, or is going away: a standby held
+                        # off at its share adopts it at once instead of waiting for its rightful
+                        # node (the one that just stood aside, or died).
                         self._free_since = trio.current_time() - HANDED_OVER_FREE_FOR * self.ttl_ms / 1000
                     if not wake_on_release:
                         continue
-                    self._woken = True
+                    self._woken = self._noticed = True
+                    self._woken_at = trio.current_time()
                     await trio.sleep(random.uniform(0, self.jitter / 4))
                     return
                 elif wake_on_campaign and isinstance(msg, CampaignNow):
-                    self._woken = True
+                    self._woken, self._woken_at = True, trio.current_time()
                     return
                 continue  # a late message about a finished term
             return

@@ -38,13 +38,14 @@ from actors.lease_store.connect import (
 )
 from actors.lease_store.keys import (
     AUDIT_MAXLEN,
+    DEPLOYMENT_KEY,
     NODE_FORGET_MS,
     NODE_REGISTRY_KEY,
     discover_jobs,
     job_keys,
     parse_lease_value,
 )
-from actors.lease_store.notices import ReleaseNotices
+from actors.lease_store.notices import HANDED_OVER, NODE_EXITING, ReleaseNotices
 from actors.lease_store.registry import NodeRegistry
 from actors.lease_store.results import (
     Acquired,
@@ -66,7 +67,10 @@ from actors.lease_store.store import FOLLOW_PRIMARY_EVERY, LeaseStore
 __all__ = [
     "AUDIT_MAXLEN",
     "CLUSTER_SCHEMES",
+    "DEPLOYMENT_KEY",
     "FOLLOW_PRIMARY_EVERY",
+    "HANDED_OVER",
+    "NODE_EXITING",
     "NODE_FORGET_MS",
     "NODE_REGISTRY_KEY",
     "SENTINEL_SCHEMES",

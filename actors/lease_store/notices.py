@@ -16,15 +16,20 @@ class _Failed:
 
 
 _FAILED = _Failed()
-HANDED_OVER = "|handed-over"  # a notice's tail when an operator asked for the release
+HANDED_OVER = "handed-over"  # a release's reason when an operator asked for it
+NODE_EXITING = "node-exiting"  # when the releasing node is going away (its worker died)
+# The reasons a notice may end with. Each says the releasing node stands aside, so a standby held
+# off at its share takes the lease over at once rather than wait for it to come back.
+STANDS_ASIDE = (HANDED_OVER, NODE_EXITING)
 
 
-def _holder(data: str) -> tuple[str, bool]:
-    """A notice (``token|node``, or ``token|node|handed-over``) as (node, handed over)."""
+def _holder(data: str) -> tuple[str, str]:
+    """A notice (``token|node``, or ``token|node|reason``) as (node, reason or "")."""
     rest = data.partition("|")[2]
-    if rest.endswith(HANDED_OVER):
-        return rest[: -len(HANDED_OVER)], True
-    return rest, False
+    for reason in STANDS_ASIDE:
+        if rest.endswith("|" + reason):
+            return rest[: -len(reason) - 1], reason
+    return rest, ""
 
 
 class NoticeSource(Protocol):
@@ -59,7 +64,11 @@ class ReleaseNotices:
         self._lock = threading.Lock()
         self._busy = False
         self._closed = False
-        self.handed_over = False  # the notice the last wait returned was a hand-over's
+        # The reason the notice the last wait returned carried ("": none; else one of
+        # STANDS_ASIDE), and whether it says the releasing node stands aside (a hand-over, or a
+        # node exiting): a standby at its share takes the lease over at once.
+        self.reason = ""
+        self.handed_over = False
         # Its own threads, not trio's default limiter's 40: a wait holds its thread for up to its
         # whole length, and a node hosting 40 jobs would otherwise leave its short Redis calls
         # no thread at all (each then times out as Redis unavailable). Two: a cancelled wait's
@@ -133,10 +142,11 @@ class ReleaseNotices:
         return found
 
     async def wait(self, seconds: float) -> str | None:
-        """The releasing holder's node id (``handed_over``: whether an operator asked for the
-        release), or None when no notice came within ``seconds``."""
+        """The releasing holder's node id (``reason``: why, when the release said so;
+        ``handed_over``: whether that reason has the holder stand aside), or None when no notice
+        came within ``seconds``."""
         deadline = trio.current_time() + seconds
-        self.handed_over = False
+        self.reason, self.handed_over = "", False
         got = await trio.to_thread.run_sync(
             self._wait, seconds, abandon_on_cancel=True, limiter=self._limiter
         )
@@ -148,7 +158,8 @@ class ReleaseNotices:
             return None
         if got is None:
             return None
-        holder, self.handed_over = _holder(got)
+        holder, self.reason = _holder(got)
+        self.handed_over = self.reason in STANDS_ASIDE
         return holder
 
     def _reset(self) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -38,7 +39,7 @@ from actors.lease_store.connect import (
     parse_sentinel_url,
     redacted_endpoint,
 )
-from actors.lease_store.keys import AUDIT_MAXLEN, NODE_FORGET_MS, job_keys, parse_lease_value
+from actors.lease_store.keys import AUDIT_MAXLEN, DEPLOYMENT_KEY, NODE_FORGET_MS, job_keys, parse_lease_value
 from actors.lease_store.notices import ReleaseNotices
 from actors.lease_store.results import (
     Acquired,
@@ -148,6 +149,7 @@ class LeaseStore:
         self._commit = client.register_script(scripts.COMMIT)
         self._fenced_hset = client.register_script(scripts.FENCED_HSET)
         self._report_health = client.register_script(scripts.REPORT_HEALTH)
+        self._deployment_id = client.register_script(scripts.DEPLOYMENT_ID)
         self._fenced_audit = client.register_script(scripts.FENCED_AUDIT)
         # Told ("acquired" | "released", job, token, node) as soon as Redis granted or released
         # this job's lease: a node process's parent learns from it which leases to release
@@ -381,6 +383,22 @@ class LeaseStore:
         """
         await self._call(self.client.hset, self.keys["leader"], mapping=handover_request(token, by))
 
+    async def deployment_id(self) -> str:
+        """The Redis deployment's own identity, ``id:`` and 32 hex digits: created once, by the
+        first node that asks (``lua/deployment_id.lua``), and kept in Redis with the data, so it
+        names this deployment however its address is spelled (``10.0.0.5`` or
+        ``redis.internal``), and two deployments apart even when reached by the same URL.
+
+        Raises:
+            RedisUnavailable: failed or timed out.
+        """
+        # (with min_replicas_acked, the replicas are waited for as after a grant: a failover just
+        # after the id was made does not lose it)
+        answer, _acked, _replid = await self._call(
+            self._script_then_wait, self._deployment_id, [DEPLOYMENT_KEY], [f"id:{uuid.uuid4().hex}"]
+        )
+        return answer if isinstance(answer, str) else bytes(answer).decode()
+
     async def note_rejection(self, fields: dict[str, str | int]) -> None:
         """Keep a fencing rejection this node was told of in the job's ``rejections`` stream (the
         last ``REJECTIONS_KEPT``), for the console: a diagnostic, not a record or a cursor, so it
@@ -396,8 +414,9 @@ class LeaseStore:
 
     async def release(self, node: str, token: int, reason: str = "") -> bool:
         """Give the lease up (if still ours) and wake the standbys; False if it was not ours.
-        ``reason`` ``handed-over``: an operator asked, and the standbys take over at once (the
-        audit's ``released`` and the notice say so)."""
+        ``reason`` ``handed-over`` (an operator asked) or ``node-exiting`` (the node is going
+        away: its worker died): the standbys take over at once (the audit's ``released`` and
+        the notice say so)."""
         k = self.keys
         res = await self._call(
             self._release,

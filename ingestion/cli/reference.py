@@ -51,7 +51,8 @@ KEY_MEANINGS: dict[str, tuple[str, str]] = {
     "audit": (
         "stream",
         "the last 10,000 or so of: `became-leader` (`previous_node`, `previous_token`, `takeover_ms`; "
-        "`rolled_back_from` after a rollback), `released`, and `history-gap` (`cursor`, `cursor_ledger`, "
+        "`rolled_back_from` after a rollback), `released` (`reason` when said: `handed-over`, "
+        "`node-exiting`: its worker died), and `history-gap` (`cursor`, `cursor_ledger`, "
         '`elder_ledger`, `horizon` or `rpc`; only with `on_history_gap = "skip"`), `handover-requested` '
         "(`by`: an operator's hand-over, written by the leader that took it) and `operator-request` "
         "(`action`, `by`, `request`, `result`: a webhook request its leader carried out)",
@@ -75,6 +76,11 @@ CLAIM_MEANING = (
     "instance refuses to start (exit 2, OPERATIONS.md)"
 )
 REGISTRY_MEANING = ("sorted set", "the live nodes, scored with the Redis time of their last heartbeat")
+DEPLOYMENT_MEANING = (
+    "string", "the deployment's own id (`id:` and 32 hex digits), set once by the first node that "
+    "asks (SET NX) and replicated with the data: the election domain a PostgreSQL job's fence "
+    "records (POSTGRES.md)",
+)
 # Keys of the application's own job features, beside the lease store's (same hash tag)
 APP_KEY_MEANINGS: dict[str, tuple[str, str]] = {
     "endpoint": (
@@ -250,7 +256,7 @@ def settings_section() -> Iterator[str]:
 
 
 def redis_section() -> Iterator[str]:
-    from actors.lease_store.keys import NODE_REGISTRY_KEY, job_keys
+    from actors.lease_store.keys import DEPLOYMENT_KEY, NODE_REGISTRY_KEY, job_keys
 
     keys = job_keys("J")
     unexplained = sorted(set(keys) - set(KEY_MEANINGS))
@@ -266,6 +272,8 @@ def redis_section() -> Iterator[str]:
     yield from _key_table(keys, KEY_MEANINGS)
     kind, meaning = REGISTRY_MEANING
     yield f"| {cell(code(NODE_REGISTRY_KEY))} | {cell(kind)} | {cell(meaning)} |"
+    kind, meaning = DEPLOYMENT_MEANING
+    yield f"| {cell(code(DEPLOYMENT_KEY))} | {cell(kind)} | {cell(meaning)} |"
     from ingestion.serve.presence import PRESENCE_CHANNEL, PRESENCE_KEY
 
     for key, kind, meaning in (

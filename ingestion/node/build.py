@@ -180,7 +180,8 @@ def build_store(settings: Settings, job: str | None = None, client: redis.Redis 
 
 def build_sink(settings: Settings, job: JobSettings, store: LeaseStore) -> Sink | None:
     """The job's sink when it is not the Redis events stream (``job.sink``, a PostgreSQL URL),
-    which ties the job to ``store``'s Redis deployment (its election domain)."""
+    which ties the job to ``store``'s Redis deployment (its election domain: the deployment's own
+    id, ``LeaseStore.deployment_id``)."""
     if not job.sink:
         return None
     from ingestion.postgres.sink import PostgresSink
@@ -188,5 +189,5 @@ def build_sink(settings: Settings, job: JobSettings, store: LeaseStore) -> Sink 
     return PostgresSink(
         job.sink, job.name, schema=settings.sink.schema, call_timeout=store.call_timeout,
         events_max_len=settings.events.max_len, application=f"ingestion:{settings.node.id}",
-        domain=store.deployment,
+        domain=store.deployment, identify=store.deployment_id,
     )  # fmt: skip

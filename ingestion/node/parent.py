@@ -7,8 +7,11 @@ a crashed process (an OOM kill, a segfault in a C extension, an unhandled except
 leaves its lease to expire: up to a whole TTL without a leader. With it:
 
 - **The worker dies** (any signal, any non-zero exit): the parent reads what is left on the pipe,
-  runs the fenced release script (``lua/release.lua``) for exactly the leases the worker reported
-  holding, which also publishes the release notice the standbys wait on, logs ``worker-died``
+  withdraws the node from the node registry (the others' shares grow at once), then runs the
+  fenced release script (``lua/release.lua``) for exactly the leases the worker reported
+  holding, with the reason ``node-exiting``, which also publishes the release notice the standbys
+  wait on: a standby held off at its share takes the job over at once, as for a hand-over, rather
+  than wait for the dead node to age out of the registry (about a lease TTL). It logs ``worker-died``
   (killed by a signal, or exited still holding a lease) and exits with a failure status (the
   worker's own, or 128 + the signal) so that the service manager restarts the node: there is no
   restart loop in here.
@@ -41,7 +44,7 @@ import redis
 import trio
 from redis.exceptions import RedisClusterException
 
-from actors.lease_store import LeaseStore, RedisUnavailable, scripts
+from actors.lease_store import NODE_EXITING, LeaseStore, NodeRegistry, RedisUnavailable, scripts
 from ingestion.config import Settings
 from ingestion.node import stop_signals
 
@@ -126,14 +129,27 @@ async def wait_for_exit(pid: int) -> int:
 
 async def release_until(store: LeaseStore, node: str, token: int, give_up_at: float) -> bool | None:
     """Release ``token|node`` (True: released; False: not held any more), retrying a Redis that
-    does not answer until ``give_up_at`` (None: it never answered; the lease expires by itself)."""
+    does not answer until ``give_up_at`` (None: it never answered; the lease expires by itself).
+    The release says the node is exiting, so standbys at their share take over at once."""
     while True:
         try:
-            return await store.release(node, token)
+            return await store.release(node, token, NODE_EXITING)
         except RedisUnavailable:
             if trio.current_time() + RELEASE_RETRY >= give_up_at:
                 return None
             await trio.sleep(RELEASE_RETRY)
+
+
+async def withdraw(registry: NodeRegistry, node: str, give_up_at: float) -> bool:
+    """Take ``node`` out of the node registry (one bounded call, not retried: a Redis that does
+    not answer now would delay the releases; the entry then ages out by itself, within a TTL)."""
+    with trio.move_on_at(give_up_at):
+        try:
+            await registry.leave(node)
+        except RedisUnavailable:
+            return False
+        return True
+    return False
 
 
 def run_parent(settings: Settings, worker: int, pipe: int) -> int:
@@ -222,6 +238,11 @@ async def supervise(settings: Settings, worker: int, pipe: int) -> int:
         if client is None:
             outcomes.update({lease: None for lease in held})
             held = []
+        withdrawn = False
+        if client is not None and (signame is not None or held):
+            # The node is going away: out of the registry first, so that a standby woken by the
+            # release notice reads a view without it (its share grows: it campaigns at once).
+            withdrawn = await withdraw(NodeRegistry(client), settings.node.id, give_up_at)
         async with trio.open_nursery() as nursery:
             for lease in held:
                 nursery.start_soon(release, *lease)
@@ -238,6 +259,7 @@ async def supervise(settings: Settings, worker: int, pipe: int) -> int:
                 leases_not_held=[f"{j}:{t}" for (j, t, _n), ok in outcomes.items() if ok is False],
                 leases_unreleased=[f"{j}:{t}" for (j, t, _n), ok in outcomes.items() if ok is None],
                 release_ms=release_ms,
+                left_registry=withdrawn,
             )
         return code
     finally:

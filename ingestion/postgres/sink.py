@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
 import trio
 
-from actors.lease_store import CommitRejected, Committed
+from actors.lease_store import CommitRejected, Committed, RedisUnavailable
 from actors.sink import SinkUnavailable, TermOpened, TermRefused, continuation
 from actors.source import Record
 from ingestion.postgres import sql
@@ -50,20 +50,26 @@ class BatchRefused(ValueError):
 class PostgresSink:
     """One job's records and cursor in ``schema`` at ``url`` (see the module docstring).
 
-    ``domain``: the election domain this node's terms come from (its Redis deployment,
-    ``LeaseStore.deployment``), recorded with the job by the first term that opens and compared
-    by every later one: a term from another domain is refused for good (:class:`TermRefused`).
-    None: neither recorded nor checked."""
+    ``domain``: the election domain this node's terms come from (its Redis deployment),
+    recorded with the job by the first term that opens and compared by every later one: a term
+    from another domain is refused for good (:class:`TermRefused`). None: neither recorded nor
+    checked. ``identify``: the deployment's own id (``LeaseStore.deployment_id``), read at each
+    term's opening; when given, it is the domain, and ``domain`` (how the node's Redis URL names
+    the deployment, ``LeaseStore.deployment``: what nodes recorded before the id) is the name a
+    fence recorded earlier may still carry: the first term of this node's deployment moves that
+    fence to the id (a fence recorded under another name is refused as before)."""
 
     def __init__(
         self, url: str, job: str, *, schema: str = "ingestion", call_timeout: float = 1.0,
         events_max_len: int = 0, application: str = "ingestion", domain: str | None = None,
+        identify: Callable[[], Awaitable[str]] | None = None,
     ) -> None:
         self.url = url
         self.job = job
         self.probe_error: str | None = None
         self.schema = schema
         self.domain = domain
+        self.identify = identify
         self.events_max_len = events_max_len
         self.application = application
         self._call_timeout = call_timeout
@@ -185,19 +191,38 @@ class PostgresSink:
         domain owns the job.
 
         Raises:
-            SinkUnavailable: it failed or timed out (its effect is unknown).
+            SinkUnavailable: it failed or timed out (its effect is unknown), or the deployment's
+                id could not be read.
         """
-        def run(conn: psycopg.Connection[Any]) -> tuple[Any, ...] | None:
+        mine, named = self.domain, self.domain
+        if self.identify is not None:
+            try:
+                mine = await self.identify()
+            except RedisUnavailable as exc:
+                raise SinkUnavailable(f"the Redis deployment's id: {exc}") from exc
+
+        def open_(conn: psycopg.Connection[Any]) -> tuple[Any, ...] | None:
             return conn.execute(
                 f"SELECT * FROM {self._q}.{sql.OPEN_TERM}(%s, %s, %s, %s)",  # type: ignore[arg-type]
-                (self.job, token, node, self.domain),
+                (self.job, token, node, mine),
             ).fetchone()
+
+        def run(conn: psycopg.Connection[Any]) -> tuple[Any, ...] | None:
+            row = open_(conn)
+            if row is not None and named is not None and mine != named and sql.owned_by(row) == named:
+                # Recorded by this deployment's name, before it had an id: moved to the id, only
+                # from that name (two nodes of two deployments of that name: the first moves it,
+                # the other is refused), then the term opens as it would have.
+                conn.execute(sql.adopt_domain(self.schema), (mine, self.job, named))  # type: ignore[arg-type]
+                row = open_(conn)
+            return row
 
         row = await self.call(run)
         assert row is not None
         answer = sql.OpenAnswer.from_row(row)
-        if answer.reason == "other-domain" and answer.owner is not None and self.domain is not None:
-            problem = sql.other_domain(self.schema, self.job, answer.owner, self.domain)
+        if answer.reason == "other-domain" and answer.owner is not None and mine is not None:
+            shown = mine if named in (None, mine) else f"{mine} ({named})"
+            problem = sql.other_domain(self.schema, self.job, answer.owner, shown)
             return TermRefused(f"sink.url {redact(self.url)}: {problem}")
         if not answer.ok:
             return CommitRejected(token=token, reason="stale-token", current_token=answer.fence,

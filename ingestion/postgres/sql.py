@@ -13,7 +13,8 @@ Tables, in the schema ``sink.schema`` (default ``ingestion``), one set shared by
   node that opened it; the token only ever rises, and an equal token from another node is refused
   (a Redis that issued a token twice, its grant lost in a failover, gets one writer under it).
   ``domain`` (version 3, nullable): the election domain, the Redis deployment whose nodes lead the
-  job (``actors.lease_store.deployment_name``), recorded by the first term that names one.
+  job (its own id, ``LeaseStore.deployment_id``; before issue 46 its URL's name,
+  ``actors.lease_store.deployment_name``), recorded by the first term that names one.
 - ``terms (job, token, after_seq, opened_at)``: the fence's history: term ``token`` opened when
   the job's last row was ``after_seq`` (what ``verify`` judges a job by).
 
@@ -325,10 +326,21 @@ class OpenAnswer:
                    None if owner is None else str(owner))  # fmt: skip
 
 
+def owned_by(row: tuple[object, ...]) -> str | None:
+    """The owner an ``open_term`` answer names when it refused the term as ``other-domain``."""
+    answer = OpenAnswer.from_row(row)
+    return answer.owner if answer.reason == "other-domain" else None
+
+
+def adopt_domain(schema: str) -> str:
+    """The statement that moves a job's fence from its deployment's former name to its id
+    (arguments: the id, the job, the name), and only from that name."""
+    return f"UPDATE {quoted(schema)}.fences SET domain = %s WHERE job = %s AND domain = %s"
+
+
 def other_domain(schema: str, job: str, owner: str, mine: str) -> str:
-    """One line for a term refused because another election domain (a Redis deployment,
-    ``actors.lease_store.deployment_name``) owns the job in ``schema``: both named, and the
-    two ways on."""
+    """One line for a term refused because another election domain (a Redis deployment, by its
+    id) owns the job in ``schema``: both named, and the two ways on."""
     return (
         f"job {job!r} in PostgreSQL schema {schema} belongs to the nodes of Redis {owner}, this "
         f"node's Redis is {mine}: run this job's nodes on that Redis (or give it another name); "

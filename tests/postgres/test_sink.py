@@ -730,7 +730,9 @@ async def test_nodes_of_another_redis_deployment_are_refused_for_the_job_not_chu
             nursery.cancel_scope.cancel()
     (stopped, error), = fatal
     assert stopped == job
-    assert home.deployment in error and other.deployment in error and "UPDATE" in error
+    # the job's owner by its id, this node's Redis by its id and its URL
+    assert await home.deployment_id() in error and await other.deployment_id() in error
+    assert other.deployment in error and "UPDATE" in error
     theirs = [e for e in logs if e.get("n") == "b"]
     assert len([e for e in theirs if e["event"] == "became-leader"]) == 1
     mine = {e["token"] for e in logs if e["event"] == "became-leader" and e.get("n") != "b"}

@@ -84,6 +84,9 @@ async def test_every_store_operation_works_on_a_cluster_and_jobs_spread_over_mas
         notices.close()
         masters.add(cluster3.server_for(job_keys(name)["lease"]).port)
     assert len(masters) >= 2  # the jobs landed on several masters
+    # the deployment's one id, whichever job's store asks (with a replica waited for)
+    ids = {await LeaseStore(client, f"{job}-{i}", min_replicas_acked=1).deployment_id() for i in range(6)}
+    assert len(ids) == 1 and next(iter(ids)).startswith("id:")
     client.close()
 
 

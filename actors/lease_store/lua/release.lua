@@ -2,10 +2,11 @@
 --
 -- KEYS[1] lease    KEYS[2] leader    KEYS[3] audit
 -- ARGV[1] node     ARGV[2] token     ARGV[3] the release channel (ingestion:{J}:released)
--- ARGV[4] audit_maxlen    ARGV[5] why, when it is said: 'handed-over' (an operator asked)
+-- ARGV[4] audit_maxlen    ARGV[5] why, when it is said: 'handed-over' (an operator asked) or
+--         'node-exiting' (the node is going away: its worker died and its parent released)
 --
--- Returns 1 when released (and "token|node" published on the channel, "token|node|handed-over"
--- for a hand-over, which standbys held off at their share take over at once; the leader hash's
+-- Returns 1 when released (and "token|node" published on the channel, "token|node|REASON" when
+-- a reason is given, which standbys held off at their share take over at once; the leader hash's
 -- expires_at_ms and alive_at_ms set to now: leaderless from here), 0 when it was not ours.
 
 if redis.call('GET', KEYS[1]) ~= ARGV[2] .. '|' .. ARGV[1] then return 0 end
