@@ -157,7 +157,8 @@ def outcome_label(status: int | None, error: str) -> str:
 
 @attrs.frozen
 class RetrySchedule:
-    """When to try a record again after its ``failures``-th failed attempt.
+    """When to try a record again after its ``failures``-th failed attempt (a delivery probes
+    between these steps: :class:`RetryPacing`).
 
     ``delays[n - 1]`` (jittered by +-``jitter``) after the n-th failure; after ``len(delays)``
     failures the schedule is exhausted. A ``Retry-After`` (429, 503) is honoured: the next attempt
@@ -219,11 +220,11 @@ class RetryPacing:
 
     schedule: RetrySchedule
     probe_max: float = PROBE_MAX
-    failures: int = 0  # every failed attempt, probes included
-    first_failure: float = 0.0
-    exhausted: bool = False
-    _steps: int = 0  # the schedule's steps failed (the first attempt is its first)
-    _due: float = 0.0  # when the schedule's next step is due
+    failures: int = attrs.field(default=0, init=False)  # every failed attempt, probes included
+    first_failure: float = attrs.field(default=0.0, init=False)
+    exhausted: bool = attrs.field(default=False, init=False)
+    _steps: int = attrs.field(default=0, init=False)  # the schedule's steps failed (the first attempt is one)
+    _due: float = attrs.field(default=0.0, init=False)  # when the schedule's next step is due
 
     def failed(self, now: float, u: float, retry_after: float | None = None) -> float:
         """An attempt failed at ``now``: seconds until the next one. Sets :attr:`exhausted` when
