@@ -336,6 +336,12 @@ JOB_SCHEMA: dict[str, tuple[type | str, str]] = {
         "webhook: the waits between attempts (default 5s, 5m, 30m, 2h, 5h, 10h, 10h: 8 attempts "
         "over about 27.6 h)",
     ),
+    "retry_probe_max_ms": (
+        int,
+        "webhook: between the schedule's attempts a failing record is tried again 1 s after a "
+        "failure, then after a tenth of how long it has been failing, at most this far apart "
+        "(default 30000; 0: the schedule alone)",
+    ),
     "max_age_ms": (int, "webhook: a record failing this long is given up early (0: no limit)"),
     "on_exhausted": (str, "webhook: dead-letter (default: go on with the next record) or block"),
     "connect_timeout_ms": (int, "webhook: connect timeout (default 2000)"),

@@ -35,6 +35,7 @@ class WebhookSettings:
     batch: int = 1
     concurrency: int = 1
     retry_schedule: tuple[str, ...] = ()
+    retry_probe_max_ms: int = 30000  # the longest wait between a failing record's probes (0: none)
     max_age_ms: int = 0
     on_exhausted: str = "dead-letter"
     connect_timeout_ms: int = 2000

@@ -47,6 +47,7 @@ def build_webhook_source(settings: Any, job: Any, store: LeaseStore) -> WebhookS
         keys=parse_secrets(hook.secret),
         schedule=RetrySchedule.parse(hook.retry_schedule, max_age=hook.max_age_ms / 1000),
         log=structlog.get_logger().bind(node=settings.node.id, job=job.name),
+        probe_max=hook.retry_probe_max_ms / 1000,
         on_exhausted=hook.on_exhausted,
         batch=hook.batch,
         concurrency=hook.concurrency,

@@ -32,6 +32,12 @@ JITTER = 0.2
 ON_EXHAUSTED = ("dead-letter", "block")
 EXCERPT_BYTES = 512  # of an endpoint's answer, kept with a failure (logs, dead letters, status)
 RETRY_AFTER_CAP = 24 * 3600.0  # a Retry-After longer than this is taken as this
+# Between the schedule's attempts a failing record is probed: first PROBE_FIRST after a failure,
+# then after PROBE_SHARE of how long it has been failing (a 60 s outage is seen within ~6 s of its
+# end), never more than the probe cap apart (`retry_probe_max_ms`, default PROBE_MAX).
+PROBE_FIRST = 1.0
+PROBE_SHARE = 0.1
+PROBE_MAX = 30.0
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -151,7 +157,8 @@ def outcome_label(status: int | None, error: str) -> str:
 
 @attrs.frozen
 class RetrySchedule:
-    """When to try a record again after its ``failures``-th failed attempt.
+    """When to try a record again after its ``failures``-th failed attempt (a delivery probes
+    between these steps: :class:`RetryPacing`).
 
     ``delays[n - 1]`` (jittered by +-``jitter``) after the n-th failure; after ``len(delays)``
     failures the schedule is exhausted. A ``Retry-After`` (429, 503) is honoured: the next attempt
@@ -192,6 +199,61 @@ class RetrySchedule:
         """Whether a record that failed ``failures`` times, the first ``failing_for`` seconds ago,
         goes no further (dead letter, or blocking)."""
         return failures > len(self.delays) or (self.max_age > 0 and failing_for >= self.max_age)
+
+
+@attrs.define
+class RetryPacing:
+    """One record's retries: when to try it again after a failure, and when it is given up.
+
+    The schedule decides when a record is given up: its n-th step is the first attempt made at
+    least ``delays[n - 1]`` (jittered) after the step before, and the record is exhausted when the
+    step after the last delay fails (or it has failed for ``max_age``), about ``schedule.span``
+    after its first failure. Between the steps the record is *probed*, soon and often at first
+    and then further apart: ``PROBE_FIRST`` after a failure, then ``PROBE_SHARE`` of how long it
+    has been failing, at most ``probe_max`` (0: no probes, the schedule alone), each jittered like
+    the schedule. An ordered endpoint waits behind its first record, so an outage of a few seconds
+    costs a few seconds, not the schedule's next step (5 minutes with the default one). A
+    ``Retry-After`` still wins: the next attempt comes no earlier than it asks.
+
+    Times are seconds on any monotonic clock, passed in; ``u`` is uniform in [0, 1).
+    """
+
+    schedule: RetrySchedule
+    probe_max: float = PROBE_MAX
+    failures: int = attrs.field(default=0, init=False)  # every failed attempt, probes included
+    first_failure: float = attrs.field(default=0.0, init=False)
+    exhausted: bool = attrs.field(default=False, init=False)
+    _steps: int = attrs.field(default=0, init=False)  # the schedule's steps failed (the first attempt is one)
+    _due: float = attrs.field(default=0.0, init=False)  # when the schedule's next step is due
+
+    def failed(self, now: float, u: float, retry_after: float | None = None) -> float:
+        """An attempt failed at ``now``: seconds until the next one. Sets :attr:`exhausted` when
+        the schedule is over (the caller then dead-letters, or, blocking, waits as told)."""
+        self.failures += 1
+        if self.failures == 1:
+            self.first_failure = now
+        failing_for = now - self.first_failure
+        if self.failures == 1 or now >= self._due:  # a step of the schedule
+            self._steps += 1
+            step = self.schedule.delay(self._steps, u)
+            if step is not None:
+                self._due = now + step
+        self.exhausted = self.schedule.exhausted(self._steps, failing_for)
+        if self.exhausted:  # blocking: on at the schedule's last interval (or probing faster)
+            wait = self.schedule.delays[-1] if self.schedule.delays else 1.0
+        else:
+            wait = self._due - now
+        if self.probe_max > 0:
+            probe = min(max(PROBE_FIRST, PROBE_SHARE * failing_for), self.probe_max)
+            wait = min(wait, probe * (1.0 - self.schedule.jitter + 2.0 * self.schedule.jitter * u))
+        if retry_after is not None:
+            wait = max(wait, min(retry_after, RETRY_AFTER_CAP))
+        return max(wait, 0.0)
+
+    def paused(self, seconds: float) -> None:
+        """Delivery was paused that long: the schedule's age and its next step move with it."""
+        self.first_failure += seconds
+        self._due += seconds
 
 
 # -- which delivered prefix may be committed ---------------------------------------------------------

@@ -46,6 +46,8 @@ from ingestion.webhook.core import (
     DELIVERED,
     EXCERPT_BYTES,
     GONE,
+    PROBE_MAX,
+    RetryPacing,
     RetrySchedule,
     Window,
     envelope,
@@ -177,6 +179,7 @@ class WebhookSource(RequestServing):
     verify: ssl.SSLContext | bool = attrs.Factory(ssl_context)  # one context per process (http.py)
     stats: WebhookStats = attrs.Factory(WebhookStats)
     rng: random.Random = attrs.Factory(random.Random)
+    probe_max: float = PROBE_MAX  # seconds: the longest wait between a failing record's probes
     # commit time of each unit read and not yet committed (the delivery lag), in source order
     _waiting: collections.deque[int] = attrs.field(factory=collections.deque, init=False)
     # the store position of the last record whose outcome is committed (this term)
@@ -355,35 +358,30 @@ class WebhookSource(RequestServing):
     async def _deliver(
         self, client: httpx.AsyncClient, unit: Unit, term: TermContext
     ) -> tuple[str, dict[str, Any]]:
-        failures = 0
-        first_failure = 0.0
+        pacing = RetryPacing(self.schedule, self.probe_max)
         first_attempt = time.time()
         while True:
             await self._while_disabled(term)
-            paused_for = await self._while_paused()
-            first_failure += paused_for  # (the retry schedule's age counts no time paused)
+            pacing.paused(await self._while_paused())  # (the schedule's age counts no time paused)
             attempt = await self._post(client, unit, term.token)
             label = outcome_label(attempt.status, attempt.error)
             self.stats.attempts[label] = self.stats.attempts.get(label, 0) + 1
             verdict = judge(attempt.status)
             await self._keep_attempt(term, unit, attempt, label, delivered=verdict == DELIVERED)
             if verdict == DELIVERED:
-                if failures or self._delivery == "failing":
+                if pacing.failures or self._delivery == "failing":
                     # the endpoint answers again: said once, not per record
                     await self._set_endpoint(term, state="ok", attempts="0", last_status=str(attempt.status))
-                    self.log.info("webhook-recovered", record=unit.key, attempts=failures + 1)
+                    self.log.info("webhook-recovered", record=unit.key, attempts=pacing.failures + 1)
                     self._delivery = "ok"
                     self._show()
                 return DELIVERED, {}
             if verdict == GONE:
                 await self._gone(term, unit, attempt)  # (disabled, until an enable)
                 continue
-            failures += 1
-            now = trio.current_time()
-            if failures == 1:
-                first_failure = now
-            exhausted = self.schedule.exhausted(failures, now - first_failure)
-            if exhausted and self.on_exhausted == "dead-letter":
+            delay = pacing.failed(trio.current_time(), self.rng.random(), attempt.retry_after)
+            failures = pacing.failures
+            if pacing.exhausted and self.on_exhausted == "dead-letter":
                 detail = {
                     "attempts": failures, "status": attempt.status, "error": attempt.error,
                     "answer": attempt.excerpt, "first_attempt_at": _iso(int(first_attempt * 1000)),
@@ -392,11 +390,6 @@ class WebhookSource(RequestServing):
                 self.log.error("webhook-dead-lettered", record=unit.key, records=len(unit.stored),
                                **{k: v for k, v in detail.items() if k != "answer"})  # fmt: skip
                 return "dead", detail
-            if exhausted:  # on_exhausted = "block": on at the schedule's last interval, in order
-                delay = self.schedule.delays[-1] if self.schedule.delays else 1.0
-                delay = max(delay, attempt.retry_after or 0.0)
-            else:
-                delay = self.schedule.delay(failures, self.rng.random(), attempt.retry_after) or 0.0
             self._delivery = "failing"
             self._show()
             self.log.warning(
