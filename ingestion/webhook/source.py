@@ -133,11 +133,22 @@ class WebhookStats:
 
 @attrs.frozen
 class Unit:
-    """What one POST carries: one record, or a batch of records (a JSON array)."""
+    """What one POST carries: one record, or a batch of records (a JSON array).
+
+    The body is made per POST (:meth:`body`): it carries the sending term's fencing token, which
+    the signature covers, and a unit read in one term may be sent again in another."""
 
     stored: tuple[Stored, ...]
     msg_id: str
-    body: bytes
+    payloads: tuple[tuple[str, str, str], ...]  # each record's (type, timestamp, own id)
+    as_batch: bool = False
+
+    def body(self, fencing_token: int) -> bytes:
+        bodies = [
+            envelope(kind, when, record_id, fencing_token, s.record.body)
+            for (kind, when, record_id), s in zip(self.payloads, self.stored, strict=True)
+        ]
+        return f"[{','.join(bodies)}]".encode() if self.as_batch else bodies[0].encode()
 
     @property
     def key(self) -> str:
@@ -341,7 +352,7 @@ class WebhookSource:
 
     def _unit(self, stored: Sequence[Stored], *, as_batch: bool) -> Unit:
         """What one POST carries: one record, or (``as_batch``) a JSON array of them."""
-        bodies = []
+        payloads = []
         for s in stored:
             try:
                 parsed = orjson.loads(s.record.body)
@@ -349,11 +360,11 @@ class WebhookSource:
                 parsed = {}
             record = parsed if isinstance(parsed, dict) else {}
             when = event_time(record) or _iso(s.committed_ms)
-            bodies.append(envelope(event_type(self.from_kind, record), when, s.record.body))
+            own_id = message_id(self.from_job, s.record.paging_token)
+            payloads.append((event_type(self.from_kind, record), when, own_id))
         first, last = stored[0].record.paging_token, stored[-1].record.paging_token
-        if not as_batch:
-            return Unit(tuple(stored), message_id(self.from_job, first), bodies[0].encode())
-        return Unit(tuple(stored), message_id(self.from_job, first, last), f"[{','.join(bodies)}]".encode())
+        msg_id = message_id(self.from_job, first, last if as_batch else None)
+        return Unit(tuple(stored), msg_id, tuple(payloads), as_batch)
 
     # -- one unit, until it is delivered or given up ----------------------------------------------
 
@@ -422,11 +433,12 @@ class WebhookSource:
     async def _post(self, client: httpx.AsyncClient, unit: Unit, token: int) -> Attempt:
         now = await self._clock.now()
         ts = int(now)
+        body = unit.body(token)  # the fence inside what is signed
         headers = {
             "webhook-id": unit.msg_id,
             "webhook-timestamp": str(ts),
-            "webhook-signature": sign(self.keys, unit.msg_id, ts, unit.body),
-            "webhook-fencing-token": str(token),
+            "webhook-signature": sign(self.keys, unit.msg_id, ts, body),
+            "webhook-fencing-token": str(token),  # a convenience, unsigned: receivers use the body's
         }
         status: int | None = None
         excerpt = b""
@@ -438,7 +450,7 @@ class WebhookSource:
 
         with trio.move_on_after(self.timeout) as scope:  # the total timeout: a slow endpoint is cut
             try:
-                async with client.stream("POST", self.url, content=unit.body, headers=headers) as resp:
+                async with client.stream("POST", self.url, content=body, headers=headers) as resp:
                     status = resp.status_code
                     # Read the answer to its end when it is small (a connection whose answer was
                     # left unread is closed, not reused: every POST would connect anew), never

@@ -30,7 +30,8 @@ OTHER = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
 
 
 def test_signatures_verify_with_the_official_package_also_during_a_rotation() -> None:
-    body = envelope("stellar.horizon.payment", "2026-12-04T00:00:00Z", '{"id":"1","amount":"5"}').encode()
+    record = '{"id":"1","amount":"5"}'
+    body = envelope("stellar.horizon.payment", "2026-12-04T00:00:00Z", "ops:1", 7, record).encode()
     ts = int(datetime.datetime.now(datetime.UTC).timestamp())
     headers = {"webhook-id": "ops:1", "webhook-timestamp": str(ts)}
     one = sign(parse_secrets(SECRET), "ops:1", ts, body)
@@ -45,9 +46,12 @@ def test_signatures_verify_with_the_official_package_also_during_a_rotation() ->
 
 def test_the_envelope_keeps_the_record_bytes_as_committed() -> None:
     record = '{"id":"12","paging_token":"12","type":"payment","amount":"1.0000000"}'
-    text = envelope(event_type("horizon", json.loads(record)), "t", record)
+    text = envelope(event_type("horizon", json.loads(record)), "t", "ops:12", 7, record)
     assert text.endswith(f'"data":{record}}}')
-    assert json.loads(text)["type"] == "stellar.horizon.payment"
+    payload = json.loads(text)
+    assert payload["type"] == "stellar.horizon.payment"
+    # the record's own id and the term's fence are in the body: the signature covers them
+    assert (payload["id"], payload["fencing_token"]) == ("ops:12", 7)
     assert event_type("rpc", {"type": "contract"}) == "stellar.contract.event"
     assert event_type("lake", {"type": "system"}) == "stellar.system.event"
 
@@ -159,7 +163,7 @@ def test_the_example_receiver_refuses_a_lower_fencing_token_and_takes_a_retry_on
     receiver = Receiver(SECRET)
 
     def post(msg_id: str, token: int, seq: int) -> int:
-        body = envelope("t", "x", json.dumps({"seq": seq})).encode()
+        body = envelope("t", "x", msg_id, token, json.dumps({"seq": seq})).encode()
         ts = int(datetime.datetime.now(datetime.UTC).timestamp())
         headers = {"webhook-id": msg_id, "webhook-timestamp": str(ts), "webhook-fencing-token": str(token),
                    "webhook-signature": sign(parse_secrets(SECRET), msg_id, ts, body)}  # fmt: skip
