@@ -82,6 +82,7 @@ class Receiver:
     refused_size: int = 0  # refused for a body over max_body, before verification
     refusals: list[str] = attrs.Factory(list)  # why, for each delivery whose signature was refused
     duplicates: int = 0  # acknowledged again without a write (every record already stored)
+    regrouped: int = 0  # wrote records beside some already stored (a batch cut anew after a failover)
     stored: int = 0  # records written (a batch counts its records)
     received_at: dict[str, float] = attrs.Factory(dict)  # webhook-id -> wall time first accepted
     _changed: trio.Event = attrs.Factory(trio.Event)
@@ -111,6 +112,7 @@ class Receiver:
         if written == 0:
             self.duplicates += 1
         else:
+            self.regrouped += int(written < len(items))
             self.stored += written
             self.received_at.setdefault(headers["webhook-id"], time.time())
         self._changed.set()

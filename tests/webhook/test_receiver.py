@@ -59,7 +59,7 @@ def test_each_record_is_taken_once_whatever_batch_it_comes_in() -> None:
     assert receiver.accept(*batch(1, 10, 4))[0] == 204  # the new leader's cut: 1..10
     assert receiver.accept(*batch(1, 10, 4))[0] == 204  # and its retry
     assert [int(r["id"]) for r in receiver.records()] == list(range(1, 11))
-    assert (receiver.stored, receiver.duplicates) == (10, 1)
+    assert (receiver.stored, receiver.duplicates, receiver.regrouped) == (10, 1, 1)
     assert receiver.ids() == ["ops:1:5", "ops:1:10"]
 
 
