@@ -54,6 +54,7 @@ import trio
 
 from actors.lease_store import LeaseStore, RedisUnavailable, discover_jobs, job_keys, parse_lease_value
 from ingestion.common.asgi import Receive, Scope, Send
+from ingestion.common.redact import redact
 from ingestion.serve.presence import PRESENCE_CHANNEL, PRESENCE_KEY, parse_entry, parse_message
 
 AUDIT_ON_PAGE = 50  # audit entries a job's page shows
@@ -458,8 +459,9 @@ class ClusterReader:
             "healthy": sorted(n for n, ms in health.items()
                               if not n.startswith("failing:") and f"failing:{n}" not in health
                               and str(ms).isdigit() and redis_now - int(ms) <= 60_000),
-            "audit": [{"at_ms": _since_ms(i), **f} for i, f in audit],
-            "rejections": [{"at_ms": _since_ms(i), **f} for i, f in rejections],
+            # (redacted again: an entry written before audit entries were, names a URL whole)
+            "audit": [{"at_ms": _since_ms(i), **_redacted(f)} for i, f in audit],
+            "rejections": [{"at_ms": _since_ms(i), **_redacted(f)} for i, f in rejections],
             "webhook": webhook,
         }  # fmt: skip
 
@@ -514,6 +516,10 @@ def _dead_letter(entry_id: str, fields: Mapping[str, str], replayed: bool) -> di
         "error": letter.get("error") or "", "answer": str(letter.get("answer") or "")[:200],
         "replayed": replayed,
     }  # fmt: skip
+
+
+def _redacted(fields: Mapping[str, str]) -> dict[str, str]:
+    return {k: redact(v) for k, v in fields.items()}
 
 
 def _since_ms(entry_id: str) -> int | None:

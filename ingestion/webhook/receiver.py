@@ -70,7 +70,7 @@ class Fault:
 class Receiver:
     """The example receiver over the SQLite database at ``path`` (``:memory:``: a private one)."""
 
-    secret: str
+    secret: str = attrs.field(repr=False)
     path: str = ":memory:"
     max_body: int = MAX_BODY
     fault: Fault | None = None
@@ -86,8 +86,8 @@ class Receiver:
     stored: int = 0  # records written (a batch counts its records)
     received_at: dict[str, float] = attrs.Factory(dict)  # webhook-id -> wall time first accepted
     _changed: trio.Event = attrs.Factory(trio.Event)
-    verifier: Webhook = attrs.field(init=False)
-    db: sqlite3.Connection = attrs.field(init=False)
+    verifier: Webhook = attrs.field(init=False, repr=False)
+    db: sqlite3.Connection = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         self.verifier = Webhook(self.secret.split()[0])

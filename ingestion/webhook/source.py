@@ -40,6 +40,7 @@ from actors.lease_store import CommitRejected, LeaseStore, RedisUnavailable
 from actors.sink import SinkUnavailable
 from actors.source import Batch, Record, TermContext, TermFenced, current_term
 from ingestion.common.http import describe, ssl_context
+from ingestion.common.redact import redact
 from ingestion.common.retry import parse_retry_after
 from ingestion.webhook.core import (
     DELIVERED,
@@ -181,8 +182,8 @@ class WebhookSource:
     from_kind: str
     records: RecordStore
     store: LeaseStore
-    url: str
-    keys: tuple[bytes, ...]
+    url: str = attrs.field(repr=redact)
+    keys: tuple[bytes, ...] = attrs.field(repr=False)  # the signing keys: never in a repr or a log
     schedule: RetrySchedule
     log: Any
     on_exhausted: str = "dead-letter"

@@ -178,3 +178,26 @@ def test_the_example_receiver_refuses_a_lower_fencing_token_and_takes_a_retry_on
     forged = {"webhook-id": "j:4", "webhook-timestamp": "1", "webhook-signature": "v1,AAAA"}
     bad = receiver.accept(forged, b"{}")
     assert bad[0] == 401 and receiver.refused_signature == 1
+
+
+def test_a_webhook_jobs_keys_secret_and_url_credentials_stay_out_of_its_repr() -> None:
+    import redis
+    import structlog
+
+    from actors.lease_store import LeaseStore
+    from ingestion.webhook.receiver import Receiver
+    from ingestion.webhook.records import StreamRecords
+    from ingestion.webhook.source import WebhookSource
+
+    client = redis.Redis()  # (nothing is asked of it)
+    keys = parse_secrets(SECRET)
+    hook = WebhookSource(
+        job="hook", from_job="ops", from_kind="horizon",
+        records=StreamRecords(LeaseStore(client, "ops"), "g"), store=LeaseStore(client, "hook"),
+        url="https://KEY123@wallet.example/in?token=KEY123", keys=keys,
+        schedule=RetrySchedule.parse(DEFAULT_SCHEDULE), log=structlog.get_logger(),
+    )  # fmt: skip
+    shown = repr(hook)
+    assert "KEY123" not in shown and repr(keys[0])[2:-1] not in shown and "wallet.example" in shown
+    assert SECRET[6:] not in repr(Receiver(SECRET))
+    client.close()
