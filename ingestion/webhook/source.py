@@ -136,8 +136,8 @@ class WebhookStats:
 class Unit:
     """What one POST carries: one record, or a batch of records (a JSON array).
 
-    The body is made per POST (:meth:`body`): it carries the sending term's fencing token, which
-    the signature covers, and a unit read in one term may be sent again in another."""
+    The body is made per POST (:meth:`body`), with the sending term's fencing token inside it,
+    where the signature covers it (a header would not be)."""
 
     stored: tuple[Stored, ...]
     msg_id: str
