@@ -106,3 +106,19 @@ def test_url_tokens_and_userinfo_are_masked_by_every_redaction() -> None:
         "failed: https://***@h.example/x?api_key=*** (503)"
     )
     assert redact("paging_token=12 fencing_token=7") == "paging_token=12 fencing_token=7"
+
+
+def test_an_http_error_is_described_without_the_key_in_its_url() -> None:
+    """``describe`` feeds logs, ``webhooks status`` (``last_error``), dead letters and audit
+    entries; an HTTP error's message names the URL it was for, key and all."""
+    import httpx
+
+    from ingestion.common.http import describe
+
+    request = httpx.Request("GET", "https://KEY123@horizon.example/ledgers?apikey=KEY123")
+    failed = httpx.HTTPStatusError(
+        "Client error '403 Forbidden' for url 'https://KEY123@horizon.example/ledgers?apikey=KEY123'",
+        request=request, response=httpx.Response(403, request=request),
+    )  # fmt: skip
+    shown = describe(failed)
+    assert "KEY123" not in shown and shown.startswith("HTTPStatusError: Client error '403 Forbidden'")
