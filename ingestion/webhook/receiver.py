@@ -14,6 +14,9 @@ which it ignores):
 - the highest token is raised in the same transaction, and only when a record was written (a
   duplicate never raises it).
 
+One fence per source job (the payloads' ``id`` up to its last ``:``): each webhook job's tokens
+count on their own, so two jobs delivering to one endpoint must not share a fence.
+
 The transaction takes SQLite's write lock before it reads the fence (``BEGIN IMMEDIATE``), and the
 raise is computed in SQL, so several workers (processes) on one database file cannot interleave a
 read of the fence with another's write. The command keeps the database in a file (by default
@@ -130,8 +133,8 @@ class Receiver:
         return [r for (r,) in rows]
 
     def fence(self) -> int:
-        """The highest fencing token accepted."""
-        return int(self.db.execute("SELECT highest FROM fence").fetchone()[0])
+        """The highest fencing token accepted (of any source job; 0: none)."""
+        return int(self.db.execute("SELECT coalesce(max(highest), 0) FROM fence").fetchone()[0])
 
     async def wait_for(self, count: int, within: float) -> None:
         """Until ``count`` records are stored (bounded)."""
@@ -189,8 +192,11 @@ class Receiver:
 
 
 def _fencing_token(items: list[Any]) -> int | None:
-    """The signed fencing token of a delivery's payloads (None: missing, mixed, or an id missing)."""
+    """The signed fencing token of a delivery's payloads (None: missing, mixed, or an id missing
+    or naming another source job than the others)."""
     if not items or not all(isinstance(i, dict) and isinstance(i.get("id"), str) for i in items):
+        return None
+    if len({i["id"].rpartition(":")[0] for i in items}) != 1:
         return None
     tokens = {i.get("fencing_token") for i in items}
     token = tokens.pop() if len(tokens) == 1 else None
@@ -208,8 +214,7 @@ def open_db(path: str) -> sqlite3.Connection:
         "CREATE TABLE IF NOT EXISTS records (id TEXT PRIMARY KEY, webhook_id TEXT NOT NULL,"
         " fencing_token INTEGER NOT NULL, payload TEXT NOT NULL)"
     )
-    db.execute("CREATE TABLE IF NOT EXISTS fence (highest INTEGER NOT NULL)")
-    db.execute("INSERT INTO fence SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM fence)")
+    db.execute("CREATE TABLE IF NOT EXISTS fence (source_job TEXT PRIMARY KEY, highest INTEGER NOT NULL)")
     db.execute("COMMIT")
     return db
 
@@ -222,10 +227,11 @@ def write(db: sqlite3.Connection, msg_id: str, token: int, items: list[dict[str,
     ``BEGIN IMMEDIATE`` takes the database's write lock before the fence is read, so no other
     worker's write comes between this read and this write; the raise is SQL's ``max``, never a
     value computed from an earlier read."""
+    source_job = items[0]["id"].rpartition(":")[0]  # (a record id holds no ":")
     db.execute("BEGIN IMMEDIATE")
     try:
-        (highest,) = db.execute("SELECT highest FROM fence").fetchone()
-        if token < highest:
+        row = db.execute("SELECT highest FROM fence WHERE source_job = ?", (source_job,)).fetchone()
+        if row is not None and token < row[0]:
             db.execute("ROLLBACK")
             return None
         new = 0
@@ -235,7 +241,11 @@ def write(db: sqlite3.Connection, msg_id: str, token: int, items: list[dict[str,
                 (item["id"], msg_id, token, json.dumps(item)),
             ).rowcount
         if new:
-            db.execute("UPDATE fence SET highest = max(highest, ?)", (token,))
+            db.execute(
+                "INSERT INTO fence (source_job, highest) VALUES (?, ?)"
+                " ON CONFLICT (source_job) DO UPDATE SET highest = max(highest, excluded.highest)",
+                (source_job, token),
+            )
         db.execute("COMMIT")
     except BaseException:
         if db.in_transaction:

@@ -11,10 +11,13 @@ from ingestion.webhook.core import message_id, parse_secrets, sign
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 
-def delivery(record: int, token: int, header: int | None = None) -> tuple[dict[str, str], bytes]:
-    """A delivery of record ``record`` by a leader holding fencing token ``token``, signed with
-    :data:`SECRET` now; ``header``: the unsigned ``webhook-fencing-token`` as sent (or altered)."""
-    msg_id = message_id("ops", str(record))
+def delivery(
+    record: int, token: int, header: int | None = None, source_job: str = "ops"
+) -> tuple[dict[str, str], bytes]:
+    """A delivery of ``source_job``'s record ``record`` by a leader holding fencing token
+    ``token``, signed with :data:`SECRET` now; ``header``: the unsigned ``webhook-fencing-token``
+    as sent (or altered)."""
+    msg_id = message_id(source_job, str(record))
     payload = {"type": "stellar.horizon.payment", "timestamp": "2026-12-04T00:00:00Z", "id": msg_id,
                "fencing_token": token, "data": {"id": str(record), "paging_token": str(record)}}  # fmt: skip
     body = json.dumps(payload, separators=(",", ":")).encode()

@@ -63,6 +63,18 @@ def test_each_record_is_taken_once_whatever_batch_it_comes_in() -> None:
     assert receiver.ids() == ["ops:1:5", "ops:1:10"]
 
 
+def test_each_source_job_has_a_fence_of_its_own() -> None:
+    """Two webhook jobs (of two source jobs) delivering to one endpoint count their tokens apart:
+    one fence for both refused every POST of the job whose tokens were lower."""
+    receiver = Receiver(SECRET)
+    assert receiver.accept(*delivery(1, 40, source_job="payments"))[0] == 204
+    assert receiver.accept(*delivery(1, 3, source_job="trades"))[0] == 204
+    assert receiver.accept(*delivery(2, 3, source_job="trades"))[0] == 204
+    assert receiver.accept(*delivery(2, 39, source_job="payments"))[0] == 409  # still fenced per job
+    assert receiver.accept(*delivery(3, 2, source_job="trades"))[0] == 409
+    assert receiver.stored == 3 and receiver.fence() == 40
+
+
 RACER = """
 import json, sys, time
 from pathlib import Path
