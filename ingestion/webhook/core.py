@@ -130,6 +130,14 @@ def envelope(kind: str, timestamp: str, record_id: str, fencing_token: int, reco
     )
 
 
+def post_body(payloads: Sequence[tuple[str, str, str, str]], fencing_token: int, *, as_batch: bool) -> bytes:
+    """A POST's body: the :func:`envelope` of each (type, timestamp, record id, record JSON) under
+    the sending term's token, a JSON array when ``as_batch``. Made per POST, not per record read:
+    the token is the term's that sends it."""
+    bodies = [envelope(kind, when, rid, fencing_token, data) for kind, when, rid, data in payloads]
+    return f"[{','.join(bodies)}]".encode() if as_batch else bodies[0].encode()
+
+
 # -- what an answer means ------------------------------------------------------------------------
 
 DELIVERED = "delivered"

@@ -48,12 +48,12 @@ from ingestion.webhook.core import (
     GONE,
     RetrySchedule,
     Window,
-    envelope,
     event_time,
     event_type,
     judge,
     message_id,
     outcome_label,
+    post_body,
     sign,
 )
 from ingestion.webhook.records import RecordStore, Stored
@@ -134,22 +134,13 @@ class WebhookStats:
 
 @attrs.frozen
 class Unit:
-    """What one POST carries: one record, or a batch of records (a JSON array).
-
-    The body is made per POST (:meth:`body`), with the sending term's fencing token inside it,
-    where the signature covers it (a header would not be)."""
+    """What one POST carries: one record, or a batch of records (a JSON array); its body is made
+    per POST (:func:`~ingestion.webhook.core.post_body`: the sending term's token inside, signed)."""
 
     stored: tuple[Stored, ...]
     msg_id: str
-    payloads: tuple[tuple[str, str, str], ...]  # each record's (type, timestamp, own id)
+    payloads: tuple[tuple[str, str, str, str], ...]  # each record's type, timestamp, own id, JSON
     as_batch: bool = False
-
-    def body(self, fencing_token: int) -> bytes:
-        bodies = [
-            envelope(kind, when, record_id, fencing_token, s.record.body)
-            for (kind, when, record_id), s in zip(self.payloads, self.stored, strict=True)
-        ]
-        return f"[{','.join(bodies)}]".encode() if self.as_batch else bodies[0].encode()
 
     @property
     def key(self) -> str:
@@ -362,7 +353,7 @@ class WebhookSource:
             record = parsed if isinstance(parsed, dict) else {}
             when = event_time(record) or _iso(s.committed_ms)
             own_id = message_id(self.from_job, s.record.paging_token)
-            payloads.append((event_type(self.from_kind, record), when, own_id))
+            payloads.append((event_type(self.from_kind, record), when, own_id, s.record.body))
         first, last = stored[0].record.paging_token, stored[-1].record.paging_token
         msg_id = message_id(self.from_job, first, last if as_batch else None)
         return Unit(tuple(stored), msg_id, tuple(payloads), as_batch)
@@ -434,7 +425,7 @@ class WebhookSource:
     async def _post(self, client: httpx.AsyncClient, unit: Unit, token: int) -> Attempt:
         now = await self._clock.now()
         ts = int(now)
-        body = unit.body(token)  # the fence inside what is signed
+        body = post_body(unit.payloads, token, as_batch=unit.as_batch)  # the fence inside what is signed
         headers = {
             "webhook-id": unit.msg_id,
             "webhook-timestamp": str(ts),

@@ -22,6 +22,7 @@ from ingestion.webhook.core import (
     message_id,
     parse_duration,
     parse_secrets,
+    post_body,
     sign,
 )
 
@@ -52,6 +53,9 @@ def test_the_envelope_keeps_the_record_bytes_as_committed() -> None:
     assert payload["type"] == "stellar.horizon.payment"
     # the record's own id and the term's fence are in the body: the signature covers them
     assert (payload["id"], payload["fencing_token"]) == ("ops:12", 7)
+    two = [("t", "x", "ops:12", record), ("t", "x", "ops:13", "{}")]
+    batch = json.loads(post_body(two, 9, as_batch=True))  # a batch: each payload under the POST's token
+    assert [(p["id"], p["fencing_token"]) for p in batch] == [("ops:12", 9), ("ops:13", 9)]
     assert event_type("rpc", {"type": "contract"}) == "stellar.contract.event"
     assert event_type("lake", {"type": "system"}) == "stellar.system.event"
 
