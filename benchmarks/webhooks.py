@@ -268,7 +268,8 @@ def _receiver_process() -> tuple[Any, int]:
     import subprocess
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ingestion.webhook.receiver", "--port", "0"],
+        # (--db :memory:: the benchmark measures the sender, not the receiver's disk)
+        [sys.executable, "-m", "ingestion.webhook.receiver", "--port", "0", "--db", ":memory:"],
         stdout=subprocess.PIPE, env={**os.environ, "WEBHOOK_SECRET": SECRET},
     )  # fmt: skip
     assert proc.stdout is not None

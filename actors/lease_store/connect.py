@@ -31,7 +31,7 @@ class SentinelTarget:
     service: str
     db: int
     username: str | None
-    password: str | None
+    password: str | None = attrs.field(repr=False)
     tls: bool
 
     @property

@@ -30,6 +30,7 @@ import redis
 
 from ingestion.backfill.plan import Plan, Progress
 from ingestion.cli.usage import OneLineParser, UsageError, setting_help
+from ingestion.common.redact import redact
 
 REFRESH = 1.0  # seconds between progress reads
 PLAIN_EVERY = 10.0  # seconds between progress lines when not on a terminal
@@ -189,10 +190,10 @@ async def _lake_problem(job: Any, settings: Any, first: int, last: int) -> str |
     lake = open_lake(job.lake_url, settings.lake.endpoint_url)
     schema = await lake.schema()
     if schema is None:
-        return f"the lake {job.lake_url} has no .config.json: nothing to backfill from"
+        return f"the lake {redact(job.lake_url)} has no .config.json: nothing to backfill from"
     edges = await lake.edges()
     if edges is None:
-        return f"the lake {job.lake_url} holds no ledger"
+        return f"the lake {redact(job.lake_url)} holds no ledger"
     oldest, newest = edges
     if first < oldest or last > newest:
         return f"ledgers {first}..{last} are beyond the lake's reach (it holds ledgers {oldest}..{newest})"
@@ -225,7 +226,7 @@ async def _rpc_problem(job: Any, first: int, last: int) -> str | None:
             answer.raise_for_status()
             result = answer.json()["result"]
     except (httpx.HTTPError, KeyError, ValueError) as exc:
-        raise OSError(f"Stellar RPC {url}: getHealth: {exc}") from exc
+        raise OSError(redact(f"Stellar RPC {url}: getHealth: {exc}")) from exc
     oldest, newest = int(result["oldestLedger"]), int(result["latestLedger"])
     if first < oldest or last > newest:
         return (

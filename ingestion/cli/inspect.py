@@ -56,6 +56,7 @@ from actors.lease_store.connect import describe_redis_error
 from actors.observe import record_time
 from ingestion.cli.usage import flags_layer
 from ingestion.common.paging import InvalidPagingToken, toid_parts, token_key
+from ingestion.common.redact import redact
 from ingestion.config import Settings, load, redact_url
 
 HORIZON_TIMEOUT = 5.0  # seconds, the whole lag query
@@ -451,8 +452,9 @@ AUDIT_NUMBERS = (
 
 def audit_doc(entry: dict[str, str]) -> dict[str, Any]:
     """One audit entry for ``--json``: its fields as written, the tokens (and other whole numbers
-    of :data:`AUDIT_NUMBERS`) as integers, an unknown one (``""``) as null."""
-    doc: dict[str, Any] = dict(entry)
+    of :data:`AUDIT_NUMBERS`) as integers, an unknown one (``""``) as null; a URL's credentials
+    masked (an entry written by an older version may hold them)."""
+    doc: dict[str, Any] = {k: redact(v) if isinstance(v, str) else v for k, v in entry.items()}
     for key in AUDIT_NUMBERS:
         value = entry.get(key)
         if value is None:

@@ -13,6 +13,7 @@ import trio
 
 from actors.lease_store import connect, job_keys
 from ingestion.cli.usage import OneLineParser, UsageError, flags_layer, setting_help
+from ingestion.common.redact import redact
 from ingestion.verify import verify_configured_job
 
 
@@ -183,9 +184,9 @@ def _verify_and_say(
         print(f"ingestion: verify: {describe_store(exc)}", file=sys.stderr)
         return 1
     except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
-        print(f"ingestion: verify: cannot read {url}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(redact(f"ingestion: verify: cannot read {url}: {type(exc).__name__}: {exc}"), file=sys.stderr)
         return 1
-    print(f"job {job.name} ({job.kind}, {url}): {result.summary()}")
+    print(f"job {job.name} ({job.kind}, {redact(url)}): {result.summary()}")
     return 0 if result.ok else 1
 
 

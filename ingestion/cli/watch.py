@@ -29,6 +29,8 @@ import attrs
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
+from ingestion.common.redact import redact
+
 CONNECT_TIMEOUT = 2.0
 SILENCE_TIMEOUT = 5.0  # a node sends a status every second; this much silence means it is gone
 RETRY_BASE, RETRY_CAP = 0.2, 2.0
@@ -84,7 +86,7 @@ class ClusterView:
         node = self.nodes[url]
         lines = []
         if node.ever_connected and not node.connected:
-            lines.append(f"{_clock()}  {node.name}: reachable again ({url})")
+            lines.append(f"{_clock()}  {node.name}: reachable again ({redact(url)})")
         node.connected, node.ever_connected, node.error = True, True, None
         return lines
 

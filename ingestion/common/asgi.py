@@ -26,11 +26,16 @@ class Disconnected(Exception):
     """The client went away before its request's body was whole (``http.disconnect``)."""
 
 
-async def read_body(receive: Receive) -> bytes:
+class BodyTooLarge(Exception):
+    """A request's body is longer than the app takes (answer 413 without reading the rest)."""
+
+
+async def read_body(receive: Receive, limit: int | None = None) -> bytes:
     """A request's whole body, however many ``http.request`` messages it came in.
 
     Raises:
         Disconnected: the client left mid-request: what came is not the body it sent.
+        BodyTooLarge: more than ``limit`` bytes came (None: no limit); the rest is not read.
     """
     body = b""
     while True:
@@ -38,6 +43,8 @@ async def read_body(receive: Receive) -> bytes:
         if message["type"] == "http.disconnect":
             raise Disconnected("the client went away before its request was whole")
         body += message.get("body", b"")
+        if limit is not None and len(body) > limit:
+            raise BodyTooLarge(f"a body over {limit} bytes")
         if not message.get("more_body"):
             return body
 

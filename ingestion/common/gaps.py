@@ -21,6 +21,7 @@ import structlog
 
 from actors.source import SourceFatalError
 from ingestion.common.http import describe
+from ingestion.common.redact import redact
 
 log = structlog.get_logger()
 
@@ -62,7 +63,7 @@ async def record_history_gap(
         raise SourceFatalError(stop_message)
     action = "lake" if on_history_gap == "lake" else "skip"
     if audit is not None:
-        entry = {k: str(v) for k, v in fields.items()}
+        entry = {k: redact(str(v)) for k, v in fields.items()}  # (the source's URL may hold a key)
         if action == "lake":
             entry["action"] = "lake"
         try:

@@ -7,6 +7,8 @@ import ssl
 
 import httpx
 
+from ingestion.common.redact import redact
+
 
 @functools.cache
 def ssl_context() -> ssl.SSLContext:
@@ -20,6 +22,7 @@ def ssl_context() -> ssl.SSLContext:
 
 
 def describe(exc: BaseException) -> str:
-    """An exception for a log line: its type, and its message when it has one."""
-    text = str(exc)
+    """An exception for a log line, a status or an audit entry: its type, and its message when it
+    has one, with any URL's credentials masked (an HTTP error names the URL it was for)."""
+    text = redact(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -38,6 +38,7 @@ from actors.lease_store import (
     parse_cluster_url,
     parse_sentinel_url,
 )
+from ingestion.common.redact import redact
 from ingestion.config.schema import LOG_LEVELS
 from ingestion.config.sections import JobSettings
 
@@ -46,23 +47,13 @@ def default_node_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-_SECRET_QUERY = re.compile(r"(?i)([?&](?:password|pass|auth)=)[^&#]*")
-
-
 def redact_url(url: str) -> str:
-    """The URL with any password (``user:password@`` or ``?password=``) replaced by ``***``.
+    """The URL with any password or token (``user:***@``, ``***@``, ``?password=***``,
+    ``?token=***``, ...) masked (:func:`ingestion.common.redact.redact`).
 
     Never raises, whatever the text: it is used on settings that failed validation too.
     """
-    scheme, sep, rest = url.partition("://")
-    if sep:
-        netloc, slash, path = rest.partition("/")
-        userinfo, at, hostport = netloc.rpartition("@")
-        if at and ":" in userinfo:
-            user = userinfo.split(":", 1)[0]
-            netloc = f"{user}:***@{hostport}"
-        url = f"{scheme}{sep}{netloc}{slash}{path}"
-    return _SECRET_QUERY.sub(r"\1***", url)
+    return redact(url)
 
 
 def check_urls(urls: Sequence[str], where: str, what: str, problems: list[str]) -> None:

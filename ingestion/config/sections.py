@@ -9,6 +9,16 @@ import redis
 
 from actors.lease import LeaseTiming
 from actors.lease_store import connect
+from ingestion.common.redact import redact
+
+
+def _url(url: str) -> str:
+    """A URL setting in a repr: its credentials masked."""
+    return repr(redact(url))
+
+
+def _urls(urls: tuple[str, ...]) -> str:
+    return repr(tuple(redact(u) for u in urls))
 
 
 @attrs.frozen
@@ -30,7 +40,7 @@ class WebhookSettings:
 
     source_job: str  # ``from``
     source_kind: str  # the delivered job's kind (horizon, rpc, lake, scheduled): the events' type
-    url: str
+    url: str = attrs.field(repr=_url)
     secret: str = attrs.field(repr=False)  # one or two whsec_... secrets, space separated
     batch: int = 1
     concurrency: int = 1
@@ -51,17 +61,19 @@ class JobSettings:
     kind: str  # "horizon", "rpc", "lake" or "scheduled"
     resource: str
     start_cursor: str
-    horizon_urls: tuple[str, ...]
+    horizon_urls: tuple[str, ...] = attrs.field(repr=_urls)
     action: str = ""  # scheduled: "module:function"
     period_ms: int = 0
-    rpc_urls: tuple[str, ...] = ()  # rpc: the URLs and the getEvents filter
+    rpc_urls: tuple[str, ...] = attrs.field(default=(), repr=_urls)  # rpc: the URLs and the getEvents filter
     event_type: str = ""
     contract_ids: tuple[str, ...] = ()
     topics: tuple[str, ...] = ()  # each "SEG[,SEG...]" as written
-    sink: str = ""  # the job's sink URL: "" for the Redis events stream, else postgresql://
-    lake_url: str = ""  # lake: the data lake (the filter fields above are its filter)
+    # the job's sink URL: "" for the Redis events stream, else postgresql://
+    sink: str = attrs.field(default="", repr=_url)
+    # lake: the data lake (the filter fields above are its filter)
+    lake_url: str = attrs.field(default="", repr=_url)
     webhook: WebhookSettings | None = None  # webhook: the endpoint and delivery rules
-    source_sink: str = ""  # webhook: where the delivered job's records are (its sink URL)
+    source_sink: str = attrs.field(default="", repr=_url)  # webhook: where the delivered job's records are
     # horizon, rpc, lake (docs/CONSUMING.md, "Decoded events and watch lists"): contract events'
     # ScVals decoded and the transfer view added (Horizon: /payments records)
     decode: bool = True
@@ -95,7 +107,7 @@ class JobSettings:
 
 @attrs.frozen
 class RedisSettings:
-    url: str
+    url: str = attrs.field(repr=_url)
     timeout_ms: int
     min_replicas_acked: int
     tls_ca_file: str
@@ -135,7 +147,7 @@ class LeaseSettings:
 
 @attrs.frozen
 class HorizonSettings:
-    urls: tuple[str, ...]
+    urls: tuple[str, ...] = attrs.field(repr=_urls)
     resource: str
     start_cursor: str
     connect_timeout_ms: int
@@ -154,7 +166,7 @@ class HorizonSettings:
 
 @attrs.frozen
 class RpcSettings:
-    urls: tuple[str, ...]
+    urls: tuple[str, ...] = attrs.field(repr=_urls)
     start_cursor: str
     event_type: str
     contract_ids: tuple[str, ...]
@@ -172,8 +184,8 @@ class RpcSettings:
 
 @attrs.frozen
 class LakeSettings:
-    url: str
-    endpoint_url: str
+    url: str = attrs.field(repr=_url)
+    endpoint_url: str = attrs.field(repr=_url)
     poll_interval_ms: int
     read_ahead: int
     decode_processes: int = 1
@@ -186,7 +198,7 @@ class EventsSettings:
 
 @attrs.frozen
 class SinkSettings:
-    url: str
+    url: str = attrs.field(repr=_url)
     schema: str
 
 

@@ -7,27 +7,18 @@ bound by the caller. Wall-clock time appears here and nowhere else.
 from __future__ import annotations
 
 import logging
-import re
 import sys
 from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
 
-# ``scheme://user:password@`` anywhere in a string, and ``password=...`` query parameters.
-_URL_SECRET = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^\s/:@]*:)[^\s/@]+@", re.IGNORECASE)
-_QUERY_SECRET = re.compile(r"(?i)([?&](?:password|pass|auth)=)[^&#\s]*")
-
-
-def redact(text: str) -> str:
-    """``text`` with every URL password replaced by ``***``."""
-    if "://" not in text and "=" not in text:
-        return text
-    return _QUERY_SECRET.sub(r"\1***", _URL_SECRET.sub(r"\1***@", text))
+from ingestion.common.redact import redact
 
 
 def redact_secrets(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> Any:
-    """structlog processor: no password in a URL survives into a log line (exceptions included)."""
+    """structlog processor: no password or token of a URL survives into a log line (exceptions
+    included): :func:`ingestion.common.redact.redact`."""
     for key, value in event.items():
         if isinstance(value, str):
             event[key] = redact(value)

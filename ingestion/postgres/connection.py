@@ -17,16 +17,14 @@ there.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import psycopg
 
+from ingestion.common.redact import redact as redact_text
 from ingestion.postgres import sql
 
 THREADS = 4  # worker threads per sink (or fence) at most, abandoned ones included
-
-_PASSWORD = re.compile(r"((?:^|[?&\s])password=)[^&\s]*")
 
 
 def is_postgres_url(url: str) -> bool:
@@ -34,15 +32,9 @@ def is_postgres_url(url: str) -> bool:
 
 
 def redact(url: str) -> str:
-    """The URL without its password (``user:***@``, ``password=***``)."""
-    scheme, sep, rest = url.partition("://")
-    if sep:
-        netloc, slash, path = rest.partition("/")
-        userinfo, at, hostport = netloc.rpartition("@")
-        if at and ":" in userinfo:
-            netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
-        url = f"{scheme}{sep}{netloc}{slash}{path}"
-    return _PASSWORD.sub(r"\1***", url)
+    """The URL without its password (``user:***@``, ``password=***``) or any token
+    (:func:`ingestion.common.redact.redact`)."""
+    return redact_text(url)
 
 
 def database_name(url: str) -> str:

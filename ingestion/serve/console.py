@@ -55,6 +55,7 @@ import trio
 
 from actors.lease_store import LeaseStore, RedisUnavailable, discover_jobs, job_keys, parse_lease_value
 from ingestion.common.asgi import Receive, Scope, Send
+from ingestion.common.redact import redact
 from ingestion.serve.backfill_section import backfill_section
 from ingestion.serve.presence import PRESENCE_CHANNEL, PRESENCE_KEY, parse_entry, parse_message
 from ingestion.webhook.admin import outcome_text, outcome_words
@@ -468,8 +469,9 @@ class ClusterReader:
             "healthy": sorted(n for n, ms in health.items()
                               if not n.startswith("failing:") and f"failing:{n}" not in health
                               and str(ms).isdigit() and redis_now - int(ms) <= 60_000),
-            "audit": [{"at_ms": _since_ms(i), **f} for i, f in audit],
-            "rejections": [{"at_ms": _since_ms(i), **f} for i, f in rejections],
+            # (redacted again: an entry written before audit entries were, names a URL whole)
+            "audit": [{"at_ms": _since_ms(i), **_redacted(f)} for i, f in audit],
+            "rejections": [{"at_ms": _since_ms(i), **_redacted(f)} for i, f in rejections],
             "webhook": webhook, "backfill": backfill,
         }  # fmt: skip
 
@@ -533,6 +535,10 @@ def _json_object(raw: str | None) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def _redacted(fields: Mapping[str, str]) -> dict[str, str]:
+    return {k: redact(v) for k, v in fields.items()}
 
 
 def _since_ms(entry_id: str) -> int | None:

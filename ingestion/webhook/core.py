@@ -4,11 +4,15 @@ means, when to try again, and which delivered prefix may be committed.
 Nothing here does I/O or reads a clock: times and uniform random numbers are arguments.
 
 The wire format is Standard Webhooks' (https://www.standardwebhooks.com): a JSON body
-``{"type", "timestamp", "data"}`` (a JSON array of them with ``batch`` > 1), headers
-``webhook-id``, ``webhook-timestamp`` and ``webhook-signature`` (``v1,`` + base64 HMAC-SHA256 of
-``id.timestamp.body`` under each configured secret, space separated), and our extension
-``webhook-fencing-token``: the deliverer's fencing token, for receivers that keep the highest one
-they accepted beside their own write (docs/WEBHOOKS.md).
+``{"type", "timestamp", "id", "fencing_token", "data"}`` (a JSON array of them with ``batch`` > 1),
+headers ``webhook-id``, ``webhook-timestamp`` and ``webhook-signature`` (``v1,`` + base64
+HMAC-SHA256 of ``id.timestamp.body`` under each configured secret, space separated). Two fields are
+ours: ``id``, the record's own id (its ``webhook-id`` when it is sent alone), by which a receiver
+de-duplicates records whatever batch they came in; and ``fencing_token``, the deliverer's fencing
+token, for receivers that keep the highest one they accepted beside their own write
+(docs/WEBHOOKS.md). Both are inside the body, so the signature covers them. The
+``webhook-fencing-token`` header repeats the token for convenience, unsigned: anyone who captured a
+delivery can change it, so it decides nothing.
 """
 
 from __future__ import annotations
@@ -122,10 +126,22 @@ def event_time(record: dict[str, object]) -> str | None:
     return None
 
 
-def envelope(kind: str, timestamp: str, record_json: str) -> str:
+def envelope(kind: str, timestamp: str, record_id: str, fencing_token: int, record_json: str) -> str:
     """One Standard Webhooks payload, with ``data`` the committed record exactly as stored (its
-    bytes are not re-encoded)."""
-    return f'{{"type":{json.dumps(kind)},"timestamp":{json.dumps(timestamp)},"data":{record_json}}}'
+    bytes are not re-encoded), ``id`` the record's own id (:func:`message_id` of it alone) and
+    ``fencing_token`` the sending term's: signed with the body, unlike a header."""
+    return (
+        f'{{"type":{json.dumps(kind)},"timestamp":{json.dumps(timestamp)},"id":{json.dumps(record_id)},'
+        f'"fencing_token":{int(fencing_token)},"data":{record_json}}}'
+    )
+
+
+def post_body(payloads: Sequence[tuple[str, str, str, str]], fencing_token: int, *, as_batch: bool) -> bytes:
+    """A POST's body: the :func:`envelope` of each (type, timestamp, record id, record JSON) under
+    the sending term's token, a JSON array when ``as_batch``. Made per POST, not per record read:
+    the token is the term's that sends it."""
+    bodies = [envelope(kind, when, rid, fencing_token, data) for kind, when, rid, data in payloads]
+    return f"[{','.join(bodies)}]".encode() if as_batch else bodies[0].encode()
 
 
 # -- what an answer means ------------------------------------------------------------------------

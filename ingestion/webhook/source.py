@@ -41,6 +41,7 @@ from actors.lease_store import CommitRejected, LeaseStore, RedisUnavailable
 from actors.sink import SinkUnavailable
 from actors.source import Batch, Record, TermContext, TermFenced, current_term
 from ingestion.common.http import describe, ssl_context
+from ingestion.common.redact import redact
 from ingestion.common.retry import parse_retry_after
 from ingestion.webhook.core import (
     DELIVERED,
@@ -50,12 +51,12 @@ from ingestion.webhook.core import (
     RetryPacing,
     RetrySchedule,
     Window,
-    envelope,
     event_time,
     event_type,
     judge,
     message_id,
     outcome_label,
+    post_body,
     sign,
     webhook_keys,
 )
@@ -130,11 +131,13 @@ class WebhookStats:
 
 @attrs.frozen
 class Unit:
-    """What one POST carries: one record, or a batch of records (a JSON array)."""
+    """What one POST carries: one record, or a batch of records (a JSON array); its body is made
+    per POST (:func:`~ingestion.webhook.core.post_body`: the sending term's token inside, signed)."""
 
     stored: tuple[Stored, ...]
     msg_id: str
-    body: bytes
+    payloads: tuple[tuple[str, str, str, str], ...]  # each record's type, timestamp, own id, JSON
+    as_batch: bool = False
 
     @property
     def key(self) -> str:
@@ -167,8 +170,8 @@ class WebhookSource(RequestServing):
     from_kind: str
     records: RecordStore
     store: LeaseStore
-    url: str
-    keys: tuple[bytes, ...]
+    url: str = attrs.field(repr=redact)
+    keys: tuple[bytes, ...] = attrs.field(repr=False)  # the signing keys: never in a repr or a log
     schedule: RetrySchedule
     log: Any
     on_exhausted: str = "dead-letter"
@@ -339,7 +342,7 @@ class WebhookSource(RequestServing):
 
     def _unit(self, stored: Sequence[Stored], *, as_batch: bool) -> Unit:
         """What one POST carries: one record, or (``as_batch``) a JSON array of them."""
-        bodies = []
+        payloads = []
         for s in stored:
             try:
                 parsed = orjson.loads(s.record.body)
@@ -347,11 +350,11 @@ class WebhookSource(RequestServing):
                 parsed = {}
             record = parsed if isinstance(parsed, dict) else {}
             when = event_time(record) or _iso(s.committed_ms)
-            bodies.append(envelope(event_type(self.from_kind, record), when, s.record.body))
+            own_id = message_id(self.from_job, s.record.paging_token)
+            payloads.append((event_type(self.from_kind, record), when, own_id, s.record.body))
         first, last = stored[0].record.paging_token, stored[-1].record.paging_token
-        if not as_batch:
-            return Unit(tuple(stored), message_id(self.from_job, first), bodies[0].encode())
-        return Unit(tuple(stored), message_id(self.from_job, first, last), f"[{','.join(bodies)}]".encode())
+        msg_id = message_id(self.from_job, first, last if as_batch else None)
+        return Unit(tuple(stored), msg_id, tuple(payloads), as_batch)
 
     # -- one unit, until it is delivered or given up ----------------------------------------------
 
@@ -406,11 +409,12 @@ class WebhookSource(RequestServing):
     async def _post(self, client: httpx.AsyncClient, unit: Unit, token: int) -> Attempt:
         now = await self._clock.now()
         ts = int(now)
+        body = post_body(unit.payloads, token, as_batch=unit.as_batch)  # the fence inside what is signed
         headers = {
             "webhook-id": unit.msg_id,
             "webhook-timestamp": str(ts),
-            "webhook-signature": sign(self.keys, unit.msg_id, ts, unit.body),
-            "webhook-fencing-token": str(token),
+            "webhook-signature": sign(self.keys, unit.msg_id, ts, body),
+            "webhook-fencing-token": str(token),  # a convenience, unsigned: receivers use the body's
         }
         status: int | None = None
         excerpt = b""
@@ -422,7 +426,7 @@ class WebhookSource(RequestServing):
 
         with trio.move_on_after(self.timeout) as scope:  # the total timeout: a slow endpoint is cut
             try:
-                async with client.stream("POST", self.url, content=unit.body, headers=headers) as resp:
+                async with client.stream("POST", self.url, content=body, headers=headers) as resp:
                     status = resp.status_code
                     # Read the answer to its end when it is small (a connection whose answer was
                     # left unread is closed, not reused: every POST would connect anew), never

@@ -594,3 +594,18 @@ def test_a_commands_flags_are_taken_after_its_action_too(command: str, action: l
     assert (before.config, before.redis) == (Path("g.toml"), "redis://after")
     neither = parser.parse_args(action)
     assert (neither.config, neither.redis) == (None, None)
+
+
+def test_verify_never_prints_the_token_of_a_sources_url(redis_server: LocalRedis, job: str) -> None:
+    """A provider's key in the Horizon URL (``https://KEY@host``, ``?token=``) stays out of what
+    ``verify`` prints when the source cannot be read (its error text names the URL too)."""
+    client: redis.Redis = connect(redis_server.url, timeout=2.0)
+    client.hset(f"ingestion:{{{job}}}:cursor", mapping={"cursor": "12", "source": "horizon /operations"})
+    entry = {"paging_token": "12", "token": "1", "node": "n1", "record": "{}"}  # as a commit writes it
+    client.xadd(f"ingestion:{{{job}}}:events", entry)  # type: ignore[arg-type]
+    horizon = f"http://KEY123@127.0.0.1:{closed_port()}/?token=KEY123"
+    done = run("verify", "--redis", redis_server.url, "--job", job, "--horizon", horizon)
+    assert done.returncode == 1 and "cannot read http://***@127.0.0.1:" in done.stderr, done.stderr
+    assert "ConnectError" in done.stderr  # (the source unreachable: the path that names its URL)
+    assert "KEY123" not in done.stdout + done.stderr
+    client.close()

@@ -173,3 +173,16 @@ def test_cli_exits_2_with_one_line_per_problem_naming_the_setting(tmp_path: Path
     assert any("observe.status_port: must be int, got 'x'" in x for x in lines)
     assert all(x.startswith("ingestion: configuration error: ") for x in lines)
     assert "pw" not in done.stderr
+
+
+def test_no_secret_or_url_credential_shows_in_a_repr() -> None:
+    """A repr ends up in tracebacks, debug logs and test output: settings show their URLs
+    redacted, and a Sentinel target never its password."""
+    settings = Settings.from_mapping({
+        "redis": {"url": "redis://u:KEY123@10.0.0.1:6379/0"},
+        "sink": {"url": "postgresql://u:KEY123@db/x"},
+        "horizon": {"urls": ["https://KEY123@horizon.example/?apikey=KEY123"]},
+    })  # fmt: skip
+    shown = repr(settings)
+    assert "KEY123" not in shown and "redis://u:***@10.0.0.1:6379/0" in shown
+    assert "KEY123" not in repr(parse_sentinel_url("redis+sentinel://u:KEY123@h:26379/svc"))

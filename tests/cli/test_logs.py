@@ -84,3 +84,41 @@ def test_redact_leaves_ordinary_text_alone() -> None:
     assert redact("cursor=123-4 leader=a") == "cursor=123-4 leader=a"
     assert redact("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
     assert redact("redis://h:1/0?password=x&db=1") == "redis://h:1/0?password=***&db=1"
+
+
+def test_url_tokens_and_userinfo_are_masked_by_every_redaction() -> None:
+    """Issue 46: only ``user:password@`` and ``?password=`` were masked; a provider's key in a
+    URL (``https://KEY@host``, ``?token=``, ``?apikey=``) was printed whole."""
+    from ingestion.config import redact_url
+    from ingestion.postgres.connection import redact as redact_sink
+
+    cases = {
+        "https://KEY123@rpc.example/soroban": "https://***@rpc.example/soroban",
+        "https://horizon.example/?token=KEY123&x=1": "https://horizon.example/?token=***&x=1",
+        "https://rpc.example/v1?apikey=KEY123": "https://rpc.example/v1?apikey=***",
+        "wss://h.example/?access_token=KEY123#f": "wss://h.example/?access_token=***#f",
+        "postgresql://u:KEY123@db/x?sslpassword=KEY123": "postgresql://u:***@db/x?sslpassword=***",
+        "redis://u:p@ss@h:6379/0": "redis://u:***@h:6379/0",
+    }
+    for shown in (redact, redact_url, redact_sink):
+        assert {url: shown(url) for url in cases} == cases, shown
+    assert redact("failed: https://KEY123@h.example/x?api_key=KEY123 (503)") == (
+        "failed: https://***@h.example/x?api_key=*** (503)"
+    )
+    assert redact("paging_token=12 fencing_token=7") == "paging_token=12 fencing_token=7"
+
+
+def test_an_http_error_is_described_without_the_key_in_its_url() -> None:
+    """``describe`` feeds logs, ``webhooks status`` (``last_error``), dead letters and audit
+    entries; an HTTP error's message names the URL it was for, key and all."""
+    import httpx
+
+    from ingestion.common.http import describe
+
+    request = httpx.Request("GET", "https://KEY123@horizon.example/ledgers?apikey=KEY123")
+    failed = httpx.HTTPStatusError(
+        "Client error '403 Forbidden' for url 'https://KEY123@horizon.example/ledgers?apikey=KEY123'",
+        request=request, response=httpx.Response(403, request=request),
+    )  # fmt: skip
+    shown = describe(failed)
+    assert "KEY123" not in shown and shown.startswith("HTTPStatusError: Client error '403 Forbidden'")

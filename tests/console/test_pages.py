@@ -89,6 +89,26 @@ async def test_pages_escape_redis_values_carry_the_headers_and_render_no_setting
     client.close()
 
 
+async def test_an_audit_entry_is_shown_without_the_credentials_of_a_url(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    """A history-gap entry written before entries were redacted (or by a path that forgot) names a
+    source URL whole: the console masks it again on display."""
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    assert (await LeaseStore(client, job).acquire("n1", 5000)).__class__.__name__ == "Acquired"
+    raw = "https://KEY123@rpc.example/?token=KEY123"
+    entry = {"event": "history-gap", "node": "n1", "token": "1", "rpc": raw}
+    redis_client.xadd(job_keys(job)["audit"], entry)  # type: ignore[arg-type]
+    async with console(client, {job: "rpc"}) as (_reader, http):
+        page = await http.get(f"/console/job/{job}")
+        detail = await http.get(f"/console/job/{job}/state")
+    assert page.status_code == detail.status_code == 200
+    assert "KEY123" not in page.text and "KEY123" not in detail.text
+    gap = next(e for e in detail.json()["audit"] if e["event"] == "history-gap")
+    assert gap["rpc"] == "https://***@rpc.example/?token=***"
+    client.close()
+
+
 async def test_each_node_reports_its_presence_the_console_follows_it_and_a_node_that_stops_leaves(
     redis_server: LocalRedis, redis_client: redis.Redis, job: str
 ) -> None:

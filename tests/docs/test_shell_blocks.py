@@ -45,6 +45,7 @@ from ingestion.simulator.chain import Chain
 from ingestion.simulator.records import ChainSpec
 from ingestion.testing.local_redis import LocalRedis
 from tests.support import doc_shell
+from tests.support.deliveries import delivery
 from tests.support.doc_shell import ROOT, Block, CommandLine, Invocation, Runner, eventually
 from tests.support.ports import closed_port
 
@@ -59,6 +60,7 @@ RUN: dict[Key, str] = {
     ("docs/CONSUMING.md", "ingestion watchlist add deposits"): "test_consuming_deposit_detection",
     ("docs/WEBHOOKS.md", "ingestion webhooks status"): "test_webhooks_commands",
     ("docs/BACKFILL.md", "ingestion simulate --port 8000"): "test_backfill_two_spans_run_to_done",
+    ("docs/WEBHOOKS.md", "WEBHOOK_SECRET="): "test_webhooks_receiver_keeps_its_fence",
 }
 
 # Deliberately not run (their project commands are still parsed, their scripts checked), and why.
@@ -492,3 +494,62 @@ def test_webhooks_commands(private_redis: LocalRedis, tmp_path: Path) -> None:
     (shown,) = json.loads(done.stdout)
     assert shown["job"] == hook and shown["requests_pending"] == 4, shown
     assert secret not in done.stdout + done.stderr
+
+
+def test_webhooks_receiver_keeps_its_fence(tmp_path: Path) -> None:
+    """WEBHOOKS.md's receiver command as typed (its port a free one, in a directory of its own):
+    it says where its fence is, takes a signed delivery, and restarted on the same file it still
+    refuses a lower token (issue 50: it kept everything in memory, a restart reset the fence to 0);
+    on a new file its fence is 0, as the warning says."""
+    (line,) = _block(("docs/WEBHOOKS.md", "WEBHOOK_SECRET=")).command_lines()
+    (call,) = line.invocations()
+    assert call.kind == "module" and call.target == "ingestion.webhook.receiver"
+    program = call.words.index("python")
+    env = dict(word.split("=", 1) for word in call.words[:program])
+    runner = Runner("redis://127.0.0.1:6379/0", tmp_path, env=env)
+    args = [runner.substitute(w, before) for before, w in zip(("", *call.args), call.args, strict=False)]
+    db = args[args.index("--db") + 1]
+    document = (ROOT / "docs/WEBHOOKS.md").read_text()
+    assert f"`--db` defaults to\n`{db}`" in document  # the command shows the default
+
+    def start(*extra: str) -> tuple[subprocess.Popen[bytes], dict[str, object]]:
+        out = tmp_path / f"receiver-{len(list(tmp_path.glob('receiver-*')))}.out"
+        argv = [sys.executable, "-m", call.target, *args, *extra]
+        with out.open("wb") as sink:
+            proc = subprocess.Popen(argv, cwd=tmp_path, env=runner.environment(), stdout=sink,
+                                    stderr=subprocess.STDOUT)  # fmt: skip
+        first = eventually(lambda: out.read_text().partition("\n")[0] if "\n" in out.read_text() else None,
+                           30, "the receiver listening")  # fmt: skip
+        return proc, json.loads(first)
+
+    def post(port: object, record: int, token: int) -> int:
+        headers, body = delivery(record, token)
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/hooks", data=body, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return int(answer.status)
+        except urllib.error.HTTPError as refused:
+            return int(refused.code)
+
+    proc, shown = start()
+    try:
+        assert shown == {"event": "receiver-listening", "port": runner.port(9000), "db": db, "fence": 0}
+        assert post(shown["port"], 1, 7) == 204
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0
+    assert (tmp_path / db).is_file()
+    proc, shown = start()
+    try:
+        assert shown["fence"] == 7
+        assert post(shown["port"], 2, 6) == 409  # a former leader's late POST: still refused
+        assert post(shown["port"], 2, 8) == 204
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0
+    proc, shown = start("--db", "elsewhere.sqlite3")  # a new file: the fence is 0 again
+    try:
+        assert shown["fence"] == 0 and post(shown["port"], 3, 6) == 204
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0

@@ -43,6 +43,21 @@ async def test_a_gap_is_skipped_once_its_audit_entry_is_written(
     ]
 
 
+async def test_a_gap_entry_never_holds_the_source_urls_credentials(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    """The entry names the source's URL, which may carry a provider's key: the console and
+    ``inspect`` show the audit to anyone who can read Redis, the logs redacted it, the entry not."""
+    store = LeaseStore(connect(redis_server.url, timeout=1.0), job)
+    assert isinstance(await store.acquire("a", 60_000), Acquired)
+    current_term.set(TermContext("a", 1))
+    gap = {**GAP, "horizon": "https://KEY123@h.example/?apikey=KEY123"}
+    assert await record_history_gap(gap, on_history_gap="skip", audit=audit_writer(store),
+                                    stop_message="stop", resume=RESUME) is None  # fmt: skip
+    (entry,) = gap_entries(redis_client, store)
+    assert entry["horizon"] == "https://***@h.example/?apikey=***"
+
+
 async def test_an_audit_entry_redis_cannot_take_leaves_the_gap_unskipped_and_says_why(
     redis_server: LocalRedis, redis_client: redis.Redis, job: str
 ) -> None:

@@ -22,6 +22,7 @@ from ingestion.webhook.core import (
     message_id,
     parse_duration,
     parse_secrets,
+    post_body,
     sign,
 )
 
@@ -30,7 +31,8 @@ OTHER = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"
 
 
 def test_signatures_verify_with_the_official_package_also_during_a_rotation() -> None:
-    body = envelope("stellar.horizon.payment", "2026-12-04T00:00:00Z", '{"id":"1","amount":"5"}').encode()
+    record = '{"id":"1","amount":"5"}'
+    body = envelope("stellar.horizon.payment", "2026-12-04T00:00:00Z", "ops:1", 7, record).encode()
     ts = int(datetime.datetime.now(datetime.UTC).timestamp())
     headers = {"webhook-id": "ops:1", "webhook-timestamp": str(ts)}
     one = sign(parse_secrets(SECRET), "ops:1", ts, body)
@@ -45,9 +47,15 @@ def test_signatures_verify_with_the_official_package_also_during_a_rotation() ->
 
 def test_the_envelope_keeps_the_record_bytes_as_committed() -> None:
     record = '{"id":"12","paging_token":"12","type":"payment","amount":"1.0000000"}'
-    text = envelope(event_type("horizon", json.loads(record)), "t", record)
+    text = envelope(event_type("horizon", json.loads(record)), "t", "ops:12", 7, record)
     assert text.endswith(f'"data":{record}}}')
-    assert json.loads(text)["type"] == "stellar.horizon.payment"
+    payload = json.loads(text)
+    assert payload["type"] == "stellar.horizon.payment"
+    # the record's own id and the term's fence are in the body: the signature covers them
+    assert (payload["id"], payload["fencing_token"]) == ("ops:12", 7)
+    two = [("t", "x", "ops:12", record), ("t", "x", "ops:13", "{}")]
+    batch = json.loads(post_body(two, 9, as_batch=True))  # a batch: each payload under the POST's token
+    assert [(p["id"], p["fencing_token"]) for p in batch] == [("ops:12", 9), ("ops:13", 9)]
     assert event_type("rpc", {"type": "contract"}) == "stellar.contract.event"
     assert event_type("lake", {"type": "system"}) == "stellar.system.event"
 
@@ -159,7 +167,7 @@ def test_the_example_receiver_refuses_a_lower_fencing_token_and_takes_a_retry_on
     receiver = Receiver(SECRET)
 
     def post(msg_id: str, token: int, seq: int) -> int:
-        body = envelope("t", "x", json.dumps({"seq": seq})).encode()
+        body = envelope("t", "x", msg_id, token, json.dumps({"seq": seq})).encode()
         ts = int(datetime.datetime.now(datetime.UTC).timestamp())
         headers = {"webhook-id": msg_id, "webhook-timestamp": str(ts), "webhook-fencing-token": str(token),
                    "webhook-signature": sign(parse_secrets(SECRET), msg_id, ts, body)}  # fmt: skip
@@ -174,3 +182,26 @@ def test_the_example_receiver_refuses_a_lower_fencing_token_and_takes_a_retry_on
     forged = {"webhook-id": "j:4", "webhook-timestamp": "1", "webhook-signature": "v1,AAAA"}
     bad = receiver.accept(forged, b"{}")
     assert bad[0] == 401 and receiver.refused_signature == 1
+
+
+def test_a_webhook_jobs_keys_secret_and_url_credentials_stay_out_of_its_repr() -> None:
+    import redis
+    import structlog
+
+    from actors.lease_store import LeaseStore
+    from ingestion.webhook.receiver import Receiver
+    from ingestion.webhook.records import StreamRecords
+    from ingestion.webhook.source import WebhookSource
+
+    client = redis.Redis()  # (nothing is asked of it)
+    keys = parse_secrets(SECRET)
+    hook = WebhookSource(
+        job="hook", from_job="ops", from_kind="horizon",
+        records=StreamRecords(LeaseStore(client, "ops"), "g"), store=LeaseStore(client, "hook"),
+        url="https://KEY123@wallet.example/in?token=KEY123", keys=keys,
+        schedule=RetrySchedule.parse(DEFAULT_SCHEDULE), log=structlog.get_logger(),
+    )  # fmt: skip
+    shown = repr(hook)
+    assert "KEY123" not in shown and repr(keys[0])[2:-1] not in shown and "wallet.example" in shown
+    assert SECRET[6:] not in repr(Receiver(SECRET))
+    client.close()

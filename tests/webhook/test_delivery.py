@@ -7,6 +7,7 @@ import functools
 import json
 from typing import Any
 
+import httpx
 import pytest
 import redis
 import structlog
@@ -64,8 +65,8 @@ async def test_records_arrive_signed_in_order_once_and_the_position_is_committed
     assert receiver.refused_signature == 0 and receiver.duplicates == 0
     assert len(receiver.peers) == 1  # one connection, kept alive: answers are read to their end
     assert receiver.ids()[0] == f"{source_job}:{SyntheticSource.token_of(1)}"
-    body = json.loads(receiver.db.execute("SELECT body FROM deliveries LIMIT 1").fetchone()[0])
-    assert body[0]["type"] == "ingestion.scheduled.run"
+    payload = json.loads(receiver.db.execute("SELECT payload FROM records LIMIT 1").fetchone()[0])
+    assert payload["type"] == "ingestion.scheduled.run"
     # no record of its own in the webhook job's stream: nothing was dead-lettered
     assert redis_client.xlen(job_keys(hook_job)["events"]) == 0
     # the source job's stream keeps what is undelivered: the group sits at a delivered record
@@ -174,6 +175,72 @@ async def test_batches_carry_up_to_n_records_each_keeping_its_id(
     assert seqs(receiver) == list(range(1, 251))
     assert len(receiver.ids()) <= 250 // 100 + 2  # a batch is whatever was there, up to 100
     assert all(r["id"] == SyntheticSource.token_of(r["seq"]) for r in receiver.records())
+
+
+class CapturingReceiver(Receiver):
+    """The example receiver, keeping every delivery that reached it as sent (an eavesdropper's copy)."""
+
+    def accept(self, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
+        self.__dict__.setdefault("captured", []).append((headers, body))
+        return super().accept(headers, body)
+
+
+async def test_a_captured_delivery_resent_with_its_fencing_header_raised_blocks_nothing(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    """Issue 46: the fence was a header outside the signature. A delivery re-sent within the
+    timestamp window with ``webhook-fencing-token: 2^62`` made the receiver refuse (409) every
+    genuine delivery afterwards. The token is now in the signed body, the header decides nothing."""
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    await commit_source_records(open_store(redis_server.url, source_job), 1, 5)
+    receiver = CapturingReceiver(SECRET)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port)
+        node = await start_node(nursery, Recorder(), redis_server.url, hook_job, "a", hook)
+        await receiver.wait_for(5, 10)
+        headers, body = receiver.__dict__["captured"][2]
+        payload = json.loads(body)
+        assert payload["fencing_token"] == int(headers["webhook-fencing-token"]) > 0  # signed, in the body
+        assert payload["id"] == headers["webhook-id"]  # the record's own id
+        forged = {**headers, "webhook-fencing-token": str(2**62)}
+        async with httpx.AsyncClient() as client:
+            answer = await client.post(f"http://127.0.0.1:{port}/hook", content=body, headers=forged)
+        assert answer.status_code == 204  # a duplicate: acknowledged, nothing written or raised
+        await commit_source_records(open_store(redis_server.url, source_job), 6, 10)
+        await receiver.wait_for(10, 10)  # the genuine deliverer goes on (it was refused: 409)
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert seqs(receiver) == list(range(1, 11)) and receiver.refused_stale == 0
+    assert receiver.fence() == payload["fencing_token"]
+
+
+async def test_a_batch_cut_anew_after_a_failover_is_not_taken_twice(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    """With ``batch`` > 1 a batch is cut from the page read: records 1..5 were taken (their
+    acknowledgement lost), then 6..15 were committed and the job handed over; the next leader
+    cuts 1..10 (another ``webhook-id``). A receiver following the docs takes each record once."""
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    await commit_source_records(open_store(redis_server.url, source_job), 1, 5)
+    receiver = Receiver(SECRET, fault=Fault(lose_answer=True))
+    rec = Recorder()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port, batch=10)
+        node = await start_node(nursery, rec, redis_server.url, hook_job, "a", hook)
+        await wait_until(lambda: receiver.posts >= 2, 10, what="records 1..5 taken, then sent again")
+        await commit_source_records(open_store(redis_server.url, source_job), 6, 15)
+        await node.shutdown()
+        receiver.fault = None
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port, batch=10)
+        node = await start_node(nursery, rec, redis_server.url, hook_job, "b", hook)
+        await at_position(redis_client, hook_job, 15)
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert receiver.ids()[:2] == [f"{source_job}:{SyntheticSource.token_of(1)}:{SyntheticSource.token_of(n)}"
+                                  for n in (5, 10)]  # fmt: skip
+    assert seqs(receiver) == list(range(1, 16))
 
 
 async def test_concurrency_gives_up_order_but_moves_the_position_over_a_finished_prefix(
