@@ -48,6 +48,7 @@ def build_webhook_source(settings: Any, job: Any, store: LeaseStore) -> WebhookS
         schedule=RetrySchedule.parse(hook.retry_schedule, max_age=hook.max_age_ms / 1000),
         log=structlog.get_logger().bind(node=settings.node.id, job=job.name),
         on_exhausted=hook.on_exhausted,
+        max_dead_letters=hook.max_dead_letters,
         batch=hook.batch,
         concurrency=hook.concurrency,
         connect_timeout=hook.connect_timeout_ms / 1000,
