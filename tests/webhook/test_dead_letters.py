@@ -10,15 +10,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import redis
+import structlog
 import trio
 
 from actors.lease_store import job_keys
 from ingestion.testing.cluster import open_cluster
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.tcp_proxy import TcpProxy
+from ingestion.testing.wait import wait_until
+from ingestion.webhook.build import holder_group
+from ingestion.webhook.core import parse_secrets
 from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
+from ingestion.webhook.records import StreamRecords
+from ingestion.webhook.source import WebhookSource
+from tests.support.nodes import OpenStore, Recorder, start_node
+from tests.webhook.test_delivery import FAST, commit_source_records
 
-pytestmark = pytest.mark.slow
-
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # (the receiver's and the config's)
 TTL_MS = 1500
 MAX_LEN = 10
 LETTERS = 250  # over a Redis stream node (100 entries): the approximate trim drops whole nodes
@@ -34,6 +43,7 @@ def failing_hook_config(path: Path, port: int, job: str, extra: str = "") -> Pat
     return path
 
 
+@pytest.mark.slow
 async def test_dead_letters_and_the_source_records_they_name_outlive_events_max_len(
     job: str, tmp_path: Path
 ) -> None:
@@ -57,3 +67,46 @@ async def test_dead_letters_and_the_source_records_they_name_outlive_events_max_
     assert not lost, f"{len(lost)} of {len(named)} dead letters trimmed from {hook}'s stream"
     unheld = [token for token in named if token not in source]
     assert not unheld, f"{len(unheld)} of {len(named)} dead-lettered records trimmed from {job}'s stream"
+
+
+async def test_a_failed_first_retention_hold_is_retried_until_it_holds(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    """The deliverer's first move of its retention floor is cut off (its connection to Redis
+    reset as the command is on its way); the endpoint fails, so nothing is delivered or committed
+    for a while: the floor must be set again anyway, or the source job's commits trim what is not
+    delivered yet."""
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    source = open_store(redis_server.url, source_job, timeout=1.0, events_max_len=20)
+    await commit_source_records(source, 1, 5)
+    receiver = Receiver(SECRET, fault=Fault(status=503))
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        proxy: TcpProxy = await nursery.start(TcpProxy(redis_server.port).serve)
+        proxy.blackhole_at(b"XGROUP")  # the floor's first move: held, then its connection reset
+        through_proxy = open_store(f"redis://127.0.0.1:{proxy.port}/0", source_job, timeout=1.0)
+        hook = WebhookSource(
+            job=hook_job, from_job=source_job, from_kind="scheduled",
+            records=StreamRecords(through_proxy, holder_group(hook_job)),
+            store=open_store(redis_server.url, hook_job, timeout=1.0),
+            url=f"http://127.0.0.1:{port}/hook", keys=parse_secrets(SECRET), schedule=FAST,
+            log=structlog.get_logger().bind(job=hook_job), timeout=2.0, on_exhausted="block",
+        )  # fmt: skip
+        node = await start_node(nursery, Recorder(), redis_server.url, hook_job, "a", hook)
+        await wait_until(lambda: proxy.held >= 1, 10, what="the first XGROUP on its way")
+        proxy.set_mode("refuse")  # the held command is dropped with its connection
+        proxy.set_mode("forward")
+        stream = job_keys(source_job)["events"]
+        await wait_until(lambda: receiver.posts >= 2, 10, what="failed attempts")
+
+        def held() -> bool:
+            return any(g["name"] == holder_group(hook_job) for g in redis_client.xinfo_groups(stream))
+
+        await wait_until(held, 5, what="the retention floor set after all")
+        for first in range(6, 300, 10):  # the source job goes on, trimming to about 20 entries
+            await commit_source_records(source, first, first + 9)
+        receiver.fault = None
+        await receiver.wait_for(305, 20)
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert [r["seq"] for r in receiver.records()] == list(range(1, 306))
