@@ -395,7 +395,7 @@ def metric_families() -> list[tuple[str, str, list[str], str]]:
         return StreamInfo(1, 1, "0-1", "0-1", (GroupInfo("g", 1, 0, 0, "0-1"),))
 
     metrics = NodeMetrics(observer, clock=lambda: 0.0, stream_info={"J": stream}, ttl=1.0)
-    metrics.registry.register(WebhookCollector({"J": WebhookStats(state="ok")}))
+    metrics.registry.register(WebhookCollector({"J": WebhookStats(state="ok", dead_letters_held=0)}))
     plan = Plan("J", 1, 100, 2)
     progress = range_states(plan, ["10", None], [False, False], ["n", ""])
     metrics.registry.register(BackfillCollector(lambda: {"J": Snapshot(progress, 10)}, "n"))

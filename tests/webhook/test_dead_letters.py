@@ -15,6 +15,7 @@ import structlog
 import trio
 
 from actors.lease_store import job_keys
+from actors.source import SyntheticSource
 from ingestion.testing.cluster import open_cluster
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.tcp_proxy import TcpProxy
@@ -25,7 +26,7 @@ from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
 from ingestion.webhook.records import StreamRecords
 from ingestion.webhook.source import WebhookSource
 from tests.support.nodes import OpenStore, Recorder, start_node
-from tests.webhook.test_delivery import FAST, commit_source_records
+from tests.webhook.test_delivery import FAST, commit_source_records, webhook
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # (the receiver's and the config's)
 TTL_MS = 1500
@@ -110,3 +111,55 @@ async def test_a_failed_first_retention_hold_is_retried_until_it_holds(
         await node.shutdown()
         nursery.cancel_scope.cancel()
     assert [r["seq"] for r in receiver.records()] == list(range(1, 306))
+
+
+def held_metric(hook: WebhookSource) -> float | None:
+    """``ingestion_webhook_dead_letters_held`` as the node serves it (None: not reported)."""
+    from ingestion.webhook.metrics import WebhookCollector
+
+    for family in WebhookCollector({hook.job: hook.stats}).collect():
+        if family.name == "ingestion_webhook_dead_letters_held":
+            return family.samples[0].value if family.samples else None
+    return None
+
+
+async def test_at_max_dead_letters_delivery_blocks_until_they_are_dealt_with(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
+) -> None:
+    from ingestion.webhook.admin import request_replay
+
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    source = open_store(redis_server.url, source_job, timeout=1.0, events_max_len=5)
+    await commit_source_records(source, 1, 10)
+    receiver = Receiver(SECRET, fault=Fault(status=500))
+    dead = job_keys(hook_job)["events"]
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port, max_dead_letters=3)
+        assert held_metric(hook) is None  # not leading: a standby reports no count
+        node = await start_node(nursery, Recorder(), redis_server.url, hook_job, "a", hook)
+        await wait_until(lambda: redis_client.xlen(dead) == 3, 10, what="three dead letters")
+        posts = receiver.posts
+        await wait_until(lambda: receiver.posts >= posts + 20, 10, what="the fourth record retried on")
+        assert redis_client.xlen(dead) == 3  # at the bound: the fourth waits, in order
+        assert hook.stats.dead_letters_held == 3 and held_metric(hook) == 3
+        assert hook.stats.state == "failing"
+        for first in range(11, 100, 10):  # the source job trims to about 5 entries meanwhile
+            await commit_source_records(source, first, first + 9)
+        first_held = redis_client.xrange(job_keys(source_job)["events"], count=1)[0][1]["paging_token"]
+        assert first_held == SyntheticSource.token_of(1)  # the dead letters' records are held
+        receiver.fault = None
+        await receiver.wait_for(97, 10)  # the waiting record on, then the rest
+        request_replay(redis_client, hook_job, dead_letters=True)
+        await receiver.wait_for(100, 10)
+        await wait_until(lambda: hook.stats.dead_letters_held == 0, 10, what="none held")
+        stream = job_keys(source_job)["events"]
+        last_id = redis_client.xrevrange(stream, count=1)[0][0]
+        await wait_until(
+            lambda: [g["last-delivered-id"] for g in redis_client.xinfo_groups(stream)] == [last_id], 5,
+            what="the retention floor released up to the last record",
+        )  # fmt: skip
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert sorted(r["seq"] for r in receiver.records()) == list(range(1, 101))
+    assert held_metric(hook) is None
