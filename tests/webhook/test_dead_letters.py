@@ -7,6 +7,10 @@ every record is dead-lettered while the source job's commits trim its stream."""
 
 from __future__ import annotations
 
+import datetime
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,3 +167,93 @@ async def test_at_max_dead_letters_delivery_blocks_until_they_are_dealt_with(
         nursery.cancel_scope.cancel()
     assert sorted(r["seq"] for r in receiver.records()) == list(range(1, 101))
     assert held_metric(hook) is None
+
+
+def webhooks_command(config: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ingestion", "webhooks", "--config", str(config), "--redis", url, *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+async def test_dropped_dead_letters_are_gone_audited_shown_and_release_their_source_records(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore, tmp_path: Path
+) -> None:
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[jobs.{source_job}]\nkind = "scheduled"\naction = "ingestion.jobs:heartbeat"\nperiod_ms = 100\n'
+        f'[jobs.{hook_job}]\nkind = "webhook"\nfrom = "{source_job}"\nurl = "http://127.0.0.1:9/in"\n'
+        f'secret = "{SECRET}"\n'
+    )
+    source = open_store(redis_server.url, source_job, timeout=1.0, events_max_len=5)
+    await commit_source_records(source, 1, 10)
+    receiver = Receiver(SECRET, fault=Fault(status=500))
+    dead, stream = job_keys(hook_job)["events"], job_keys(source_job)["events"]
+
+    def entry(entry_id: str) -> tuple[int, int]:
+        ms, _, seq = entry_id.partition("-")
+        return int(ms), int(seq)
+
+    def floor() -> tuple[int, int]:
+        (group,) = redis_client.xinfo_groups(stream)
+        return entry(group["last-delivered-id"])
+
+    def entry_of(seq: int) -> tuple[int, int]:
+        token = SyntheticSource.token_of(seq)
+        return next(entry(eid) for eid, f in redis_client.xrange(stream) if f["paging_token"] == token)
+
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port)
+        node = await start_node(nursery, Recorder(), redis_server.url, hook_job, "a", hook)
+        for seq in range(1, 11):  # one dead letter a millisecond apart at least, for --before
+            await wait_until(lambda s=seq: redis_client.xlen(dead) >= s, 10, what=f"dead letter {seq}")  # type: ignore[misc]
+            await trio.sleep(0.003)
+        receiver.fault = None
+        await commit_source_records(source, 11, 20)
+        await receiver.wait_for(10, 10)
+        # every record from the first dead letter's on is held
+        await wait_until(lambda: floor() < entry_of(1), 5, what="the floor before record 1")
+        letters = redis_client.xrange(dead)
+        sixth_ms = int(letters[5][0].partition("-")[0])
+        before = datetime.datetime.fromtimestamp(sixth_ms / 1000, datetime.UTC).isoformat()
+        expected = sum(1 for eid, _f in letters if int(eid.partition("-")[0]) < sixth_ms)
+        assert 5 <= expected <= 6
+        dropped = await trio.to_thread.run_sync(
+            webhooks_command, config, redis_server.url, "drop-dead-letters", hook_job, "--before", before
+        )
+        assert dropped.returncode == 0, dropped.stderr
+        assert f"dropped {expected} dead letters of {hook_job}" in dropped.stdout
+        left = [json.loads(f["record"])["record"]["seq"] for _id, f in redis_client.xrange(dead)]
+        assert left == list(range(expected + 1, 11))
+        # the leader lets go of the dropped ones' records: the floor moves up to the oldest left
+        await wait_until(lambda: entry_of(expected) <= floor() < entry_of(expected + 1), 10,
+                         what="the floor before the oldest dead letter left")  # fmt: skip
+        await wait_until(lambda: hook.stats.dead_letters_held == 10 - expected, 10, what="the count")
+        shown = await trio.to_thread.run_sync(webhooks_command, config, redis_server.url, "status", "--json")
+        (status,) = json.loads(shown.stdout)
+        assert status["dead_letters_held"] == 10 - expected and status["dead_letters_dropped"] == expected
+        assert status["last_drop"]["by"].startswith("cli ") and status["last_drop"]["before"]
+        text = await trio.to_thread.run_sync(webhooks_command, config, redis_server.url, "status")
+        assert f"dead letters held {10 - expected} (0 replayed, {expected} dropped)" in text.stdout
+        assert "dead letters last dropped at" in text.stdout
+        # all the others: nothing is held any more, the floor goes to the last delivered record
+        everything = await trio.to_thread.run_sync(
+            webhooks_command, config, redis_server.url, "drop-dead-letters", hook_job
+        )
+        assert everything.returncode == 0 and f"dropped {10 - expected} dead letters" in everything.stdout
+        await wait_until(lambda: floor() == entry_of(20), 10, what="the floor at the last record")
+        await wait_until(lambda: hook.stats.dead_letters_held == 0, 10, what="none held")
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
+    assert redis_client.xlen(dead) == 0
+    audit = [
+        f
+        for _id, f in redis_client.xrange(job_keys(hook_job)["audit"])
+        if f["event"] == "dead-letters-dropped"
+    ]
+    assert [int(a["dropped"]) for a in audit] == [expected, 10 - expected]
+    assert audit[0]["before"] and audit[1]["before"] == "" and audit[0]["by"].startswith("cli ")
+    bad = webhooks_command(config, redis_server.url, "drop-dead-letters", hook_job, "--before", "soon")
+    assert bad.returncode == 2 and "not an ISO 8601 time" in bad.stderr
