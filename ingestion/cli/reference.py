@@ -46,7 +46,8 @@ KEY_MEANINGS: dict[str, tuple[str, str]] = {
     ),
     "events": (
         "stream",
-        "one entry per source record: `paging_token`, `token`, `node`, `record` (CONSUMING.md)",
+        "one entry per source record: `paging_token`, `token`, `node`, `record` (CONSUMING.md); a "
+        "webhook job's: its dead letters, never trimmed by `events.max_len` (WEBHOOKS.md)",
     ),
     "audit": (
         "stream",
@@ -54,7 +55,9 @@ KEY_MEANINGS: dict[str, tuple[str, str]] = {
         "`rolled_back_from` after a rollback), `released`, and `history-gap` (`cursor`, `cursor_ledger`, "
         '`elder_ledger`, `horizon` or `rpc`; only with `on_history_gap = "skip"`), `handover-requested` '
         "(`by`: an operator's hand-over, written by the leader that took it) and `operator-request` "
-        "(`action`, `by`, `request`, `result`: a webhook request its leader carried out)",
+        "(`action`, `by`, `request`, `result`: a webhook request its leader carried out), "
+        "`dead-letters-dropped` (`by`, `dropped`, `replayed`, `before`, `first`, `last`: written by "
+        "`webhooks drop-dead-letters`)",
     ),
     "leader": (
         "hash", "the last holder, its token and its lease's end (Redis time): gives `takeover_ms`; "
@@ -79,7 +82,8 @@ REGISTRY_MEANING = ("sorted set", "the live nodes, scored with the Redis time of
 APP_KEY_MEANINGS: dict[str, tuple[str, str]] = {
     "endpoint": (
         "hash", "a webhook job's endpoint state: disabled (410 Gone), `paused`, the failing record, "
-        "attempts (WEBHOOKS.md)",
+        "attempts; `dead_letters_dropped`, `dropped_at_ms`, `dropped_by`, `dropped_before` "
+        "(WEBHOOKS.md)",
     ),
     "requests": (
         "stream", "a webhook job's operator requests (replay, enable, pause, resume, with `by`), carried "
@@ -90,7 +94,10 @@ APP_KEY_MEANINGS: dict[str, tuple[str, str]] = {
         "delivered one at most once a second): `record`, `outcome`, `status`, `latency_ms`, `error`, "
         "`answer`, `replay`",
     ),
-    "replayed": ("hash", "a webhook job's replays done: request id -> outcome"),
+    "replayed": (
+        "hash", "a webhook job's dead letters replayed: record id -> when (Unix ms); a dead letter "
+        "not in it is held (its source record kept from retention) until replayed or dropped",
+    ),
     "watch": (
         "set", "a job's watch list when `watch_set = true`: addresses; edited with `ingestion watchlist` "
         "(CONSUMING.md)",
