@@ -257,3 +257,32 @@ async def test_dropped_dead_letters_are_gone_audited_shown_and_release_their_sou
     assert audit[0]["before"] and audit[1]["before"] == "" and audit[0]["by"].startswith("cli ")
     bad = webhooks_command(config, redis_server.url, "drop-dead-letters", hook_job, "--before", "soon")
     assert bad.returncode == 2 and "not an ISO 8601 time" in bad.stderr
+
+
+def test_the_floor_below_a_held_record_is_an_id_below_it_that_the_trim_can_step_past() -> None:
+    from ingestion.webhook.records import _entry_before
+
+    assert _entry_before("1765000000000-5") == "1765000000000-4"
+    assert _entry_before("0-1") == "0-0" and _entry_before("0-0") == "0-0"
+    # below ms-0: under any entry of the millisecond before, and its next id still exact as a double
+    below = _entry_before("1765000000000-0")
+    ms, _, seq = below.partition("-")
+    assert ms == "1764999999999" and int(seq) + 1 == float(int(seq) + 1) and int(seq) > 10**15
+
+
+def test_max_dead_letters_is_a_webhook_setting_of_zero_or_more(tmp_path: Path) -> None:
+    from ingestion.config import ConfigError, load
+
+    def config(extra: str) -> Path:
+        path = tmp_path / "config.toml"
+        path.write_text(
+            '[jobs.ops]\nkind = "horizon"\nresource = "/operations"\n[jobs.hook]\nkind = "webhook"\n'
+            f'from = "ops"\nurl = "https://example.test/in"\nsecret = "{SECRET}"\n{extra}'
+        )
+        return path
+
+    hook = load(config("max_dead_letters = 500\n"), {}, {}).jobs[1].webhook
+    assert hook is not None and hook.max_dead_letters == 500
+    assert load(config(""), {}, {}).jobs[1].webhook.max_dead_letters == 0  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match=r"jobs\.hook\.max_dead_letters: must be at least 0, got -1"):
+        load(config("max_dead_letters = -1\n"), {}, {})
