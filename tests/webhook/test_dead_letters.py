@@ -30,9 +30,8 @@ from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
 from ingestion.webhook.records import StreamRecords
 from ingestion.webhook.source import WebhookSource
 from tests.support.nodes import OpenStore, Recorder, start_node
-from tests.webhook.test_delivery import FAST, commit_source_records, webhook
+from tests.support.webhooks import FAST, SECRET, commit_source_records, webhook
 
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # (the receiver's and the config's)
 TTL_MS = 1500
 MAX_LEN = 10
 LETTERS = 250  # over a Redis stream node (100 entries): the approximate trim drops whole nodes

@@ -12,7 +12,7 @@ import redis
 import structlog
 import trio
 
-from actors.lease_store import LeaseStore, job_keys
+from actors.lease_store import job_keys
 from actors.source import Record, SyntheticSource
 from ingestion.testing.local_postgres import LocalPostgres
 from ingestion.testing.local_redis import LocalRedis
@@ -20,39 +20,9 @@ from ingestion.testing.wait import wait_until
 from ingestion.webhook.build import holder_group
 from ingestion.webhook.core import RetrySchedule, parse_secrets
 from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
-from ingestion.webhook.records import StreamRecords
 from ingestion.webhook.source import WebhookSource, webhook_keys
 from tests.support.nodes import OpenStore, Recorder, start_node
-
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-FAST = RetrySchedule((0.05, 0.05, 0.05))
-
-
-async def commit_source_records(store: LeaseStore, first: int, last: int, node: str = "src") -> None:
-    """Commit synthetic records ``first..last`` to the source job's stream, as its leader would."""
-    got = await store.acquire(node, 60_000)
-    token = got.token  # type: ignore[union-attr]
-    cursor = await store.committed_cursor()
-    src = SyntheticSource(total=last)
-    records = [src.record(i) for i in range(first, last + 1)]
-    done = await store.commit(node, token, cursor, records)
-    assert done.__class__.__name__ == "Committed", done
-    await store.release(node, token)
-
-
-def webhook(
-    open_store: OpenStore, url: str, source_job: str, job: str, port: int, **options: Any
-) -> tuple[WebhookSource, LeaseStore]:
-    store = open_store(url, job, timeout=1.0)
-    source_store = open_store(url, source_job, timeout=1.0)
-    hook = WebhookSource(
-        job=job, from_job=source_job, from_kind="scheduled",
-        records=StreamRecords(source_store, holder_group(job)), store=store,
-        url=f"http://127.0.0.1:{port}/hook", keys=parse_secrets(SECRET),
-        schedule=options.pop("schedule", FAST), log=structlog.get_logger().bind(job=job),
-        timeout=options.pop("timeout", 2.0), **options,
-    )  # fmt: skip
-    return hook, store
+from tests.support.webhooks import FAST, SECRET, commit_source_records, webhook
 
 
 async def at_position(redis_client: redis.Redis, hook_job: str, index: int) -> None:
