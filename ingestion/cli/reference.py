@@ -46,7 +46,8 @@ KEY_MEANINGS: dict[str, tuple[str, str]] = {
     ),
     "events": (
         "stream",
-        "one entry per source record: `paging_token`, `token`, `node`, `record` (CONSUMING.md)",
+        "one entry per source record: `paging_token`, `token`, `node`, `record` (CONSUMING.md); a "
+        "webhook job's: its dead letters, never trimmed by `events.max_len` (WEBHOOKS.md)",
     ),
     "audit": (
         "stream",
@@ -55,7 +56,9 @@ KEY_MEANINGS: dict[str, tuple[str, str]] = {
         "`node-exiting`: its worker died), and `history-gap` (`cursor`, `cursor_ledger`, "
         '`elder_ledger`, `horizon` or `rpc`; only with `on_history_gap = "skip"`), `handover-requested` '
         "(`by`: an operator's hand-over, written by the leader that took it) and `operator-request` "
-        "(`action`, `by`, `request`, `result`: a webhook request its leader carried out)",
+        "(`action`, `by`, `request`, `result`: a webhook request its leader carried out), "
+        "`dead-letters-dropped` (`by`, `dropped`, `replayed`, `before`, `first`, `last`: written by "
+        "`webhooks drop-dead-letters`)",
     ),
     "leader": (
         "hash", "the last holder, its token and its lease's end (Redis time): gives `takeover_ms`; "
@@ -86,7 +89,8 @@ APP_KEY_MEANINGS: dict[str, tuple[str, str]] = {
     "endpoint": (
         "hash", "a webhook job's endpoint state: disabled (410 Gone, `disabled_at_redis_ms`), "
         "`paused`, the failing record, attempts; the requests' marks (`controls_done`, `replays_done`) and "
-        "outcomes (`last_request`, `last_replay`); `from` and the endpoint's `origin` (WEBHOOKS.md)",
+        "outcomes (`last_request`, `last_replay`); `from` and the endpoint's `origin`; "
+        "`dead_letters_dropped`, `dropped_at_ms`, `dropped_by`, `dropped_before` (WEBHOOKS.md)",
     ),
     "requests": (
         "stream", "a webhook job's operator requests (replay, enable, pause, resume, with `by`), carried "
@@ -97,7 +101,10 @@ APP_KEY_MEANINGS: dict[str, tuple[str, str]] = {
         "delivered one at most once a second): `record`, `outcome`, `status`, `latency_ms`, `error`, "
         "`answer`, `replay`",
     ),
-    "replayed": ("hash", "a webhook job's replays done: request id -> outcome"),
+    "replayed": (
+        "hash", "a webhook job's dead letters replayed: record id -> when (Unix ms); a dead letter "
+        "not in it is held (its source record kept from retention) until replayed or dropped",
+    ),
     "watch": (
         "set", "a job's watch list when `watch_set = true`: addresses; edited with `ingestion watchlist` "
         "(CONSUMING.md)",
@@ -414,7 +421,7 @@ def metric_families() -> list[tuple[str, str, list[str], str]]:
         return StreamInfo(1, 1, "0-1", "0-1", (GroupInfo("g", 1, 0, 0, "0-1"),))
 
     metrics = NodeMetrics(observer, clock=lambda: 0.0, stream_info={"J": stream}, ttl=1.0)
-    metrics.registry.register(WebhookCollector({"J": WebhookStats(state="ok")}))
+    metrics.registry.register(WebhookCollector({"J": WebhookStats(state="ok", dead_letters_held=0)}))
     plan = Plan("J", 1, 100, 2)
     progress = range_states(plan, ["10", None], [False, False], ["n", ""])
     metrics.registry.register(BackfillCollector(lambda: {"J": Snapshot(progress, 10)}, "n"))

@@ -77,11 +77,14 @@ def transfer_line(record: str) -> str | None:
     """The record's transfer view as one tab-separated line (``--transfers``): id, kind, amount
     (in the asset's smallest unit: stroops), asset (``native``, ``CODE:ISSUER``, or the token's
     contract id), from, to and the destination's muxed id (``-`` where the view has none); None
-    for a record that moves nothing."""
+    for a record that moves nothing. A webhook job's dead letter is read as the record it names
+    (under its ``record``)."""
     try:
         doc = orjson.loads(record)
     except orjson.JSONDecodeError:
         return None
+    if isinstance(doc, dict) and "webhook_id" in doc and isinstance(doc.get("record"), dict):
+        doc = doc["record"]
     view = doc.get("transfer") if isinstance(doc, dict) else None
     if not isinstance(view, dict):
         return None
@@ -308,7 +311,7 @@ def parser() -> argparse.ArgumentParser:
         "--transfers", action="store_true",
         help="print each record's transfer view instead, one tab-separated line per transfer: id, "
         "kind, amount, asset, from, to, muxed id (records that move nothing are skipped; --count "
-        "counts transfers)",
+        "counts transfers; a webhook job's dead letters: the records they name)",
     )
     p.add_argument("--group", metavar="G", help="read as consumer group G and acknowledge")
     p.add_argument(

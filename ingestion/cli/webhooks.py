@@ -1,6 +1,7 @@
 """``ingestion webhooks``: the webhook jobs' endpoints, positions, lag, state and dead letters
 (``status``), and requests their leaders carry out under their own tokens (``replay``, ``enable``,
-``pause``, ``resume``), each written to the job's audit with who asked.
+``pause``, ``resume``), each written to the job's audit with who asked. ``drop-dead-letters``
+gives dead letters up itself (no leader needed), audited likewise.
 
 Exit 0; 2 for a bad flag, an unknown job or a bound that does not parse; 1 when Redis cannot be
 read or written. Secrets are never shown.
@@ -48,6 +49,13 @@ def parser() -> argparse.ArgumentParser:
     pause.add_argument("job", help="the webhook job")
     resume = sub.add_parser("resume", help="deliver again after a pause")
     resume.add_argument("job", help="the webhook job")
+    drop = sub.add_parser(
+        "drop-dead-letters", help="give up dead letters: deleted, their source records no longer held"
+    )
+    drop.add_argument("job", help="the webhook job")
+    drop.add_argument(
+        "--before", metavar="TIME", help="only those dead-lettered before this ISO 8601 time (default: all)"
+    )
     return p
 
 
@@ -57,7 +65,9 @@ def main(argv: Sequence[str]) -> int:
 
     ns = parser().parse_args(list(argv))
     if ns.action is None:
-        raise UsageError("webhooks: name an action: status, replay, enable, pause or resume")
+        raise UsageError(
+            "webhooks: name an action: status, replay, enable, pause, resume or drop-dead-letters"
+        )
     flags: dict[str, dict[str, Any]] = {"redis": {"url": ns.redis}} if ns.redis else {}
     settings = load(ns.config, os.environ, flags)
     hooks = {j.name: j for j in settings.jobs if j.kind == "webhook" and j.webhook is not None}
@@ -79,6 +89,12 @@ def main(argv: Sequence[str]) -> int:
                 f"webhooks replay: --from TIME needs the source job's Redis stream, and {ns.job}'s "
                 "source writes to PostgreSQL: give a record id or a ledger"
             )
+    before_ms = None
+    if ns.action == "drop-dead-letters" and ns.before:
+        try:
+            before_ms = admin.iso_time_ms(ns.before)
+        except ValueError as exc:
+            raise UsageError(f"webhooks drop-dead-letters: --before: {exc}") from None
     known = {n: (j.webhook.source_job, _redacted(j.webhook.url)) for n, j in hooks.items() if j.webhook}
     if known and ns.action != "status" and ns.job not in known:
         _unknown(ns.action, ns.job, known)
@@ -109,6 +125,13 @@ def main(argv: Sequence[str]) -> int:
             print(
                 f"replay requested ({rid}): the leader of {ns.job} carries it out; "
                 "`webhooks status` shows what came of it"
+            )
+        elif ns.action == "drop-dead-letters":
+            dropped, replayed = admin.drop_dead_letters(client, ns.job, before_ms)
+            when = f" dead-lettered before {ns.before}" if ns.before else ""
+            print(
+                f"dropped {dropped} dead letters of {ns.job}{when} ({replayed} of them replayed before); "
+                "their source records are no longer held (the leader lets retention go within seconds)"
             )
         elif ns.action in ("pause", "resume"):
             rid = admin.request_pause(client, ns.job, ns.action == "pause")
@@ -151,9 +174,14 @@ def _print_status(shown: list[dict[str, Any]], as_json: bool, where: str) -> Non
             f"{s['job']}: {s['state']} -> {s['url']} (from {s['from'] or '?'}, "
             f"leader {s['leader'] or 'none'}), "
             f"position {s['position'] or '-'}, undelivered {undelivered}, lag {lag}, "
-            f"dead letters {s['dead_letters']} ({s['dead_letters_replayed']} replayed), "
+            f"dead letters held {s['dead_letters_held']} ({s['dead_letters_replayed']} replayed, "
+            f"{s['dead_letters_dropped']} dropped), "
             f"requests pending {s['requests_pending']}"
         )
+        if s["last_drop"]:
+            d = s["last_drop"]
+            before = f" (those before {d['before']})" if d["before"] else " (all of them)"
+            print(f"  dead letters last dropped at {d['at']} by {d['by']}{before}")
         if s["state"] == "failing":
             print(
                 f"  failing at {s['failing_record']}: {s['attempts']} attempts, "

@@ -161,7 +161,8 @@ def _with_events(job: JobSettings, given: Mapping[str, Any], problems: list[str]
 
 WEBHOOK_KEYS = (
     "from", "url", "secret", "secret_file", "start", "batch", "concurrency", "retry_schedule",
-    "retry_probe_max_ms", "max_age_ms", "on_exhausted", "connect_timeout_ms", "timeout_ms", "ca_file",
+    "retry_probe_max_ms", "max_age_ms", "on_exhausted", "max_dead_letters", "connect_timeout_ms",
+    "timeout_ms", "ca_file",
 )  # fmt: skip
 
 
@@ -241,7 +242,7 @@ def _webhook_job(
         choices = ", ".join(ON_EXHAUSTED)
         problems.append(f"{where}.on_exhausted: must be one of {choices}, got {on_exhausted!r}")
     for key, low in (("batch", 1), ("concurrency", 1), ("connect_timeout_ms", 1), ("timeout_ms", 1),
-                     ("max_age_ms", 0), ("retry_probe_max_ms", 0)):  # fmt: skip
+                     ("max_age_ms", 0), ("retry_probe_max_ms", 0), ("max_dead_letters", 0)):  # fmt: skip
         if key in given and given[key] < low:
             problems.append(f"{where}.{key}: must be at least {low}, got {given[key]}")
     ca_file = given.get("ca_file", "")
@@ -255,6 +256,7 @@ def _webhook_job(
         concurrency=given.get("concurrency", 1), retry_schedule=schedule,
         retry_probe_max_ms=given.get("retry_probe_max_ms", int(PROBE_MAX * 1000)),
         max_age_ms=given.get("max_age_ms", 0), on_exhausted=on_exhausted,
+        max_dead_letters=given.get("max_dead_letters", 0),
         connect_timeout_ms=given.get("connect_timeout_ms", 2000), timeout_ms=given.get("timeout_ms", 15000),
         ca_file=ca_file,
     )  # fmt: skip

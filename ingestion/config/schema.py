@@ -344,6 +344,11 @@ JOB_SCHEMA: dict[str, tuple[type | str, str]] = {
     ),
     "max_age_ms": (int, "webhook: a record failing this long is given up early (0: no limit)"),
     "on_exhausted": (str, "webhook: dead-letter (default: go on with the next record) or block"),
+    "max_dead_letters": (
+        int,
+        "webhook: dead letters held (not replayed or dropped) at most; at the bound a spent record "
+        "blocks delivery as with on_exhausted = block (default 0: no bound)",
+    ),
     "connect_timeout_ms": (int, "webhook: connect timeout (default 2000)"),
     "timeout_ms": (int, "webhook: total time for one POST, answer included (default 15000)"),
     "ca_file": (str, "webhook: CA bundle that verifies the endpoint's TLS (default: the system's)"),

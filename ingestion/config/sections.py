@@ -48,6 +48,7 @@ class WebhookSettings:
     retry_probe_max_ms: int = 30000  # the longest wait between a failing record's probes (0: none)
     max_age_ms: int = 0
     on_exhausted: str = "dead-letter"
+    max_dead_letters: int = 0  # dead letters held (not replayed or dropped) at most; 0: no bound
     connect_timeout_ms: int = 2000
     timeout_ms: int = 15000
     ca_file: str = ""

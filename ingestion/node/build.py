@@ -169,12 +169,17 @@ def audit_writer(store: LeaseStore) -> Callable[[str, dict[str, str]], Awaitable
 
 
 def build_store(settings: Settings, job: str | None = None, client: redis.Redis | None = None) -> LeaseStore:
-    """The lease store of ``job`` (default: the first), on ``client`` (default: a new one)."""
+    """The lease store of ``job`` (default: the first), on ``client`` (default: a new one).
+
+    A webhook job's events stream holds its dead letters, which are kept until an operator
+    replays or drops them: ``events.max_len`` never trims it (docs/WEBHOOKS.md)."""
+    name = job or settings.node.job
+    webhook = any(j.name == name and j.kind == "webhook" for j in settings.jobs)
     return LeaseStore(
         client if client is not None else settings.redis.connect(),
-        job or settings.node.job,
+        name,
         min_replicas_acked=settings.redis.min_replicas_acked,
-        events_max_len=settings.events.max_len,
+        events_max_len=0 if webhook else settings.events.max_len,
     )
 
 

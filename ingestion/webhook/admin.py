@@ -5,6 +5,8 @@ The command never delivers anything itself: it appends a request to the job's ``
 stream; the leader reads it, re-delivers with its own fencing token, and records it done in the
 ``endpoint`` hash (``controls_done`` and ``replays_done``, one mark for each lane of requests;
 ``last_request`` and ``last_replay``, what came of them: :mod:`ingestion.webhook.requests`).
+Dropping dead letters is the one edit it makes itself (``lua/drop_dead_letters.lua``, which
+says why that needs no leader).
 """
 
 from __future__ import annotations
@@ -14,17 +16,61 @@ import getpass
 import json
 import socket
 import time
+from importlib.resources import files
 from typing import Any
 
 import redis
 from redis.client import NEVER_DECODE
 
 from actors.cursor_order import InvalidPagingToken, token_key
-from actors.lease_store import job_keys, parse_lease_value
+from actors.lease_store import AUDIT_MAXLEN, job_keys, parse_lease_value
 from ingestion.webhook.requests import stream_id_key
 from ingestion.webhook.source import webhook_keys
 
 LEDGER_LIMIT = 2**32  # a bound below this is a ledger sequence; a record id (TOID) is far above
+DROP_PAGE = 1000  # dead letters dropped by one script call (one short atomic step each)
+_DROP = (files(__package__) / "lua" / "drop_dead_letters.lua").read_text(encoding="utf-8")
+
+
+def iso_time_ms(text: str) -> int:
+    """An ISO 8601 time (UTC when it names no zone) as Unix ms.
+
+    Raises:
+        ValueError: not such a time, in the operator's words.
+    """
+    try:
+        when = datetime.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{text!r} is not an ISO 8601 time (2026-12-04T10:00:00Z)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return int(when.timestamp() * 1000)
+
+
+def drop_dead_letters(
+    client: redis.Redis, job: str, before_ms: int | None = None, by: str = ""
+) -> tuple[int, int]:
+    """Give up ``job``'s dead letters dead-lettered before ``before_ms`` (Unix ms, Redis's clock;
+    None: all of them): deleted with their replay marks, counted in the endpoint hash and audited
+    with who asked. Their source records are released by the leader's next look (seconds).
+    Returns (dropped, of them replayed before).
+
+    Raises:
+        redis.RedisError: the outcome of the page in flight is unknown (run it again: it goes on).
+    """
+    keys, own = webhook_keys(job), job_keys(job)
+    script = client.register_script(_DROP)
+    bound = "+" if before_ms is None else f"{before_ms}-0"
+    asked = "" if before_ms is None else _iso(before_ms)
+    dropped = replayed = 0
+    while True:
+        n, r, more = script(
+            keys=[own["events"], keys["replayed"], keys["endpoint"], own["audit"]],
+            args=[bound, DROP_PAGE, by or default_asker(), AUDIT_MAXLEN, asked],
+        )
+        dropped, replayed = dropped + int(n), replayed + int(r)
+        if not int(more):
+            return dropped, replayed
 
 
 def replay_bound(text: str, *, end: bool = False) -> str:
@@ -133,6 +179,16 @@ def status(client: redis.Redis, job: str, source_job: str, url: str) -> dict[str
     leader = parse_lease_value(_text(lease))[1] if lease else None
     dead = int(client.xlen(own["events"]))  # type: ignore[arg-type]
     replayed = int(client.hlen(keys["replayed"]))  # type: ignore[arg-type]
+    dropped_at = int(endpoint.get("dropped_at_ms") or 0)
+    last_drop = (
+        {
+            "at": _iso(dropped_at),
+            "by": endpoint.get("dropped_by", ""),
+            "before": endpoint.get("dropped_before") or None,
+        }
+        if dropped_at
+        else None
+    )
     undelivered, lag = (
         _undelivered(client, source_job, _text(cursor) if cursor else None) if source_job else (None, None)
     )
@@ -146,6 +202,8 @@ def status(client: redis.Redis, job: str, source_job: str, url: str) -> dict[str
         "attempts": int(endpoint.get("attempts", "0") or 0),
         "last_status": endpoint.get("last_status") or None, "last_error": endpoint.get("last_error") or None,
         "dead_letters": dead, "dead_letters_replayed": replayed,
+        "dead_letters_held": max(0, dead - replayed),
+        "dead_letters_dropped": int(endpoint.get("dead_letters_dropped") or 0), "last_drop": last_drop,
         "requests_pending": _pending(client, job, endpoint),
         "last_request": _outcome(endpoint.get("last_request")),
         "last_replay": _outcome(endpoint.get("last_replay")),
@@ -219,6 +277,12 @@ def _undelivered(
         return 0, 0.0
     oldest_ms = int(_text(waiting[-1][0]).partition("-")[0])
     return len(waiting), max(0.0, round(time.time() - oldest_ms / 1000, 3))
+
+
+def _iso(ms: int) -> str:
+    return (
+        datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
+    )
 
 
 def _text(value: Any) -> str:

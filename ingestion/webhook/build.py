@@ -49,6 +49,7 @@ def build_webhook_source(settings: Any, job: Any, store: LeaseStore) -> WebhookS
         log=structlog.get_logger().bind(node=settings.node.id, job=job.name),
         probe_max=hook.retry_probe_max_ms / 1000,
         on_exhausted=hook.on_exhausted,
+        max_dead_letters=hook.max_dead_letters,
         batch=hook.batch,
         concurrency=hook.concurrency,
         connect_timeout=hook.connect_timeout_ms / 1000,

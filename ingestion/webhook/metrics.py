@@ -34,6 +34,12 @@ class WebhookCollector(Collector):
             "ingestion_webhook_dead_letters", "Records given up after their retry schedule (dead-lettered).",
             labels=[JOB_LABEL],
         )  # fmt: skip
+        held = GaugeMetricFamily(
+            "ingestion_webhook_dead_letters_held",
+            "Dead letters not yet replayed or dropped (the delivering node's only): each holds its "
+            "source record, and every later one, from the source job's retention.",
+            labels=[JOB_LABEL],
+        )
         lag = GaugeMetricFamily(
             "ingestion_webhook_lag_seconds",
             "How long the oldest record not yet delivered has waited since its commit (0: none).",
@@ -50,7 +56,9 @@ class WebhookCollector(Collector):
             for outcome in OUTCOMES:
                 attempts.add_metric([job, outcome], s.attempts.get(outcome, 0))
             dead.add_metric([job], s.dead_letters)
+            if s.dead_letters_held is not None:  # (a standby reports none: no stale count of a past term)
+                held.add_metric([job], s.dead_letters_held)
             lag.add_metric([job], s.lag_seconds(now_ms))
             for name in STATES:
                 state.add_metric([job, name], 1.0 if s.state == name else 0.0)
-        yield from (delivered, attempts, dead, lag, state)
+        yield from (delivered, attempts, dead, held, lag, state)

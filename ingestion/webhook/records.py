@@ -55,13 +55,43 @@ class RecordStore(Protocol):
         """The paging token of the newest record held (None: none)."""
         ...
 
-    async def hold(self, position: str) -> None:
-        """Keep every record after ``position`` from retention (best effort, never raises)."""
+    retains: bool
+    """Whether :meth:`hold` keeps records from retention at all (a PostgreSQL sink's does not)."""
+
+    async def hold(self, position: str) -> bool:
+        """Keep every record after ``position`` from retention, but never release a record from
+        the one :meth:`keep_from` names on; False when that is not in place (yet): Redis did not
+        answer, or this term has not said what to keep. Never raises: call it again."""
+        ...
+
+    def keep_from(self, position: str | None) -> None:
+        """From now on (this term), :meth:`hold` keeps the record at ``position`` and every one
+        after it, wherever it is asked to hold (None: no such bound)."""
+        ...
+
+    def forget(self) -> None:
+        """A new term: nothing is held until :meth:`keep_from` is said again."""
         ...
 
 
 def _stream_ms(entry_id: str) -> int:
     return int(entry_id.partition("-")[0])
+
+
+def _entry_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _entry_before(entry_id: str) -> str:
+    """A stream id just below ``entry_id``, above any entry before it (``0-0`` for the least).
+    Below ``ms-0`` it is ``(ms-1)-(2^53-2)``, not the greatest id: the commit script's trim adds
+    one to a group's last id as a Lua number (a double), exact only below 2^53; no millisecond
+    holds that many entries."""
+    ms, seq = _entry_key(entry_id)
+    if seq:
+        return f"{ms}-{seq - 1}"
+    return f"{ms - 1}-{2**53 - 2}" if ms else "0-0"
 
 
 class StreamRecords:
@@ -70,13 +100,18 @@ class StreamRecords:
 
     ``holder`` names a consumer group on the stream that :meth:`hold` moves along the delivered
     records: the commit script's trim never drops an entry a group still needs, so undelivered
-    records outlive ``events.max_len``."""
+    records outlive ``events.max_len``. The group never passes the entry before
+    :meth:`keep_from`'s (the oldest record a held dead letter names), so those outlive it too."""
+
+    retains = True
 
     def __init__(self, store: LeaseStore, holder: str) -> None:
         self.store = store
         self.key = store.keys["events"]
         self.holder = holder
-        self._held: str | None = None
+        self._held: str | None = None  # where this term last set the group
+        self._keep: str | None = None
+        self._keep_known = False  # keep_from said this term: until then nothing is moved
 
     async def _range(self, start: str, end: str, count: int, reverse: bool = False) -> list[Stored]:
         client = self.store.client
@@ -144,10 +179,20 @@ class StreamRecords:
         client = self.store.client
         await self.store.run(lambda: client.xread({self.key: start}, count=1, block=block_ms))
 
-    async def hold(self, position: str) -> None:
+    def keep_from(self, position: str | None) -> None:
+        self._keep, self._keep_known = position, True
+
+    def forget(self) -> None:
+        self._held, self._keep_known = None, False
+
+    async def hold(self, position: str) -> bool:
+        if not self._keep_known:
+            return False
         position = "0-0" if position == "0" else position
+        if self._keep is not None:
+            position = min(position, _entry_before(self._keep), key=_entry_key)
         if position == self._held:
-            return
+            return True
         client = self.store.client
 
         def move() -> None:
@@ -160,9 +205,10 @@ class StreamRecords:
 
         try:
             await self.store.run(move)
-            self._held = position
         except RedisUnavailable:
-            pass  # retention may keep more for a while; it never drops what is undelivered
+            return False  # the group stays where it was (behind): asked again, it moves then
+        self._held = position
+        return True
 
 
 class PostgresRecords:
@@ -247,8 +293,16 @@ class PostgresRecords:
     async def wait(self, after: str, seconds: float) -> None:
         await trio.sleep(min(seconds, self.poll))
 
-    async def hold(self, position: str) -> None:
-        return None  # the sink's max_len trims by count (docs/WEBHOOKS.md)
+    retains = False  # the sink's max_len trims by count (docs/WEBHOOKS.md)
+
+    async def hold(self, position: str) -> bool:
+        return True
+
+    def keep_from(self, position: str | None) -> None:
+        return None
+
+    def forget(self) -> None:
+        return None
 
     def close(self) -> None:
         if self._conn is not None:

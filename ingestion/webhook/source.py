@@ -60,6 +60,7 @@ from ingestion.webhook.core import (
     sign,
     webhook_keys,
 )
+from ingestion.webhook.dead_letters import DeadLetterHold
 from ingestion.webhook.records import RecordStore, Stored
 from ingestion.webhook.requests import RequestServing
 
@@ -67,7 +68,6 @@ USER_AGENT = "ingestion-webhooks/1"
 READ_PAGE = 1000  # records read from the source job's store at a time
 ATTEMPTS_KEPT = 200  # recent attempts kept in the job's attempts stream (approximately)
 ATTEMPT_SAMPLE = 1.0  # seconds: every failed attempt is kept, a delivered one at most this often
-HOLD_EVERY = 1.0  # seconds between moves of the source stream's retention floor (one call)
 CLOCK_REFRESH = 30.0  # seconds between reads of Redis's clock (carried by the monotonic clock between)
 SKEW_WARN = 5.0  # seconds: a node's wall clock further off Redis's than this is logged, once per term
 
@@ -119,6 +119,7 @@ class WebhookStats:
     delivered: int = 0  # records acknowledged (2xx) and committed
     attempts: dict[str, int] = attrs.Factory(dict)  # by outcome: 2xx, 3xx, 4xx, 429, 5xx, timeout, error
     dead_letters: int = 0
+    dead_letters_held: int | None = None  # not replayed or dropped (None: not leading, or not read yet)
     state: str = "idle"  # idle (not leading), ok, failing, disabled
     oldest_undelivered_ms: int | None = None  # commit time of the next record to deliver
     last_delivered_ms: int | None = None
@@ -175,6 +176,7 @@ class WebhookSource(RequestServing):
     schedule: RetrySchedule
     log: Any
     on_exhausted: str = "dead-letter"
+    max_dead_letters: int = 0  # held at most (0: no bound); at the bound a spent record blocks
     batch: int = 1
     concurrency: int = 1
     connect_timeout: float = 2.0
@@ -195,6 +197,7 @@ class WebhookSource(RequestServing):
     _paused: bool = attrs.field(default=False, init=False)  # an operator paused delivery (fenced, kept)
     _resumed: trio.Event = attrs.field(factory=trio.Event, init=False)  # set when not paused
     _last_kept: float = attrs.field(default=-1e9, init=False)  # when a delivered attempt was last kept
+    _dead: DeadLetterHold = attrs.field(init=False, default=attrs.Factory(DeadLetterHold.of, takes_self=True))
 
     def __attrs_post_init__(self) -> None:
         self._clock = ServerClock(self.store.server_time, self.log)
@@ -218,7 +221,6 @@ class WebhookSource(RequestServing):
         self._clock.reset()
         try:
             position = await self.records.locate(cursor)
-            await self.records.hold(position)  # retention keeps what this term has yet to deliver
             keys = webhook_keys(self.job)
             endpoint = await self.store.run(lambda: self.store.client.hgetall(keys["endpoint"]))
             self._disabled = _text(endpoint.get(b"state", endpoint.get("state", b""))) == "disabled"
@@ -237,6 +239,7 @@ class WebhookSource(RequestServing):
             )  # fmt: skip
             async with client, _plain_errors(), trio.open_nursery() as nursery:
                 units_send, units_recv = trio.open_memory_channel[Unit](max(2, 2 * self.concurrency))
+                await nursery.start(self._dead.keep, lambda: self._delivered_through or position)
                 nursery.start_soon(self._read, position, units_send)
                 nursery.start_soon(self._serve_requests, client, term)
                 next_done: Callable[[], Awaitable[list[Done]]]
@@ -244,7 +247,6 @@ class WebhookSource(RequestServing):
                     next_done = functools.partial(self._next_in_order, client, term, units_recv)
                 else:
                     next_done = self._side_by_side(client, term, units_recv, nursery)
-                next_hold = trio.current_time() + HOLD_EVERY
                 while True:
                     done = await next_done()
                     batch = _commit_batch(done)
@@ -252,9 +254,6 @@ class WebhookSource(RequestServing):
                     assert batch.committed is not None
                     await batch.committed.wait()  # (in order: the next POST only after this)
                     self._committed(done)
-                    if trio.current_time() >= next_hold:  # the retention floor, behind what is committed
-                        await self.records.hold(done[-1][0].stored[-1].position)
-                        next_hold = trio.current_time() + HOLD_EVERY
         finally:
             self.stats.state = "idle"
             self.stats.oldest_undelivered_ms = None  # a standby shows no lag of its own
@@ -320,6 +319,7 @@ class WebhookSource(RequestServing):
                 self.stats.last_delivered_ms = unit.stored[-1].committed_ms
             else:
                 self.stats.dead_letters += len(unit.stored)
+                self._dead.committed([s.position for s in unit.stored])
 
     async def _read(self, position: str, units: trio.MemorySendChannel[Unit]) -> None:
         """Read the source job's records after ``position`` and hand them on as units, waiting at
@@ -384,7 +384,7 @@ class WebhookSource(RequestServing):
                 continue
             delay = pacing.failed(trio.current_time(), self.rng.random(), attempt.retry_after)
             failures = pacing.failures
-            if pacing.exhausted and self.on_exhausted == "dead-letter":
+            if pacing.exhausted and self.on_exhausted == "dead-letter" and not self._dead.full():
                 detail = {
                     "attempts": failures, "status": attempt.status, "error": attempt.error,
                     "answer": attempt.excerpt, "first_attempt_at": _iso(int(first_attempt * 1000)),

@@ -248,3 +248,28 @@ async def test_transfers_prints_one_line_per_transfer_and_skips_what_moves_nothi
         [str(1 << 32), "transfer", "15000000", f"USDC:{g1}", g1, g2, "7"],
         [str(3 << 32), "transfer", "1", f"USDC:{g1}", g1, g2, "7"],
     ]
+
+
+async def test_transfers_of_a_webhook_jobs_dead_letters_are_those_of_the_records_they_name(
+    redis_server: LocalRedis, job: str
+) -> None:
+    """A dead letter keeps the record it names under ``record`` (with ``webhook_id``, the
+    attempts, ...): ``--transfers`` on the webhook job's stream shows that record's transfer."""
+    from ingestion.events.payments import payment_record_text
+    from ingestion.webhook.records import Stored
+    from ingestion.webhook.source import Unit, _commit_batch
+
+    g1 = "GC5LF63GRVIT5ZXXCXLPI3RX2YXKJQFZVBSAO6AUELN3YIMSWPD6Z6FH"
+    g2 = "GAFK7XFZHMLSNV7OJTBO7BAIZA66X6QIBV5RMZZYXK4Q7ZSO52J5C3WQ"
+    record = {"id": str(5 << 32), "paging_token": str(5 << 32), "type": "payment",
+              "transaction_successful": True, "from": g1, "to": g2, "amount": "2.5000000",
+              "asset_type": "native"}  # fmt: skip
+    body = payment_record_text(json.dumps(record, separators=(",", ":")))[0]
+    stored = Stored("1-1", 1, Record(str(5 << 32), body))
+    letter = _commit_batch([(Unit((stored,), f"src:{5 << 32}", b""), "dead", {"attempts": 8, "status": 500})])
+    store = LeaseStore(connect(redis_server.url, timeout=2.0), job)
+    assert isinstance(await store.acquire("writer", 60_000), Acquired)
+    await store.commit("writer", 1, None, list(letter.records))
+    done = await tail("--redis", redis_server.url, "--job", job, "--from", "0", "--count", "1", "--transfers")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().split("\t") == [str(5 << 32), "transfer", "25000000", "native", g1, g2, "-\n"]

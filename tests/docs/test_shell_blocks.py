@@ -469,8 +469,7 @@ def test_consuming_deposit_detection(private_redis: LocalRedis, tmp_path: Path) 
 def test_webhooks_commands(private_redis: LocalRedis, tmp_path: Path) -> None:
     """WEBHOOKS.md's commands with its own configuration (the secret from the environment, as its
     comment offers): `status` shows the job, `replay`, `enable`, `pause` and `resume` only ask
-    (`requests pending`),
-    and the secret is never shown."""
+    (`requests pending`), `drop-dead-letters` drops (none here), and the secret is never shown."""
     document = (ROOT / "docs/WEBHOOKS.md").read_text()
     toml = document.split("```toml\n", 1)[1].split("```", 1)[0]
     config = "\n".join(x for x in toml.splitlines() if not x.startswith("secret_file"))
@@ -481,7 +480,7 @@ def test_webhooks_commands(private_redis: LocalRedis, tmp_path: Path) -> None:
     assert variable in toml, "the documented variable"
     runner = Runner(private_redis.url, tmp_path, env={variable: secret})
     lines = _block(("docs/WEBHOOKS.md", "ingestion webhooks status")).command_lines()
-    status, replay_range, replay_dead, enable, pause, resume = lines
+    status, replay_range, replay_dead, drop, enable, pause, resume = lines
     plain = Invocation("ingestion", "ingestion", tuple(a for a in _only(status).args if a != "[--json]"), ())
     done = runner.run(plain)
     assert done.returncode == 0 and done.stdout.startswith(f"{hook}: idle -> "), done
@@ -489,6 +488,11 @@ def test_webhooks_commands(private_redis: LocalRedis, tmp_path: Path) -> None:
         done = runner.run(_filled(_only(line), {"JOB": hook}))
         assert done.returncode == 0 and "requested" in done.stdout, (line.where(), done)
     assert doc_shell.is_synopsis(_only(replay_range).args)
+    dropping = _filled(_only(drop), {"JOB": hook})
+    optional = ("[--before", "TIME]")
+    bare = Invocation("ingestion", "ingestion", tuple(a for a in dropping.args if a not in optional), ())
+    done = runner.run(bare)
+    assert done.returncode == 0 and f"dropped 0 dead letters of {hook}" in done.stdout, (drop.where(), done)
     with_json = Invocation("ingestion", "ingestion", ("webhooks", "status", "--json"), ())
     done = runner.run(with_json)
     (shown,) = json.loads(done.stdout)

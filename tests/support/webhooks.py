@@ -58,3 +58,9 @@ async def at_position(redis_client: redis.Redis, hook_job: str, index: int) -> N
 
 def seqs(receiver: Receiver) -> list[int]:
     return [r["seq"] for r in receiver.records()]
+
+
+def hook_leader(client: redis.Redis, hook: str) -> str | None:
+    """The node that leads the webhook job ``hook`` now (None: nobody)."""
+    value = client.get(job_keys(hook)["lease"])
+    return value.partition("|")[2] if value else None

@@ -18,9 +18,11 @@ from actors.lease_store import job_keys
 from ingestion.testing.cluster import Cluster, figure, open_cluster
 from ingestion.testing.wait import wait_until
 from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
-from tests.webhook.test_processes import SECRET, TTL_MS, hook_leader
+from tests.support.webhooks import SECRET, hook_leader
 
 pytestmark = pytest.mark.slow
+
+TTL_MS = 1500  # (as the webhook process test's)
 
 CATCH_UP = 10.0  # seconds from a fault's end to the receiver holding what was committed by then
 # (fault, seconds): the faults of the reproduction, each once
@@ -61,19 +63,19 @@ async def test_the_receiver_catches_up_within_seconds_of_each_fault_with_the_def
         async with open_cluster(job, ttl_ms=TTL_MS, ops_per_ledger=5, history_ledgers=20) as cluster:
             for name in ("n1", "n2", "n3"):
                 await cluster.start_node(name, extra=extra)
-            await wait_until(lambda: hook_leader(cluster, hook) is not None, 20, what="a deliverer")
+            await wait_until(lambda: hook_leader(cluster.client, hook) is not None, 20, what="a deliverer")
             await receiver.wait_for(50, 30)
 
-            victim = hook_leader(cluster, hook)  # the deliverer SIGKILLed
+            victim = hook_leader(cluster.client, hook)  # the deliverer SIGKILLed
             assert victim is not None
             await cluster.kill(victim)
             took["sigkill"] = await catch_up(cluster, receiver, job)
             await cluster.start_node(victim, extra=extra)
 
-            victim = hook_leader(cluster, hook)  # the deliverer paused past its TTL
+            victim = hook_leader(cluster.client, hook)  # the deliverer paused past its TTL
             assert victim is not None
             cluster.signal(victim, signal.SIGSTOP)
-            await wait_until(lambda: hook_leader(cluster, hook) not in (None, victim), 20,
+            await wait_until(lambda: hook_leader(cluster.client, hook) not in (None, victim), 20,
                              what="a deliverer instead of the paused one")  # fmt: skip
             took["sigstop"] = await catch_up(cluster, receiver, job)
             cluster.signal(victim, signal.SIGCONT)

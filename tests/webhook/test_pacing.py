@@ -23,7 +23,7 @@ from ingestion.webhook.build import build_webhook_source
 from ingestion.webhook.core import DEFAULT_SCHEDULE, PROBE_MAX, RetryPacing, RetrySchedule
 from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
 from tests.support.nodes import OpenStore, Recorder, start_node
-from tests.webhook.test_delivery import SECRET, commit_source_records, webhook
+from tests.support.webhooks import SECRET, commit_source_records, webhook
 
 SCHEDULE = RetrySchedule.parse(DEFAULT_SCHEDULE)
 

@@ -19,6 +19,7 @@ from ingestion.testing.cluster import ClockFake, Cluster, faketime_available, fi
 from ingestion.testing.wait import wait_until
 from ingestion.webhook import admin
 from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
+from tests.support.webhooks import hook_leader as leader_of
 
 pytestmark = pytest.mark.slow
 
@@ -37,8 +38,7 @@ def hook_config(path: Path, port: int, job: str, extra: str = "") -> Path:
 
 
 def hook_leader(cluster: Cluster, hook: str) -> str | None:
-    value = cluster.client.get(job_keys(hook)["lease"])
-    return value.partition("|")[2] if value else None
+    return leader_of(cluster.client, hook)
 
 
 async def delivered_more(receiver: Receiver, more: int, within: float = 30.0) -> None:
