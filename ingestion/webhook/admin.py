@@ -93,14 +93,11 @@ def replay_bound(text: str, *, end: bool = False) -> str:
     except InvalidPagingToken:
         pass
     try:
-        when = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        return f"time:{iso_time_ms(text)}"
     except ValueError:
         raise ValueError(
             f"{text!r} is neither a record id, a ledger number nor an ISO 8601 time (2026-12-04T10:00:00Z)"
         ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.UTC)
-    return f"time:{int(when.timestamp() * 1000)}"
 
 
 def span_inverted(start: str, end: str) -> bool:
