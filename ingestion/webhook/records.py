@@ -17,7 +17,7 @@ import redis
 import trio
 
 from actors.cursor_order import token_key
-from actors.lease_store import LeaseStore, RedisUnavailable
+from actors.lease_store import LeaseStore, RedisUnavailable, stream_waits
 from actors.sink import SinkUnavailable
 from actors.source import Record
 
@@ -137,12 +137,9 @@ class StreamRecords:
         return last[0].position if last else "0-0"
 
     async def wait(self, after: str, seconds: float) -> None:
-        # XREAD BLOCK answers as soon as an entry after ``after`` exists; bounded well inside the
-        # store's call bound, so a quiet stream costs one call per block.
-        block_ms = max(1, min(int(seconds * 1000), int(self.store.call_timeout * 500)))
-        start = "0-0" if after in ("0", "0-0") else after
-        client = self.store.client
-        await self.store.run(lambda: client.xread({self.key: start}, count=1, block=block_ms))
+        # One XREAD BLOCK for every waiter of the node, on threads and connections of its own
+        # (actors/lease_store/waits.py): idle webhook jobs leave the node's calls theirs.
+        await stream_waits(self.store.client, self.store.call_timeout).wait(self.key, after, seconds)
 
     async def hold(self, position: str) -> None:
         position = "0-0" if position == "0" else position

@@ -1,0 +1,85 @@
+"""Many webhook jobs led by one node: their idle waits for the source job's next record must leave
+the node's renewals and commits their threads and connections (issue 46), and still wake at once."""
+
+from __future__ import annotations
+
+import time
+
+import trio
+
+from actors.lease_store import LeaseStore, RedisUnavailable, connect
+from actors.source import SyntheticSource
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.webhook.records import StreamRecords
+
+IDLE = 120  # idle webhook leaders on the node
+RENEWALS = 40  # renewal-sized calls made while they wait
+BOUND = 0.5  # seconds: the bound of each renewal
+
+
+async def test_idle_webhook_waits_leave_renewals_their_threads(redis_server: LocalRedis, job: str) -> None:
+    """120 idle readers of 120 source streams, all on the node's one client, wait for records
+    while 40 leases are renewed at once, each within 500 ms: none may time out (before: the waits
+    held trio's 40 default threads and redis-py's 100 pooled connections, and 23 of 40 timed out).
+    A record committed to one source then wakes its reader within 250 ms."""
+    client = connect(redis_server.url, timeout=1.0)
+    try:
+        leases = [LeaseStore(client, f"{job}-lead{i}", call_timeout=BOUND) for i in range(RENEWALS)]
+        tokens = []
+        for store in leases:
+            got = await store.acquire("n1", 30_000)
+            tokens.append(got.token)  # type: ignore[union-attr]
+        sources = [LeaseStore(client, f"{job}-src{i}", call_timeout=1.0) for i in range(IDLE)]
+        readers = [StreamRecords(s, f"webhook:{job}-hook{i}") for i, s in enumerate(sources)]
+        woke: dict[int, float] = {}
+        failed_waits = 0
+
+        async def idle(i: int) -> None:
+            nonlocal failed_waits
+            while True:
+                start = trio.current_time()
+                try:
+                    await readers[i].wait("0-0", 5.0)
+                except RedisUnavailable:
+                    failed_waits += 1  # (a term would end on it)
+                    continue
+                if trio.current_time() - start < 4.0 and await readers[i].read("0-0", 1):
+                    woke[i] = time.monotonic()
+                    return
+
+        timed_out = 0
+
+        async def renew(store: LeaseStore, token: int) -> None:
+            nonlocal timed_out
+            try:
+                await store.renew("n1", token, 30_000)
+            except RedisUnavailable:
+                timed_out += 1
+
+        async with trio.open_nursery() as nursery:
+            for i in range(IDLE):
+                nursery.start_soon(idle, i)
+            await trio.sleep(0.5)  # every reader waiting
+            for _ in range(3):
+                async with trio.open_nursery() as renewals:
+                    for store, token in zip(leases, tokens, strict=True):
+                        renewals.start_soon(renew, store, token)
+                await trio.sleep(0.2)
+            bound = f"{BOUND * 1000:.0f} ms bound"
+            assert timed_out == 0, f"{timed_out} of {3 * RENEWALS} renewals timed out ({bound})"
+            assert failed_waits == 0, f"{failed_waits} waits of the idle readers failed"
+
+            writer = LeaseStore(connect(redis_server.url, timeout=1.0), f"{job}-src7")
+            got = await writer.acquire("src", 30_000)
+            committed_at = time.monotonic()
+            await writer.commit("src", got.token, None, [SyntheticSource(total=1).record(1)])  # type: ignore[union-attr]
+            writer.client.close()
+            with trio.fail_after(2):
+                while 7 not in woke:  # noqa: ASYNC110 (the reader's task says when it woke)
+                    await trio.sleep(0.005)
+            late = woke[7] - committed_at
+            assert late < 0.25, f"woken {1000 * late:.0f} ms after the commit"
+            assert list(woke) == [7]
+            nursery.cancel_scope.cancel()
+    finally:
+        client.close()
