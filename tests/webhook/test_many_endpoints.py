@@ -7,7 +7,7 @@ import time
 
 import trio
 
-from actors.lease_store import LeaseStore, RedisUnavailable, connect
+from actors.lease_store import LeaseStore, RedisUnavailable, ReleaseNotices, connect
 from actors.source import SyntheticSource
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.webhook.records import StreamRecords
@@ -81,5 +81,40 @@ async def test_idle_webhook_waits_leave_renewals_their_threads(redis_server: Loc
             assert late < 0.25, f"woken {1000 * late:.0f} ms after the commit"
             assert list(woke) == [7]
             nursery.cancel_scope.cancel()
+    finally:
+        client.close()
+
+
+async def test_standby_subscriptions_of_many_jobs_leave_renewals_connections(
+    redis_server: LocalRedis, job: str
+) -> None:
+    """A node starting 200 jobs has each of them a standby at first, each subscribed for its job's
+    release notices (a pooled connection each) while its leases are renewed: redis-py's pool must
+    hold them all (its default of 100 raised ``MaxConnectionsError`` for the renewals: the node
+    of issue 46 logged 6,449 ``redis-unavailable`` lines and ended 267 terms ``commit-unknown``)."""
+    client = connect(redis_server.url, timeout=1.0)
+    try:
+        leases = [LeaseStore(client, f"{job}-lead{i}", call_timeout=1.0) for i in range(RENEWALS)]
+        tokens = [(await s.acquire("n1", 30_000)).token for s in leases]  # type: ignore[union-attr]
+        notices = [ReleaseNotices(LeaseStore(client, f"{job}-standby{i}")) for i in range(160)]
+        failed: list[str] = []
+
+        async def renew(store: LeaseStore, token: int) -> None:
+            try:
+                await store.renew("n1", token, 30_000)
+            except RedisUnavailable as exc:
+                failed.append(str(exc))
+
+        async with trio.open_nursery() as nursery:
+            for n in notices:
+                nursery.start_soon(n.wait, 3.0)
+            await trio.sleep(1.0)  # every standby subscribed
+            async with trio.open_nursery() as renewals:
+                for store, token in zip(leases, tokens, strict=True):
+                    renewals.start_soon(renew, store, token)
+            assert not failed, f"{len(failed)} of {RENEWALS} renewals failed: {failed[0]}"
+            nursery.cancel_scope.cancel()
+        for n in notices:
+            n.close()
     finally:
         client.close()
