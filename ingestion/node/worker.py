@@ -455,7 +455,7 @@ async def _start_endpoints(
 
         console = ClusterReader(
             next(iter(stores.values())).client, settings.node.id, {j.name: j.kind for j in settings.jobs},
-            token=o.console_token,
+            token=o.console_token, streams=o.console_streams,
         )  # fmt: skip
         await nursery.start(console.run)
         await _bind(
