@@ -88,9 +88,10 @@ class StreamWaits:
     def _group(self, key: str) -> Hashable:
         return self._client.keyslot(key) if self._cluster else None
 
-    async def wait(self, key: str, after: str, seconds: float) -> None:
-        """Return once stream ``key`` may hold an entry after ``after``, or after ``seconds``.
-        Never raises for Redis: a failed read is waited out (the caller's next read reports it)."""
+    async def wait(self, key: str, after: str, seconds: float) -> bool:
+        """Return once stream ``key`` holds an entry after ``after`` (True), or after ``seconds``
+        (False). Never raises for Redis: a failed read is waited out (the caller's next read
+        reports it)."""
         deadline = trio.current_time() + seconds
         me = _Waiter(key, entry_id(after))
         group = self._group(key)
@@ -103,6 +104,7 @@ class StreamWaits:
                 else:
                     with trio.move_on_at(deadline):
                         await under_way.wait()
+            return me.woken.is_set()
         finally:
             waiters = self._waiters[group]
             waiters.discard(me)

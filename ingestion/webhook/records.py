@@ -47,8 +47,9 @@ class RecordStore(Protocol):
         """Up to ``count`` records after ``after``, in order."""
         ...
 
-    async def wait(self, after: str, seconds: float) -> None:
-        """Return once a record after ``after`` may exist, or after about ``seconds``."""
+    async def wait(self, after: str, seconds: float) -> bool:
+        """Return once a record after ``after`` may exist (True), or after about ``seconds``
+        without one (False)."""
         ...
 
     async def newest(self) -> str | None:
@@ -136,10 +137,10 @@ class StreamRecords:
         last = await self._range(f"{ms - 1}", "-", 1, reverse=True)
         return last[0].position if last else "0-0"
 
-    async def wait(self, after: str, seconds: float) -> None:
+    async def wait(self, after: str, seconds: float) -> bool:
         # One XREAD BLOCK for every waiter of the node, on threads and connections of its own
         # (actors/lease_store/waits.py): idle webhook jobs leave the node's calls theirs.
-        await stream_waits(self.store.client, self.store.call_timeout).wait(self.key, after, seconds)
+        return await stream_waits(self.store.client, self.store.call_timeout).wait(self.key, after, seconds)
 
     async def hold(self, position: str) -> None:
         position = "0-0" if position == "0" else position
@@ -241,8 +242,9 @@ class PostgresRecords:
                 lo = int(got[0])
         return str(lo)
 
-    async def wait(self, after: str, seconds: float) -> None:
+    async def wait(self, after: str, seconds: float) -> bool:
         await trio.sleep(min(seconds, self.poll))
+        return True  # (a poll: whether one came is for the next read to say)
 
     async def hold(self, position: str) -> None:
         return None  # the sink's max_len trims by count (docs/WEBHOOKS.md)

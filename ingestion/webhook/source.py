@@ -59,6 +59,7 @@ from ingestion.webhook.records import RecordStore, Stored
 
 USER_AGENT = "ingestion-webhooks/1"
 READ_PAGE = 1000  # records read from the source job's store at a time
+IDLE_WAIT = 5.0  # seconds an idle reader waits for the next record before it reads again anyway
 REQUESTS_EVERY = 1.0  # seconds between looks at the operators' requests while delivering
 DISABLED_POLL = 1.0  # seconds between looks while the endpoint is disabled
 ATTEMPTS_KEPT = 200  # recent attempts kept in the job's attempts stream (approximately)
@@ -327,9 +328,15 @@ class WebhookSource:
             while True:
                 page = await self.records.read(position, READ_PAGE)
                 if not page:
-                    if self._delivered_through is not None:  # idle: the floor up to what is committed
-                        await self.records.hold(self._delivered_through)
-                    await self.records.wait(position, 1.0)
+                    # Idle: wait for the next record (read again anyway after IDLE_WAIT), moving
+                    # the retention floor up to what is committed meanwhile (a call only when
+                    # it moved).
+                    idle_until = trio.current_time() + IDLE_WAIT
+                    while trio.current_time() < idle_until:
+                        if self._delivered_through is not None:
+                            await self.records.hold(self._delivered_through)
+                        if await self.records.wait(position, HOLD_EVERY):
+                            break
                     continue
                 for i in range(0, len(page), self.batch):
                     unit = self._unit(page[i : i + self.batch], as_batch=self.batch > 1)

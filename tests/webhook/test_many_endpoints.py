@@ -10,7 +10,12 @@ import trio
 from actors.lease_store import LeaseStore, RedisUnavailable, ReleaseNotices, connect
 from actors.source import SyntheticSource
 from ingestion.testing.local_redis import LocalRedis
-from ingestion.webhook.records import StreamRecords
+from ingestion.testing.wait import wait_until
+from ingestion.webhook.build import holder_group
+from ingestion.webhook.receiver import Receiver, serve_receiver
+from ingestion.webhook.records import Stored, StreamRecords
+from tests.support.nodes import OpenStore, Recorder, start_node
+from tests.webhook.test_delivery import SECRET, commit_source_records, webhook
 
 IDLE = 120  # idle webhook leaders on the node
 RENEWALS = 40  # renewal-sized calls made while they wait
@@ -118,3 +123,37 @@ async def test_standby_subscriptions_of_many_jobs_leave_renewals_connections(
             n.close()
     finally:
         client.close()
+
+
+class CountedReads(StreamRecords):
+    """The source stream, counting the reads of it (each one a call on the node's threads)."""
+
+    reads = 0
+
+    async def read(self, after: str, count: int) -> list[Stored]:
+        self.reads += 1
+        return await super().read(after, count)
+
+
+async def test_an_idle_webhook_job_reads_its_source_only_when_woken_or_every_idle_wait(
+    redis_server: LocalRedis, open_store: OpenStore, job: str
+) -> None:
+    """An idle leader reads the source stream about once per ``IDLE_WAIT`` (5 s), not every
+    second (150 idle jobs made 150 reads a second of the node's calls), and still delivers a new
+    record at once."""
+    receiver = Receiver(SECRET)
+    url = redis_server.url
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_receiver, receiver)
+        hook, _ = webhook(open_store, url, f"{job}-src", f"{job}-hook", port)
+        counted = CountedReads(open_store(url, f"{job}-src", timeout=1.0), holder_group(f"{job}-hook"))
+        hook.records = counted
+        node = await start_node(nursery, Recorder(), url, f"{job}-hook", "a", hook)
+        await wait_until(lambda: counted.reads > 0, 5, what="the first read")
+        before = counted.reads
+        await trio.sleep(4.0)
+        assert counted.reads - before <= 1, f"{counted.reads - before} reads in 4 s of idling"
+        await commit_source_records(open_store(url, f"{job}-src"), 1, 1)
+        await receiver.wait_for(1, 1.0)
+        await node.shutdown()
+        nursery.cancel_scope.cancel()
