@@ -117,7 +117,8 @@ class StreamWaits:
         try:
             after: dict[str, tuple[int, int]] = {}
             for w in self._waiters.get(group, ()):
-                after[w.key] = min(after.get(w.key, w.after), w.after)
+                if not w.woken.is_set():  # (one woken but not yet gone would be served again)
+                    after[w.key] = min(after.get(w.key, w.after), w.after)
             block = max(0.001, min(self._block, deadline - trio.current_time()))
             ids = {key: f"{ms}-{seq}" for key, (ms, seq) in after.items()}
             found: dict[str, tuple[int, int]] | None = None

@@ -7,7 +7,7 @@ import time
 
 import trio
 
-from actors.lease_store import LeaseStore, RedisUnavailable, ReleaseNotices, connect
+from actors.lease_store import LeaseStore, RedisUnavailable, ReleaseNotices, connect, stream_waits
 from actors.source import SyntheticSource
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import wait_until
@@ -157,3 +157,39 @@ async def test_an_idle_webhook_job_reads_its_source_only_when_woken_or_every_idl
         await receiver.wait_for(1, 1.0)
         await node.shutdown()
         nursery.cancel_scope.cancel()
+
+
+async def test_waiters_of_one_stream_at_different_positions_wake_only_for_entries_after_theirs(
+    redis_server: LocalRedis, job: str
+) -> None:
+    """One shared read serves waiters at several positions of a stream: one behind the newest entry
+    wakes at once, one at the newest waits for the next commit, and then wakes within 250 ms."""
+    client = connect(redis_server.url, timeout=1.0)
+    try:
+        store = LeaseStore(client, f"{job}-src")
+        got = await store.acquire("src", 30_000)
+        token = got.token  # type: ignore[union-attr]
+        src = SyntheticSource(total=3)
+        await store.commit("src", token, None, [src.record(1)])
+        await store.commit("src", token, src.token_of(1), [src.record(2)])
+        first, second = [entry[0] for entry in client.xrange(store.keys["events"])]  # type: ignore[union-attr]
+        waits = stream_waits(client, 1.0)
+        woke: dict[str, float] = {}
+
+        async def wait(name: str, after: str) -> None:
+            if await waits.wait(store.keys["events"], after, 5.0):
+                woke[name] = time.monotonic()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait, "behind", first)
+            nursery.start_soon(wait, "at-newest", second)
+            await trio.sleep(0.5)
+            assert list(woke) == ["behind"]
+            committed_at = time.monotonic()
+            await store.commit("src", token, src.token_of(2), [src.record(3)])
+            with trio.fail_after(2):
+                while "at-newest" not in woke:  # noqa: ASYNC110 (the waiter's task says when it woke)
+                    await trio.sleep(0.005)
+            assert woke["at-newest"] - committed_at < 0.25
+    finally:
+        client.close()
