@@ -325,26 +325,27 @@ class WebhookSource:
         """Read the source job's records after ``position`` and hand them on as units, waiting at
         the end for more."""
         async with units:
+            at_end = False  # the last read came short: the next record is waited for, not read for
             while True:
-                page = await self.records.read(position, READ_PAGE)
-                if not page:
-                    # Idle: wait for the next record (read again anyway after IDLE_WAIT), moving
-                    # the retention floor up to what is committed meanwhile (a call only when
-                    # it moved).
+                if at_end:
+                    # Wait for the next record (read again anyway after IDLE_WAIT), moving the
+                    # retention floor up to what is committed meanwhile (a call only when it moved).
                     idle_until = trio.current_time() + IDLE_WAIT
                     while trio.current_time() < idle_until:
                         if self._delivered_through is not None:
                             await self.records.hold(self._delivered_through)
                         if await self.records.wait(position, HOLD_EVERY):
                             break
-                    continue
+                page = await self.records.read(position, READ_PAGE)
+                at_end = len(page) < READ_PAGE
                 for i in range(0, len(page), self.batch):
                     unit = self._unit(page[i : i + self.batch], as_batch=self.batch > 1)
                     self._waiting.append(unit.stored[0].committed_ms)
                     if self.stats.oldest_undelivered_ms is None:
                         self.stats.oldest_undelivered_ms = unit.stored[0].committed_ms
                     await units.send(unit)
-                position = page[-1].position
+                if page:
+                    position = page[-1].position
 
     def _unit(self, stored: Sequence[Stored], *, as_batch: bool) -> Unit:
         """What one POST carries: one record, or (``as_batch``) a JSON array of them."""

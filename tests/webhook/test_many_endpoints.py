@@ -140,7 +140,7 @@ async def test_an_idle_webhook_job_reads_its_source_only_when_woken_or_every_idl
 ) -> None:
     """An idle leader reads the source stream about once per ``IDLE_WAIT`` (5 s), not every
     second (150 idle jobs made 150 reads a second of the node's calls), and still delivers a new
-    record at once."""
+    record at once, with one read (a short page is the end: no second read to find it empty)."""
     receiver = Receiver(SECRET)
     url = redis_server.url
     async with trio.open_nursery() as nursery:
@@ -153,8 +153,12 @@ async def test_an_idle_webhook_job_reads_its_source_only_when_woken_or_every_idl
         before = counted.reads
         await trio.sleep(4.0)
         assert counted.reads - before <= 1, f"{counted.reads - before} reads in 4 s of idling"
+        idle = counted.reads
         await commit_source_records(open_store(url, f"{job}-src"), 1, 1)
         await receiver.wait_for(1, 1.0)
+        await trio.sleep(1.0)
+        # one read for the new record: it came short, so the next is waited for, not read for
+        assert counted.reads - idle == 1, f"{counted.reads - idle} reads for one new record"
         await node.shutdown()
         nursery.cancel_scope.cancel()
 
