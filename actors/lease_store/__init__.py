@@ -12,6 +12,7 @@ and the bridge from trio to redis-py. A newcomer finds:
 - ``store``: :class:`LeaseStore`, one job's lease, token and cursor operations.
 - ``registry``: :class:`NodeRegistry`, the live nodes (for balancing, never for safety).
 - ``notices``: :class:`ReleaseNotices`, the subscription that wakes standbys on a release.
+- ``waits``: :func:`stream_waits`, one blocking read for all of a node's waits for stream entries.
 
 The fencing rule lives inside Redis (``lua/commit.lua``): a commit is applied only if its token
 equals the job's token counter *and* the lease still holds exactly this holder and token, *and*
@@ -63,6 +64,7 @@ from actors.lease_store.results import (
     StreamInfo,
 )
 from actors.lease_store.store import FOLLOW_PRIMARY_EVERY, LeaseStore
+from actors.lease_store.waits import StreamWaits, stream_waits
 
 __all__ = [
     "AUDIT_MAXLEN",
@@ -94,6 +96,7 @@ __all__ = [
     "SentinelTarget",
     "StateLost",
     "StreamInfo",
+    "StreamWaits",
     "classify_redis_error",
     "connect",
     "describe_redis_error",
@@ -107,4 +110,5 @@ __all__ = [
     "parse_lease_value",
     "parse_sentinel_url",
     "sentinel_services",
+    "stream_waits",
 ]

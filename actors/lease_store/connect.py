@@ -16,6 +16,11 @@ from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+# The client's pool bound. redis-py 8 bounds it at 100 by default, and a node holds a connection
+# per standby job (its release-notice subscription) beside those its calls use (bounded by their
+# threads): 200 jobs starting on a node took all 100, and its renewals then failed with
+# ``MaxConnectionsError``. The bound that matters is the server's ``maxclients`` (10,000).
+MAX_CONNECTIONS = 10_000
 
 
 class ClusterUnreachable(redis.ConnectionError):
@@ -194,6 +199,7 @@ def connect(
         "socket_connect_timeout": connect_timeout if connect_timeout is not None else timeout,
         "retry": Retry(NoBackoff(), 0),
         "health_check_interval": 0,
+        "max_connections": MAX_CONNECTIONS,
     }
     if is_cluster_url(url):
         ctarget = parse_cluster_url(url)

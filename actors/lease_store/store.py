@@ -124,8 +124,12 @@ class LeaseStore:
         min_replicas_acked: int = 0,
         replication_wait: float | None = None,
         events_max_len: int = 0,
+        limiter: trio.CapacityLimiter | None = None,
     ) -> None:
         self.client = client
+        # The threads its calls run on (None: trio's default 40, which the node's renewals and
+        # commits use): a reader of its own (the console) keeps off them.
+        self.limiter = limiter
         self.job = job
         # Every call, whole, is bounded by this (default: the client's socket timeout).
         self.call_timeout = call_timeout or client_kwargs(client).get("socket_timeout") or 1.0
@@ -186,8 +190,9 @@ class LeaseStore:
         try:
             with trio.fail_after(self.call_timeout):
                 return await trio.to_thread.run_sync(
-                    functools.partial(self._fresh_then, fn, *args, **kwargs), abandon_on_cancel=True
-                )
+                    functools.partial(self._fresh_then, fn, *args, **kwargs), abandon_on_cancel=True,
+                    limiter=self.limiter,
+                )  # fmt: skip
         except trio.TooSlowError as exc:
             self._stale_topology = True
             raise RedisUnavailable(

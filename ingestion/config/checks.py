@@ -352,6 +352,8 @@ def check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
             problems.append(f"observe.{key}: must be a port number 0..65535 (0: off), got {observe[key]}")
     if observe["metrics_port"] and observe["metrics_port"] == observe["status_port"]:
         problems.append("observe.status_port: must differ from observe.metrics_port")
+    if observe["console_streams"] < 1:
+        problems.append(f"observe.console_streams: must be 1 or more, got {observe['console_streams']}")
     if not observe["listen_host"]:
         problems.append("observe.listen_host: must be an address such as 127.0.0.1")
     if log["level"].lower() not in LOG_LEVELS:

@@ -265,6 +265,12 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
             "unlocks the console's actions (hand over, pause/resume, replay dead letters) for who "
             "gives it; empty: the console is read-only; never shown (check-config says set)",
         ),
+        "console_streams": (
+            int,
+            32,
+            "live console pages (server-sent event streams) this node serves at once; one more "
+            "is answered 503",
+        ),
     },
     "log": {
         "level": (str, "info", "debug, info, warning or error"),

@@ -209,6 +209,7 @@ class ObserveSettings:
     metrics_port: int
     status_port: int
     console_token: str = attrs.field(default="", repr=False)  # a secret: never in a repr or a log
+    console_streams: int = 32  # live console pages served at once (one more: 503)
 
 
 @attrs.frozen

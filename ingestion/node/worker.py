@@ -457,7 +457,7 @@ async def _start_endpoints(
         sinks = {j.name: j.sink for j in settings.jobs}
         console = ClusterReader(
             next(iter(stores.values())).client, settings.node.id, {j.name: j.kind for j in settings.jobs},
-            token=o.console_token, discover=listed_jobs,
+            token=o.console_token, streams=o.console_streams, discover=listed_jobs,
             backfill=lambda client, job: backfill_doc(client, job, sinks.get(job, ""), settings.sink.schema),
         )  # fmt: skip
         await nursery.start(console.run)

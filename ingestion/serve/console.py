@@ -73,6 +73,7 @@ LIVE_REPORTS = 2.5  # a node is live while its last report is younger than this 
 CLAIM_SLACK = 0.25  # seconds a leader's claim outlives the lease it reported (the report's travel)
 CLAIM_REPORTS = 1.5  # a leader's claim holds this many report periods whatever lease it reported
 MAX_BODY = 4096  # bytes of an action's request body
+READ_THREADS = 4  # the console's Redis reads run on threads of their own, never the renewals'
 SILENCE = 6.0  # seconds without a report on the channel (its own node's included) before subscribing again
 HEADERS = [
     (b"cache-control", b"no-store"),
@@ -243,6 +244,8 @@ class ClusterReader:
     token: str = attrs.field(default="", repr=False)
     discover: Callable[[Any], list[str]] = discover_jobs  # Redis's jobs to list (the node's: no done range)
     backfill: Callable[[Any, str], Any] = lambda _client, _job: None  # a job's, as inspect --json's
+    streams: int = 32  # live pages (events connections) served at once: observe.console_streams
+    streaming: int = 0
     view: ClusterView = attrs.field(init=False)
     changed: trio.Event = attrs.Factory(trio.Event)
     _store: LeaseStore = attrs.field(init=False)
@@ -254,7 +257,7 @@ class ClusterReader:
     _waits: trio.CapacityLimiter = attrs.Factory(lambda: trio.CapacityLimiter(2))
 
     def __attrs_post_init__(self) -> None:
-        self._store = LeaseStore(self.client, "-")
+        self._store = LeaseStore(self.client, "-", limiter=trio.CapacityLimiter(READ_THREADS))
         self.view = ClusterView(self.node)
 
     def _changed(self) -> None:
@@ -771,9 +774,16 @@ async def serve_console(reader: ClusterReader, scope: Scope, receive: Receive, s
         await _reply(send, 405, "text/plain", b"method not allowed\n", head)
     elif path == "/favicon.ico":
         await _reply(send, 204, "image/x-icon", b"", head)  # none, and no 404 in the browser's console
+    elif path == "/console/events" and reader.streaming >= reader.streams:
+        why = f"{reader.streams} live console pages already (observe.console_streams): close one\n"
+        await _reply(send, 503, "text/plain", why.encode(), head)
     elif path == "/console/events":
         query = urllib.parse.parse_qs(scope.get("query_string", b"").decode())
-        await _events(reader, receive, send, (query.get("job") or [""])[0])
+        reader.streaming += 1
+        try:
+            await _events(reader, receive, send, (query.get("job") or [""])[0])
+        finally:
+            reader.streaming -= 1
     elif path == "/console/app.js":
         await _reply(send, 200, "text/javascript; charset=utf-8", _asset("console.js"), head)
     elif path == "/console/console.css":

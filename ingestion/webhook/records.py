@@ -17,7 +17,7 @@ import redis
 import trio
 
 from actors.cursor_order import token_key
-from actors.lease_store import LeaseStore, RedisUnavailable
+from actors.lease_store import LeaseStore, RedisUnavailable, stream_waits
 from actors.sink import SinkUnavailable
 from actors.source import Record
 
@@ -47,8 +47,9 @@ class RecordStore(Protocol):
         """Up to ``count`` records after ``after``, in order."""
         ...
 
-    async def wait(self, after: str, seconds: float) -> None:
-        """Return once a record after ``after`` may exist, or after about ``seconds``."""
+    async def wait(self, after: str, seconds: float) -> bool:
+        """Return once a record after ``after`` may exist (True), or after about ``seconds``
+        without one (False)."""
         ...
 
     async def newest(self) -> str | None:
@@ -171,13 +172,10 @@ class StreamRecords:
         last = await self._range(f"{ms - 1}", "-", 1, reverse=True)
         return last[0].position if last else "0-0"
 
-    async def wait(self, after: str, seconds: float) -> None:
-        # XREAD BLOCK answers as soon as an entry after ``after`` exists; bounded well inside the
-        # store's call bound, so a quiet stream costs one call per block.
-        block_ms = max(1, min(int(seconds * 1000), int(self.store.call_timeout * 500)))
-        start = "0-0" if after in ("0", "0-0") else after
-        client = self.store.client
-        await self.store.run(lambda: client.xread({self.key: start}, count=1, block=block_ms))
+    async def wait(self, after: str, seconds: float) -> bool:
+        # One XREAD BLOCK for every waiter of the node, on threads and connections of its own
+        # (actors/lease_store/waits.py): idle webhook jobs leave the node's calls theirs.
+        return await stream_waits(self.store.client, self.store.call_timeout).wait(self.key, after, seconds)
 
     def keep_from(self, position: str | None) -> None:
         self._keep, self._keep_known = position, True
@@ -290,8 +288,9 @@ class PostgresRecords:
                 lo = int(got[0])
         return str(lo)
 
-    async def wait(self, after: str, seconds: float) -> None:
+    async def wait(self, after: str, seconds: float) -> bool:
         await trio.sleep(min(seconds, self.poll))
+        return True  # (a poll: whether one came is for the next read to say)
 
     retains = False  # the sink's max_len trims by count (docs/WEBHOOKS.md)
 

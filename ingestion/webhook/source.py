@@ -66,6 +66,7 @@ from ingestion.webhook.requests import RequestServing
 
 USER_AGENT = "ingestion-webhooks/1"
 READ_PAGE = 1000  # records read from the source job's store at a time
+IDLE_WAIT = 5.0  # seconds an idle reader waits for the next record before it reads again anyway
 ATTEMPTS_KEPT = 200  # recent attempts kept in the job's attempts stream (approximately)
 ATTEMPT_SAMPLE = 1.0  # seconds: every failed attempt is kept, a delivered one at most this often
 CLOCK_REFRESH = 30.0  # seconds between reads of Redis's clock (carried by the monotonic clock between)
@@ -325,20 +326,22 @@ class WebhookSource(RequestServing):
         """Read the source job's records after ``position`` and hand them on as units, waiting at
         the end for more."""
         async with units:
+            at_end = False  # the last read came short: the next record is waited for, not read for
             while True:
+                if at_end:
+                    # Wait for the next record (read again anyway after IDLE_WAIT); the retention
+                    # floor follows what is committed meanwhile (DeadLetterHold.keep, every second).
+                    await self.records.wait(position, IDLE_WAIT)
                 page = await self.records.read(position, READ_PAGE)
-                if not page:
-                    if self._delivered_through is not None:  # idle: the floor up to what is committed
-                        await self.records.hold(self._delivered_through)
-                    await self.records.wait(position, 1.0)
-                    continue
+                at_end = len(page) < READ_PAGE
                 for i in range(0, len(page), self.batch):
                     unit = self._unit(page[i : i + self.batch], as_batch=self.batch > 1)
                     self._waiting.append(unit.stored[0].committed_ms)
                     if self.stats.oldest_undelivered_ms is None:
                         self.stats.oldest_undelivered_ms = unit.stored[0].committed_ms
                     await units.send(unit)
-                position = page[-1].position
+                if page:
+                    position = page[-1].position
 
     def _unit(self, stored: Sequence[Stored], *, as_batch: bool) -> Unit:
         """What one POST carries: one record, or (``as_batch``) a JSON array of them."""

@@ -35,10 +35,11 @@ class _Log:
 
 @asynccontextmanager
 async def console(
-    client: redis.Redis, configured: dict[str, str], token: str = ""
+    client: redis.Redis, configured: dict[str, str], token: str = "", **options: Any
 ) -> AsyncIterator[tuple[ClusterReader, httpx.AsyncClient]]:
-    """A node's console (its presence subscription running) served on loopback, and a client."""
-    reader = ClusterReader(client, "n1", configured, token=token)
+    """A node's console (its presence subscription running) served on loopback, and a client;
+    ``options``: the reader's (``streams``)."""
+    reader = ClusterReader(client, "n1", configured, token=token, **options)
     config = Config()
     config.bind = ["127.0.0.1:0"]
     config.accesslog = config.errorlog = None

@@ -29,6 +29,7 @@ from actors.lease_store import (
     connect,
     job_keys,
     parse_cluster_url,
+    stream_waits,
 )
 from actors.source import Record
 from ingestion.testing.cluster import Cluster, figure, open_cluster
@@ -87,6 +88,35 @@ async def test_every_store_operation_works_on_a_cluster_and_jobs_spread_over_mas
     # the deployment's one id, whichever job's store asks (with a replica waited for)
     ids = {await LeaseStore(client, f"{job}-{i}", min_replicas_acked=1).deployment_id() for i in range(6)}
     assert len(ids) == 1 and next(iter(ids)).startswith("id:")
+    client.close()
+
+
+async def test_waits_for_stream_entries_are_read_per_slot_on_a_cluster(
+    cluster3: RedisClusterGroup, job: str
+) -> None:
+    """The node's shared waits name one slot's streams per ``XREAD`` (a cluster refuses more): a
+    commit to any of six jobs' streams, spread over the masters, wakes its waiter and no other."""
+    client = connect(cluster3.url, timeout=1.0)
+    stores = [LeaseStore(client, f"{job}-w{i}") for i in range(6)]
+    waits = stream_waits(client, 1.0)
+    woken: list[int] = []
+
+    async def wait(i: int) -> None:
+        if await waits.wait(stores[i].keys["events"], "0-0", 5.0):
+            woken.append(i)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(6):
+            nursery.start_soon(wait, i)
+        await trio.sleep(0.5)
+        grant = await stores[4].acquire("n1", 5000)
+        assert isinstance(grant, Acquired)
+        await stores[4].commit("n1", grant.token, None, [Record(str(1 << 32), "{}")])
+        with trio.fail_after(2):
+            while not woken:  # noqa: ASYNC110 (the waiter's task says when it woke)
+                await trio.sleep(0.01)
+        assert woken == [4]
+        nursery.cancel_scope.cancel()
     client.close()
 
 
