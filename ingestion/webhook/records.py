@@ -197,7 +197,8 @@ class StreamRecords:
             try:
                 client.xgroup_setid(self.key, self.holder, position)
             except redis.ResponseError as exc:
-                if "NOGROUP" not in str(exc):
+                # no group yet, or no stream yet (a source job that has committed nothing)
+                if "NOGROUP" not in str(exc) and "requires the key to exist" not in str(exc):
                     raise
                 client.xgroup_create(self.key, self.holder, position, mkstream=True)
 

@@ -240,6 +240,7 @@ class WebhookSource(RequestServing):
             )  # fmt: skip
             async with client, _plain_errors(), trio.open_nursery() as nursery:
                 units_send, units_recv = trio.open_memory_channel[Unit](max(2, 2 * self.concurrency))
+                self._dead = DeadLetterHold.of(self)  # (of this term's records store)
                 await nursery.start(self._dead.keep, lambda: self._delivered_through or position)
                 nursery.start_soon(self._read, position, units_send)
                 nursery.start_soon(self._serve_requests, client, term)

@@ -8,7 +8,7 @@ import trio
 
 from actors.lease_store import LeaseStore
 from ingestion.testing.local_redis import LocalRedis
-from tests.console.test_pages import console
+from tests.support.console_http import console
 
 
 async def test_console_reads_do_not_wait_for_the_threads_renewals_use(

@@ -4,26 +4,21 @@ and the guard on every action."""
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import redis
 import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve
 
 from actors.lease_store import LeaseStore, job_keys
 from actors.observe import NodeObserver
-from ingestion.serve.console import ClusterReader, job_sections
-from ingestion.serve.metrics import NodeMetrics, metrics_app
+from ingestion.serve.console import job_sections
 from ingestion.serve.presence import PRESENCE_KEY, keep_present, parse_entry
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import wait_until
 from ingestion.webhook.source import webhook_keys
+from tests.support.console_http import console
 
 TOKEN = "s3cret-console-token"
 
@@ -31,25 +26,6 @@ TOKEN = "s3cret-console-token"
 class _Log:
     def debug(self, *_a: object, **_k: object) -> None:
         pass
-
-
-@asynccontextmanager
-async def console(
-    client: redis.Redis, configured: dict[str, str], token: str = "", **options: Any
-) -> AsyncIterator[tuple[ClusterReader, httpx.AsyncClient]]:
-    """A node's console (its presence subscription running) served on loopback, and a client;
-    ``options``: the reader's (``streams``)."""
-    reader = ClusterReader(client, "n1", configured, token=token, **options)
-    config = Config()
-    config.bind = ["127.0.0.1:0"]
-    config.accesslog = config.errorlog = None
-    app = metrics_app(NodeMetrics(NodeObserver("n1", "j")), reader)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(reader.run)
-        binds = await nursery.start(functools.partial(serve, app, config, mode="asgi"))  # type: ignore[arg-type]
-        async with httpx.AsyncClient(base_url=str(binds[0]), timeout=5) as http:
-            yield reader, http
-        nursery.cancel_scope.cancel()
 
 
 def leading(node: str, job: str, token: int) -> NodeObserver:

@@ -15,7 +15,7 @@ from ingestion.webhook.build import holder_group
 from ingestion.webhook.receiver import Receiver, serve_receiver
 from ingestion.webhook.records import Stored, StreamRecords
 from tests.support.nodes import OpenStore, Recorder, start_node
-from tests.webhook.test_delivery import SECRET, commit_source_records, webhook
+from tests.support.webhooks import SECRET, commit_source_records, webhook
 
 IDLE = 120  # idle webhook leaders on the node
 RENEWALS = 40  # renewal-sized calls made while they wait
