@@ -180,10 +180,11 @@ async def outage_then_resume(
     ("fault", "outage"),
     [
         (Fault(status=503), 6.0),  # the issue's blip: 5 minutes' stall with the schedule alone
+        # (a minute's outage over real HTTP, 2.80 s to resume, is in docs/BENCHMARKS.md; the suite
+        # keeps its minute: the pacing core's test above covers 5, 20 and 60 s outages)
         pytest.param(Fault(drop=True), 20.0, marks=pytest.mark.slow),
-        pytest.param(Fault(status=503), 60.0, marks=pytest.mark.slow),
     ],
-    ids=["503-6s", "drop-20s", "503-60s"],
+    ids=["503-6s", "drop-20s"],
 )
 async def test_an_ordered_endpoint_is_back_within_seconds_of_an_outage_with_the_defaults(
     redis_server: LocalRedis, job: str, open_store: OpenStore, fault: Fault, outage: float
