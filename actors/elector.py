@@ -139,6 +139,7 @@ class Elector:
     _noticed: bool = False  # it was a release notice (the lease is known free: no need to look)
     _unknown_terms: int = 0  # short terms in a row that ended commit-unknown
     _failed_terms: int = 0  # terms in a row that ended term-failed (a failure nobody foresaw)
+    _term_failed: bool = False  # the term just ended term-failed: its release says so
     _fenced_by_sink: bool = False  # this term was refused by the sink's fence, not by Redis
     _handed_over: bool = False  # the term just ended because an operator asked
     # What this node knows of the lease while standby (for the balancer's placement and for
@@ -554,6 +555,7 @@ class Elector:
             lost = machine.deadline_passed(grant.token, trio.current_time())
         self._announce_resumed(None)
         self._handed_over = lost.reason is LostReason.HANDED_OVER
+        self._term_failed = lost.reason is LostReason.TERM_FAILED
         self.log.info("lost-leadership", token=lost.token, reason=lost.reason.value)
         self.observer.election_event("lost-leadership", token=lost.token, reason=lost.reason.value)
         await self.heartbeat.send(StopRenewing(grant.token))
@@ -636,7 +638,12 @@ class Elector:
             overdue = trio.current_time() + self.timing.ttl
 
     async def _release(self, token: int) -> None:
-        reason = LostReason.HANDED_OVER.value if self._handed_over else ""
+        # A node that stands aside says so (an operator's hand-over; a term that raised, after
+        # which this node backs off): a standby at its share then takes the lease at once.
+        reason = (
+            LostReason.HANDED_OVER.value if self._handed_over
+            else LostReason.TERM_FAILED.value if self._term_failed else ""
+        )  # fmt: skip
         with trio.move_on_after(RELEASE_CLEANUP_TIMEOUT, shield=True):
             try:
                 released = await self.store.release(self.node, token, reason)

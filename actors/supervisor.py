@@ -79,6 +79,13 @@ class NodeHandle:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # already stopped
 
+    def shutdown_soon(self, signal: str = "request") -> None:
+        """:meth:`shutdown` from synchronous code (a node restarted after it was asked to stop)."""
+        try:
+            self._inbox.send_nowait(ShutdownRequested(signal))
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # busy (a drain sends it again) or stopped
+
     def wake(self) -> None:
         """Wake a held-off standby: the balance changed, it should ask again now."""
         try:
@@ -360,7 +367,7 @@ async def run_jobs(
                     nursery.cancel_scope.cancel("every job has stopped")
 
         async def run_restarting(job: JobRun, first: trio.TaskStatus[NodeHandle]) -> None:
-            status = _Restarts(first, handles, job.spec.job)
+            status = _Restarts(first, handles, job.spec.job, stops[job.spec.job])
             failures = 0
             while True:
                 began = trio.current_time()
@@ -406,6 +413,7 @@ class _Restarts:
     first: trio.TaskStatus[NodeHandle]
     handles: dict[str, NodeHandle]
     job: str
+    stop: trio.Event  # the job was stopped here (or the node drains)
     handed: bool = False
 
     def started(self, value: Any = None) -> None:  # (a NodeHandle: run_node always gives one)
@@ -413,6 +421,10 @@ class _Restarts:
         if not self.handed:
             self.handed = True
             self.first.started(value)
+        elif self.stop.is_set():
+            # Asked to stop while it was starting again: the ask went to the node that had
+            # failed, so this one is asked now.
+            value.shutdown_soon()
 
 
 def _holds(exc: BaseException, kind: type[BaseException]) -> bool:

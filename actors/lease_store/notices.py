@@ -18,9 +18,10 @@ class _Failed:
 _FAILED = _Failed()
 HANDED_OVER = "handed-over"  # a release's reason when an operator asked for it
 NODE_EXITING = "node-exiting"  # when the releasing node is going away (its worker died)
+TERM_FAILED = "term-failed"  # when the releasing node's term raised: it backs off that job
 # The reasons a notice may end with. Each says the releasing node stands aside, so a standby held
 # off at its share takes the lease over at once rather than wait for it to come back.
-STANDS_ASIDE = (HANDED_OVER, NODE_EXITING)
+STANDS_ASIDE = (HANDED_OVER, NODE_EXITING, TERM_FAILED)
 
 
 def _holder(data: str) -> tuple[str, str]:

@@ -74,6 +74,8 @@ def main(argv: Sequence[str]) -> int:
     if ns.action == "replay":
         if ns.dead_letters == bool(ns.start):
             raise UsageError("webhooks replay: give --from (and maybe --to), or --dead-letters")
+        if ns.dead_letters and ns.end:
+            raise UsageError("webhooks replay: --to bounds a --from span; --dead-letters replays them all")
         try:
             start = admin.replay_bound(ns.start) if ns.start else ""
             end = admin.replay_bound(ns.end, end=True) if ns.end else ""

@@ -451,7 +451,7 @@ class ClusterReader:
                 done = {f.get("paging_token") for (_i, f), flag in zip(dead, flags, strict=True) if flag}
             state = endpoint.get("state", "ok" if leader else "idle")
             webhook = {
-                "state": "paused" if endpoint.get("paused") == "1" else state,
+                "state": "paused" if endpoint.get("paused") == "1" and state != "disabled" else state,
                 "position": cursor.get("cursor", ""), "dead_letters": int(records),
                 "dead_letters_replayed": int(replayed), "failing_record": endpoint.get("failing_record", ""),
                 "last_status": endpoint.get("last_status", ""), "last_error": endpoint.get("last_error", ""),

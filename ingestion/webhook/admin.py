@@ -192,7 +192,7 @@ def status(client: redis.Redis, job: str, source_job: str, url: str) -> dict[str
     state = endpoint.get("state", "ok" if leader else "idle")
     return {
         "job": job, "from": source_job or None, "url": url, "leader": leader,
-        "state": "paused" if endpoint.get("paused") == "1" else state,
+        "state": "paused" if endpoint.get("paused") == "1" and state != "disabled" else state,
         "position": _text(cursor) if cursor else None,
         "undelivered": undelivered, "lag_seconds": lag,
         "failing_record": endpoint.get("failing_record") if endpoint.get("state") == "failing" else None,

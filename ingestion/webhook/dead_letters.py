@@ -88,6 +88,7 @@ class DeadLetterHold:
     # the first dead letter committed since the last look began
     _fresh: str | None = attrs.field(default=None, init=False)
     _full_said: bool = attrs.field(default=False, init=False)
+    _hold_said: bool = attrs.field(default=False, init=False)  # a failed hold said this term
 
     @classmethod
     def of(cls, source: Holder) -> DeadLetterHold:
@@ -98,6 +99,7 @@ class DeadLetterHold:
     def _start_term(self) -> None:
         self.records.forget()
         self._known, self._counts, self._fresh, self._keep = False, None, None, None
+        self._hold_said = False
         self.stats.dead_letters_held = None
 
     def committed(self, positions: Sequence[str]) -> None:
@@ -141,9 +143,17 @@ class DeadLetterHold:
                         next_count = trio.current_time() + COUNT_EVERY
                     except (RedisUnavailable, SinkUnavailable) as exc:
                         self.log.debug("webhook-dead-letters-unread", error=str(exc))
-                if self._known and await self.records.hold(floor()) and task_status is not None:
+                held = self._known and await self.records.hold(floor())
+                if held and task_status is not None:
                     task_status.started()
                     task_status = None  # type: ignore[assignment]
+                elif self._known and not held and task_status is not None and not self._hold_said:
+                    # Nothing is delivered until the floor holds: said, once a term (a Redis
+                    # that refuses XGROUP to this user, say, would otherwise stall it silently).
+                    self._hold_said = True
+                    self.log.warning("webhook-retention-hold-failed", floor=floor(),
+                                     error="the source stream's retention floor could not be set; "
+                                     "delivery waits for it (tried again every second)")  # fmt: skip
                 await trio.sleep(HOLD_EVERY)
         finally:
             self.stats.dead_letters_held = None  # a standby shows none

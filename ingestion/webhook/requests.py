@@ -66,6 +66,9 @@ class RequestServing:
     attributes and methods named below it uses."""
 
     _changed: trio.Event = attrs.field(factory=trio.Event, init=False)  # set at each state change
+    # A 410 and an enable change the endpoint one at a time: an enable read between a 410's
+    # ``_disabled`` and its Redis stamp would pass the stamp's check and be undone by the 410's write.
+    _disabling: trio.Lock = attrs.field(factory=trio.Lock, init=False)
 
     if TYPE_CHECKING:
         job: str
@@ -116,12 +119,15 @@ class RequestServing:
     async def _gone(self, term: TermContext, unit: Any, attempt: Any) -> None:
         """A 410 answer: the endpoint is disabled, at Redis's time (an enable asked after it, by
         the request's id, which is Redis's clock too, enables it again)."""
-        self._disabled = True
-        self._state_changed()
-        self.log.error("webhook-endpoint-disabled", url=self.url, record=unit.key, status=410,
-                       answer=attempt.excerpt)  # fmt: skip
-        disabled_at = int(await self._clock.now() * 1000)  # (the former disabled_at_ms: a node's own)
-        await self._set_endpoint(term, state="disabled", last_status="410", disabled_at_redis_ms=disabled_at)
+        async with self._disabling:
+            self._disabled = True
+            self._state_changed()
+            self.log.error("webhook-endpoint-disabled", url=self.url, record=unit.key, status=410,
+                           answer=attempt.excerpt)  # fmt: skip
+            disabled_at = int(await self._clock.now() * 1000)  # (the former disabled_at_ms: a node's own)
+            await self._set_endpoint(
+                term, state="disabled", last_status="410", disabled_at_redis_ms=disabled_at
+            )
 
     # -- the requests: read in order, carried out in two lanes ------------------------------------
 
@@ -230,25 +236,29 @@ class RequestServing:
         if isinstance(refused, CommitRejected):
             raise TermFenced(refused.reason)
 
+    async def _enable(self, term: TermContext, rid: str, summary: dict[str, Any]) -> None:
+        summary["changed"] = False
+        if not self._disabled:
+            raise RequestRefused("the endpoint is not disabled: nothing to enable", "note")
+        disabled_at = await self.store.run(
+            lambda: self.store.client.hget(webhook_keys(self.job)["endpoint"], "disabled_at_redis_ms")
+        )
+        if stream_id_key(rid)[0] < int(_text(disabled_at or b"0")):
+            raise RequestRefused("asked before the endpoint was disabled (410): ask again")
+        await self._set_endpoint(term, state="ok", attempts="0")
+        self._disabled, self._delivery = False, "ok"
+        self._state_changed()
+        summary["changed"] = True
+        self.log.info("webhook-endpoint-enabled", url=self.url)
+
     async def _control(
         self, term: TermContext, rid: str, request: dict[str, str], summary: dict[str, Any]
     ) -> None:
         """pause, resume, enable: the endpoint's state, changed at once (fenced)."""
         action = request.get("action")
         if action == "enable":
-            summary["changed"] = False
-            if not self._disabled:
-                raise RequestRefused("the endpoint is not disabled: nothing to enable", "note")
-            disabled_at = await self.store.run(
-                lambda: self.store.client.hget(webhook_keys(self.job)["endpoint"], "disabled_at_redis_ms")
-            )
-            if stream_id_key(rid)[0] < int(_text(disabled_at or b"0")):
-                raise RequestRefused("asked before the endpoint was disabled (410): ask again")
-            await self._set_endpoint(term, state="ok", attempts="0")
-            self._disabled, self._delivery = False, "ok"
-            self._state_changed()
-            summary["changed"] = True
-            self.log.info("webhook-endpoint-enabled", url=self.url)
+            async with self._disabling:
+                await self._enable(term, rid, summary)
         elif action in ("pause", "resume"):
             pause = action == "pause"
             summary["changed"] = pause != self._paused

@@ -519,13 +519,24 @@ def _commit_batch(done: Sequence[Done]) -> Batch:
         for s in unit.stored:
             entry = {
                 "webhook_id": unit.msg_id, "source_id": s.record.paging_token,
-                "record": orjson.loads(s.record.body) if s.record.body[:1] in ("{", "[") else s.record.body,
+                "record": _as_json(s.record.body),
                 **detail,
             }  # fmt: skip
             records.append(Record(s.record.paging_token, orjson.dumps(entry).decode()))
     last = done[-1][0].last
     through = None if records and token_key(records[-1].paging_token) == token_key(last) else last
     return Batch(tuple(records), through=through, committed=trio.Event())
+
+
+def _as_json(body: str) -> Any:
+    """A record's body as the dead letter keeps it: its JSON when it is JSON, else the text as it
+    is (a malformed body must not fail every term that reaches it: a poison pill)."""
+    if body[:1] in ("{", "["):
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            pass
+    return body
 
 
 def _now_ms() -> int:

@@ -14,7 +14,8 @@ import redis
 import structlog
 import trio
 
-from actors.lease_store import LeaseStore
+from actors.lease_store import LeaseStore, job_keys
+from actors.lease_store.notices import STANDS_ASIDE, _holder
 from actors.observe import NodeObserver
 from actors.sink import RedisStreamSink
 from actors.source import Batch, SyntheticSource
@@ -123,6 +124,11 @@ async def test_an_exception_in_one_jobs_term_ends_that_term_and_spares_the_node_
                 e["reason"] not in ("shutdown", "redis-unavailable")]  # fmt: skip
     for name in [failing, *others]:
         assert_exactly_once_in_order(redis_client, name)
+    # each failed term's release says so, and its notice has a standby at its share take the job
+    # at once (the failing node backs off): before, a plain release left them waiting a TTL
+    released = [f for _id, f in redis_client.xrange(job_keys(failing)["audit"]) if f["event"] == "released"]
+    assert [f.get("reason") for f in released[:2]] == ["term-failed", "term-failed"]
+    assert _holder("7|a|term-failed") == ("a", "term-failed") and "term-failed" in STANDS_ASIDE
 
 
 class ExplodingSink(RedisStreamSink):

@@ -18,8 +18,8 @@ import redis
 import structlog
 import trio
 
-from actors.lease_store import job_keys
-from actors.source import SyntheticSource
+from actors.lease_store import LeaseStore, job_keys
+from actors.source import Record, SyntheticSource
 from ingestion.testing.cluster import open_cluster
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.tcp_proxy import TcpProxy
@@ -27,8 +27,8 @@ from ingestion.testing.wait import wait_until
 from ingestion.webhook.build import holder_group
 from ingestion.webhook.core import parse_secrets
 from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
-from ingestion.webhook.records import StreamRecords
-from ingestion.webhook.source import WebhookSource
+from ingestion.webhook.records import Stored, StreamRecords
+from ingestion.webhook.source import Unit, WebhookSource, _commit_batch
 from tests.support.nodes import OpenStore, Recorder, start_node
 from tests.support.webhooks import FAST, SECRET, commit_source_records, webhook
 
@@ -80,10 +80,21 @@ async def test_a_failed_first_retention_hold_is_retried_until_it_holds(
     reset as the command is on its way); the endpoint fails, so nothing is delivered or committed
     for a while: the floor must be set again anyway, or the source job's commits trim what is not
     delivered yet."""
-    source_job, hook_job = f"{job}-src", f"{job}-hook"
+    source_job = f"{job}-src"
     source = open_store(redis_server.url, source_job, timeout=1.0, events_max_len=20)
     await commit_source_records(source, 1, 5)
     receiver = Receiver(SECRET, fault=Fault(status=503))
+    with structlog.testing.capture_logs() as logs:
+        await _through_a_failed_first_hold(redis_server, redis_client, job, open_store, source, receiver)
+    # the wait was said, once (a failed hold stalls delivery: never silently)
+    assert [e["event"] for e in logs].count("webhook-retention-hold-failed") == 1
+
+
+async def _through_a_failed_first_hold(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore,
+    source: LeaseStore, receiver: Receiver,
+) -> None:  # fmt: skip
+    source_job, hook_job = f"{job}-src", f"{job}-hook"
     async with trio.open_nursery() as nursery:
         port = await nursery.start(serve_receiver, receiver)
         proxy: TcpProxy = await nursery.start(TcpProxy(redis_server.port).serve)
@@ -285,3 +296,17 @@ def test_max_dead_letters_is_a_webhook_setting_of_zero_or_more(tmp_path: Path) -
     assert load(config(""), {}, {}).jobs[1].webhook.max_dead_letters == 0  # type: ignore[union-attr]
     with pytest.raises(ConfigError, match=r"jobs\.hook\.max_dead_letters: must be at least 0, got -1"):
         load(config("max_dead_letters = -1\n"), {}, {})
+
+
+def test_a_record_whose_body_is_not_json_is_dead_lettered_as_its_text() -> None:
+    """A body that starts like JSON but is not (a source's bug, a hostile write to the stream) is
+    kept in its dead letter as text; before, the commit that dead-letters it raised, and so did
+    every term after it that reached that record: the job never moved past it."""
+    broken = Stored("1-0", 0, Record("4294967296", '{"id": "4294967296", "truncated'))
+    fine = Stored("2-0", 0, Record("8589934592", '{"id": "8589934592"}'))
+    done = [(Unit((s,), f"msg_{s.record.paging_token}", ()), "dead", {"attempts": 8}) for s in (broken, fine)]
+    batch = _commit_batch(done)
+    letters = [json.loads(r.body) for r in batch.records]
+    assert letters[0]["record"] == '{"id": "4294967296", "truncated' and letters[0]["attempts"] == 8
+    assert letters[1]["record"] == {"id": "8589934592"}
+    assert batch.through is None  # (the last dead letter's own id is the position)

@@ -289,6 +289,9 @@ async def test_the_command_refuses_what_it_can_see_is_refused_and_status_says_ev
         capsys.readouterr()
         assert await trio.to_thread.run_sync(cli, config, "replay", hook_job, "--from", "6", "--to", "5") == 2
         assert "--from 6 is after --to 5" in capsys.readouterr().err
+        both = ("replay", hook_job, "--dead-letters", "--to", "5")
+        assert await trio.to_thread.run_sync(cli, config, *both) == 2
+        assert "--dead-letters replays them all" in capsys.readouterr().err  # (not a --to ignored)
         assert await trio.to_thread.run_sync(cli, config, "pause", hook_job) == 0
         await wait_until(lambda: hook.stats.state == "paused", 5, what="paused")
         capsys.readouterr()
