@@ -53,7 +53,8 @@ KEY_MEANINGS: dict[str, tuple[str, str]] = {
         "stream",
         "the last 10,000 or so of: `became-leader` (`previous_node`, `previous_token`, `takeover_ms`; "
         "`rolled_back_from` after a rollback), `released` (`reason` when said: `handed-over`, "
-        "`node-exiting`: its worker died, `term-failed`: its term raised), and `history-gap` (`cursor`, `cursor_ledger`, "
+        "`node-exiting`: its worker died, `term-failed`: its term raised), and `history-gap` "
+        "(`cursor`, `cursor_ledger`, "
         '`elder_ledger`, `horizon` or `rpc`; only with `on_history_gap = "skip"`), `handover-requested` '
         "(`by`: an operator's hand-over, written by the leader that took it) and `operator-request` "
         "(`action`, `by`, `request`, `result`: a webhook request its leader carried out), "
