@@ -22,7 +22,7 @@ import trio
 from redis.client import NEVER_DECODE
 
 from actors.cursor_order import token_key
-from actors.lease_store import CommitRejected, RedisUnavailable, stream_waits
+from actors.lease_store import CommitRejected, RedisUnavailable
 from actors.sink import SinkUnavailable
 from actors.source import Record, TermContext, TermFenced
 from ingestion.webhook.core import DELIVERED, GONE, RetrySchedule, judge, outcome_label, webhook_keys
@@ -35,10 +35,7 @@ if TYPE_CHECKING:
     from ingestion.webhook.records import RecordStore
 
 READ_PAGE = 1000  # records read from the source job's store at a time
-# seconds between looks at the operators' requests when none came: a new one wakes the leader at
-# once (the node's shared wait for stream entries, actors/lease_store/waits.py), so an idle job
-# costs the node one call for them every REQUESTS_IDLE seconds, not one a second
-REQUESTS_IDLE = 5.0
+REQUESTS_EVERY = 1.0  # seconds between looks at the operators' requests while delivering
 # A replayed record's retries: it failed before and an operator is watching, so a short schedule
 # (4 attempts over about 36 s, each wait jittered by +-20 %; a Retry-After still wins), not the
 # job's (27.6 h by default, which would hold every later replay up for a day).
@@ -174,9 +171,7 @@ class RequestServing:
                     )
                 )
                 if not pending:
-                    await stream_waits(redis_client, self.store.call_timeout).wait(
-                        keys["requests"], seen, REQUESTS_IDLE
-                    )
+                    await trio.sleep(REQUESTS_EVERY)
                     continue
                 for request_id, fields in pending:
                     rid = seen = _text(request_id)

@@ -3,19 +3,15 @@ the node's renewals and commits their threads and connections (issue 46), and st
 
 from __future__ import annotations
 
-import threading
 import time
 
-import redis
 import trio
 
 from actors.lease_store import LeaseStore, RedisUnavailable, ReleaseNotices, connect, stream_waits
 from actors.source import SyntheticSource
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import wait_until
-from ingestion.webhook import admin
 from ingestion.webhook.build import holder_group
-from ingestion.webhook.core import webhook_keys
 from ingestion.webhook.receiver import Receiver, serve_receiver
 from ingestion.webhook.records import Stored, StreamRecords
 from tests.support.nodes import OpenStore, Recorder, start_node
@@ -201,50 +197,3 @@ async def test_waiters_of_one_stream_at_different_positions_wake_only_for_entrie
             assert woke["at-newest"] - committed_at < 0.25
     finally:
         client.close()
-
-
-async def test_an_idle_webhook_job_looks_at_its_requests_only_when_one_comes_or_every_requests_idle(
-    redis_server: LocalRedis, open_store: OpenStore, job: str
-) -> None:
-    """The operators' requests stream is waited on with the node's shared wait, not read every
-    second (before: a call a second for each idle webhook job, 150 of them on a 200-job node):
-    about one look per ``REQUESTS_IDLE`` (5 s) while none comes, and a request still carried out
-    at once."""
-    receiver = Receiver(SECRET)
-    url = redis_server.url
-    requests_key = webhook_keys(f"{job}-hook")["requests"]
-    seen: list[float] = []
-    stop = threading.Event()
-
-    def monitor() -> None:  # every read of the requests stream on the node's calls' threads (the
-        # shared XREAD BLOCK, on threads of its own, names it among every waited stream)
-        with redis.Redis.from_url(url).monitor() as m:
-            for line in m.listen():
-                command = str(line.get("command", ""))
-                if command.upper().startswith("XRANGE") and requests_key in command:
-                    seen.append(time.monotonic())
-                if stop.is_set():
-                    return
-
-    async with trio.open_nursery() as nursery:
-        port = await nursery.start(serve_receiver, receiver)
-        hook, _ = webhook(open_store, url, f"{job}-src", f"{job}-hook", port)
-        node = await start_node(nursery, Recorder(), url, f"{job}-hook", "a", hook)
-        client = redis.Redis.from_url(url, decode_responses=True)
-        await wait_until(lambda: client.hget(webhook_keys(f"{job}-hook")["endpoint"], "origin"), 5,
-                         what="the leader serving requests")  # fmt: skip
-        watcher = threading.Thread(target=monitor, daemon=True)
-        watcher.start()
-        await trio.sleep(4.0)
-        looks = len(seen)
-        asked = trio.current_time()
-        admin.request_pause(client, f"{job}-hook", True)
-        await wait_until(lambda: client.hget(webhook_keys(f"{job}-hook")["endpoint"], "paused") == "1", 2,
-                         what="the pause carried out")  # fmt: skip
-        took = trio.current_time() - asked
-        stop.set()
-        client.close()
-        await node.shutdown()
-        nursery.cancel_scope.cancel()
-    assert looks <= 1, f"{looks} looks at the requests stream in 4 s of idling"
-    print(f"\nidle looks in 4 s: {looks}; a pause carried out {took * 1000:.0f} ms after it was asked")
