@@ -7,16 +7,18 @@ from typing import Any
 
 import redis
 import structlog
+import trio
 
 from actors.lease_store import LeaseStore, job_keys
 from actors.source import SyntheticSource
+from actors.supervisor import NodeHandle
 from ingestion.testing.wait import wait_until
 from ingestion.webhook.build import holder_group
 from ingestion.webhook.core import RetrySchedule, parse_secrets
-from ingestion.webhook.receiver import Receiver
+from ingestion.webhook.receiver import Receiver, serve_receiver
 from ingestion.webhook.records import StreamRecords
 from ingestion.webhook.source import WebhookSource
-from tests.support.nodes import OpenStore
+from tests.support.nodes import OpenStore, Recorder, start_node
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 FAST = RetrySchedule((0.05, 0.05, 0.05))
@@ -64,3 +66,20 @@ def hook_leader(client: redis.Redis, hook: str) -> str | None:
     """The node that leads the webhook job ``hook`` now (None: nobody)."""
     value = client.get(job_keys(hook)["lease"])
     return value.partition("|")[2] if value else None
+
+
+async def delivering(
+    nursery: trio.Nursery, open_store: OpenStore, url: str, job: str, receiver: Receiver, records: int,
+    **options: Any,
+) -> tuple[WebhookSource, NodeHandle, int]:
+    """Source job ``{job}-src`` holding synthetic records 1..``records``, ``receiver`` served, and
+    webhook job ``{job}-hook`` (``options``: its source's, as :func:`webhook`'s) led by node "a"
+    in ``nursery``; waits until the receiver took them unless it answers with a fault. Returns the
+    webhook job's source, its node and the receiver's port."""
+    await commit_source_records(open_store(url, f"{job}-src"), 1, records)
+    port = await nursery.start(serve_receiver, receiver)
+    hook, _ = webhook(open_store, url, f"{job}-src", f"{job}-hook", port, **options)
+    node = await start_node(nursery, Recorder(), url, f"{job}-hook", "a", hook)
+    if receiver.fault is None:
+        await receiver.wait_for(records, 10)
+    return hook, node, port

@@ -24,7 +24,7 @@ from ingestion.webhook.core import RetrySchedule, parse_secrets
 from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
 from ingestion.webhook.source import WebhookSource, webhook_keys
 from tests.support.nodes import OpenStore, Recorder, start_node
-from tests.support.webhooks import SECRET, at_position, commit_source_records, seqs, webhook
+from tests.support.webhooks import SECRET, at_position, commit_source_records, delivering, seqs, webhook
 
 SLOW = RetrySchedule((60.0,))  # the job's own schedule: a replay must not follow it
 
@@ -45,13 +45,9 @@ async def test_a_request_that_fails_is_recorded_done_with_its_error_and_never_se
     its error, delivery goes on, and the next leader does not serve it again."""
     source_job, hook_job = f"{job}-src", f"{job}-hook"
     src = open_store(redis_server.url, source_job)
-    await commit_source_records(src, 1, 3)
     receiver = Receiver(SECRET)
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(serve_receiver, receiver)
-        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port)
-        a = await start_node(nursery, Recorder(), redis_server.url, hook_job, "a", hook)
-        await receiver.wait_for(3, 10)
+        _hook, a, port = await delivering(nursery, open_store, redis_server.url, job, receiver, 3)
         admin.request_replay(redis_client, hook_job, "not-a-record-id")  # (the command refuses it)
         await wait_until(lambda: endpoint(redis_client, hook_job)["requests_pending"] == 0, 5,
                          what="the request recorded done")  # fmt: skip
@@ -79,13 +75,9 @@ async def test_a_request_that_is_not_even_text_is_carried_out(
     term (and every term after it) before the request was even looked at."""
     source_job, hook_job = f"{job}-src", f"{job}-hook"
     src = open_store(redis_server.url, source_job)
-    await commit_source_records(src, 1, 2)
     receiver = Receiver(SECRET)
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(serve_receiver, receiver)
-        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port)
-        node = await start_node(nursery, Recorder(), redis_server.url, hook_job, "a", hook)
-        await receiver.wait_for(2, 10)
+        hook, node, _port = await delivering(nursery, open_store, redis_server.url, job, receiver, 2)
         redis_client.xadd(webhook_keys(hook_job)["requests"], {"action": "pause", "by": b"\xff\xfe ops"})
         await wait_until(lambda: hook.stats.state == "paused", 5, what="the pause carried out")
         admin.request_pause(redis_client, hook_job, False)
@@ -143,14 +135,11 @@ async def test_a_replayed_record_retries_on_a_short_schedule_of_its_own(
 ) -> None:
     """The job's schedule may wait an hour; a replayed record failed before and an operator is
     watching: its retry comes within seconds (``REPLAY_SCHEDULE``)."""
-    source_job, hook_job = f"{job}-src", f"{job}-hook"
-    await commit_source_records(open_store(redis_server.url, source_job), 1, 3)
+    hook_job = f"{job}-hook"
     receiver = Receiver(SECRET)
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(serve_receiver, receiver)
-        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port, schedule=SLOW)
-        node = await start_node(nursery, Recorder(), redis_server.url, hook_job, "a", hook)
-        await receiver.wait_for(3, 10)
+        _hook, node, _ = await delivering(nursery, open_store, redis_server.url, job, receiver, 3,
+                                         schedule=SLOW)  # fmt: skip
         posts = receiver.posts
         receiver.fault = Fault(status=503)
         token = SyntheticSource.token_of(2)
@@ -177,13 +166,10 @@ async def test_pause_resume_and_enable_are_served_beside_a_replay_which_honours_
     endpoint once a record before); an enable is carried out beside it all."""
     source_job, hook_job = f"{job}-src", f"{job}-hook"
     src = open_store(redis_server.url, source_job)
-    await commit_source_records(src, 1, 5)
     receiver = Receiver(SECRET)
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(serve_receiver, receiver)
-        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port, schedule=SLOW)
-        node = await start_node(nursery, Recorder(), redis_server.url, hook_job, "a", hook)
-        await receiver.wait_for(5, 10)
+        hook, node, _ = await delivering(nursery, open_store, redis_server.url, job, receiver, 5,
+                                         schedule=SLOW)  # fmt: skip
         receiver.fault = Fault(status=500)
         posts = receiver.posts
         admin.request_replay(redis_client, hook_job, "0")
@@ -274,13 +260,9 @@ async def test_the_command_refuses_what_it_can_see_is_refused_and_status_says_ev
     in words, and ``--json`` has it as an object."""
     source_job, hook_job = f"{job}-src", f"{job}-hook"
     config = config_file(tmp_path, redis_server.url, job)
-    await commit_source_records(open_store(redis_server.url, source_job), 1, 8)
     receiver = Receiver(SECRET)
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(serve_receiver, receiver)
-        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port)
-        node = await start_node(nursery, Recorder(), redis_server.url, hook_job, "a", hook)
-        await receiver.wait_for(8, 10)
+        hook, node, port = await delivering(nursery, open_store, redis_server.url, job, receiver, 8)
         # ledgers 3 to 5 (the synthetic record i is in ledger i): three records, 5 included
         assert await trio.to_thread.run_sync(cli, config, "replay", hook_job, "--from", "3", "--to", "5") == 0
         await wait_until(lambda: receiver.duplicates == 3, 5, what="ledgers 3 to 5 replayed")
@@ -334,13 +316,9 @@ async def test_the_command_finds_webhook_jobs_in_redis_where_no_configuration_na
     """``webhooks --redis URL status`` where there is no configuration said there was no webhook
     job although that Redis held one; and ``--redis`` is taken after the action too."""
     source_job, hook_job = f"{job}-src", f"{job}-hook"
-    await commit_source_records(open_store(redis_server.url, source_job), 1, 2)
     receiver = Receiver(SECRET)
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(serve_receiver, receiver)
-        hook, _ = webhook(open_store, redis_server.url, source_job, hook_job, port)
-        node = await start_node(nursery, Recorder(), redis_server.url, hook_job, "a", hook)
-        await receiver.wait_for(2, 10)
+        _hook, node, port = await delivering(nursery, open_store, redis_server.url, job, receiver, 2)
         await at_position(redis_client, hook_job, 2)
         await node.shutdown()
         nursery.cancel_scope.cancel()
