@@ -264,6 +264,8 @@ async def test_two_backfills_one_after_the_other_both_reach_done_and_leave_no_jo
         first = await cli_run(*cli, "--from", "84", "--to", "91", "--ranges", "2", "--detach")
         assert first.returncode == 0 and "planned: ledgers 84..91 in 2 ranges" in first.stdout, first.stderr
         await wait_until(lambda: plan_state() == "done", 90, what="the first backfill done in Redis")
+        # the node that settled it logs the line just after its write: the harness reads it a moment later
+        await wait_until(lambda: c.log.of("backfill-done"), 10, what="the backfill-done line")
         assert [e.fields["parent_job"] for e in c.log.of("backfill-done")] == [job]
         status = await cli_run(*cli, "--status")
         assert f"backfill of {job}: ledgers 84..91 in 2 ranges, done" in status.stdout, status.stdout
