@@ -99,7 +99,7 @@ NOT_RUN: dict[Key, str] = {
 # project's: ./scripts/test passes them to pytest).
 SCRIPT_PARSERS: dict[str, Callable[[], argparse.ArgumentParser] | None] = {
     "scripts/demo": lambda: _parser("demo"),
-    "scripts/chaos": lambda: import_module("ingestion.chaos.__main__").parser(),
+    "scripts/chaos": lambda: import_module("chaos.__main__").parser(),
     "scripts/test": None,
     "scripts/setup": None,
 }
@@ -191,7 +191,7 @@ def _script_problems(call: Invocation) -> list[str]:
         except (SystemExit, UsageError):  # argparse's own parser exits, the project's raise
             return [*problems, f"{call.target} does not take {' '.join(call.args)}"]
         if relative == "scripts/chaos" and args.kinds:
-            from ingestion.chaos.campaign import BY_NAME
+            from chaos.faults import BY_NAME
 
             problems += [f"chaos has no fault kind {k}" for k in args.kinds.split(",") if k not in BY_NAME]
     return problems

@@ -58,8 +58,6 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "verify": ("ingestion.verify",),
     # the testing kit: local servers, the cluster harness, fault proxies (tests, benchmarks, demo)
     "testing": ("ingestion.testing",),
-    # the chaos campaign: a cluster from the testing kit under random faults, and its judge
-    "chaos": ("ingestion.chaos",),
     # the command line; ``simulate``'s own lives with the simulator (it shares the one-line usage
     # errors); ``demo`` runs a cluster, so it may use the testing kit
     "cli": ("ingestion.cli", "ingestion.simulator.cli"),
@@ -93,7 +91,6 @@ ALLOWED: dict[str, set[str]] = {
     "serve": {"runtime", "shared", "entry", "webhook", "serve"},
     "verify": {"runtime", *SOURCES, "postgres", "events", "verify"},
     "testing": {"runtime", "lake-wire", "verify", "testing"},
-    "chaos": {"runtime", "verify", "testing", "webhook", "chaos"},
     "cli": {
         "runtime", *SOURCES, "config", "postgres", "node", "serve", "verify", "simulator", "webhook",
         "webhook-rules", "events", "backfill", "entry", "cli",
@@ -101,8 +98,10 @@ ALLOWED: dict[str, set[str]] = {
     "demo": {"runtime", *SOURCES, "config", "postgres", "verify", "testing", "entry", "cli", "demo"},
     "entry": {"node", "cli", "entry"},
 }
-# Who may import the testing kit, besides the kit itself: tests/, benchmarks/, the demo, chaos.
-TESTING_USERS = {"demo", "testing", "chaos"}
+# Who may import the testing kit, besides the kit itself: tests/, benchmarks/, chaos/, the demo.
+TESTING_USERS = {"demo", "testing"}
+# Beside the product, outside the wheel: what runs the product to measure and to break it.
+TOOLING = ("benchmarks", "chaos")
 
 
 def layer_of(module: str) -> str | None:
@@ -330,7 +329,23 @@ def test_architecture_doc_names_every_module() -> None:
     text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
     missing = [
         str(p.relative_to(ROOT))
-        for p in project_modules()
+        for p in [*project_modules(), *(ROOT / "chaos").rglob("*.py")]
         if p.name != "__init__.py" and str(p.relative_to(ROOT)) not in text
     ]
     assert missing == [], "docs/ARCHITECTURE.md's layout does not name these modules"
+
+
+def test_the_product_ships_no_test_tooling() -> None:
+    """The chaos campaign and the benchmarks stand beside ``ingestion/``: the wheel's packages are
+    the runtime and the application only, and nothing in them imports the tooling back."""
+    assert not (ROOT / "ingestion" / "chaos").exists()
+    assert all((ROOT / name / "__init__.py").exists() for name in TOOLING)
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'include = ["ingestion*", "actors*"]' in pyproject
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} {target}"
+        for path in project_modules()
+        for line, target in _all_imports(path)
+        if target.split(".")[0] in TOOLING
+    ]
+    assert offenders == []
