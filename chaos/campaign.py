@@ -46,8 +46,8 @@ from ingestion.testing.launch import (
     terminate,
 )
 from ingestion.testing.local_postgres import LocalPostgres, server_bin
+from ingestion.testing.receiver import Receiver, serve_receiver
 from ingestion.testing.redis_ha import SentinelGroup
-from ingestion.webhook.receiver import Receiver, serve_receiver
 
 GID_BASE = 61_000  # node i runs under group GID_BASE + i (partitions tell them apart by it)
 WARM_UP = 90.0  # seconds for every job's first commit

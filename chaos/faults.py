@@ -19,7 +19,7 @@ import trio
 
 from chaos import check
 from chaos.jobs import HOOK, HORIZON_JOBS, OPS, PG, RPC, TICK
-from ingestion.webhook.receiver import Fault as ReceiverFault
+from ingestion.testing.receiver import Fault as ReceiverFault
 
 if TYPE_CHECKING:
     from chaos.campaign import Campaign

@@ -15,6 +15,7 @@ import trio
 from actors.lease_store import job_keys
 from chaos import check
 from chaos.jobs import HOOK, OPS, PG, RPC, TICK
+from ingestion.testing.receiver import Receiver
 from ingestion.verify import (
     SourceRecord,
     Verification,
@@ -25,7 +26,6 @@ from ingestion.verify import (
     verify_job,
     verify_rpc_job,
 )
-from ingestion.webhook.receiver import Receiver
 
 if TYPE_CHECKING:
     from chaos.campaign import Campaign

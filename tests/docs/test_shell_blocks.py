@@ -507,7 +507,7 @@ def test_webhooks_receiver_keeps_its_fence(tmp_path: Path) -> None:
     on a new file its fence is 0, as the warning says."""
     (line,) = _block(("docs/WEBHOOKS.md", "WEBHOOK_SECRET=")).command_lines()
     (call,) = line.invocations()
-    assert call.kind == "module" and call.target == "ingestion.webhook.receiver"
+    assert call.kind == "module" and call.target == "ingestion.testing.receiver"
     program = call.words.index("python")
     env = dict(word.split("=", 1) for word in call.words[:program])
     runner = Runner("redis://127.0.0.1:6379/0", tmp_path, env=env)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,7 @@ ALLOWED: dict[str, set[str]] = {
     # (the console shows webhook jobs' endpoints and asks their leaders, through webhook.admin)
     "serve": {"runtime", "shared", "entry", "webhook", "serve"},
     "verify": {"runtime", *SOURCES, "postgres", "events", "verify"},
-    "testing": {"runtime", "lake-wire", "verify", "testing"},
+    "testing": {"runtime", "shared", "lake-wire", "verify", "testing"},
     "cli": {
         "runtime", *SOURCES, "config", "postgres", "node", "serve", "verify", "simulator", "webhook",
         "webhook-rules", "events", "backfill", "entry", "cli",
@@ -349,3 +350,19 @@ def test_the_product_ships_no_test_tooling() -> None:
         if target.split(".")[0] in TOOLING
     ]
     assert offenders == []
+
+
+def test_only_the_testing_kit_imports_standardwebhooks_and_the_node_does_not_need_it() -> None:
+    """The example receiver verifies with the official package; it is the kit's, and the package an
+    extra (``receiver``), not a dependency of every node."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in project_modules()
+        if layer_of_path(path) != "testing"
+        for line, target in _all_imports(path)
+        if target.split(".")[0] == "standardwebhooks"
+    ]
+    assert offenders == []
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not [d for d in project["dependencies"] if d.startswith("standardwebhooks")]
+    assert [d for d in project["optional-dependencies"]["receiver"] if d.startswith("standardwebhooks")]
