@@ -59,9 +59,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "verify": ("ingestion.verify",),
     # the testing kit: local servers, the cluster harness, fault proxies (tests, benchmarks, demo)
     "testing": ("ingestion.testing",),
-    # the command line; ``simulate``'s own lives with the simulator (it shares the one-line usage
-    # errors); ``demo`` runs a cluster, so it may use the testing kit
-    "cli": ("ingestion.cli", "ingestion.simulator.cli"),
+    # the command line (``simulate``'s too: the simulator imports nothing of it); ``demo`` runs a
+    # cluster, so it may use the testing kit
+    "cli": ("ingestion.cli",),
     "demo": ("ingestion.cli.demo",),
     # the package itself (its version) and ``python -m ingestion``
     "entry": ("ingestion.__init__", "ingestion.__main__"),
@@ -366,3 +366,15 @@ def test_only_the_testing_kit_imports_standardwebhooks_and_the_node_does_not_nee
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert not [d for d in project["dependencies"] if d.startswith("standardwebhooks")]
     assert [d for d in project["optional-dependencies"]["receiver"] if d.startswith("standardwebhooks")]
+
+
+def test_the_simulator_imports_nothing_from_the_command_line() -> None:
+    """The stand-in network is a library the CLI runs (``cli/simulate.py``), never the other way
+    round: no module under ``ingestion/simulator/`` imports ``ingestion.cli``, not even lazily."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} {target}"
+        for path in sorted((ROOT / "ingestion" / "simulator").rglob("*.py"))
+        for line, target in imports_of(path)
+        if target == "ingestion.cli" or target.startswith("ingestion.cli.")
+    ]
+    assert offenders == []
