@@ -30,7 +30,6 @@ and an edit that changes nothing reloads no node.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import functools
 import itertools
@@ -47,6 +46,15 @@ import attrs
 import redis
 import structlog
 import trio
+
+from ingestion.common.strkey import (
+    ACCOUNT,
+    CLAIMABLE_BALANCE,
+    CONTRACT,
+    LIQUIDITY_POOL,
+    MUXED,
+    encode_account,
+)
 
 log = structlog.get_logger()
 
@@ -74,8 +82,6 @@ for _value, _char in enumerate(_ALPHABET):
     _DIGITS[_char] = b"0123456789abcdefghijklmnopqrstuv"[_value]
 _TO_DIGITS = bytes(_DIGITS)
 
-ACCOUNT_VERSION = 6 << 3
-
 
 @attrs.frozen
 class _Kind:
@@ -93,11 +99,11 @@ def _kind(name: str, version: int, payload: int) -> _Kind:
 
 
 KINDS: dict[str, _Kind] = {
-    "G": _kind("an account", 6 << 3, 32),
-    "C": _kind("a contract", 2 << 3, 32),
-    "M": _kind("a muxed account", 12 << 3, 40),  # ed25519 key (32) and id (8)
-    "B": _kind("a claimable balance", 1 << 3, 33),  # type byte (0: v0) and hash (32)
-    "L": _kind("a liquidity pool", 11 << 3, 32),
+    "G": _kind("an account", ACCOUNT, 32),
+    "C": _kind("a contract", CONTRACT, 32),
+    "M": _kind("a muxed account", MUXED, 40),  # ed25519 key (32) and id (8)
+    "B": _kind("a claimable balance", CLAIMABLE_BALANCE, 33),  # type byte (0: v0) and hash (32)
+    "L": _kind("a liquidity pool", LIQUIDITY_POOL, 32),
 }
 
 
@@ -294,12 +300,6 @@ def shaped_entries(chunk: list[str], skipped: _Skipped) -> list[str]:
         else:
             skipped.add(entry)
     return shaped
-
-
-def encode_account(key: bytes) -> str:
-    """The G strkey of a 32-byte ed25519 key."""
-    body = bytes([ACCOUNT_VERSION]) + key
-    return base64.b32encode(body + binascii.crc_hqx(body, 0).to_bytes(2, "little")).decode("ascii")
 
 
 @functools.lru_cache(maxsize=MUXED_CACHE)

@@ -435,3 +435,20 @@ def test_no_lua_inline_in_python() -> None:
     holding = {str(p.relative_to(ROOT)) for f in folders for p in (ROOT / f).rglob("*.py") if _holds_lua(p)}
     assert sorted(holding - INLINE_LUA) == []
     assert sorted(INLINE_LUA - holding) == [], "moved to .lua files: drop them from INLINE_LUA"
+
+
+# Where a StrKey checksum is computed: the one encoder, and the watch list's bulk validator (to
+# move beside it when events/watch.py is split).
+STRKEY_CHECKSUMS = {"ingestion/common/strkey.py", "ingestion/events/watch.py"}
+
+
+def test_strkeys_are_encoded_in_one_module() -> None:
+    computing = {
+        str(p.relative_to(ROOT))
+        for p in project_modules()
+        if any(
+            isinstance(node, ast.Attribute) and node.attr == "crc_hqx"
+            for node in ast.walk(ast.parse(p.read_text(), str(p)))
+        )
+    }
+    assert computing == STRKEY_CHECKSUMS
