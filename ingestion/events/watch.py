@@ -39,6 +39,7 @@ import re
 import struct
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -62,15 +63,9 @@ SCAN_COUNT = 10_000  # SSCAN's COUNT: no reply holds more than about this many m
 EDIT_CHUNK = 1_000  # members per SADD/SREM of an edit (each a short command: Redis serves others between)
 EDIT_ROUND = 50  # such commands per round trip of an edit
 
-# KEYS: the version counter, the edit-in-progress marker; ARGV: how many members the edit changed,
-# and whether it found the marker set (an edit before it was cut off, or one is running beside it).
-# The version moves if either: the nodes then read the set again.
-_EDIT_DONE = """
-if tonumber(ARGV[1]) > 0 or ARGV[2] == '1' then
-  redis.call('INCR', KEYS[1])
-end
-redis.call('DEL', KEYS[2])
-"""
+# The end of an edit: the version counter moved (the nodes then read the set again), the marker
+# cleared (``lua/watch_edit_done.lua``).
+_EDIT_DONE = (files(__package__) / "lua" / "watch_edit_done.lua").read_text(encoding="utf-8")
 EXAMPLES = 5  # invalid members named in a report
 MUXED_CACHE = 4096  # M addresses whose G account is kept decoded
 

@@ -392,7 +392,7 @@ SOURCES_TO_SPLIT = {
 TESTS_TO_SPLIT: set[str] = set()
 # Python modules still holding a Lua script in a string, where every other script is a .lua file
 # of its own (actors/lease_store/lua/, ingestion/backfill/lua/, ingestion/webhook/lua/).
-INLINE_LUA = {"ingestion/events/watch.py"}
+INLINE_LUA: set[str] = set()
 
 
 def _line_counts(folders: Sequence[str]) -> dict[str, int]:
