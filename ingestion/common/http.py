@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import ssl
+from collections.abc import Sequence
 
 import httpx
 
@@ -19,6 +20,24 @@ def ssl_context() -> ssl.SSLContext:
     takes over would pay it between becoming leader and its first request.
     """
     return httpx.create_ssl_context()
+
+
+def source_urls(value: Sequence[str] | str, what: str) -> tuple[str, ...]:
+    """A source's URLs (one string, or several tried in order), each http:// or https:// with a
+    host.
+
+    Raises:
+        ValueError: none given, or one that is not such a URL; the message names ``what``
+            ("Horizon", "RPC").
+    """
+    urls = (value,) if isinstance(value, str) else tuple(value)
+    if not urls:
+        raise ValueError(f"at least one {what} URL is needed")
+    for url in urls:
+        parsed = httpx.URL(url)
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(f"{what} URL {url!r} must be an http:// or https:// URL with a host")
+    return urls
 
 
 def describe(exc: BaseException) -> str:

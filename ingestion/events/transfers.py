@@ -43,6 +43,8 @@ import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from ingestion.common.strkey import ACCOUNT, MUXED, strkey
+
 KINDS = ("transfer", "mint", "burn", "clawback", "fee")
 _MUXED_ARMS = ("u64", "bytes", "string")  # each a JSON string: decimal, hex, escaped
 
@@ -124,13 +126,11 @@ def muxed_u64(value: Any) -> int | None:
 @functools.lru_cache(maxsize=4096)
 def muxed_address(account: str, muxed_id: int) -> str | None:
     """The ``M`` strkey of the ``G`` account ``account`` with ``muxed_id`` (None: not a G strkey)."""
-    from ingestion.events.scval import MUXED, strkey
-
     try:
         raw = base64.b32decode(account)
     except (binascii.Error, ValueError):
         return None
-    if len(raw) != 35 or raw[0] != 6 << 3:
+    if len(raw) != 35 or raw[0] != ACCOUNT:
         return None
     return strkey(MUXED, raw[1:33] + muxed_id.to_bytes(8, "big"))
 

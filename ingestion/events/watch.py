@@ -30,7 +30,6 @@ and an edit that changes nothing reloads no node.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import functools
 import itertools
@@ -40,6 +39,7 @@ import re
 import struct
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -48,21 +48,24 @@ import redis
 import structlog
 import trio
 
+from ingestion.common.strkey import (
+    ACCOUNT,
+    CLAIMABLE_BALANCE,
+    CONTRACT,
+    LIQUIDITY_POOL,
+    MUXED,
+    encode_account,
+)
+
 log = structlog.get_logger()
 
 SCAN_COUNT = 10_000  # SSCAN's COUNT: no reply holds more than about this many members
 EDIT_CHUNK = 1_000  # members per SADD/SREM of an edit (each a short command: Redis serves others between)
 EDIT_ROUND = 50  # such commands per round trip of an edit
 
-# KEYS: the version counter, the edit-in-progress marker; ARGV: how many members the edit changed,
-# and whether it found the marker set (an edit before it was cut off, or one is running beside it).
-# The version moves if either: the nodes then read the set again.
-_EDIT_DONE = """
-if tonumber(ARGV[1]) > 0 or ARGV[2] == '1' then
-  redis.call('INCR', KEYS[1])
-end
-redis.call('DEL', KEYS[2])
-"""
+# The end of an edit: the version counter moved (the nodes then read the set again), the marker
+# cleared (``lua/watch_edit_done.lua``).
+_EDIT_DONE = (files(__package__) / "lua" / "watch_edit_done.lua").read_text(encoding="utf-8")
 EXAMPLES = 5  # invalid members named in a report
 MUXED_CACHE = 4096  # M addresses whose G account is kept decoded
 
@@ -73,8 +76,6 @@ _DIGITS = bytearray(b"!" * 256)
 for _value, _char in enumerate(_ALPHABET):
     _DIGITS[_char] = b"0123456789abcdefghijklmnopqrstuv"[_value]
 _TO_DIGITS = bytes(_DIGITS)
-
-ACCOUNT_VERSION = 6 << 3
 
 
 @attrs.frozen
@@ -93,11 +94,11 @@ def _kind(name: str, version: int, payload: int) -> _Kind:
 
 
 KINDS: dict[str, _Kind] = {
-    "G": _kind("an account", 6 << 3, 32),
-    "C": _kind("a contract", 2 << 3, 32),
-    "M": _kind("a muxed account", 12 << 3, 40),  # ed25519 key (32) and id (8)
-    "B": _kind("a claimable balance", 1 << 3, 33),  # type byte (0: v0) and hash (32)
-    "L": _kind("a liquidity pool", 11 << 3, 32),
+    "G": _kind("an account", ACCOUNT, 32),
+    "C": _kind("a contract", CONTRACT, 32),
+    "M": _kind("a muxed account", MUXED, 40),  # ed25519 key (32) and id (8)
+    "B": _kind("a claimable balance", CLAIMABLE_BALANCE, 33),  # type byte (0: v0) and hash (32)
+    "L": _kind("a liquidity pool", LIQUIDITY_POOL, 32),
 }
 
 
@@ -294,12 +295,6 @@ def shaped_entries(chunk: list[str], skipped: _Skipped) -> list[str]:
         else:
             skipped.add(entry)
     return shaped
-
-
-def encode_account(key: bytes) -> str:
-    """The G strkey of a 32-byte ed25519 key."""
-    body = bytes([ACCOUNT_VERSION]) + key
-    return base64.b32encode(body + binascii.crc_hqx(body, 0).to_bytes(2, "little")).decode("ascii")
 
 
 @functools.lru_cache(maxsize=MUXED_CACHE)

@@ -33,7 +33,7 @@ from httpx_sse import SSEError, aconnect_sse
 from actors.health import SourceHealth
 from actors.source import Batch, SourceFatalError
 from ingestion.common.gaps import record_history_gap
-from ingestion.common.http import describe, ssl_context
+from ingestion.common.http import describe, source_urls, ssl_context
 from ingestion.common.paging import InvalidPagingToken, token_key
 from ingestion.common.retry import RetryPolicy
 from ingestion.horizon.catchup import overlappable
@@ -77,18 +77,8 @@ def _warm_up(urls: Sequence[str]) -> None:
         httpx.Request("GET", url)
 
 
-def _check_url(url: str) -> str:
-    parsed = httpx.URL(url)
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ValueError(f"Horizon URL {url!r} must be an http:// or https:// URL with a host")
-    return url
-
-
 def _urls(value: Sequence[str] | str) -> tuple[str, ...]:
-    urls = (value,) if isinstance(value, str) else tuple(value)
-    if not urls:
-        raise ValueError("at least one Horizon URL is needed")
-    return tuple(_check_url(u) for u in urls)
+    return source_urls(value, "Horizon")
 
 
 def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:

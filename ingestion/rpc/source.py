@@ -37,7 +37,7 @@ import trio
 from actors.health import SourceHealth
 from actors.source import Batch, Source, SourceFatalError
 from ingestion.common.gaps import record_history_gap
-from ingestion.common.http import describe, ssl_context
+from ingestion.common.http import describe, source_urls, ssl_context
 from ingestion.common.retry import RetryPolicy, parse_retry_after
 from ingestion.rpc.core import Note, Outcome, RpcFollower, parse_answer, read_events, request_body
 from ingestion.rpc.protocol import Cursor, EventFilter, checked_filters
@@ -48,18 +48,8 @@ _MAX_BODY = 64 * 1024 * 1024  # a 10,000-event page is a few MB; refuse anything
 _MAX_ERROR_BODY = 4096
 
 
-def _check_url(url: str) -> str:
-    parsed = httpx.URL(url)
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ValueError(f"RPC URL {url!r} must be an http:// or https:// URL with a host")
-    return url
-
-
 def _urls(value: Sequence[str] | str) -> tuple[str, ...]:
-    urls = (value,) if isinstance(value, str) else tuple(value)
-    if not urls:
-        raise ValueError("at least one RPC URL is needed")
-    return tuple(_check_url(u) for u in urls)
+    return source_urls(value, "RPC")
 
 
 @attrs.frozen

@@ -24,6 +24,7 @@ import trio
 import ingestion.simulator.render as render
 from ingestion.common.asgi import respond, serve_lifespan
 from ingestion.common.paging import toid
+from ingestion.common.strkey import is_valid_account
 from ingestion.simulator.chain import Chain
 from ingestion.simulator.control import ControlHost, serve_control
 from ingestion.simulator.faults import MalformedKind
@@ -38,7 +39,6 @@ from ingestion.simulator.records import (
     token_of,
 )
 from ingestion.simulator.render import Problem
-from ingestion.simulator.strkey import is_valid_account
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ingestion.common.paging import toid
+from ingestion.common.strkey import encode_account, encode_contract
 from ingestion.simulator.ledgers import build_ledger
 from ingestion.simulator.records import (
     ACCOUNT_COLLECTIONS,
@@ -28,7 +29,6 @@ from ingestion.simulator.records import (
     key_of,
     pool_ids,
 )
-from ingestion.simulator.strkey import encode_account, encode_contract
 
 
 class Chain:

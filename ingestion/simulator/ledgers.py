@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ingestion.common.paging import toid
+from ingestion.common.strkey import encode_account
 from ingestion.simulator.records import (
     COLLECTIONS,
     EFFECT_TYPE_I,
@@ -31,7 +32,6 @@ from ingestion.simulator.records import (
     pool_ids,
     timestamp,
 )
-from ingestion.simulator.strkey import encode_account
 
 # Operation mix: (type, weight).
 OPERATION_MIX: tuple[tuple[str, int], ...] = (
