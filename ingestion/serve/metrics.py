@@ -353,7 +353,7 @@ def metrics_app(
     metrics: NodeMetrics, console: ClusterReader | None = None
 ) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
     """A tiny ASGI app: ``/metrics``, ``/livez``, ``/readyz`` and ``/healthz``, and with a
-    ``console`` the operator console (``/`` and ``/console/...``, ingestion/serve/console.py)."""
+    ``console`` the operator console (``/`` and ``/console/...``, ingestion/serve/console/)."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
