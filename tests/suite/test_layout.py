@@ -386,7 +386,6 @@ def test_the_simulator_imports_nothing_from_the_command_line() -> None:
 MAX_SOURCE_LINES = 700
 MAX_TEST_LINES = 800
 SOURCES_TO_SPLIT = {
-    "ingestion/serve/console.py",  # pure view, reader, pages, ASGI app (tests/console/ mirrors it)
     "ingestion/events/watch.py",  # the list and its sources; the Redis edits; StrKey to common/
 }
 TESTS_TO_SPLIT: set[str] = set()
