@@ -186,10 +186,19 @@ class Balancer:
 
     def picture(self) -> Picture:
         jobs = tuple(j for j in self.jobs if j not in self.stopped)
-        able = {j: a for j in jobs if (a := self.able(j)) is not None}
+        able = {j: a for j in jobs if (a := self._able(j)) is not None}
         leaders = {j: (self.node if self.leading(j) else self.holder(j)) for j in jobs}
         departed = frozenset(self._seen - set(self.live))
         return Picture(self.node, frozenset(self.live), jobs, able, leaders, departed)
+
+    def _able(self, job: str) -> frozenset[str] | None:
+        """The other nodes able to lead ``job``: its source watch's say, else the live nodes that
+        host it (as the registry says; a node that says nothing there hosts every job)."""
+        able = self.able(job)
+        if able is not None:
+            return able
+        hosts = self.registry.hosts
+        return frozenset(n for n in self.live if n != self.node and (n not in hosts or job in hosts[n]))
 
     def job_stopped(self, job: str) -> None:
         """``job`` failed for good on this node: it no longer counts in the share."""
@@ -270,7 +279,8 @@ class Balancer:
 
     async def _read_view(self, started: float) -> None:
         try:
-            live = await self.registry.heartbeat(self.node, self.live_window_ms)
+            hosting = [j for j in self.jobs if j not in self.stopped]
+            live = await self.registry.heartbeat(self.node, self.live_window_ms, hosting=hosting)
         except RedisUnavailable as exc:
             if not self._registry_down:
                 self._registry_down = True
@@ -286,9 +296,7 @@ class Balancer:
         signature = (picture.signature(), picture.share)
         if signature != self._last_signature:
             self._last_signature = signature
-            self.log.info(
-                "balancer-view", live=list(self.live), share=picture.share, jobs=len(picture.jobs)
-            )
+            self.log.info("balancer-view", live=list(self.live), share=picture.share, jobs=len(picture.jobs))
             self._wake_standbys()
 
     def _wake_standbys(self) -> None:
