@@ -19,6 +19,7 @@ equals the job's token counter *and* the lease still holds exactly this holder a
 its records follow the stored cursor strictly.
 """
 
+from actors.lease_store.batch import Batch, batch
 from actors.lease_store.connect import (
     CLUSTER_SCHEMES,
     SENTINEL_SCHEMES,
@@ -80,6 +81,7 @@ __all__ = [
     "SENTINEL_SCHEMES",
     "Acquired",
     "BadRedisUrl",
+    "Batch",
     "ClusterTarget",
     "CommitRejected",
     "Committed",
@@ -99,6 +101,7 @@ __all__ = [
     "StateLost",
     "StreamInfo",
     "StreamWaits",
+    "batch",
     "classify_redis_error",
     "connect",
     "describe_redis_error",
