@@ -170,6 +170,7 @@ class Balancer:
     draining: bool = False  # the node is shutting down: hand nothing back, campaign for nothing
     _refreshing: tuple[float, trio.Event] | None = None  # the read in flight: when it started
     _last_leading: frozenset[str] = frozenset()
+    _hosted: dict[str, frozenset[str]] = attrs.Factory(dict)  # job -> the other live nodes hosting it
     _held_off: set[str] = attrs.Factory(set)  # jobs whose Elector was told to hold off
     # Whether this balancer's node leaves the registry when it stops: False for a second
     # balancer of the node (a backfill's ranges), whose end must not unregister the node.
@@ -195,10 +196,7 @@ class Balancer:
         """The other nodes able to lead ``job``: its source watch's say, else the live nodes that
         host it (as the registry says; a node that says nothing there hosts every job)."""
         able = self.able(job)
-        if able is not None:
-            return able
-        hosts = self.registry.hosts
-        return frozenset(n for n in self.live if n != self.node and (n not in hosts or job in hosts[n]))
+        return able if able is not None else self._hosted.get(job)
 
     def job_stopped(self, job: str) -> None:
         """``job`` failed for good on this node: it no longer counts in the share."""
@@ -292,6 +290,11 @@ class Balancer:
         self._viewed_at, self._view_from = trio.current_time(), started
         self.live = tuple(sorted(set(live) | {self.node}))
         self._seen |= set(self.live)
+        hosts = self.registry.hosts
+        others = [n for n in self.live if n != self.node]
+        self._hosted = {
+            job: frozenset(n for n in others if n not in hosts or job in hosts[n]) for job in self.jobs
+        }
         picture = self.picture()
         signature = (picture.signature(), picture.share)
         if signature != self._last_signature:
