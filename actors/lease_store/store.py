@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import itertools
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import redis
@@ -40,6 +40,7 @@ from actors.lease_store.connect import (
     redacted_endpoint,
 )
 from actors.lease_store.keys import AUDIT_MAXLEN, DEPLOYMENT_KEY, NODE_FORGET_MS, job_keys, parse_lease_value
+from actors.lease_store.lease_path import lease_limiter, renewals
 from actors.lease_store.notices import ReleaseNotices
 from actors.lease_store.results import (
     Acquired,
@@ -70,22 +71,6 @@ def handover_request(token: int, by: str) -> dict[str, str]:
 def _optional_ms(ms: int | None) -> str | int:
     """A report_health duration argument: '' for none, never negative."""
     return "" if ms is None else max(0, ms)
-
-
-LEASE_THREADS = 40  # the lease path's own threads (acquire, renew, release, commit), per trio run
-_LEASE_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("lease_limiter")
-
-
-def lease_limiter() -> trio.CapacityLimiter:
-    """The threads of this trio run's (this node's) lease path: acquire, renew, release and
-    commit never queue behind other calls (the jobs' reads and housekeeping, on trio's default
-    limiter), however many jobs the node leads."""
-    try:
-        return _LEASE_LIMITER.get()
-    except LookupError:
-        limiter = trio.CapacityLimiter(LEASE_THREADS)
-        _LEASE_LIMITER.set(limiter)
-        return limiter
 
 
 FOLLOW_PRIMARY_EVERY = 0.5  # seconds: how stale the Sentinel-named primary may be (follow_primary)
@@ -212,12 +197,16 @@ class LeaseStore:
         # The socket timeouts bound each read, write and connect, not the whole call (a fresh
         # connection may handshake, and a script may need loading); this bounds the whole call.
         # An abandoned worker finishes on its own; its connection is not reused before it does.
+        call = functools.partial(self._fresh_then, fn, *args, **kwargs)
+        return await self._bounded(
+            functools.partial(trio.to_thread.run_sync, call, abandon_on_cancel=True, limiter=limiter)
+        )
+
+    async def _bounded(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, bounded by the call bound; its failure or timeout as ``RedisUnavailable``."""
         try:
             with trio.fail_after(self.call_timeout):
-                return await trio.to_thread.run_sync(
-                    functools.partial(self._fresh_then, fn, *args, **kwargs), abandon_on_cancel=True,
-                    limiter=limiter,
-                )  # fmt: skip
+                return await call()
         except trio.TooSlowError as exc:
             self._stale_topology = True
             raise RedisUnavailable(
@@ -394,7 +383,11 @@ class LeaseStore:
         it does not; ``HAND_OVER`` when extended and an operator asked this term to hand over
         (:meth:`request_handover`; taken once: who asked is then ``last_handover_by``)."""
         k = self.keys
-        res = await self._lease_call(self._renew, keys=[k["lease"], k["leader"]], args=[node, token, ttl_ms])
+        keys, args = [k["lease"], k["leader"]], [node, token, ttl_ms]
+        if self.limiter is None and not isinstance(self.client, RedisCluster):  # the node's, together
+            res = await self._bounded(functools.partial(renewals(self.client, self._renew).renew, keys, args))
+        else:
+            res = await self._lease_call(self._renew, keys=keys, args=args)
         answer = Renewal(int(res[0]))
         if answer is Renewal.HAND_OVER:
             self.last_handover_by = str(res[1])
