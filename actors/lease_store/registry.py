@@ -27,7 +27,6 @@ class NodeRegistry:
         self._store = LeaseStore(client, "-", call_timeout)  # for its bounded calls
         self._heartbeat = client.register_script(scripts.NODE_HEARTBEAT)
         self.hosts: dict[str, frozenset[str]] = {}  # node -> the jobs it hosts (as last read)
-        self._written: str | None = None  # what this node last wrote of its jobs
 
     async def heartbeat(self, node: str, live_ms: int, *, hosting: Iterable[str] | None = None) -> list[str]:
         """Record ``node`` as live now; the nodes that heartbeat within ``live_ms``. With
@@ -46,12 +45,9 @@ class NodeRegistry:
             if mine is None:
                 return live, None
             pipe = client.pipeline(transaction=False)
-            if mine != self._written:
-                pipe.hset(self.hosts_key, node, mine)
+            pipe.hset(self.hosts_key, node, mine)  # (every time: a Redis that lost it has it again)
             pipe.hgetall(self.hosts_key)
-            answers = pipe.execute()
-            self._written = mine
-            return live, answers[-1]
+            return live, pipe.execute()[-1]
 
         live, hosts = await self._store.run(call)
         if hosts is not None:
@@ -69,7 +65,6 @@ class NodeRegistry:
             pipe.execute()
 
         await self._store.run(call)
-        self._written = None
 
 
 def _text(value: Any) -> str:
