@@ -170,6 +170,7 @@ class Balancer:
     draining: bool = False  # the node is shutting down: hand nothing back, campaign for nothing
     _refreshing: tuple[float, trio.Event] | None = None  # the read in flight: when it started
     _last_leading: frozenset[str] = frozenset()
+    _hosted: dict[str, frozenset[str]] = attrs.Factory(dict)  # job -> the other live nodes hosting it
     _held_off: set[str] = attrs.Factory(set)  # jobs whose Elector was told to hold off
     # Whether this balancer's node leaves the registry when it stops: False for a second
     # balancer of the node (a backfill's ranges), whose end must not unregister the node.
@@ -186,10 +187,16 @@ class Balancer:
 
     def picture(self) -> Picture:
         jobs = tuple(j for j in self.jobs if j not in self.stopped)
-        able = {j: a for j in jobs if (a := self.able(j)) is not None}
+        able = {j: a for j in jobs if (a := self._able(j)) is not None}
         leaders = {j: (self.node if self.leading(j) else self.holder(j)) for j in jobs}
         departed = frozenset(self._seen - set(self.live))
         return Picture(self.node, frozenset(self.live), jobs, able, leaders, departed)
+
+    def _able(self, job: str) -> frozenset[str] | None:
+        """The other nodes able to lead ``job``: its source watch's say, else the live nodes that
+        host it (as the registry says; a node that says nothing there hosts every job)."""
+        able = self.able(job)
+        return able if able is not None else self._hosted.get(job)
 
     def job_stopped(self, job: str) -> None:
         """``job`` failed for good on this node: it no longer counts in the share."""
@@ -270,7 +277,8 @@ class Balancer:
 
     async def _read_view(self, started: float) -> None:
         try:
-            live = await self.registry.heartbeat(self.node, self.live_window_ms)
+            hosting = [j for j in self.jobs if j not in self.stopped]
+            live = await self.registry.heartbeat(self.node, self.live_window_ms, hosting=hosting)
         except RedisUnavailable as exc:
             if not self._registry_down:
                 self._registry_down = True
@@ -282,13 +290,16 @@ class Balancer:
         self._viewed_at, self._view_from = trio.current_time(), started
         self.live = tuple(sorted(set(live) | {self.node}))
         self._seen |= set(self.live)
+        hosts = self.registry.hosts
+        others = [n for n in self.live if n != self.node]
+        self._hosted = {
+            job: frozenset(n for n in others if n not in hosts or job in hosts[n]) for job in self.jobs
+        }
         picture = self.picture()
         signature = (picture.signature(), picture.share)
         if signature != self._last_signature:
             self._last_signature = signature
-            self.log.info(
-                "balancer-view", live=list(self.live), share=picture.share, jobs=len(picture.jobs)
-            )
+            self.log.info("balancer-view", live=list(self.live), share=picture.share, jobs=len(picture.jobs))
             self._wake_standbys()
 
     def _wake_standbys(self) -> None:

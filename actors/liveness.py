@@ -31,6 +31,7 @@ Four rules carry it:
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
@@ -46,6 +47,7 @@ ADOPT_AFTER_TTLS = 1.0  # a lease free this many TTLs is campaigned for even at 
 SHARE_RECHECK_TTLS = 0.5  # a node at its share looks at the lease again this often
 
 
+@functools.lru_cache(maxsize=1 << 16)  # (asked for every job and node at every decision)
 def rendezvous_score(job: str, node: str) -> int:
     digest = hashlib.blake2b(f"{job}\0{node}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
@@ -183,7 +185,7 @@ class Picture:
         others = self.able.get(job)
         return (frozenset(self.live if others is None else others) - self.departed) | {self.node}
 
-    @property
+    @functools.cached_property  # (asked at every decision: 200 jobs, 200 standbys asking)
     def share(self) -> int:
         nodes: set[str] = {self.node}
         for job in self.jobs:

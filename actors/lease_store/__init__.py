@@ -19,6 +19,7 @@ equals the job's token counter *and* the lease still holds exactly this holder a
 its records follow the stored cursor strictly.
 """
 
+from actors.lease_store.batch import Batch, batch
 from actors.lease_store.connect import (
     CLUSTER_SCHEMES,
     SENTINEL_SCHEMES,
@@ -41,6 +42,7 @@ from actors.lease_store.keys import (
     AUDIT_MAXLEN,
     DEPLOYMENT_KEY,
     NODE_FORGET_MS,
+    NODE_HOSTS_KEY,
     NODE_REGISTRY_KEY,
     discover_jobs,
     job_keys,
@@ -74,10 +76,12 @@ __all__ = [
     "HANDED_OVER",
     "NODE_EXITING",
     "NODE_FORGET_MS",
+    "NODE_HOSTS_KEY",
     "NODE_REGISTRY_KEY",
     "SENTINEL_SCHEMES",
     "Acquired",
     "BadRedisUrl",
+    "Batch",
     "ClusterTarget",
     "CommitRejected",
     "Committed",
@@ -97,6 +101,7 @@ __all__ = [
     "StateLost",
     "StreamInfo",
     "StreamWaits",
+    "batch",
     "classify_redis_error",
     "connect",
     "describe_redis_error",

@@ -6,6 +6,8 @@ from typing import Any
 
 AUDIT_MAXLEN = 10_000  # entries kept in a job's audit stream (approximately: MAXLEN ~)
 NODE_REGISTRY_KEY = "ingestion:nodes"  # its own key (its own cluster slot): no script mixes it with a job's
+# node -> the jobs it hosts, one a line (written with its heartbeat, removed when it leaves)
+NODE_HOSTS_KEY = "ingestion:nodes:jobs"
 NODE_FORGET_MS = 3_600_000  # a node silent this long is dropped from the registry
 DEPLOYMENT_KEY = "ingestion:deployment"  # the deployment's own id, set once: LeaseStore.deployment_id
 

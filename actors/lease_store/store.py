@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import itertools
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import redis
@@ -40,6 +40,7 @@ from actors.lease_store.connect import (
     redacted_endpoint,
 )
 from actors.lease_store.keys import AUDIT_MAXLEN, DEPLOYMENT_KEY, NODE_FORGET_MS, job_keys, parse_lease_value
+from actors.lease_store.lease_path import lease_limiter, renewals
 from actors.lease_store.notices import ReleaseNotices
 from actors.lease_store.results import (
     Acquired,
@@ -184,15 +185,28 @@ class LeaseStore:
             await trio.sleep(every)
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await self._call_on(self.limiter, fn, *args, **kwargs)
+
+    async def _lease_call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A call of the lease path (acquire, renew, release, commit): on threads of its own."""
+        return await self._call_on(self.limiter or lease_limiter(), fn, *args, **kwargs)
+
+    async def _call_on(
+        self, limiter: trio.CapacityLimiter | None, fn: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> T:
         # The socket timeouts bound each read, write and connect, not the whole call (a fresh
         # connection may handshake, and a script may need loading); this bounds the whole call.
         # An abandoned worker finishes on its own; its connection is not reused before it does.
+        call = functools.partial(self._fresh_then, fn, *args, **kwargs)
+        return await self._bounded(
+            functools.partial(trio.to_thread.run_sync, call, abandon_on_cancel=True, limiter=limiter)
+        )
+
+    async def _bounded(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, bounded by the call bound; its failure or timeout as ``RedisUnavailable``."""
         try:
             with trio.fail_after(self.call_timeout):
-                return await trio.to_thread.run_sync(
-                    functools.partial(self._fresh_then, fn, *args, **kwargs), abandon_on_cancel=True,
-                    limiter=self.limiter,
-                )  # fmt: skip
+                return await call()
         except trio.TooSlowError as exc:
             self._stale_topology = True
             raise RedisUnavailable(
@@ -201,9 +215,7 @@ class LeaseStore:
         except (redis.RedisError, OSError) as exc:
             if isinstance(exc, redis.ConnectionError | redis.TimeoutError | OSError):
                 self._stale_topology = True  # (a cluster re-reads its slot map before the next call)
-            raise RedisUnavailable(
-                describe_redis_error(exc, where=self._where, secret=self._secret)
-            ) from exc
+            raise RedisUnavailable(describe_redis_error(exc, where=self._where, secret=self._secret)) from exc
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """A blocking redis-py call of the caller's, bounded and reported like every store call.
@@ -339,7 +351,7 @@ class LeaseStore:
                 _optional_ms(health.age_ms), health.window_ms, _optional_ms(health.failing_ms),
                 NODE_FORGET_MS,
             ]  # fmt: skip
-        res, acked, replid = await self._call(
+        res, acked, replid = await self._lease_call(
             self._script_then_wait, self._acquire, keys, args, replid=True
         )
         able = tuple(res[-2]) if health is not None else None
@@ -371,7 +383,11 @@ class LeaseStore:
         it does not; ``HAND_OVER`` when extended and an operator asked this term to hand over
         (:meth:`request_handover`; taken once: who asked is then ``last_handover_by``)."""
         k = self.keys
-        res = await self._call(self._renew, keys=[k["lease"], k["leader"]], args=[node, token, ttl_ms])
+        keys, args = [k["lease"], k["leader"]], [node, token, ttl_ms]
+        if self.limiter is None and not isinstance(self.client, RedisCluster):  # the node's, together
+            res = await self._bounded(functools.partial(renewals(self.client, self._renew).renew, keys, args))
+        else:
+            res = await self._lease_call(self._renew, keys=keys, args=args)
         answer = Renewal(int(res[0]))
         if answer is Renewal.HAND_OVER:
             self.last_handover_by = str(res[1])
@@ -423,7 +439,7 @@ class LeaseStore:
         away: its worker died): the standbys take over at once (the audit's ``released`` and
         the notice say so)."""
         k = self.keys
-        res = await self._call(
+        res = await self._lease_call(
             self._release,
             keys=[k["lease"], k["leader"], k["audit"]],
             args=[node, token, k["released"], AUDIT_MAXLEN, reason],
@@ -462,12 +478,10 @@ class LeaseStore:
                 if previous is not None and key <= previous:
                     raise ValueError(f"batch out of order at paging token {token_text!r}")
                 previous = key
-        args: list[str | int] = [
-            node, token, previous_cursor or "", anchor or "", self.events_max_len
-        ]
+        args: list[str | int] = [node, token, previous_cursor or "", anchor or "", self.events_max_len]
         args += itertools.chain.from_iterable(records)  # (paging_token, body) pairs, in C
         k = self.keys
-        res, acked, _ = await self._call(
+        res, acked, _ = await self._lease_call(
             self._script_then_wait, self._commit, [k["token"], k["lease"], k["cursor"], k["events"]], args
         )
         if int(res[0]) == 1:

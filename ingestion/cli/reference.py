@@ -80,6 +80,11 @@ CLAIM_MEANING = (
     "instance refuses to start (exit 2, OPERATIONS.md)"
 )
 REGISTRY_MEANING = ("sorted set", "the live nodes, scored with the Redis time of their last heartbeat")
+HOSTS_MEANING = (
+    "hash", "node -> the jobs it hosts, one name a line: written with a balancing node's heartbeat, "
+    "removed when it leaves; a node never hands a lease back for balance to a live node that does "
+    "not host the job (a node absent here counts as hosting every job)",
+)
 DEPLOYMENT_MEANING = (
     "string", "the deployment's own id (`id:` and 32 hex digits), set once by the first node that "
     "asks (SET NX) and replicated with the data: the election domain a PostgreSQL job's fence "
@@ -264,7 +269,7 @@ def settings_section() -> Iterator[str]:
 
 
 def redis_section() -> Iterator[str]:
-    from actors.lease_store.keys import DEPLOYMENT_KEY, NODE_REGISTRY_KEY, job_keys
+    from actors.lease_store.keys import DEPLOYMENT_KEY, NODE_HOSTS_KEY, NODE_REGISTRY_KEY, job_keys
 
     keys = job_keys("J")
     unexplained = sorted(set(keys) - set(KEY_MEANINGS))
@@ -280,6 +285,8 @@ def redis_section() -> Iterator[str]:
     yield from _key_table(keys, KEY_MEANINGS)
     kind, meaning = REGISTRY_MEANING
     yield f"| {cell(code(NODE_REGISTRY_KEY))} | {cell(kind)} | {cell(meaning)} |"
+    kind, meaning = HOSTS_MEANING
+    yield f"| {cell(code(NODE_HOSTS_KEY))} | {cell(kind)} | {cell(meaning)} |"
     kind, meaning = DEPLOYMENT_MEANING
     yield f"| {cell(code(DEPLOYMENT_KEY))} | {cell(kind)} | {cell(meaning)} |"
     from ingestion.serve.presence import PRESENCE_CHANNEL, PRESENCE_KEY

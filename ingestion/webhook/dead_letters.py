@@ -29,7 +29,7 @@ from typing import Any, NoReturn, Protocol
 import attrs
 import trio
 
-from actors.lease_store import LeaseStore, RedisUnavailable
+from actors.lease_store import LeaseStore, RedisUnavailable, batch
 from actors.sink import SinkUnavailable
 from ingestion.webhook.records import RecordStore
 
@@ -164,17 +164,25 @@ class DeadLetterHold:
         events, replayed = dead_letter_keys(self.job)
         client = self.store.client
 
-        def counts() -> tuple[int, int, str]:
+        def add(pipe: Any) -> None:
             # (a drop deletes the oldest dead letters: the first id says so when the counts do not)
-            pipe = client.pipeline(transaction=False)
             pipe.xlen(events)
             pipe.hlen(replayed)
             pipe.xrange(events, "-", "+", count=1)
-            letters, done, first = pipe.execute()
-            return int(letters), int(done), _text(first[0][0]) if first else ""
+
+        def counts() -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            add(pipe)
+            return list(pipe.execute())
 
         self._fresh = None
-        now = await self.store.run(counts)
+        # The term's first look at once (delivery waits for it); the later ones on the node's
+        # batch, one call a second for all its webhook jobs.
+        if self._known:
+            letters, done, first = await batch(client, self.store.call_timeout).call(add)
+        else:
+            letters, done, first = await self.store.run(counts)
+        now = int(letters), int(done), _text(first[0][0]) if first else ""
         if now != self._counts or self._oldest is None:
             await self._find_oldest()
         oldest = self._oldest[1] if self._oldest else None

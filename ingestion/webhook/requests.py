@@ -22,7 +22,7 @@ import trio
 from redis.client import NEVER_DECODE
 
 from actors.cursor_order import token_key
-from actors.lease_store import CommitRejected, RedisUnavailable
+from actors.lease_store import CommitRejected, RedisUnavailable, batch
 from actors.sink import SinkUnavailable
 from actors.source import Record, TermContext, TermFenced
 from ingestion.webhook.core import DELIVERED, GONE, RetrySchedule, judge, outcome_label, webhook_keys
@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from ingestion.webhook.records import RecordStore
 
 READ_PAGE = 1000  # records read from the source job's store at a time
-REQUESTS_EVERY = 1.0  # seconds between looks at the operators' requests while delivering
+# The operators' requests are looked at on the node's batch (actors/lease_store/batch.py): every
+# second, one call for all the node's webhook jobs.
 # A replayed record's retries: it failed before and an operator is watching, so a short schedule
 # (4 attempts over about 36 s, each wait jittered by +-20 %; a Retry-After still wins), not the
 # job's (27.6 h by default, which would hold every later replay up for a day).
@@ -164,15 +165,12 @@ class RequestServing:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(replay_lane)
+            looks = batch(redis_client, self.store.call_timeout)  # the node's jobs' looks, one call a tick
             while True:
-                pending: Any = await self.store.run(
-                    lambda seen=seen: redis_client.execute_command(  # (as bytes: _lenient reads them)
-                        "XRANGE", keys["requests"], f"({seen}", "+", "COUNT", 100, **{NEVER_DECODE: True}
-                    )
-                )
+                answers = await looks.call(functools.partial(_look_at_requests, keys["requests"], seen))
+                pending: Any = answers[0]
                 if not pending:
-                    await trio.sleep(REQUESTS_EVERY)
-                    continue
+                    continue  # (the next look: the node's next tick)
                 for request_id, fields in pending:
                     rid = seen = _text(request_id)
                     request = {_lenient(k): _lenient(v) for k, v in (fields or {}).items()}
@@ -413,3 +411,8 @@ def _lenient(value: Any) -> str:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _look_at_requests(key: str, seen: str, pipe: Any) -> None:
+    """The requests after ``seen``, as bytes (``_lenient`` reads them), on the node's batch."""
+    pipe.execute_command("XRANGE", key, f"({seen}", "+", "COUNT", 100, **{NEVER_DECODE: True})

@@ -12,6 +12,8 @@ tests/node/test_balanced_process_crash.py).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import redis
 import structlog
 import trio
@@ -57,8 +59,8 @@ class HeldRegistry(NodeRegistry):
         self.deliver = trio.Event()
         self.reads = 0
 
-    async def heartbeat(self, node: str, live_ms: int) -> list[str]:
-        live = await super().heartbeat(node, live_ms)
+    async def heartbeat(self, node: str, live_ms: int, *, hosting: Iterable[str] | None = None) -> list[str]:
+        live = await super().heartbeat(node, live_ms, hosting=hosting)
         self.reads += 1
         if self.reads == 1:
             self.answered.set()
