@@ -37,7 +37,9 @@ import argparse
 import base64
 import binascii
 import bisect
+import concurrent.futures
 import hashlib
+import inspect
 import itertools
 import json
 import multiprocessing
@@ -54,6 +56,7 @@ import attrs
 import psycopg
 
 from ingestion.postgres.connection import connect, ensure_schema
+from ingestion.rpc.protocol import Cursor
 from ingestion.simulator.strkey import encode_contract
 from ingestion.testing.local_postgres import LocalPostgres
 
@@ -338,10 +341,11 @@ def load(url: str, shape: Shape, workers: int = 2, log: Any = print) -> dict[str
             f"INSERT INTO {s}.terms (job, token, after_seq) VALUES (%s, %s, 0) ON CONFLICT DO NOTHING",
             (shape.job, TOKEN),
         )
+        # an RPC job's cursor after its last page: every event of the last ledger scanned
         conn.execute(
             f"INSERT INTO {s}.cursors (job, cursor, token) VALUES (%s, %s, %s) ON CONFLICT (job) "
             "DO UPDATE SET cursor = excluded.cursor",
-            (shape.job, last[0], TOKEN),
+            (shape.job, str(Cursor.through(int(last[1]))), TOKEN),
         )
         conn.execute(f"VACUUM ANALYZE {s}.events")
     done = time.monotonic()
@@ -355,6 +359,127 @@ def load(url: str, shape: Shape, workers: int = 2, log: Any = print) -> dict[str
         "total_s": round(done - started, 1),
     }
     log(f"loaded {rows} events in {timings['total_s']} s ({timings})")
+    return timings
+
+
+# -- the events API's store over them ----------------------------------------------------------------
+
+
+def api_store_key(schema: str = "ingestion") -> str:
+    """A digest of the API store's DDL and projection code: a cached projection made by other code
+    is made again."""
+    from ingestion.api import store
+
+    parts = [*store.create_statements(schema)]
+    parts += [inspect.getsource(f) for f in (store.project_record, store.served_record, store.segment_key)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+
+
+_PROJECT = (
+    "INSERT INTO {s}.api_events (view, id, ledger, type, contract_id, topic_count, topic1, topic2, "
+    "topic3, topic4, record) "
+    "SELECT job, paging_token, (record->>'ledger')::bigint, record->>'type', "
+    "coalesce(record->>'contractId', ''), coalesce(json_array_length(record->'topic'), 0), "
+    "record->'topic'->>0, record->'topic'->>1, record->'topic'->>2, record->'topic'->>3, record::text "
+    "FROM {s}.events WHERE job = %s AND seq BETWEEN %s AND %s ORDER BY seq"
+)
+
+
+def _project_range(args: tuple[Shape, str, int, int]) -> int:
+    """Project the job's rows ``seq`` in ``[low, high]`` into ``api_events`` in SQL: what the
+    API's :func:`~ingestion.api.store.project_record` makes of these events (none has a topic
+    segment over its key limit nor a decoding job's additions; :func:`check_projection` holds a
+    sample to it), at PostgreSQL's speed."""
+    shape, url, low, high = args
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SET synchronous_commit = off")
+        cursor = conn.execute(_PROJECT.format(s=f'"{shape.schema}"'), (shape.job, low, high))  # type: ignore[arg-type]
+        return cursor.rowcount
+
+
+def check_projection(url: str, shape: Shape, sample: int = 2000) -> int:
+    """Hold ``sample`` random projected rows to what the API's own projector code makes of their
+    committed records. Returns how many were checked.
+
+    Raises:
+        AssertionError: a row differs.
+    """
+    from ingestion.api import store
+
+    q = f'"{shape.schema}"'
+    picks = sorted(random.Random(shape.seed).sample(range(1, shape.events + 1), min(sample, shape.events)))
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            f"SELECT e.paging_token, e.record::text, a.id, a.ledger, a.type, a.contract_id, a.topic_count, "
+            f"a.topic1, a.topic2, a.topic3, a.topic4, a.record FROM {q}.events e JOIN {q}.api_events a "
+            "ON a.view = e.job AND a.id = e.paging_token WHERE e.job = %s AND e.seq = ANY(%s)",
+            (shape.job, picks),
+        ).fetchall()
+    assert len(rows) == len(picks), f"{len(picks) - len(rows)} sampled events not projected"
+    for paging_token, record, *projected in rows:
+        r = store.project_record(paging_token, record)
+        want = [r.id, r.ledger, r.type, r.contract_id, r.topic_count, *r.topics, r.record]
+        assert projected == want, f"event {paging_token}: projected {projected}, the API makes {want}"
+    return len(rows)
+
+
+def project(url: str, shape: Shape, sessions: int = 4, log: Any = print) -> dict[str, Any]:
+    """Build the events API's store (``ingestion/api/store.py``: its tables, every event of the
+    job projected as its projector would, its indexes, the job's progress) over the loaded
+    events, replacing any earlier one. Returns timings (seconds)."""
+    from ingestion.api import store
+
+    started = time.monotonic()
+    statements = store.create_statements(shape.schema)
+    s = f'"{shape.schema}"'
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {s}.api_events, {s}.api_progress")
+        for statement in statements:
+            if not statement.startswith("CREATE INDEX"):
+                conn.execute(statement)  # type: ignore[arg-type]
+    step = -(-shape.events // sessions)
+    lows = range(1, shape.events + 1, step)
+    ranges = [(shape, url, low, min(low + step - 1, shape.events)) for low in lows]
+    with concurrent.futures.ThreadPoolExecutor(sessions) as pool:  # (the work is the server's)
+        rows = sum(pool.map(_project_range, ranges))
+    copied = time.monotonic()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SET maintenance_work_mem = '1GB'")
+        for statement in statements:
+            if statement.startswith("CREATE INDEX"):
+                conn.execute(statement)  # type: ignore[arg-type]
+        indexed = time.monotonic()
+        row = conn.execute(f"SELECT cursor FROM {s}.cursors WHERE job = %s", (shape.job,)).fetchone()
+        assert row is not None
+        conn.execute(store.save_progress(shape.schema), (shape.job, shape.job, shape.events, row[0]))  # type: ignore[arg-type]
+        conn.execute(f"VACUUM ANALYZE {s}.api_events")
+        checked = check_projection(url, shape)
+        size = conn.execute(f"SELECT pg_total_relation_size('{s}.api_events')").fetchone()
+    done = time.monotonic()
+    timings = {
+        "rows": rows,
+        "copy_s": round(copied - started, 1),
+        "index_s": round(indexed - copied, 1),
+        "vacuum_s": round(done - indexed, 1),
+        "total_s": round(done - started, 1),
+        "bytes": int(size[0]) if size else 0,
+        "checked": checked,
+    }
+    log(f"projected {rows} events in {timings['total_s']} s ({timings})")
+    return timings
+
+
+def ensure_projected(pg: LocalPostgres, shape: Shape, log: Any = print) -> dict[str, Any]:
+    """The events API's store over ``pg``'s events, made unless this code's is cached there."""
+    marker = pg.directory / f"api-{api_store_key(shape.schema)}"
+    if marker.exists():
+        return dict(json.loads(marker.read_text()))
+    for old in pg.directory.glob("api-*"):
+        old.unlink()
+    timings = project(pg.url, shape, sessions=1 if shape.events < 100_000 else 4, log=log)
+    with psycopg.connect(pg.url, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+    marker.write_text(json.dumps(timings))
     return timings
 
 
@@ -392,9 +517,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events", type=int, default=Shape.events)
     p.add_argument("--fresh", action="store_true", help="generate again even if cached")
     args = p.parse_args(argv)
-    pg, timings = open_store(Shape(events=args.events), fresh=args.fresh)
+    shape = Shape(events=args.events)
+    pg, timings = open_store(shape, fresh=args.fresh)
     try:
-        print(json.dumps({"url": pg.url, "directory": str(pg.directory), **timings}))
+        projected = ensure_projected(pg, shape)
+        print(json.dumps({"url": pg.url, "directory": str(pg.directory), **timings, "api_store": projected}))
     finally:
         pg.stop()
     return 0

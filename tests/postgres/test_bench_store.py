@@ -1,6 +1,7 @@
 """The events API's scale store (``benchmarks/api_store.py``), small: its events are stellar-rpc's
 ``EventInfo`` records with real XDR topics, shaped as the benchmark says, loaded with ``COPY`` into
-the sink's tables, and a cached store is started again as it is."""
+the sink's tables and projected into the API's store as its projector would, and a cached store is
+started again as it is."""
 
 from __future__ import annotations
 
@@ -93,6 +94,9 @@ def test_the_store_is_loaded_into_the_sinks_tables_and_reused_from_its_cache(cac
 
     pg, timings = api_store.open_store(SMALL, log=lambda *_: None)
     try:
+        # the events API's store over them, sampled against the API's own projection code
+        projected = api_store.ensure_projected(pg, SMALL, log=lambda *_: None)
+        assert projected["rows"] == SMALL.events and projected["checked"] == 2000
         with psycopg.connect(pg.url) as conn:
             count, first, last = conn.execute(
                 "SELECT count(*), min(paging_token), max(paging_token) FROM ingestion.events WHERE job = %s",
@@ -103,13 +107,14 @@ def test_the_store_is_loaded_into_the_sinks_tables_and_reused_from_its_cache(cac
             ).fetchone()
     finally:
         pg.stop()
-    assert count == SMALL.events and cursor == (last,)
+    assert count == SMALL.events and cursor == (str(Cursor.through(Cursor.parse(last).ledger)),)
     assert Cursor.parse(first).ledger == SMALL.first_ledger == timings["first_ledger"]
     assert Cursor.parse(last).ledger == timings["latest_ledger"]
     # the second time: the same data directory started as it is, nothing generated
     again, cached = api_store.open_store(SMALL, log=lambda *_: pytest.fail("generated again"))
     try:
         assert again.directory == pg.directory and cached == timings
+        assert api_store.ensure_projected(again, SMALL, log=lambda *_: pytest.fail("again")) == projected
         with psycopg.connect(again.url) as conn:
             assert conn.execute("SELECT count(*) FROM ingestion.events").fetchone() == (SMALL.events,)
     finally:
