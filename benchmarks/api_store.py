@@ -27,7 +27,7 @@ store, and workers build chunks in parallel, each ``COPY``ing its own chunk.
     python -m benchmarks.api_store [--events 10000000] [--cache DIR] [--fresh]
 
 prints where the store's PostgreSQL data directory is and how long generation took; the directory
-(under ``$INGESTION_BENCH_CACHE``, default ``/var/tmp/ingestion-bench``) is reused by the next run
+(under ``$BENCHMARK_CACHE``, default ``/var/tmp/ingestion-bench``) is reused by the next run
 with the same shape (it holds a ``ready`` file only once loading finished).
 """
 
@@ -484,7 +484,7 @@ def ensure_projected(pg: LocalPostgres, shape: Shape, log: Any = print) -> dict[
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("INGESTION_BENCH_CACHE", "/var/tmp/ingestion-bench"))
+    return Path(os.environ.get("BENCHMARK_CACHE", "/var/tmp/ingestion-bench"))
 
 
 def open_store(

@@ -77,15 +77,15 @@ def test_events_are_rpc_event_infos_of_the_benchmarks_shape() -> None:
 def cache() -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="ingestion-bench-cache-"))
     root.chmod(0o755)  # the postgres user reaches its data directory inside
-    old = os.environ.get("INGESTION_BENCH_CACHE")
-    os.environ["INGESTION_BENCH_CACHE"] = str(root)
+    old = os.environ.get("BENCHMARK_CACHE")
+    os.environ["BENCHMARK_CACHE"] = str(root)
     try:
         yield root
     finally:
         if old is None:
-            del os.environ["INGESTION_BENCH_CACHE"]
+            del os.environ["BENCHMARK_CACHE"]
         else:
-            os.environ["INGESTION_BENCH_CACHE"] = old
+            os.environ["BENCHMARK_CACHE"] = old
         shutil.rmtree(root, ignore_errors=True)
 
 
