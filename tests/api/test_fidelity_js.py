@@ -8,6 +8,7 @@ starts node twice."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -17,15 +18,8 @@ import trio
 from ingestion.rpc.protocol import INVALID_REQUEST
 from ingestion.simulator import Simulator
 from ingestion.simulator.rpc_events import all_events
-from tests.api.test_fidelity import (  # noqa: F401 (both: a fixture)
-    APPROVE,
-    CONFIG,
-    COUNTER,
-    PING,
-    TRANSFER,
-    both,
-    whole_history,
-)
+from ingestion.testing.local_postgres import LocalPostgres
+from tests.support.api_fidelity import APPROVE, CONFIG, COUNTER, PING, TRANSFER, rpc_and_api, whole_history
 from tests.support.js_sdk import get_events_pages, node_modules
 
 pytestmark = pytest.mark.slow
@@ -64,8 +58,14 @@ def apart(answers: list[Any]) -> tuple[list[Any], set[int]]:
     return pages, {int(p[CLOSE_TIME]) for answer in answers for p in answer}
 
 
+@pytest.fixture
+async def both(pg: LocalPostgres, job: str) -> AsyncIterator[tuple[Simulator, str]]:
+    async with rpc_and_api(pg.url, job) as served:
+        yield served
+
+
 async def test_js_stellar_sdk_gets_identical_answers_inside_the_rpcs_window(
-    both: tuple[Simulator, str],  # noqa: F811
+    both: tuple[Simulator, str],
 ) -> None:
     sim, api_url = both
     first, oldest = sim.chain.spec.first_ledger, sim.chain.latest - CONFIG.retention_ledgers + 1

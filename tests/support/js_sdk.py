@@ -1,6 +1,6 @@
 """js-stellar-sdk (npm ``@stellar/stellar-sdk``) as a client in the tests: installed by
 ``scripts/js-sdk`` into a cache directory outside the repository on first use, and driven through
-``tests/support/js/get_events.cjs`` (``rpc.Server(url, {allowHttp: true}).getEvents``)."""
+``tests/support/get_events.cjs`` (``rpc.Server(url, {allowHttp: true}).getEvents``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "tests" / "support" / "js" / "get_events.cjs"
+SCRIPT = ROOT / "tests" / "support" / "get_events.cjs"
 
 
 def node_modules() -> Path:
