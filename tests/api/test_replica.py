@@ -22,9 +22,9 @@ from ingestion.api.service import build_app
 from ingestion.config import Settings
 from ingestion.postgres.sink import PostgresSink
 from ingestion.rpc.protocol import Cursor
+from ingestion.testing.api_events import make_events, records
 from ingestion.testing.local_postgres import LocalPostgres
 from ingestion.testing.pg_replica import StreamingReplica
-from tests.support.api_events import make_events, records
 
 VIEW = "apireplica"
 EVENTS = make_events(1, 200)
