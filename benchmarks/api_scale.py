@@ -346,7 +346,7 @@ def measure(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.api_scale")
-    p.add_argument("--events", type=int, default=Shape.events)
+    p.add_argument("--events", type=int, default=Shape().events)
     p.add_argument("--requests", type=int, default=200, help="requests of each kind, side by side")
     p.add_argument("--clients", type=int, default=8, help="threads in each of the two client processes")
     p.add_argument("--seconds", type=float, default=20.0)

@@ -514,7 +514,7 @@ def open_store(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.api_store")
-    p.add_argument("--events", type=int, default=Shape.events)
+    p.add_argument("--events", type=int, default=Shape().events)
     p.add_argument("--fresh", action="store_true", help="generate again even if cached")
     args = p.parse_args(argv)
     shape = Shape(events=args.events)
