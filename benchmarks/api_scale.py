@@ -274,6 +274,7 @@ def throughput(
     answered = sum(r[0] for r in results)
     latencies = [x for r in results for x in r[2]]
     return {
+        "answered": answered,
         "clients": clients * processes,
         "seconds": round(elapsed, 1),
         "requests_per_s": round(answered / seconds, 1),
@@ -300,6 +301,12 @@ def bare_sql(url: str, kinds: dict[str, list[Probe]]) -> dict[str, Any]:
                 "plan": " / ".join(str(r[0]).strip() for r in plan[:3]),
             }  # fmt: skip
     return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def uptime() -> str:
@@ -330,7 +337,11 @@ def measure(
             kinds = probes(shape, oldest, latest, requests)
             load_before = uptime()
             latency = side_by_side(port, pg.url, kinds)
+            used = cpu_seconds(process.pid)
             rate = throughput(port, kinds, clients, seconds)
+            used = cpu_seconds(process.pid) - used
+            # the API process's own CPU per answer: what bounds one process's rate, whatever the load
+            rate["api_cpu_ms_per_request"] = round(1000 * used / max(1, rate["answered"]), 2)
             load_after = uptime()
         finally:
             process.terminate()
