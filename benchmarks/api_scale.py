@@ -20,6 +20,7 @@ the same event ids. Then throughput: ``--clients`` threads in each of two client
 ``--seconds``, the four kinds round-robin.
 
     python -m benchmarks.api_scale [--events N] [--requests 200] [--clients 8] [--seconds 20]
+        [--api-processes 1]
 """
 
 from __future__ import annotations
@@ -221,15 +222,16 @@ def _figures(api_ms: list[float], sql_ms: list[float]) -> dict[str, Any]:
 # -- throughput ----------------------------------------------------------------------------------------
 
 
-def _flood(args: tuple[int, list[dict[str, Any]], int, float]) -> tuple[int, int, list[float]]:
-    """One client process: ``clients`` threads posting the requests round-robin until ``seconds``
-    pass. Returns (answered, errors, latencies in ms)."""
-    port, requests, clients, seconds = args
+def _flood(args: tuple[list[int], list[dict[str, Any]], int, float]) -> tuple[int, int, list[float]]:
+    """One client process: ``clients`` threads (thread i on ``ports[i % len(ports)]``) posting the
+    requests round-robin until ``seconds`` pass. Returns (answered, errors, latencies in ms)."""
+    ports, requests, clients, seconds = args
     answered, errors, latencies = [0], [0], []
     lock = threading.Lock()
     end = time.monotonic() + seconds
 
     def run(offset: int) -> None:
+        port = ports[offset % len(ports)]
         client = Client(port)
         n = offset
         ok = bad = 0
@@ -263,13 +265,14 @@ def _flood(args: tuple[int, list[dict[str, Any]], int, float]) -> tuple[int, int
 
 
 def throughput(
-    port: int, kinds: dict[str, list[Probe]], clients: int, seconds: float, processes: int = 2
+    ports: list[int], kinds: dict[str, list[Probe]], clients: int, seconds: float, processes: int = 2
 ) -> dict[str, Any]:
-    """Requests/s of the four kinds round-robin, ``clients`` threads in each of ``processes``."""
+    """Requests/s of the four kinds round-robin, ``clients`` threads in each of ``processes``,
+    spread over the API processes at ``ports``."""
     mixed = [p.params for group in zip(*kinds.values(), strict=True) for p in group]
     with multiprocessing.get_context("spawn").Pool(processes) as pool:
         started = time.monotonic()
-        results = pool.map(_flood, [(port, mixed[i::processes], clients, seconds) for i in range(processes)])
+        results = pool.map(_flood, [(ports, mixed[i::processes], clients, seconds) for i in range(processes)])
         elapsed = time.monotonic() - started
     answered = sum(r[0] for r in results)
     latencies = [x for r in results for x in r[2]]
@@ -314,7 +317,14 @@ def uptime() -> str:
 
 
 def measure(
-    shape: Shape, requests: int, clients: int, seconds: float, *, sql_only: bool = False, log: Any = print
+    shape: Shape,
+    requests: int,
+    clients: int,
+    seconds: float,
+    *,
+    api_processes: int = 1,
+    sql_only: bool = False,
+    log: Any = print,
 ) -> dict[str, Any]:
     pg, generated = api_store.open_store(shape, log=log)
     try:
@@ -329,23 +339,26 @@ def measure(
             return {"events": shape.events, "generated": generated, "api_store": projected,
                     "window": list(row), "bare_sql": bare_sql(pg.url, kinds), "load_before": load_before,
                     "load_after": uptime()}  # fmt: skip
-        log_path = Path(tempfile.mkdtemp(prefix="api-scale-log-")) / "api.log"
-        process, port = start_api(pg.url, shape, log_path)
+        logs = Path(tempfile.mkdtemp(prefix="api-scale-log-"))
+        apis = [start_api(pg.url, shape, logs / f"api-{n}.log") for n in range(api_processes)]
+        port = apis[0][1]
         try:
             health = Client(port).result("getHealth")
             oldest, latest = int(health["oldestLedger"]), int(health["latestLedger"])
             kinds = probes(shape, oldest, latest, requests)
             load_before = uptime()
             latency = side_by_side(port, pg.url, kinds)
-            used = cpu_seconds(process.pid)
-            rate = throughput(port, kinds, clients, seconds)
-            used = cpu_seconds(process.pid) - used
-            # the API process's own CPU per answer: what bounds one process's rate, whatever the load
+            used = sum(cpu_seconds(process.pid) for process, _ in apis)
+            rate = throughput([p for _, p in apis], kinds, clients, seconds)
+            used = sum(cpu_seconds(process.pid) for process, _ in apis) - used
+            # the API processes' own CPU per answer: what bounds a process's rate, whatever the load
             rate["api_cpu_ms_per_request"] = round(1000 * used / max(1, rate["answered"]), 2)
+            rate["api_processes"] = api_processes
             load_after = uptime()
         finally:
-            process.terminate()
-            process.wait(10)
+            for process, _ in apis:
+                process.terminate()
+                process.wait(10)
     finally:
         pg.stop()
     return {
@@ -361,10 +374,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=200, help="requests of each kind, side by side")
     p.add_argument("--clients", type=int, default=8, help="threads in each of the two client processes")
     p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--api-processes", type=int, default=1, help="ingestion api processes the clients share")
     p.add_argument("--sql-only", action="store_true", help="the bare SQL alone")
     args = p.parse_args(argv)
     shape = Shape(events=args.events)
-    result = measure(shape, args.requests, args.clients, args.seconds, sql_only=args.sql_only)
+    result = measure(shape, args.requests, args.clients, args.seconds, api_processes=args.api_processes,
+                     sql_only=args.sql_only)  # fmt: skip
     print(json.dumps(result, indent=2))
     return 0
 
