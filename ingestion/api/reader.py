@@ -99,9 +99,22 @@ class StoreReader:
 
     async def _run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         def call() -> T:
-            conn = self._take()
+            conn, reused = self._take()
             try:
                 out = fn(conn)
+            except psycopg.OperationalError:
+                conn.close()
+                if not reused:
+                    raise
+                # A kept connection that broke (PostgreSQL restarted, a failover): the others
+                # are as stale; a read is safe to run again, once, on a fresh connection.
+                self.close()
+                conn = self._connect()
+                try:
+                    out = fn(conn)
+                except BaseException:
+                    conn.close()
+                    raise
             except BaseException:
                 conn.close()
                 raise
@@ -118,12 +131,16 @@ class StoreReader:
         except (psycopg.Error, OSError) as exc:
             raise unavailable(describe(exc, self.url).removeprefix("sink.url ")) from None
 
-    def _take(self) -> psycopg.Connection[Any]:
+    def _take(self) -> tuple[psycopg.Connection[Any], bool]:
+        """A kept connection (True) or a new one (False)."""
         with self._lock:
             while self._idle:
                 conn = self._idle.pop()
                 if not (conn.closed or conn.broken):
-                    return conn
+                    return conn, True
+        return self._connect(), False
+
+    def _connect(self) -> psycopg.Connection[Any]:
         ms = max(100, round(self.statement_timeout * 1000))
         return psycopg.connect(
             self.url,
