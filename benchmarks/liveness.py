@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import signal
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -35,6 +35,7 @@ from benchmarks.procs import percentile
 from ingestion.testing.cluster import Cluster, open_cluster
 from ingestion.testing.http_fault_proxy import HttpFaultProxy
 from ingestion.testing.tcp_proxy import TcpProxy
+from ingestion.testing.wait import wait_until
 
 TTL_MS = 1500
 HANDOVER_MS = 3000
@@ -62,14 +63,6 @@ def _audit_after(c: Cluster, job: str, after_ms: int) -> list[tuple[int, dict[st
     """The job's audit entries from ``after_ms`` (Redis time) on: (ms of the id, fields)."""
     entries = c.client.xrange(job_keys(job)["audit"], min=f"{after_ms}-0")
     return [(int(entry_id.split("-")[0]), fields) for entry_id, fields in entries]
-
-
-async def _until(predicate: Callable[[], bool], within: float, what: str) -> None:
-    with trio.move_on_after(within):
-        while not predicate():  # noqa: ASYNC110 (polls Redis: nothing to wait on)
-            await trio.sleep(0.01)
-        return
-    raise RuntimeError(f"not within {within} s: {what}")
 
 
 def _summary(values: Sequence[float]) -> dict[str, Any]:
@@ -100,13 +93,15 @@ async def _source_trials(kind: str, trials: int, log: Any) -> list[float]:
         await c.start_node("n1", horizon=f"http://127.0.0.1:{proxy.port}", env=ENV, extra=flags)
         await c.start_node("n2", env=ENV, extra=flags)
         for trial in range(trials):
-            await _until(lambda: {_holder(c, j) for j in jobs} == {"n1", "n2"}, 60, "one job each")
+            await wait_until(lambda: {_holder(c, j) for j in jobs} == {"n1", "n2"}, 60, what="one job each",
+                             every=0.01)  # fmt: skip
             await c.wait_for_progress(30)
             await trio.sleep(TTL_MS / 1000)  # n1's stream going, its last good answer is the fault
             victim = next(j for j in jobs if _holder(c, j) == "n1")
             fault_ms = _redis_ms(c)
             proxy.set_mode(fault)
-            await _until(lambda: _holder(c, victim) == "n2", 30, f"n2 leads {victim}")  # noqa: B023
+            await wait_until(lambda: _holder(c, victim) == "n2", 30, what=f"n2 leads {victim}",  # noqa: B023
+                             every=0.01)  # fmt: skip
             grants = [
                 ms for ms, f in _audit_after(c, victim, fault_ms)
                 if f.get("event") == "became-leader" and f.get("node") == "n2"
@@ -151,7 +146,7 @@ async def _handoff_trials(trials: int, log: Any, verbose: bool = False) -> list[
         for name in nodes:
             await c.start_node(name, env=ENV, extra=flags)
         for trial in range(trials):
-            await _until(balanced, 60, "every job led, none above its share")
+            await wait_until(balanced, 60, what="every job led, none above its share", every=0.01)
             await trio.sleep(2 * TTL_MS / 1000)  # the views and health reports settle
             if not balanced():
                 continue
@@ -161,8 +156,8 @@ async def _handoff_trials(trials: int, log: Any, verbose: bool = False) -> list[
             asked_ms = _redis_ms(c)
             asked = c.signal(victim, signal.SIGTERM)
             await c.exited(victim, within=15)
-            await _until(lambda: all(_holder(c, j) not in (None, victim) for j in led), 30,  # noqa: B023
-                         f"{led} led again")  # fmt: skip
+            await wait_until(lambda: all(_holder(c, j) not in (None, victim) for j in led), 30,  # noqa: B023
+                             what=f"{led} led again", every=0.01)  # fmt: skip
             for job in led:
                 sample = _handoff(_audit_after(c, job, asked_ms), job, victim)
                 out.append(sample)

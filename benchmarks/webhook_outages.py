@@ -24,8 +24,8 @@ import trio
 
 from actors.lease_store import job_keys
 from ingestion.testing.cluster import Cluster, open_cluster
+from ingestion.testing.receiver import Fault, Receiver, serve_receiver
 from ingestion.testing.wait import wait_until
-from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 JOB = "ops"

@@ -29,8 +29,8 @@ from actors.observe import NodeObserver
 from actors.source import SyntheticSource
 from actors.supervisor import NodeSpec, run_node
 from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.receiver import Receiver, serve_receiver
 from ingestion.webhook.core import RetrySchedule, parse_secrets, sign
-from ingestion.webhook.receiver import Receiver, serve_receiver
 from ingestion.webhook.records import StreamRecords
 from ingestion.webhook.source import WebhookSource
 
@@ -269,7 +269,7 @@ def _receiver_process() -> tuple[Any, int]:
 
     proc = subprocess.Popen(
         # (--db :memory:: the benchmark measures the sender, not the receiver's disk)
-        [sys.executable, "-m", "ingestion.webhook.receiver", "--port", "0", "--db", ":memory:"],
+        [sys.executable, "-m", "ingestion.testing.receiver", "--port", "0", "--db", ":memory:"],
         stdout=subprocess.PIPE, env={**os.environ, "WEBHOOK_SECRET": SECRET},
     )  # fmt: skip
     assert proc.stdout is not None

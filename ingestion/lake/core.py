@@ -30,7 +30,7 @@ import attrs
 
 from actors.source import Batch, Record
 from ingestion.lake.events import LedgerEvents
-from ingestion.rpc.protocol import Cursor, EventFilter, InvalidCursor, matches
+from ingestion.rpc.protocol import Cursor, EventFilter, matches, parse_start
 
 
 @attrs.frozen
@@ -57,20 +57,11 @@ class LakeFollower:
     start_ledger: int = attrs.field(init=False, default=0)  # 0: the lake's oldest, not known yet
 
     def __attrs_post_init__(self) -> None:
-        start = self.start.strip()
-        if start == "0":
-            return
-        if start.isdigit():
-            self.start_ledger = int(start)
-            if not 0 < self.start_ledger < 1 << 32:
-                raise ValueError(f"start ledger {start} out of range")
-            return
-        try:
-            self.position = Cursor.parse(start)
-        except InvalidCursor as exc:
-            raise ValueError(
-                f"not a lake start cursor: {start!r} (now, 0, a ledger number or an event id)"
-            ) from exc
+        start = parse_start(self.start, "a lake")
+        if isinstance(start, Cursor):
+            self.position = start
+        else:
+            self.start_ledger = start
 
     @property
     def knows_start(self) -> bool:

@@ -29,6 +29,7 @@ import os
 import secrets
 import socket
 from collections.abc import Callable
+from importlib.resources import files
 from typing import Any
 
 import attrs
@@ -45,32 +46,11 @@ RELEASE_TIMEOUT = 0.5  # seconds, the delete on a clean exit
 RETRY_CAP = 2.0  # seconds, the longest wait between questions to a Redis that does not answer
 OUTAGE = (redis.ConnectionError, redis.TimeoutError, ClusterDownError, RedisClusterException)
 
-# KEYS[1] the claim; ARGV[1] this instance's id, ARGV[2] the new value, ARGV[3] PX.
-# Answer: 1 renewed (or claimed again: it had expired and nobody took it), else the holder's value.
-RENEW = """
-local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, #ARGV[1] + 1) ~= ARGV[1] .. '|' then
-  return v
-end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return 1
-"""
-# KEYS[1] the claim; ARGV[1] the exact value seen, ARGV[2] the new value, ARGV[3] PX. Answer: 1 taken.
-TAKE_OVER = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return 1
-"""
-# KEYS[1] the claim; ARGV[1] this instance's id. Answer: 1 deleted.
-RELEASE = """
-local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
+# The claim's scripts, one .lua file each (headed by their KEYS, ARGV and answer), read once.
+_LUA = files(__package__) / "lua"
+RENEW = (_LUA / "claim_renew.lua").read_text(encoding="utf-8")
+TAKE_OVER = (_LUA / "claim_take_over.lua").read_text(encoding="utf-8")
+RELEASE = (_LUA / "claim_release.lua").read_text(encoding="utf-8")
 
 
 def instance_key(node: str) -> str:

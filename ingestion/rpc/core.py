@@ -57,6 +57,7 @@ from ingestion.rpc.protocol import (
     EventFilter,
     InvalidCursor,
     ledger_range_of,
+    parse_start,
     past_latest,
 )
 
@@ -158,21 +159,13 @@ class RpcFollower:
         if not 1 <= self.page_limit <= MAX_LIMIT:
             raise ValueError(f"page_limit {self.page_limit} must be within 1..{MAX_LIMIT}")
         self.limit = self.page_limit
-        start = self.start.strip()
-        if start == "0":
-            self.phase = Phase.OLDEST
-        elif start.isdigit():
-            self.phase, self.start_ledger = Phase.LEDGER, int(start)
-            if not 0 < self.start_ledger < 1 << 31:
-                raise ValueError(f"start ledger {start} out of range")
+        start = parse_start(self.start, "an RPC")
+        if isinstance(start, Cursor):
+            self.phase, self.position = Phase.CURSOR, start
+        elif start:
+            self.phase, self.start_ledger = Phase.LEDGER, start
         else:
-            try:
-                self.position = Cursor.parse(start)
-            except InvalidCursor as exc:
-                raise ValueError(
-                    f"not an RPC start cursor: {start!r} (now, 0, a ledger number or an event id)"
-                ) from exc
-            self.phase = Phase.CURSOR
+            self.phase = Phase.OLDEST
 
     @property
     def latest(self) -> int:

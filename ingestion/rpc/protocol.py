@@ -133,6 +133,32 @@ def past_latest(cursor: Cursor, latest: int) -> bool:
     return cursor > Cursor.through(latest)
 
 
+def parse_start(text: str, source: str) -> int | Cursor:
+    """A job's start cursor for a getEvents source (RPC or a lake): ``0`` (the oldest ledger kept,
+    returned as 0), a ledger number (1 to ``MAX_LEDGER``) or an event id.
+
+    The ledger bound is the event id's: an id is a TOID, whose ledger is a non-negative int32
+    (stellar-rpc builds ids with ``toid.New(ledger int32, ...)``), so no event past ledger 2^31 - 1
+    can be named, though ``startLedger`` is a uint32 on the wire.
+
+    Raises:
+        ValueError: none of those; the message names ``source`` ("an RPC", "a lake").
+    """
+    start = text.strip()
+    if start == "0":
+        return 0
+    if start.isdigit():
+        if not 0 < int(start) <= MAX_LEDGER:
+            raise ValueError(f"start ledger {start} out of range")
+        return int(start)
+    try:
+        return Cursor.parse(start)
+    except InvalidCursor as exc:
+        raise ValueError(
+            f"not {source} start cursor: {start!r} (now, 0, a ledger number or an event id)"
+        ) from exc
+
+
 def is_event_id(text: str) -> bool:
     try:
         Cursor.parse(text)

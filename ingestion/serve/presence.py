@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
+from importlib.resources import files
 from typing import Any
 
 import trio
@@ -47,18 +48,9 @@ PROMPT_EVENTS = frozenset({
     "redis-state-lost", "fencing-token-rejected",
 })  # fmt: skip
 
-# One key (so one Redis Cluster slot): the report in the hash and on the channel, with Redis's time.
-SCRIPT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if ARGV[2] == '' then
-  redis.call('HDEL', KEYS[1], ARGV[1])
-else
-  redis.call('HSET', KEYS[1], ARGV[1], now .. '|' .. ARGV[2])
-end
-redis.call('PUBLISH', ARGV[3], ARGV[1] .. '|' .. now .. '|' .. ARGV[2])
-return now
-"""
+# One key (so one Redis Cluster slot): the report in the hash and on the channel, with Redis's time
+# (``lua/presence.lua``, read once).
+SCRIPT = (files(__package__) / "lua" / "presence.lua").read_text(encoding="utf-8")
 
 
 def parse_entry(value: str) -> tuple[int, dict[str, Any]] | None:

@@ -34,7 +34,7 @@ from ingestion.simulator.rpc_events import EventLog
 
 @attrs.frozen
 class SimulatorConfig:
-    """How to run a simulator. Built from CLI flags by :mod:`ingestion.simulator.cli`.
+    """How to run a simulator. Built from CLI flags by :mod:`ingestion.cli.simulate`.
 
     Attributes:
         host, port: where to listen; port 0 picks a free port (kept across restarts).

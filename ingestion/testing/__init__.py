@@ -8,6 +8,7 @@
 - ``redis_ha``: Redis Sentinel groups (and the scenarios on them);
 - ``recorded``: the recorded real Horizon responses and lake objects;
 - ``wait``: waiting for a condition, and reading children's JSON lines.
+- ``receiver``: the example webhook receiver (verifies with ``standardwebhooks``: the ``receiver`` extra).
 
 Shipped code: nothing here imports pytest at import time.
 """

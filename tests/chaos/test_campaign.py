@@ -1,6 +1,6 @@
 """A short chaos campaign on every change: a real cluster (Redis under Sentinel, PostgreSQL, the
 simulator, a webhook receiver, three nodes, five jobs) under about 60 s of random faults from every
-layer, judged by :mod:`ingestion.chaos` (exactly once and in order per sink, fencing, the audit
+layer, judged by :mod:`chaos` (exactly once and in order per sink, fencing, the audit
 against the log, liveness within B). The seed is fixed, so a failure reproduces
 (``./scripts/chaos --seconds 60 --seed 20261205``); ``CHAOS_SEED`` picks another."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ingestion.chaos import mutants
-from ingestion.chaos.campaign import Campaign, Options, partition
+from chaos import mutants
+from chaos.campaign import Campaign, Options, partition
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ async def test_a_minute_of_faults_from_every_layer_loses_duplicates_and_stalls_n
 @pytest.mark.skipif(partition.available() is not None, reason=f"{partition.available()}")
 async def test_the_campaign_fails_a_build_whose_commit_script_does_not_fence(tmp_path: Path) -> None:
     """The checker checked: the nodes run a copy of the code whose commit script lacks its token
-    and cursor checks (:mod:`ingestion.chaos.mutants`), under partitions that deliver a cut-off
+    and cursor checks (:mod:`chaos.mutants`), under partitions that deliver a cut-off
     leader's commit late. The real script refuses such a commit; the mutant applies it, and the
     campaign must say so: records twice."""
     build = mutants.build("no-fence", tmp_path / "build")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ingestion.chaos.check import (
+from chaos.check import (
     AuditGrant,
     FaultWindow,
     LoggedGrant,

@@ -14,7 +14,7 @@ import trio
 
 from ingestion.testing.cluster import open_cluster
 from ingestion.testing.local_redis import free_port
-from ingestion.webhook.receiver import Receiver, serve_receiver
+from ingestion.testing.receiver import Receiver, serve_receiver
 from tests.support.deploy import DEPLOY, require_tool, unknown_metrics
 
 DASHBOARD = DEPLOY / "grafana" / "ingestion.json"

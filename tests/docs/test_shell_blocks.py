@@ -99,7 +99,7 @@ NOT_RUN: dict[Key, str] = {
 # project's: ./scripts/test passes them to pytest).
 SCRIPT_PARSERS: dict[str, Callable[[], argparse.ArgumentParser] | None] = {
     "scripts/demo": lambda: _parser("demo"),
-    "scripts/chaos": lambda: import_module("ingestion.chaos.__main__").parser(),
+    "scripts/chaos": lambda: import_module("chaos.__main__").parser(),
     "scripts/test": None,
     "scripts/setup": None,
 }
@@ -191,7 +191,7 @@ def _script_problems(call: Invocation) -> list[str]:
         except (SystemExit, UsageError):  # argparse's own parser exits, the project's raise
             return [*problems, f"{call.target} does not take {' '.join(call.args)}"]
         if relative == "scripts/chaos" and args.kinds:
-            from ingestion.chaos.campaign import BY_NAME
+            from chaos.faults import BY_NAME
 
             problems += [f"chaos has no fault kind {k}" for k in args.kinds.split(",") if k not in BY_NAME]
     return problems
@@ -507,7 +507,7 @@ def test_webhooks_receiver_keeps_its_fence(tmp_path: Path) -> None:
     on a new file its fence is 0, as the warning says."""
     (line,) = _block(("docs/WEBHOOKS.md", "WEBHOOK_SECRET=")).command_lines()
     (call,) = line.invocations()
-    assert call.kind == "module" and call.target == "ingestion.webhook.receiver"
+    assert call.kind == "module" and call.target == "ingestion.testing.receiver"
     program = call.words.index("python")
     env = dict(word.split("=", 1) for word in call.words[:program])
     runner = Runner("redis://127.0.0.1:6379/0", tmp_path, env=env)

@@ -31,6 +31,7 @@ from actors.lease_store import job_keys, parse_lease_value
 from ingestion.testing.cluster import Cluster, figure, open_cluster
 from ingestion.testing.http_fault_proxy import HttpFaultProxy
 from ingestion.testing.tcp_proxy import TcpProxy
+from ingestion.testing.wait import wait_until
 from ingestion.verify import verify_job
 
 pytestmark = pytest.mark.slow
@@ -59,18 +60,17 @@ def events(c: Cluster, job: str) -> int:
         return 0
 
 
-async def wait_until(predicate, within: float, what: str) -> float:  # type: ignore[no-untyped-def]
+async def seconds_until(predicate: Callable[[], object], within: float, what: str) -> float:
+    """Seconds until ``predicate`` held: the kit's wait_until, timed (the caller adds the log tail
+    to its AssertionError)."""
     start = trio.current_time()
-    with trio.move_on_after(within):
-        while not predicate():  # noqa: ASYNC110 (polls Redis: nothing to wait on)
-            await trio.sleep(0.02)
-        return trio.current_time() - start
-    raise AssertionError(f"not within {within}s: {what}")  # the caller adds the log tail
+    await wait_until(predicate, within, what=what)
+    return trio.current_time() - start
 
 
 async def both_grow(c: Cluster, jobs: list[str], more: int = 30, within: float = 15) -> None:
     before = {job: events(c, job) for job in jobs}
-    await wait_until(lambda: all(events(c, j) >= before[j] + more for j in jobs), within,
+    await seconds_until(lambda: all(events(c, j) >= before[j] + more for j in jobs), within,
                      f"both streams grow by {more}")  # fmt: skip
 
 
@@ -82,7 +82,7 @@ async def verify(c: Cluster, jobs: dict[str, str]) -> None:
 
 
 async def one_each(c: Cluster, jobs: list[str]) -> dict[str, str | None]:
-    await wait_until(lambda: {holder(c, j) for j in jobs} == {"n1", "n2"}, 30, "one job each")
+    await seconds_until(lambda: {holder(c, j) for j in jobs} == {"n1", "n2"}, 30, "one job each")
     return {j: holder(c, j) for j in jobs}
 
 
@@ -118,7 +118,7 @@ async def test_a_node_cut_off_from_horizon_hands_its_job_to_a_node_at_its_share(
 
         cut_at = trio.current_time()
         proxy.set_mode("blackhole")
-        led = await wait_until(lambda: holder(c, cut_job) == "n2", BOUND + 10, "n2 leads the cut job")
+        led = await seconds_until(lambda: holder(c, cut_job) == "n2", BOUND + 10, "n2 leads the cut job")
         taken = c.log.of("became-leader", "n2", since=cut_at, job=cut_job)
         figure("liveness-source-cut", led_ms=led * 1000, bound_ms=BOUND * 1000,
                takeover_ms=taken[-1].fields["takeover_ms"] if taken else None)  # fmt: skip
@@ -140,12 +140,12 @@ async def test_a_job_only_one_node_hosts_is_led_although_that_node_is_at_its_sha
         # n2 first: it leads the shared job; then n1 (hosting the shared job only) joins, and the
         # share over the live nodes is 1 for n2, which leads one job already.
         await c.start_node("n2", env=ENV, extra=["--job", f"{second}=/payments"])
-        await wait_until(lambda: holder(c, job) is not None and holder(c, second) is not None, 20,
+        await seconds_until(lambda: holder(c, job) is not None and holder(c, second) is not None, 20,
                          "n2 leads both")  # fmt: skip
         await c.start_node("n1", env=ENV)
         started = trio.current_time()
         try:
-            await wait_until(lambda: holder(c, job) == "n1" and holder(c, second) == "n2",
+            await seconds_until(lambda: holder(c, job) == "n1" and holder(c, second) == "n2",
                              10 * TTL, "the shared job on n1, n2's own job on n2")  # fmt: skip
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{c.log.tail(40)}") from None
@@ -165,7 +165,7 @@ async def test_a_leader_whose_horizon_answers_root_but_fails_the_job_hands_over(
 
         cut_at = trio.current_time()
         proxy.set_mode("root-only")
-        led = await wait_until(lambda: holder(c, cut_job) == "n2", BOUND + 10, "n2 leads the job")
+        led = await seconds_until(lambda: holder(c, cut_job) == "n2", BOUND + 10, "n2 leads the job")
         lost = c.log.of("lost-leadership", "n1", since=cut_at, reason="source-unavailable")
         figure("liveness-root-only", led_ms=led * 1000, bound_ms=BOUND * 1000,
                failed_requests=proxy.failed)  # fmt: skip
@@ -185,7 +185,7 @@ async def test_a_leader_whose_horizon_answers_pages_but_blocks_streams_hands_ove
         cut_at = trio.current_time()
         proxy.set_mode("no-stream")
         try:
-            led = await wait_until(lambda: holder(c, cut_job) == "n2", BOUND + 10, "n2 leads the job")
+            led = await seconds_until(lambda: holder(c, cut_job) == "n2", BOUND + 10, "n2 leads the job")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{c.log.tail(40)}") from None
         lost = c.log.of("lost-leadership", "n1", since=cut_at, reason="source-unavailable")
@@ -205,7 +205,7 @@ async def test_a_leader_whose_horizon_answers_pages_but_blocks_streams_hands_ove
         healed_at = trio.current_time()
         proxy.set_mode("forward")
         await both_grow(c, list(jobs))
-        await wait_until(lambda: {holder(c, j) for j in jobs} == {"n1", "n2"}, BOUND + 10,
+        await seconds_until(lambda: {holder(c, j) for j in jobs} == {"n1", "n2"}, BOUND + 10,
                          "one job each again once healed")  # fmt: skip
         figure("liveness-stream-healed", rebalanced_ms=(trio.current_time() - healed_at) * 1000)
         await both_grow(c, list(jobs))

@@ -21,6 +21,7 @@ from stellar_sdk.soroban_rpc import (
     GetNetworkResponse,
 )
 
+from ingestion.cli.simulate import config_from_args
 from ingestion.rpc.protocol import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -36,7 +37,6 @@ from ingestion.rpc.protocol import (
 )
 from ingestion.simulator import RpcFailureKind, RpcFaults, Simulator, SimulatorConfig, open_simulator
 from ingestion.simulator.chain import Chain
-from ingestion.simulator.cli import config_from_args
 from ingestion.simulator.records import NETWORK_PASSPHRASE, PROTOCOL_VERSION, ChainSpec, ledger_hash_of
 from ingestion.simulator.rpc import go_duration
 from ingestion.simulator.rpc_events import EventLog, ledger_events, scval_b64, stroops_of

@@ -11,13 +11,13 @@ import httpx
 import pytest
 import trio
 
+from ingestion.cli.simulate import config_from_args
 from ingestion.lake.events import batch_events, decompress, object_events, read_batch
 from ingestion.lake.events import ledger_events as lake_ledger_events
 from ingestion.lake.keys import LakeSchema
 from ingestion.lake.store import LocalLake
 from ingestion.simulator import SimulatorConfig, open_simulator
 from ingestion.simulator.chain import Chain
-from ingestion.simulator.cli import config_from_args
 from ingestion.simulator.lake import SCHEMA, LakeWriter, ledger_close_meta, object_bytes
 from ingestion.simulator.records import ChainSpec
 from ingestion.simulator.rpc_events import SYSTEM_EVERY

@@ -102,7 +102,7 @@ REPO = Path(__file__).resolve().parents[2]
 async def simulator_process(*flags: str) -> AsyncIterator[tuple[trio.Process, dict[str, Any]]]:
     """``python -m ingestion simulate FLAGS`` as a child process: yields it and the JSON line it
     announced once listening; killed on the way out if still running."""
-    code = "import sys; from ingestion.simulator.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from ingestion.cli.simulate import main; sys.exit(main(sys.argv[1:]))"
     proc = await trio.lowlevel.open_process(
         [sys.executable, "-c", code, *flags],
         stdout=subprocess.PIPE,

@@ -12,10 +12,10 @@ import trio
 from actors.lease_store import LeaseStore, job_keys
 from actors.source import SyntheticSource
 from actors.supervisor import NodeHandle
+from ingestion.testing.receiver import Receiver, serve_receiver
 from ingestion.testing.wait import wait_until
 from ingestion.webhook.build import holder_group
 from ingestion.webhook.core import RetrySchedule, parse_secrets
-from ingestion.webhook.receiver import Receiver, serve_receiver
 from ingestion.webhook.records import StreamRecords
 from ingestion.webhook.source import WebhookSource
 from tests.support.nodes import OpenStore, Recorder, start_node

@@ -162,7 +162,7 @@ def test_webhook_settings_problems_are_one_line_each(tmp_path: Path) -> None:
 
 
 def test_the_example_receiver_refuses_a_lower_fencing_token_and_takes_a_retry_once() -> None:
-    from ingestion.webhook.receiver import Receiver
+    from ingestion.testing.receiver import Receiver
 
     receiver = Receiver(SECRET)
 
@@ -189,7 +189,7 @@ def test_a_webhook_jobs_keys_secret_and_url_credentials_stay_out_of_its_repr() -
     import structlog
 
     from actors.lease_store import LeaseStore
-    from ingestion.webhook.receiver import Receiver
+    from ingestion.testing.receiver import Receiver
     from ingestion.webhook.records import StreamRecords
     from ingestion.webhook.source import WebhookSource
 

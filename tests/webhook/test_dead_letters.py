@@ -22,11 +22,11 @@ from actors.lease_store import LeaseStore, job_keys
 from actors.source import Record, SyntheticSource
 from ingestion.testing.cluster import open_cluster
 from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.receiver import Fault, Receiver, serve_receiver
 from ingestion.testing.tcp_proxy import TcpProxy
 from ingestion.testing.wait import wait_until
 from ingestion.webhook.build import holder_group
 from ingestion.webhook.core import parse_secrets
-from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
 from ingestion.webhook.records import Stored, StreamRecords
 from ingestion.webhook.source import Unit, WebhookSource, _commit_batch
 from tests.support.nodes import OpenStore, Recorder, start_node

@@ -10,9 +10,9 @@ import trio
 from actors.lease_store import LeaseStore, RedisUnavailable, ReleaseNotices, connect, stream_waits
 from actors.source import SyntheticSource
 from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.receiver import Receiver, serve_receiver
 from ingestion.testing.wait import wait_until
 from ingestion.webhook.build import holder_group
-from ingestion.webhook.receiver import Receiver, serve_receiver
 from ingestion.webhook.records import Stored, StreamRecords
 from tests.support.nodes import OpenStore, Recorder, start_node
 from tests.support.webhooks import SECRET, commit_source_records, webhook

@@ -16,8 +16,8 @@ import trio
 
 from actors.lease_store import job_keys
 from ingestion.testing.cluster import Cluster, figure, open_cluster
+from ingestion.testing.receiver import Fault, Receiver, serve_receiver
 from ingestion.testing.wait import wait_until
-from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
 from tests.support.webhooks import SECRET, hook_leader
 
 pytestmark = pytest.mark.slow

@@ -18,10 +18,10 @@ from ingestion.config import ConfigError
 from ingestion.config.layers import load
 from ingestion.testing.cluster import figure
 from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.receiver import Fault, Receiver, serve_receiver
 from ingestion.testing.wait import wait_until
 from ingestion.webhook.build import build_webhook_source
 from ingestion.webhook.core import DEFAULT_SCHEDULE, PROBE_MAX, RetryPacing, RetrySchedule
-from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
 from tests.support.nodes import OpenStore, Recorder, start_node
 from tests.support.webhooks import SECRET, commit_source_records, webhook
 

@@ -16,9 +16,9 @@ import trio
 
 from actors.lease_store import job_keys
 from ingestion.testing.cluster import ClockFake, Cluster, faketime_available, figure, open_cluster
+from ingestion.testing.receiver import Fault, Receiver, serve_receiver
 from ingestion.testing.wait import wait_until
 from ingestion.webhook import admin
-from ingestion.webhook.receiver import Fault, Receiver, serve_receiver
 from tests.support.webhooks import hook_leader as leader_of
 
 pytestmark = pytest.mark.slow

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import trio
 
+from ingestion.testing.receiver import MAX_BODY, Receiver, serve_receiver
 from ingestion.webhook.core import message_id, parse_secrets, sign
-from ingestion.webhook.receiver import MAX_BODY, Receiver, serve_receiver
 from tests.support.deliveries import SECRET, delivery
 from tests.support.doc_shell import ROOT
 
@@ -79,7 +79,7 @@ RACER = """
 import json, sys, time
 from pathlib import Path
 from tests.support.deliveries import delivery
-from ingestion.webhook.receiver import Receiver
+from ingestion.testing.receiver import Receiver
 path, parity, count, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
 receiver = Receiver("{secret}", path)
 Path(go.parent / f"ready-{{parity}}").touch()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 COMMIT = "actors/lease_store/lua/commit.lua"
 MUTANTS: dict[str, list[tuple[str, str, str]]] = {

@@ -1,4 +1,4 @@
-"""``python -m ingestion.chaos --seconds N --seed S``: run a chaos campaign and judge it.
+"""``python -m chaos --seconds N --seed S``: run a chaos campaign and judge it.
 
 Prints every fault and the verdict; ``--json PATH`` writes the summary too. Exit status 0 when
 every check passed, 1 when one failed (the seed and the first violations are printed), 2 for a
@@ -15,14 +15,16 @@ from pathlib import Path
 
 import trio
 
-from ingestion.chaos import mutants
-from ingestion.chaos.campaign import BY_NAME, Campaign, Options, write_json
-from ingestion.chaos.mutants import MUTANTS
+from chaos import mutants
+from chaos.campaign import Campaign, Options
+from chaos.faults import BY_NAME
+from chaos.mutants import MUTANTS
+from chaos.report import write_json
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m ingestion.chaos", allow_abbrev=False,
+        prog="python -m chaos", allow_abbrev=False,
         description="A real cluster on loopback (Redis under Sentinel, PostgreSQL, the simulator, a "
         "webhook receiver, three nodes, five jobs) under random faults from every layer; then "
         "every sink is checked exactly once and in order, the fencing and the election audited, "

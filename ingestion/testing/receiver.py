@@ -275,7 +275,7 @@ async def serve_receiver(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ingestion.webhook.receiver --port N [--db FILE]``: serve the example receiver
+    """``python -m ingestion.testing.receiver --port N [--db FILE]``: serve the example receiver
     (its secret from ``WEBHOOK_SECRET``, its records and fence in FILE) until interrupted; prints
     ``{"event": "receiver-listening", "port", "db", "fence"}`` once it listens, and answers
     ``GET /_receiver/stats``."""
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     import signal
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m ingestion.webhook.receiver", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m ingestion.testing.receiver", description=main.__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--answer-delay-ms", type=float, default=0.0)
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     secret = os.environ.get("WEBHOOK_SECRET", "")
     if not secret:
-        print("python -m ingestion.webhook.receiver: set WEBHOOK_SECRET (whsec_...)", file=sys.stderr)
+        print("python -m ingestion.testing.receiver: set WEBHOOK_SECRET (whsec_...)", file=sys.stderr)
         return 2
     receiver = Receiver(secret, ns.db, max_body=ns.max_body_bytes, answer_delay=ns.answer_delay_ms / 1000)
 
