@@ -52,6 +52,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "webhook": ("ingestion.webhook",),
     # its rules (signatures, retry schedule, ...), pure: what config checks settings against
     "webhook-rules": ("ingestion.webhook.core",),
+    # the events API: stellar-rpc's JSON-RPC over the store a fenced projector keeps in PostgreSQL
+    # (its pure core: store, query, core; its shells: projector, reader, server)
+    "api": ("ingestion.api",),
     # the node: its composition (sources, stores, sinks built from the settings) and its processes
     "node": ("ingestion.node",),
     # what a running node serves: metrics and status
@@ -85,17 +88,18 @@ ALLOWED: dict[str, set[str]] = {
     "postgres": {"runtime", "shared", "config", "postgres"},
     "backfill": {"runtime", "rpc-wire", "lake-wire", "config", "postgres", "backfill"},
     "actions": {"runtime"},
+    "api": {"runtime", "shared", "rpc-wire", "events", "config", "postgres", "api"},
     "node": {
         "runtime", *SOURCES, "config", "postgres", "serve", "webhook", "webhook-rules", "events", "backfill",
-        "node",
+        "api", "node",
     },
     # (the console shows webhook jobs' endpoints and asks their leaders, through webhook.admin)
     "serve": {"runtime", "shared", "entry", "webhook", "serve"},
     "verify": {"runtime", *SOURCES, "postgres", "events", "verify"},
-    "testing": {"runtime", "shared", "lake-wire", "verify", "testing"},
+    "testing": {"runtime", "shared", "rpc-wire", "lake-wire", "verify", "testing"},
     "cli": {
         "runtime", *SOURCES, "config", "postgres", "node", "serve", "verify", "simulator", "webhook",
-        "webhook-rules", "events", "backfill", "entry", "cli",
+        "webhook-rules", "events", "backfill", "api", "entry", "cli",
     },
     "demo": {"runtime", *SOURCES, "config", "postgres", "verify", "testing", "entry", "cli", "demo"},
     "entry": {"node", "cli", "entry"},
