@@ -13,7 +13,11 @@ every job is led after each step; and finally checks every job's events stream a
 simulator's own records (:mod:`ingestion.verify`). When a PostgreSQL server is installed (Debian's
 ``postgresql``), a throwaway one is started as well (``ingestion/testing/local_postgres.py``) and one more
 job writes there (``[jobs.NAME] sink``) through the same failovers; its rows are verified against
-the simulator and judged by their fence history. Without it, one line says so. Exit status: 0
+the simulator and judged by their fence history; the contract-events job writes there too, and
+the nodes serve it with the events API (:mod:`ingestion.cli.demo_api`: the simulated RPC keeps only
+its newest ``RPC_WINDOW`` ledgers, and the API answers from the job's first ledger where the RPC
+refuses). Without it, one line says so. The operator console's address is printed once the nodes
+are up (each node serves it on a port of its own). Exit status: 0
 when the stream verified, 1 when it did not or the demo could not run, 2 for a bad flag. Every
 child is stopped on the way out, Ctrl-C included.
 """
@@ -29,11 +33,13 @@ import tempfile
 from typing import TextIO
 
 import attrs
+import httpx
 import psycopg
 import redis
 import trio
 
 from actors.lease_store import connect, job_keys
+from ingestion.cli import demo_api
 from ingestion.testing.cluster import Child, EventLog, spawn
 from ingestion.testing.launch import (
     LISTENING,
@@ -45,7 +51,7 @@ from ingestion.testing.launch import (
     terminate,
 )
 from ingestion.testing.local_postgres import LocalPostgres, server_bin
-from ingestion.testing.local_redis import LocalRedis, RedisServerMissing
+from ingestion.testing.local_redis import LocalRedis, RedisServerMissing, free_port
 from ingestion.verify import (
     Verification,
     check_stream,
@@ -84,6 +90,7 @@ COLORS = ("\033[36m", "\033[33m", "\033[35m", "\033[32m", "\033[34m", "\033[91m"
 BOLD, RESET = "\033[1m", "\033[0m"
 PROGRESS_EVERY = 2.0  # seconds
 STEP_TIMEOUT = 30.0  # seconds: the most any one step of the demo may take
+RPC_WINDOW = 50  # ledgers the simulated RPC keeps (10 s of them; stellar-rpc keeps 7 days)
 # The demo's jobs: (name suffix, Horizon collection); the first is "the" job whose leader is hit.
 JOBS = (("", "/operations"), ("-payments", "/payments"), ("-effects", "/effects"),
         ("-transactions", "/transactions"), ("-ledgers", "/ledgers"), ("-trades", "/operations"))  # fmt: skip
@@ -108,6 +115,8 @@ class Demo:
     rpc: str = ""
     config_dir: str = ""
     postgres: LocalPostgres | None = None  # a job on PostgreSQL too, when it is installed
+    lake: str = ""  # the simulator's data lake (file://...): every ledger, for verifying past the RPC
+    ports: dict[str, tuple[int, int]] = attrs.Factory(dict)  # node -> (console/metrics, events API)
     log: EventLog = attrs.Factory(EventLog)
     procs: dict[str, Child] = attrs.Factory(dict)
     every: list[trio.Process] = attrs.Factory(list)
@@ -141,10 +150,12 @@ class Demo:
 
     # -- processes ------------------------------------------------------------------------------
 
-    async def _spawn(self, nursery: trio.Nursery, name: str, args: list[str]) -> Child:
+    async def _spawn(
+        self, nursery: trio.Nursery, name: str, args: list[str], env: dict[str, str] | None = None
+    ) -> Child:
         """The child ``name``: its JSON lines are shown as they come (a traceback or a warning is
         not part of the show)."""
-        child = await spawn(nursery, name, args, self.log)
+        child = await spawn(nursery, name, args, self.log, env)
         self.procs[name] = child
         self.every.append(child.process)
         return child
@@ -171,6 +182,14 @@ class Demo:
     def pg_job_name(self) -> str:
         return f"{self.job}-postgres"
 
+    @property
+    def api(self) -> bool:
+        """The nodes serve the events API over the RPC job (its sink then is PostgreSQL)."""
+        return self.rpc_job and self.postgres is not None
+
+    def _pg_jobs(self) -> list[str]:
+        return ([self.rpc_job_name] if self.api else []) + ([self.pg_job_name] if self.postgres else [])
+
     def _other_jobs(self) -> list[str]:
         return ([self.rpc_job_name] if self.rpc_job else []) + ([self.pg_job_name] if self.postgres else [])
 
@@ -186,11 +205,15 @@ class Demo:
                     f'[jobs.{self.rpc_job_name}]\nkind = "rpc"\nrpc = ["{self.rpc}"]\n'
                     'start_cursor = "0"\n'
                 )
+                if self.api and self.postgres is not None:  # its rows in PostgreSQL, served by the API
+                    f.write(f'sink = "{self.postgres.url}"\n')
             if self.postgres:
                 f.write(
                     f'[jobs.{self.pg_job_name}]\nkind = "horizon"\nresource = "/payments"\n'
                     f'start_cursor = "0"\nsink = "{self.postgres.url}"\n'
                 )
+            if self.api:
+                f.write(f'[api]\njob = "{self.rpc_job_name}"\n')
         return ["--config", path, *(a for job in self._other_jobs() for a in ("--job", job))]
 
     def node_args(self, name: str) -> list[str]:
@@ -200,12 +223,14 @@ class Demo:
             redis_url=self.redis.url,
             horizon=self.horizon,
             ttl_ms=self.ttl_ms,
-            extra=self.write_config(),
+            extra=[*self.write_config(), "--metrics-port", str(self.ports[name][0])],
         )
 
     async def start_node(self, nursery: trio.Nursery, name: str) -> None:
         since = trio.current_time()
-        await self._spawn(nursery, name, self.node_args(name))
+        self.ports.setdefault(name, (free_port(), free_port()))
+        env = {"INGESTION_API_PORT": str(self.ports[name][1])} if self.api else {}
+        await self._spawn(nursery, name, self.node_args(name), env)
         with trio.fail_after(STEP_TIMEOUT):
             while not any(joined(ln, name, since) for ln in self.log.lines):
                 await self.log.changed()
@@ -249,10 +274,11 @@ class Demo:
             from ingestion.postgres.connection import connect as pg_connect
 
             with pg_connect(self.postgres.url, 1.0) as conn:
-                row = conn.execute(
-                    "SELECT count(*) FROM ingestion.events WHERE job = %s", (self.pg_job_name,)
-                ).fetchone()
-            out[self.pg_job_name] = (out[self.pg_job_name][0], int(row[0]) if row else 0)
+                for job in self._pg_jobs():
+                    row = conn.execute(
+                        "SELECT count(*) FROM ingestion.events WHERE job = %s", (job,)
+                    ).fetchone()
+                    out[job] = (out[job][0], int(row[0]) if row else 0)
         return out
 
     async def show_placement(self, what: str = "placement") -> None:
@@ -285,6 +311,7 @@ class Demo:
     async def run(self) -> bool:
         with tempfile.TemporaryDirectory(prefix="ingestion-demo-") as config_dir:
             self.config_dir = config_dir
+            self.lake = "file://" + os.path.join(config_dir, "lake")
             return await self._run()
 
     async def _run(self) -> bool:
@@ -312,21 +339,29 @@ class Demo:
 
     async def _show_failovers(self, nursery: trio.Nursery) -> bool:
         since = trio.current_time()
+        rpc_flags = ["--rpc-retention-ledgers", str(RPC_WINDOW), "--lake-dir", self.lake[len("file://"):]]
         await self._spawn(
             nursery,
             "horizon",
-            simulator_command(ledger_interval=0.2, ops_per_ledger=10, history_ledgers=20, rpc=self.rpc_job),
-        )
+            simulator_command(
+                ledger_interval=0.2, ops_per_ledger=10, history_ledgers=20, rpc=self.rpc_job,
+                extra=rpc_flags if self.rpc_job else (),
+            ),
+        )  # fmt: skip
         listening = await self.wait_for(LISTENING, since=since, node="horizon")
         self.horizon = str(listening.fields["url"])
         self.say("demo", "horizon-simulator", f"{self.horizon} (a ledger every 0.2 s)")
         if self.rpc_job:
             self.rpc = str(listening.fields["rpc_url"])
-            self.say("demo", "rpc-simulator", f"{self.rpc} (Stellar RPC: {self.rpc_job_name})")
+            self.say("demo", "rpc-simulator", f"{self.rpc} (Stellar RPC: {self.rpc_job_name}; it keeps "
+                     f"the newest {RPC_WINDOW} ledgers, its data lake every one)")  # fmt: skip
 
         names = [f"node-{i}" for i in range(1, self.nodes + 1)]
         for name in names:
             await self.start_node(nursery, name)
+        console = f"http://127.0.0.1:{self.ports[names[0]][0]}/"
+        self.say("demo", "console", f"{console} (any node's console shows the whole cluster; "
+                 "open it now, it updates live)", bold=True)  # fmt: skip
         nursery.start_soon(self.progress)
         phase = self.duration / 4
 
@@ -387,6 +422,7 @@ class Demo:
         await trio.sleep(phase)
         if self.jobs > 1 or self.rpc_job:
             await self.show_placement("after-the-handoff")
+        api_ok = await self._show_api() if self.api else True
         self.say("demo", "stopping", "SIGTERM to every node")
         await self._stop_nodes()
         ok = True
@@ -395,7 +431,13 @@ class Demo:
             ok = ok and result.ok
             self.say("demo", "verify", (f"{job}: " if self.jobs > 1 else "") + result.summary(), bold=True)
         if self.rpc_job:
-            result = await verify_rpc_job(self.redis.url, self.rpc_job_name, self.rpc)
+            if self.api and self.postgres is not None:
+                result = await demo_api.verify_rows(self.postgres.url, self.rpc_job_name, self.rpc, self.lake)
+            else:
+                start = await demo_api.first_entry_ledger(self.redis.url, self.rpc_job_name)
+                result = await verify_rpc_job(
+                    self.redis.url, self.rpc_job_name, self.rpc, start_ledger=start, lake=self.lake
+                )
             ok = ok and result.ok
             self.say("demo", "verify", f"{self.rpc_job_name}: {result.summary()}", bold=True)
         if self.postgres is not None:
@@ -414,7 +456,28 @@ class Demo:
                 else ""
             ),
         )
-        return ok
+        return ok and api_ok
+
+    async def _show_api(self) -> bool:
+        """The events API of a node still running against the RPC, from the first ledger the job
+        holds (the RPC's oldest when the job began: past its window by now)."""
+        assert self.postgres is not None
+        start = await demo_api.first_row_ledger(self.postgres.url, self.rpc_job_name)
+        if start is None:
+            self.say("demo", "events-api", f"{self.rpc_job_name} holds no events", bold=True)
+            return False
+        live = [name for name, child in self.procs.items() if name in self.ports and child.alive]
+        api = f"http://127.0.0.1:{self.ports[live[0]][1]}/"
+        self.say("demo", "events-api", f"{api} on {live[0]} (stellar-rpc's JSON-RPC, every node "
+                 f"serves it): {self.rpc_job_name}'s events from PostgreSQL")  # fmt: skip
+        try:
+            compared = await demo_api.compare(self.rpc, api, start)
+        except (OSError, ValueError, KeyError, RuntimeError, httpx.HTTPError) as exc:
+            self.say("demo", "events-api", f"failed: {exc}", bold=True)
+            return False
+        for line in compared.lines():
+            self.say("demo", "events-api", line, bold=True)
+        return compared.api_events > 0 and compared.api_held[0] <= start
 
     async def _verify_postgres(self) -> Verification:
         """The PostgreSQL job's rows against the simulator, judged by the fence history."""

@@ -95,6 +95,13 @@ def parser() -> argparse.ArgumentParser:
         "0 picks a free port; absent: none",
     )
     p.add_argument(
+        "--rpc-retention-ledgers",
+        type=int,
+        default=defaults.rpc_retention_ledgers,
+        help="the RPC serves only the newest N ledgers (stellar-rpc's retention window, 7 days "
+        "by default), whatever Horizon keeps; 0: every ledger the chain holds",
+    )
+    p.add_argument(
         "--rpc-max-healthy-latency",
         type=_non_negative_float,
         default=defaults.rpc_max_healthy_latency,
@@ -135,6 +142,7 @@ def config_from_args(argv: list[str]) -> SimulatorConfig:
         sse_update_frequency=args.sse_update_frequency,
         rpc_port=args.rpc_port,
         rpc_max_healthy_latency=args.rpc_max_healthy_latency,
+        rpc_retention_ledgers=args.rpc_retention_ledgers,
         lake_dir=args.lake_dir,
     )
 

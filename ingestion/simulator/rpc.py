@@ -217,7 +217,10 @@ class RpcApp:
     def ledger_range(self) -> tuple[int, int]:
         """``(oldest, latest)`` as this node reports them (the faults' lag and reset applied)."""
         chain = self.sim.chain
-        return self.sim.rpc_faults.ledger_range(chain.first, chain.latest)
+        first, window = chain.first, self.sim.config.rpc_retention_ledgers
+        if window:
+            first = max(first, chain.latest - window + 1)
+        return self.sim.rpc_faults.ledger_range(first, chain.latest)
 
     def _get_events(self, request_id: Any, params: Any) -> bytes:
         try:
@@ -263,7 +266,8 @@ class RpcApp:
             "latestLedgerCloseTime": latest_closed,
             "oldestLedger": oldest,
             "oldestLedgerCloseTime": chain.closed_at(oldest),
-            "ledgerRetentionWindow": chain.retention_ledgers or DEFAULT_RETENTION_WINDOW,
+            "ledgerRetentionWindow": self.sim.config.rpc_retention_ledgers or chain.retention_ledgers
+            or DEFAULT_RETENTION_WINDOW,
         }
 
     def _get_latest_ledger(self) -> dict[str, Any]:

@@ -59,6 +59,10 @@ class SimulatorConfig:
             ``--sse-update-frequency`` (Horizon: 5); 0: woken at once when a ledger closes.
         rpc_port: where the Stellar RPC server listens (on ``host``); 0 picks a free port;
             None: no RPC server. ``response_delay_ms`` delays its answers too.
+        rpc_retention_ledgers: the RPC serves only the newest N ledgers (stellar-rpc's
+            ``HISTORY_RETENTION_WINDOW``, 7 days by default), whatever Horizon keeps; older ones
+            are outside its range (``startLedger must be within the ledger range``). 0: what the
+            chain holds.
         rpc_max_healthy_latency: ``getHealth`` fails once the latest ledger closed longer ago
             than this many seconds (stellar-rpc's default: 30); 0: always healthy.
         lake_dir: also write the chain into a data lake in this directory (SEP-54, see
@@ -82,6 +86,7 @@ class SimulatorConfig:
     sse_update_frequency: float = 0.0
     rpc_port: int | None = None
     rpc_max_healthy_latency: float = 30.0
+    rpc_retention_ledgers: int = 0
     lake_dir: str | None = None
 
     def chain_spec(self) -> ChainSpec:

@@ -321,6 +321,25 @@ async def test_a_start_outside_the_retained_range_is_an_invalid_request_naming_t
     assert (await events(sim, startLedger=oldest))["events"]
 
 
+
+async def test_an_rpc_window_narrower_than_horizons_history_is_the_rpcs_range_alone() -> None:
+    # stellar-rpc keeps 7 days whatever Horizon keeps: --rpc-retention-ledgers narrows the RPC only
+    config = attrs.evolve(
+        CONFIG, history_ledgers=30, retention_ledgers=0, rpc_retention_ledgers=10, rpc_max_healthy_latency=0
+    )
+    async with open_simulator(config) as sim:
+        first, latest = sim.chain.first, sim.chain.latest
+        assert latest - first + 1 == 30  # Horizon (and the chain) keep every ledger
+        health = (await call(sim, "getHealth"))["result"]
+        assert (health["oldestLedger"], health["latestLedger"]) == (latest - 9, latest)
+        assert health["ledgerRetentionWindow"] == 10
+        expected = (INVALID_REQUEST, RANGE_MESSAGE.format(oldest=latest - 9, latest=latest))
+        assert await error(sim, "getEvents", {"startLedger": first}) == expected
+        assert {e["ledger"] for e in (await events(sim, startLedger=latest - 9))["events"]} <= set(
+            range(latest - 9, latest + 1)
+        )
+    assert config_from_args(["--rpc-retention-ledgers", "10"]).rpc_retention_ledgers == 10
+
 # -- getEvents: filters ---------------------------------------------------------------------------
 
 
