@@ -54,10 +54,10 @@ from typing import Any
 
 import attrs
 import psycopg
+from ingestion.simulator.strkey import encode_contract
 
 from ingestion.postgres.connection import connect, ensure_schema
 from ingestion.rpc.protocol import Cursor
-from ingestion.simulator.strkey import encode_contract
 from ingestion.testing.local_postgres import LocalPostgres
 
 FORMAT = 1  # bump when the generated content changes: a cached store of another format is rebuilt
