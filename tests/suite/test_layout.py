@@ -56,6 +56,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "serve": ("ingestion.serve",),
     # checking a job's stream against its source (the library behind ``verify``)
     "verify": ("ingestion.verify",),
+    # a job's store against the data lake read again (the library behind ``audit``): the lake
+    # source's reading and decoding, the events' rules, the stores' rows
+    "audit": ("ingestion.audit",),
     # the testing kit: local servers, the cluster harness, fault proxies (tests, benchmarks, demo)
     "testing": ("ingestion.testing",),
     # the chaos campaign: a cluster from the testing kit under random faults, and its judge
@@ -92,11 +95,14 @@ ALLOWED: dict[str, set[str]] = {
     # (the console shows webhook jobs' endpoints and asks their leaders, through webhook.admin)
     "serve": {"runtime", "shared", "entry", "webhook", "serve"},
     "verify": {"runtime", *SOURCES, "postgres", "events", "verify"},
+    "audit": {
+        "runtime", "shared", "lake", "lake-wire", "rpc-wire", "postgres", "events", "backfill", "audit",
+    },
     "testing": {"runtime", "lake-wire", "verify", "testing"},
     "chaos": {"runtime", "verify", "testing", "webhook", "chaos"},
     "cli": {
         "runtime", *SOURCES, "config", "postgres", "node", "serve", "verify", "simulator", "webhook",
-        "webhook-rules", "events", "backfill", "entry", "cli",
+        "webhook-rules", "events", "backfill", "audit", "entry", "cli",
     },
     "demo": {"runtime", *SOURCES, "config", "postgres", "verify", "testing", "entry", "cli", "demo"},
     "entry": {"node", "cli", "entry"},
