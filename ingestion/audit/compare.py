@@ -134,6 +134,7 @@ class Report:
     stored: int
     findings: tuple[Finding, ...]
     jobs: tuple[str, ...] = ()  # the store's jobs read: the job's and its backfill ranges'
+    source: str = "the lake"  # where the expectation came from
 
     @property
     def equal(self) -> bool:
@@ -145,7 +146,7 @@ class Report:
     def summary(self) -> str:
         head = (
             f"job {self.job}, ledgers {self.first}..{self.last}: {self.expected} records expected "
-            f"from the lake, {self.stored} rows in the store ({len(self.jobs)} jobs: "
+            f"from {self.source}, {self.stored} rows in the store ({len(self.jobs)} jobs: "
             f"{', '.join(self.jobs) or 'none'})"
         )
         if self.equal:
@@ -156,14 +157,16 @@ class Report:
     def to_json(self) -> dict[str, Any]:
         return {
             "job": self.job, "first_ledger": self.first, "last_ledger": self.last,
-            "expected": self.expected, "stored": self.stored, "jobs": list(self.jobs),
+            "source": self.source, "expected": self.expected, "stored": self.stored, "jobs": list(self.jobs),
             "equal": self.equal, "counts": self.counts(), "findings": [f.to_json() for f in self.findings],
         }  # fmt: skip
 
 
-def merge(job: str, first: int, last: int, tallies: Sequence[Tally], jobs: Sequence[str]) -> Report:
+def merge(
+    job: str, first: int, last: int, tallies: Sequence[Tally], jobs: Sequence[str], source: str = "the lake"
+) -> Report:
     """One report of the windows' tallies (their findings in id order: windows ascend)."""
     return Report(
         job, first, last, sum(t.expected for t in tallies), sum(t.stored for t in tallies),
-        tuple(f for t in tallies for f in t.findings), tuple(jobs),
+        tuple(f for t in tallies for f in t.findings), tuple(jobs), source,
     )  # fmt: skip

@@ -7,7 +7,9 @@ ledgers. In each window, up to ``in_flight`` lake objects are read (each in a wo
 lake source reads them) and turned into the job's expected records on ``processes`` decode worker
 processes (:class:`~ingestion.lake.decoding.Decoders`, the lake source's own: a backfill's ranges
 spread the same work over nodes, the audit over worker processes), while the store's rows of the
-same ledgers are read in a thread beside them; then the window is compared and dropped. Memory is
+same ledgers are read in a thread beside them; then the window is compared and dropped
+(:func:`audit_windows`, which an RPC's expectation goes through as well:
+:mod:`ingestion.audit.from_rpc`). Memory is
 bounded by one window's records (and, for a Redis stream store, the audited ledgers' rows: a stream
 has no index by ledger). Every ledger of the window must be held by an object read: a lake with a
 hole cannot prove anything about those ledgers, and the audit stops saying which (exit 1).
@@ -15,8 +17,9 @@ hole cannot prove anything about those ledgers, and the audit stops saying which
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import trio
@@ -79,38 +82,96 @@ async def audit_lake(
         raise AuditError(f"the lake {lake} cannot be read: {exc}") from exc
     if schema is None:
         raise AuditError(f"the lake {lake} has no manifest (.config.json): not a lake, or not written yet")
+    flight = in_flight or max(2, 2 * processes)
+    async with open_decoders(processes) as decoders:
+        expect = functools.partial(_lake_window, lake, schema, decoders, rules, flight)
+        return await audit_windows(
+            expect, store, job, first, last, watched=watched, window=window, store_errors=store_errors,
+            on_window=on_window,
+        )  # fmt: skip
+
+
+async def audit_windows(
+    expect: Callable[[int, int], Awaitable[list[Expected]]],
+    store: StoreRows,
+    job: str,
+    first: int,
+    last: int,
+    *,
+    watched: WatchList | None = None,
+    window: int = WINDOW,
+    store_errors: tuple[type[Exception], ...] = (),
+    on_window: Callable[[int, int, Tally], None] | None = None,
+    source: str = "the lake",
+) -> Report:
+    """``store``'s rows of ledgers ``first..last`` against what ``expect(first, last)`` (the
+    lake's or an RPC's expectation) says the job keeps before ``watched``, window by window, each
+    window's expectation and rows read side by side.
+
+    Raises:
+        AuditError: the source (raised by ``expect``) or the store cannot be read.
+    """
     try:
         jobs = await trio.to_thread.run_sync(store.find_jobs)
     except store_errors as exc:
         raise AuditError(f"the store cannot be read: {exc}") from exc
-    flight = in_flight or max(2, 2 * processes)
     tallies = []
-    async with open_decoders(processes) as decoders:
-        for a, b in windows(first, last, window):
-            expected, stored = await _window(lake, schema, decoders, rules, store, store_errors, a, b, flight)
-            kept = {i: text for i, text, names in expected if watched is None or watched.matches(names)}
-            tally = await trio.to_thread.run_sync(compare, kept, stored)
-            tallies.append(tally)
-            if on_window is not None:
-                on_window(a, b, tally)
-    return merge(job, first, last, tallies, jobs)
+    for a, b in windows(first, last, window):
+        expected, stored = await _side_by_side(expect, store, store_errors, a, b)
+        kept = {i: text for i, text, names in expected if watched is None or watched.matches(names)}
+        tally = await trio.to_thread.run_sync(compare, kept, stored)
+        tallies.append(tally)
+        if on_window is not None:
+            on_window(a, b, tally)
+    return merge(job, first, last, tallies, jobs, source)
 
 
-async def _window(
-    lake: LocalLake | S3Lake,
-    schema: LakeSchema,
-    decoders: Decoders,
-    rules: Rules,
+async def _side_by_side(
+    expect: Callable[[int, int], Awaitable[list[Expected]]],
     store: StoreRows,
     store_errors: tuple[type[Exception], ...],
     first: int,
     last: int,
-    in_flight: int,
 ) -> tuple[list[Expected], list[StoredRow]]:
-    """The expected records and the stored rows of ledgers ``first..last``."""
+    """The expectation and the store's rows of ledgers ``first..last``, read at once."""
+    expected: list[Expected] = []
+    stored: list[StoredRow] = []
+    problems: list[AuditError] = []
+
+    async def read_store() -> None:
+        try:
+            stored.extend(await trio.to_thread.run_sync(store.rows, first, last, abandon_on_cancel=True))
+        except store_errors as exc:
+            problems.append(AuditError(f"the store cannot be read: {exc}"))
+            nursery.cancel_scope.cancel("the store cannot be read")
+
+    async def read_source() -> None:
+        try:
+            expected.extend(await expect(first, last))
+        except AuditError as exc:
+            problems.append(exc)
+            nursery.cancel_scope.cancel("the source cannot be read")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_store)
+        nursery.start_soon(read_source)
+    if problems:
+        raise problems[0]
+    return expected, stored
+
+
+async def _lake_window(
+    lake: LocalLake | S3Lake,
+    schema: LakeSchema,
+    decoders: Decoders,
+    rules: Rules,
+    in_flight: int,
+    first: int,
+    last: int,
+) -> list[Expected]:
+    """The expected records of ledgers ``first..last``, up to ``in_flight`` objects at a time."""
     expected: list[Expected] = []
     held: list[int] = []
-    stored: list[StoredRow] = []
     problems: list[str] = []
     ahead = trio.Semaphore(in_flight)
 
@@ -129,15 +190,7 @@ async def _window(
         finally:
             ahead.release()
 
-    async def read_store() -> None:
-        try:
-            stored.extend(await trio.to_thread.run_sync(store.rows, first, last, abandon_on_cancel=True))
-        except store_errors as exc:
-            problems.append(f"the store cannot be read: {exc}")
-            nursery.cancel_scope.cancel("the store cannot be read")
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(read_store)
         ledger = schema.file_start(first)
         while ledger <= last:
             await ahead.acquire()
@@ -152,7 +205,7 @@ async def _window(
             f"the lake {lake} lacks ledgers {_spans(lacking)} (no object {', '.join(keys)}): "
             "nothing can be said of their records; restore the objects (re-export them with Galexie)"
         )
-    return expected, stored
+    return expected
 
 
 def _spans(ledgers: Sequence[int]) -> str:

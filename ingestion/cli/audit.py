@@ -13,6 +13,7 @@ Exit 0: equal; 1: not equal (the findings listed), or the lake or the store coul
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -41,6 +42,10 @@ def parser() -> argparse.ArgumentParser:
         "--lake", metavar="URL",
         help="the lake to read (a directory, file://PATH or s3://BUCKET/PREFIX) (default: a lake "
         "job's own lake; an rpc job's rpc.lake)",
+    )  # fmt: skip
+    p.add_argument(
+        "--rpc", metavar="URL",
+        help="recompute from this Stellar RPC instead of the lake (ledgers inside its window only)",
     )  # fmt: skip
     p.add_argument("--config", type=Path, help="TOML file (default: ./config.toml if present)")
     p.add_argument("--redis", metavar="URL", help=setting_help("the nodes' Redis", ("redis", "url")))
@@ -84,9 +89,15 @@ def main(argv: Sequence[str]) -> int:
     processes = ns.processes if ns.processes is not None else len(os.sched_getaffinity(0))
     if processes < 0 or ns.window < 1:
         raise UsageError("audit: --processes must be at least 0 and --window at least 1")
+    if ns.rpc:
+        if ns.lake:
+            raise UsageError("audit: give --lake or --rpc, not both")
+        return _audit(ns, settings, job, None, processes)
     lake_url = ns.lake or (job.lake_url if job.kind == "lake" else settings.rpc.lake)
     if not lake_url:
-        raise UsageError(f"audit: job {job.name} is an rpc job: give --lake URL (or set rpc.lake)")
+        raise UsageError(
+            f"audit: job {job.name} is an rpc job: give --lake URL (or set rpc.lake), or --rpc URL"
+        )
     from ingestion.lake.store import check_lake_url, open_lake
 
     problem = check_lake_url(lake_url)
@@ -102,7 +113,8 @@ def _audit(ns: argparse.Namespace, settings: Any, job: Any, lake: Any, processes
     import trio
 
     from ingestion.audit.expect import Rules
-    from ingestion.audit.runner import AuditError, audit_lake
+    from ingestion.audit.from_rpc import rpc_expectation
+    from ingestion.audit.runner import AuditError, audit_lake, audit_windows
     from ingestion.audit.store import PostgresRows, RedisRows
     from ingestion.events.stage import rule_for
     from ingestion.events.watch import WatchUnavailable
@@ -132,11 +144,19 @@ def _audit(ns: argparse.Namespace, settings: Any, job: Any, lake: Any, processes
     _rule, changes = rule_for(job.kind, job.resource, names=watch is not None)
     rules = Rules(job.rpc_filters(), decode=job.decode and changes, names=watch is not None)
 
+    errors = (psycopg.Error, redis.RedisError, OSError)
+
     async def run() -> Any:
         watched = None if watch is None else await watch.current()
+        if lake is None:
+            expect = functools.partial(rpc_expectation, ns.rpc, rules)
+            return await audit_windows(
+                expect, store, job.name, ns.first, ns.last, watched=watched, window=ns.window,
+                store_errors=errors, source=f"the RPC {redact(ns.rpc)}",
+            )  # fmt: skip
         return await audit_lake(
             lake, rules, store, job.name, ns.first, ns.last, watched=watched, processes=processes,
-            window=ns.window, store_errors=(psycopg.Error, redis.RedisError, OSError),
+            window=ns.window, store_errors=errors,
         )  # fmt: skip
 
     started = time.monotonic()
@@ -155,6 +175,7 @@ def _audit(ns: argparse.Namespace, settings: Any, job: Any, lake: Any, processes
         print(json.dumps(out))
     else:
         print(report.summary())
-        rate = f"{ledgers / seconds:.1f} ledgers/s, {processes} decode processes"
-        print(f"{ledgers} ledgers of {redact(str(lake))} in {seconds:.1f} s ({rate}) against {where}")
+        rate = f"{ledgers / seconds:.1f} ledgers/s" + (f", {processes} decode processes" if lake else "")
+        of = redact(str(lake) if lake is not None else ns.rpc)
+        print(f"{ledgers} ledgers of {of} in {seconds:.1f} s ({rate}) against {where}")
     return 0 if report.equal else 1

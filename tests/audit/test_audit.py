@@ -29,6 +29,7 @@ from ingestion.node.worker import node_spec
 from ingestion.postgres.connection import connect as pg_connect
 from ingestion.postgres.readers import job_state
 from ingestion.rpc.protocol import Cursor
+from ingestion.simulator import SimulatorConfig, open_simulator
 from ingestion.testing.local_postgres import LocalPostgres
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import wait_until
@@ -104,6 +105,7 @@ def altered(record: str) -> str:
     return json.dumps(value)
 
 
+@pytest.mark.slow  # 29 s on the loaded 2-core machine (a backfill into PostgreSQL, three audits)
 def test_the_audit_names_a_deleted_a_duplicated_and_an_altered_row_of_a_postgres_backfill(
     job: str, tmp_path: Path, pg: LocalPostgres, redis_server: LocalRedis, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -213,3 +215,58 @@ def test_the_comparison_names_each_difference_once_and_ignores_a_store_s_spellin
         "extra 4: in the store (j seq 3), not in the source for this job",
     ]
     assert differences('{"a": 1}', '{"b": 1}') == "a absent (expected 1); b not expected (1)"
+
+
+async def test_an_rpc_job_s_store_is_audited_against_the_rpc_in_its_window_and_against_the_lake(
+    job: str, tmp_path: Path, redis_server: LocalRedis, redis_client: redis.Redis,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """The simulator serves Stellar RPC and writes the same chain into a lake: an rpc job's
+    store equals both (the lake's derivation is RPC's), and a damaged row is named by both."""
+    lake = tmp_path / "lake"
+    config = SimulatorConfig(ledger_interval=None, history_ledgers=12, ops_per_ledger=6, rpc_port=0,
+                             lake_dir=str(lake), seed=5)  # fmt: skip
+    async with open_simulator(config) as sim:
+        first, latest = sim.chain.first, sim.chain.latest
+        (tmp_path / "config.toml").write_text(
+            f'[node]\nid = "n1"\nsource = "rpc"\n\n[redis]\nurl = "{redis_server.url}"\n\n'
+            f'[rpc]\nurls = ["{sim.rpc_url}"]\nlake = "{lake}"\n\n'
+            f'[jobs."{job}"]\nkind = "rpc"\nstart_cursor = "{first}"\n'
+        )
+        settings = load(tmp_path / "config.toml", {}, {})
+        client = connect(redis_server.url, timeout=2.0)
+        store = build_store(settings, job, client)
+        run = JobRun(store, build_source(settings, settings.jobs[0], store), node_spec(settings),
+                     structlog.get_logger(), NodeObserver("n1", job))  # fmt: skip
+
+        def at_latest() -> bool:
+            cursor = client.hget(job_keys(job)["cursor"], "cursor")
+            return cursor is not None and "-" in str(cursor) and Cursor.parse(str(cursor)).ledger >= latest
+
+        async with trio.open_nursery() as nursery:
+            handle = await nursery.start(run_jobs, [run], structlog.get_logger())
+            await wait_until(at_latest, 30, what="the rpc job at the RPC's latest ledger")
+            await handle.shutdown("test-done")
+        client.close()
+        span = ("--from", str(first), "--to", str(latest))
+
+        def audit_against(*source: str) -> tuple[int, str, str]:
+            return audit(capsys, job, tmp_path, *span, *source)
+
+        code, out, err = await trio.to_thread.run_sync(audit_against, "--rpc", sim.rpc_url)
+        assert code == 0 and f"expected from the RPC {sim.rpc_url}" in out and ": equal" in out, (out, err)
+        stored = int(re.findall(r"(\d+) rows in the store", out)[0])
+        assert stored > 0
+        code, out, err = await trio.to_thread.run_sync(audit_against)  # rpc.lake
+        assert code == 0 and f"{stored} records expected from the lake" in out, (out, err)
+
+        entries = redis_client.xrange(job_keys(job)["events"])
+        gone_entry, gone_fields = entries[len(entries) // 2]
+        redis_client.xdel(job_keys(job)["events"], gone_entry)
+        for source in (("--rpc", sim.rpc_url), ()):
+            code, out, _ = await trio.to_thread.run_sync(audit_against, *source)
+            assert code == 1 and named(out) == [("missing", gone_fields["paging_token"])], out
+        code, out, err = await trio.to_thread.run_sync(
+            audit_against, "--rpc", sim.rpc_url, "--to", str(latest + 5)
+        )
+        assert code == 1 and "not all in its window (audit them against the lake" in err, err
