@@ -2,9 +2,10 @@
 backfill ranges' (``JOB~FIRST-LAST``, :mod:`ingestion.backfill.plan`), read-only and blocking (the
 caller runs each read in a thread).
 
-- :class:`PostgresRows`: ``events`` rows of the job and its ranges, per window of ledgers by
-  paging token (an RPC event id sorts as its ledger does: ``"%019d-%010d"``), on a connection of
-  its own (never a node's).
+- :class:`PostgresRows`: ``events`` rows of the job and its ranges whose paging token lies in the
+  audited ledgers (an RPC event id sorts as its ledger does: ``"%019d-%010d"``), read once through
+  one server-side cursor in id order and handed out window by window, on a connection of its own
+  (never a node's).
 - :class:`RedisRows`: the job's and its ranges' events streams. A stream is ordered by commit,
   not by ledger, and no index finds a ledger in it: the streams are read once, whole, and the rows
   of the audited ledgers kept, by ledger, for the windows to take.
@@ -22,7 +23,8 @@ from ingestion.audit.compare import StoredRow
 from ingestion.backfill.plan import RANGE_MARK
 from ingestion.rpc.protocol import Cursor, InvalidCursor
 
-PAGE = 5000  # rows a Redis stream read (XRANGE COUNT) takes
+PAGE = 5000  # rows a Redis stream read (XRANGE COUNT) or a PostgreSQL fetch takes
+STREAM_TIMEOUT = 150.0  # seconds: the PostgreSQL rows' query may sort a long span (bound: 4x this)
 
 
 def range_jobs(job: str, names: list[str]) -> list[str]:
@@ -49,8 +51,12 @@ class PostgresRows:
     url: str
     schema: str
     job: str
+    span_last: int  # the audit's last ledger
     timeout: float = 30.0
     jobs: list[str] = attrs.field(factory=list)
+    _conn: Any = None
+    _cursor: Any = None
+    _pending: list[Any] = attrs.field(factory=list)  # fetched rows not yet taken, last first
 
     def find_jobs(self) -> list[str]:
         """The job and its backfill ranges that the sink knows (a cursor, a fence or a row)."""
@@ -69,18 +75,42 @@ class PostgresRows:
         return self.jobs
 
     def rows(self, first: int, last: int) -> list[StoredRow]:
-        """Every row of the jobs found whose id lies in ledgers ``first..last``."""
+        """Every row of the jobs found whose id lies in ledgers ``first..last``; windows asked
+        in ascending order, all within ``span`` (one server-side cursor in id order serves them:
+        the job's rows are read once, whatever the number of windows)."""
+        if self._cursor is None:
+            self._open(first)
+        assert self._cursor is not None
+        high = str(Cursor.through(last))
+        out: list[StoredRow] = []
+        while True:
+            if not self._pending:
+                self._pending = list(reversed(self._cursor.fetchmany(PAGE)))
+                if not self._pending:
+                    return out
+            j, seq, token, record = self._pending[-1]
+            if str(token) > high:
+                return out
+            self._pending.pop()
+            out.append(StoredRow(str(j), f"seq {seq}", str(token), str(record)))
+
+    def _open(self, first: int) -> None:
         from ingestion.postgres import sql
         from ingestion.postgres.connection import connect
 
-        low, high = str(Cursor(first)), str(Cursor.through(last))
-        with connect(self.url, self.timeout, "ingestion-audit") as conn:
-            found = conn.execute(
-                f"SELECT job, seq, paging_token, record::text FROM {sql.quoted(self.schema)}.events "  # type: ignore[arg-type]
-                "WHERE job = ANY(%s) AND paging_token BETWEEN %s AND %s ORDER BY job, seq",
-                (self.jobs, low, high),
-            ).fetchall()
-        return [StoredRow(str(j), f"seq {s}", str(p), str(r)) for j, s, p, r in found]
+        low, high = str(Cursor(first)), str(Cursor.through(self.span_last))
+        self._conn = connect(self.url, STREAM_TIMEOUT, "ingestion-audit")
+        self._cursor = self._conn.cursor(name="ingestion_audit", withhold=True)
+        self._cursor.execute(
+            f"SELECT job, seq, paging_token, record::text FROM {sql.quoted(self.schema)}.events "  # type: ignore[arg-type]
+            "WHERE job = ANY(%s) AND paging_token BETWEEN %s AND %s ORDER BY paging_token, job, seq",
+            (self.jobs, low, high),
+        )
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = self._cursor = None
 
 
 @attrs.define

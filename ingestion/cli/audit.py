@@ -124,7 +124,7 @@ def _audit(ns: argparse.Namespace, settings: Any, job: Any, lake: Any, processes
     store: PostgresRows | RedisRows
     if job.sink:
         store, where = (
-            PostgresRows(job.sink, settings.sink.schema, job.name),
+            PostgresRows(job.sink, settings.sink.schema, job.name, ns.last),
             f"PostgreSQL {redact(job.sink)}",
         )
     else:
@@ -168,6 +168,8 @@ def _audit(ns: argparse.Namespace, settings: Any, job: Any, lake: Any, processes
     finally:
         if client is not None:
             client.close()
+        if isinstance(store, PostgresRows):
+            store.close()
     seconds = time.monotonic() - started
     ledgers = ns.last - ns.first + 1
     if ns.json:

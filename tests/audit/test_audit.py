@@ -135,7 +135,8 @@ def test_the_audit_names_a_deleted_a_duplicated_and_an_altered_row_of_a_postgres
             "UPDATE ingestion.events SET record = %s::json WHERE paging_token = %s AND job = %s",
             (altered(record), changed, job),
         )
-    code, out, err = audit(capsys, job, tmp_path, "--processes", "1")  # on a decode worker process
+    # on a decode worker process, in windows of 2 ledgers (the rows read once, window by window)
+    code, out, err = audit(capsys, job, tmp_path, "--processes", "1", "--window", "2")
     assert code == 1, (out, err)
     assert named(out) == sorted(
         [("missing", gone), ("duplicated", twice), ("differing", changed)], key=lambda f: f[1]
