@@ -105,7 +105,7 @@ def altered(record: str) -> str:
     return json.dumps(value)
 
 
-@pytest.mark.slow  # 29 s on the loaded 2-core machine (a backfill into PostgreSQL, three audits)
+@pytest.mark.slow  # 21-118 s on the shared 2-core machine (load 8-40): a backfill, three audits
 def test_the_audit_names_a_deleted_a_duplicated_and_an_altered_row_of_a_postgres_backfill(
     job: str, tmp_path: Path, pg: LocalPostgres, redis_server: LocalRedis, capsys: pytest.CaptureFixture[str]
 ) -> None:
