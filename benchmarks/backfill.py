@@ -14,7 +14,8 @@ pools' start included: each range's term pays it once), and from the first range
 from ``/proc``: each node's tree, Redis's own (``INFO cpu``) and the machine's busy seconds, so
 that the speed-up can be read against what the cores had to give: Redis and the harness share
 the two cores with the nodes. Figures: ledgers/s and events/s of each run, the speed-up of two
-nodes over one, ledgers per node CPU second (the per-core rate), and how many ranges each node led.
+nodes over one, ledgers per node CPU second (the per-core rate), and how many ranges each node led;
+and, beside the one-node run, ``ingestion audit`` of what it wrote (:mod:`benchmarks.audit`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 import redis
 
 from actors.lease_store import job_keys
+from benchmarks import audit
 from benchmarks.lake import PUBNET
 from benchmarks.procs import machine_cpu_seconds, pin_tree, tree_cpu_seconds
 from ingestion.backfill.plan import Plan, backfill_key
@@ -135,6 +137,12 @@ def run(redis_url: str, *, quick: bool, log: Any = print) -> dict[str, Any]:
         log(f"  a lake of {ledgers} pubnet ledgers, {events:,} events")
         limit = max(120.0, ledgers)
         one = _backfill(redis_url, lake, tmp, "bf-one", 1, ledgers, 4, limit)
+        # the audit of what that backfill wrote, beside it (benchmarks/audit.py)
+        checked = audit.measure(tmp / "bf-one.toml", redis_url, "bf-one", FIRST, FIRST + ledgers - 1)
+        for name, a in checked.items():
+            log(f"  audit ({name}: {a['cores']} core(s)): {a['seconds']:.1f} s, {a['ledgers_per_s']:.1f} "
+                f"ledgers/s, {a['records']:,} records, CPU {a['cpu_s']:.1f} s: {a['ledgers_per_cpu_s']:.1f} "
+                "ledgers per CPU second")  # fmt: skip
         two = _backfill(redis_url, lake, tmp, "bf-two", 2, ledgers, 4, limit)
         for r in (one, two):
             assert r["records"] == events, (r["records"], events)
@@ -149,6 +157,7 @@ def run(redis_url: str, *, quick: bool, log: Any = print) -> dict[str, Any]:
         speedup = two["ledgers_per_s"] / one["ledgers_per_s"]
         work_speedup = two["work_ledgers_per_s"] / one["work_ledgers_per_s"]
         log(f"  two nodes / one: {speedup:.2f} from the plan's write, {work_speedup:.2f} from the first term")
-        return {"events": events, "one": one, "two": two, "speedup": speedup, "work_speedup": work_speedup}
+        return {"events": events, "one": one, "two": two, "speedup": speedup, "work_speedup": work_speedup,
+                "audit": checked}  # fmt: skip
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

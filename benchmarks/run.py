@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import (
+    audit,
     backfill,
     catchup,
     commit_cost,
@@ -189,6 +190,7 @@ def _backfill_rows(bf: dict[str, Any] | None) -> list[tuple[str, str, str, str |
             f"{two['redis_cpu_s']:.1f}, {two['machine_cpu_s']:.1f} of {2 * two['seconds']:.1f}",
             "", None,
         ),
+        *audit.rows(bf),
     ]  # fmt: skip
 
 

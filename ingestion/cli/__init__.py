@@ -42,6 +42,10 @@ COMMANDS: dict[str, Command] = {
         "ingestion.cli.verify",
         "check a job's events stream against its source (exit 0: exactly once, 1: not)",
     ),
+    "audit": Command(
+        "ingestion.cli.audit",
+        "check an rpc or lake job's store against the data lake (exit 0: equal, 1: not)",
+    ),
     "check-config": Command(
         "ingestion.cli.check_config",
         "print every setting, resolved and validated, with where it came from",

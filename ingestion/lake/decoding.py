@@ -34,7 +34,8 @@ import math
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, TypeVar
 
 import structlog
 import trio
@@ -48,6 +49,7 @@ PARENT_WATCH = 1.0  # seconds between a worker's looks at whether its node is st
 DECODE_ATTEMPTS = 3  # decodes of one object whose worker died before the job gives up on it
 
 log = structlog.get_logger()
+T = TypeVar("T")
 
 
 class DecoderDied(Exception):
@@ -86,13 +88,17 @@ class Decoders:
             LakeFormatError: the object cannot be read (raised in the worker, re-raised here).
             DecoderDied: its worker died on each of ``DECODE_ATTEMPTS`` attempts.
         """
+        return await self.run(object_events, data)
+
+    async def run(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)`` on a worker (a module-level function, its arguments and answer
+        picklable), as :meth:`decode` runs ``object_events``: the same attempts and errors (the
+        audit runs its own per-object function, ``ingestion.audit.expect.object_expectation``)."""
         if self._workers is None:
-            return await trio.to_thread.run_sync(object_events, data)
+            return await trio.to_thread.run_sync(work, *args)
         for attempt in range(1, DECODE_ATTEMPTS + 1):
             try:
-                return await self._workers.run_sync(
-                    object_events, data, kill_on_cancel=True, limiter=self._limiter
-                )
+                return await self._workers.run_sync(work, *args, kill_on_cancel=True, limiter=self._limiter)
             except (trio_parallel.BrokenWorkerError, OSError) as exc:
                 # killed by something else (the OOM killer, an operator): on a fresh worker again
                 if attempt == DECODE_ATTEMPTS:

@@ -82,6 +82,7 @@ NOT_RUN: dict[Key, str] = {
         "README's by-hand block, which runs, and tests/election measure these takeovers"
     ),
     ("docs/OPERATIONS.md", "ingestion verify ["): "a usage line, not a command (its flags are checked)",
+    ("docs/OPERATIONS.md", "ingestion audit JOB"): "a usage line, not a command (its flags are checked)",
     ("docs/OPERATIONS.md", "python -m ingestion inspect ["): "a usage line (its flags are checked)",
     ("docs/OPERATIONS.md", "ingestion run --job ops=/operations"): (
         "placeholders (--redis ... --horizon ...) and a node that runs until stopped; "

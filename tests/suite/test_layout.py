@@ -61,6 +61,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "serve": ("ingestion.serve",),
     # checking a job's stream against its source (the library behind ``verify``)
     "verify": ("ingestion.verify",),
+    # a job's store against the data lake read again (the library behind ``audit``): the lake
+    # source's reading and decoding, the events' rules, the stores' rows
+    "audit": ("ingestion.audit",),
     # the testing kit: local servers, the cluster harness, fault proxies (tests, benchmarks, demo)
     "testing": ("ingestion.testing",),
     # the command line (``simulate``'s too: the simulator imports nothing of it); ``demo`` runs a
@@ -96,10 +99,13 @@ ALLOWED: dict[str, set[str]] = {
     # (the console shows webhook jobs' endpoints and asks their leaders, through webhook.admin)
     "serve": {"runtime", "shared", "entry", "webhook", "serve"},
     "verify": {"runtime", *SOURCES, "postgres", "events", "verify"},
+    "audit": {
+        "runtime", "shared", "lake", "lake-wire", "rpc-wire", "postgres", "events", "backfill", "audit",
+    },
     "testing": {"runtime", "shared", "rpc-wire", "lake-wire", "verify", "testing"},
     "cli": {
         "runtime", *SOURCES, "config", "postgres", "node", "serve", "verify", "simulator", "webhook",
-        "webhook-rules", "events", "backfill", "api", "entry", "cli",
+        "webhook-rules", "events", "backfill", "api", "audit", "entry", "cli",
     },
     "demo": {"runtime", *SOURCES, "config", "postgres", "verify", "testing", "entry", "cli", "demo"},
     "entry": {"node", "cli", "entry"},
