@@ -121,7 +121,7 @@ class EventsStage:
             through = batch.cursor
         if len(kept) == len(records) and through is None and not decode:
             return batch
-        return Batch(tuple(kept), through=through, committed=batch.committed)
+        return Batch(tuple(kept), through=through, committed=batch.committed, watermark=batch.watermark)
 
 
 def rule_for(kind: str, resource: str = "", names: bool = True) -> tuple[Rule | None, bool]:
