@@ -46,6 +46,7 @@ class NodeStatus:
     complete_through_ledger: int | None = None
     complete_held: str = ""
     source_latest_ledger: int | None = None
+    decode_errors: int = 0  # records handed on to be committed with a decodeError member
 
 
 def record_time(body: str) -> float | None:
@@ -102,6 +103,7 @@ class NodeObserver:
     complete_through_ledger: int | None = None
     complete_held: str = ""
     source_latest_ledger: int | None = None
+    decode_errors: int = 0
     recent_commit_latencies: deque[float] = attrs.Factory(lambda: deque(maxlen=1024))
     listeners: list[Listener] = attrs.Factory(list)
     wall_clock: Callable[[], float] = time.time
@@ -185,6 +187,11 @@ class NodeObserver:
         if source_latest is not None:
             self.source_latest_ledger = source_latest
 
+    def decode_failed(self, count: int) -> None:
+        """``count`` records that could not be decoded were handed on to be committed as sent,
+        each with a ``decodeError`` member."""
+        self.decode_errors += count
+
     def fencing_rejected(self, **fields: Any) -> None:
         """A stale write was refused (``token``, ``current_token``, ``cursor``, ...)."""
         self.fencing_rejections += 1
@@ -214,4 +221,5 @@ class NodeObserver:
             complete_through_ledger=self.complete_through_ledger,
             complete_held=self.complete_held,
             source_latest_ledger=self.source_latest_ledger,
+            decode_errors=self.decode_errors,
         )

@@ -415,7 +415,7 @@ def metric_families() -> list[tuple[str, str, list[str], str]]:
 
     observer = NodeObserver(
         node="n", job="J", role="leader", token=1, ingest_deadline=1.0, source_lag_seconds=0.0,
-        source_up=True, losses={"released": 1},
+        source_up=True, losses={"released": 1}, complete_through_ledger=1, source_latest_ledger=1,
     )  # fmt: skip
 
     async def stream() -> StreamInfo:
