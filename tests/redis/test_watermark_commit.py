@@ -9,6 +9,8 @@ import redis
 
 from actors.lease_store import CommitRejected, Committed, LeaseStore, connect
 from actors.source import Record, Watermark
+from ingestion.cli.completeness import postgres_decode_errors
+from ingestion.postgres.readers import job_state
 from ingestion.postgres.sink import PostgresSink
 from ingestion.testing.local_postgres import LocalPostgres
 from ingestion.testing.local_redis import LocalRedis
@@ -71,3 +73,10 @@ async def test_postgres_keeps_the_watermark_in_the_cursors_table_rising_fenced_a
             (job,),
         ).fetchone()
     assert row == (6, 8, GAP)
+    # as inspect reads them: the watermark with the job's state, and the records not decoded
+    state = job_state(url, "ingestion", job)
+    assert (state["complete_through"], state["complete_held"]) == (8, GAP)
+    bad = Record(str(51 << 32), '{"id":51,"decodeError":"bad ScVal"}')
+    await other.commit("b", 2, str(50 << 32), [bad, *recs(52)])
+    found = postgres_decode_errors(url, "ingestion", job, 5.0)
+    assert found == [{"seq": 7, "paging_token": str(51 << 32), "decode_error": "bad ScVal"}]
