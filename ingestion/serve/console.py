@@ -57,6 +57,7 @@ from actors.lease_store import LeaseStore, RedisUnavailable, discover_jobs, job_
 from ingestion.common.asgi import Receive, Scope, Send
 from ingestion.common.redact import redact
 from ingestion.serve.backfill_section import backfill_section
+from ingestion.serve.completeness_section import completeness_section, watermark_of
 from ingestion.serve.presence import PRESENCE_CHANNEL, PRESENCE_KEY, parse_entry, parse_message
 from ingestion.webhook.admin import outcome_text, outcome_words
 
@@ -465,7 +466,7 @@ class ClusterReader:
             "job": name, "kind": kind, "leader": leader or "", "token": token,
             "lease_ttl_ms_left": int(ttl) if lease and int(ttl) >= 0 else None,
             "leader_since_ms": (reported or {}).get("leader_since_ms"),
-            "cursor": cursor.get("cursor", ""), "records": int(records),
+            "cursor": cursor.get("cursor", ""), "records": int(records), **watermark_of(cursor),
             "rate": (reported or {}).get("rate"), "lag_seconds": (reported or {}).get("lag_seconds"),
             "hosts": (reported or {}).get("hosts", []),
             "why": "" if lease else why_leaderless((reported or {}).get("hosts", [])),
@@ -711,7 +712,7 @@ def job_sections(job: dict[str, Any]) -> str:
         _table("rejections", ("when (UTC)", "node", "token", "current token", "why", "checked by", "cursor"),
                _rows(job["rejections"], REJECTION_COLS, WHEN)),
     ]  # fmt: skip
-    parts.append(backfill_section(job.get("backfill")))
+    parts += [completeness_section(job), backfill_section(job.get("backfill"))]
     if hook is not None:
         shown = [row for row in ENDPOINT_ROWS if row[0] not in FAILURE_ONLY or hook["state"] == "failing"]
         parts += [
