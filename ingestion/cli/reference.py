@@ -41,8 +41,10 @@ KEY_MEANINGS: dict[str, tuple[str, str]] = {
     ),
     "cursor": (
         "hash",
-        "`cursor`, `token`, `node` of the last commit (events stream sink only); `source`: what the "
-        "job follows; `sink`: where it commits (`redis`, or `postgres database DB schema S`)",
+        "`cursor`, `token`, `node` of the last commit (events stream sink only), with "
+        "`complete_through` (the completeness watermark, a ledger: it only rises) and "
+        "`complete_held` (why a history gap holds it for good) when the source says; `source`: what "
+        "the job follows; `sink`: where it commits (`redis`, or `postgres database DB schema S`)",
     ),
     "events": (
         "stream",
