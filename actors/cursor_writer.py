@@ -99,7 +99,8 @@ class CursorWriter:
         started = trio.current_time()
         try:
             result = await self.sink.commit(
-                self.node, msg.token, msg.previous_cursor, msg.records, anchor=msg.anchor
+                self.node, msg.token, msg.previous_cursor, msg.records, anchor=msg.anchor,
+                watermark=msg.watermark,
             )
         except (RedisUnavailable, SinkUnavailable) as exc:
             self.log.warning(
@@ -119,6 +120,8 @@ class CursorWriter:
                 self.sink, RedisStreamSink
             ):
                 await self._remember_commit(self.memory, msg.token)
+            if msg.watermark is not None:
+                self._watermark(msg, result)
             if not msg.records:
                 if msg.previous_cursor is None:
                     self.log.info("cursor-anchored", token=msg.token, cursor=msg.anchor)
@@ -142,6 +145,18 @@ class CursorWriter:
             stored_cursor=result.stored_cursor,
         )
         return CommitRefused(msg.token, result.reason, result.current_token)
+
+    def _watermark(self, msg: CommitCursor, result: Committed) -> None:
+        """Tell the observer where the job is complete through; say so when a gap now holds it."""
+        if result.complete_through is not None:
+            self.observer.complete_through(
+                result.complete_through, result.held, msg.watermark.source_latest if msg.watermark else None
+            )
+        if result.newly_held:
+            self.log.warning(
+                "complete-through-held", token=msg.token, complete_through=result.complete_through,
+                cursor=msg.cursor, reason=result.held,
+            )  # fmt: skip
 
     async def _remember_commit(self, memory: TokenMemory, token: int) -> None:
         if memory.path is None:

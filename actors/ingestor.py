@@ -233,7 +233,9 @@ class Ingestor:
                 rest: Batch | None = batch
                 while rest is not None:
                     part, rest = rest.take(self.pace.limit) if self.pace is not None else (rest, None)
-                    msg = CommitCursor(grant.token, committed, part.records, reply_send, part.through)
+                    msg = CommitCursor(
+                        grant.token, committed, part.records, reply_send, part.through, part.watermark
+                    )
                     started = trio.current_time()
                     outcome = await self._commit(term, msg, reply_recv)
                     if not isinstance(outcome, CursorCommitted):

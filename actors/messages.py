@@ -17,7 +17,7 @@ from __future__ import annotations
 import attrs
 import trio
 
-from actors.source import Record
+from actors.source import Record, Watermark
 
 # --- Elector -> Heartbeat ---
 
@@ -213,13 +213,15 @@ WriterOutcome = CommitOutcome | SinkOpened | SinkRefused
 class CommitCursor:
     """Commit ``records`` (strictly after ``previous_cursor``) under fencing ``token``, then move
     the cursor on to ``anchor`` when given (after the last record): with no records, pinning
-    where a job that starts at "now" begins, or a source's "read through here" position."""
+    where a job that starts at "now" begins, or a source's "read through here" position.
+    ``watermark``: the job's completeness watermark, committed with the cursor when given."""
 
     token: int
     previous_cursor: str | None
     records: tuple[Record, ...]
     reply: trio.MemorySendChannel[WriterOutcome] = attrs.field(eq=False, repr=False)
     anchor: str | None = None
+    watermark: Watermark | None = None
 
     @property
     def cursor(self) -> str:

@@ -41,6 +41,12 @@ class NodeStatus:
     source_last_ok: float | None = None  # trio time of the source's last successful answer
     history_gaps: dict[str, int] = attrs.Factory(dict)  # by action: stop or skip
     held_off: str | None = None  # why the node holds off campaigning now (and the cause, if known)
+    # Leader only: the completeness watermark this node last committed (a ledger), why a known
+    # gap holds it ('' when none does), and the source's latest closed ledger it last reported.
+    complete_through_ledger: int | None = None
+    complete_held: str = ""
+    source_latest_ledger: int | None = None
+    decode_errors: int = 0  # records handed on to be committed with a decodeError member
 
 
 def record_time(body: str) -> float | None:
@@ -94,6 +100,10 @@ class NodeObserver:
     source_last_ok: float | None = None
     history_gaps: dict[str, int] = attrs.Factory(dict)
     held_off: str | None = None
+    complete_through_ledger: int | None = None
+    complete_held: str = ""
+    source_latest_ledger: int | None = None
+    decode_errors: int = 0
     recent_commit_latencies: deque[float] = attrs.Factory(lambda: deque(maxlen=1024))
     listeners: list[Listener] = attrs.Factory(list)
     wall_clock: Callable[[], float] = time.time
@@ -169,6 +179,19 @@ class NodeObserver:
                 self.source_lag_seconds = max(0.0, self.wall_clock() - created)
         self._tell("committed", {"count": count, "cursor": cursor, "latency": latency})
 
+    def complete_through(self, ledger: int, held: str = "", source_latest: int | None = None) -> None:
+        """A commit carried the job's completeness watermark: committed as ``ledger`` (``held``:
+        why a known gap holds it there); ``source_latest``: the source's latest closed ledger."""
+        self.complete_through_ledger = ledger
+        self.complete_held = held
+        if source_latest is not None:
+            self.source_latest_ledger = source_latest
+
+    def decode_failed(self, count: int) -> None:
+        """``count`` records that could not be decoded were handed on to be committed as sent,
+        each with a ``decodeError`` member."""
+        self.decode_errors += count
+
     def fencing_rejected(self, **fields: Any) -> None:
         """A stale write was refused (``token``, ``current_token``, ``cursor``, ...)."""
         self.fencing_rejections += 1
@@ -195,4 +218,8 @@ class NodeObserver:
             source_last_ok=self.source_last_ok,
             history_gaps=dict(self.history_gaps),
             held_off=self.held_off,
+            complete_through_ledger=self.complete_through_ledger,
+            complete_held=self.complete_held,
+            source_latest_ledger=self.source_latest_ledger,
+            decode_errors=self.decode_errors,
         )

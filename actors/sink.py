@@ -10,7 +10,7 @@ things, each atomic and fenced where the data lives:
   that keeps a fence of its own also records there which election domain (Redis deployment) owns
   the job, and refuses for good a term from another (:class:`TermRefused`): two deployments
   electing leaders for one job would otherwise fence each other out term after term.
-- ``commit(node, token, previous_cursor, records, anchor)``: append the records and move the
+- ``commit(node, token, previous_cursor, records, anchor, watermark)``: append the records and move the
   cursor, only if ``token`` still holds the fence and the records continue exactly from
   ``previous_cursor``. Answers :class:`~actors.lease_store.Committed` or
   :class:`~actors.lease_store.CommitRejected` (the same reasons as the Redis commit script), or
@@ -35,7 +35,7 @@ import attrs
 
 from actors.cursor_order import InvalidPagingToken, is_after, token_key
 from actors.lease_store import CommitRejected, Committed, LeaseStore
-from actors.source import Record
+from actors.source import Record, Watermark
 
 
 class SinkUnavailable(Exception):
@@ -82,6 +82,7 @@ class Sink(Protocol):
         previous_cursor: str | None,
         records: Sequence[Record],
         anchor: str | None = None,
+        watermark: Watermark | None = None,
     ) -> Committed | CommitRejected: ...
 
 
@@ -143,5 +144,8 @@ class RedisStreamSink:
         previous_cursor: str | None,
         records: Sequence[Record],
         anchor: str | None = None,
+        watermark: Watermark | None = None,
     ) -> Committed | CommitRejected:
-        return await self.store.commit(node, token, previous_cursor, records, anchor=anchor)
+        return await self.store.commit(
+            node, token, previous_cursor, records, anchor=anchor, watermark=watermark
+        )

@@ -44,6 +44,24 @@ class Record(NamedTuple):
 
 
 @attrs.frozen
+class Watermark:
+    """How far a job's data is complete once a batch is committed: every record the source holds
+    for ledgers up to ``ledger`` (from the job's start, within its filters) is in this batch or
+    committed before it. It moves on quiet ledgers too (a batch with no record, only a read-through
+    cursor). ``held``: a known gap lies after ``ledger`` (a history gap skipped): the committed
+    watermark stops at ``ledger`` for good, and ``held`` says why."""
+
+    ledger: int
+    held: str = ""
+    # The source's latest closed ledger when it said so: not committed, shown beside the
+    # watermark (a watermark that stops while this goes on is an alert).
+    source_latest: int | None = attrs.field(default=None, eq=False)
+
+    def __str__(self) -> str:
+        return f"{self.ledger}|{self.held}" if self.held else str(self.ledger)
+
+
+@attrs.frozen
 class Batch:
     """Consecutive records, in source order, and where the source has read through.
 
@@ -60,6 +78,9 @@ class Batch:
     # committed: a source that must not run ahead of its commits (push delivery: the next POST
     # waits until the previous answer is durably recorded) waits on it after handing the batch on.
     committed: trio.Event | None = attrs.field(default=None, eq=False, repr=False)
+    # Where the job's data is complete once this batch is committed (None: the source cannot
+    # say); committed with the cursor, on the last part of a batch committed in parts.
+    watermark: Watermark | None = None
 
     @property
     def cursor(self) -> str:
@@ -72,8 +93,8 @@ class Batch:
         if len(records) <= size:
             return [self]
         parts = [Batch(records[i : i + size]) for i in range(0, len(records), size)]
-        if self.through is not None or self.committed is not None:
-            parts[-1] = Batch(parts[-1].records, through=self.through, committed=self.committed)
+        if self.through is not None or self.committed is not None or self.watermark is not None:
+            parts[-1] = attrs.evolve(self, records=parts[-1].records)
         return parts
 
     def take(self, size: int) -> tuple[Batch, Batch | None]:
@@ -84,7 +105,7 @@ class Batch:
         records = self.records
         if len(records) <= size:
             return self, None
-        return Batch(records[:size]), Batch(records[size:], through=self.through, committed=self.committed)
+        return Batch(records[:size]), attrs.evolve(self, records=records[size:])
 
     def __attrs_post_init__(self) -> None:
         if not self.records and self.through is None:

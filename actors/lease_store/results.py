@@ -99,6 +99,11 @@ class Committed:
     cursor: str
     count: int
     trimmed: int = 0  # events-stream entries the commit's retention trim removed (events_max_len)
+    # The job's completeness watermark after the commit (None: none committed yet), why it is
+    # held at a known gap ('' when it is not), and whether this commit is the one that held it.
+    complete_through: int | None = None
+    held: str = ""
+    newly_held: bool = False
 
 
 @attrs.frozen
@@ -135,6 +140,8 @@ class JobState:
     cursor_token: int | None
     events: int
     audit: list[dict[str, str]]
+    complete_through: int | None = None  # the completeness watermark (a ledger), None: none yet
+    complete_held: str = ""  # why a known gap holds it there for good ('' when none does)
 
 
 @attrs.frozen

@@ -57,7 +57,7 @@ from actors.lease_store.results import (
     StateLost,
     StreamInfo,
 )
-from actors.source import Record
+from actors.source import Record, Watermark
 
 T = TypeVar("T")
 
@@ -455,6 +455,7 @@ class LeaseStore:
         previous_cursor: str | None,
         records: Sequence[Record],
         anchor: str | None = None,
+        watermark: Watermark | None = None,
     ) -> Committed | CommitRejected:
         """Append ``records`` to the events stream and advance the cursor, fenced by ``token``.
 
@@ -462,6 +463,7 @@ class LeaseStore:
         continue exactly from it is rejected, so a batch can neither be replayed nor leave a gap.
         ``anchor`` (a paging token after the stored cursor and the last record) then becomes the
         cursor: alone, it pins a position; after records, it is where the source read through.
+        ``watermark`` is committed beside the cursor (it only rises, and never once held).
 
         Raises:
             ValueError: a record's paging token is malformed or the batch is out of order.
@@ -478,7 +480,10 @@ class LeaseStore:
                 if previous is not None and key <= previous:
                     raise ValueError(f"batch out of order at paging token {token_text!r}")
                 previous = key
-        args: list[str | int] = [node, token, previous_cursor or "", anchor or "", self.events_max_len]
+        args: list[str | int] = [
+            node, token, previous_cursor or "", anchor or "", self.events_max_len,
+            "" if watermark is None else str(watermark),
+        ]
         args += itertools.chain.from_iterable(records)  # (paging_token, body) pairs, in C
         k = self.keys
         res, acked, _ = await self._lease_call(
@@ -486,7 +491,10 @@ class LeaseStore:
         )
         if int(res[0]) == 1:
             self._check_acked("the commit", acked)
-            return Committed(token=token, count=int(res[1]), cursor=res[2], trimmed=int(res[3]))
+            return Committed(
+                token=token, count=int(res[1]), cursor=res[2], trimmed=int(res[3]),
+                complete_through=int(res[4]) if res[4] else None, held=res[5], newly_held=res[6] == 1,
+            )  # fmt: skip
         return CommitRejected(
             token=token, reason=res[1], current_token=int(res[2]), stored_cursor=res[3] or None
         )
@@ -613,6 +621,8 @@ class LeaseStore:
                 lease_ttl_ms_left=int(ttl) if lease and int(ttl) >= 0 else None,
                 cursor=cursor.get("cursor"),
                 cursor_token=int(cursor["token"]) if "token" in cursor else None,
+                complete_through=int(cursor["complete_through"]) if "complete_through" in cursor else None,
+                complete_held=cursor.get("complete_held", ""),
                 events=int(events),
                 audit=[{"id": entry_id, **fields} for entry_id, fields in reversed(audit)],
             )

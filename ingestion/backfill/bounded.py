@@ -69,7 +69,9 @@ class BoundedSource:
         if through is not None and through < end:
             return batch, False
         kept = tuple(r for r in batch.records if Cursor.parse(r.paging_token) <= end)
-        return Batch(kept, through=str(end), committed=trio.Event()), True
+        mark = batch.watermark  # (read past the range's end: complete through its last ledger)
+        mark = None if mark is None else attrs.evolve(mark, ledger=min(mark.ledger, self.last))
+        return Batch(kept, through=str(end), committed=trio.Event(), watermark=mark), True
 
     @trio.as_safe_channel
     async def stream(self, cursor: str) -> AsyncGenerator[Batch, None]:

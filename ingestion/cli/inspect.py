@@ -54,6 +54,7 @@ import trio
 from actors.lease_store import JobState, LeaseStore, RedisUnavailable, StreamInfo, job_keys
 from actors.lease_store.connect import describe_redis_error
 from actors.observe import record_time
+from ingestion.cli import completeness
 from ingestion.cli.usage import flags_layer
 from ingestion.common.paging import InvalidPagingToken, toid_parts, token_key
 from ingestion.common.redact import redact
@@ -93,7 +94,8 @@ async def postgres_state(url: str, schema: str, job: str) -> dict[str, Any]:
 def _with_sink(state: JobState, sink: dict[str, Any]) -> JobState:
     """The job's Redis state with its cursor and record count from its PostgreSQL sink."""
     return attrs.evolve(state, cursor=sink["cursor"], cursor_token=sink["cursor_token"],
-                        events=sink["events"])  # fmt: skip
+                        events=sink["events"], complete_through=sink.get("complete_through"),
+                        complete_held=sink.get("complete_held") or "")  # fmt: skip
 
 
 def ledger_of(paging_token: str) -> int | None:
@@ -277,7 +279,7 @@ def render_jobs(
 ) -> str:
     if not states:
         return "no jobs in this Redis"
-    header = ("job", "leader", "token", "lease left", "cursor", "events", "lag")
+    header = ("job", "leader", "token", "lease left", "cursor", "events", "complete through", "lag")
     rows = [header]
     for state, stream in states:
         lag = lags.get(state.job)
@@ -296,6 +298,8 @@ def render_jobs(
             f"{state.lease_ttl_ms_left} ms" if state.lease_ttl_ms_left is not None else "-",
             state.cursor or "-",
             f"{state.events}{trimmed}",
+            str(state.complete_through) + (" (held)" if state.complete_held else "")
+            if state.complete_through is not None else "-",
             lag_text,
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
@@ -345,6 +349,7 @@ async def inspect_job(
         stream = await store.events_info()
         source = await leader_source(store, state.leader)
         backfill = await _backfill(client, job, sink_url, settings.sink.schema)
+        undecoded = await _decode_errors(store, sink_url, settings.sink.schema)
     except (RedisUnavailable, SinkUnreadable) as exc:
         print(f"ingestion: cannot read job {job!r}: {exc}", file=sys.stderr)
         return 1
@@ -363,13 +368,37 @@ async def inspect_job(
             doc["sink"] = sink
         doc["leader_source_ok"] = source
         doc["backfill"] = backfill
+        doc["decode_errors"] = undecoded
         print(json.dumps(doc))
     else:
         kind = next((j.kind for j in settings.jobs if j.name == job), "")
         print(render_table(state, lag, None if sink is not None else stream, source, sink, kind))
+        print("\n".join(completeness.decode_errors_text(undecoded)), end="\n" if undecoded else "")
         if backfill is not None:
             print(_backfill_text(backfill))
     return 0
+
+
+async def _decode_errors(store: LeaseStore, sink_url: str | None, schema: str) -> list[dict[str, Any]]:
+    """The job's newest records committed with a decodeError (:mod:`ingestion.cli.completeness`)."""
+    if not sink_url:
+        return await completeness.redis_decode_errors(store)
+    import psycopg
+
+    from ingestion.postgres.connection import describe
+    from ingestion.postgres.connection import redact as blanked
+
+    try:
+        with trio.fail_after(POSTGRES_TIMEOUT + 1):
+            return await trio.to_thread.run_sync(
+                completeness.postgres_decode_errors, sink_url, schema, store.job, POSTGRES_TIMEOUT,
+                abandon_on_cancel=True,
+            )  # fmt: skip
+    except trio.TooSlowError as exc:
+        bound = f"no answer within {POSTGRES_TIMEOUT:g} s"
+        raise SinkUnreadable(f"sink.url {blanked(sink_url)}: {bound}") from exc
+    except psycopg.Error as exc:
+        raise SinkUnreadable(describe(exc, sink_url)) from exc
 
 
 async def _backfill(client: Any, job: str, sink_url: str, schema: str) -> dict[str, Any] | None:
@@ -518,6 +547,7 @@ def render_table(
         ("lease ttl left", f"{ttl} ms" if ttl is not None else "-"),
         ("cursor", state.cursor or "(nothing committed)"),
         ("written by token", str(state.cursor_token) if state.cursor_token is not None else "-"),
+        ("complete through", completeness.watermark_text(state)),
     ]
     if sink is None:
         rows += [("events", f"{state.events}{trimmed}"), ("consumer groups", _groups_text(stream))]

@@ -41,8 +41,10 @@ KEY_MEANINGS: dict[str, tuple[str, str]] = {
     ),
     "cursor": (
         "hash",
-        "`cursor`, `token`, `node` of the last commit (events stream sink only); `source`: what the "
-        "job follows; `sink`: where it commits (`redis`, or `postgres database DB schema S`)",
+        "`cursor`, `token`, `node` of the last commit (events stream sink only), with "
+        "`complete_through` (the completeness watermark, a ledger: it only rises) and "
+        "`complete_held` (why a history gap holds it for good) when the source says; `source`: what "
+        "the job follows; `sink`: where it commits (`redis`, or `postgres database DB schema S`)",
     ),
     "events": (
         "stream",
@@ -422,7 +424,7 @@ def metric_families() -> list[tuple[str, str, list[str], str]]:
 
     observer = NodeObserver(
         node="n", job="J", role="leader", token=1, ingest_deadline=1.0, source_lag_seconds=0.0,
-        source_up=True, losses={"released": 1},
+        source_up=True, losses={"released": 1}, complete_through_ledger=1, source_latest_ledger=1,
     )  # fmt: skip
 
     async def stream() -> StreamInfo:

@@ -6,7 +6,8 @@ keeps each node's latest status, and prints:
 - every election event as it happens, one line each (who became leader after whom and how long
   the job was leaderless; who lost leadership and why; who stands by);
 - a cluster line whenever the shape changes: who leads, who stands by, who is unreachable;
-- with ``--table`` (the default on a terminal), a redrawn table of all nodes every second.
+- with ``--table`` (the default on a terminal), a redrawn table of all nodes every second (with
+  each leader's completeness watermark, ``complete``: ``!`` after it when a gap holds it).
 
 A node is shown as connecting until it first answers or a connection to it first fails; one that
 goes away is shown as down and reconnected with backoff; when it comes back its fresh status is
@@ -169,7 +170,7 @@ class ClusterView:
 
     def table(self) -> str:
         header = f"{'node':<20} {'role':<9} {'token':>6} {'lease ms':>9} {'events':>9} "
-        header += f"{'ev/s':>7} {'lag s':>7}  cursor"
+        header += f"{'ev/s':>7} {'lag s':>7} {'complete':>10}  cursor"
         several = len(self.all_jobs()) > 1
         if several:
             header = f"{'job':<16} " + header
@@ -179,7 +180,7 @@ class ClusterView:
                 job_cell = f"{'':<16} " if several else ""
                 state = "connecting" if n.connecting else "DOWN"
                 rows.append(f"{job_cell}{n.name:<20} {state:<10} {'':>5} {'':>9} {'':>9} {'':>7} "
-                            f"{'':>7}  {n.error or 'not answered yet'}")  # fmt: skip
+                            f"{'':>7} {'':>10}  {n.error or 'not answered yet'}")  # fmt: skip
                 continue
             for job, s in sorted(n.jobs.items()) if several else [("", n.status)]:
                 lag = s.get("lag_seconds")
@@ -187,13 +188,20 @@ class ClusterView:
                 rows.append(
                     f"{job_cell}{n.name:<20} {s.get('role', '?'):<9} {_dash(s.get('token')):>6} "
                     f"{_dash(s.get('lease_ms_left')):>9} {_dash(s.get('events_ingested')):>9} "
-                    f"{s.get('ingest_rate', 0):>7} {_dash(lag):>7}  {_dash(s.get('cursor'))}"
+                    f"{s.get('ingest_rate', 0):>7} {_dash(lag):>7} {_complete(s):>10}  "
+                    f"{_dash(s.get('cursor'))}"
                 )
         return "\n".join([self.summary(), "", *rows])
 
 
 def _dash(value: Any) -> str:
     return "-" if value is None else str(value)
+
+
+def _complete(status: dict[str, Any]) -> str:
+    """The leader's completeness watermark: its ledger, ``!`` after it when a gap holds it."""
+    through = status.get("complete_through")
+    return "-" if through is None else f"{through}{'!' if status.get('complete_held') else ''}"
 
 
 def describe_event(msg: dict[str, Any]) -> str:

@@ -15,7 +15,10 @@ does, when asked).
 
 from __future__ import annotations
 
+import contextvars
 import functools
+import itertools
+import operator
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, Protocol
 
@@ -31,6 +34,13 @@ UNAVAILABLE_RETRY = 1.0  # seconds between attempts to load a watch list that ca
 
 Rule = Callable[[str], tuple[str, tuple[str, ...]]]
 """A record's text -> (its text as committed, the addresses it names)."""
+
+DECODE_ERROR = '"decodeError":'  # the member a record that could not be decoded is committed with
+# Told how many records of each batch handed on to be committed carry a decode error (the node
+# process sets one that counts them per job for the metrics: ingestion_decode_errors_total).
+decode_error_listener: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar(
+    "decode_error_listener", default=None
+)
 
 
 # What the stage needs of ingestion.events.watch's WatchList and WatchSource (no more: the tests
@@ -116,12 +126,17 @@ class EventsStage:
                     kept.append(Record(record.paging_token, text) if decode else record)
         self.seen += len(records)
         self.kept += len(kept)
+        if decode and kept:
+            errors = sum(map(operator.contains, (r.body for r in kept), itertools.repeat(DECODE_ERROR)))
+            listener = decode_error_listener.get()
+            if errors and listener is not None:
+                listener(errors)
         through = batch.through
         if not kept or kept[-1].paging_token != records[-1].paging_token:
             through = batch.cursor
         if len(kept) == len(records) and through is None and not decode:
             return batch
-        return Batch(tuple(kept), through=through, committed=batch.committed)
+        return Batch(tuple(kept), through=through, committed=batch.committed, watermark=batch.watermark)
 
 
 def rule_for(kind: str, resource: str = "", names: bool = True) -> tuple[Rule | None, bool]:

@@ -14,7 +14,8 @@ A job can therefore move between RPC and a lake without a conversion: the same e
 - start an event id or a scanned-through cursor: events strictly after it.
 
 Every object read is committed with the scanned-through cursor of its last ledger (even with no
-matching event), so a failover resumes at the next object, never from far behind.
+matching event), so a failover resumes at the next object, never from far behind; the job's
+completeness watermark (:class:`~actors.source.Watermark`) is that ledger too.
 
 A missing object: when the lake holds nothing at or after the needed ledger, the follower is at
 the tip and polls again after ``poll_interval``; when a later ledger exists, the object in between
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from actors.source import Batch, Record
+from actors.source import Batch, Record, Watermark
 from ingestion.lake.events import LedgerEvents
 from ingestion.rpc.protocol import Cursor, EventFilter, matches, parse_start
 
@@ -112,7 +113,7 @@ class LakeFollower:
         if floor is not None and through <= floor:
             return None
         self.position = through
-        return Batch(records, through=str(through))
+        return Batch(records, through=str(through), watermark=Watermark(held[-1].ledger))
 
     def on_missing(self, latest: int | None) -> LakeGap | None:
         """The needed ledger's object is not there; ``latest`` is the newest ledger the lake

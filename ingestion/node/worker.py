@@ -38,6 +38,7 @@ from actors.supervisor import JobRun, JobsHandle, NodeSpec, run_jobs
 from ingestion.backfill.runner import BackfillRunner
 from ingestion.common.gaps import history_gap_listener
 from ingestion.config import ConfigError, JobSettings, Settings, redact_url
+from ingestion.events.stage import decode_error_listener
 from ingestion.node import stop_signals
 from ingestion.node.build import _job_summary, build_sink, build_source, build_store
 from ingestion.node.claim import NodeClaim
@@ -178,6 +179,14 @@ def _count_history_gap(observers: dict[str, NodeObserver], action: str, fields: 
         observers[job].history_gap(action, **fields)
 
 
+def _count_decode_errors(observers: dict[str, NodeObserver], count: int) -> None:
+    """A job's stage handed on records that could not be decoded (the job is bound in the
+    calling task's log context)."""
+    job = structlog.contextvars.get_contextvars().get("job")
+    if job in observers:
+        observers[job].decode_failed(count)
+
+
 def node_spec(settings: Settings, job: JobSettings | None = None) -> NodeSpec:
     job = job or settings.jobs[0]
     return NodeSpec(
@@ -250,6 +259,7 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
             store.on_lease = lease_reporter(lease_pipe, log)
     observers = {j.name: NodeObserver(settings.node.id, j.name) for j in settings.jobs}
     history_gap_listener.set(functools.partial(_count_history_gap, observers))
+    decode_error_listener.set(functools.partial(_count_decode_errors, observers))
     fatal: dict[str, str] = {}
     signalled = False
     runs = [

@@ -30,10 +30,15 @@ def read_events(
 
 
 def job_state(url: str, schema: str, job: str, timeout: float = 5.0) -> dict[str, Any]:
-    """A job's state in the sink: cursor, fence, rows kept, first and last ``seq``, terms."""
+    """A job's state in the sink: cursor, completeness watermark, fence, rows kept, first and
+    last ``seq``, terms."""
     q = sql.quoted(schema)
     with connect(url, timeout, "ingestion-read") as conn:
-        cur = conn.execute(f"SELECT cursor, token FROM {q}.cursors WHERE job = %s", (job,)).fetchone()  # type: ignore[arg-type]
+        # (the watermark's columns read through to_jsonb: a schema older than version 4 lacks them)
+        cur = conn.execute(
+            f"SELECT c.cursor, c.token, to_jsonb(c)->>'complete_through', to_jsonb(c)->>'complete_held' "  # type: ignore[arg-type]
+            f"FROM {q}.cursors c WHERE c.job = %s", (job,),
+        ).fetchone()  # fmt: skip
         fence = conn.execute(f"SELECT token, node FROM {q}.fences WHERE job = %s", (job,)).fetchone()  # type: ignore[arg-type]
         count, first, last = conn.execute(
             f"SELECT count(*), min(seq), max(seq) FROM {q}.events WHERE job = %s", (job,)  # type: ignore[arg-type]
@@ -44,6 +49,8 @@ def job_state(url: str, schema: str, job: str, timeout: float = 5.0) -> dict[str
     return {
         "sink": "postgres", "schema": schema, "cursor": cur[0] if cur else None,
         "cursor_token": int(cur[1]) if cur else None, "fence": int(fence[0]) if fence else None,
+        "complete_through": int(cur[2]) if cur and cur[2] is not None else None,
+        "complete_held": (cur[3] or "") if cur else "",
         "fence_node": str(fence[1]) if fence else None,
         "events": int(count), "first_seq": first, "last_seq": last,
         "terms": [{"token": int(t), "after_seq": int(s)} for t, s in terms],

@@ -36,7 +36,7 @@ import trio
 
 from actors.lease_store import CommitRejected, Committed, RedisUnavailable
 from actors.sink import SinkUnavailable, TermOpened, TermRefused, continuation
-from actors.source import Record
+from actors.source import Record, Watermark
 from ingestion.postgres import sql
 from ingestion.postgres.connection import THREADS, connect, describe, ensure_schema, redact
 
@@ -236,8 +236,10 @@ class PostgresSink:
         previous_cursor: str | None,
         records: Sequence[Record],
         anchor: str | None = None,
+        watermark: Watermark | None = None,
     ) -> Committed | CommitRejected:
-        """Append ``records`` and move the cursor in one fenced transaction.
+        """Append ``records`` and move the cursor (and the completeness watermark, when given)
+        in one fenced transaction.
 
         Raises:
             ValueError: nothing to commit; or :class:`BatchRefused`, the server refused the
@@ -253,12 +255,15 @@ class PostgresSink:
                                   stored_cursor=previous_cursor)  # fmt: skip
         tokens = sql.text_array([r.paging_token for r in records])
         bodies = sql.text_array([r.body for r in records])
-        params = (self.job, token, node, previous_cursor, cursor, self.events_max_len, tokens, bodies)
+        params = (
+            self.job, token, node, previous_cursor, cursor, self.events_max_len, tokens, bodies,
+            None if watermark is None else watermark.ledger, "" if watermark is None else watermark.held,
+        )  # fmt: skip
 
         def run(conn: psycopg.Connection[Any]) -> tuple[Any, ...] | None:
             return conn.execute(
                 f"SELECT * FROM {self._q}.{sql.COMMIT_BATCH}"  # type: ignore[arg-type]
-                "(%s, %s, %s, %s, %s, %s, %s::text[], %s::text[])",
+                "(%s, %s, %s, %s, %s, %s, %s::text[], %s::text[], %s::bigint, %s)",
                 params,
             ).fetchone()
 
@@ -267,6 +272,7 @@ class PostgresSink:
         answer = sql.CommitAnswer.from_row(row)
         if answer.ok:
             return Committed(token=token, cursor=answer.stored or "", count=len(records),
-                             trimmed=answer.trimmed)  # fmt: skip
+                             trimmed=answer.trimmed, complete_through=answer.complete_through,
+                             held=answer.complete_held, newly_held=answer.newly_held)  # fmt: skip
         return CommitRejected(token=token, reason=answer.reason, current_token=answer.fence,
                               stored_cursor=answer.stored)  # fmt: skip

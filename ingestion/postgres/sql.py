@@ -8,7 +8,12 @@ Tables, in the schema ``sink.schema`` (default ``ingestion``), one set shared by
   1, 2, 3, ... per job in commit order (primary key ``(job, seq)``), ``token`` the fencing token
   of the term that committed the row; ``record`` is the text as sent (``json`` keeps it, and
   takes the escape ``\\u0000`` that ``jsonb`` refuses).
-- ``cursors (job, cursor, token)``: the committed cursor of each job and the token that moved it.
+- ``cursors (job, cursor, token, complete_through, complete_held)``: the committed cursor of each
+  job and the token that moved it; ``complete_through`` (version 4, nullable) the job's
+  completeness watermark, a ledger: every record the source holds for ledgers up to it is in
+  ``events``, committed with the cursor; ``complete_held`` (version 4, nullable) why a known gap
+  holds it there for good (a reader joins ``cursors`` on ``job`` to know how far ``events`` is
+  complete).
 - ``fences (job, token, node, domain)``: the highest token that opened a term for the job and the
   node that opened it; the token only ever rises, and an equal token from another node is refused
   (a Redis that issued a token twice, its grant lost in a failover, gets one writer under it).
@@ -19,7 +24,7 @@ Tables, in the schema ``sink.schema`` (default ``ingestion``), one set shared by
   the job's last row was ``after_seq`` (what ``verify`` judges a job by).
 
 Two functions, each one statement and so one transaction, the way the Redis commit script is one
-atomic call. Their names carry the contract's version (``_v3``): in a fleet of mixed versions each
+atomic call. Their names carry the contract's version (``_v3``, ``_v4``): in a fleet of mixed versions each
 node calls its own, and starting a node never replaces what another version runs.
 
 - ``open_term_v3(job, token, node, domain)``: refuses a term from another election domain than
@@ -29,14 +34,15 @@ node calls its own, and starting a node never replaces what another version runs
   names the fence), records the raise in ``terms`` and the domain when none is recorded yet,
   answers the committed cursor. A NULL ``domain`` (job code's fence) neither records nor checks
   one.
-- ``commit_batch_v3(job, token, node, previous, cursor, max_len, paging_tokens[], records[])``:
+- ``commit_batch_v4(job, token, node, previous, cursor, max_len, paging_tokens[], records[],
+  complete_through, complete_held)``:
   locks the fence row, refuses unless it holds exactly ``token`` from ``node`` (``stale-token``
   when higher or another node's, ``term-not-open`` when lower), the stored cursor is
   ``previous`` (``cursor-moved``), and the batch continues it by the Redis commit script's rule
   (``actors/cursor_order.py``): every paging token well formed (``bad-paging-token``) and
   strictly after the one before, the first after ``previous``, and ``cursor`` the last token or
   an anchor after it (``not-after-cursor``); then inserts the rows after the job's last ``seq``,
-  moves the cursor, deletes rows beyond ``max_len`` (0: keep all), and ``NOTIFY``s channel
+  moves the cursor (and the watermark), deletes rows beyond ``max_len`` (0: keep all), and ``NOTIFY``s channel
   ``<schema>_events`` with ``{"job", "seq", "cursor"}``, delivered when the transaction commits,
   unless PostgreSQL's notification queue is fuller than ``ingestion.notify_queue_limit`` (a
   setting, default 0.5 of the queue): a listener that stopped reading holds the server's one
@@ -45,6 +51,13 @@ node calls its own, and starting a node never replaces what another version runs
   readers find its rows by reading again, as ``tail`` does at least once a second.
   The sink checks the batch before sending it too (``actors.sink.continuation``): the function's
   check is for every other caller, a direct call included.
+
+Version 4 (``commit_batch_v4``) is version 3's ``commit_batch`` with the completeness watermark:
+two more arguments (the ledger, NULL for none, and why a known gap holds it, '' for none; both
+defaulted, so a call with version 3's arguments commits no watermark), set
+beside the cursor under the same fence (it only rises, and never once held), and answered with
+the row. A new name rather than a changed ``_v3``: a node of version 3 still calls its own, which
+leaves the new columns as they are. ``open_term`` is unchanged (``open_term_v3``).
 
 Version 3 (the ``_v3`` names) differs from version 2 in ``open_term`` (the election domain: a
 fourth argument and the ``fences.domain`` column) and ``commit_batch`` (the continuity check and
@@ -86,11 +99,16 @@ COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
 # default), added to a table that lacks them; the migration rule allows nothing else.
 ADDED_COLUMNS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "fences": (("domain", "text", "text"),),  # v3: the election domain that owns the job
+    # v4: the completeness watermark (a ledger) and why a known gap holds it (NULL: none does)
+    "cursors": (("complete_through", "bigint", "bigint"), ("complete_held", "text", "text")),
 }
 
 _TABLES = {
     "fences": "job text PRIMARY KEY, token bigint NOT NULL, node text NOT NULL DEFAULT '', domain text",
-    "cursors": "job text PRIMARY KEY, cursor text NOT NULL, token bigint NOT NULL",
+    "cursors": (
+        "job text PRIMARY KEY, cursor text NOT NULL, token bigint NOT NULL, complete_through bigint, "
+        "complete_held text"
+    ),
     "events": (
         "job text NOT NULL, seq bigint NOT NULL, paging_token text NOT NULL, token bigint NOT NULL, "
         "record json NOT NULL, committed_at timestamptz NOT NULL DEFAULT now(), "
@@ -218,9 +236,57 @@ BEGIN
 END
 """
 
+# Version 4 of commit_batch: version 3's body, and the completeness watermark committed with the
+# cursor (two more arguments, two more columns answered). Its text is version 3's with these two
+# statements replaced, so that the two read side by side.
+COMMIT_BODY_V4 = COMMIT_BODY.replace(
+    """  SELECT c.cursor INTO stored FROM {s}.cursors c WHERE c.job = p_job;
+""",
+    """  SELECT c.cursor, c.complete_held INTO stored, was_held FROM {s}.cursors c WHERE c.job = p_job;
+""",
+).replace(
+    """  last bigint;
+""",
+    """  last bigint;
+  was_held text;
+  mark bigint;
+  held text;
+""",
+    1,
+).replace(
+    """  INSERT INTO {s}.cursors (job, cursor, token) VALUES (p_job, p_cursor, p_token)
+    ON CONFLICT (job) DO UPDATE SET cursor = excluded.cursor, token = excluded.token;
+""",
+    """  -- The watermark only rises, and never once a known gap holds it (complete_held).
+  INSERT INTO {s}.cursors AS c (job, cursor, token, complete_through, complete_held)
+    VALUES (p_job, p_cursor, p_token, p_complete_through, nullif(p_complete_held, ''))
+    ON CONFLICT (job) DO UPDATE SET cursor = excluded.cursor, token = excluded.token,
+      complete_through = CASE WHEN c.complete_held IS NOT NULL THEN c.complete_through
+                              ELSE greatest(c.complete_through, excluded.complete_through) END,
+      complete_held = coalesce(c.complete_held, excluded.complete_held)
+    RETURNING c.complete_through, c.complete_held INTO mark, held;
+""",
+).replace(
+    """  RETURN QUERY SELECT true, ''::text, fence, p_cursor, last + n, trimmed;
+""",
+    """  RETURN QUERY SELECT true, ''::text, fence, p_cursor, last + n, trimmed, mark,
+    coalesce(held, ''), was_held IS NULL AND held IS NOT NULL;
+""",
+).replace(
+    """RETURN QUERY SELECT false, 'term-not-open'::text, coalesce(fence, 0), stored, 0::bigint, 0::bigint;""",
+    """RETURN QUERY SELECT false, 'term-not-open'::text, coalesce(fence, 0), stored, 0::bigint, 0::bigint,
+      NULL::bigint, ''::text, false;""",
+)
+for _reason in ("'stale-token'::text", "'cursor-moved'::text", "refusal"):
+    COMMIT_BODY_V4 = COMMIT_BODY_V4.replace(
+        f"RETURN QUERY SELECT false, {_reason}, fence, stored, 0::bigint, 0::bigint;",
+        f"RETURN QUERY SELECT false, {_reason}, fence, stored, 0::bigint, 0::bigint, NULL::bigint, "
+        "''::text, false;",
+    )
+
 # The functions' names carry the contract's version: a node calls only its own version's.
 OPEN_TERM = "open_term_v3"
-COMMIT_BATCH = "commit_batch_v3"
+COMMIT_BATCH = "commit_batch_v4"
 
 FUNCTIONS = {
     OPEN_TERM: (
@@ -230,9 +296,11 @@ FUNCTIONS = {
     ),
     COMMIT_BATCH: (
         "p_job text, p_token bigint, p_node text, p_previous text, p_cursor text, p_max_len bigint, "
-        "p_tokens text[], p_records text[]",
-        "TABLE(ok boolean, reason text, fence bigint, stored text, last_seq bigint, trimmed bigint)",
-        COMMIT_BODY,
+        "p_tokens text[], p_records text[], p_complete_through bigint DEFAULT NULL, "
+        "p_complete_held text DEFAULT ''",
+        "TABLE(ok boolean, reason text, fence bigint, stored text, last_seq bigint, trimmed bigint, "
+        "complete_through bigint, complete_held text, newly_held boolean)",
+        COMMIT_BODY_V4,
     ),
 }
 
@@ -359,12 +427,16 @@ class CommitAnswer:
     stored: str | None
     last_seq: int
     trimmed: int
+    complete_through: int | None = None
+    complete_held: str = ""
+    newly_held: bool = False
 
     @classmethod
     def from_row(cls, row: tuple[object, ...]) -> CommitAnswer:
-        ok, reason, fence, stored, last_seq, trimmed = row
+        ok, reason, fence, stored, last_seq, trimmed, mark, held, newly_held = row
         return cls(bool(ok), str(reason), int(fence), stored if stored is None else str(stored),  # type: ignore[call-overload]
-                   int(last_seq), int(trimmed))  # type: ignore[call-overload]
+                   int(last_seq), int(trimmed), None if mark is None else int(mark),  # type: ignore[call-overload]
+                   str(held or ""), bool(newly_held))  # fmt: skip
 
 
 def verify_fences(rows: list[tuple[int, int]], terms: list[tuple[int, int]]) -> list[str]:

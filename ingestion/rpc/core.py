@@ -44,7 +44,7 @@ import attrs
 import msgspec
 import orjson
 
-from actors.source import Batch, Record
+from actors.source import Batch, Record, Watermark
 from ingestion.common.retry import RetryPolicy
 from ingestion.rpc.protocol import (
     INVALID_PARAMS,
@@ -152,6 +152,9 @@ class RpcFollower:
     _ahead_logged_at: float | None = attrs.field(init=False, default=None)
     _rejected_4xx: set[str] = attrs.field(init=False, factory=set)
     request_id: int = attrs.field(init=False, default=0)
+    # A skipped history gap holds the completeness watermark at ``held_at`` (``held`` says why).
+    held: str = attrs.field(init=False, default="")
+    held_at: int = attrs.field(init=False, default=0)
 
     def __attrs_post_init__(self) -> None:
         if not self.urls:
@@ -293,8 +296,8 @@ class RpcFollower:
         moved = self.position is None or cursor > self.position
         last = Cursor.parse(records[-1].paging_token) if records else None
         through = str(cursor) if moved and (last is None or cursor > last) else None
-        batch = Batch(records, through=through) if records or through else None
         self.phase, self.position = Phase.CURSOR, max(cursor, self.position or cursor)
+        batch = Batch(records, through=through, watermark=self.watermark()) if records or through else None
         behind = len(records) >= limit or cursor.ledger < latest
         if behind:
             self._overdue = 0
@@ -397,9 +400,24 @@ class RpcFollower:
     def on_malformed(self, error: str, now: float) -> Outcome:
         return self._on_malformed(error, now)
 
-    def skip_to(self, ledger: int) -> None:
-        """Go on from ``ledger`` (a history gap recorded and skipped)."""
+    def skip_to(self, ledger: int, held: str = "") -> None:
+        """Go on from ``ledger`` (a history gap recorded and skipped). ``held``: why the job's
+        completeness watermark now stops before the gap, at the ledger the position completes."""
+        if held and not self.held:
+            self.held_at = complete_ledger(self.position) if self.position else self._needed_ledger() - 1
+            self.held = held
         self.phase, self.start_ledger = Phase.LEDGER, ledger
+
+    def watermark(self) -> Watermark | None:
+        """The job's completeness watermark once the position is committed (None: no position
+        yet): the last ledger every matching event of which has been served, held before a
+        skipped gap; with the latest ledger seen."""
+        latest = self.latest or None
+        if self.held:
+            return Watermark(self.held_at, self.held, source_latest=latest)
+        if self.position is None:
+            return None
+        return Watermark(complete_ledger(self.position), source_latest=latest)
 
     # -- the ledger clock -------------------------------------------------------------------------
 
@@ -541,6 +559,12 @@ _EVENT_IDS = re.compile(r"[0-9]+-[0-9]+(?:\n[0-9]+-[0-9]+)*").fullmatch
 _PADDED_IDS = re.compile(r"[0-9]{19}-[0-9]{10}(?:\n[0-9]{19}-[0-9]{10})*").fullmatch
 _PADDED_TOID, _PADDED_EVENT = operator.itemgetter(slice(19)), operator.itemgetter(slice(20, None))
 _MAX_EVENT_TEXT = f"{MAX_EVENT:010d}"
+
+
+def complete_ledger(position: Cursor) -> int:
+    """The last ledger all of whose events are at or before ``position``: its own ledger after
+    a scanned-through cursor, else the one before (more events of its ledger may follow)."""
+    return position.ledger if position == Cursor.through(position.ledger) else position.ledger - 1
 
 
 def _event_key(toid: int, event: int) -> int:

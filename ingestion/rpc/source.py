@@ -351,7 +351,9 @@ class RpcSource:
             return follower
         if self.on_history_gap == "lake":
             return await self._from_history(gap.cursor, gap.elder_ledger, send)
-        follower.skip_to(gap.elder_ledger)
+        follower.skip_to(
+            gap.elder_ledger, f"history gap: ledgers before {gap.elder_ledger} are gone from {gap.url}"
+        )
         return follower
 
     async def _keeper(self, client: httpx.AsyncClient, follower: RpcFollower, reporter: str) -> int | None:

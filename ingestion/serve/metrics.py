@@ -113,9 +113,27 @@ class _ObserverCollector(Collector):
             "ingestion_source_up",
             "1 while this node's source (Horizon) answered within two lease TTLs, else 0.",
         )
+        complete = _gauge(
+            "ingestion_complete_through_ledger",
+            "Leader only: the job's completeness watermark it last committed: every record the source "
+            "holds for ledgers up to this one is committed (held at a known gap for good).",
+        )
+        latest = _gauge(
+            "ingestion_source_latest_ledger",
+            "Leader only: the source's latest closed ledger, as the source last said with a commit.",
+        )
+        decode_errors = _counter(
+            "ingestion_decode_errors",
+            "Records that could not be decoded, handed on to be committed as sent with a decodeError member.",
+        )
         for s in snaps:
             job = [s.job]
             info.add_metric([s.node, s.job], 1)
+            decode_errors.add_metric(job, s.decode_errors)
+            if s.role == "leader" and s.complete_through_ledger is not None:
+                complete.add_metric(job, s.complete_through_ledger)
+            if s.role == "leader" and s.source_latest_ledger is not None:
+                latest.add_metric(job, s.source_latest_ledger)
             leader.add_metric(job, 1 if s.role == "leader" else 0)
             if s.token is not None:
                 token.add_metric(job, s.token)
@@ -143,7 +161,8 @@ class _ObserverCollector(Collector):
             for action in ("skip", "stop", "lake"):
                 gaps.add_metric([s.job, action], s.history_gaps.get(action, 0))
         yield from (build, info, gaps, leader, token, remaining, elections, losses, rejections, redis_errors,
-                    ingested, commits, leaderless, lag, source_up)  # fmt: skip
+                    ingested, commits, leaderless, lag, source_up, complete, latest,
+                    decode_errors)  # fmt: skip
 
 
 def _gauge(name: str, documentation: str) -> GaugeMetricFamily:

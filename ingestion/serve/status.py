@@ -14,7 +14,8 @@ Every client gets, as JSON text messages:
      "events_ingested": 1200, "commits": 40, "ingest_rate": 118.5, "lag_seconds": 1.2,
      "elections": 2, "losses": {"lease-expired": 1}, "fencing_rejections": 0,
      "redis_errors": 0, "leaderless_seconds": 0.8, "source_up": true,
-     "source_ok_seconds_ago": 0.4, "time": "2025-01-01T00:00:00.000Z"}
+     "source_ok_seconds_ago": 0.4, "complete_through": 51234567, "complete_held": "",
+     "time": "2025-01-01T00:00:00.000Z"}
 
 ``event`` (the election event's name and fields as in the logs, docs/REFERENCE.md: a job that has
 stopped is ``node-stopped``, as the log says, never ``stopped``)::
@@ -110,6 +111,10 @@ class StatusHub:
             "source_ok_seconds_ago": (
                 round(now - s.source_last_ok, 3) if s.source_last_ok is not None else None
             ),
+            # the completeness watermark this leader last committed (None: not leading, or its
+            # source does not say), and why a known gap holds it ('' when none does)
+            "complete_through": s.complete_through_ledger if s.role == "leader" else None,
+            "complete_held": s.complete_held if s.role == "leader" else "",
             "time": wall_time(),
         }
 

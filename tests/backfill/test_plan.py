@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import itertools
 
+import attrs
 import pytest
 
-from actors.source import Batch, Record
+from actors.source import Batch, Record, Watermark
 from ingestion.backfill.bounded import BoundedSource
 from ingestion.backfill.checks import missing_objects, overlap_problem
 from ingestion.backfill.plan import (
@@ -79,6 +80,10 @@ def test_a_range_source_passes_batches_on_until_one_reaches_past_its_last_ledger
     assert [Cursor.parse(r.paging_token).ledger for r in final.records] == [10, 10]
     empty, last = source.cut(batch(11, through=11))
     assert last and empty.records == () and empty.through == str(Cursor.through(10))
+    # (issue 49) the range is complete through its last ledger, not the ledgers read past it
+    marked = attrs.evolve(batch(10, 11, 12, through=12), watermark=Watermark(12))
+    assert source.cut(marked)[0].watermark == Watermark(10)
+    assert source.cut(attrs.evolve(before, watermark=Watermark(9)))[0].watermark == Watermark(9)
 
 
 def test_the_span_checks_name_missing_objects_and_an_overlap() -> None:

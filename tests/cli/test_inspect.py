@@ -39,11 +39,13 @@ async def test_inspect_json_of_an_empty_job_has_the_contract_keys(
     done = await run_inspect("--redis", redis_server.url, "--job", job, "--json")
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
-    assert set(doc) == CONTRACT_KEYS | {"lag", "stream", "leader_source_ok", "backfill"}
+    assert set(doc) == CONTRACT_KEYS | {"lag", "stream", "leader_source_ok", "backfill", "complete_through",
+                                        "complete_held", "decode_errors"}  # fmt: skip
     assert doc == {"job": job, "leader": None, "token": 0, "lease_ttl_ms_left": None,
                    "cursor": None, "events": 0, "audit": [], "lag": None,
                    "stream": {"trimmed": 0, "groups": []}, "leader_source_ok": None,
-                   "backfill": None}  # fmt: skip
+                   "backfill": None, "complete_through": None, "complete_held": "",
+                   "decode_errors": []}  # fmt: skip
 
 
 def documented_fields() -> set[str]:
@@ -203,7 +205,7 @@ async def test_inspect_without_a_job_lists_every_job(private_redis: LocalRedis) 
     ]
     table = (await run_inspect("--redis", private_redis.url)).stdout.decode()
     assert "3 jobs; leases held by node-a: 1, node-b: 1" in table
-    header = ["job", "leader", "token", "lease", "left", "cursor", "events", "lag"]
+    header = ["job", "leader", "token", "lease", "left", "cursor", "events", "complete", "through", "lag"]
     assert table.splitlines()[0].split() == header
 
 
@@ -226,3 +228,35 @@ async def test_inspect_shows_when_the_leaders_horizon_last_answered(
     assert source["at"].endswith("Z")
     table = (await run_inspect("--redis", redis_server.url, "--job", job)).stdout.decode()
     assert "leader's source" in table and "s ago)" in table
+
+
+async def test_inspect_shows_the_watermark_where_a_gap_holds_it_and_the_records_not_decoded(
+    redis_server: LocalRedis, job: str
+) -> None:
+    """Issue 49: the completeness watermark and why a gap holds it, and the newest records
+    committed with a decodeError, newest first."""
+    from actors.source import Watermark
+
+    store = LeaseStore(connect(redis_server.url, timeout=2.0), job)
+    grant = await store.acquire("node-a", 60_000)
+    assert isinstance(grant, Acquired)
+    bad = [Record(str(i << 32), json.dumps({"id": i, "decodeError": f"bad ScVal {i}"})) for i in (3, 5)]
+    good = [Record(str(i << 32), json.dumps({"id": i})) for i in (2, 4, 6)]
+    batch = sorted(bad + good, key=lambda r: int(r.paging_token))
+    held = "history gap: ledgers before 9 are gone"
+    await store.commit("node-a", grant.token, None, batch, watermark=Watermark(6, held))
+    done = await run_inspect("--redis", redis_server.url, "--job", job, "--json")
+    doc = json.loads(done.stdout)
+    assert (doc["complete_through"], doc["complete_held"]) == (6, held)
+    assert [(d["paging_token"], d["decode_error"]) for d in doc["decode_errors"]] == [
+        (str(5 << 32), "bad ScVal 5"), (str(3 << 32), "bad ScVal 3")
+    ]
+    table = (await run_inspect("--redis", redis_server.url, "--job", job)).stdout.decode()
+    assert re.search(rf"^complete through +ledger 6 \(held for good: {held}\)$", table, re.MULTILINE), table
+    lines = table.splitlines()
+    start = lines.index("records committed with a decodeError (newest first, among the newest 10000):")
+    assert [line.split()[1:] for line in lines[start + 1 :]] == [
+        [str(5 << 32), "bad", "ScVal", "5"], [str(3 << 32), "bad", "ScVal", "3"]
+    ]
+    every = (await run_inspect("--redis", redis_server.url)).stdout.decode()
+    assert "6 (held)" in next(line for line in every.splitlines() if line.startswith(job + " "))

@@ -53,7 +53,7 @@ async def test_status_is_pushed_on_connect_and_every_election_event_as_it_happen
             assert 0 < first["lease_ms_left"] <= 1500
             assert set(first) >= {
                 "cursor", "events_ingested", "ingest_rate", "lag_seconds", "elections",
-                "losses", "fencing_rejections", "leader", "time",
+                "losses", "fencing_rejections", "leader", "time", "complete_through", "complete_held",
             }  # fmt: skip
             s = await next_message(ws_s, "status")
             assert (s["role"], s["leader"], s["lease_ms_left"]) == ("standby", leader.spec.node, None)

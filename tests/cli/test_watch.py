@@ -178,3 +178,20 @@ def test_view_of_nodes_hosting_several_jobs_says_who_leads_which() -> None:
     assert "unled: j2" in view.summary()
     table = view.table()
     assert table.splitlines()[2].split()[0] == "job" and len(table.splitlines()) == 3 + 6
+
+
+def test_the_table_shows_each_leader_s_completeness_watermark_and_a_gap_that_holds_it() -> None:
+    """Issue 49: ``complete``, the ledger the leader's status says, ``!`` when a gap holds it."""
+    view = ClusterView.of(["ws://x/", "ws://y/"])
+    for url in ("ws://x/", "ws://y/"):
+        view.connected(url)
+    view.message("ws://x/", {"type": "status", "node": "x", "role": "leader", "token": 1,
+                             "complete_through": 4711, "complete_held": ""})  # fmt: skip
+    view.message("ws://y/", {"type": "status", "node": "y", "role": "standby", "token": 1,
+                             "complete_through": None, "complete_held": ""})  # fmt: skip
+    header, x, y = view.table().splitlines()[2:]
+    assert header.split()[-2:] == ["complete", "cursor"]
+    assert x.split()[-2] == "4711" and y.split()[-2] == "-"
+    view.message("ws://x/", {"type": "status", "node": "x", "role": "leader", "token": 1,
+                             "complete_through": 4711, "complete_held": "history gap"})  # fmt: skip
+    assert view.table().splitlines()[3].split()[-2] == "4711!"

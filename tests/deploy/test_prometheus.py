@@ -19,6 +19,8 @@ REQUIRED = {
     "IngestionRedisDown",
     "IngestionConsumerGroupLag",
     "IngestionHistoryGap",
+    "IngestionWatermarkStalled",  # issue 49: a watermark that stops while the source goes on
+    "IngestionDecodeErrors",  # issue 49: records committed with decodeError
 }
 
 

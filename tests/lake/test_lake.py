@@ -17,7 +17,7 @@ import trio
 import zstandard
 from stellar_sdk import xdr
 
-from actors.source import SourceFatalError
+from actors.source import SourceFatalError, Watermark
 from ingestion.lake import decoding
 from ingestion.lake.core import LakeFollower
 from ingestion.lake.decoding import DECODE_ATTEMPTS, PARENT_WATCH, open_decoders
@@ -302,6 +302,7 @@ def test_follower_positions_and_gaps() -> None:
     assert f.needed == 85
     batch = f.on_ledgers([metas[85]])
     assert batch is not None and len(batch.records) == 1000 and batch.through == str(Cursor.through(85))
+    assert batch.watermark == Watermark(85)  # (issue 49) every event of ledger 85 read
     assert f.needed == 86 and f.on_missing(85) is None  # the tip
     gap = f.on_missing(88)
     assert gap is not None and (gap.ledger, gap.latest) == (86, 88)

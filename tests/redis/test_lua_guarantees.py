@@ -59,7 +59,7 @@ async def commit_script(
     builds them, but without its Python-side checks."""
     k = store.keys
     keys = [k["token"], k["lease"], k["cursor"], k["events"]]
-    args: list[str | int] = [node, token, previous or "", anchor or "", store.events_max_len]
+    args: list[str | int] = [node, token, previous or "", anchor or "", store.events_max_len, ""]
     for t in tokens:
         args += [t, body(t)]
     answer: list[Any] = await store.run(store._commit, keys, args)

@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
+from actors.source import Watermark
 from ingestion.common.retry import RetryPolicy
 from ingestion.rpc.core import Phase, RpcFollower, parse_answer, read_events
 from ingestion.rpc.protocol import (
@@ -317,3 +318,28 @@ def test_a_page_that_breaks_a_rule_is_left_to_the_general_path() -> None:
     assert f.on_events(page, 1000, now=0) is None  # not after the position
     for content in (b'{"jsonrpc":"2.0","id":1,"error":{"code":-32600,"message":"x"}}', b"{", b"\xff"):
         assert read_events(content) is None
+
+
+def test_each_batch_says_through_which_ledger_the_job_is_complete() -> None:
+    """Issue 49: a scanned-through cursor completes its ledger; a full page ending inside ledger
+    L completes L - 1 (more of L may follow); with the latest ledger seen."""
+    f = follower("500")
+    events = [event(501, index=i) for i in range(3)]
+    full = f.on_result(result(events, events[-1]["id"], 900), 3, now=0)
+    assert full.batch is not None and full.batch.watermark == Watermark(500)
+    assert full.batch.watermark.source_latest == 900
+    quiet = f.on_result(result([], Cursor.through(901), 901), 1000, now=1)
+    assert quiet.batch is not None and not quiet.batch.records and quiet.batch.watermark == Watermark(901)
+
+
+def test_a_skipped_history_gap_holds_the_watermark_at_the_ledger_the_position_completes() -> None:
+    f = follower("500")
+    f.on_result(result([], Cursor.through(600), 600), 1000, now=0)
+    gap = f.on_error(INVALID_REQUEST, RANGE_MESSAGE.format(oldest=700, latest=900), now=1).gap
+    assert gap is not None
+    f.skip_to(gap.elder_ledger, "history gap: ledgers before 700 are gone")
+    out = f.on_result(result([event(701)], Cursor.through(900), 900), 1000, now=2)
+    assert out.batch is not None
+    assert out.batch.watermark == Watermark(600, "history gap: ledgers before 700 are gone")
+    f.skip_to(950, "another gap")  # the first gap holds it; a later one changes nothing
+    assert f.watermark() == Watermark(600, "history gap: ledgers before 700 are gone")

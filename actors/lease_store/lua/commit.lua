@@ -8,13 +8,19 @@
 --         durably before its first record; after records, a source's "read through here" position
 --         (Stellar RPC's scanned-through cursor).
 -- ARGV[5] events max_len (0: keep everything)
--- ARGV[6..] paging_token, record pairs, strictly in paging-token order
+-- ARGV[6] the completeness watermark ('' for none): "L" (every record of the source for ledgers up
+--         to L is committed once this commit is) or "L|why" (and a known gap follows L: the
+--         watermark stops at L for good). Kept in the cursor hash beside the cursor, under the same
+--         fencing check: field complete_through (it only rises) and complete_held (why it stopped).
+-- ARGV[7..] paging_token, record pairs, strictly in paging-token order
 --
 -- Applied only if the token is the counter, the lease holds exactly "token|node", the stored cursor
 -- is ARGV[3], and every paging token is well formed and after the previous one; else nothing changes.
--- Returns {1, records appended, new cursor, entries trimmed} or {0, reason, counter, stored cursor},
+-- Returns {1, records appended, new cursor, entries trimmed, watermark ('' none), held ('' none),
+-- 1 when this commit made it held else 0} or {0, reason, counter, stored cursor},
 -- reason one of stale-token, lease-lost, cursor-moved, not-after-cursor, bad-paging-token.
 
+local FIRST = 7  -- the first record's paging token
 local stored = redis.call('HGET', KEYS[3], 'cursor') or ''
 local refusal = fencing_refusal(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
 if refusal then return {0, refusal[1], refusal[2], stored} end
@@ -29,7 +35,7 @@ local function padded(t)
   return string.find(t, PADDED) ~= nil
 end
 local last, last_padded = stored, padded(stored)
-for i = 6, #ARGV, 2 do
+for i = FIRST, #ARGV, 2 do
   local t = ARGV[i]
   local p = padded(t)
   if p and last_padded then
@@ -49,11 +55,28 @@ if ARGV[4] ~= '' then
   end
   last = ARGV[4]
 end
-for i = 6, #ARGV, 2 do
+for i = FIRST, #ARGV, 2 do
   redis.call('XADD', KEYS[4], '*', 'paging_token', ARGV[i], 'token', ARGV[2],
     'node', ARGV[1], 'record', ARGV[i + 1])
 end
 redis.call('HSET', KEYS[3], 'cursor', last, 'token', ARGV[2], 'node', ARGV[1])
+local mark = redis.call('HGET', KEYS[3], 'complete_through') or ''
+local held = redis.call('HGET', KEYS[3], 'complete_held') or ''
+local newly_held = 0
+if ARGV[6] ~= '' and held == '' then
+  local sep = string.find(ARGV[6], '|', 1, true)
+  local ledger = tonumber(sep and string.sub(ARGV[6], 1, sep - 1) or ARGV[6])
+  if ledger and (mark == '' or ledger > tonumber(mark)) then
+    mark = tostring(ledger)
+    redis.call('HSET', KEYS[3], 'complete_through', mark)
+  end
+  if sep then
+    held = string.sub(ARGV[6], sep + 1)
+    if held == '' then held = 'held' end
+    redis.call('HSET', KEYS[3], 'complete_held', held)
+    newly_held = 1
+  end
+end
 local trimmed = 0
-if #ARGV > 5 then trimmed = trim_events(KEYS[4], tonumber(ARGV[5])) end
-return {1, (#ARGV - 5) / 2, last, trimmed}
+if #ARGV >= FIRST then trimmed = trim_events(KEYS[4], tonumber(ARGV[5])) end
+return {1, (#ARGV - FIRST + 1) / 2, last, trimmed, mark, held, newly_held}

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ingestion.serve.backfill_section import backfill_section
+from ingestion.serve.completeness_section import completeness_section
 from ingestion.serve.console.reader import WEBHOOK_ACTIONS, json_object
 from ingestion.serve.console.view import MAX_JOBS
 from ingestion.webhook.admin import outcome_text, outcome_words
@@ -174,7 +175,7 @@ def job_sections(job: dict[str, Any]) -> str:
         _table("rejections", ("when (UTC)", "node", "token", "current token", "why", "checked by", "cursor"),
                _rows(job["rejections"], REJECTION_COLS, WHEN)),
     ]  # fmt: skip
-    parts.append(backfill_section(job.get("backfill")))
+    parts += [completeness_section(job), backfill_section(job.get("backfill"))]
     if hook is not None:
         shown = [row for row in ENDPOINT_ROWS if row[0] not in FAILURE_ONLY or hook["state"] == "failing"]
         parts += [

@@ -16,6 +16,7 @@ import trio
 
 from actors.lease_store import LeaseStore, RedisUnavailable, discover_jobs, job_keys, parse_lease_value
 from ingestion.common.redact import redact
+from ingestion.serve.completeness_section import watermark_of
 from ingestion.serve.console.view import MAX_JOBS, ClusterView, why_leaderless
 from ingestion.serve.presence import PRESENCE_CHANNEL, PRESENCE_KEY, parse_entry, parse_message
 
@@ -265,7 +266,7 @@ class ClusterReader:
             "job": name, "kind": kind, "leader": leader or "", "token": token,
             "lease_ttl_ms_left": int(ttl) if lease and int(ttl) >= 0 else None,
             "leader_since_ms": (reported or {}).get("leader_since_ms"),
-            "cursor": cursor.get("cursor", ""), "records": int(records),
+            "cursor": cursor.get("cursor", ""), "records": int(records), **watermark_of(cursor),
             "rate": (reported or {}).get("rate"), "lag_seconds": (reported or {}).get("lag_seconds"),
             "hosts": (reported or {}).get("hosts", []),
             "why": "" if lease else why_leaderless((reported or {}).get("hosts", [])),
