@@ -21,7 +21,7 @@ from ingestion.node.worker import _count_decode_errors
 from ingestion.serve.metrics import NodeMetrics
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import wait_until
-from tests.cli.test_metrics import value
+from tests.support.metrics import value
 from tests.support.nodes import Recorder, start_node
 
 

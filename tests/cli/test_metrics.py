@@ -20,23 +20,11 @@ from ingestion.common.gaps import history_gap_listener, record_history_gap
 from ingestion.node.worker import _count_history_gap
 from ingestion.serve.metrics import NodeMetrics, serve_metrics
 from ingestion.testing.local_redis import LocalRedis
+from tests.support.metrics import value
 from tests.support.nodes import OpenStore, Recorder, start_node
 
 LIVE = SyntheticSource(total=None, batch_size=5, interval=0.02)
 LOG = structlog.get_logger()
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """{(sample name, sorted labels): value} of an exposition."""
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(text: str, name: str, **labels: str) -> float | None:
-    return samples(text).get((name, tuple(sorted(labels.items()))))
 
 
 async def scrape(port: int, path: str = "/metrics") -> httpx.Response:

@@ -5,8 +5,6 @@ kind of trouble a real RPC gives (-32001, 429, 503, a lagging node, a network re
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,11 +18,12 @@ from actors.elector import IngestionFatal
 from actors.lease_store import job_keys
 from ingestion.rpc.protocol import Cursor, EventFilter, segment_from_text
 from ingestion.rpc.source import RpcSource
-from ingestion.simulator import Simulator, SimulatorConfig, open_simulator
+from ingestion.simulator import SimulatorConfig, open_simulator
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.tcp_proxy import TcpProxy
 from ingestion.testing.wait import wait_until
 from tests.support.nodes import FAST_TIMING, Recorder, start_node
+from tests.support.rpc_nodes import cursor, node, source, until_at_tip
 
 CONFIG = SimulatorConfig(ledger_interval=None, history_ledgers=300, ops_per_ledger=20, rpc_port=0)
 HANDOVER_AFTER = FAST_TIMING.ttl  # seconds: the least horizon.handover_after allows
@@ -38,40 +37,12 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
     return out
 
 
-def source(*urls: str, **kw: Any) -> RpcSource:
-    return RpcSource(urls, retry_base=0.02, retry_cap=0.2, request_timeout=5, **kw)
-
-
 def stream(client: redis.Redis, job: str) -> list[tuple[str, dict[str, Any]]]:
     return [
         (f["paging_token"], json.loads(f["record"]))
         for _, f in client.xrange(job_keys(job)["events"])
     ]
 
-
-def cursor(client: redis.Redis, job: str) -> str | None:
-    value = client.hget(job_keys(job)["cursor"], "cursor")
-    return None if value is None else str(value)
-
-
-
-@asynccontextmanager
-async def node(url: str, job: str, src: RpcSource, start: str = "0") -> AsyncIterator[None]:
-    async with trio.open_nursery() as nursery:
-        handle = await start_node(nursery, Recorder(), url, job, "n1", src, start_cursor=start)
-        try:
-            yield
-        finally:
-            await handle.shutdown()
-
-
-def at_tip(client: redis.Redis, job: str, sim: Simulator) -> bool:
-    return cursor(client, job) == str(Cursor.through(sim.chain.latest))
-
-
-async def until_at_tip(client: redis.Redis, job: str, sim: Simulator, within: float = 15.0) -> None:
-    """Until the job's committed cursor reads through ``sim``'s latest ledger."""
-    await wait_until(lambda: at_tip(client, job, sim), within, what="the cursor through the latest ledger")
 
 
 async def test_a_node_follows_every_event_from_the_oldest_ledger_exactly_once(

@@ -14,7 +14,7 @@ from ingestion.rpc.protocol import Cursor
 from ingestion.simulator import SimulatorConfig, open_simulator
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import wait_until
-from tests.rpc.test_source import at_tip, cursor, node, source, until_at_tip
+from tests.support.rpc_nodes import at_tip, cursor, node, source, until_at_tip
 
 NOBODY = "GAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAWHF"  # a valid account no event names
 # Ledgers followed one by one with the watch list matching nothing: at least 60 s of pubnet
