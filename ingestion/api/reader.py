@@ -20,7 +20,7 @@ import trio
 
 from ingestion.api.core import too_slow, unavailable
 from ingestion.api.query import Plan, Window
-from ingestion.api.store import close_time_of, view_latest
+from ingestion.api.store import close_time_of, view_latest, view_oldest
 from ingestion.postgres.connection import describe
 from ingestion.postgres.sql import quoted
 from ingestion.rpc.protocol import Cursor
@@ -80,11 +80,12 @@ class StoreReader:
             rows = conn.execute(self._window_sql, (self.view, self.view)).fetchall()  # type: ignore[arg-type]
         except psycopg.errors.UndefinedTable:
             return None  # no projector has run yet
-        latest = view_latest(self.view, [(str(s), int(q), t) for s, q, t, _ in rows])
+        progress = [(str(s), int(q), t) for s, q, t, _ in rows]
+        latest = view_latest(self.view, progress)
         if latest is None or rows[0][3] is None:
             return None
         oldest_record = str(rows[0][3])
-        oldest = int(orjson.loads(oldest_record)["ledger"])
+        oldest = view_oldest(self.view, progress, int(orjson.loads(oldest_record)["ledger"]))
         if latest < oldest:
             return None
         bound = str(Cursor(latest + 1))

@@ -45,6 +45,9 @@ def test_a_view_is_complete_through_its_live_jobs_cursor() -> None:
     progress = [("v", 5, str(Cursor.through(90))), ("v~1-50", 9, str(Cursor.through(50)))]
     assert store.view_latest("v", progress) == 90
     assert store.view_latest("v", progress[1:]) == 50
+    # a range complete through its last ledger is held from its first, events or not
+    assert store.view_oldest("v", progress, first_event=7) == 1
+    assert store.view_oldest("v", [("v~1-50", 9, str(Cursor.through(40)))], first_event=7) == 7
 
 
 def test_a_start_outside_the_window_is_refused_with_stellar_rpcs_message() -> None:
@@ -145,7 +148,7 @@ async def test_a_step_projects_only_whats_new(pg: LocalPostgres, view: str) -> N
 
 async def test_a_run_leaves_no_listener_behind(pg: LocalPostgres, view: str) -> None:
     """A former leader's undrained LISTEN would hold PostgreSQL's one notification queue."""
-    action = projector_action(pg.url, "ingestion", view, run_seconds=0.3)
+    action = projector_action(pg.url, "ingestion", view, run_seconds=2.0)
     assert (await action(3, TermContext("p", 3)))["steps"] >= 2  # (it waited for notices between)
 
     def listeners() -> int:
