@@ -50,6 +50,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "webhook": ("ingestion.webhook",),
     # its rules (signatures, retry schedule, ...), pure: what config checks settings against
     "webhook-rules": ("ingestion.webhook.core",),
+    # the events API (issue 48): getEvents and its subscriptions over the PostgreSQL sink's rows
+    "api": ("ingestion.api",),
     # the node: its composition (sources, stores, sinks built from the settings) and its processes
     "node": ("ingestion.node",),
     # what a running node serves: metrics and status
@@ -85,6 +87,7 @@ ALLOWED: dict[str, set[str]] = {
     "postgres": {"runtime", "shared", "config", "postgres"},
     "backfill": {"runtime", "rpc-wire", "lake-wire", "config", "postgres", "backfill"},
     "actions": {"runtime"},
+    "api": {"runtime", "shared", "rpc-wire", "postgres", "api"},
     "node": {
         "runtime", *SOURCES, "config", "postgres", "serve", "webhook", "webhook-rules", "events", "backfill",
         "node",
