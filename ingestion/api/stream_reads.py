@@ -18,6 +18,7 @@ import attrs
 import orjson
 import psycopg
 
+from ingestion.events.scval import ScValError, from_base64
 from ingestion.postgres import sql
 from ingestion.postgres.connection import connect
 from ingestion.rpc.protocol import EventFilter, matches
@@ -46,19 +47,26 @@ class StoredEvent:
         return matches(filters, str(r.get("type", "")), str(r.get("contractId", "")), topics)
 
     def render(self, xdr_format: str) -> dict[str, Any]:
-        """The event as ``getEvents`` answers it: ``json`` gives ``topicJson``/``valueJson`` in
-        place of the base64 ``topic``/``value``, ``base64`` (or "") the reverse."""
-        r = dict(self.record)
-        decoded = ("topicJson", "valueJson")
-        if xdr_format == "json" and all(k in r for k in decoded):
-            r.pop("topic", None)
-            r.pop("value", None)
-        else:
-            for k in decoded:
-                r.pop(k, None)
-        r.pop("transfer", None)
-        r.pop("decodeError", None)
+        """The event as ``getEvents`` answers it: ``json`` gives ``topicJson``/``valueJson``
+        (SEP-51, a decoding job's when it added them, else decoded here) in place of the base64
+        ``topic``/``value``; ``base64`` (or "") the record without what a decoding job added."""
+        r = {k: v for k, v in self.record.items() if k not in _ADDED}
+        if xdr_format != "json":
+            return r
+        topic, value = r.pop("topic", None), r.pop("value", None)
+        try:
+            r["topicJson"] = self.record.get("topicJson") or [from_base64(t) for t in topic or []]
+            if value is not None:
+                r["valueJson"] = (
+                    self.record["valueJson"] if "valueJson" in self.record else from_base64(value)
+                )
+        except ScValError as exc:
+            r["topic"], r["value"] = topic, value
+            r["decodeError"] = str(exc)
         return r
+
+
+_ADDED = ("topicJson", "valueJson", "transfer", "decodeError")  # what a decoding job appends
 
 
 @attrs.frozen

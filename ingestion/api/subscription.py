@@ -79,8 +79,9 @@ class ReadHistory:
 @attrs.frozen
 class Cut:
     """The client is too slow: close its connection with this reason (a WebSocket close reason
-    fits 123 bytes)."""
+    fits 123 bytes); ``kind``: ``outbox`` (too many events waiting) or ``lag`` (waiting too long)."""
 
+    kind: str
     reason: str
 
 
@@ -139,10 +140,10 @@ class Subscription:
         waiting longer than ``max_lag``. Once cut, always the same answer."""
         if self.cut is None:
             if self.queued_events > self.limits.outbox:
-                self._cut(f"slow client: {self.queued_events} events waiting, over the limit of "
+                self._cut("outbox", f"slow client: {self.queued_events} events waiting, over the limit of "
                           f"{self.limits.outbox}; resume from your last cursor")  # fmt: skip
             elif self.outbox and now - self.outbox[0].queued_at > self.limits.max_lag:
-                self._cut(f"slow client: events waited over {self.limits.max_lag:g} s to be sent; "
+                self._cut("lag", f"slow client: events waited over {self.limits.max_lag:g} s to be sent; "
                           "resume from your last cursor")  # fmt: skip
         return self.cut
 
@@ -216,8 +217,8 @@ class Subscription:
         if always and not events:
             self.outbox.append(Notification((), self.position, now))
 
-    def _cut(self, reason: str) -> None:
-        self.cut = Cut(reason)
+    def _cut(self, kind: str, reason: str) -> None:
+        self.cut = Cut(kind, reason)
         self.phase = Phase.CUT
         self.pending = []
         self.outbox.clear()

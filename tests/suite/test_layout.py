@@ -87,7 +87,7 @@ ALLOWED: dict[str, set[str]] = {
     "postgres": {"runtime", "shared", "config", "postgres"},
     "backfill": {"runtime", "rpc-wire", "lake-wire", "config", "postgres", "backfill"},
     "actions": {"runtime"},
-    "api": {"runtime", "shared", "rpc-wire", "postgres", "api"},
+    "api": {"runtime", "shared", "rpc-wire", "events", "postgres", "api"},
     "node": {
         "runtime", *SOURCES, "config", "postgres", "serve", "webhook", "webhook-rules", "events", "backfill",
         "node",

@@ -1,0 +1,166 @@
+"""Subscriptions over a real WebSocket (trio-websocket's client) to the streams served by hypercorn
+on loopback, against a real PostgreSQL whose rows the real sink commits: history then live events
+without gap or duplicate, with commits racing the seam; bad input answered with error frames; the
+subscriber limit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+import trio
+from trio_websocket import open_websocket_url
+
+from ingestion.api.stream_reads import HistoryPage
+from ingestion.api.streaming import Streams
+from ingestion.api.subscription import Limits, ReadHistory
+from ingestion.rpc.protocol import EventFilter
+from ingestion.testing.local_postgres import LocalPostgres
+from ingestion.testing.wait import wait_until
+from tests.support.api_stream import (
+    MINT,
+    Committer,
+    event,
+    event_id,
+    ids,
+    notifications,
+    served,
+    subscribe,
+)
+
+
+class RacingStreams(Streams):
+    """Commits a live batch while each of the first two history reads is in flight: after the
+    first read's snapshot (its rows come again in the next read: not to be sent twice) and after
+    the exhausted read's (only the live feed has them: not to be lost)."""
+
+    committer: Committer
+    batches: list[list[Any]]
+
+    async def _history(self, read: ReadHistory, filters: tuple[EventFilter, ...]) -> HistoryPage:
+        page = await super()._history(read, filters)
+        if (
+            self.batches
+            and (read.generation, len(self.batches)) in ((0, 2), (0, 1))
+            and (len(self.batches) == 2 or page.exhausted)
+        ):
+            await self.committer.commit(self.batches.pop(0))
+            last = self.committer.cursor
+            await wait_until(lambda: self._published(last), 5, what="the feed published the racing commit")
+        return page
+
+    def _published(self, last: str | None) -> bool:
+        return bool(self.seen and self.seen[-1] == last)
+
+    seen: list[str]
+
+
+async def test_a_subscriber_gets_history_then_live_events_once_each_across_commits_racing_the_seam(
+    pg: LocalPostgres,
+) -> None:
+    job = "stream-seam"
+    committer = Committer(pg.url, job)
+    await committer.commit([event(n) for n in range(2, 12)])  # history: ledgers 2..11
+    RacingStreams.committer = committer
+    RacingStreams.batches = [[event(n) for n in range(12, 15)], [event(n) for n in range(15, 18)]]
+    RacingStreams.seen = []
+    async with served(pg.url, job, Limits(page=4), kind=RacingStreams) as (base, streams):
+        streams.feed.subscribe(lambda rows: RacingStreams.seen.extend(r.id for r in rows))
+        async with open_websocket_url(base.replace("http", "ws") + "/ws") as ws:
+            await subscribe(ws, {"startLedger": 3, "xdrFormat": "base64"})
+            got: list[dict[str, Any]] = []
+            await notifications(ws, 15, got)  # ledgers 3..17
+            assert not RacingStreams.batches  # both races ran
+            await committer.commit([event(n) for n in range(18, 20)])
+            cursor = await notifications(ws, 17, got)
+    committer.close()
+    assert ids(got) == [event_id(n) for n in range(3, 20)]
+    assert cursor == event_id(19)
+
+
+async def answer(ws: Any, frame: str | bytes) -> dict[str, Any]:
+    await ws.send_message(frame)
+    with trio.fail_after(5):
+        return dict(orjson.loads(await ws.get_message()))
+
+
+@pytest.mark.parametrize(
+    ("frame", "code", "says"),
+    [
+        ("{not json", -32700, "parse error"),
+        ("[1, 2]", -32600, "invalid request"),
+        ('{"jsonrpc": "2.0", "id": 3, "method": "getEvents", "params": {}}', -32601, "method not found"),
+        (
+            '{"jsonrpc": "2.0", "id": 4, "method": "subscribeEvents", "params": {"cursor": "12-x"}}',
+            -32602,
+            "invalid event id 12-x",
+        ),
+        (
+            '{"jsonrpc": "2.0", "id": 5, "method": "subscribeEvents", "params": {}}',
+            -32602,
+            "startLedger must be positive",
+        ),
+        (
+            '{"jsonrpc": "2.0", "id": 6, "method": "subscribeEvents", "params": {"startLedger": 2, '
+            '"filters": [{"type": "nope"}]}}',
+            -32602,
+            "filter 1 invalid: filter type invalid",
+        ),
+        (
+            '{"jsonrpc": "2.0", "id": 7, "method": "subscribeEvents", "params": {"startLedger": 2, '
+            '"xdrFormat": "hex"}}',
+            -32602,
+            "expected base64, json",
+        ),
+        ('{"jsonrpc": "2.0", "id": 8, "method": "unsubscribeEvents", "params": {}}', -32602, "subscription"),
+    ],
+)
+async def test_bad_frames_get_json_rpc_error_frames_and_the_socket_serves_on(
+    pg: LocalPostgres, frame: str, code: int, says: str
+) -> None:
+    job = "stream-bad"
+    committer = Committer(pg.url, job)
+    if not committer.opened:
+        await committer.commit([event(2)])
+    async with (
+        served(pg.url, job) as (base, _streams),
+        open_websocket_url(base.replace("http", "ws") + "/ws") as ws,
+    ):
+        reply = await answer(ws, frame)
+        assert reply["error"]["code"] == code and says in reply["error"]["message"], reply
+        assert reply["id"] == orjson.loads(frame)["id"] if frame.startswith('{"') else reply["id"] is None
+        await subscribe(ws, {"startLedger": 2}, rid=9)  # the connection still serves
+        got: list[dict[str, Any]] = []
+        await notifications(ws, 1, got)
+        assert ids(got) == [event_id(2)]
+    committer.close()
+
+
+async def test_subscriptions_over_the_node_limit_are_refused_and_a_freed_slot_serves_again(
+    pg: LocalPostgres,
+) -> None:
+    job = "stream-limit"
+    committer = Committer(pg.url, job)
+    await committer.commit([event(2), event(3, verb=MINT)])
+    async with served(pg.url, job, max_subscribers=2) as (base, streams):
+        url = base.replace("http", "ws") + "/ws"
+        async with open_websocket_url(url) as one, open_websocket_url(url) as two:
+            first = await subscribe(one, {"startLedger": 2})
+            await subscribe(one, {"startLedger": 2}, rid=2)
+            refused = await answer(two, orjson.dumps({"jsonrpc": "2.0", "id": 3, "method": "subscribeEvents",
+                                                      "params": {"startLedger": 2}}).decode())  # fmt: skip
+            assert refused["error"]["code"] == -32005
+            assert "serves 2 subscriptions, its limit (api.max_subscribers)" in refused["error"]["message"]
+            assert streams.stats.refused == 1
+            await one.send_message(orjson.dumps({"jsonrpc": "2.0", "id": 4, "method": "unsubscribeEvents",
+                                                 "params": {"subscription": first}}).decode())  # fmt: skip
+            await wait_until(lambda: streams.stats.subscribers == 1, 5, what="the unsubscribed slot freed")
+            only_mints = {"startLedger": 2, "filters": [{"topics": [[MINT]]}], "xdrFormat": "json"}
+            await subscribe(two, only_mints, rid=5)
+            got: list[dict[str, Any]] = []
+            await notifications(two, 1, got)
+            assert ids(got) == [event_id(3)]
+            assert got[0]["events"][0]["topicJson"] == [{"symbol": "mint"}]
+            assert "topic" not in got[0]["events"][0]
+    committer.close()
