@@ -55,6 +55,19 @@ RANGE_MESSAGE = "startLedger must be within the ledger range: {oldest} - {latest
 _RANGE = re.compile(r"startLedger must be within the ledger range: (\d+) - (\d+)")
 
 
+@attrs.frozen
+class Caps:
+    """How many filters a request, and contract ids and topics a filter, may carry (the
+    server's: :data:`DEFAULT_CAPS`; a server of our own may allow more)."""
+
+    filters: int = MAX_FILTERS
+    contract_ids: int = MAX_CONTRACT_IDS
+    topics: int = MAX_TOPICS
+
+
+DEFAULT_CAPS = Caps()
+
+
 class RpcError(Exception):
     """A JSON-RPC error: ``code`` and the server's ``message``."""
 
@@ -271,15 +284,17 @@ class EventFilter:
         types = tuple(k for k in kind.split(",")) if kind else ()
         return cls(types, tuple(ids), tuple(decoded))
 
-    def problem(self) -> str | None:
-        """The server's ``EventFilter.Valid`` message, or None when valid."""
+    def problem(self, caps: Caps | None = None) -> str | None:
+        """The server's ``EventFilter.Valid`` message, or None when valid (``caps``: the
+        server's, unless given)."""
+        caps = caps or DEFAULT_CAPS
         for t in self.types:
             if t not in EVENT_TYPES:
                 return "filter type invalid: if set, type must be either 'system' or 'contract'"
-        if len(self.contract_ids) > MAX_CONTRACT_IDS:
-            return f"maximum {MAX_CONTRACT_IDS} contract IDs per filter"
-        if len(self.topics) > MAX_TOPICS:
-            return f"maximum {MAX_TOPICS} topics per filter"
+        if len(self.contract_ids) > caps.contract_ids:
+            return f"maximum {caps.contract_ids} contract IDs per filter"
+        if len(self.topics) > caps.topics:
+            return f"maximum {caps.topics} topics per filter"
         for i, cid in enumerate(self.contract_ids, 1):
             if not is_contract_id(cid):
                 return f"contract ID {i} invalid"
@@ -334,12 +349,13 @@ def is_contract_id(text: str) -> bool:
         return False
 
 
-def filters_problem(filters: Sequence[EventFilter]) -> str | None:
+def filters_problem(filters: Sequence[EventFilter], caps: Caps | None = None) -> str | None:
     """The server's message for invalid filters (as in ``GetEventsRequest.Valid``), or None."""
-    if len(filters) > MAX_FILTERS:
-        return f"maximum {MAX_FILTERS} filters per request"
+    caps = caps or DEFAULT_CAPS
+    if len(filters) > caps.filters:
+        return f"maximum {caps.filters} filters per request"
     for i, f in enumerate(filters, 1):
-        bad = f.problem()
+        bad = f.problem(caps)
         if bad:
             return f"filter {i} invalid: {bad}"
     return None
@@ -395,8 +411,11 @@ class GetEventsRequest:
         return params
 
     @classmethod
-    def from_params(cls, params: Any, max_limit: int = MAX_LIMIT) -> GetEventsRequest:
-        """Decode and validate ``params`` as the server does (decode, then ``Valid``).
+    def from_params(
+        cls, params: Any, max_limit: int = MAX_LIMIT, caps: Caps | None = None
+    ) -> GetEventsRequest:
+        """Decode and validate ``params`` as the server does (decode, then ``Valid``), with the
+        server's caps on filters unless ``caps`` are given.
 
         Raises:
             RpcError: INVALID_PARAMS with the server's message.
@@ -430,12 +449,12 @@ class GetEventsRequest:
             raise _params(f"json: cannot unmarshal {limit!r} into Go struct field limit of type uint")
         fmt = _go_field(params, "xdrFormat", "")
         request = cls(int(start), int(end), filters, cursor, limit, fmt if isinstance(fmt, str) else "?")
-        problem = request.problem(max_limit)
+        problem = request.problem(max_limit, caps)
         if problem:
             raise _params(problem)
         return request
 
-    def problem(self, max_limit: int = MAX_LIMIT) -> str | None:
+    def problem(self, max_limit: int = MAX_LIMIT, caps: Caps | None = None) -> str | None:
         """``GetEventsRequest.Valid``: the server's message, or None."""
         if self.xdr_format not in ("", "base64", "json"):
             return f"got '{self.xdr_format}': expected base64, json for optional 'xdrFormat'"
@@ -446,7 +465,7 @@ class GetEventsRequest:
             return "startLedger must be positive"
         if self.limit > max_limit:
             return f"limit must not exceed {max_limit}"
-        return filters_problem(self.filters)
+        return filters_problem(self.filters, caps)
 
 
 def _go_field(obj: Mapping[str, Any], name: str, zero: Any) -> Any:

@@ -50,7 +50,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "webhook": ("ingestion.webhook",),
     # its rules (signatures, retry schedule, ...), pure: what config checks settings against
     "webhook-rules": ("ingestion.webhook.core",),
-    # the events API (issue 48): getEvents and its subscriptions over the PostgreSQL sink's rows
+    # the events API: stellar-rpc's JSON-RPC over the store a fenced projector keeps in PostgreSQL
+    # (its pure core: store, query, core; its shells: projector, reader, server)
     "api": ("ingestion.api",),
     # the node: its composition (sources, stores, sinks built from the settings) and its processes
     "node": ("ingestion.node",),
@@ -87,10 +88,10 @@ ALLOWED: dict[str, set[str]] = {
     "postgres": {"runtime", "shared", "config", "postgres"},
     "backfill": {"runtime", "rpc-wire", "lake-wire", "config", "postgres", "backfill"},
     "actions": {"runtime"},
-    "api": {"runtime", "shared", "rpc-wire", "events", "postgres", "api"},
+    "api": {"runtime", "shared", "rpc-wire", "events", "config", "postgres", "api"},
     "node": {
         "runtime", *SOURCES, "config", "postgres", "serve", "webhook", "webhook-rules", "events", "backfill",
-        "node",
+        "api", "node",
     },
     # (the console shows webhook jobs' endpoints and asks their leaders, through webhook.admin)
     "serve": {"runtime", "shared", "entry", "webhook", "serve"},
@@ -99,7 +100,7 @@ ALLOWED: dict[str, set[str]] = {
     "chaos": {"runtime", "verify", "testing", "webhook", "chaos"},
     "cli": {
         "runtime", *SOURCES, "config", "postgres", "node", "serve", "verify", "simulator", "webhook",
-        "webhook-rules", "events", "backfill", "entry", "cli",
+        "webhook-rules", "events", "backfill", "api", "entry", "cli",
     },
     "demo": {"runtime", *SOURCES, "config", "postgres", "verify", "testing", "entry", "cli", "demo"},
     "entry": {"node", "cli", "entry"},

@@ -1,0 +1,176 @@
+"""The events API's projector: a fenced singleton that turns a view's committed rows into the
+indexed store the API reads (:mod:`ingestion.api.store`).
+
+It runs as a scheduled job under the election (:class:`actors.scheduled.ScheduledJob`), the job
+``api.<view>`` that a node configured with ``[api] job = VIEW`` hosts (see
+:func:`ingestion.config.jobs` and :func:`projector_action`). One run lasts up to
+:data:`RUN_SECONDS`: it projects what is new, then waits for the sink's ``NOTIFY`` on
+``<schema>_events`` (a commit of the view's job or of one of its backfill ranges) or a second,
+whichever comes first, and projects again; the run's summary is committed as the job's record.
+
+Each step is one fenced transaction (``term.fenced``, :class:`~ingestion.postgres.fence.PostgresFence`
+on the projector's own job): for every source of the view (the job and its ``~`` ranges), read
+its committed cursor and up to :data:`BATCH` rows after its progress in one statement (one
+snapshot), insert their projections ``ON CONFLICT DO NOTHING`` and move its progress, all or
+nothing. A stale leader's step changes nothing (:class:`~ingestion.postgres.fence.FenceRejected`);
+a step repeated after a failover inserts nothing twice (the key is the view and the event id).
+A record that is not an event is skipped (counted in the run's summary), never fatal.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import psycopg
+import trio
+
+from actors.scheduled import Action
+from actors.source import TermContext
+from ingestion.api import store
+from ingestion.postgres import sql
+from ingestion.postgres.connection import connect
+from ingestion.postgres.fence import PostgresFence
+
+BATCH = 5000  # rows per source per step at most
+RUN_SECONDS = 30.0  # one run (one committed record) at most this long
+IDLE_WAKE = 1.0  # seconds: project again at least this often without a notice
+
+PROJECTOR_ACTION = "ingestion.api.projector:project"
+
+
+def projector_job_name(view: str) -> str:
+    """The elected job that keeps ``view``'s projection."""
+    return f"api.{view}"
+
+
+async def project_step(tx: Any, schema: str, view: str) -> dict[str, int]:
+    """One step inside a fenced transaction ``tx``: every source's new rows projected. Returns
+    ``{"rows": projected, "skipped": not events, "behind": sources with more to read}``."""
+    progress = {str(s): (int(q), t) for s, q, t in await tx.execute(store.read_progress(schema), (view,))}
+    sources = [str(r[0]) for r in await tx.execute(store.sources_of(schema), (view, view))]
+    projected = skipped = behind = 0
+    for source in sources:
+        after, was_through = progress.get(source, (0, None))
+        rows = await tx.execute(store.source_batch(schema), (after, BATCH, source))
+        events = [r for r in rows if r[1] is not None]
+        if not rows:
+            continue
+        cursor = rows[0][0]
+        projections = []
+        for _, _, paging_token, record in events:
+            try:
+                projections.append(store.project_record(str(paging_token), str(record)))
+            except store.NotAnEvent:
+                skipped += 1
+        if projections:
+            await tx.execute(store.insert_rows(schema), store.insert_params(view, projections))
+        through: str | None
+        if len(events) >= BATCH:
+            behind += 1
+            through = str(events[-1][2])
+        else:
+            through = None if cursor is None else str(cursor)
+        last = int(events[-1][1]) if events else after
+        if events or through != was_through:
+            await tx.execute(store.save_progress(schema), (view, source, last, through))
+        projected += len(projections)
+    return {"rows": projected, "skipped": skipped, "behind": behind}
+
+
+class NoticeWaiter:
+    """Waits for the sink's ``NOTIFY`` of a commit of the view's jobs, on a ``LISTEN`` connection
+    of its own, drained in a worker thread while waiting (a missed notice costs one
+    :data:`IDLE_WAKE`, never a row)."""
+
+    def __init__(self, url: str, schema: str, view: str) -> None:
+        self.url = url
+        self.schema = schema
+        self.view = view
+        self._conn: psycopg.Connection[Any] | None = None
+        self._limiter = trio.CapacityLimiter(1)
+
+    def _wait(self, seconds: float) -> bool:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = connect(self.url, 2.0, "ingestion-api-projector")
+            self._conn.execute(f"LISTEN {sql.channel(self.schema)}")  # type: ignore[arg-type]
+            return True  # (re)connected: whatever was committed meanwhile is read again
+        woken = False
+        for note in self._conn.notifies(timeout=seconds):
+            woken = woken or self._ours(note.payload)
+            if woken:
+                break
+        return woken
+
+    def _ours(self, payload: str) -> bool:
+        try:
+            job = str(orjson.loads(payload).get("job", ""))
+        except (orjson.JSONDecodeError, AttributeError):
+            return False
+        return job == self.view or job.startswith(self.view + "~")
+
+    async def wait(self, seconds: float) -> bool:
+        """Until a notice for the view or ``seconds``: whether one came."""
+        try:
+            with trio.fail_after(seconds + 3):
+                return await trio.to_thread.run_sync(
+                    functools.partial(self._wait, seconds), abandon_on_cancel=True, limiter=self._limiter
+                )
+        except (psycopg.Error, OSError, trio.TooSlowError):
+            self.close()
+            await trio.sleep(min(seconds, IDLE_WAKE))
+            return False
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
+def projector_action(url: str, schema: str, view: str, *, run_seconds: float = RUN_SECONDS) -> Action:
+    """The scheduled action that keeps ``view``'s projection at ``url``."""
+    fence = PostgresFence(url, projector_job_name(view), schema=schema, call_timeout=5.0)
+    waiter = NoticeWaiter(url, schema, view)
+    ready = False
+
+    async def action(run: int, term: TermContext) -> dict[str, Any]:
+        nonlocal ready
+        totals = {"rows": 0, "skipped": 0, "steps": 0}
+        deadline = trio.current_time() + run_seconds
+        try:
+            while True:
+                async with term.fenced(fence) as tx:
+                    if not ready:
+                        for statement in store.create_statements(schema):
+                            await tx.execute(statement)
+                    step = await project_step(tx, schema, view)
+                ready = True
+                totals["rows"] += step["rows"]
+                totals["skipped"] += step["skipped"]
+                totals["steps"] += 1
+                if trio.current_time() >= deadline:
+                    return totals
+                if not step["behind"]:
+                    await waiter.wait(min(IDLE_WAKE, max(0.0, deadline - trio.current_time())))
+        finally:
+            if trio.current_time() >= deadline:
+                waiter.close()
+
+    return action
+
+
+def configured(settings: Any) -> Callable[..., Any] | None:
+    """The projector action a node's settings ask for (``[api] job`` set), else None."""
+    api = getattr(settings, "api", None)
+    if api is None or not api.job:
+        return None
+    from ingestion.postgres.readers import configured_sink
+
+    return projector_action(configured_sink(settings, api.job), settings.sink.schema, api.job)
+
+
+async def project(run: int, term: TermContext) -> dict[str, Any]:
+    """Placeholder the node replaces with :func:`projector_action` built from its settings."""
+    raise RuntimeError("the API projector is built from the node's settings ([api] job)")

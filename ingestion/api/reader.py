@@ -1,0 +1,145 @@
+"""The events API's reads of the store (:mod:`ingestion.api.store`), read-only, from trio.
+
+Each read runs psycopg's synchronous connection in a worker thread of the reader's own (at most
+``connections`` at once: what bounds a flood), bounded twice: by the server (the connection's
+``statement_timeout``: a query that runs longer is cancelled there and the request answers
+-32001) and by the caller (``trio.fail_after``). Connections are reused while they work; a failed
+one is dropped and the next read connects afresh, so the API answers again as soon as PostgreSQL
+does. Sessions are read-only (``default_transaction_read_only``): the API cannot write.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import orjson
+import psycopg
+import trio
+
+from ingestion.api.core import too_slow, unavailable
+from ingestion.api.query import Plan, Window
+from ingestion.api.store import close_time_of, read_progress, view_latest
+from ingestion.postgres.connection import describe
+from ingestion.postgres.sql import quoted
+from ingestion.rpc.protocol import Cursor
+
+T = TypeVar("T")
+
+
+class StoreReader:
+    """Reads one view of the store at ``url`` (a primary or a streaming replica).
+
+    Args:
+        statement_timeout: seconds a statement may run on the server.
+        connections: reads at once at most (each on its own connection and thread).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        schema: str,
+        view: str,
+        *,
+        statement_timeout: float = 5.0,
+        connect_timeout: float = 2.0,
+        connections: int = 8,
+    ) -> None:
+        self.url = url
+        self.schema = schema
+        self.view = view
+        self.statement_timeout = statement_timeout
+        self.connect_timeout = connect_timeout
+        self._limiter = trio.CapacityLimiter(connections)
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._lock = threading.Lock()
+        self._close_times: dict[str, int] = {}  # id bound -> close time (the newest event below it)
+        q = quoted(schema)
+        self._oldest_sql = f"SELECT record FROM {q}.api_events WHERE view = %s ORDER BY id LIMIT 1"
+        self._newest_sql = (
+            f"SELECT record FROM {q}.api_events WHERE view = %s AND id < %s ORDER BY id DESC LIMIT 1"
+        )
+
+    async def window(self) -> Window | None:
+        """What the view holds now (None: nothing projected yet)."""
+        return await self._run(self._window)
+
+    async def rows(self, plan: Plan) -> list[tuple[str, str]]:
+        """The plan's ``(id, record)`` rows (none when its range is empty)."""
+        if plan.sql is None:
+            return []
+        sql = plan.sql
+        return await self._run(lambda conn: [(str(i), str(r)) for i, r in conn.execute(sql, plan.params)])  # type: ignore[arg-type]
+
+    def _window(self, conn: psycopg.Connection[Any]) -> Window | None:
+        progress = conn.execute(read_progress(self.schema), (self.view,)).fetchall()  # type: ignore[arg-type]
+        latest = view_latest(self.view, [(str(s), int(q), t) for s, q, t in progress])
+        oldest_row = conn.execute(self._oldest_sql, (self.view,)).fetchone()  # type: ignore[arg-type]
+        if latest is None or oldest_row is None:
+            return None
+        oldest_record = str(oldest_row[0])
+        oldest = int(orjson.loads(oldest_record)["ledger"])
+        if latest < oldest:
+            return None
+        bound = str(Cursor(latest + 1))
+        latest_close = self._close_times.get(bound)
+        if latest_close is None:
+            newest = conn.execute(self._newest_sql, (self.view, bound)).fetchone()  # type: ignore[arg-type]
+            latest_close = close_time_of(str(newest[0])) if newest else 0
+            if len(self._close_times) > 1000:
+                self._close_times.clear()
+            self._close_times[bound] = latest_close
+        return Window(oldest, latest, close_time_of(oldest_record), latest_close)
+
+    async def _run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        def call() -> T:
+            conn = self._take()
+            try:
+                out = fn(conn)
+            except BaseException:
+                conn.close()
+                raise
+            self._give(conn)
+            return out
+
+        try:
+            with trio.fail_after(self.statement_timeout + self.connect_timeout + 1):
+                return await trio.to_thread.run_sync(call, abandon_on_cancel=True, limiter=self._limiter)
+        except trio.TooSlowError:
+            raise too_slow() from None
+        except psycopg.errors.QueryCanceled:
+            raise too_slow() from None
+        except (psycopg.Error, OSError) as exc:
+            raise unavailable(describe(exc, self.url).removeprefix("sink.url ")) from None
+
+    def _take(self) -> psycopg.Connection[Any]:
+        with self._lock:
+            while self._idle:
+                conn = self._idle.pop()
+                if not (conn.closed or conn.broken):
+                    return conn
+        ms = max(100, round(self.statement_timeout * 1000))
+        return psycopg.connect(
+            self.url,
+            autocommit=True,
+            connect_timeout=max(1, round(self.connect_timeout)),
+            application_name="ingestion-api",
+            options=f"-c statement_timeout={ms} -c default_transaction_read_only=on",
+            keepalives=1,
+            keepalives_idle=1,
+            keepalives_interval=1,
+            keepalives_count=3,
+            tcp_user_timeout=ms + 2000,
+        )
+
+    def _give(self, conn: psycopg.Connection[Any]) -> None:
+        with self._lock:
+            self._idle.append(conn)
+
+    def close(self) -> None:
+        """Close the idle connections (those in use close as their reads end)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()

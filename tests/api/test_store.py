@@ -1,0 +1,174 @@
+"""The events API's store: the projection of a view's committed rows (its job and its backfill
+ranges, each event once) and ``getEvents`` planned over it, against a real PostgreSQL, answers
+held to stellar-rpc's rules computed over the same events."""
+
+from __future__ import annotations
+
+import orjson
+import psycopg
+import pytest
+
+from actors.lease_store import Committed
+from actors.source import TermContext
+from ingestion.api import store
+from ingestion.api.projector import project_step, projector_action, projector_job_name
+from ingestion.api.query import Window, events_result, events_sql, plan
+from ingestion.api.reader import StoreReader
+from ingestion.postgres.connection import connect
+from ingestion.postgres.fence import FenceRejected, PostgresFence
+from ingestion.postgres.sink import PostgresSink
+from ingestion.rpc.protocol import INVALID_REQUEST, Cursor, EventFilter, GetEventsRequest, RpcError
+from ingestion.testing.local_postgres import LocalPostgres
+from tests.support.api_events import ACCOUNTS, CONTRACTS, expected_page, make_events, records, segment
+
+EVENTS = make_events(1, 300)
+
+
+def ledger_of(event_id: str) -> int:
+    return Cursor.parse(event_id).ledger
+
+
+def test_a_decoding_jobs_additions_are_cut_from_the_served_record() -> None:
+    text = EVENTS[0].text
+    decoded = text[:-1] + ',"topicJson":[{"symbol":"x"}],"valueJson":{"i128":"5"},"transfer":{}}'
+    assert store.served_record(decoded) == text
+    assert store.served_record(text[:-1] + ',"decodeError":"bad"}') == text
+    row = store.project_record(EVENTS[0].id, decoded)
+    assert (row.id, row.record, row.topic_count) == (EVENTS[0].id, text, len(EVENTS[0].topics))
+    assert row.topics[0] == EVENTS[0].topics[0]
+    assert store.segment_key("A" * 300).startswith("md5:")
+
+
+def test_a_view_is_complete_through_its_live_jobs_cursor() -> None:
+    assert store.complete_through(str(Cursor.through(90))) == 90
+    assert store.complete_through(str(Cursor(90, 2, 0, 1))) == 89  # ledger 90 may have more
+    assert store.complete_through("now") is None
+    progress = [("v", 5, str(Cursor.through(90))), ("v~1-50", 9, str(Cursor.through(50)))]
+    assert store.view_latest("v", progress) == 90
+    assert store.view_latest("v", progress[1:]) == 50
+
+
+def test_a_start_outside_the_window_is_refused_with_stellar_rpcs_message() -> None:
+    window = Window(10, 20)
+    with pytest.raises(RpcError) as refused:
+        plan(GetEventsRequest(start_ledger=21), window, "ingestion", "v")
+    assert refused.value.code == INVALID_REQUEST
+    assert refused.value.message == "startLedger must be within the ledger range: 10 - 20"
+    with pytest.raises(RpcError):
+        plan(GetEventsRequest(start_ledger=9), window, "ingestion", "v")
+    empty = plan(GetEventsRequest(start_ledger=15, end_ledger=15), window, "ingestion", "v")
+    assert empty.sql is None
+    # a scan over every ledger held: no 10,000-ledger cap
+    whole = plan(GetEventsRequest(start_ledger=10), Window(10, 10_000_000), "ingestion", "v")
+    assert whole.end_ledger == 10_000_001
+
+
+def test_each_filter_is_an_arm_an_index_answers() -> None:
+    one = EventFilter(contract_ids=(CONTRACTS[0], CONTRACTS[1]))
+    sql, _ = events_sql("ingestion", "v", "a", "b", [one], 10)
+    assert sql.count("contract_id = %s") == 2 and " UNION " in sql
+    topic = EventFilter(topics=((segment("sym", "transfer"), "*", segment("addr", ACCOUNTS[0]), "**"),))
+    sql, params = events_sql("ingestion", "v", "a", "b", [topic], 10)
+    assert "topic3 = %s AND topic1 = %s" in sql and "topic_count >= 3" in sql
+    assert params[3] == segment("addr", ACCOUNTS[0])
+    sql, _ = events_sql("ingestion", "v", "a", "b", [one, EventFilter()], 10)
+    assert " UNION " not in sql and "contract_id" not in sql  # one arm takes everything
+
+
+@pytest.fixture(scope="module")
+def view(pg: LocalPostgres) -> str:
+    """A view of 300 ledgers: the live job committed ledgers 120-300 (through 300), a backfill
+    range 1-150 (overlapping 120-150), both projected."""
+    import trio
+
+    async def build() -> None:
+        live = PostgresSink(pg.url, "apiv", call_timeout=5)
+        await live.open_term("a", 1)
+        late = records([e for e in EVENTS if ledger_of(e.id) >= 120])
+        done = await live.commit("a", 1, None, late, str(Cursor.through(300)))
+        assert isinstance(done, Committed)
+        backfill = PostgresSink(pg.url, "apiv~1-150", call_timeout=5)
+        await backfill.open_term("a", 1)
+        early = records([e for e in EVENTS if ledger_of(e.id) <= 150])
+        done = await backfill.commit("a", 1, None, early, str(Cursor.through(150)))
+        assert isinstance(done, Committed)
+        action = projector_action(pg.url, "ingestion", "apiv", run_seconds=0)
+        result = await action(1, TermContext("p", 3))
+        assert result["rows"] == len(EVENTS) + len(
+            [e for e in EVENTS if 120 <= Cursor.parse(e.id).ledger <= 150]
+        )
+        with pytest.raises(FenceRejected):
+            await action(2, TermContext("stale", 2))  # a stale leader projects nothing
+        assert (await action(2, TermContext("p", 3)))["rows"] == 0  # nothing new
+        live.close()
+        backfill.close()
+
+    trio.run(build)
+    return "apiv"
+
+
+def test_the_projection_holds_each_event_once(pg: LocalPostgres, view: str) -> None:
+    with connect(pg.url, 5) as conn:
+        ids = [
+            r[0]
+            for r in conn.execute("SELECT id FROM ingestion.api_events WHERE view = %s ORDER BY id", (view,))
+        ]
+    assert ids == [e.id for e in EVENTS]
+    assert projector_job_name(view) == "api.apiv"
+
+
+FILTERS = [
+    [],
+    [EventFilter(types=("system",))],
+    [EventFilter(contract_ids=(CONTRACTS[2],))],
+    [EventFilter(contract_ids=(CONTRACTS[0], CONTRACTS[1]), topics=((segment("sym", "burn"), "*"),))],
+    [EventFilter(topics=((segment("sym", "transfer"), "*", segment("addr", ACCOUNTS[1]), "*"),))],
+    [EventFilter(topics=((segment("sym", "mint"), "**"),))],
+    [EventFilter(topics=(("*",),))],
+    [EventFilter(types=("contract",), topics=(("*", "*"), (segment("sym", "approve"), "**")))],
+    [EventFilter(contract_ids=(CONTRACTS[1],)), EventFilter(topics=((segment("sym", "burn"), "**"),))],
+]
+
+
+@pytest.mark.parametrize("filters", FILTERS, ids=range(len(FILTERS)))
+async def test_pages_follow_stellar_rpcs_rules_across_the_whole_window(
+    pg: LocalPostgres, view: str, filters: list[EventFilter]
+) -> None:
+    reader = StoreReader(pg.url, "ingestion", view)
+    window = await reader.window()
+    assert window is not None and (window.oldest, window.latest) == (1, 300)
+    assert window.latest_close == 1_700_000_000 + 5 * 300 or window.latest_close > 0
+    request = GetEventsRequest(start_ledger=1, filters=tuple(filters), limit=7)
+    pages = 0
+    while True:
+        p = plan(request, window, "ingestion", view)
+        rows = await reader.rows(p)
+        start = request.cursor.successor() if request.cursor else Cursor(request.start_ledger)
+        want_ids, want_cursor = expected_page(EVENTS, filters, start, 301, 7)
+        assert [i for i, _ in rows] == want_ids
+        answer = orjson.loads(events_result(p, rows, window))
+        assert answer["cursor"] == want_cursor
+        assert [e["id"] for e in answer["events"]] == want_ids
+        pages += 1
+        if len(rows) < 7:
+            break
+        request = GetEventsRequest(filters=tuple(filters), cursor=Cursor.parse(answer["cursor"]), limit=7)
+    assert pages >= 1
+    reader.close()
+
+
+async def test_a_read_only_reader_cannot_write(pg: LocalPostgres, view: str) -> None:
+    reader = StoreReader(pg.url, "ingestion", view)
+
+    def write(conn: psycopg.Connection) -> None:  # type: ignore[type-arg]
+        conn.execute("DELETE FROM ingestion.api_events")
+
+    with pytest.raises(RpcError, match="read-only"):
+        await reader._run(write)
+    reader.close()
+
+
+async def test_a_step_projects_only_whats_new(pg: LocalPostgres, view: str) -> None:
+    fence = PostgresFence(pg.url, projector_job_name(view), call_timeout=5)
+    async with TermContext("p", 3).fenced(fence) as tx:
+        assert await project_step(tx, "ingestion", view) == {"rows": 0, "skipped": 0, "behind": 0}
