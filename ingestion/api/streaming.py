@@ -26,7 +26,6 @@ from typing import Any
 
 import attrs
 import orjson
-import psycopg
 import structlog
 import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -34,11 +33,10 @@ from prometheus_client.registry import Collector
 
 from ingestion.api import stream_protocol as wire
 from ingestion.api.feed import LiveFeed
-from ingestion.api.stream_reads import HistoryPage, Reads, StoredEvent
+from ingestion.api.stream_reads import HistoryPage, StoredEvent, StreamReads
 from ingestion.api.subscription import Limits, ReadHistory, StreamEvent, Subscription
 from ingestion.common.asgi import Receive, Scope, Send, respond
-from ingestion.postgres.connection import describe
-from ingestion.rpc.protocol import EventFilter
+from ingestion.rpc.protocol import INVALID_REQUEST, RANGE_MESSAGE, Cursor, EventFilter, RpcError
 
 log = structlog.get_logger("ingestion.api")
 
@@ -127,7 +125,7 @@ class Streams:
     refused with -32005."""
 
     feed: LiveFeed
-    reads: Reads
+    reads: StreamReads
     limits: Limits = attrs.Factory(Limits)
     max_subscribers: int = 1000
     stats: StreamStats = attrs.Factory(StreamStats)
@@ -185,6 +183,10 @@ class Streams:
                 wire.error(request.id, wire.LIMIT_EXCEEDED, wire.too_many(self.max_subscribers))
             )
             return
+        refusal = await self._refusal(request)
+        if refusal is not None:
+            await outlet.text(refusal)
+            return
         sid = secrets.token_hex(8)
         await outlet.text(wire.result(request.id, {"subscription": sid}))
         mine[sid] = await nursery.start(self._drive, sid, request, outlet)
@@ -220,6 +222,10 @@ class Streams:
         if self.stats.subscribers >= self.max_subscribers:
             self.stats.refused += 1
             await _bad(send, wire.error(None, wire.LIMIT_EXCEEDED, wire.too_many(self.max_subscribers)), 503)
+            return
+        refusal = await self._refusal(request)
+        if refusal is not None:
+            await _bad(send, refusal)
             return
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"text/event-stream"), (b"cache-control", b"no-store")]})  # fmt: skip
@@ -262,13 +268,13 @@ class Streams:
                     if read is not None:
                         page = await self._history(read, filters)
                         events = [StreamEvent(e.id, e) for e in page.events]
-                        sub.on_history(read, events, page.exhausted, self.clock(), page.through)
+                        sub.on_history(read, events, page.exhausted, self.clock())
                         continue
                     note = sub.next_notification()
                     if note is None:
                         await changed.wait()
                         continue
-                    rendered = [orjson.dumps(e.render(fmt)) for e in note.events]
+                    rendered = [_rendered(e, fmt) for e in note.events]
                     with trio.move_on_after(self.limits.max_lag):
                         await outlet.text(wire.notification(sid, rendered, note.cursor), note.cursor)
                         sub.sent()
@@ -287,13 +293,35 @@ class Streams:
         """One history read, tried again every :data:`RETRY` while the store is out of reach."""
         while True:
             try:
-                with trio.fail_after(self.feed.timeout):
-                    return await trio.to_thread.run_sync(
-                        self.reads.history, read.after, filters, read.limit, abandon_on_cancel=True
-                    )
-            except (psycopg.Error, OSError, trio.TooSlowError) as exc:
-                log.warning("api-history-unavailable", error=describe(exc, self.reads.url))
+                return await self.reads.history(read.after, filters, read.limit)
+            except RpcError as exc:
+                log.warning("api-history-unavailable", error=exc.message)
                 await trio.sleep(RETRY)
+
+    async def _refusal(self, request: wire.Subscribe) -> str | None:
+        """The error frame for a subscription that starts before the oldest ledger held (as
+        ``getEvents`` refuses it), or that cannot be checked (the store out of reach); None when
+        it may start (a start past the newest ledger waits for it)."""
+        try:
+            window = await self.reads.reader.window()
+        except RpcError as exc:
+            return wire.error(request.id, exc.code, exc.message)
+        start = (
+            Cursor.parse(request.after).successor().ledger
+            if not request.start_ledger
+            else request.start_ledger
+        )
+        if window is not None and start < window.oldest:
+            message = RANGE_MESSAGE.format(oldest=window.oldest, latest=window.latest)
+            return wire.error(request.id, INVALID_REQUEST, message)
+        return None
+
+
+def _rendered(event: StoredEvent, fmt: str) -> bytes:
+    try:
+        return event.render(fmt)
+    except RpcError:
+        return event.render("base64")  # a stored ScVal that does not decode: sent as it is
 
 
 async def _cancel_when(event: trio.Event, scope: trio.CancelScope) -> None:

@@ -15,9 +15,12 @@ from hypercorn.trio import serve
 from stellar_sdk import scval
 from trio_websocket import WebSocketConnection
 
-from actors.source import Record
+from actors.lease_store import Committed
+from actors.source import Record, TermContext
 from ingestion.api.feed import LiveFeed
-from ingestion.api.stream_reads import Reads
+from ingestion.api.projector import projector_action
+from ingestion.api.reader import StoreReader
+from ingestion.api.stream_reads import StreamReads
 from ingestion.api.streaming import Streams, app
 from ingestion.api.subscription import Limits
 from ingestion.postgres.sink import PostgresSink
@@ -50,7 +53,8 @@ def event(ledger: int, i: int = 0, verb: str = TRANSFER, contract: int = 0, pad:
 
 
 class Committer:
-    """A job's leader stand-in: commits batches through the real sink, each continuing the last."""
+    """A job's leader stand-in: commits batches through the real sink, each continuing the last
+    and scanned through its last event's ledger (the view is complete through it)."""
 
     def __init__(self, url: str, job: str) -> None:
         self.sink = PostgresSink(url, job, call_timeout=5)
@@ -61,8 +65,10 @@ class Committer:
         if not self.opened:
             assert await self.sink.open_term("a", 1)
             self.opened = True
-        await self.sink.commit("a", 1, self.cursor, records)
-        self.cursor = records[-1].paging_token
+        through = str(Cursor.through(Cursor.parse(records[-1].paging_token).ledger))  # as the RPC source
+        done = await self.sink.commit("a", 1, self.cursor, records, through)
+        assert isinstance(done, Committed), done
+        self.cursor = through
 
     def close(self) -> None:
         self.sink.close()
@@ -76,23 +82,34 @@ async def served(
     max_subscribers: int = 100,
     kind: type[Streams] = Streams,
 ) -> AsyncIterator[tuple[str, Streams]]:
-    """The streams of ``job`` served on a loopback port: (``http://127.0.0.1:PORT``, streams);
-    ``kind``: a subclass of :class:`Streams` (a test's hooks)."""
-    reads = Reads(url, "ingestion", job)
-    feed = LiveFeed(reads)
+    """The streams of view ``job`` served on a loopback port, its projector running:
+    (``http://127.0.0.1:PORT``, streams); ``kind``: a subclass of :class:`Streams` (a test's hooks)."""
+    reader = StoreReader(url, "ingestion", job)
+    reads = StreamReads(reader)
+    feed = LiveFeed(reads, url)
     streams = kind(feed, reads, limits or Limits(), max_subscribers)
     config = Config()
     config.bind = ["127.0.0.1:0"]
     config.accesslog = None
     config.errorlog = "-"
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(projecting, url, job)
         await nursery.start(feed.run)
         binds = await nursery.start(functools.partial(serve, app(streams), config, mode="asgi"))  # type: ignore[arg-type]
         try:
             yield str(binds[0]), streams
         finally:
             nursery.cancel_scope.cancel()
-            reads.close()
+            reader.close()
+
+
+async def projecting(url: str, view: str) -> None:
+    """The view's projector, run after run (one term: no election in these tests)."""
+    action = projector_action(url, "ingestion", view, run_seconds=30)
+    run = 0
+    while True:
+        run += 1
+        await action(run, TermContext("p", 1))
 
 
 async def subscribe(ws: WebSocketConnection, params: dict[str, Any], rid: int = 1) -> str:
@@ -101,6 +118,8 @@ async def subscribe(ws: WebSocketConnection, params: dict[str, Any], rid: int = 
                                         "params": params}).decode())  # fmt: skip
     with trio.fail_after(5):
         answer = orjson.loads(await ws.get_message())
+        while answer.get("method") == "events":  # another subscription's, on the same socket
+            answer = orjson.loads(await ws.get_message())
     assert "result" in answer, answer
     return str(answer["result"]["subscription"])
 
