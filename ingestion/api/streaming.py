@@ -106,8 +106,10 @@ class _Outlet:
             else:
                 await self._send({"type": "websocket.send", "text": text})
 
-    async def cut(self, reason: str) -> None:
-        with trio.move_on_after(1.0):
+    async def cut(self, reason: str, within: float) -> None:
+        """Close with code 1008 and ``reason`` after what is queued (the client reads them
+        first), giving up after ``within`` seconds: then the connection is dropped."""
+        with trio.move_on_after(within):
             async with self.lock:
                 if self.sse:
                     data = orjson.dumps({"code": POLICY_VIOLATION, "reason": reason}).decode()
@@ -247,8 +249,13 @@ class Streams:
 
         def on_live(rows: list[StoredEvent]) -> None:
             now = self.clock()
+            if sub.cut is not None:
+                return
             sub.on_live([StreamEvent(r.id, r) for r in rows if r.matches(filters)], now)
-            sub.check(now)
+            cut = sub.check(now)
+            if cut is not None:  # counted now; the task closes the socket once its send is done
+                self.stats.cut[cut.kind] += 1
+                log.info("api-subscriber-cut", subscription=sid, reason=cut.reason)
             changed.set()
 
         with trio.CancelScope() as scope:
@@ -258,11 +265,13 @@ class Streams:
             try:
                 while True:
                     changed = trio.Event()
+                    was_cut = sub.cut is not None
                     cut = sub.check(self.clock())
                     if cut is not None:
-                        self.stats.cut[cut.kind] += 1
-                        log.info("api-subscriber-cut", subscription=sid, reason=cut.reason)
-                        await outlet.cut(cut.reason)
+                        if not was_cut:
+                            self.stats.cut[cut.kind] += 1
+                            log.info("api-subscriber-cut", subscription=sid, reason=cut.reason)
+                        await outlet.cut(cut.reason, self.limits.max_lag)
                         return
                     read = sub.next_read()
                     if read is not None:

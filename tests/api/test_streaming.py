@@ -5,15 +5,17 @@ subscriber limit."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
 import pytest
 import trio
-from trio_websocket import open_websocket_url
+from prometheus_client import CollectorRegistry, generate_latest
+from trio_websocket import ConnectionClosed, open_websocket_url, wrap_client_stream
 
 from ingestion.api.stream_reads import HistoryPage
-from ingestion.api.streaming import Streams
+from ingestion.api.streaming import StreamCollector, Streams
 from ingestion.api.subscription import Limits, ReadHistory
 from ingestion.rpc.protocol import Cursor, EventFilter
 from ingestion.testing.local_postgres import LocalPostgres
@@ -77,6 +79,12 @@ async def test_a_subscriber_gets_history_then_live_events_once_each_across_commi
     committer.close()
     assert ids(got) == [event_id(n) for n in range(3, 20)]
     assert cursor == event_id(19)
+
+
+def scrape(streams: Streams) -> str:
+    registry = CollectorRegistry()
+    registry.register(StreamCollector(streams.stats))
+    return generate_latest(registry).decode()
 
 
 async def answer(ws: Any, frame: str | bytes) -> dict[str, Any]:
@@ -158,6 +166,8 @@ async def test_subscriptions_over_the_node_limit_are_refused_and_a_freed_slot_se
             assert refused["error"]["code"] == -32005
             assert "serves 2 subscriptions, its limit (api.max_subscribers)" in refused["error"]["message"]
             assert streams.stats.refused == 1
+            assert "ingestion_api_subscriptions_refused_total 1.0" in scrape(streams)
+            assert "ingestion_api_subscribers 2.0" in scrape(streams)
             await one.send_message(orjson.dumps({"jsonrpc": "2.0", "id": 4, "method": "unsubscribeEvents",
                                                  "params": {"subscription": first}}).decode())  # fmt: skip
             await wait_until(lambda: streams.stats.subscribers == 1, 5, what="the unsubscribed slot freed")
@@ -168,4 +178,47 @@ async def test_subscriptions_over_the_node_limit_are_refused_and_a_freed_slot_se
             assert ids(got) == [event_id(3)]
             (mint,) = [e for n in got for e in n["events"]]
             assert mint["topicJson"] == [{"symbol": "mint"}] and "topic" not in mint
+    committer.close()
+
+
+async def test_a_client_that_stops_reading_is_cut_with_the_close_reason_after_what_was_queued(
+    pg: LocalPostgres,
+) -> None:
+    job = "stream-slow"
+    committer = Committer(pg.url, job)
+    await committer.commit([event(2)])
+    limits = Limits(page=10, outbox=40, max_lag=30.0)
+    async with served(pg.url, job, limits) as (base, streams), trio.open_nursery() as nursery:
+        host, port = base.removeprefix("http://").split(":")
+        sock = trio.socket.socket()
+        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)  # a small window
+        await sock.connect((host, int(port)))
+        ws = await wrap_client_stream(nursery, trio.SocketStream(sock), host, "/ws", message_queue_size=1)
+        await subscribe(ws, {"startLedger": 2})
+        ledger = 3
+        while not streams.stats.cut["outbox"] and ledger < 2000:  # the client reads nothing meanwhile
+            await committer.commit([event(n, pad=2000) for n in range(ledger, ledger + 10)])
+            ledger += 10
+            last = event_id(ledger - 1)
+            await wait_until(lambda: streams.feed.position >= last, 10, what="projected")  # noqa: B023
+        assert streams.stats.cut["outbox"] == 1, "never cut"
+        received: list[str] = []
+        with pytest.raises(ConnectionClosed) as closed, trio.fail_after(30):
+            while True:
+                message = orjson.loads(await ws.get_message())
+                received += [e["id"] for e in message.get("params", {}).get("events", [])]
+        assert closed.value.reason.code == 1008
+        assert re.fullmatch(
+            r"slow client: \d+ events waiting, over the limit of 40; resume from your last cursor",
+            closed.value.reason.reason or "",
+        ), closed.value.reason
+        assert received == [event_id(n) for n in range(2, 2 + len(received))]  # in order, none lost before
+        assert len(received) < ledger - 2  # it was cut: not everything came
+        await wait_until(lambda: streams.stats.subscribers == 0, 5, what="the cut subscription gone")
+        metrics = scrape(streams)
+        assert 'ingestion_api_subscribers_cut_total{reason="outbox"} 1.0' in metrics
+        assert "ingestion_api_subscribers 0.0" in metrics
+        sent = re.search(r"^ingestion_api_notifications_sent_total (\S+)$", metrics, re.M)
+        assert sent and float(sent.group(1)) == streams.stats.notifications > 0
+        nursery.cancel_scope.cancel()
     committer.close()
