@@ -14,6 +14,8 @@ I/O:
 
 - :mod:`ingestion.api.projector`: the fenced projector (a scheduled job) that keeps the store.
 - :mod:`ingestion.api.reader`: read-only, bounded reads of the store.
+- :mod:`ingestion.api.server`: the ASGI app, its metrics, the HTTP server.
+- :mod:`ingestion.api.service`: the API built from the settings (a node's, ``ingestion api``'s).
 - :mod:`ingestion.api.feed`, :mod:`ingestion.api.stream_reads`, :mod:`ingestion.api.streaming`:
   subscriptions over WebSocket and SSE (docs/API-STREAMING.md).
 """

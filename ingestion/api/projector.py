@@ -20,7 +20,6 @@ A record that is not an event is skipped (counted in the run's summary), never f
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -37,8 +36,6 @@ from ingestion.postgres.fence import PostgresFence
 BATCH = 5000  # rows per source per step at most
 RUN_SECONDS = 30.0  # one run (one committed record) at most this long
 IDLE_WAKE = 1.0  # seconds: project again at least this often without a notice
-
-PROJECTOR_ACTION = "ingestion.api.projector:project"
 
 
 def projector_job_name(view: str) -> str:
@@ -159,16 +156,6 @@ def projector_action(url: str, schema: str, view: str, *, run_seconds: float = R
                 waiter.close()
 
     return action
-
-
-def configured(settings: Any) -> Callable[..., Any] | None:
-    """The projector action a node's settings ask for (``[api] job`` set), else None."""
-    api = getattr(settings, "api", None)
-    if api is None or not api.job:
-        return None
-    from ingestion.postgres.readers import configured_sink
-
-    return projector_action(configured_sink(settings, api.job), settings.sink.schema, api.job)
 
 
 async def project(run: int, term: TermContext) -> dict[str, Any]:

@@ -59,6 +59,9 @@ COMMANDS: dict[str, Command] = {
     "handover": Command(
         "ingestion.cli.handover", "ask a job's leader to hand it over gracefully to a standby (audited)"
     ),
+    "api": Command(
+        "ingestion.cli.api", "serve the events API (stellar-rpc's getEvents over all we hold), read-only"
+    ),
     "version": Command("ingestion.cli.version", "print the version"),
 }
 

@@ -426,6 +426,12 @@ def metric_families() -> list[tuple[str, str, list[str], str]]:
     plan = Plan("J", 1, 100, 2)
     progress = range_states(plan, ["10", None], [False, False], ["n", ""])
     metrics.registry.register(BackfillCollector(lambda: {"J": Snapshot(progress, 10)}, "n"))
+    from ingestion.api.server import ApiMetrics
+
+    api = ApiMetrics()
+    api.observe("getEvents", "ok", 0.001)
+    api.oldest, api.latest = 1, 2
+    metrics.registry.register(api)
     trio.run(metrics.refresh)
     rows = []
     for family in metrics.registry.collect():
@@ -449,7 +455,9 @@ def metrics_section() -> Iterator[str]:
         "`ingestion/webhook/metrics.py`, on a node hosting a webhook job; the `ingestion_backfill_*` "
         "metrics, from `ingestion/backfill/metrics.py`, while a backfill of a job the node hosts "
         "runs and after it is done (its final figures): the same on every such node, so "
-        "aggregate them with `max`). The per-job label is "
+        "aggregate them with `max`; the `ingestion_api_*` metrics, from `ingestion/api/server.py`, "
+        "on a node serving the events API (`api.port`), and at `/metrics` on the port of "
+        "`ingestion api`). The per-job label is "
         "`ingestion_job`. Besides these, "
         "the standard collectors' `process_*`, `python_info` and `python_gc_*`. The probes "
         "`/livez`, `/readyz` and `/healthz` share the port (docs/OPERATIONS.md)."

@@ -256,7 +256,26 @@ def check_sink(url: str, where: str, problems: list[str]) -> None:
     _check_sink(url, where, problems)
 
 
+def check_api(api: dict[str, Any], problems: list[str]) -> None:
+    """The events API's settings: caps at stellar-rpc's defaults or higher, bounds positive."""
+    for key, floor in (("max_filters", 5), ("max_contract_ids", 5), ("max_topics", 5), ("max_limit", 10000)):
+        if api[key] < floor:
+            problems.append(f"api.{key}: must be at least stellar-rpc's {floor}, got {api[key]}")
+    if not 1 <= api["default_limit"] <= max(api["max_limit"], 1):
+        problems.append(f"api.default_limit: must be between 1 and api.max_limit, got {api['default_limit']}")
+    for key in ("statement_timeout_ms", "max_body_bytes", "connections"):
+        if api[key] <= 0:
+            problems.append(f"api.{key}: must be positive, got {api[key]}")
+    if not 0 <= api["port"] <= 65535:
+        problems.append(f"api.port: must be between 0 and 65535, got {api['port']}")
+    if api["port"] and not api["job"]:
+        problems.append("api.port: the events API needs api.job, the job whose events it serves")
+    if api["read_url"] and not api["read_url"].startswith(("postgres://", "postgresql://")):
+        problems.append(f"api.read_url: must be a postgresql:// URL, got {redact_url(api['read_url'])!r}")
+
+
 def check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
+    check_api(v["api"], problems)
     lease, redis_, horizon, observe, log = v["lease"], v["redis"], v["horizon"], v["observe"], v["log"]
     if not 100 <= lease["ttl_ms"] <= 3_600_000:
         problems.append(f"lease.ttl_ms: must be between 100 and 3600000, got {lease['ttl_ms']}")

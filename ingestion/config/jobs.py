@@ -131,9 +131,35 @@ def resolve_jobs(
         if period <= 0:
             problems.append(f"jobs.{name}.period_ms: must be positive, got {period}")
         jobs.append(JobSettings(name, kind, "", "0", (), action, period))
-    return tuple(
-        j if j.kind == "webhook" else _with_sink(j, tables, v["sink"]["url"], problems) for j in jobs
-    )
+    resolved = [j if j.kind == "webhook" else _with_sink(j, tables, v["sink"]["url"], problems) for j in jobs]
+    return tuple(_with_api_projector(resolved, v, seen, problems))
+
+
+API_PROJECTOR_ACTION = "ingestion.api.projector:project"  # (built from the settings by the node)
+
+
+def _with_api_projector(
+    jobs: list[JobSettings], v: dict[str, dict[str, Any]], seen: set[str], problems: list[str]
+) -> list[JobSettings]:
+    """The jobs, and with ``[api] job = VIEW`` the projector job ``api.VIEW`` that keeps the
+    events API's store (a scheduled job on the view's PostgreSQL sink: docs/API.md)."""
+    view = v["api"]["job"]
+    if not view:
+        return jobs
+    name = f"api.{view}"
+    if not _check_job_name(view, "api.job", problems):
+        return jobs
+    if name in seen:
+        problems.append(f"api.job: the events API's projector job {name!r} is configured already")
+        return jobs
+    sink = next((j.sink for j in jobs if j.name == view), v["sink"]["url"])
+    if not sink.startswith(("postgres://", "postgresql://")):
+        problems.append(
+            f"api.job: the events API serves a job whose sink is PostgreSQL; {view!r} commits to "
+            'the Redis events stream (give it a sink = "postgresql://...", or sink.url)'
+        )
+        return jobs
+    return [*jobs, JobSettings(name, "scheduled", "", "0", (), API_PROJECTOR_ACTION, 1, sink=sink)]
 
 
 EVENTS_KEYS = ("decode", "watch", "watch_file", "watch_set")

@@ -272,6 +272,40 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
             "is answered 503",
         ),
     },
+    "api": {
+        "job": (
+            str,
+            "",
+            "the job whose events the events API serves (stellar-rpc's JSON-RPC, docs/API.md): its "
+            "rows and its backfill ranges', each event once, kept in an indexed store by the "
+            "projector job api.JOB this node then hosts; its sink must be PostgreSQL; empty: no API",
+        ),
+        "port": (int, 0, "the events API's HTTP port (JSON-RPC at POST /); 0: off"),
+        "listen_host": (str, "", "address the events API listens on; empty: observe.listen_host"),
+        "read_url": (
+            str,
+            "",
+            "PostgreSQL the API reads (a streaming replica, say); empty: the job's sink URL",
+        ),
+        "max_filters": (int, 5, "filters a getEvents request may carry (stellar-rpc's 5 or more)"),
+        "max_contract_ids": (int, 5, "contract ids a filter may carry (stellar-rpc's 5 or more)"),
+        "max_topics": (int, 5, "topics a filter may carry (stellar-rpc's 5 or more)"),
+        "max_limit": (int, 10000, "events a page may hold (stellar-rpc's 10000 or more)"),
+        "default_limit": (int, 100, "events in a page whose request gives no limit"),
+        "statement_timeout_ms": (
+            int,
+            5000,
+            "a request's query runs at most this long on the server (then -32001)",
+        ),
+        "max_body_bytes": (int, 65536, "a request body over this is answered 413 unread"),
+        "connections": (int, 8, "the API's reads at once at most (each a connection of its own)"),
+        "network_passphrase": (
+            str,
+            "Public Global Stellar Network ; September 2015",
+            "what getNetwork answers: the network's passphrase",
+        ),
+        "protocol_version": (int, 23, "what getNetwork and getLatestLedger answer as the protocol version"),
+    },
     "log": {
         "level": (str, "info", "debug, info, warning or error"),
         "format": (str, "auto", "json, console, or auto (console on a terminal, else json)"),

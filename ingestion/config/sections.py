@@ -213,6 +213,26 @@ class ObserveSettings:
 
 
 @attrs.frozen
+class ApiSettings:
+    """The events API (docs/API.md): the job it serves, where, and what a request may ask."""
+
+    job: str = ""
+    port: int = 0
+    listen_host: str = ""
+    read_url: str = attrs.field(default="", repr=_url)
+    max_filters: int = 5
+    max_contract_ids: int = 5
+    max_topics: int = 5
+    max_limit: int = 10000
+    default_limit: int = 100
+    statement_timeout_ms: int = 5000
+    max_body_bytes: int = 65536
+    connections: int = 8
+    network_passphrase: str = "Public Global Stellar Network ; September 2015"
+    protocol_version: int = 23
+
+
+@attrs.frozen
 class LogSettings:
     level: str
     format: str

@@ -11,6 +11,7 @@ from ingestion.config.checks import check_type, check_values, derive, did_you_me
 from ingestion.config.jobs import resolve_jobs
 from ingestion.config.schema import JOB_SECRETS, SCHEMA
 from ingestion.config.sections import (
+    ApiSettings,
     EventsSettings,
     HorizonSettings,
     JobSettings,
@@ -46,6 +47,7 @@ class Settings:
     jobs: tuple[JobSettings, ...] = ()
     sink: SinkSettings = attrs.field(factory=lambda: SinkSettings("", "ingestion"))
     lake: LakeSettings = attrs.field(factory=lambda: LakeSettings("", "", 1000, 4, 1))
+    api: ApiSettings = attrs.field(factory=ApiSettings)
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> Settings:
@@ -100,4 +102,5 @@ class Settings:
             log=LogSettings(**v["log"]),
             sink=SinkSettings(**v["sink"]),
             lake=LakeSettings(**v["lake"]),
+            api=ApiSettings(**v["api"]),
         )

@@ -15,6 +15,7 @@ from actors.scheduled import ScheduledJob
 from actors.sink import Sink
 from actors.source import Source, current_term
 from ingestion.config import JobSettings, Settings, load_action, redact_url
+from ingestion.config.jobs import API_PROJECTOR_ACTION
 from ingestion.horizon.source import HorizonSource
 
 
@@ -87,6 +88,11 @@ def _raw_source(settings: Settings, job: JobSettings, store: LeaseStore | None) 
             raise ValueError("a webhook job's source needs its lease store")
         return build_webhook_source(settings, job, store)
     if job.kind == "scheduled":
+        if job.action == API_PROJECTOR_ACTION:  # the events API's projector: built from the settings
+            from ingestion.api.projector import projector_action
+
+            view = projector_action(job.sink, settings.sink.schema, settings.api.job)
+            return ScheduledJob(view, period=job.period_ms / 1000)
         action = load_action(job.action)
         if action is None:
             raise ValueError(f"cannot import the action {job.action!r}")

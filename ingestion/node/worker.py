@@ -437,8 +437,19 @@ async def _start_endpoints(
     runs: Sequence[JobRun] = (),
     backfills: BackfillRunner | None = None,
 ) -> None:
-    """Start the metrics and status endpoints when configured (see ingestion.serve.metrics/status)."""
+    """Start the metrics and status endpoints and the events API when configured (see
+    ingestion.serve.metrics/status, ingestion.api)."""
     o = settings.observe
+    api_collectors: list[Collector] = []
+    if settings.api.port:
+        from ingestion.api.service import ApiStartError, build_app, serve_settings
+
+        try:
+            app = build_app(settings, log)
+            await nursery.start(serve_settings, app, settings, log)
+        except ApiStartError as exc:
+            raise StartupError(str(exc)) from None
+        api_collectors.append(app.metrics)
     if o.metrics_port:
         from ingestion.serve.metrics import serve_metrics
         from ingestion.webhook.metrics import WebhookCollector
@@ -447,6 +458,7 @@ async def _start_endpoints(
         readers = {job: store.events_info for job, store in stores.items()}
         hooks = {r.store.job: r.source.stats for r in runs if isinstance(r.source, WebhookSource)}
         collectors: list[Collector] = [WebhookCollector(hooks)] if hooks else []
+        collectors += api_collectors
         if backfills is not None and backfills.hosted:
             from ingestion.backfill.metrics import BackfillCollector
 

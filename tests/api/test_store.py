@@ -8,18 +8,16 @@ import orjson
 import psycopg
 import pytest
 
-from actors.lease_store import Committed
 from actors.source import TermContext
 from ingestion.api import store
-from ingestion.api.projector import project_step, projector_action, projector_job_name
+from ingestion.api.projector import project_step, projector_job_name
 from ingestion.api.query import Window, events_result, events_sql, plan
 from ingestion.api.reader import StoreReader
 from ingestion.postgres.connection import connect
-from ingestion.postgres.fence import FenceRejected, PostgresFence
-from ingestion.postgres.sink import PostgresSink
+from ingestion.postgres.fence import PostgresFence
 from ingestion.rpc.protocol import INVALID_REQUEST, Cursor, EventFilter, GetEventsRequest, RpcError
 from ingestion.testing.local_postgres import LocalPostgres
-from tests.support.api_events import ACCOUNTS, CONTRACTS, expected_page, make_events, records, segment
+from tests.support.api_events import ACCOUNTS, CONTRACTS, expected_page, make_events, segment
 
 EVENTS = make_events(1, 300)
 
@@ -73,38 +71,6 @@ def test_each_filter_is_an_arm_an_index_answers() -> None:
     assert params[3] == segment("addr", ACCOUNTS[0])
     sql, _ = events_sql("ingestion", "v", "a", "b", [one, EventFilter()], 10)
     assert " UNION " not in sql and "contract_id" not in sql  # one arm takes everything
-
-
-@pytest.fixture(scope="module")
-def view(pg: LocalPostgres) -> str:
-    """A view of 300 ledgers: the live job committed ledgers 120-300 (through 300), a backfill
-    range 1-150 (overlapping 120-150), both projected."""
-    import trio
-
-    async def build() -> None:
-        live = PostgresSink(pg.url, "apiv", call_timeout=5)
-        await live.open_term("a", 1)
-        late = records([e for e in EVENTS if ledger_of(e.id) >= 120])
-        done = await live.commit("a", 1, None, late, str(Cursor.through(300)))
-        assert isinstance(done, Committed)
-        backfill = PostgresSink(pg.url, "apiv~1-150", call_timeout=5)
-        await backfill.open_term("a", 1)
-        early = records([e for e in EVENTS if ledger_of(e.id) <= 150])
-        done = await backfill.commit("a", 1, None, early, str(Cursor.through(150)))
-        assert isinstance(done, Committed)
-        action = projector_action(pg.url, "ingestion", "apiv", run_seconds=0)
-        result = await action(1, TermContext("p", 3))
-        assert result["rows"] == len(EVENTS) + len(
-            [e for e in EVENTS if 120 <= Cursor.parse(e.id).ledger <= 150]
-        )
-        with pytest.raises(FenceRejected):
-            await action(2, TermContext("stale", 2))  # a stale leader projects nothing
-        assert (await action(2, TermContext("p", 3)))["rows"] == 0  # nothing new
-        live.close()
-        backfill.close()
-
-    trio.run(build)
-    return "apiv"
 
 
 def test_the_projection_holds_each_event_once(pg: LocalPostgres, view: str) -> None:

@@ -1,0 +1,218 @@
+"""The events API's HTTP shell: an ASGI app (JSON-RPC at ``POST /``) served by hypercorn on trio,
+its metrics, and :func:`serve_api`, which a node (``[api] port``) and ``ingestion api`` both run.
+
+What a request may cost is bounded whatever it asks: its body (``[api] max_body_bytes``: more is
+answered 413 unread), its work on the server (the reader's ``statement_timeout``: -32001), the
+reads at once (the reader's connections; the rest wait their turn), a page's size (``max_limit``).
+A fault of ours answers -32603 with what failed, never a traceback or a 500.
+
+Metrics (a :class:`~prometheus_client.registry.Collector`, registered with the node's metrics or
+served at ``GET /metrics`` on the API's own port by ``ingestion api``):
+``ingestion_api_requests_total{method,outcome}`` (outcome ``ok`` or the JSON-RPC error code),
+``ingestion_api_request_seconds{method}`` (a histogram), ``ingestion_api_oldest_ledger`` and
+``ingestion_api_latest_ledger`` (the window last served).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ingestion.api.core import (
+    ApiRules,
+    CallRefused,
+    error_body,
+    health_result,
+    latest_ledger_result,
+    network_result,
+    parse_call,
+    result_body,
+)
+from ingestion.api.query import events_result, plan
+from ingestion.api.reader import StoreReader
+from ingestion.common.asgi import (
+    BodyTooLarge,
+    Disconnected,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    respond,
+    serve_lifespan,
+)
+from ingestion.rpc.protocol import INTERNAL_ERROR, GetEventsRequest, RpcError
+
+JSON = b"application/json"
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, math.inf)
+DEFAULT_BODY_LIMIT = 64 * 1024
+
+
+class ApiMetrics(Collector):
+    """The API's counters, latency histogram and window gauges."""
+
+    def __init__(self) -> None:
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self.latency = Histogram(
+            "ingestion_api_request_seconds",
+            "events API requests by method: seconds from the whole body to the answer",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=None,
+        )
+        self.oldest: int | None = None
+        self.latest: int | None = None
+
+    def observe(self, method: str, outcome: str, seconds: float) -> None:
+        self.requests[(method, outcome)] += 1
+        self.latency.labels(method=method).observe(seconds)
+
+    def collect(self) -> Iterator[Metric]:
+        total = CounterMetricFamily(
+            "ingestion_api_requests",
+            "events API requests by method and outcome (ok, or the JSON-RPC error code)",
+            labels=["method", "outcome"],
+        )
+        for (method, outcome), n in sorted(self.requests.items()):
+            total.add_metric([method, outcome], n)
+        yield total
+        yield from self.latency.collect()
+        for name, value, text in (
+            ("ingestion_api_oldest_ledger", self.oldest, "the oldest ledger the events API serves"),
+            ("ingestion_api_latest_ledger", self.latest, "the latest ledger the events API serves"),
+        ):
+            if value is not None:
+                gauge = GaugeMetricFamily(name, text)
+                gauge.add_metric([], value)
+                yield gauge
+
+
+class ApiApp:
+    """The ASGI callable of the API port."""
+
+    def __init__(
+        self,
+        reader: StoreReader,
+        rules: ApiRules | None = None,
+        *,
+        metrics: ApiMetrics | None = None,
+        body_limit: int = DEFAULT_BODY_LIMIT,
+        serve_metrics: bool = False,
+        log: Any = None,
+    ) -> None:
+        self.reader = reader
+        self.rules = rules or ApiRules()
+        self.metrics = metrics or ApiMetrics()
+        self.body_limit = body_limit
+        self.log = log
+        self._registry: CollectorRegistry | None = None
+        if serve_metrics:
+            self._registry = CollectorRegistry(auto_describe=False)
+            self._registry.register(self.metrics)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await serve_lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/metrics" and self._registry is not None and scope["method"] == "GET":
+            await respond(send, 200, CONTENT_TYPE_LATEST.encode(), generate_latest(self._registry))
+            return
+        if scope["path"] != "/":
+            await respond(send, 404, b"text/plain; charset=utf-8", b"not found: JSON-RPC is at POST /\n")
+            return
+        if scope["method"] != "POST":
+            await respond(send, 405, b"text/plain; charset=utf-8", b"405 method not allowed: POST /\n")
+            return
+        try:
+            body = await read_body(receive, self.body_limit)
+        except Disconnected:
+            return
+        except BodyTooLarge:
+            self.metrics.observe("", "too-large", 0.0)
+            refusal = error_body(None, -32600, f"request body over {self.body_limit} bytes")
+            await respond(send, 413, JSON, refusal)
+            return
+        await respond(send, 200, JSON, await self.answer(body))
+
+    async def answer(self, body: bytes) -> bytes:
+        """The JSON-RPC response to one request body (never raises but for cancellation)."""
+        started = trio.current_time()
+        try:
+            call = parse_call(body)
+        except CallRefused as refused:
+            self.metrics.observe("", str(refused.code), trio.current_time() - started)
+            return refused.body
+        try:
+            result = await self._dispatch(call.method, call.params)
+        except RpcError as error:
+            self.metrics.observe(call.method, str(error.code), trio.current_time() - started)
+            return error_body(call.id, error.code, error.message)
+        except Exception as exc:  # a fault of ours: a clear error, never a traceback
+            if self.log is not None:
+                self.log.error("api-request-failed", method=call.method, error=repr(exc))
+            self.metrics.observe(call.method, str(INTERNAL_ERROR), trio.current_time() - started)
+            return error_body(call.id, INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+        self.metrics.observe(call.method, "ok", trio.current_time() - started)
+        return result_body(call.id, result)
+
+    async def _dispatch(self, method: str, params: Any) -> bytes:
+        if method == "getNetwork":
+            return network_result(self.rules)
+        if method == "getEvents":
+            rules = self.rules
+            request = GetEventsRequest.from_params(params, rules.max_limit, rules.caps)
+            window = await self._window()
+            if window is None:
+                raise RpcError(-32600, "startLedger must be within the ledger range: 0 - 0")
+            p = plan(request, window, self.reader.schema, self.reader.view, rules.default_limit)
+            return events_result(p, await self.reader.rows(p), window)
+        window = await self._window()
+        if method == "getHealth":
+            return health_result(window)
+        return latest_ledger_result(window, self.rules)
+
+    async def _window(self) -> Any:
+        window = await self.reader.window()
+        if window is not None:
+            self.metrics.oldest, self.metrics.latest = window.oldest, window.latest
+        return window
+
+
+async def serve_api(
+    app: Any,
+    host: str,
+    port: int,
+    log: Any,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` on ``host:port`` until cancelled (``port`` 0: a free one); calls
+    ``task_status.started(port)`` with the bound port once the socket listens.
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    config = HypercornConfig()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = None
+    config.keep_alive_timeout = 30
+    config.read_timeout = 10
+    config.graceful_timeout = 1
+    config.h11_max_incomplete_size = 16 * 1024  # request line and headers
+    async with trio.open_nursery() as nursery:
+        binds: list[str] = await nursery.start(functools.partial(serve, app, config, mode="asgi"))  # type: ignore[arg-type]
+        bound_port = int(binds[0].rsplit(":", 1)[-1])
+        log.info("api-listening", host=host, port=bound_port, view=getattr(app.reader, "view", None))
+        task_status.started(bound_port)
