@@ -20,7 +20,7 @@ import trio
 
 from ingestion.api.core import too_slow, unavailable
 from ingestion.api.query import Plan, Window
-from ingestion.api.store import close_time_of, read_progress, view_latest
+from ingestion.api.store import close_time_of, view_latest
 from ingestion.postgres.connection import describe
 from ingestion.postgres.sql import quoted
 from ingestion.rpc.protocol import Cursor
@@ -56,7 +56,10 @@ class StoreReader:
         self._lock = threading.Lock()
         self._close_times: dict[str, int] = {}  # id bound -> close time (the newest event below it)
         q = quoted(schema)
-        self._oldest_sql = f"SELECT record FROM {q}.api_events WHERE view = %s ORDER BY id LIMIT 1"
+        self._window_sql = (
+            f"SELECT p.source, p.seq, p.through, (SELECT record FROM {q}.api_events WHERE view = %s "
+            f"ORDER BY id LIMIT 1) FROM {q}.api_progress p WHERE p.view = %s"
+        )
         self._newest_sql = (
             f"SELECT record FROM {q}.api_events WHERE view = %s AND id < %s ORDER BY id DESC LIMIT 1"
         )
@@ -73,12 +76,14 @@ class StoreReader:
         return await self._run(lambda conn: [(str(i), str(r)) for i, r in conn.execute(sql, plan.params)])  # type: ignore[arg-type]
 
     def _window(self, conn: psycopg.Connection[Any]) -> Window | None:
-        progress = conn.execute(read_progress(self.schema), (self.view,)).fetchall()  # type: ignore[arg-type]
-        latest = view_latest(self.view, [(str(s), int(q), t) for s, q, t in progress])
-        oldest_row = conn.execute(self._oldest_sql, (self.view,)).fetchone()  # type: ignore[arg-type]
-        if latest is None or oldest_row is None:
+        try:  # one statement: the progress rows, each with the oldest event
+            rows = conn.execute(self._window_sql, (self.view, self.view)).fetchall()  # type: ignore[arg-type]
+        except psycopg.errors.UndefinedTable:
+            return None  # no projector has run yet
+        latest = view_latest(self.view, [(str(s), int(q), t) for s, q, t, _ in rows])
+        if latest is None or rows[0][3] is None:
             return None
-        oldest_record = str(oldest_row[0])
+        oldest_record = str(rows[0][3])
         oldest = int(orjson.loads(oldest_record)["ledger"])
         if latest < oldest:
             return None

@@ -12,8 +12,8 @@ from ingestion.api.projector import projector_action
 from ingestion.postgres.fence import FenceRejected
 from ingestion.postgres.sink import PostgresSink
 from ingestion.rpc.protocol import Cursor
+from ingestion.testing.api_events import make_events, records
 from ingestion.testing.local_postgres import LocalPostgres
-from tests.support.api_events import make_events, records
 
 EVENTS = make_events(1, 300)
 

@@ -20,9 +20,9 @@ from ingestion.api.core import ApiRules
 from ingestion.api.reader import StoreReader
 from ingestion.api.server import ApiApp, serve_api
 from ingestion.rpc.protocol import Caps, Cursor
+from ingestion.testing.api_events import CONTRACTS
 from ingestion.testing.local_postgres import LocalPostgres
 from tests.api.conftest import EVENTS
-from tests.support.api_events import CONTRACTS
 
 LOG = structlog.get_logger()
 

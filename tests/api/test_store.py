@@ -8,16 +8,15 @@ import orjson
 import psycopg
 import pytest
 
-from actors.source import TermContext
 from ingestion.api import store
-from ingestion.api.projector import project_step, projector_job_name
+from ingestion.api.projector import FencedProjector, projector_job_name
 from ingestion.api.query import Window, events_result, events_sql, plan
 from ingestion.api.reader import StoreReader
 from ingestion.postgres.connection import connect
-from ingestion.postgres.fence import PostgresFence
+from ingestion.postgres.fence import FenceRejected
 from ingestion.rpc.protocol import INVALID_REQUEST, Cursor, EventFilter, GetEventsRequest, RpcError
+from ingestion.testing.api_events import ACCOUNTS, CONTRACTS, expected_page, make_events, segment
 from ingestion.testing.local_postgres import LocalPostgres
-from tests.support.api_events import ACCOUNTS, CONTRACTS, expected_page, make_events, segment
 
 EVENTS = make_events(1, 300)
 
@@ -135,6 +134,8 @@ async def test_a_read_only_reader_cannot_write(pg: LocalPostgres, view: str) -> 
 
 
 async def test_a_step_projects_only_whats_new(pg: LocalPostgres, view: str) -> None:
-    fence = PostgresFence(pg.url, projector_job_name(view), call_timeout=5)
-    async with TermContext("p", 3).fenced(fence) as tx:
-        assert await project_step(tx, "ingestion", view) == {"rows": 0, "skipped": 0, "behind": 0}
+    projector = FencedProjector(pg.url, "ingestion", view)
+    assert await projector.step("p", 3) == {"rows": 0, "skipped": 0, "behind": 0}
+    with pytest.raises(FenceRejected):
+        await projector.step("stale", 2)
+    projector.close()

@@ -96,7 +96,7 @@ ALLOWED: dict[str, set[str]] = {
     # (the console shows webhook jobs' endpoints and asks their leaders, through webhook.admin)
     "serve": {"runtime", "shared", "entry", "webhook", "serve"},
     "verify": {"runtime", *SOURCES, "postgres", "events", "verify"},
-    "testing": {"runtime", "lake-wire", "verify", "testing"},
+    "testing": {"runtime", "rpc-wire", "lake-wire", "verify", "testing"},
     "chaos": {"runtime", "verify", "testing", "webhook", "chaos"},
     "cli": {
         "runtime", *SOURCES, "config", "postgres", "node", "serve", "verify", "simulator", "webhook",

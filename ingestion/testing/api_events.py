@@ -1,5 +1,5 @@
 """Synthetic contract events as Stellar RPC serves them (``EventInfo`` text), for the events API's
-tests: a few contracts, verbs and accounts, so that every filter shape has something to tell
+tests and benchmarks: a few contracts, verbs and accounts, so that every filter shape has something to tell
 apart, and the reference answer :func:`expected_page` computes by stellar-rpc's rules."""
 
 from __future__ import annotations
@@ -37,15 +37,14 @@ class Event(NamedTuple):
 def _sc(kind: str, value: Any) -> str:
     from stellar_sdk import scval
 
-    return str(
-        {
-            "sym": scval.to_symbol,
-            "addr": scval.to_address,
-            "str": scval.to_string,
-            "i128": scval.to_int128,
-            "u32": scval.to_uint32,
-        }[kind](value).to_xdr()
-    )
+    encoders: dict[str, Any] = {
+        "sym": scval.to_symbol,
+        "addr": scval.to_address,
+        "str": scval.to_string,
+        "i128": scval.to_int128,
+        "u32": scval.to_uint32,
+    }
+    return str(encoders[kind](value).to_xdr())
 
 
 def segment(kind: str, value: Any) -> str:
