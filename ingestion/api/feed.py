@@ -1,20 +1,23 @@
-"""The node's live feed of a view's events: one follower of the store for every subscription.
+"""The node's live feed of a view's events: one follower of the live job's commits for every
+subscription.
 
-The store is the projection a fenced projector keeps (:mod:`ingestion.api.projector`): a commit
-of the view's job lands in the sink, whose ``NOTIFY`` on ``<schema>_events`` wakes the projector,
-which projects it a few milliseconds later. The feed listens on the same channel (on a connection
-of its own, drained continuously by a thread of its own: a listener that stopped reading would
-hold PostgreSQL's one notification queue, see :class:`~ingestion.postgres.readers.EventsFollower`)
-and, on a notice of the view's jobs, reads the projected events after the last one it read; while
-the projection has not caught up it reads again after :data:`CHASE` seconds, then less and less
-often, and at least every :attr:`LiveFeed.reread` seconds whatever happens (a
-notice lost to a reconnect or to the queue's limit costs at most that). It hands what it read to
-every subscriber, synchronously, in its own task: one read per commit whatever the number of
-subscribers, so subscribers cost the database nothing.
+It ``LISTEN``s on the sink's channel ``<schema>_events`` (``ingestion/postgres/sql.py``) on a
+connection of its own, drained continuously by a thread of its own (a listener that stopped
+reading would hold PostgreSQL's one notification queue: see
+:class:`~ingestion.postgres.readers.EventsFollower`), and on each notice of the view's job (or at
+least every :attr:`LiveFeed.reread` seconds, so a notice lost to a reconnect, to the queue's
+limit or to a replica, which relays none, costs at most that) reads the rows the job committed
+after the last one it read, in ``seq`` order, and hands them to every subscriber, synchronously,
+in its own task: one read per commit whatever the number of subscribers, so subscribers cost the
+database nothing.
 
-A subscriber registered before it reads any history sees every event published from then on; the
-events published before were in the store before, so its history reads see them (the seam
-argument in ``ingestion/api/subscription.py``).
+It reads the sink's rows, not the API's store: a commit is in the store only once the projector
+has projected it (tens of milliseconds later under load), and a subscriber is to hear of it at
+once. The store stays the one source of history: a subscriber registered at the feed's
+:attr:`~LiveFeed.position` P reads history only once the store holds P (the live job's rows are
+projected in order, so then every earlier one as well), and every event after P reaches it through
+the feed: the seam argument in ``ingestion/api/subscription.py``, with "published" read as
+"committed, and in the store by the time the subscriber's history is read".
 """
 
 from __future__ import annotations
@@ -35,16 +38,12 @@ from ingestion.rpc.protocol import RpcError
 log = structlog.get_logger("ingestion.api")
 
 Subscriber = Callable[[list[StoredEvent]], None]
-# After a notice, the first read waits CHASE seconds, and each read that finds nothing new (the
-# projector has not projected the commit yet) waits CHASE_GROWTH times longer, up to ``reread``:
-# a dozen cheap index reads per commit at most, a few milliseconds behind the projector.
-CHASE = 0.002
-CHASE_GROWTH = 1.5
 
 
 class LiveFeed:
-    """Follows ``reads``' view (see the module docstring). Start with ``await nursery.start(feed.run)``:
-    it is ready (subscribers may register) once it knows the view's newest event."""
+    """Follows ``reads``' view's job (see the module docstring). Start with ``await
+    nursery.start(feed.run)``: it is ready (subscribers may register) once it knows where the
+    job's rows end."""
 
     DRAIN_POLL = 0.25  # seconds: how soon the listening thread sees that it must stop
 
@@ -52,7 +51,8 @@ class LiveFeed:
         self.reads = reads
         self.url = url
         self.reread = reread
-        self.position = ""  # the id of the last event published
+        self.position = ""  # the id of the last event published (the job's last committed at start)
+        self.seq = 0  # the live job's seq of the last row read
         self.subscribers: dict[int, Subscriber] = {}
         self._keys = 0
         self._woken = trio.Event()
@@ -77,7 +77,7 @@ class LiveFeed:
         try:
             while True:
                 try:
-                    self.position = await self.reads.newest()
+                    self.seq, self.position = await self.reads.last_committed()
                     break
                 except RpcError as exc:
                     log.warning("api-feed-unavailable", error=exc.message)
@@ -89,30 +89,26 @@ class LiveFeed:
 
     async def _follow(self) -> None:
         failing = False
-        delay = self.reread  # until the next read without a notice
         while True:
-            with trio.move_on_after(delay):
+            with trio.move_on_after(self.reread):
                 await self._woken.wait()
-            if self._woken.is_set():
-                self._woken = trio.Event()  # a notice from now on wakes the next round
-                delay = CHASE
-            else:
-                delay = min(delay * CHASE_GROWTH, self.reread)  # chasing the projector, slower
+            self._woken = trio.Event()  # a notice from now on wakes the next round
             try:
-                rows = await self.reads.after(self.position)
+                seq, rows = await self.reads.committed_after(self.seq)
             except RpcError as exc:
                 if not failing:
                     log.warning("api-feed-unavailable", error=exc.message)
                 failing = True
-                delay = self.reread
                 continue
             if failing:
                 log.info("api-feed-back")
                 failing = False
             self.reads_done += 1
+            if seq == self.seq:
+                continue
+            self.seq = seq
             if not rows:
                 continue
-            delay = self.reread
             self.position = rows[-1].id
             for subscriber in list(self.subscribers.values()):
                 subscriber(rows)
@@ -123,7 +119,7 @@ class LiveFeed:
         self._woken.set()
 
     def _drain(self, stop: threading.Event, token: trio.lowlevel.TrioToken) -> None:
-        """The listening thread: every notice read as it comes, the feed woken for its view's."""
+        """The listening thread: every notice read as it comes, the feed woken for its job's."""
         view = self.reads.reader.view
         while not stop.is_set():
             try:
@@ -145,9 +141,8 @@ class LiveFeed:
 
 
 def _for_view(notice: str, view: str) -> bool:
-    """A commit of the view's job or of one of its backfill ranges (``VIEW~FIRST-LAST``)."""
+    """A commit of the view's live job (its backfill ranges' events are older: history)."""
     try:
-        job = str(payload(notice).get("job", ""))
+        return bool(payload(notice).get("job") == view)
     except (ValueError, AttributeError):
         return False
-    return job == view or job.startswith(view + "~")

@@ -1,8 +1,10 @@
-"""What the streaming half reads from the API's store (:mod:`ingestion.api.store`), through the
-query layer's reader (:class:`~ingestion.api.reader.StoreReader`: its connections, its bounds, its
-errors): the view's events after an id for the live feed, history pages under getEvents' filters
-(the query layer's own SQL, :func:`~ingestion.api.query.events_sql`, so the same arms and the same
-order), and each event rendered as ``getEvents`` serves it.
+"""What the streaming half reads, through the query layer's reader
+(:class:`~ingestion.api.reader.StoreReader`: its connections, its bounds, its errors): history
+pages from the API's store (:mod:`ingestion.api.store`) under getEvents' filters (the query layer's
+own SQL, :func:`~ingestion.api.query.events_sql`, so the same arms and the same order); the live
+job's rows as the sink committed them, by ``seq``, for the live feed (they are there a projector
+step before the store has them: tens of milliseconds); whether the store holds an event yet; each
+event rendered as ``getEvents`` serves it.
 
 A history read has no upper bound: it reads every projected row after its start (``getEvents``
 stops at the ledger the view is complete through; a subscription must not, or an event of a
@@ -21,6 +23,7 @@ import orjson
 
 from ingestion.api.query import Plan, events_sql, json_format
 from ingestion.api.reader import StoreReader
+from ingestion.api.store import served_record
 from ingestion.postgres.sql import quoted
 from ingestion.rpc.protocol import MAX_EVENT, Cursor, EventFilter, matches
 
@@ -75,19 +78,42 @@ class StreamReads:
     def __init__(self, reader: StoreReader) -> None:
         self.reader = reader
         q = quoted(reader.schema)
-        self._newest = f"SELECT id, record FROM {q}.api_events WHERE view = %s ORDER BY id DESC LIMIT 1"
+        self._held = f"SELECT id, record FROM {q}.api_events WHERE view = %s AND id = %s"
+        # (seq and paging token in one column: the reader's rows are pairs)
+        self._last = (
+            f"SELECT seq::text || ' ' || paging_token, '' FROM {q}.events WHERE job = %s "
+            "ORDER BY seq DESC LIMIT 1"
+        )
         self._after = (
-            f"SELECT id, record FROM {q}.api_events WHERE view = %s AND id > %s ORDER BY id LIMIT %s"
+            f"SELECT seq::text || ' ' || paging_token, record::text FROM {q}.events "
+            "WHERE job = %s AND seq > %s ORDER BY seq LIMIT %s"
         )
 
-    async def newest(self) -> str:
-        rows = await self.reader.rows(_plan(self._newest, (self.reader.view,)))
-        return rows[0][0] if rows else NO_ID
+    async def last_committed(self) -> tuple[int, str]:
+        """The live job's last committed row: (seq, event id); (0, :data:`NO_ID`) for none."""
+        rows = await self.reader.rows(_plan(self._last, (self.reader.view,)))
+        if not rows:
+            return 0, NO_ID
+        seq, _, eid = rows[0][0].partition(" ")
+        return int(seq), eid
 
-    async def after(self, after: str, limit: int = FEED_BATCH) -> list[StoredEvent]:
-        """The view's events after id ``after``, in id order (the live feed)."""
-        rows = await self.reader.rows(_plan(self._after, (self.reader.view, after, limit)))
-        return [StoredEvent(i, r) for i, r in rows]
+    async def committed_after(self, seq: int, limit: int = FEED_BATCH) -> tuple[int, list[StoredEvent]]:
+        """The live job's rows after ``seq`` as committed, in order (the live feed): the last
+        ``seq`` read and the events, each as the store will hold it."""
+        rows = await self.reader.rows(_plan(self._after, (self.reader.view, seq, limit)))
+        events = []
+        for head, record in rows:
+            seq_text, _, eid = head.partition(" ")
+            seq = int(seq_text)
+            events.append(StoredEvent(eid, served_record(record)))
+        return seq, events
+
+    async def holds(self, event_id: str) -> bool:
+        """Whether the store holds ``event_id`` (of the live job: then every earlier one too,
+        the projector takes the job's rows in order)."""
+        return event_id == NO_ID or bool(
+            await self.reader.rows(_plan(self._held, (self.reader.view, event_id)))
+        )
 
     async def history(self, after: str, filters: Sequence[EventFilter], limit: int) -> HistoryPage:
         """Up to ``limit`` events after id ``after`` that match ``filters``, by the query layer's

@@ -42,6 +42,7 @@ log = structlog.get_logger("ingestion.api")
 
 POLICY_VIOLATION = 1008  # the WebSocket close code of a cut client
 RETRY = 1.0  # seconds between history reads while the store is out of reach
+HELD_POLL = 0.005  # seconds: the first wait for the projector to hold the feed's position
 
 
 @attrs.define
@@ -260,9 +261,11 @@ class Streams:
 
         with trio.CancelScope() as scope:
             key = self.feed.subscribe(on_live)  # before the first history read: the seam
+            registered_at = self.feed.position
             self.stats.subscribers += 1
             task_status.started(scope)
             try:
+                await self._until_held(registered_at)
                 while True:
                     changed = trio.Event()
                     was_cut = sub.cut is not None
@@ -306,6 +309,20 @@ class Streams:
             except RpcError as exc:
                 log.warning("api-history-unavailable", error=exc.message)
                 await trio.sleep(RETRY)
+
+    async def _until_held(self, event_id: str) -> None:
+        """Until the store holds ``event_id`` (the feed's position when the subscription
+        registered): history read from then on holds everything the feed published before."""
+        delay = HELD_POLL
+        while True:
+            try:
+                if await self.reads.holds(event_id):
+                    return
+            except RpcError as exc:
+                log.warning("api-history-unavailable", error=exc.message)
+                delay = RETRY
+            await trio.sleep(delay)
+            delay = min(delay * 2, RETRY)
 
     async def _refusal(self, request: wire.Subscribe) -> str | None:
         """The error frame for a subscription that starts before the oldest ledger held (as

@@ -27,6 +27,7 @@ from tests.support.api_stream import (
     event_id,
     ids,
     notifications,
+    projected,
     served,
     subscribe,
 )
@@ -139,7 +140,7 @@ async def test_bad_frames_get_json_rpc_error_frames_and_the_socket_serves_on(
         served(pg.url, job) as (base, streams),
         open_websocket_url(base.replace("http", "ws") + "/ws") as ws,
     ):
-        await wait_until(lambda: streams.feed.position >= event_id(2), 10, what="ledger 2 projected")
+        await projected(streams, event_id(2))
         reply = await answer(ws, frame)
         assert reply["error"]["code"] == code and says in reply["error"]["message"], reply
         assert reply["id"] == orjson.loads(frame)["id"] if frame.startswith('{"') else reply["id"] is None

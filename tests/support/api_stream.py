@@ -103,6 +103,13 @@ async def served(
             reader.close()
 
 
+async def projected(streams: Streams, event_id: str) -> None:
+    """Until the store holds ``event_id`` (the projector has projected it)."""
+    with trio.fail_after(10):
+        while not await streams.reads.holds(event_id):  # noqa: ASYNC110 (a read, not a flag)
+            await trio.sleep(0.01)
+
+
 async def projecting(url: str, view: str) -> None:
     """The view's projector, run after run (one term: no election in these tests)."""
     action = projector_action(url, "ingestion", view, run_seconds=30)
