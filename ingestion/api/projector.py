@@ -21,6 +21,7 @@ A record that is not an event is skipped (counted in the run's summary), never f
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -167,26 +168,35 @@ class FencedProjector:
 class NoticeWaiter:
     """Waits for the sink's ``NOTIFY`` of a commit of the view's jobs, on a ``LISTEN`` connection
     of its own, drained in a worker thread while waiting (a missed notice costs one
-    :data:`IDLE_WAKE`, never a row)."""
+    :data:`IDLE_WAKE`, never a row). The connection lives only while a run does: PostgreSQL holds
+    its one notification queue for the slowest listener, so a listener nobody drains (a former
+    leader's) must not stay (:meth:`close`)."""
 
     def __init__(self, url: str, schema: str, view: str) -> None:
         self.url = url
         self.schema = schema
         self.view = view
         self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()  # held by the waiting thread while it uses the connection
+        self._closing = False
         self._limiter = trio.CapacityLimiter(1)
 
     def _wait(self, seconds: float) -> bool:
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = connect(self.url, 2.0, "ingestion-api-projector")
-            self._conn.execute(f"LISTEN {sql.channel(self.schema)}")  # type: ignore[arg-type]
-            return True  # (re)connected: whatever was committed meanwhile is read again
-        woken = False
-        for note in self._conn.notifies(timeout=seconds):
-            woken = woken or self._ours(note.payload)
-            if woken:
-                break
-        return woken
+        with self._lock:
+            try:
+                if self._closing:
+                    return False
+                if self._conn is None or self._conn.closed or self._conn.broken:
+                    self._conn = connect(self.url, 2.0, "ingestion-api-projector")
+                    self._conn.execute(f"LISTEN {sql.channel(self.schema)}")  # type: ignore[arg-type]
+                    return True  # (re)connected: whatever was committed meanwhile is read again
+                for note in self._conn.notifies(timeout=seconds):
+                    if self._ours(note.payload):
+                        return True
+                return False
+            finally:
+                if self._closing:
+                    self._drop()
 
     def _ours(self, payload: str) -> bool:
         try:
@@ -197,6 +207,7 @@ class NoticeWaiter:
 
     async def wait(self, seconds: float) -> bool:
         """Until a notice for the view or ``seconds``: whether one came."""
+        self._closing = False
         try:
             with trio.fail_after(seconds + 3):
                 return await trio.to_thread.run_sync(
@@ -208,6 +219,16 @@ class NoticeWaiter:
             return False
 
     def close(self) -> None:
+        """Stop listening: now when no thread waits, else as that thread's wait ends (within
+        its ``seconds``, at most :data:`IDLE_WAKE`)."""
+        self._closing = True
+        if self._lock.acquire(blocking=False):
+            try:
+                self._drop()
+            finally:
+                self._lock.release()
+
+    def _drop(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
@@ -221,15 +242,18 @@ def projector_action(url: str, schema: str, view: str, *, run_seconds: float = R
     async def action(run: int, term: TermContext) -> dict[str, Any]:
         totals = {"rows": 0, "skipped": 0, "steps": 0}
         deadline = trio.current_time() + run_seconds
-        while True:
-            step = await projector.step(term.node, term.token)
-            totals["rows"] += step["rows"]
-            totals["skipped"] += step["skipped"]
-            totals["steps"] += 1
-            if trio.current_time() >= deadline:
-                return totals
-            if not step["behind"]:
-                await waiter.wait(min(IDLE_WAKE, max(0.0, deadline - trio.current_time())))
+        try:
+            while True:
+                step = await projector.step(term.node, term.token)
+                totals["rows"] += step["rows"]
+                totals["skipped"] += step["skipped"]
+                totals["steps"] += 1
+                if trio.current_time() >= deadline:
+                    return totals
+                if not step["behind"]:
+                    await waiter.wait(min(IDLE_WAKE, max(0.0, deadline - trio.current_time())))
+        finally:
+            waiter.close()  # (the next run listens again: a run ends, or its term does)
 
     return action
 

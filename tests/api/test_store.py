@@ -8,8 +8,9 @@ import orjson
 import psycopg
 import pytest
 
+from actors.source import TermContext
 from ingestion.api import store
-from ingestion.api.projector import FencedProjector, projector_job_name
+from ingestion.api.projector import FencedProjector, projector_action, projector_job_name
 from ingestion.api.query import Window, events_result, events_sql, plan
 from ingestion.api.reader import StoreReader
 from ingestion.postgres.connection import connect
@@ -17,6 +18,7 @@ from ingestion.postgres.fence import FenceRejected
 from ingestion.rpc.protocol import INVALID_REQUEST, Cursor, EventFilter, GetEventsRequest, RpcError
 from ingestion.testing.api_events import ACCOUNTS, CONTRACTS, expected_page, make_events, segment
 from ingestion.testing.local_postgres import LocalPostgres
+from ingestion.testing.wait import wait_until
 
 EVENTS = make_events(1, 300)
 
@@ -139,3 +141,18 @@ async def test_a_step_projects_only_whats_new(pg: LocalPostgres, view: str) -> N
     with pytest.raises(FenceRejected):
         await projector.step("stale", 2)
     projector.close()
+
+
+async def test_a_run_leaves_no_listener_behind(pg: LocalPostgres, view: str) -> None:
+    """A former leader's undrained LISTEN would hold PostgreSQL's one notification queue."""
+    action = projector_action(pg.url, "ingestion", view, run_seconds=0.3)
+    assert (await action(3, TermContext("p", 3)))["steps"] >= 2  # (it waited for notices between)
+
+    def listeners() -> int:
+        with connect(pg.url, 5) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ingestion-api-projector'"
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    await wait_until(lambda: listeners() == 0, 5, what="the projector's LISTEN connection closed")

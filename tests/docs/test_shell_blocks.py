@@ -69,6 +69,10 @@ NOT_RUN: dict[Key, str] = {
         "./scripts/demo runs a three-node cluster for about a minute and ./scripts/test is this very "
         "suite; both first install with Debian's package manager (scripts/setup)"
     ),
+    ("docs/API.md", "ingestion api --config"): (
+        "a read-only server that runs until stopped, on a config of the reader's; tests/api/test_cli.py "
+        "runs it as a process on a real PostgreSQL"
+    ),
     ("docs/BACKFILL.md", "ingestion backfill ops"): (
         "needs an RPC whose history holds ledgers 50000000-50999999 and nodes hosting job ops; "
         "the same document's walk on the simulator runs (test_backfill_two_spans_run_to_done)"
