@@ -17,5 +17,5 @@ I/O:
 - :mod:`ingestion.api.server`: the ASGI app, its metrics, the HTTP server.
 - :mod:`ingestion.api.service`: the API built from the settings (a node's, ``ingestion api``'s).
 - :mod:`ingestion.api.feed`, :mod:`ingestion.api.stream_reads`, :mod:`ingestion.api.streaming`:
-  subscriptions over WebSocket and SSE (docs/API-STREAMING.md).
+  subscriptions over WebSocket and SSE (docs/API.md, its streaming section).
 """

@@ -1,6 +1,6 @@
 """The streaming protocol's frames, pure (no I/O): what a client may send over ``/ws`` (or ask of
-``GET /events``) and what the server answers, as JSON-RPC 2.0 text. docs/API-STREAMING.md is the
-protocol's description for clients.
+``GET /events``) and what the server answers, as JSON-RPC 2.0 text. docs/API.md's streaming section is
+the protocol's description for clients.
 
 Requests (one JSON object per text frame):
 

@@ -14,7 +14,7 @@ reading and the socket's buffers are full) drops the connection; a client that r
 slowly is cut by the machine's bounds with close code 1008 and the reason, after the frames
 already queued in the socket.
 
-Protocol and errors: :mod:`ingestion.api.stream_protocol`; docs/API-STREAMING.md.
+Protocol and errors: :mod:`ingestion.api.stream_protocol`; docs/API.md, its streaming section.
 """
 
 from __future__ import annotations
