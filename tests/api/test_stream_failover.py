@@ -43,7 +43,7 @@ async def answering(port: int) -> bool:
         return False
 
 
-@pytest.mark.slow  # about 12 s: two processes started, 49 commits paced 20 ms apart
+@pytest.mark.slow  # 8 to 12 s: two processes started, 49 commits paced 20 ms apart
 async def test_a_subscriber_resumes_on_another_node_from_its_last_cursor_after_a_sigkill(
     pg: LocalPostgres,
 ) -> None:

@@ -14,9 +14,11 @@ import trio
 from prometheus_client import CollectorRegistry, generate_latest
 from trio_websocket import ConnectionClosed, open_websocket_url, wrap_client_stream
 
+from ingestion.api import store
 from ingestion.api.stream_reads import HistoryPage
 from ingestion.api.streaming import StreamCollector, Streams
 from ingestion.api.subscription import Limits, ReadHistory
+from ingestion.postgres.connection import connect
 from ingestion.rpc.protocol import Cursor, EventFilter
 from ingestion.testing.local_postgres import LocalPostgres
 from ingestion.testing.wait import wait_until
@@ -28,6 +30,7 @@ from tests.support.api_stream import (
     ids,
     notifications,
     projected,
+    projecting,
     served,
     subscribe,
 )
@@ -86,6 +89,32 @@ def scrape(streams: Streams) -> str:
     registry = CollectorRegistry()
     registry.register(StreamCollector(streams.stats))
     return generate_latest(registry).decode()
+
+
+async def test_events_committed_but_not_projected_when_a_subscription_starts_come_once_in_order(
+    pg: LocalPostgres,
+) -> None:
+    """The feed reads commits before the projector has projected them; a subscription that
+    starts then must still get them as history (it waits until the store holds the feed's
+    position), not lose them between the two halves."""
+    job = "stream-unprojected"
+    committer = Committer(pg.url, job)
+    await committer.commit([event(n) for n in range(2, 6)])  # not projected: no projector yet
+    with connect(pg.url, 5) as conn:  # the store there and empty: a history read answers nothing
+        for statement in store.create_statements("ingestion"):
+            conn.execute(statement)  # type: ignore[arg-type]
+    async with served(pg.url, job, projector=False) as (base, streams), trio.open_nursery() as nursery:
+        assert streams.feed.position == event_id(5)
+        async with open_websocket_url(base.replace("http", "ws") + "/ws") as ws:
+            await subscribe(ws, {"startLedger": 2})
+            await wait_until(lambda: streams.stats.subscribers == 1, 5, what="subscribed")
+            nursery.start_soon(projecting, pg.url, job)  # the projector catches up only now
+            await committer.commit([event(6), event(7)])
+            got: list[dict[str, Any]] = []
+            await notifications(ws, 6, got)
+        nursery.cancel_scope.cancel()
+    committer.close()
+    assert ids(got) == [event_id(n) for n in range(2, 8)]
 
 
 async def answer(ws: Any, frame: str | bytes) -> dict[str, Any]:
@@ -196,6 +225,10 @@ async def test_a_client_that_stops_reading_is_cut_with_the_close_reason_after_wh
         await sock.connect((host, int(port)))
         ws = await wrap_client_stream(nursery, trio.SocketStream(sock), host, "/ws", message_queue_size=1)
         await subscribe(ws, {"startLedger": 2})
+        received: list[str] = []
+        with trio.fail_after(10):  # until the seam: history done, the subscription live
+            while (message := orjson.loads(await ws.get_message()))["params"]["events"]:
+                received += [e["id"] for e in message["params"]["events"]]
         ledger = 3
         while not streams.stats.cut["outbox"] and ledger < 2000:  # the client reads nothing meanwhile
             await committer.commit([event(n, pad=2000) for n in range(ledger, ledger + 10)])
@@ -203,7 +236,6 @@ async def test_a_client_that_stops_reading_is_cut_with_the_close_reason_after_wh
             last = event_id(ledger - 1)
             await wait_until(lambda: streams.feed.position >= last, 10, what="projected")  # noqa: B023
         assert streams.stats.cut["outbox"] == 1, "never cut"
-        received: list[str] = []
         with pytest.raises(ConnectionClosed) as closed, trio.fail_after(30):
             while True:
                 message = orjson.loads(await ws.get_message())

@@ -81,9 +81,11 @@ async def served(
     limits: Limits | None = None,
     max_subscribers: int = 100,
     kind: type[Streams] = Streams,
+    projector: bool = True,
 ) -> AsyncIterator[tuple[str, Streams]]:
     """The streams of view ``job`` served on a loopback port, its projector running:
-    (``http://127.0.0.1:PORT``, streams); ``kind``: a subclass of :class:`Streams` (a test's hooks)."""
+    (``http://127.0.0.1:PORT``, streams); ``kind``: a subclass of :class:`Streams` (a test's hooks);
+    ``projector`` False: the test runs it (or not) itself."""
     reader = StoreReader(url, "ingestion", job)
     reads = StreamReads(reader)
     feed = LiveFeed(reads, url)
@@ -93,7 +95,8 @@ async def served(
     config.accesslog = None
     config.errorlog = "-"
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(projecting, url, job)
+        if projector:
+            nursery.start_soon(projecting, url, job)
         await nursery.start(feed.run)
         binds = await nursery.start(functools.partial(serve, app(streams), config, mode="asgi"))  # type: ignore[arg-type]
         try:
