@@ -20,7 +20,7 @@ import trio
 
 from ingestion.api.core import too_slow, unavailable
 from ingestion.api.query import Plan, Window
-from ingestion.api.store import close_time_of, view_latest
+from ingestion.api.store import close_time_of, view_latest, view_oldest
 from ingestion.postgres.connection import describe
 from ingestion.postgres.sql import quoted
 from ingestion.rpc.protocol import Cursor
@@ -80,11 +80,12 @@ class StoreReader:
             rows = conn.execute(self._window_sql, (self.view, self.view)).fetchall()  # type: ignore[arg-type]
         except psycopg.errors.UndefinedTable:
             return None  # no projector has run yet
-        latest = view_latest(self.view, [(str(s), int(q), t) for s, q, t, _ in rows])
+        progress = [(str(s), int(q), t) for s, q, t, _ in rows]
+        latest = view_latest(self.view, progress)
         if latest is None or rows[0][3] is None:
             return None
         oldest_record = str(rows[0][3])
-        oldest = int(orjson.loads(oldest_record)["ledger"])
+        oldest = view_oldest(self.view, progress, int(orjson.loads(oldest_record)["ledger"]))
         if latest < oldest:
             return None
         bound = str(Cursor(latest + 1))
@@ -99,9 +100,22 @@ class StoreReader:
 
     async def _run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         def call() -> T:
-            conn = self._take()
+            conn, reused = self._take()
             try:
                 out = fn(conn)
+            except psycopg.OperationalError:
+                conn.close()
+                if not reused:
+                    raise
+                # A kept connection that broke (PostgreSQL restarted, a failover): the others
+                # are as stale; a read is safe to run again, once, on a fresh connection.
+                self.close()
+                conn = self._connect()
+                try:
+                    out = fn(conn)
+                except BaseException:
+                    conn.close()
+                    raise
             except BaseException:
                 conn.close()
                 raise
@@ -118,12 +132,16 @@ class StoreReader:
         except (psycopg.Error, OSError) as exc:
             raise unavailable(describe(exc, self.url).removeprefix("sink.url ")) from None
 
-    def _take(self) -> psycopg.Connection[Any]:
+    def _take(self) -> tuple[psycopg.Connection[Any], bool]:
+        """A kept connection (True) or a new one (False)."""
         with self._lock:
             while self._idle:
                 conn = self._idle.pop()
                 if not (conn.closed or conn.broken):
-                    return conn
+                    return conn, True
+        return self._connect(), False
+
+    def _connect(self) -> psycopg.Connection[Any]:
         ms = max(100, round(self.statement_timeout * 1000))
         return psycopg.connect(
             self.url,

@@ -207,6 +207,20 @@ def view_latest(view: str, progress: Sequence[tuple[str, int, str | None]]) -> i
     return max(ranges) if ranges else None
 
 
+def view_oldest(view: str, progress: Sequence[tuple[str, int, str | None]], first_event: int) -> int:
+    """The oldest ledger a view holds: its oldest event's, or the first ledger of a backfill range
+    (``<view>~<first>-<last>``) that is complete through its last ledger, if older (the range's
+    ledgers before its first event are held too: they have none)."""
+    oldest = first_event
+    for source, _, through in progress:
+        first, dash, last = source.removeprefix(view + "~").partition("-")
+        if source.startswith(view + "~") and dash and first.isdigit() and last.isdigit():
+            done = complete_through(through)
+            if done is not None and done >= int(last):
+                oldest = min(oldest, int(first))
+    return oldest
+
+
 def close_time_of(record: str) -> int:
     """An event's ledger close time as Unix seconds (from its ``ledgerClosedAt``)."""
     from datetime import datetime

@@ -45,6 +45,9 @@ def test_a_view_is_complete_through_its_live_jobs_cursor() -> None:
     progress = [("v", 5, str(Cursor.through(90))), ("v~1-50", 9, str(Cursor.through(50)))]
     assert store.view_latest("v", progress) == 90
     assert store.view_latest("v", progress[1:]) == 50
+    # a range complete through its last ledger is held from its first, events or not
+    assert store.view_oldest("v", progress, first_event=7) == 1
+    assert store.view_oldest("v", [("v~1-50", 9, str(Cursor.through(40)))], first_event=7) == 7
 
 
 def test_a_start_outside_the_window_is_refused_with_stellar_rpcs_message() -> None:
@@ -145,7 +148,7 @@ async def test_a_step_projects_only_whats_new(pg: LocalPostgres, view: str) -> N
 
 async def test_a_run_leaves_no_listener_behind(pg: LocalPostgres, view: str) -> None:
     """A former leader's undrained LISTEN would hold PostgreSQL's one notification queue."""
-    action = projector_action(pg.url, "ingestion", view, run_seconds=0.3)
+    action = projector_action(pg.url, "ingestion", view, run_seconds=2.0)
     assert (await action(3, TermContext("p", 3)))["steps"] >= 2  # (it waited for notices between)
 
     def listeners() -> int:
@@ -156,3 +159,29 @@ async def test_a_run_leaves_no_listener_behind(pg: LocalPostgres, view: str) -> 
         return int(row[0]) if row else 0
 
     await wait_until(lambda: listeners() == 0, 5, what="the projector's LISTEN connection closed")
+
+
+async def test_a_sparse_filter_spans_millions_of_ledgers_in_one_page(pg: LocalPostgres) -> None:
+    """No 10,000-ledger scan cap: two events of one contract 3 million ledgers apart, one page."""
+    import trio
+
+    from ingestion.postgres.sink import PostgresSink
+    from ingestion.testing.api_events import make_events, records
+
+    near, far = make_events(5, 5)[:1], [e for e in make_events(3_000_005, 3_000_010) if e.contract_id][:1]
+    sink = PostgresSink(pg.url, "sparse", call_timeout=5)
+    await sink.open_term("a", 1)
+    await sink.commit("a", 1, None, records(near + far), str(Cursor.through(3_000_020)))
+    sink.close()
+    await projector_action(pg.url, "ingestion", "sparse", run_seconds=0)(1, TermContext("p", 1))
+    reader = StoreReader(pg.url, "ingestion", "sparse")
+    window = await reader.window()
+    assert window is not None and (window.oldest, window.latest) == (5, 3_000_020)
+    wanted = (EventFilter(contract_ids=(far[0].contract_id,)),)
+    with trio.fail_after(5):
+        p = plan(GetEventsRequest(start_ledger=5, filters=wanted, limit=10), window, "ingestion", "sparse")
+        rows = await reader.rows(p)
+    want = [e.id for e in near + far if e.contract_id == far[0].contract_id]
+    assert [i for i, _ in rows] == want and far[0].id in want
+    assert orjson.loads(events_result(p, rows, window))["cursor"] == str(Cursor.through(3_000_020))
+    reader.close()
