@@ -77,7 +77,7 @@ class StreamCollector(Collector):
         cut = CounterMetricFamily(
             "ingestion_api_subscribers_cut",
             "Subscribers cut as too slow: outbox (over api.stream_outbox events waiting), lag (a "
-            "notification waiting over api.stream_max_lag), send-timeout (a send blocked that long).",
+            "notification waiting over api.stream_max_lag_ms), send-timeout (a send blocked that long).",
             labels=["reason"],
         )
         for reason, n in sorted(s.cut.items()):
