@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 import trio
@@ -255,3 +256,41 @@ async def test_a_client_that_stops_reading_is_cut_with_the_close_reason_after_wh
         assert sent and float(sent.group(1)) == streams.stats.notifications > 0
         nursery.cancel_scope.cancel()
     committer.close()
+
+
+async def test_the_sse_twin_streams_history_then_live_with_each_cursor_as_the_event_id(
+    pg: LocalPostgres,
+) -> None:
+    job = "stream-sse"
+    committer = Committer(pg.url, job)
+    await committer.commit([event(2), event(3, verb=MINT)])
+    async with served(pg.url, job) as (base, streams), httpx.AsyncClient(timeout=10) as http:
+        await projected(streams, event_id(3))
+        bad = await http.get(f"{base}/events", params={"startLedger": "2", "xdrFormat": "hex"})
+        assert bad.status_code == 400 and "expected base64, json" in bad.json()["error"]["message"]
+        got: list[tuple[str, list[str]]] = []
+
+        async def live() -> None:  # after the seam's notification went out
+            await wait_until(lambda: streams.stats.notifications >= 2, 10, what="the seam sent")
+            await committer.commit([event(4)])
+
+        with trio.fail_after(10):
+            async with (
+                trio.open_nursery() as nursery,
+                http.stream("GET", f"{base}/events", params={"startLedger": "2"}) as response,
+            ):
+                nursery.start_soon(live)
+                assert response.headers["content-type"] == "text/event-stream"
+                buffered = b""
+                async for chunk in response.aiter_raw():  # (aiter_lines holds a line back)
+                    buffered += chunk
+                    *whole, buffered = buffered.split(b"\n\n")
+                    for block in whole:
+                        fields = dict(line.split(": ", 1) for line in block.decode().split("\n"))
+                        params = orjson.loads(fields["data"])["params"]
+                        assert fields["event"] == "events" and fields["id"] == params["cursor"]
+                        got.append((fields["id"], [e["id"] for e in params["events"]]))
+                    if got and got[-1][1] == [event_id(4)]:
+                        break
+    committer.close()
+    assert [i for _, ids_ in got for i in ids_] == [event_id(2), event_id(3), event_id(4)]

@@ -24,7 +24,7 @@ from ingestion.api.stream_reads import StreamReads
 from ingestion.api.streaming import Streams, app
 from ingestion.api.subscription import Limits
 from ingestion.postgres.sink import PostgresSink
-from ingestion.rpc.protocol import Cursor
+from ingestion.rpc.protocol import Cursor, RpcError
 
 CONTRACTS = (
     "CAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAABSC4",
@@ -109,7 +109,12 @@ async def served(
 async def projected(streams: Streams, event_id: str) -> None:
     """Until the store holds ``event_id`` (the projector has projected it)."""
     with trio.fail_after(10):
-        while not await streams.reads.holds(event_id):  # noqa: ASYNC110 (a read, not a flag)
+        while True:
+            try:
+                if await streams.reads.holds(event_id):
+                    return
+            except RpcError:
+                pass  # the store's tables are not there before the projector's first step
             await trio.sleep(0.01)
 
 
