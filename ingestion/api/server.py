@@ -40,6 +40,7 @@ from ingestion.api.core import (
 )
 from ingestion.api.query import events_result, plan
 from ingestion.api.reader import StoreReader
+from ingestion.api.streaming import StreamCollector, Streams
 from ingestion.common.asgi import (
     BodyTooLarge,
     Disconnected,
@@ -71,6 +72,7 @@ class ApiMetrics(Collector):
         )
         self.oldest: int | None = None
         self.latest: int | None = None
+        self.streams: Collector | None = None  # the subscriptions' (StreamCollector), when served
 
     def observe(self, method: str, outcome: str, seconds: float) -> None:
         self.requests[(method, outcome)] += 1
@@ -86,6 +88,8 @@ class ApiMetrics(Collector):
             total.add_metric([method, outcome], n)
         yield total
         yield from self.latency.collect()
+        if self.streams is not None:
+            yield from self.streams.collect()
         for name, value, text in (
             ("ingestion_api_oldest_ledger", self.oldest, "the oldest ledger the events API serves"),
             ("ingestion_api_latest_ledger", self.latest, "the latest ledger the events API serves"),
@@ -108,11 +112,15 @@ class ApiApp:
         body_limit: int = DEFAULT_BODY_LIMIT,
         serve_metrics: bool = False,
         log: Any = None,
+        streams: Streams | None = None,
     ) -> None:
         self.reader = reader
+        self.streams = streams
         self.rules = rules or ApiRules()
         self.metrics = metrics or ApiMetrics()
         self.body_limit = body_limit
+        if streams is not None:
+            self.metrics.streams = StreamCollector(streams.stats)
         self.log = log
         self._registry: CollectorRegistry | None = None
         if serve_metrics:
@@ -122,6 +130,9 @@ class ApiApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await serve_lifespan(receive, send)
+            return
+        if self.streams is not None and self.streams.handles(scope):
+            await self.streams(scope, receive, send)  # /ws and GET /events (ingestion/api/streaming.py)
             return
         if scope["type"] != "http":
             return
@@ -212,6 +223,9 @@ async def serve_api(
     config.graceful_timeout = 1
     config.h11_max_incomplete_size = 16 * 1024  # request line and headers
     async with trio.open_nursery() as nursery:
+        streams = getattr(app, "streams", None)
+        if streams is not None:
+            await nursery.start(streams.feed.run)  # subscriptions' live feed, before the port opens
         binds: list[str] = await nursery.start(functools.partial(serve, app, config, mode="asgi"))  # type: ignore[arg-type]
         bound_port = int(binds[0].rsplit(":", 1)[-1])
         log.info("api-listening", host=host, port=bound_port, view=getattr(app.reader, "view", None))

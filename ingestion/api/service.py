@@ -9,8 +9,12 @@ from typing import Any
 import trio
 
 from ingestion.api.core import ApiRules
+from ingestion.api.feed import LiveFeed
 from ingestion.api.reader import StoreReader
 from ingestion.api.server import ApiApp, serve_api
+from ingestion.api.stream_reads import StreamReads
+from ingestion.api.streaming import Streams
+from ingestion.api.subscription import Limits
 from ingestion.rpc.protocol import Caps
 
 
@@ -56,8 +60,19 @@ def build_app(settings: Any, log: Any, *, serve_metrics: bool = False) -> ApiApp
         connections=a.connections,
     )  # fmt: skip
     return ApiApp(
-        reader, rules_of(settings), body_limit=a.max_body_bytes, serve_metrics=serve_metrics, log=log
-    )
+        reader, rules_of(settings), body_limit=a.max_body_bytes, serve_metrics=serve_metrics, log=log,
+        streams=streams_of(settings, reader, url),
+    )  # fmt: skip
+
+
+def streams_of(settings: Any, reader: StoreReader, url: str) -> Streams:
+    """The subscriptions (``/ws``, ``GET /events``) over ``reader``'s view: its live feed
+    listens at ``url`` (the replica's own notices when the API reads one: a replica relays no
+    ``NOTIFY``, so there the feed re-reads each second)."""
+    a = settings.api
+    limits = Limits(outbox=a.stream_outbox, max_lag=a.stream_max_lag_ms / 1000)
+    reads = StreamReads(reader)
+    return Streams(LiveFeed(reads, url), reads, limits, a.max_subscribers)
 
 
 def listen_host_of(settings: Any) -> str:

@@ -440,6 +440,9 @@ def metric_families() -> list[tuple[str, str, list[str], str]]:
     api = ApiMetrics()
     api.observe("getEvents", "ok", 0.001)
     api.oldest, api.latest = 1, 2
+    from ingestion.api.streaming import StreamCollector, StreamStats
+
+    api.streams = StreamCollector(StreamStats())  # the subscriptions' (docs/API.md, "Streaming")
     metrics.registry.register(api)
     trio.run(metrics.refresh)
     rows = []

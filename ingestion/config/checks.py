@@ -263,9 +263,14 @@ def check_api(api: dict[str, Any], problems: list[str]) -> None:
             problems.append(f"api.{key}: must be at least stellar-rpc's {floor}, got {api[key]}")
     if not 1 <= api["default_limit"] <= max(api["max_limit"], 1):
         problems.append(f"api.default_limit: must be between 1 and api.max_limit, got {api['default_limit']}")
-    for key in ("statement_timeout_ms", "max_body_bytes", "connections"):
+    positive = ("statement_timeout_ms", "max_body_bytes", "connections", "max_subscribers",
+                "stream_max_lag_ms")  # fmt: skip
+    for key in positive:
         if api[key] <= 0:
             problems.append(f"api.{key}: must be positive, got {api[key]}")
+    if api["stream_outbox"] < 1000:
+        outbox = api["stream_outbox"]
+        problems.append(f"api.stream_outbox: must be at least 1000 (five pages of 200), got {outbox}")
     if not 0 <= api["port"] <= 65535:
         problems.append(f"api.port: must be between 0 and 65535, got {api['port']}")
     if api["port"] and not api["job"]:

@@ -299,6 +299,21 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
         ),
         "max_body_bytes": (int, 65536, "a request body over this is answered 413 unread"),
         "connections": (int, 8, "the API's reads at once at most (each a connection of its own)"),
+        "max_subscribers": (
+            int,
+            1000,
+            "event subscriptions (WebSocket /ws and SSE /events) a node serves at once; more are refused",
+        ),
+        "stream_outbox": (
+            int,
+            10000,
+            "events a subscription may have waiting for its client; past it the client is cut (1008)",
+        ),
+        "stream_max_lag_ms": (
+            int,
+            10000,
+            "a notification may wait this long for its client; past it the client is cut (1008)",
+        ),
         "network_passphrase": (
             str,
             "Public Global Stellar Network ; September 2015",

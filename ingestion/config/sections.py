@@ -228,6 +228,9 @@ class ApiSettings:
     statement_timeout_ms: int = 5000
     max_body_bytes: int = 65536
     connections: int = 8
+    max_subscribers: int = 1000
+    stream_outbox: int = 10000
+    stream_max_lag_ms: int = 10000
     network_passphrase: str = "Public Global Stellar Network ; September 2015"
     protocol_version: int = 23
 
