@@ -59,6 +59,9 @@ COMMANDS: dict[str, Command] = {
     "handover": Command(
         "ingestion.cli.handover", "ask a job's leader to hand it over gracefully to a standby (audited)"
     ),
+    "cursor": Command(
+        "ingestion.cli.cursor", "move a job on after a network reset: cursor reset JOB --to ... (audited)"
+    ),
     "version": Command("ingestion.cli.version", "print the version"),
 }
 

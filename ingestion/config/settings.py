@@ -17,6 +17,7 @@ from ingestion.config.sections import (
     LakeSettings,
     LeaseSettings,
     LogSettings,
+    NetworkSettings,
     NodeSettings,
     ObserveSettings,
     RedisSettings,
@@ -46,6 +47,7 @@ class Settings:
     jobs: tuple[JobSettings, ...] = ()
     sink: SinkSettings = attrs.field(factory=lambda: SinkSettings("", "ingestion"))
     lake: LakeSettings = attrs.field(factory=lambda: LakeSettings("", "", 1000, 4, 1))
+    network: NetworkSettings = attrs.field(factory=NetworkSettings)
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> Settings:
@@ -100,4 +102,5 @@ class Settings:
             log=LogSettings(**v["log"]),
             sink=SinkSettings(**v["sink"]),
             lake=LakeSettings(**v["lake"]),
+            network=NetworkSettings(**v["network"]),
         )
