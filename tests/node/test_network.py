@@ -133,3 +133,22 @@ async def test_a_reset_is_detected_within_a_ledger_close_and_the_cursor_command_
     assert detected["hash"] == kept
     assert moved["from"] == str(Cursor.through(old_tip)) and moved["to"] == ""
     assert moved["by"].startswith("cli ") and int(moved["token"]) > 1
+
+
+def test_the_cursor_command_is_refused_while_the_job_is_led_or_its_cursor_moved(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    keys = job_keys(job)
+    redis_client.hset(keys["cursor"], mapping={"cursor": "100", "network_reset": "reset"})
+    redis_client.set(keys["token"], 7)
+    redis_client.set(keys["lease"], "7|a", px=60_000)
+    flags = ["reset", job, "--to", "200", "--redis", redis_server.url]
+    assert cursor_main(flags) == 1  # led: no reset was detected
+    redis_client.delete(keys["lease"])
+    assert cursor_main([*flags, "--from", "99"]) == 1  # not the cursor the operator saw
+    assert fields(redis_client, job) == {"cursor": "100", "network_reset": "reset"}
+    assert redis_client.get(keys["token"]) == "7" and not redis_client.exists(keys["audit"])
+    assert cursor_main([*flags, "--from", "100"]) == 0
+    assert fields(redis_client, job) == {"cursor": "200"} and redis_client.get(keys["token"]) == "8"
+    redis_client.hset(keys["cursor"], "sink", "postgres database d schema s")
+    assert cursor_main(flags) == 1  # its cursor is in PostgreSQL
