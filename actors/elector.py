@@ -64,6 +64,7 @@ _TERM_REASONS = {
     "commit-unknown": LostReason.REDIS_UNAVAILABLE,
     "commit-refused": LostReason.RELEASED,
     "source-fatal": LostReason.RELEASED,
+    "source-held-off": LostReason.RELEASED,
     "sink-refused": LostReason.RELEASED,
     "term-failed": LostReason.TERM_FAILED,
 }
@@ -121,6 +122,11 @@ class Elector:
     # Asked first: whether this node's source answers (a node that cannot reach it holds off
     # while another can, and campaigns late, as a last resort, when nobody can).
     source_watch: SourceWatch | None = None
+    # Asked before everything: whether the job may be followed from this node's source at all
+    # (None) or not (reason, one line: another network, a reset chain): held off, looked at again
+    # after a TTL.
+    hold_check: Callable[[], Awaitable[tuple[str, str] | None]] | None = None
+    _hold_reason: str | None = None  # the reason hold_check gave last (None: it allowed)
     # Asked before that: whether the sink that keeps the job's data answers (PostgreSQL; None:
     # not), and its fence's token, which the campaign then floors above. A term that cannot
     # commit ends commit-unknown, having used up a token: hold off while it fails.
@@ -205,6 +211,8 @@ class Elector:
             task_status.started()
             failures = 0
             while not self._stopping:
+                if self.hold_check is not None and not await self._check_allows(self.hold_check):
+                    continue
                 if self.sink_probe is not None and not await self._sink_allows(self.sink_probe):
                     continue
                 if self.source_watch is not None and not await self._source_allows(self.source_watch):
@@ -279,6 +287,19 @@ class Elector:
             0.0 if fence is not None else None, self.ttl_ms / 1000, "sink-unreachable",
             error=self.sink_error() if fence is None else None,
         )  # fmt: skip
+
+    async def _check_allows(self, check: Callable[[], Awaitable[tuple[str, str] | None]]) -> bool:
+        held = await check()
+        if held is None:
+            if self._hold_reason is not None:
+                self._held_off.discard(self._hold_reason)  # said again when it comes back
+                self._hold_reason = None
+            return True
+        reason, error = held
+        if self._hold_reason not in (None, reason):
+            self._held_off.discard(self._hold_reason)
+        self._hold_reason = reason
+        return await self._wait_for_turn(None, self.ttl_ms / 1000, reason, error=error)
 
     async def _source_allows(self, watch: SourceWatch) -> bool:
         return await self._wait_for_turn(watch.campaign_delay(), watch.ttl, "source-unreachable")

@@ -51,12 +51,21 @@ from actors.messages import (
     WriterOutcome,
 )
 from actors.sink import SinkUnavailable
-from actors.source import Batch, Source, SourceFatalError, TermContext, TermFenced, current_term
+from actors.source import (
+    Batch,
+    Source,
+    SourceFatalError,
+    SourceHeldOff,
+    TermContext,
+    TermFenced,
+    current_term,
+)
 
 # How a term that raised ends, by what it raised (the first kind found among its failures).
 _ENDINGS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], str], ...] = (
     (TermFenced, "fenced"),
     (SourceFatalError, "source-fatal"),
+    (SourceHeldOff, "source-held-off"),
     ((RedisUnavailable, SinkUnavailable), "commit-unknown"),
 )
 

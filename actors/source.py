@@ -18,7 +18,7 @@ import itertools
 import json
 from collections.abc import AsyncGenerator, Iterable
 from contextlib import AbstractAsyncContextManager
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import attrs
 import trio
@@ -142,6 +142,21 @@ current_term: contextvars.ContextVar[TermContext] = contextvars.ContextVar("curr
 
 class SourceFatalError(Exception):
     """The source cannot go on and retrying will not help; the message says what to fix."""
+
+
+class SourceHeldOff(Exception):
+    """The source must not be followed now (on another network, or its chain was reset): the
+    term ends as ``source-held-off`` and the node's campaigns are held off while the source's
+    ``hold_off()`` (:class:`HeldOffSource`) says why. The message says what to do."""
+
+
+@runtime_checkable
+class HeldOffSource(Protocol):
+    async def hold_off(self) -> tuple[str, str] | None:
+        """Before each campaign: None (campaign) or ``(reason, one line)``: this node holds the
+        job off (``campaign-held-off reason=REASON error=LINE``) and asks again a TTL later. A
+        check that cannot tell (Redis or the source not answering) answers None."""
+        ...
 
 
 class TermFenced(Exception):

@@ -41,7 +41,7 @@ from actors.messages import (
 )
 from actors.observe import NodeObserver
 from actors.sink import ProbedSink, RedisStreamSink, Sink
-from actors.source import Source
+from actors.source import HeldOffSource, Source
 from actors.token_memory import TokenMemory
 
 RELEASE_POLL = 1.0  # seconds a release-listener wait lasts before it is re-armed
@@ -212,6 +212,7 @@ async def run_node(
             memory=memory,
             gate=gate,
             source_watch=watch,
+            hold_check=source.hold_off if isinstance(source, HeldOffSource) else None,
             sink_probe=job_sink.probe if isinstance(job_sink, ProbedSink) else None,
             sink_error=(lambda: job_sink.probe_error) if isinstance(job_sink, ProbedSink) else (lambda: None),
             sink_keeps_cursor=ingestor.sink_keeps_cursor,

@@ -66,6 +66,9 @@ COMMANDS: dict[str, Command] = {
     "api": Command(
         "ingestion.cli.api", "serve the events API (stellar-rpc's getEvents over all we hold), read-only"
     ),
+    "cursor": Command(
+        "ingestion.cli.cursor", "move a job on after a network reset: cursor reset JOB --to ... (audited)"
+    ),
     "version": Command("ingestion.cli.version", "print the version"),
 }
 

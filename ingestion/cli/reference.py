@@ -44,7 +44,10 @@ KEY_MEANINGS: dict[str, tuple[str, str]] = {
         "`cursor`, `token`, `node` of the last commit (events stream sink only), with "
         "`complete_through` (the completeness watermark, a ledger: it only rises) and "
         "`complete_held` (why a history gap holds it for good) when the source says; `source`: what "
-        "the job follows; `sink`: where it commits (`redis`, or `postgres database DB schema S`)",
+        "the job follows; `sink`: where it commits (`redis`, or `postgres database DB schema S`); "
+        "`network`: its passphrase (set, or recorded by its first term); `network_ledger`, "
+        "`network_ledger_hash`: its last committed ledger and that ledger's hash at the source; "
+        "`network_reset`: a detected reset (the job is held off until `ingestion cursor reset`)",
     ),
     "events": (
         "stream",
@@ -61,7 +64,9 @@ KEY_MEANINGS: dict[str, tuple[str, str]] = {
         "(`by`: an operator's hand-over, written by the leader that took it) and `operator-request` "
         "(`action`, `by`, `request`, `result`: a webhook request its leader carried out), "
         "`dead-letters-dropped` (`by`, `dropped`, `replayed`, `before`, `first`, `last`: written by "
-        "`webhooks drop-dead-letters`)",
+        "`webhooks drop-dead-letters`), `network-reset` (`detail`, `ledger`, `hash`: a reset its "
+        "leader detected) and `cursor-reset` (`by`, `from`, `to`, `token`, `why`: written by "
+        "`ingestion cursor reset`)",
     ),
     "leader": (
         "hash", "the last holder, its token and its lease's end (Redis time): gives `takeover_ms`; "

@@ -115,6 +115,13 @@ def parser() -> argparse.ArgumentParser:
         help="also write the chain into a data lake (SEP-54/Galexie layout) in DIR: every ledger "
         "from the first (RPC's and Horizon's retention do not apply), then each ledger as it closes",
     )
+    p.add_argument(
+        "--network-passphrase",
+        default=defaults.network_passphrase,
+        metavar="TEXT",
+        help="the network's passphrase, as Horizon's root, RPC's getNetwork and the lake's manifest "
+        "say it (a node's job pinned to another network holds off)",
+    )
     return p
 
 
@@ -144,6 +151,7 @@ def config_from_args(argv: list[str]) -> SimulatorConfig:
         rpc_max_healthy_latency=args.rpc_max_healthy_latency,
         rpc_retention_ledgers=args.rpc_retention_ledgers,
         lake_dir=args.lake_dir,
+        network_passphrase=args.network_passphrase,
     )
 
 

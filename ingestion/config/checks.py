@@ -403,6 +403,11 @@ def _check_rpc_section(v: dict[str, dict[str, Any]], problems: list[str]) -> Non
             problems.append(f"lake.{key}: must be positive, got {lake[key]}")
     if lake["decode_processes"] < 0:
         problems.append(f"lake.decode_processes: must be 0 or more, got {lake['decode_processes']}")
+    network = v["network"]
+    if network["check_ms"] <= 0:
+        problems.append(f"network.check_ms: must be positive, got {network['check_ms']}")
+    if network["reset_after_ms"] < 0:
+        problems.append(f"network.reset_after_ms: must be 0 or more, got {network['reset_after_ms']}")
     check_urls(rpc["urls"], "rpc.urls", "Stellar RPC", problems)
     if not 1 <= rpc["page_limit"] <= 10_000:
         problems.append(f"rpc.page_limit: must be between 1 and 10000, got {rpc['page_limit']}")

@@ -100,13 +100,14 @@ def resolve_jobs(
                         problems.append(f"jobs.{name}.horizon: not an http(s) URL: {url!r}")
                 if not urls:
                     problems.append(f"jobs.{name}.horizon: at least one Horizon URL is needed")
-            jobs.append(_with_events(JobSettings(name, kind, resource, start, urls), given, problems))
+            job = _with_events(JobSettings(name, kind, resource, start, urls), given, problems)
+            jobs.append(_with_network(job, given, v["network"]))
             continue
         if kind in ("rpc", "lake"):
             job = _rpc_job(name, entry if eq else "", given, v["rpc"], problems, kind)
             if kind == "lake":
                 job = _lake_job(job, given, v["lake"], problems)
-            jobs.append(_with_events(job, given, problems))
+            jobs.append(_with_network(_with_events(job, given, problems), given, v["network"]))
             continue
         events_only = sorted(k for k in given if k in EVENTS_KEYS)
         if events_only:
@@ -162,7 +163,15 @@ def _with_api_projector(
     return [*jobs, JobSettings(name, "scheduled", "", "0", (), API_PROJECTOR_ACTION, 1, sink=sink)]
 
 
-EVENTS_KEYS = ("decode", "watch", "watch_file", "watch_set")
+EVENTS_KEYS = ("decode", "watch", "watch_file", "watch_set", "network")
+
+
+def _with_network(job: JobSettings, given: Mapping[str, Any], network: Mapping[str, Any]) -> JobSettings:
+    """The job with its network's passphrase (its table's ``network``, else ``network.passphrase``;
+    pubnet, testnet and futurenet by name)."""
+    from ingestion.common.network import passphrase_of
+
+    return attrs.evolve(job, network=passphrase_of(str(given.get("network", network["passphrase"]))))
 
 
 def _with_events(job: JobSettings, given: Mapping[str, Any], problems: list[str]) -> JobSettings:

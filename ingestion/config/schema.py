@@ -227,6 +227,30 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
             "process decodes on one core; 2 on a dedicated backfill node); 0: a thread of the node",
         ),
     },
+    "network": {
+        "passphrase": (
+            str,
+            "",
+            "the network every horizon, rpc and lake job follows unless its table says (network = "
+            "...): pubnet, testnet, futurenet or a passphrase; a source on another network is never "
+            "followed (campaign-held-off reason=wrong-network); empty: each job's first term records "
+            "its source's",
+        ),
+        "check_ms": (
+            int,
+            5000,
+            "ms between a leader's looks at its source's network and ledgers (passphrase, latest "
+            "ledger, the hash of the last committed ledger)",
+        ),
+        "reset_after_ms": (
+            int,
+            60000,
+            "ms every URL of a job's source may report a latest ledger below the job's last "
+            "committed ledger before the job counts its network as reset (network-reset: it "
+            "commits nothing until `ingestion cursor reset`); another hash for that ledger counts "
+            "at once",
+        ),
+    },
     "events": {
         "max_len": (
             int,
@@ -357,6 +381,11 @@ JOB_SCHEMA: dict[str, tuple[type | str, str]] = {
     "action": (str, "scheduled: the action to run, module:function (async (run, term) -> dict)"),
     "period_ms": (int, "scheduled: ms between the end of a run and the start of the next"),
     "sink": (str, "where this job's records and cursor go (default: sink.url)"),
+    "network": (
+        str,
+        "horizon, rpc, lake: the job's network, pubnet, testnet, futurenet or a passphrase "
+        "(default: network.passphrase)",
+    ),
     # decoded events and watch lists (docs/CONSUMING.md)
     "decode": (
         bool,

@@ -85,6 +85,8 @@ class JobSettings:
     # (its source stops there). "" and 0 for every configured job.
     parent: str = ""
     last_ledger: int = 0
+    # horizon, rpc, lake: the network's passphrase ("": the one its first term records)
+    network: str = ""
 
     @property
     def watching(self) -> bool:
@@ -181,6 +183,13 @@ class RpcSettings:
     on_history_gap: str
     reset_after_ms: int
     lake: str = ""  # the data lake history older than RPC keeps is read from (on_history_gap = lake)
+
+
+@attrs.frozen
+class NetworkSettings:
+    passphrase: str = ""
+    check_ms: int = 5000
+    reset_after_ms: int = 60000
 
 
 @attrs.frozen

@@ -18,6 +18,7 @@ from ingestion.config.sections import (
     LakeSettings,
     LeaseSettings,
     LogSettings,
+    NetworkSettings,
     NodeSettings,
     ObserveSettings,
     RedisSettings,
@@ -48,6 +49,7 @@ class Settings:
     sink: SinkSettings = attrs.field(factory=lambda: SinkSettings("", "ingestion"))
     lake: LakeSettings = attrs.field(factory=lambda: LakeSettings("", "", 1000, 4, 1))
     api: ApiSettings = attrs.field(factory=ApiSettings)
+    network: NetworkSettings = attrs.field(factory=NetworkSettings)
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> Settings:
@@ -103,4 +105,5 @@ class Settings:
             sink=SinkSettings(**v["sink"]),
             lake=LakeSettings(**v["lake"]),
             api=ApiSettings(**v["api"]),
+            network=NetworkSettings(**v["network"]),
         )

@@ -34,6 +34,7 @@ from actors.health import SourceHealth
 from actors.source import Batch, SourceFatalError
 from ingestion.common.gaps import record_history_gap
 from ingestion.common.http import describe, source_urls, ssl_context
+from ingestion.common.network import SourceLook
 from ingestion.common.paging import InvalidPagingToken, token_key
 from ingestion.common.retry import RetryPolicy
 from ingestion.horizon.catchup import overlappable
@@ -59,7 +60,7 @@ from ingestion.horizon.health import RatePacer, RootInfo, cursor_ledger, history
 from ingestion.horizon.overlapped import overlapped
 from ingestion.horizon.resources import MAX_PAGE_LIMIT, STREAM_LIMIT, check_resource, split_resource
 from ingestion.horizon.streaming import follow_stream
-from ingestion.horizon.watch import Switch, watch_staleness
+from ingestion.horizon.watch import Switch, network_looks, watch_staleness
 
 log = structlog.get_logger()
 
@@ -187,6 +188,10 @@ class HorizonSource:
             stream_quick_close=self.stream_quick_close,
             not_found_give_up=self.not_found_give_up,
         )
+
+    async def network_looks(self, ledger: int | None) -> list[SourceLook]:
+        """What each URL says of its network (ingestion/node/network.py asks)."""
+        return await network_looks(self, self.urls, ledger)
 
     async def probe(self) -> bool:
         """Ask for what the job reads, at each URL in turn until one answers both: its newest

@@ -1,17 +1,20 @@
-"""Watching the Horizons' roots: reading a Horizon's ``/``, and the staleness watcher that has the
+"""Watching the Horizons' roots: reading a Horizon's ``/``, the staleness watcher that has the
 pump move off a Horizon whose ingestion stalled (I/O; the decision is
-:func:`~ingestion.horizon.health.assess_staleness`, pure).
+:func:`~ingestion.horizon.health.assess_staleness`, pure), and what each Horizon says of its
+network (:func:`network_looks`: its root's passphrase and latest ledger, a ledger's hash).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import httpx
 import structlog
 import trio
 
+from ingestion.common.http import ssl_context
+from ingestion.common.network import SourceLook
 from ingestion.horizon.exchange import Requester, answered, pace
 from ingestion.horizon.follower import HorizonFollower
 from ingestion.horizon.health import RootInfo, assess_staleness
@@ -92,3 +95,43 @@ class Switch:
         if self.scope is not None:
             self.scope.cancel("the Horizon in use is stale")
 
+
+async def network_looks(source: Requester, urls: tuple[str, ...], ledger: int | None) -> list[SourceLook]:
+    """What each Horizon says of its network: its root's ``network_passphrase`` and
+    ``history_latest_ledger`` and, for ``ledger`` (when it holds it), ``/ledgers/N``'s ``hash``;
+    a Horizon that does not answer says nothing (None). Each request bounded by the connect and
+    read timeouts, paced as the job's own."""
+    looks = []
+    timeout = httpx.Timeout(source.read_timeout, connect=source.connect_timeout)
+    async with httpx.AsyncClient(timeout=timeout, follow_redirects=True, verify=ssl_context()) as client:
+        for url in urls:
+            base = url.rstrip("/")
+            root = await _json(source, client, base, base + "/")
+            passphrase = root.get("network_passphrase") if root else None
+            latest = root.get("history_latest_ledger") if root else None
+            if not isinstance(passphrase, str) or not isinstance(latest, int):
+                looks.append(SourceLook(url, passphrase if isinstance(passphrase, str) else None))
+                continue
+            held = None
+            if ledger is not None and ledger <= latest:
+                page = await _json(source, client, base, f"{base}/ledgers/{ledger}")
+                held = page.get("hash") if page and isinstance(page.get("hash"), str) else None
+            looks.append(SourceLook(url, passphrase, latest, held))
+    return looks
+
+
+async def _json(source: Requester, client: httpx.AsyncClient, base: str, url: str) -> dict[str, Any] | None:
+    """A JSON object from ``url`` (None: no 200 answer, or not an object), bounded, paced."""
+    pacer = await pace(source, base)
+    response = None
+    try:
+        with trio.move_on_after(source.connect_timeout + 2 * source.read_timeout):
+            response = await client.get(url)
+            if response.status_code == 200:
+                doc = response.json()
+                return doc if isinstance(doc, dict) else None
+    except (httpx.HTTPError, ValueError):
+        pass
+    finally:
+        answered(pacer, response)
+    return None

@@ -29,6 +29,7 @@ from actors.health import SourceHealth
 from actors.source import Batch, SourceFatalError
 from ingestion.common.gaps import record_history_gap
 from ingestion.common.http import describe
+from ingestion.common.network import SourceLook
 from ingestion.common.retry import RetryPolicy
 from ingestion.lake.core import LakeFollower
 from ingestion.lake.decoding import DecoderDied, Decoders, open_decoders
@@ -86,6 +87,16 @@ class LakeSource:
             return await self.lake.schema() is not None
         except (OSError, ManifestError):
             return False
+
+    async def network_looks(self, ledger: int | None) -> list[SourceLook]:
+        """What the lake says of its network: its manifest's ``networkPassphrase`` (None when
+        unreadable or empty). A lake is not reset in place, so neither its latest ledger nor a
+        hash is read (ingestion/node/network.py judges only the passphrase)."""
+        try:
+            schema = await self.lake.schema()
+        except (OSError, ManifestError):
+            schema = None
+        return [SourceLook(self.url, schema.network_passphrase or None if schema is not None else None)]
 
     async def _schema(self) -> LakeSchema:
         """The manifest, waiting (with backoff) while it is absent or unreadable; a manifest this

@@ -34,6 +34,7 @@ from actors.lease_store import (
 )
 from actors.lease_store.connect import ClusterUnreachable, describe_redis_error
 from actors.observe import NodeObserver
+from actors.source import Source
 from actors.supervisor import JobRun, JobsHandle, NodeSpec, run_jobs
 from ingestion.backfill.runner import BackfillRunner
 from ingestion.common.gaps import history_gap_listener
@@ -44,6 +45,7 @@ from ingestion.node.build import _job_summary, build_sink, build_source, build_s
 from ingestion.node.claim import NodeClaim
 from ingestion.node.identity import _identified, check_identities
 from ingestion.node.logs import configure_logging, node_logger
+from ingestion.node.network import guarded
 from ingestion.node.preflight import PREFLIGHT_TIMEOUT, StartupError
 from ingestion.node.sd_notify import notify
 from ingestion.serve.presence import keep_present
@@ -187,6 +189,17 @@ def _count_decode_errors(observers: dict[str, NodeObserver], count: int) -> None
         observers[job].decode_failed(count)
 
 
+def _job_source(settings: Settings, job: JobSettings, store: LeaseStore) -> Source:
+    """A job's source as a node runs it: checked against its network (ingestion/node/network.py),
+    then against what Redis says it follows and where it commits (ingestion/node/identity.py)."""
+    n = settings.network
+    checked = guarded(
+        build_source(settings, job, store), store, job,
+        check_interval=n.check_ms / 1000, reset_after=n.reset_after_ms / 1000,
+    )  # fmt: skip
+    return _identified(checked, store, job, settings.sink.schema)
+
+
 def node_spec(settings: Settings, job: JobSettings | None = None) -> NodeSpec:
     job = job or settings.jobs[0]
     return NodeSpec(
@@ -265,7 +278,7 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
     runs = [
         JobRun(
             stores[j.name],
-            _identified(build_source(settings, j, stores[j.name]), stores[j.name], j, settings.sink.schema),
+            _job_source(settings, j, stores[j.name]),
             node_spec(settings, j),
             node_logger(settings.node.id, j.name),
             observers[j.name],
@@ -286,7 +299,7 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
 
             store.on_lease = lease_reporter(lease_pipe, log)
         return JobRun(
-            store, _identified(build_source(settings, job, store), store, job, settings.sink.schema),
+            store, _job_source(settings, job, store),
             node_spec(settings, job), node_logger(settings.node.id, job.name),
             NodeObserver(settings.node.id, job.name), build_sink(settings, job, store),
         )  # fmt: skip

@@ -28,6 +28,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from typing import Any
 
 import attrs
 import httpx
@@ -38,6 +39,7 @@ from actors.health import SourceHealth
 from actors.source import Batch, Source, SourceFatalError
 from ingestion.common.gaps import record_history_gap
 from ingestion.common.http import describe, source_urls, ssl_context
+from ingestion.common.network import SourceLook
 from ingestion.common.retry import RetryPolicy, parse_retry_after
 from ingestion.rpc.core import Note, Outcome, RpcFollower, parse_answer, read_events, request_body
 from ingestion.rpc.protocol import Cursor, EventFilter, checked_filters
@@ -191,6 +193,48 @@ class RpcSource:
                 if error is None and isinstance(result, dict) and isinstance(result.get("events"), list):
                     return True
         return False
+
+    async def network_looks(self, ledger: int | None) -> list[SourceLook]:
+        """What each URL says of its network (ingestion/node/network.py asks): ``getNetwork``'s
+        passphrase, ``getLatestLedger``'s sequence and, for ``ledger`` (when it holds it), its hash
+        (the latest's ``id``, else ``getLedgers``'). A URL that does not answer says nothing
+        (None); each request bounded by the connect and request timeouts."""
+        looks = []
+        async with self._client() as client:
+            for url in self.urls:
+                passphrase, latest, held = None, None, None
+                try:
+                    network = await self._result(client, url, "getNetwork")
+                    passphrase = network.get("passphrase") if isinstance(network, dict) else None
+                    top = await self._result(client, url, "getLatestLedger")
+                    latest = top.get("sequence") if isinstance(top, dict) else None
+                    if isinstance(latest, int) and ledger is not None and ledger == latest:
+                        held = top.get("id")
+                    elif isinstance(latest, int) and ledger is not None and ledger < latest:
+                        params = {"startLedger": ledger, "pagination": {"limit": 1}}
+                        page = await self._result(client, url, "getLedgers", params)
+                        found = page.get("ledgers") if isinstance(page, dict) else None
+                        if isinstance(found, list) and found and isinstance(found[0], dict):
+                            held = found[0].get("hash") if found[0].get("sequence") == ledger else None
+                except (httpx.HTTPError, trio.TooSlowError, ValueError):
+                    pass
+                looks.append(SourceLook(
+                    url, passphrase if isinstance(passphrase, str) else None,
+                    latest if isinstance(latest, int) else None, held if isinstance(held, str) else None,
+                ))  # fmt: skip
+        return looks
+
+    async def _result(self, client: httpx.AsyncClient, url: str, method: str, params: Any = None) -> Any:
+        """One JSON-RPC call's result (None: an error answer).
+
+        Raises:
+            httpx.HTTPError, trio.TooSlowError, ValueError: no usable answer.
+        """
+        response, content = await self._call(client, url, request_body(method, 1, params))
+        if response.status_code != 200:
+            raise ValueError(f"HTTP {response.status_code}")
+        result, error = parse_answer(content)
+        return None if error is not None else result
 
     async def resolve_start(self, cursor: str) -> str:
         """``"now"`` as the scanned-through cursor of the latest ledger (``getLatestLedger``),

@@ -31,7 +31,6 @@ from ingestion.simulator.faults import MalformedKind
 from ingestion.simulator.ratelimit import RateLimiter
 from ingestion.simulator.records import (
     KEY_SHIFT,
-    NETWORK_PASSPHRASE,
     PROTOCOL_VERSION,
     TRADE_BASE,
     key_of,
@@ -88,6 +87,8 @@ class HorizonSettings(Protocol):
     def stream_timeout(self) -> float: ...
     @property
     def sse_update_frequency(self) -> float: ...
+    @property
+    def network_passphrase(self) -> str: ...
 
 
 class HorizonHost(ControlHost, Protocol):
@@ -444,7 +445,7 @@ class HorizonApp:
             "history_latest_ledger_closed_at": timestamp(chain.closed_at(chain.latest)),
             "history_elder_ledger": chain.first,
             "core_latest_ledger": self.sim.core_latest,
-            "network_passphrase": NETWORK_PASSPHRASE,
+            "network_passphrase": self.sim.config.network_passphrase,
             "current_protocol_version": PROTOCOL_VERSION,
             "supported_protocol_version": PROTOCOL_VERSION,
             "core_supported_protocol_version": PROTOCOL_VERSION,

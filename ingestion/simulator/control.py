@@ -14,6 +14,9 @@ request under ``/_simulator/``:
 - ``DELETE /_simulator/faults``: disarm everything.
 - ``POST /_simulator/ledgers`` with optional ``{"count": N}``: close N ledgers now; answers
   ``{"latest_ledger": seq}``. ``GET /_simulator/ledgers`` answers the same without closing.
+- ``POST /_simulator/reset`` with optional ``{"seed": N}``: a network reset (as testnet's): the
+  chain starts again at ledger 1 with new hashes (the seed, default the current one + 1) and the
+  same passphrase; answers ``{"latest_ledger": 1, "seed": N}``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class ControlHost(Protocol):
     @property
     def faults(self) -> Faults: ...
     def close_ledger(self) -> int: ...
+    def reset_network(self, seed: int | None = None) -> int: ...
     def schedule_down(self, seconds: float) -> None: ...
 
 
@@ -71,6 +75,11 @@ async def serve_control(sim: ControlHost, scope: Scope, receive: Receive, send: 
             for _ in range(int(data.get("count", 1)) if method == "POST" else 0):
                 sim.close_ledger()
             result = {"latest_ledger": sim.chain.latest}
+        elif path == "/_simulator/reset" and method == "POST":
+            check_known(data, {"seed"})
+            seed = data.get("seed")
+            latest = sim.reset_network(None if seed is None else int(seed))
+            result = {"latest_ledger": latest, "seed": sim.chain.spec.seed}
         else:
             raise Problem(404, render.not_found())
     except (ValueError, TypeError, KeyError) as exc:

@@ -14,7 +14,9 @@ answer is HTTP 200 with ``result`` or ``error``, as stellar-rpc's):
   the Go struct;
 - ``getLatestLedger``: the ledger hash as ``id``, ``closeTime`` a JSON string, placeholder
   ``headerXdr`` / ``metadataXdr``;
-- ``getNetwork``: the passphrase and protocol version (no friendbot).
+- ``getNetwork``: the passphrase (``--network-passphrase``) and protocol version (no friendbot);
+- ``getLedgers``: each ledger's ``hash``, ``sequence`` and ``ledgerCloseTime`` from
+  ``startLedger`` (no header or metadata XDR), -32602 for a start outside the range.
 
 Errors: bad JSON -32700; not a JSON-RPC request object (a batch included) -32600; an unknown
 method -32601 "method not found"; bad params -32602 with the server's message; a start ledger
@@ -56,6 +58,7 @@ from ingestion.common.asgi import (
 )
 from ingestion.rpc.protocol import (
     INTERNAL_ERROR,
+    INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     PARSE_ERROR,
@@ -66,7 +69,7 @@ from ingestion.rpc.protocol import (
 )
 from ingestion.simulator.chain import Chain
 from ingestion.simulator.faults import RpcFailureKind, RpcFaults, check_known, duration_of
-from ingestion.simulator.records import NETWORK_PASSPHRASE, PROTOCOL_VERSION, ledger_hash_of
+from ingestion.simulator.records import PROTOCOL_VERSION, ledger_hash_of
 from ingestion.simulator.rpc_events import EventLog, RpcEvent, all_events, json_format, scan
 
 JSON = b"application/json"
@@ -98,6 +101,8 @@ class RpcSettings(Protocol):
     def rpc_max_healthy_latency(self) -> float: ...
     @property
     def rpc_retention_ledgers(self) -> int: ...
+    @property
+    def network_passphrase(self) -> str: ...
 
 
 class RpcHost(Protocol):
@@ -209,7 +214,10 @@ class RpcApp:
             elif method == "getLatestLedger":
                 result = self._get_latest_ledger()
             elif method == "getNetwork":
-                result = {"passphrase": NETWORK_PASSPHRASE, "protocolVersion": PROTOCOL_VERSION}
+                passphrase = self.sim.config.network_passphrase
+                result = {"passphrase": passphrase, "protocolVersion": PROTOCOL_VERSION}
+            elif method == "getLedgers":
+                result = self._get_ledgers(params)
             else:
                 raise RpcError(METHOD_NOT_FOUND, "method not found")
         except RpcError as error:
@@ -286,6 +294,33 @@ class RpcApp:
             "headerXdr": base64.b64encode(digest * 4).decode("ascii"),
             "metadataXdr": base64.b64encode(digest * 8).decode("ascii"),
         }
+
+    def _get_ledgers(self, params: Any) -> dict[str, Any]:
+        """``getLedgers`` from ``startLedger``, ``pagination.limit`` of them (at most 200): each
+        ledger's hash, sequence and close time (no header or metadata XDR: nothing here reads
+        them)."""
+        oldest, latest = self.ledger_range()
+        start = params.get("startLedger") if isinstance(params, dict) else None
+        limit = (params.get("pagination") or {}).get("limit", 5) if isinstance(params, dict) else 5
+        if not isinstance(start, int) or not oldest <= start <= latest:
+            raise RpcError(
+                INVALID_PARAMS,
+                f"start ledger must be between the oldest ledger: {oldest} and the latest ledger: {latest} "
+                "for this rpc instance",
+            )
+        if not isinstance(limit, int) or not 1 <= limit <= 200:
+            raise RpcError(INVALID_PARAMS, "limit must be between 1 and 200")
+        chain = self.sim.chain
+        last = min(latest, start + limit - 1)
+        ledgers = [
+            {"hash": ledger_hash_of(chain.spec.seed, seq), "sequence": seq,
+             "ledgerCloseTime": str(chain.closed_at(seq))}
+            for seq in range(start, last + 1)
+        ]  # fmt: skip
+        return {
+            "ledgers": ledgers, "latestLedger": latest, "latestLedgerCloseTime": chain.closed_at(latest),
+            "oldestLedger": oldest, "oldestLedgerCloseTime": chain.closed_at(oldest), "cursor": str(last),
+        }  # fmt: skip
 
     def _error(self, request_id: Any, code: int, message: str) -> bytes:
         self.sim.rpc_errors[code] += 1

@@ -25,8 +25,8 @@ from ingestion.rpc.protocol import EventFilter
 from ingestion.simulator.app import CollectionQuery, HorizonApp, SeenRequest, resolve
 from ingestion.simulator.chain import Chain
 from ingestion.simulator.faults import Faults, RpcFaults
-from ingestion.simulator.lake import LakeWriter, ledger_close_meta, object_bytes
-from ingestion.simulator.records import KEY_SHIFT, ChainSpec
+from ingestion.simulator.lake import SCHEMA, LakeWriter, ledger_close_meta, object_bytes
+from ingestion.simulator.records import KEY_SHIFT, NETWORK_PASSPHRASE, ChainSpec
 from ingestion.simulator.render import compact_form, with_base
 from ingestion.simulator.rpc import RpcApp, SeenRpcRequest
 from ingestion.simulator.rpc_events import EventLog
@@ -68,6 +68,8 @@ class SimulatorConfig:
         lake_dir: also write the chain into a data lake in this directory (SEP-54, see
             :mod:`ingestion.simulator.lake`): every ledger from the first, retention or not,
             then each ledger as it closes. None: no lake.
+        network_passphrase: the network's passphrase, as Horizon's root, RPC's ``getNetwork`` and
+            the lake's manifest say it.
     """
 
     host: str = "127.0.0.1"
@@ -88,6 +90,7 @@ class SimulatorConfig:
     rpc_max_healthy_latency: float = 30.0
     rpc_retention_ledgers: int = 0
     lake_dir: str | None = None
+    network_passphrase: str = NETWORK_PASSPHRASE
 
     def chain_spec(self) -> ChainSpec:
         return ChainSpec(
@@ -155,7 +158,13 @@ class Simulator:
         self._rpc_shutdown: trio.Event | None = None
         self._rpc_stopped: trio.Event | None = None
         #: The lake writer (None without ``lake_dir``); ``lake.written`` is the newest ledger written.
-        self.lake = LakeWriter(Path(config.lake_dir)) if config.lake_dir else None
+        self.lake = (
+            LakeWriter(
+                Path(config.lake_dir), attrs.evolve(SCHEMA, network_passphrase=config.network_passphrase)
+            )
+            if config.lake_dir
+            else None
+        )
         self._lake_history_last = self.chain.latest
         self._lake_pending: collections.deque[tuple[int, bytes]] = collections.deque()
         self._lake_wakeup = trio.Event()
@@ -178,6 +187,23 @@ class Simulator:
             if self.lake is not None:  # built now: the ledger may leave the chain's retention later
                 self._lake_pending.append((seq, object_bytes([ledger_close_meta(self.chain, seq)])))
                 self._lake_wakeup.set()
+        self._ledger_closed.set()
+        self._ledger_closed = trio.Event()
+        return self.chain.latest
+
+    def reset_network(self, seed: int | None = None) -> int:
+        """A network reset (as testnet's and futurenet's): the chain starts again at ledger 1,
+        with the same passphrase and new hashes (``seed``, default the current one + 1); returns
+        its latest ledger (1). Open streams end at their timeout; a lake is not reset."""
+        spec = attrs.evolve(
+            self.chain.spec, seed=self.chain.spec.seed + 1 if seed is None else seed, first_ledger=1
+        )
+        config = self.config
+        self.chain = _build_without_gc(
+            lambda: Chain(spec, 1, config.cache_records, retention_ledgers=config.retention_ledgers)
+        )
+        self.rpc_log = EventLog(self.chain)
+        self._core_latest = self.chain.latest
         self._ledger_closed.set()
         self._ledger_closed = trio.Event()
         return self.chain.latest
@@ -284,9 +310,7 @@ class Simulator:
             self._restart_scope = None
             await self.come_up()
 
-    async def _serve(
-        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
+    async def _serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         config = _hypercorn_config(self.config.host, self._port)
         shutdown, stopped = trio.Event(), trio.Event()
         self._shutdown, self._stopped = shutdown, stopped

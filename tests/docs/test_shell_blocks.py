@@ -88,6 +88,10 @@ NOT_RUN: dict[Key, str] = {
         "placeholders (--redis ... --horizon ...) and a node that runs until stopped; "
         "tests/node runs many jobs per node"
     ),
+    ("docs/OPERATIONS.md", "ingestion cursor reset events"): (
+        "needs a job whose network was reset; tests/node/test_network.py runs the same command "
+        "after a simulator reset"
+    ),
     ("docs/OPERATIONS.md", "useradd --system"): (
         "installs as root into /opt, /etc and systemd (users, files, a unit): tests/deploy checks the "
         "unit; its check-config line is parsed"

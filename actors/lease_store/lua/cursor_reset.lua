@@ -1,0 +1,31 @@
+-- cursor_reset: an operator moves a job's cursor (after a network reset), fenced and audited.
+--
+-- KEYS[1] token    KEYS[2] lease    KEYS[3] cursor    KEYS[4] audit
+-- ARGV[1] who asks (for the audit)
+-- ARGV[2] the new cursor ('' : none, the job starts again at its start_cursor)
+-- ARGV[3] the cursor the operator saw ('' : whatever it is now)
+-- ARGV[4] audit_maxlen
+-- ARGV[5] why (for the audit: the reset mark, or '')
+--
+-- Refused while a node holds the lease (the job is running: a reset mark holds every node off,
+-- so a held lease means no reset was detected) and when ARGV[3] is given and is not the cursor.
+-- Applied, the token counter moves on (every term before is fenced: its writes are refused as
+-- stale), the cursor is set (or removed), the network fields of a reset are cleared (the
+-- passphrase is kept) and the audit records who, from and to.
+-- Returns {1, the cursor before ('' for none), the new counter} or {0, reason, detail}, reason one
+-- of job-led (detail: the lease's value) or cursor-moved (detail: the cursor now).
+
+local held = redis.call('GET', KEYS[2])
+if held then return {0, 'job-led', held} end
+local before = redis.call('HGET', KEYS[3], 'cursor') or ''
+if ARGV[3] ~= '' and ARGV[3] ~= before then return {0, 'cursor-moved', before} end
+local token = redis.call('INCR', KEYS[1])
+if ARGV[2] == '' then
+  redis.call('HDEL', KEYS[3], 'cursor')
+else
+  redis.call('HSET', KEYS[3], 'cursor', ARGV[2])
+end
+redis.call('HDEL', KEYS[3], 'network_reset', 'network_ledger', 'network_ledger_hash')
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'event', 'cursor-reset', 'by', ARGV[1],
+  'from', before, 'to', ARGV[2], 'token', tostring(token), 'why', ARGV[5])
+return {1, before, token}

@@ -1,0 +1,104 @@
+"""``ingestion cursor reset JOB --to CURSOR|start``: move a job on after a network reset.
+
+A job that detected a reset of its network (``network-reset``: the hash of its last committed
+ledger differs from its source's, or its source stayed below it; ingestion/node/network.py)
+commits nothing and every node holds it off until an operator says where it resumes. This command
+does, in one Lua script (``actors/lease_store/lua/cursor_reset.lua``): refused while a node holds
+the job's lease (then nothing was detected: the job runs) or, with ``--from``, when the cursor is
+not the one named; else the token counter moves on (a term from before is fenced: its writes are
+refused as stale), the cursor is set (``--to start``: removed, the job starts again at its
+``start_cursor``), the reset mark cleared and the job's audit stream records who asked, when,
+from and to (``cursor-reset``). Nodes holding the job off see the mark gone at their next look
+(within a lease TTL) and campaign.
+
+A job whose sink keeps its cursor (PostgreSQL) is refused: its cursor is in PostgreSQL, which
+this command does not move.
+
+Exit 0: moved; 1: refused (led, moved meanwhile, a PostgreSQL job) or Redis unreadable; 2: usage,
+or a job neither the configuration nor Redis knows.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from actors.lease_store import job_keys
+from actors.lease_store.keys import AUDIT_MAXLEN
+from actors.lease_store.scripts import CURSOR_RESET
+from ingestion.cli.known import in_redis, unknown_job
+from ingestion.cli.usage import OneLineParser, UsageError, setting_help
+
+
+def parser() -> Any:
+    p = OneLineParser(
+        prog="ingestion cursor",
+        description="Move a job's cursor after a network reset (the job logs network-reset and "
+        "every node holds it off): fenced (a term from before can no longer write) and audited "
+        "(who, when, from, to in the job's audit stream).",
+    )
+    p.add_argument("action", choices=["reset"], help="reset: set the job's cursor and clear its reset mark")
+    p.add_argument("job", help="the job")
+    p.add_argument("--to", required=True, metavar="CURSOR",
+                   help="where the job resumes: a paging token or event id, or start "
+                   "(its start_cursor)")  # fmt: skip
+    p.add_argument("--from", dest="expected", default="", metavar="CURSOR",
+                   help="refuse unless the job's cursor is this one (default: whatever it is)")  # fmt: skip
+    p.add_argument("--config", type=Path, help="TOML file (default: ./config.toml if present)")
+    p.add_argument("--redis", metavar="URL", help=setting_help("the nodes' Redis", ("redis", "url")))
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    from ingestion.common.paging import InvalidPagingToken, token_key
+    from ingestion.config import load
+    from ingestion.webhook.admin import default_asker
+
+    ns = parser().parse_args(list(argv))
+    to = "" if ns.to == "start" else ns.to
+    for flag, value in (("--to", to), ("--from", ns.expected)):
+        try:
+            if value:
+                token_key(value)
+        except InvalidPagingToken as exc:
+            raise UsageError(f"cursor: {flag}: not a paging token or event id: {value!r}") from exc
+    flags: dict[str, dict[str, Any]] = {"redis": {"url": ns.redis}} if ns.redis else {}
+    settings = load(ns.config, os.environ, flags)
+    client = settings.redis.connect()
+    keys = job_keys(ns.job)
+    try:
+        if not in_redis(client, ns.job):
+            raise unknown_job("cursor", ns.job, [j.name for j in settings.jobs], client)
+        fields: Any = client.hmget(keys["cursor"], ["sink", "network_reset"])
+        sink, mark = (v.decode() if isinstance(v, bytes) else v for v in fields)
+        if sink and sink != "redis":
+            print(f"ingestion: cursor: {ns.job} commits to {sink}: its cursor is there, not in Redis; "
+                  "this command does not move it", file=sys.stderr)  # fmt: skip
+            return 1
+        by = default_asker()
+        script = client.register_script(CURSOR_RESET)
+        answer = script(
+            keys=[keys["token"], keys["lease"], keys["cursor"], keys["audit"]],
+            args=[by, to, ns.expected, AUDIT_MAXLEN, mark or ""],
+        )
+        ok, before, detail = (v.decode() if isinstance(v, bytes) else v for v in answer)
+        if not int(ok):
+            why = {
+                "job-led": f"a node leads it (lease {detail}): no reset was detected; stop its nodes first",
+                "cursor-moved": f"its cursor is {detail or 'none'}, not {ns.expected}",
+            }.get(before, before)
+            print(f"ingestion: cursor: {ns.job}: refused: {why}", file=sys.stderr)
+            return 1
+        print(f"moved {ns.job} from {before or 'none'} to {to or 'its start_cursor'} (token {detail}); "
+              f"the audit records {by!r}")  # fmt: skip
+        return 0
+    except redis.RedisError as exc:
+        print(f"ingestion: cursor: Redis: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()

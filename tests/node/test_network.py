@@ -1,0 +1,154 @@
+"""A job pinned to its network (ingestion/node/network.py), with real nodes, a real Redis and the
+simulator's RPC over real sockets: a source on another network is never followed (the node says
+why in one line and commits nothing), a network reset under a running job is detected within a
+ledger close and nothing after it is committed, and ``ingestion cursor reset`` moves the job on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import redis
+import trio
+
+from actors.lease_store import job_keys
+from ingestion.cli.cursor import main as cursor_main
+from ingestion.common.network import NETWORKS
+from ingestion.node.network import NetworkGuard
+from ingestion.rpc.protocol import Cursor
+from ingestion.rpc.source import RpcSource
+from ingestion.simulator import SimulatorConfig, open_simulator
+from ingestion.simulator.records import NETWORK_PASSPHRASE
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.wait import wait_until
+from tests.support.nodes import FAST_TIMING, Recorder, lease_store, start_node
+
+CONFIG = SimulatorConfig(
+    ledger_interval=None, history_ledgers=10, first_ledger=2, ops_per_ledger=5, rpc_port=0
+)
+CHECK, RESET_AFTER = 0.1, 0.3  # seconds: network.check_ms, network.reset_after_ms
+LEDGER_CLOSE = 2.0  # seconds: a fast network's ledger close (pubnet's: 5 to 6 s)
+
+
+def guarded(url: str, store: Any, job: str, network: str = "") -> NetworkGuard:
+    rpc = RpcSource((url,), retry_base=0.02, retry_cap=0.2, request_timeout=5)
+    return NetworkGuard(rpc, store, job, network, check_interval=CHECK, reset_after=RESET_AFTER)
+
+
+def fields(client: redis.Redis, job: str) -> dict[str, str]:
+    return dict(client.hgetall(job_keys(job)["cursor"]))
+
+
+def ids(client: redis.Redis, job: str) -> list[str]:
+    return [f["paging_token"] for _id, f in client.xrange(job_keys(job)["events"])]
+
+
+async def test_a_source_on_another_network_is_never_followed_and_the_node_says_why_in_one_line(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    other = attrs.evolve(CONFIG, network_passphrase="Other Network ; December 2026")
+    rec = Recorder()
+    async with open_simulator(other) as sim, trio.open_nursery() as nursery:
+        with lease_store(redis_server.url, job) as store:
+            pinned = guarded(sim.rpc_url, store, job, NETWORKS["testnet"])
+            a = await start_node(nursery, rec, redis_server.url, job, "a", pinned, store=store)
+            held = await rec.wait_for("campaign-held-off", "a", within=10)
+            await a.shutdown()
+    assert held.fields["reason"] == "wrong-network"
+    line = held.fields["error"]
+    assert NETWORKS["testnet"] in line and "Other Network ; December 2026" in line and sim.rpc_url in line
+    assert not rec.of("became-leader"), "a term began on another network"
+    assert fields(redis_client, job) == {} and ids(redis_client, job) == []
+
+
+async def test_the_network_recorded_by_the_first_term_pins_the_job(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    rec = Recorder()
+    async with open_simulator(CONFIG) as sim, trio.open_nursery() as nursery:
+        with lease_store(redis_server.url, job) as store:
+            source = guarded(sim.rpc_url, store, job)
+            a = await start_node(nursery, rec, redis_server.url, job, "a", source, store=store)
+            through = str(Cursor.through(sim.chain.latest))
+            await wait_until(lambda: fields(redis_client, job).get("cursor") == through, 15, what="caught up")
+            await a.shutdown()
+    assert fields(redis_client, job)["network"] == NETWORK_PASSPHRASE
+    committed = ids(redis_client, job)
+    rec = Recorder()
+    other = attrs.evolve(CONFIG, network_passphrase="Other Network ; December 2026")
+    async with open_simulator(other) as sim, trio.open_nursery() as nursery:
+        with lease_store(redis_server.url, job) as store:
+            source = guarded(sim.rpc_url, store, job)
+            b = await start_node(nursery, rec, redis_server.url, job, "b", source, store=store)
+            held = await rec.wait_for("campaign-held-off", "b", within=10)
+            await b.shutdown()
+    assert held.fields["reason"] == "wrong-network" and "recorded by its first term" in held.fields["error"]
+    assert NETWORK_PASSPHRASE in held.fields["error"] and not rec.of("became-leader")
+    assert ids(redis_client, job) == committed
+
+
+async def test_a_reset_is_detected_within_a_ledger_close_and_the_cursor_command_moves_the_job_on(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    rec = Recorder()
+    async with open_simulator(CONFIG) as sim, trio.open_nursery() as nursery:
+        with lease_store(redis_server.url, job) as store:
+            source = guarded(sim.rpc_url, store, job)
+            a = await start_node(nursery, rec, redis_server.url, job, "a", source, store=store)
+            old_tip = sim.chain.latest
+            await wait_until(lambda: fields(redis_client, job).get("network_ledger") == str(old_tip), 15,
+                             what="the tip's hash kept beside the cursor")  # fmt: skip
+            old = [e["id"] for e in sim.rpc_events()]
+            assert ids(redis_client, job) == old
+            kept = fields(redis_client, job)["network_ledger_hash"]
+            reset_at = trio.current_time()
+            sim.reset_network()
+            await wait_until(lambda: fields(redis_client, job).get("network_reset"), LEDGER_CLOSE,
+                             what="the reset detected within a ledger close")  # fmt: skip
+            print(f"\nreset detected in {trio.current_time() - reset_at:.2f} s")
+            await rec.wait_for("campaign-held-off", "a", within=5 * FAST_TIMING.ttl)
+            # The new chain passes the old tip: a job that did not know would follow it from there.
+            for _ in range(old_tip + 5):
+                sim.close_ledger()
+            assert ids(redis_client, job) == old, "a record of the new chain was committed"
+            reset = fields(redis_client, job)
+            assert reset["cursor"] == str(Cursor.through(old_tip)) and reset["network_ledger_hash"] == kept
+            held = rec.of("campaign-held-off", "a")[-1].fields
+            assert held["reason"] == "network-reset" and f"ingestion cursor reset {job}" in held["error"]
+            code = await trio.to_thread.run_sync(
+                cursor_main, ["reset", job, "--to", "start", "--redis", redis_server.url]
+            )
+            assert code == 0
+            new_tip = sim.chain.latest
+            await wait_until(lambda: fields(redis_client, job).get("cursor") == str(Cursor.through(new_tip)),
+                             5 * FAST_TIMING.ttl + 15, what="the job on the new chain's tip")  # fmt: skip
+            new = [e["id"] for e in sim.rpc_events()]
+            await a.shutdown()
+    assert ids(redis_client, job) == old + new  # the seam: the old chain's, then the new one's
+    after = fields(redis_client, job)
+    assert "network_reset" not in after and after["network"] == NETWORK_PASSPHRASE
+    audit = [f for _id, f in redis_client.xrange(job_keys(job)["audit"])]
+    detected = next(f for f in audit if f["event"] == "network-reset")
+    moved = next(f for f in audit if f["event"] == "cursor-reset")
+    assert detected["hash"] == kept
+    assert moved["from"] == str(Cursor.through(old_tip)) and moved["to"] == ""
+    assert moved["by"].startswith("cli ") and int(moved["token"]) > 1
+
+
+def test_the_cursor_command_is_refused_while_the_job_is_led_or_its_cursor_moved(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    keys = job_keys(job)
+    redis_client.hset(keys["cursor"], mapping={"cursor": "100", "network_reset": "reset"})
+    redis_client.set(keys["token"], 7)
+    redis_client.set(keys["lease"], "7|a", px=60_000)
+    flags = ["reset", job, "--to", "200", "--redis", redis_server.url]
+    assert cursor_main(flags) == 1  # led: no reset was detected
+    redis_client.delete(keys["lease"])
+    assert cursor_main([*flags, "--from", "99"]) == 1  # not the cursor the operator saw
+    assert fields(redis_client, job) == {"cursor": "100", "network_reset": "reset"}
+    assert redis_client.get(keys["token"]) == "7" and not redis_client.exists(keys["audit"])
+    assert cursor_main([*flags, "--from", "100"]) == 0
+    assert fields(redis_client, job) == {"cursor": "200"} and redis_client.get(keys["token"]) == "8"
+    redis_client.hset(keys["cursor"], "sink", "postgres database d schema s")
+    assert cursor_main(flags) == 1  # its cursor is in PostgreSQL
