@@ -152,3 +152,17 @@ def test_the_cursor_command_is_refused_while_the_job_is_led_or_its_cursor_moved(
     assert fields(redis_client, job) == {"cursor": "200"} and redis_client.get(keys["token"]) == "8"
     redis_client.hset(keys["cursor"], "sink", "postgres database d schema s")
     assert cursor_main(flags) == 1  # its cursor is in PostgreSQL
+
+
+def test_the_cursor_command_clears_the_completeness_watermark_of_the_ledgers_it_leaves(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    # the watermark only rises: kept across a move to a new chain, it would call the new chain's
+    # first ledgers complete before a record of theirs is committed
+    keys = job_keys(job)
+    redis_client.hset(keys["cursor"], mapping={
+        "cursor": "100", "network_reset": "reset", "network": NETWORK_PASSPHRASE,
+        "complete_through": "40", "complete_held": "a gap",
+    })  # fmt: skip
+    assert cursor_main(["reset", job, "--to", "start", "--redis", redis_server.url]) == 0
+    assert fields(redis_client, job) == {"network": NETWORK_PASSPHRASE}

@@ -11,7 +11,9 @@
 -- so a held lease means no reset was detected) and when ARGV[3] is given and is not the cursor.
 -- Applied, the token counter moves on (every term before is fenced: its writes are refused as
 -- stale), the cursor is set (or removed), the network fields of a reset are cleared (the
--- passphrase is kept) and the audit records who, from and to.
+-- passphrase is kept), so is the completeness watermark (it describes the ledgers before the
+-- move: a new chain's start its old value would claim as complete), and the audit records who,
+-- from and to.
 -- Returns {1, the cursor before ('' for none), the new counter} or {0, reason, detail}, reason one
 -- of job-led (detail: the lease's value) or cursor-moved (detail: the cursor now).
 
@@ -25,7 +27,8 @@ if ARGV[2] == '' then
 else
   redis.call('HSET', KEYS[3], 'cursor', ARGV[2])
 end
-redis.call('HDEL', KEYS[3], 'network_reset', 'network_ledger', 'network_ledger_hash')
+redis.call('HDEL', KEYS[3], 'network_reset', 'network_ledger', 'network_ledger_hash', 'complete_through',
+  'complete_held')
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'event', 'cursor-reset', 'by', ARGV[1],
   'from', before, 'to', ARGV[2], 'token', tostring(token), 'why', ARGV[5])
 return {1, before, token}
