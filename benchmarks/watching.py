@@ -37,7 +37,8 @@ import trio
 
 from benchmarks.procs import memory_kib
 from benchmarks.rpc import RpcSimulator, _cursor
-from ingestion.events import watch
+from ingestion.common.strkey import encode_account
+from ingestion.events import watch, watch_redis
 from ingestion.events.decoded import decode_event_text
 from ingestion.rpc.protocol import Cursor
 from ingestion.testing.local_redis import LocalRedis
@@ -101,7 +102,7 @@ def run(redis_url: str, *, count: int = 1_000_000, real: int = 20, live: int = 2
         window = partial(fetch_rpc_events, sim.rpc, [], latest - 150, through=through)
         sample = trio.run(window)
         chosen = _pick(sample, real, rng)
-        accounts = [watch.encode_account(os.urandom(32)) for _ in range(count)] + chosen
+        accounts = [encode_account(os.urandom(32)) for _ in range(count)] + chosen
         rng.shuffle(accounts)
         listing = work / "watch.txt"
         listing.write_text("\n".join(accounts) + "\n")
@@ -141,12 +142,12 @@ def run(redis_url: str, *, count: int = 1_000_000, real: int = 20, live: int = 2
         # -- the live RPC job, watch_set
         job = "bench-watch-rpc"
         client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token", "audit")))
-        client.delete(*watch.watch_keys(job).values())
+        client.delete(*watch_redis.watch_keys(job).values())
         decoded = redis.Redis.from_url(redis_url, decode_responses=True)
         loaded = time.monotonic()
         members = sorted(listed.addresses)
         for i in range(0, len(members), 100_000):
-            watch.add(decoded, job, members[i : i + 100_000])
+            watch_redis.add(decoded, job, members[i : i + 100_000])
         del members
         out["set_written_s"] = round(time.monotonic() - loaded, 1)
         config = _config(work / "rpc.toml", job, {"kind": "rpc", "rpc": [sim.rpc], "watch_set": True})
@@ -176,7 +177,7 @@ def run(redis_url: str, *, count: int = 1_000_000, real: int = 20, live: int = 2
             "list_load_s": reloaded.fields.get("seconds"), "worker_peak_rss_mib": round(peak / 1024, 1),
         }  # fmt: skip
         log(f"  rpc: {out['rpc']}")
-        client.delete(*watch.watch_keys(job).values())
+        client.delete(*watch_redis.watch_keys(job).values())
         decoded.close()
     finally:
         sim.stop()

@@ -28,7 +28,9 @@ from typing import Any
 import redis
 import trio
 
-from ingestion.events.watch import EMPTY, FileWatch, RedisWatch, WatchList, encode_account, watch_keys
+from ingestion.common.strkey import encode_account
+from ingestion.events.watch import EMPTY, FileWatch, WatchList
+from ingestion.events.watch_redis import RedisWatch, watch_keys
 from ingestion.testing.local_redis import LocalRedis
 
 JOB = "bench-watch"

@@ -311,7 +311,7 @@ def redis_section() -> Iterator[str]:
 
     yield f"| {cell(code(instance_key('ID')))} | {cell('string, PX expiry')} | {cell(CLAIM_MEANING)} |"
     from ingestion.backfill.plan import backfill_key
-    from ingestion.events.watch import watch_keys
+    from ingestion.events.watch_redis import watch_keys
     from ingestion.webhook.source import webhook_keys
 
     watched = watch_keys("J")

@@ -6,7 +6,7 @@ reloads the set when it moved: an edit applies from the next batch on, with no r
 Addresses are checked (strkey, checksum) before anything is written: a bad one is named and
 nothing of that command is written. Large lists go in from a file (``--file``, one address a
 line, ``#`` comments), in short commands (Redis goes on serving the nodes' leases between them),
-and the version moves once, after the last (:func:`ingestion.events.watch.add`). An edit cut off
+and the version moves once, after the last (:func:`ingestion.events.watch_redis.add`). An edit cut off
 midway (Redis lost, Ctrl-C) has told no node: run it again, which completes it.
 
 A job that neither the configuration nor Redis knows is refused (one line naming the known
@@ -54,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _addresses(ns: argparse.Namespace) -> list[str]:
-    from ingestion.events.watch import address_problem
+    from ingestion.events.addresses import address_problem
 
     given = [(a, "argument") for a in ns.addresses]
     if ns.file is not None:
@@ -77,7 +77,7 @@ def _addresses(ns: argparse.Namespace) -> list[str]:
 
 def main(argv: Sequence[str]) -> int:
     from ingestion.config import load
-    from ingestion.events import watch
+    from ingestion.events import watch_redis
 
     ns = parser().parse_args(list(argv))
     if ns.action is None:
@@ -97,15 +97,15 @@ def main(argv: Sequence[str]) -> int:
     try:
         require_job(f"watchlist {ns.action}", ns.job, list(jobs), client)
         if ns.action in ("add", "remove"):
-            edit = watch.add if ns.action == "add" else watch.remove
+            edit = watch_redis.add if ns.action == "add" else watch_redis.remove
             changed = edit(client, ns.job, addresses)
             verb = "added" if ns.action == "add" else "removed"
-            total = watch.members_count(client, ns.job)
+            total = watch_redis.members_count(client, ns.job)
             print(f"{changed} {verb} ({len(addresses) - changed} unchanged); {ns.job} watches {total}")
         elif ns.action == "count":
-            print(watch.members_count(client, ns.job))
+            print(watch_redis.members_count(client, ns.job))
         else:
-            for member in sorted(client.sscan_iter(watch.watch_keys(ns.job)["watch"], count=10_000)):
+            for member in sorted(client.sscan_iter(watch_redis.watch_keys(ns.job)["watch"], count=10_000)):
                 print(member.decode() if isinstance(member, bytes) else member)
     except (redis.RedisError, OSError) as exc:
         part = "; the edit may be part done, and no node was told: run it again" if addresses else ""

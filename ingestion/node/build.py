@@ -68,7 +68,7 @@ def watch_source(settings: Settings, job: JobSettings, store: LeaseStore | None 
     Raises:
         ValueError: an address of the list (or of its file) is not one.
     """
-    from ingestion.events import watch
+    from ingestion.events import watch, watch_redis
 
     if job.watch:
         return watch.InlineWatch(job.watch)
@@ -76,7 +76,7 @@ def watch_source(settings: Settings, job: JobSettings, store: LeaseStore | None 
         return watch.FileWatch.open(job.watch_file)
     if job.watch_set:
         client = store.client if store is not None else settings.redis.connect()
-        return watch.RedisWatch(client, job.parent or job.name)  # a range watches its job's list
+        return watch_redis.RedisWatch(client, job.parent or job.name)  # a range watches its job's list
     return None
 
 

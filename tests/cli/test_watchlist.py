@@ -12,7 +12,7 @@ import redis
 import trio
 
 from actors.lease_store import job_keys
-from ingestion.events.watch import watch_keys
+from ingestion.events.watch_redis import watch_keys
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import child_env
 

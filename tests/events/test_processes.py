@@ -16,9 +16,9 @@ import httpx
 import pytest
 import trio
 
+from ingestion.common.strkey import encode_account
 from ingestion.config import load
 from ingestion.events.decoded import decode_event_text
-from ingestion.events.watch import encode_account
 from ingestion.node.build import watch_source
 from ingestion.rpc.protocol import Cursor
 from ingestion.testing.cluster import Cluster, open_cluster

@@ -19,25 +19,16 @@ from stellar_sdk.strkey import StrKey
 from structlog.testing import capture_logs
 
 from actors.lease_store import connect
-from ingestion.events import watch
-from ingestion.events.watch import (
-    EDIT_CHUNK,
-    FileWatch,
-    InlineWatch,
+from ingestion.events import addresses
+from ingestion.events.addresses import (
     InvalidAddress,
-    RedisWatch,
-    WatchFileError,
-    WatchList,
-    WatchUnavailable,
     account_of_muxed,
-    add,
     address_problem,
     is_address,
-    members_count,
-    remove,
     valid_entries,
-    watch_keys,
 )
+from ingestion.events.watch import FileWatch, InlineWatch, WatchFileError, WatchList, WatchUnavailable
+from ingestion.events.watch_redis import EDIT_CHUNK, RedisWatch, add, members_count, remove, watch_keys
 from ingestion.testing.local_redis import LocalRedis
 
 # Seeded, not os.urandom: parametrized ids hold addresses, and every xdist worker must collect the
@@ -111,7 +102,7 @@ def test_invalid_entries_are_refused_and_the_reason_named(entry: str, says: str)
 
 def test_a_muxed_address_with_nonzero_padding_bits_is_refused() -> None:
     # 69 characters carry 345 bits for 344: the last one must be zero, or two spellings would exist
-    value = int(M1.encode().translate(watch._TO_DIGITS), 32) | 1
+    value = int(M1.encode().translate(addresses._TO_DIGITS), 32) | 1
     digits = "".join("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"[(value >> (5 * i)) & 31] for i in reversed(range(69)))
     assert digits != M1 and not is_address(digits)
     assert not StrKey.is_valid_med25519_public_key(digits)
@@ -120,7 +111,7 @@ def test_a_muxed_address_with_nonzero_padding_bits_is_refused() -> None:
 def test_a_bulk_chunk_with_one_bad_entry_keeps_the_rest() -> None:
     good = [*accounts(300), C1, L1]
     bad = good[7][:-1] + ("A" if good[7][-1] != "A" else "B")
-    skipped = watch._Skipped()
+    skipped = addresses.Skipped()
     assert valid_entries([*good[:7], bad, *good[8:]], skipped) == good[:7] + good[8:]
     assert skipped.count == 1 and skipped.examples == [bad]
 
@@ -390,7 +381,7 @@ async def test_members_not_shaped_as_addresses_are_skipped_and_reported(
         wl = await source.current()
     assert wl.addresses == {G1, M1, B1}
     reloaded = next(e for e in logs if e["event"] == "watch-reloaded")
-    assert reloaded["skipped"] == len(bad) and len(reloaded["skipped_examples"]) == watch.EXAMPLES
+    assert reloaded["skipped"] == len(bad) and len(reloaded["skipped_examples"]) == addresses.EXAMPLES
     assert set(reloaded["skipped_examples"]) <= set(bad)
     assert source.statistics().skipped == len(bad)
 
@@ -401,7 +392,7 @@ async def test_a_member_with_a_wrong_checksum_is_kept_and_matches_no_record(
     # only add() writes for operators, and it checks in full; such a member can equal no valid
     # address a record names, so the reload does not pay for the checksum
     wrong = G3[:-1] + ("A" if G3[-1] != "A" else "B")
-    assert not is_address(wrong) and watch.has_address_shape(wrong)
+    assert not is_address(wrong) and addresses.has_address_shape(wrong)
     client.sadd(watch_keys(job)["watch"], G1, wrong)
     wl = await RedisWatch(client, job).current()
     assert wl.addresses == {G1, wrong}
@@ -421,13 +412,13 @@ def test_the_bulk_shape_check_agrees_with_the_one_by_one() -> None:
     good = [*accounts(50), C1, L1]
     for mixed in ([], [M1], [B1], [M1, B1]):
         chunk = good + mixed
-        assert watch._all_shaped(chunk) and all(map(watch.has_address_shape, chunk))
+        assert addresses._all_shaped(chunk) and all(map(addresses.has_address_shape, chunk))
     for bad in ("nope", "", G1.lower(), G1[:5] + "8" + G1[6:], G1[:5] + "é" + G1[6:], M1[:56], "M" + G1[1:],
                 "X" + G1[1:], B1[:57]):  # fmt: skip
         for chunk in ([*good, bad], [M1, *good, bad], [bad]):
-            assert not watch._all_shaped(chunk), (bad, chunk[-2:])
-            assert not watch.has_address_shape(bad)
-        assert watch.shaped_entries([G1, bad, M1], watch._Skipped()) == [G1, M1]
+            assert not addresses._all_shaped(chunk), (bad, chunk[-2:])
+            assert not addresses.has_address_shape(bad)
+        assert addresses.shaped_entries([G1, bad, M1], addresses.Skipped()) == [G1, M1]
 
 
 async def test_a_failed_version_read_keeps_the_list(private_redis: LocalRedis, job: str) -> None:
