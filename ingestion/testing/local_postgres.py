@@ -108,8 +108,8 @@ class LocalPostgres(OwnPort):
             raise PostgresServerMissing(
                 "PostgreSQL is not installed: install it (Debian: apt-get install -y postgresql)"
             )
-        if not self._initialised:
-            self._initdb(bindir)
+        if not self._initialised and not (self.data / "PG_VERSION").exists():
+            self._initdb(bindir)  # (a data directory that holds a cluster is started as it is)
         self._start_on_port(functools.partial(self._start_once, bindir, timeout), attempts)
         return self
 
