@@ -54,5 +54,5 @@ async def test_a_window_read_serves_the_requests_within_its_ttl_and_none_after(p
 
 
 def test_psycopg_runs_compiled() -> None:
-    # the pure-Python implementation reads each value through ctypes: 40% of the API's CPU per answer
+    # the pure-Python implementation reads each value through ctypes: a third of the API's CPU
     assert psycopg.pq.__impl__ in ("c", "binary")
