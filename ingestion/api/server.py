@@ -38,7 +38,7 @@ from ingestion.api.core import (
     parse_call,
     result_body,
 )
-from ingestion.api.query import events_result, plan
+from ingestion.api.query import Plan, Window, events_result, plan
 from ingestion.api.reader import StoreReader
 from ingestion.api.streaming import StreamCollector, Streams
 from ingestion.common.asgi import (
@@ -183,11 +183,16 @@ class ApiApp:
         if method == "getEvents":
             rules = self.rules
             request = GetEventsRequest.from_params(params, rules.max_limit, rules.caps)
-            window = await self._window()
-            if window is None:
-                raise RpcError(-32600, "startLedger must be within the ledger range: 0 - 0")
-            p = plan(request, window, self.reader.schema, self.reader.view, rules.default_limit)
-            return events_result(p, await self.reader.rows(p), window)
+            reader = self.reader
+
+            def make_plan(window: Window | None) -> Plan:
+                if window is None:
+                    raise RpcError(-32600, "startLedger must be within the ledger range: 0 - 0")
+                return plan(request, window, reader.schema, reader.view, rules.default_limit)
+
+            window, p, rows = await reader.page(make_plan)
+            self.metrics.oldest, self.metrics.latest = window.oldest, window.latest
+            return events_result(p, rows, window)
         window = await self._window()
         if method == "getHealth":
             return health_result(window)
