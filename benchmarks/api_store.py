@@ -54,8 +54,8 @@ from typing import Any
 
 import attrs
 import psycopg
-from ingestion.simulator.strkey import encode_contract
 
+from ingestion.common.strkey import encode_contract
 from ingestion.postgres.connection import connect, ensure_schema
 from ingestion.rpc.protocol import Cursor
 from ingestion.testing.local_postgres import LocalPostgres
