@@ -471,5 +471,6 @@ def test_every_benchmark_and_campaign_module_imports() -> None:
         "        if path.name != '__main__.py':\n"
         "            importlib.import_module('.'.join(path.with_suffix('').parts))\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    command = [sys.executable, "-c", script]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
