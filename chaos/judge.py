@@ -105,7 +105,8 @@ async def judge(c: Campaign, begin: float, end: float, client: Any) -> None:
     count["webhook_bad_signatures"] = c.receiver.refused_signature
     r.counts = count
     if c.receiver.refused_signature:
-        v.append(f"{HOOK}: {c.receiver.refused_signature} deliveries with a bad signature")
+        v.append(f"{HOOK}: {c.receiver.refused_signature} deliveries with a bad signature "
+                 f"({'; '.join(c.receiver.refusals[:3])})")
     stopped = [e for name in ("job-stopped", "ingestion-fatal", "term-failed", "job-failed")
                for e in c.log.of(name)]  # fmt: skip
     v += [f"{e.node}: {e.event} {e.fields.get('job')}: {e.fields.get('error', '')}" for e in stopped]

@@ -70,6 +70,7 @@ IDLE_WAIT = 5.0  # seconds an idle reader waits for the next record before it re
 ATTEMPTS_KEPT = 200  # recent attempts kept in the job's attempts stream (approximately)
 ATTEMPT_SAMPLE = 1.0  # seconds: every failed attempt is kept, a delivered one at most this often
 CLOCK_REFRESH = 30.0  # seconds between reads of Redis's clock (carried by the monotonic clock between)
+CLOCK_RETRY = 0.1  # seconds between reads of Redis's clock while the node has none
 SKEW_WARN = 5.0  # seconds: a node's wall clock further off Redis's than this is logged, once per term
 
 
@@ -81,35 +82,42 @@ class ServerClock:
     Receivers refuse a timestamp more than a few minutes off their own clock (``standardwebhooks``:
     five), so a node whose wall clock is wrong (an NTP step, a VM restored from a snapshot) would
     sign every POST in a way the endpoint rejects (401), and delivery would stall for as long as it
-    led. Every node of a deployment shares Redis's clock, whatever its own says. Until Redis has
-    answered once (its outage is the lease's matter) the node's own wall clock stands in.
+    led. Every node of a deployment shares Redis's clock, whatever its own says. The node's own wall
+    clock never stands in: until Redis has answered once, :meth:`now` waits for its answer (asking
+    again every :data:`CLOCK_RETRY` s; the term's deadline bounds the wait, and Redis out of reach
+    holds delivery up anyway), and a reading that is due but fails leaves the last one carrying on.
     """
 
     read: Callable[[], Awaitable[float]]  # Redis's TIME in seconds
     log: Any
     _anchor: tuple[float, float] | None = None  # (Redis seconds, trio time at that reading)
+    _due: bool = True  # read Redis's clock before the next signature
     _warned: bool = False
 
     async def now(self) -> float:
-        before = trio.current_time()
-        if self._anchor is None or before - self._anchor[1] >= CLOCK_REFRESH:
-            try:
-                server = await self.read()
-            except RedisUnavailable:
-                pass  # the last reading carries on; none yet: the node's own clock
-            else:
-                self._anchor = (server, (before + trio.current_time()) / 2)
-                skew = time.time() - server
-                if abs(skew) > SKEW_WARN and not self._warned:
-                    self._warned = True
-                    self.log.warning("wall-clock-skew", skew_s=round(skew, 1), signing_with="redis")
-        if self._anchor is None:
-            return time.time()
-        return self._anchor[0] + trio.current_time() - self._anchor[1]
+        while True:
+            before = trio.current_time()
+            if self._due or self._anchor is None or before - self._anchor[1] >= CLOCK_REFRESH:
+                try:
+                    server = await self.read()
+                except RedisUnavailable:
+                    if self._anchor is None:  # no reading yet: this node's own clock may be wrong
+                        await trio.sleep(CLOCK_RETRY)
+                        continue
+                else:
+                    self._anchor = (server, (before + trio.current_time()) / 2)
+                    self._due = False
+                    skew = time.time() - server
+                    if abs(skew) > SKEW_WARN and not self._warned:
+                        self._warned = True
+                        self.log.warning("wall-clock-skew", skew_s=round(skew, 1), signing_with="redis")
+            assert self._anchor is not None
+            return self._anchor[0] + trio.current_time() - self._anchor[1]
 
     def reset(self) -> None:
-        """A new term: read Redis's clock again before the first signature (say a skew again)."""
-        self._anchor = None
+        """A new term: read Redis's clock again before the first signature (say a skew again); the
+        last reading, carried by the monotonic clock, stands until then."""
+        self._due = True
         self._warned = False
 
 

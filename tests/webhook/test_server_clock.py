@@ -1,6 +1,6 @@
 """The clock a signature's timestamp is taken from (``ServerClock``), on trio's MockClock: Redis's
 ``TIME`` read once, carried forward by trio's clock, read again every ``CLOCK_REFRESH`` s and at a
-new term; the node's own wall clock only until Redis has answered once; a skew said once a term."""
+new term; never the node's own wall clock (it waits for Redis's first answer); a skew said once a term."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from actors.lease_store import RedisUnavailable
-from ingestion.webhook.source import CLOCK_REFRESH, SKEW_WARN, ServerClock
+from ingestion.webhook.source import CLOCK_REFRESH, CLOCK_RETRY, SKEW_WARN, ServerClock
 
 
 @attrs.define
@@ -54,19 +54,32 @@ async def test_redis_time_is_carried_forward_by_the_monotonic_clock_between_read
     assert redis.reads == 2
 
 
-async def test_without_an_answer_yet_the_node_clock_stands_in_then_the_last_reading_carries_on(
+async def test_without_an_answer_yet_it_waits_for_redis_then_the_last_reading_carries_on(
     mock_clock: trio.testing.MockClock,
 ) -> None:
-    redis = Redis(at=time.time() - 3600, up=False)  # an hour behind, and not answering
+    # a node whose wall clock is an hour off, at a term's start while Redis does not answer, must
+    # not sign with its own clock: the endpoint would refuse the signature (chaos saw one, 401)
+    redis = Redis(at=time.time() - 3600, up=False)  # Redis's clock an hour from ours
     clock = ServerClock(redis.read, Log())
-    before = time.time()
-    assert before <= await clock.now() <= time.time()  # never answered: the node's own clock
-    redis.up = True
-    assert await clock.now() == redis.at  # answered: Redis's clock from now on
+    got: list[float] = []
+
+    async def sign() -> None:
+        got.append(await clock.now())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sign)
+        await trio.testing.wait_all_tasks_blocked()
+        mock_clock.jump(5 * CLOCK_RETRY)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == [] and redis.reads >= 2  # still asking, nothing signed
+        redis.up = True
+        mock_clock.jump(CLOCK_RETRY)
+    assert got == [pytest.approx(redis.at, abs=1e-6)]  # answered: Redis's clock
     redis.up = False
     mock_clock.jump(CLOCK_REFRESH + 2)  # due, but the read fails: the last reading carries on
     assert await clock.now() == pytest.approx(redis.at + CLOCK_REFRESH + 2, abs=1e-6)
-    assert redis.reads == 3
+    clock.reset()  # a new term: due again; Redis still silent, the last reading still stands
+    assert await clock.now() == pytest.approx(redis.at + CLOCK_REFRESH + 2, abs=1e-6)
 
 
 async def test_a_skewed_node_clock_is_said_once_a_term(mock_clock: trio.testing.MockClock) -> None:
