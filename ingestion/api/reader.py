@@ -27,7 +27,7 @@ import trio
 
 from ingestion.api.core import too_slow, unavailable
 from ingestion.api.query import Plan, Window
-from ingestion.api.store import close_time_of, view_latest, view_oldest
+from ingestion.api.store import close_time_of, view_latest, view_oldest, within_watermark
 from ingestion.postgres.connection import describe
 from ingestion.postgres.sql import quoted
 from ingestion.rpc.protocol import Cursor, RpcError
@@ -69,9 +69,13 @@ class StoreReader:
         self._lock = threading.Lock()
         self._close_times: dict[str, int] = {}  # id bound -> close time (the newest event below it)
         q = quoted(schema)
+        # One statement, so one snapshot: the progress rows, each with the oldest event and the
+        # live job's completeness watermark (NULL when it has none; ``to_jsonb``: a store from
+        # before the column reads as none).
         self._window_sql = (
             f"SELECT p.source, p.seq, p.through, (SELECT record FROM {q}.api_events WHERE view = %s "
-            f"ORDER BY id LIMIT 1) FROM {q}.api_progress p WHERE p.view = %s"
+            f"ORDER BY id LIMIT 1), (SELECT to_jsonb(c)->>'complete_through' FROM {q}.cursors c "
+            f"WHERE c.job = %s) FROM {q}.api_progress p WHERE p.view = %s"
         )
         self._newest_sql = (
             f"SELECT record FROM {q}.api_events WHERE view = %s AND id < %s ORDER BY id DESC LIMIT 1"
@@ -119,11 +123,11 @@ class StoreReader:
 
     def _window(self, conn: psycopg.Connection[Any]) -> Window | None:
         try:  # one statement: the progress rows, each with the oldest event
-            rows = conn.execute(self._window_sql, (self.view, self.view)).fetchall()  # type: ignore[arg-type]
+            rows = conn.execute(self._window_sql, (self.view, self.view, self.view)).fetchall()  # type: ignore[arg-type]
         except psycopg.errors.UndefinedTable:
             return None  # no projector has run yet
-        progress = [(str(s), int(q), t) for s, q, t, _ in rows]
-        latest = view_latest(self.view, progress)
+        progress = [(str(s), int(q), t) for s, q, t, _, _ in rows]
+        latest = within_watermark(view_latest(self.view, progress), rows[0][4] if rows else None)
         if latest is None or rows[0][3] is None:
             return None
         oldest_record = str(rows[0][3])

@@ -15,6 +15,7 @@ served at ``GET /metrics`` on the API's own port by ``ingestion api``):
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from collections import Counter
@@ -73,10 +74,24 @@ class ApiMetrics(Collector):
         self.oldest: int | None = None
         self.latest: int | None = None
         self.streams: Collector | None = None  # the subscriptions' (StreamCollector), when served
+        self.buckets: dict[str, list[int]] = {}  # method -> requests per LATENCY_BUCKETS (the console's)
 
     def observe(self, method: str, outcome: str, seconds: float) -> None:
         self.requests[(method, outcome)] += 1
         self.latency.labels(method=method).observe(seconds)
+        counts = self.buckets.setdefault(method, [0] * len(LATENCY_BUCKETS))
+        counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the console shows of these (no I/O): requests by method and outcome, each method's
+        p50 and p99 as the histogram's bucket bound they fall under, the window last served."""
+        latency = {
+            method: {"count": sum(c), "p50_ms": _bound_ms(c, 0.5), "p99_ms": _bound_ms(c, 0.99)}
+            for method, c in sorted(self.buckets.items())
+        }
+        requests = [{"method": m, "outcome": o, "count": n} for (m, o), n in sorted(self.requests.items())]
+        return {"requests": requests, "latency": latency, "oldest_ledger": self.oldest,
+                "latest_ledger": self.latest}  # fmt: skip
 
     def collect(self) -> Iterator[Metric]:
         total = CounterMetricFamily(
@@ -98,6 +113,20 @@ class ApiMetrics(Collector):
                 gauge = GaugeMetricFamily(name, text)
                 gauge.add_metric([], value)
                 yield gauge
+
+
+def _bound_ms(counts: list[int], q: float) -> float | None:
+    """The bucket bound (ms) under which the ``q`` quantile of ``counts`` falls (None: no request,
+    or it falls in the last, unbounded bucket)."""
+    total = sum(counts)
+    if not total:
+        return None
+    seen = 0
+    for bound, n in zip(LATENCY_BUCKETS, counts, strict=True):
+        seen += n
+        if seen >= q * total:
+            return None if math.isinf(bound) else round(bound * 1000, 3)
+    return None
 
 
 class ApiApp:
@@ -126,6 +155,12 @@ class ApiApp:
         if serve_metrics:
             self._registry = CollectorRegistry(auto_describe=False)
             self._registry.register(self.metrics)
+
+    def console_view(self) -> dict[str, Any]:
+        """The API this node serves, for its console (no I/O): the job, the metrics' snapshot and
+        the subscriptions served now (None when streaming is off)."""
+        streams = self.streams.stats.subscribers if self.streams is not None else None
+        return {"job": self.reader.view, **self.metrics.snapshot(), "subscribers": streams}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":

@@ -207,6 +207,15 @@ def view_latest(view: str, progress: Sequence[tuple[str, int, str | None]]) -> i
     return max(ranges) if ranges else None
 
 
+def within_watermark(latest: int | None, complete_through: str | int | None) -> int | None:
+    """The latest ledger a view may claim: what its projection covers, never past its live job's
+    completeness watermark (issue 49) when the job has one: a ledger the job's cursor passed
+    (over a history gap, or with records still to come) is not one the API holds whole."""
+    if latest is None or complete_through is None:
+        return latest
+    return min(latest, int(complete_through))
+
+
 def view_oldest(view: str, progress: Sequence[tuple[str, int, str | None]], first_event: int) -> int:
     """The oldest ledger a view holds: its oldest event's, or the first ledger of a backfill range
     (``<view>~<first>-<last>``) that is complete through its last ledger, if older (the range's

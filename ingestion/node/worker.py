@@ -440,6 +440,10 @@ def _listen_problem(exc: OSError, key: str, host: str, port: int) -> str:
     return f"observe.{key}: cannot listen on {host}:{port}: {exc.strerror or exc}"
 
 
+def _no_api() -> None:
+    return None  # this node serves no events API (api.port 0): none on its console
+
+
 async def _bind(
     nursery: trio.Nursery, key: str, host: str, port: int, serve: Callable[..., Awaitable[None]],
     *args: Any,
@@ -464,6 +468,7 @@ async def _start_endpoints(
     ingestion.serve.metrics/status, ingestion.api)."""
     o = settings.observe
     api_collectors: list[Collector] = []
+    api_view: Callable[[], dict[str, Any] | None] = _no_api
     if settings.api.port:
         from ingestion.api.service import ApiStartError, build_app, serve_settings
 
@@ -473,6 +478,7 @@ async def _start_endpoints(
         except ApiStartError as exc:
             raise StartupError(str(exc)) from None
         api_collectors.append(app.metrics)
+        api_view = app.console_view
     if o.metrics_port:
         from ingestion.serve.metrics import serve_metrics
         from ingestion.webhook.metrics import WebhookCollector
@@ -492,7 +498,7 @@ async def _start_endpoints(
         sinks = {j.name: j.sink for j in settings.jobs}
         console = ClusterReader(
             next(iter(stores.values())).client, settings.node.id, {j.name: j.kind for j in settings.jobs},
-            token=o.console_token, streams=o.console_streams, discover=listed_jobs,
+            token=o.console_token, streams=o.console_streams, discover=listed_jobs, api=api_view,
             backfill=lambda client, job: backfill_doc(client, job, sinks.get(job, ""), settings.sink.schema),
         )  # fmt: skip
         await nursery.start(console.run)

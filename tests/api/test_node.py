@@ -22,12 +22,13 @@ CONFIG = SimulatorConfig(rpc_port=0, ledger_interval=None, history_ledgers=20, o
 async def test_a_node_hosts_the_projector_and_serves_its_jobs_events(
     pg: LocalPostgres, redis_server: LocalRedis, job: str
 ) -> None:
-    port = free_port()
+    port, metrics = free_port(), free_port()
     async with open_simulator(CONFIG) as sim:
         node = await trio.to_thread.run_sync(
             lambda: NodeProcess.start(
                 "api-n1", redis_url=redis_server.url, horizon=None, ttl_ms=2000, job=job,
-                extra=["--source", "rpc", "--rpc", sim.rpc_url, "--sink", pg.url],
+                extra=["--source", "rpc", "--rpc", sim.rpc_url, "--sink", pg.url,
+                       "--metrics-port", str(metrics)],
                 env={"INGESTION_API_JOB": job, "INGESTION_API_PORT": str(port),
                      "INGESTION_OBSERVE_LISTEN_HOST": "127.0.0.1"},
             )
@@ -64,6 +65,11 @@ async def test_a_node_hosts_the_projector_and_serves_its_jobs_events(
                 assert [e["id"] for e in fresh] == [
                     e["id"] for e in sim.rpc_events() if e["ledger"] == closed
                 ]
+                # The node's console shows the API it serves, from its own counters.
+                shown = (await client.get(f"http://127.0.0.1:{metrics}/console/state")).json()["api"]
+                assert shown["job"] == job and shown["latest_ledger"] == closed
+                served = {(r["method"], r["outcome"]): r["count"] for r in shown["requests"]}
+                assert served[("getEvents", "ok")] == 2 and served[("getHealth", "ok")] >= 2
             projector = f"api.{job}"
             led = await trio.to_thread.run_sync(
                 lambda: node.wait_for(

@@ -21,6 +21,8 @@ REQUIRED = {
     "IngestionHistoryGap",
     "IngestionWatermarkStalled",  # issue 49: a watermark that stops while the source goes on
     "IngestionDecodeErrors",  # issue 49: records committed with decodeError
+    "IngestionApiErrors",  # issue 48: the events API failing its requests (-32603)
+    "IngestionApiSlow",  # issue 48: getEvents' p99 far over its target
 }
 
 

@@ -97,6 +97,9 @@ function apply(state) {
     for (const node of state.nodes) nodeRow(nodes, node);
     for (const r of Array.from(nodes.rows)) if (!present.has(r.dataset.node)) r.remove();
   }
+  const api = document.getElementById("api-section");
+  // Rendered (and escaped) by the server from the same code as the page itself.
+  if (api && state.api_html !== undefined && api.innerHTML !== state.api_html) api.innerHTML = state.api_html;
   document.body.dataset.updated = String(Date.now());
 }
 

@@ -5,8 +5,10 @@ Served beside ``/metrics`` on the observe port (``ingestion/serve/metrics.py``):
 - ``/`` the jobs (kind, leader, token and since when, lease left, committed cursor, records/s,
   lag; for a job without a leader, why: who hosts it and why each holds off) and the nodes (live
   or down by their reports, version, what each hosts and leads, its share, its source health per
-  job). Each job's row carries ``data-job="NAME"`` and ``data-leader="NODE"`` (empty when
-  leaderless) for scripts and tests.
+  job) and, on a node serving the events API (``api.port``), that API: requests by method and
+  outcome, latency p50/p99, subscribers, the window served (``ingestion/serve/api_section.py``,
+  from the node's own API metrics). Each job's row carries ``data-job="NAME"`` and
+  ``data-leader="NODE"`` (empty when leaderless) for scripts and tests.
 - ``/console/job/NAME`` one job: its state, its hosts, its takeover audit (every term: who, when,
   why, how long the job was leaderless), its recent fencing rejections and, for a webhook job, the
   endpoint (state, position, recent attempts with status and latency, dead letters).

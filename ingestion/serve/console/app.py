@@ -12,6 +12,7 @@ import trio
 
 from actors.lease_store import RedisUnavailable
 from ingestion.common.asgi import Receive, Scope, Send
+from ingestion.serve.api_section import api_section
 from ingestion.serve.console.pages import job_page, job_sections, overview
 from ingestion.serve.console.reader import ClusterReader
 
@@ -173,7 +174,7 @@ async def _events(reader: ClusterReader, receive: Receive, send: Send, job: str)
         detail_at = -1e9
         while True:
             state = await reader.state()
-            await event("state", state)
+            await event("state", {**state, "api_html": api_section(state.get("api"))})
             if job:
                 mine = next((j for j in state["jobs"] if j["job"] == job), None) or {}
                 stable = {k: v for k, v in mine.items() if k != "lease_ttl_ms_left"}

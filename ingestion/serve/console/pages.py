@@ -8,6 +8,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ingestion.serve.api_section import api_section
 from ingestion.serve.backfill_section import backfill_section
 from ingestion.serve.completeness_section import completeness_section
 from ingestion.serve.console.reader import WEBHOOK_ACTIONS, json_object
@@ -94,6 +95,7 @@ def overview(state: dict[str, Any]) -> bytes:
         + _table("jobs", JOB_HEADS, "".join(job_row(j) for j in state["jobs"]))
         + "<h1>Nodes</h1>"
         + _table("nodes", NODE_HEADS, "".join(node_row(n) for n in state["nodes"]))
+        + f"<section id=\"api-section\">{api_section(state.get('api'))}</section>"
     )
     return _page("ingestion: cluster", state["node"], body)
 

@@ -45,6 +45,7 @@ class ClusterReader:
     token: str = attrs.field(default="", repr=False)
     discover: Callable[[Any], list[str]] = discover_jobs  # Redis's jobs to list (the node's: no done range)
     backfill: Callable[[Any, str], Any] = lambda _client, _job: None  # a job's, as inspect --json's
+    api: Callable[[], dict[str, Any] | None] = lambda: None  # the events API it serves (ApiApp.console_view)
     streams: int = 32  # live pages (events connections) served at once: observe.console_streams
     streaming: int = 0
     view: ClusterView = attrs.field(init=False)
@@ -166,8 +167,9 @@ class ClusterReader:
                 self.view.heard(str(node), parsed[0], parsed[1], now - (redis_now - parsed[0]) / 1000)
 
     async def state(self) -> dict[str, Any]:
-        """The cluster now, from the reports (no Redis command)."""
-        return self.view.state(trio.current_time())
+        """The cluster now, from the reports (no Redis command), and the events API this node
+        serves (``api``: from its own metrics, None when it serves none)."""
+        return {**self.view.state(trio.current_time()), "api": self.api()}
 
     async def page_state(self) -> dict[str, Any]:
         """The cluster for a page load: the reports, and jobs in Redis that no live node reports
