@@ -1,0 +1,174 @@
+"""The elected audit job (``kind = "audit"``): a lake job's Redis store, made by the real path (the
+lake source committed by the CursorWriter, in process), audited continuously behind its
+watermark by an audit job run as a node runs it (elected, its runs committed, its writes fenced)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import redis
+import structlog
+import trio
+from prometheus_client import CollectorRegistry, generate_latest
+
+from actors.lease_store import Acquired, connect, job_keys
+from actors.observe import NodeObserver
+from actors.source import TermContext
+from actors.supervisor import JobRun, run_jobs
+from ingestion.audit.job import AuditStep, audit_keys
+from ingestion.audit.metrics import AuditCollector
+from ingestion.config import load
+from ingestion.node.build import build_sink, build_source, build_store
+from ingestion.node.worker import audit_stats, node_spec
+from ingestion.rpc.protocol import Cursor
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.wait import wait_until
+from tests.support.lakes import long_lake
+
+FIRST, LAST = 84, 87  # the lake's ledgers (84 has no event, 85 to 87 a thousand each)
+
+
+def settings_of(tmp_path: Path, job: str, redis_url: str) -> Any:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(
+        f'[node]\nid = "n1"\nsource = "lake"\n\n[redis]\nurl = "{redis_url}"\n\n'
+        f'[lake]\nurl = "file://{tmp_path / "lake"}"\ndecode_processes = 0\n\n'
+        f'[jobs."{job}"]\nkind = "lake"\nstart_cursor = "{FIRST}"\n\n'
+        f'[jobs."{job}-audit"]\nkind = "audit"\naudits = "{job}"\nwindow = 2\nevery_ms = 20\n'
+    )
+    return load(cfg, {}, {})
+
+
+def job_run(settings: Any, name: str, client: redis.Redis) -> JobRun:
+    j = next(j for j in settings.jobs if j.name == name)
+    store = build_store(settings, j.name, client)
+    return JobRun(
+        store, build_source(settings, j, store), node_spec(settings, j), structlog.get_logger(),
+        NodeObserver(settings.node.id, j.name), build_sink(settings, j, store),
+    )  # fmt: skip
+
+
+async def run_until(runs: list[JobRun], done: Any, what: str) -> None:
+    async with trio.open_nursery() as nursery:
+        handle = await nursery.start(run_jobs, runs, structlog.get_logger())
+        await wait_until(done, 30, what=what)
+        await handle.shutdown("test-done")
+
+
+def follow_to_tip(settings: Any, job: str, client: redis.Redis) -> None:
+    """The lake job follows the lake to its tip, its watermark at the lake's last ledger."""
+    cursor = job_keys(job)["cursor"]
+    trio.run(
+        run_until, [job_run(settings, job, client)],
+        lambda: client.hget(cursor, "complete_through") == str(LAST), "the job complete through the tip",
+    )  # fmt: skip
+
+
+def audit_to(settings: Any, job: str, client: redis.Redis) -> JobRun:
+    """The audit job run until it has audited through the lake's last ledger."""
+    run = job_run(settings, f"{job}-audit", client)
+    audited = audit_keys(f"{job}-audit")["audited"]
+    trio.run(
+        run_until, [run], lambda: client.hget(audited, "audited_through") == str(LAST), "audited to the tip"
+    )
+    return run
+
+
+def metrics(run: JobRun) -> str:
+    registry = CollectorRegistry()
+    registry.register(AuditCollector(audit_stats([run])))
+    return generate_latest(registry).decode()
+
+
+def test_a_clean_jobs_audit_advances_to_the_watermark_never_past_it_and_finds_nothing(
+    job: str, tmp_path: Path, redis_server: LocalRedis, redis_client: redis.Redis
+) -> None:
+    long_lake(tmp_path / "lake", LAST)
+    settings = settings_of(tmp_path, job, redis_server.url)
+    client = connect(redis_server.url, timeout=2.0)
+    keys = audit_keys(f"{job}-audit")
+    seen: list[tuple[int, int]] = []  # (the audit's progress, the job's watermark) as they moved
+
+    def both_at_tip() -> bool:
+        through = redis_client.hget(job_keys(job)["cursor"], "complete_through")
+        audited = redis_client.hget(keys["audited"], "audited_through")
+        if audited is not None:
+            seen.append((int(audited), int(through or 0)))
+        return audited == str(LAST)
+
+    runs = [job_run(settings, job, client), job_run(settings, f"{job}-audit", client)]
+    trio.run(run_until, runs, both_at_tip, "the job at the tip and audited through it")  # (side by side)
+    assert all(audited <= through for audited, through in seen), seen
+    assert redis_client.xlen(keys["findings"]) == 0
+    runs_committed = redis_client.xrange(job_keys(f"{job}-audit")["events"])
+    assert any('"last": 87' in fields["record"] for _, fields in runs_committed), runs_committed
+    text = metrics(runs[1])
+    assert f'ingestion_audit_ledger{{ingestion_job="{job}-audit"}} 87.0' in text, text
+    assert f'ingestion_audit_findings_total{{ingestion_job="{job}-audit",kind="missing"}} 0.0' in text
+    client.close()
+
+
+def test_a_row_deleted_behind_the_watermark_is_named_in_the_findings_and_the_metric(
+    job: str, tmp_path: Path, redis_server: LocalRedis, redis_client: redis.Redis
+) -> None:
+    long_lake(tmp_path / "lake", LAST)
+    settings = settings_of(tmp_path, job, redis_server.url)
+    client = connect(redis_server.url, timeout=2.0)
+    follow_to_tip(settings, job, client)
+    events = job_keys(job)["events"]
+    gone_entry, gone = next(
+        (e, f) for e, f in redis_client.xrange(events) if Cursor.parse(f["paging_token"]).ledger == 86
+    )
+    redis_client.xdel(events, gone_entry)
+
+    run = audit_to(settings, job, client)
+    findings = [f for _, f in redis_client.xrange(audit_keys(f"{job}-audit")["findings"])]
+    assert [(f["kind"], f["id"], f["audits"], f["first"], f["last"]) for f in findings] == [
+        ("missing", gone["paging_token"], job, "85", "86")  # (from the first row's ledger, 85)
+    ], findings
+    assert findings[0]["event"] == "audit-finding" and int(findings[0]["token"]) >= 1
+    text = metrics(run)
+    assert f'ingestion_audit_findings_total{{ingestion_job="{job}-audit",kind="missing"}} 1.0' in text, text
+    assert f'ingestion_audit_findings_total{{ingestion_job="{job}-audit",kind="extra"}} 0.0' in text
+    client.close()
+
+
+def test_a_stale_term_records_neither_findings_nor_progress(
+    job: str, tmp_path: Path, redis_server: LocalRedis, redis_client: redis.Redis
+) -> None:
+    long_lake(tmp_path / "lake", LAST)
+    settings = settings_of(tmp_path, job, redis_server.url)
+    client = connect(redis_server.url, timeout=2.0)
+    follow_to_tip(settings, job, client)
+    events = job_keys(job)["events"]
+    entry, _ = next(
+        (e, f) for e, f in redis_client.xrange(events) if Cursor.parse(f["paging_token"]).ledger == 85
+    )
+    redis_client.xdel(events, entry)  # the first window (85..86: from the first row) has a finding
+    name = f"{job}-audit"
+    audit = next(j for j in settings.jobs if j.name == name)
+    store = build_store(settings, name, client)
+    step = build_source(settings, audit, store).action  # type: ignore[attr-defined]
+    assert isinstance(step, AuditStep)
+    keys = audit_keys(name)
+
+    async def terms() -> tuple[int, int]:
+        old = await store.acquire("a", 60_000)
+        assert isinstance(old, Acquired)
+        await store.release("a", old.token)
+        new = await store.acquire("b", 60_000)
+        assert isinstance(new, Acquired)
+        return old.token, new.token
+
+    old, new = trio.run(terms)
+    result = trio.run(step, 1, TermContext("a", old))
+    assert result == {"audits": job, "stale": old}
+    assert redis_client.xlen(keys["findings"]) == 0 and not redis_client.exists(keys["audited"])
+    assert step.stats.ledger is None and sum(step.stats.findings.values()) == 0
+
+    result = trio.run(step, 1, TermContext("b", new))  # the current term records both
+    assert (result["first"], result["last"], result["counts"]["missing"]) == (85, 86, 1), result
+    assert redis_client.xlen(keys["findings"]) == 1
+    assert redis_client.hget(keys["audited"], "audited_through") == "86"
+    client.close()
