@@ -21,6 +21,7 @@ REQUIRED = {
     "IngestionHistoryGap",
     "IngestionWatermarkStalled",  # issue 49: a watermark that stops while the source goes on
     "IngestionDecodeErrors",  # issue 49: records committed with decodeError
+    "IngestionAuditFindings",  # issue 49: an audit job found the store unlike the lake
 }
 
 
