@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 import structlog
 import trio
@@ -18,7 +19,7 @@ from actors.source import TermContext
 from actors.supervisor import JobRun, run_jobs
 from ingestion.audit.job import AuditStep, audit_keys
 from ingestion.audit.metrics import AuditCollector
-from ingestion.config import load
+from ingestion.config import ConfigError, load
 from ingestion.node.build import build_sink, build_source, build_store
 from ingestion.node.worker import audit_stats, node_spec
 from ingestion.rpc.protocol import Cursor
@@ -172,3 +173,31 @@ def test_a_stale_term_records_neither_findings_nor_progress(
     assert redis_client.xlen(keys["findings"]) == 1
     assert redis_client.hget(keys["audited"], "audited_through") == "86"
     client.close()
+
+
+def test_an_audit_job_must_audit_an_rpc_or_lake_job_of_the_configuration(tmp_path: Path) -> None:
+    def problems(table: str) -> str:
+        cfg = tmp_path / "config.toml"
+        cfg.write_text(
+            f'[node]\nid = "n1"\nsource = "lake"\n\n[lake]\nurl = "file://{tmp_path}"\n\n'
+            '[jobs.j]\nkind = "lake"\n\n[jobs.beat]\nkind = "scheduled"\n'
+            'action = "ingestion.jobs:heartbeat"\nperiod_ms = 1000\n\n'
+            f'[jobs.a]\nkind = "audit"\n{table}'
+        )
+        with pytest.raises(ConfigError) as caught:
+            load(cfg, {}, {})
+        return str(caught.value)
+
+    assert "jobs.a.audits: must name an rpc or lake job of this configuration, got 'nojob'" in problems(
+        'audits = "nojob"\n'
+    )
+    assert "got 'beat' (a scheduled job)" in problems('audits = "beat"\n')
+    text = problems('audits = "j"\nwindow = 0\naction = "x:y"\n')
+    assert (
+        "jobs.a.window: must be at least 1, got 0" in text
+        and "jobs.a.action: does not apply to an audit job" in text
+    )
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(cfg.read_text().replace('window = 0\naction = "x:y"\n', ""))
+    audit = next(j for j in load(cfg, {}, {}).jobs if j.name == "a")
+    assert (audit.audits, audit.audit_window, audit.period_ms, audit.sink) == ("j", 64, 10_000, "")
