@@ -21,7 +21,7 @@ from ingestion.audit.job import AuditStep, audit_keys
 from ingestion.audit.metrics import AuditCollector
 from ingestion.config import ConfigError, load
 from ingestion.node.build import build_sink, build_source, build_store
-from ingestion.node.worker import audit_stats, node_spec
+from ingestion.node.worker import _job_source, audit_stats, node_spec
 from ingestion.rpc.protocol import Cursor
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import wait_until
@@ -44,8 +44,8 @@ def settings_of(tmp_path: Path, job: str, redis_url: str) -> Any:
 def job_run(settings: Any, name: str, client: redis.Redis) -> JobRun:
     j = next(j for j in settings.jobs if j.name == name)
     store = build_store(settings, j.name, client)
-    return JobRun(
-        store, build_source(settings, j, store), node_spec(settings, j), structlog.get_logger(),
+    return JobRun(  # its source as a node runs it (behind its network guard and identity check)
+        store, _job_source(settings, j, store), node_spec(settings, j), structlog.get_logger(),
         NodeObserver(settings.node.id, j.name), build_sink(settings, j, store),
     )  # fmt: skip
 
