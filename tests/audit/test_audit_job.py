@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import redis
 import structlog
@@ -22,7 +23,10 @@ from ingestion.audit.metrics import AuditCollector
 from ingestion.config import ConfigError, load
 from ingestion.node.build import build_sink, build_source, build_store
 from ingestion.node.worker import _job_source, audit_stats, node_spec
+from ingestion.postgres.connection import connect as pg_connect
+from ingestion.postgres.readers import job_state
 from ingestion.rpc.protocol import Cursor
+from ingestion.testing.local_postgres import LocalPostgres
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import wait_until
 from tests.support.lakes import long_lake
@@ -30,13 +34,14 @@ from tests.support.lakes import long_lake
 FIRST, LAST = 84, 87  # the lake's ledgers (84 has no event, 85 to 87 a thousand each)
 
 
-def settings_of(tmp_path: Path, job: str, redis_url: str) -> Any:
+def settings_of(tmp_path: Path, job: str, redis_url: str, sink: str = "") -> Any:
     cfg = tmp_path / "config.toml"
     cfg.write_text(
         f'[node]\nid = "n1"\nsource = "lake"\n\n[redis]\nurl = "{redis_url}"\n\n'
         f'[lake]\nurl = "file://{tmp_path / "lake"}"\ndecode_processes = 0\n\n'
-        f'[jobs."{job}"]\nkind = "lake"\nstart_cursor = "{FIRST}"\n\n'
-        f'[jobs."{job}-audit"]\nkind = "audit"\naudits = "{job}"\nwindow = 2\nevery_ms = 20\n'
+        f'[jobs."{job}"]\nkind = "lake"\nstart_cursor = "{FIRST}"\n'
+        + (f'sink = "{sink}"\n' if sink else "")
+        + f'\n[jobs."{job}-audit"]\nkind = "audit"\naudits = "{job}"\nwindow = 2\nevery_ms = 20\n'
     )
     return load(cfg, {}, {})
 
@@ -132,6 +137,32 @@ def test_a_row_deleted_behind_the_watermark_is_named_in_the_findings_and_the_met
     text = metrics(run)
     assert f'ingestion_audit_findings_total{{ingestion_job="{job}-audit",kind="missing"}} 1.0' in text, text
     assert f'ingestion_audit_findings_total{{ingestion_job="{job}-audit",kind="extra"}} 0.0' in text
+    client.close()
+
+
+def test_a_postgres_stores_row_deleted_behind_its_watermark_is_named(
+    job: str, tmp_path: Path, pg: LocalPostgres, redis_server: LocalRedis, redis_client: redis.Redis
+) -> None:
+    long_lake(tmp_path / "lake", LAST)
+    settings = settings_of(tmp_path, job, redis_server.url, sink=pg.url)
+    client = connect(redis_server.url, timeout=2.0)
+
+    def complete() -> bool:
+        try:
+            return job_state(pg.url, "ingestion", job)["complete_through"] == LAST
+        except psycopg.errors.UndefinedTable:  # the sink has not made its tables yet
+            return False
+
+    trio.run(run_until, [job_run(settings, job, client)], complete, "the job complete through the tip")
+    assert redis_client.hget(job_keys(job)["cursor"], "complete_through") is None  # (in PostgreSQL)
+    with pg_connect(pg.url, 5) as conn:
+        (gone,) = conn.execute(
+            "DELETE FROM ingestion.events WHERE job = %s AND paging_token = %s RETURNING paging_token",
+            (job, str(Cursor(87, 1))),
+        ).fetchone() or ("",)
+    audit_to(settings, job, client)
+    findings = [f for _, f in redis_client.xrange(audit_keys(f"{job}-audit")["findings"])]
+    assert [(f["kind"], f["id"], f["first"], f["last"]) for f in findings] == [("missing", gone, "87", "87")]
     client.close()
 
 
