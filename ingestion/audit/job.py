@@ -24,6 +24,7 @@ the step says so (``audit-failed``) and records nothing; the next step tries the
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import attrs
@@ -32,7 +33,8 @@ import structlog
 import trio
 
 from actors.lease_store import LeaseStore, RedisUnavailable, job_keys
-from actors.source import TermContext
+from actors.scheduled import ScheduledJob
+from actors.source import Batch, TermContext
 from ingestion.audit.compare import KINDS, Report
 from ingestion.rpc.protocol import Cursor, InvalidCursor
 
@@ -85,6 +87,7 @@ class AuditStep:
     lake: Any  # LocalLake | S3Lake
     window: int
     stats: AuditStats = attrs.Factory(AuditStats)
+    decoders: Any = None  # the term's decode workers (AuditJob), else each step opens its own
 
     async def __call__(self, run: int, term: TermContext) -> dict[str, Any]:
         keys = audit_keys(self.name)
@@ -166,7 +169,7 @@ class AuditStep:
             return await audit_lake(
                 self.lake, rules, rows, job.name, first, last, watched=watched,
                 processes=self.settings.lake.decode_processes, window=self.window,
-                store_errors=(psycopg.Error, redis.RedisError, OSError),
+                store_errors=(psycopg.Error, redis.RedisError, OSError), decoders=self.decoders,
             )  # fmt: skip
         except (AuditError, WatchUnavailable) as exc:
             return str(exc)
@@ -203,6 +206,30 @@ class AuditStep:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@attrs.frozen
+class AuditJob(ScheduledJob):
+    """The audit job's source: a scheduled job of :class:`AuditStep` runs whose lake decode
+    workers (``processes``; 0: a thread) live as long as the term, not one step (a worker pays for
+    stellar-sdk's import when it starts)."""
+
+    processes: int = 0
+
+    @trio.as_safe_channel
+    async def stream(self, cursor: str) -> AsyncGenerator[Batch, None]:
+        from ingestion.lake.decoding import open_decoders
+
+        step = self.action
+        assert isinstance(step, AuditStep)
+        async with open_decoders(self.processes) as decoders:
+            step.decoders = decoders
+            try:
+                async with ScheduledJob.stream(self, cursor) as batches:
+                    async for batch in batches:
+                        yield batch
+            finally:
+                step.decoders = None
 
 
 def build_audit_step(settings: Any, job: Any, store: LeaseStore) -> AuditStep:

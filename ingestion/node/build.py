@@ -88,12 +88,12 @@ def _raw_source(settings: Settings, job: JobSettings, store: LeaseStore | None) 
             raise ValueError("a webhook job's source needs its lease store")
         return build_webhook_source(settings, job, store)
     if job.kind == "audit":  # ingestion/audit/job.py: the lake against another job's store
-        from ingestion.audit.job import build_audit_step
+        from ingestion.audit.job import AuditJob, build_audit_step
 
         step = build_audit_step(
             settings, job, store if store is not None else build_store(settings, job.name)
         )
-        return ScheduledJob(step, period=job.period_ms / 1000)
+        return AuditJob(step, period=job.period_ms / 1000, processes=settings.lake.decode_processes)
     if job.kind == "scheduled":
         if job.action == API_PROJECTOR_ACTION:  # the events API's projector: built from the settings
             from ingestion.api.projector import projector_action

@@ -95,17 +95,21 @@ def test_a_clean_jobs_audit_advances_to_the_watermark_never_past_it_and_finds_no
     client = connect(redis_server.url, timeout=2.0)
     keys = audit_keys(f"{job}-audit")
     seen: list[tuple[int, int]] = []  # (the audit's progress, the job's watermark) as they moved
+    runs = [job_run(settings, job, client), job_run(settings, f"{job}-audit", client)]
+    step = runs[1].source.action  # type: ignore[attr-defined]
+    held: list[bool] = []  # whether the term's decode workers were open, once it had audited
 
     def both_at_tip() -> bool:
         through = redis_client.hget(job_keys(job)["cursor"], "complete_through")
         audited = redis_client.hget(keys["audited"], "audited_through")
         if audited is not None:
             seen.append((int(audited), int(through or 0)))
+            held.append(step.decoders is not None)
         return audited == str(LAST)
 
-    runs = [job_run(settings, job, client), job_run(settings, f"{job}-audit", client)]
     trio.run(run_until, runs, both_at_tip, "the job at the tip and audited through it")  # (side by side)
     assert all(audited <= through for audited, through in seen), seen
+    assert held and all(held) and step.decoders is None  # kept for the term, closed with it
     assert redis_client.xlen(keys["findings"]) == 0
     runs_committed = redis_client.xrange(job_keys(f"{job}-audit")["events"])
     assert any('"last": 87' in fields["record"] for _, fields in runs_committed), runs_committed
