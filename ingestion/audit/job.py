@@ -230,6 +230,7 @@ class AuditJob(ScheduledJob):
                         yield batch
             finally:
                 step.decoders = None
+                step.stats.ledger = None  # the gauge is the leader's: the next leader says
 
 
 def build_audit_step(settings: Any, job: Any, store: LeaseStore) -> AuditStep:
