@@ -65,12 +65,14 @@ async def audit_lake(
     in_flight: int = 0,
     store_errors: tuple[type[Exception], ...] = (),
     on_window: Callable[[int, int, Tally], None] | None = None,
+    decoders: Decoders | None = None,
 ) -> Report:
     """``store``'s rows of ledgers ``first..last`` against the records ``rules`` (and ``watched``,
     the job's watch list) keep of ``lake``'s events (see the module docstring). ``in_flight``: lake
     objects read and decoding at once (0: twice ``processes``, at least 2). ``store_errors``: what
     the store's reads raise when it cannot be read. ``on_window(first, last, tally)`` after each
-    window.
+    window. ``decoders``: workers the caller keeps open (the audit job's, for its term); None:
+    ``processes`` of them for this audit.
 
     Raises:
         AuditError: the lake (a missing or unreadable object, no manifest) or the store cannot
@@ -83,11 +85,16 @@ async def audit_lake(
     if schema is None:
         raise AuditError(f"the lake {lake} has no manifest (.config.json): not a lake, or not written yet")
     flight = in_flight or max(2, 2 * processes)
-    async with open_decoders(processes) as decoders:
+    if decoders is not None:
         expect = functools.partial(_lake_window, lake, schema, decoders, rules, flight)
         return await audit_windows(
             expect, store, job, first, last, watched=watched, window=window, store_errors=store_errors,
             on_window=on_window,
+        )  # fmt: skip
+    async with open_decoders(processes) as opened:
+        return await audit_lake(
+            lake, rules, store, job, first, last, watched=watched, processes=processes, window=window,
+            in_flight=in_flight, store_errors=store_errors, on_window=on_window, decoders=opened,
         )  # fmt: skip
 
 

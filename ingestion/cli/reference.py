@@ -99,6 +99,15 @@ DEPLOYMENT_MEANING = (
 )
 # Keys of the application's own job features, beside the lease store's (same hash tag)
 APP_KEY_MEANINGS: dict[str, tuple[str, str]] = {
+    "audited": (
+        "hash", "an audit job's progress (RELIABILITY.md, \"The audit job\"): `audited_through` (the "
+        "last ledger it checked against the lake), `audits` (the audited job), `token`; written fenced",
+    ),
+    "findings": (
+        "stream", "an audit job's findings, the last 10,000 or so: `event` (`audit-finding`), `node`, "
+        "`token`, `audits`, `first`, `last` (the window), `kind` (missing, extra, duplicated, "
+        "differing), `id`, `detail`; written fenced",
+    ),
     "endpoint": (
         "hash", "a webhook job's endpoint state: disabled (410 Gone, `disabled_at_redis_ms`), "
         "`paused`, the failing record, attempts; the requests' marks (`controls_done`, `replays_done`) and "
@@ -310,16 +319,17 @@ def redis_section() -> Iterator[str]:
     from ingestion.node.claim import instance_key
 
     yield f"| {cell(code(instance_key('ID')))} | {cell('string, PX expiry')} | {cell(CLAIM_MEANING)} |"
+    from ingestion.audit.job import audit_keys
     from ingestion.backfill.plan import backfill_key
     from ingestion.events.watch_redis import watch_keys
     from ingestion.webhook.source import webhook_keys
 
     watched = watch_keys("J")
     app = {**webhook_keys("J"), "watch": watched["watch"], "watch:version": watched["version"],
-           "watch:editing": watched["editing"], "backfill": backfill_key("J")}  # fmt: skip
+           "watch:editing": watched["editing"], "backfill": backfill_key("J"), **audit_keys("J")}  # fmt: skip
     yield ""
     yield ("The application's own, for job `J` (`ingestion/webhook/source.py`, `ingestion/events/watch.py`, "
-           "`ingestion/backfill/plan.py`):")  # fmt: skip
+           "`ingestion/backfill/plan.py`, `ingestion/audit/job.py`):")  # fmt: skip
     yield ""
     yield from _key_table(app, APP_KEY_MEANINGS)
 
@@ -437,6 +447,10 @@ def metric_families() -> list[tuple[str, str, list[str], str]]:
 
     metrics = NodeMetrics(observer, clock=lambda: 0.0, stream_info={"J": stream}, ttl=1.0)
     metrics.registry.register(WebhookCollector({"J": WebhookStats(state="ok", dead_letters_held=0)}))
+    from ingestion.audit.job import AuditStats
+    from ingestion.audit.metrics import AuditCollector
+
+    metrics.registry.register(AuditCollector({"J": AuditStats(ledger=1)}))  # the audit jobs'
     plan = Plan("J", 1, 100, 2)
     progress = range_states(plan, ["10", None], [False, False], ["n", ""])
     metrics.registry.register(BackfillCollector(lambda: {"J": Snapshot(progress, 10)}, "n"))

@@ -118,6 +118,14 @@ def resolve_jobs(
             secret = (secrets or {}).get(name.upper().replace("-", "_"))
             jobs.append(_webhook_job(name, given, tables, v, secret, problems))
             continue
+        if kind == "audit":
+            if eq:
+                problems.append(f"node.job: {entry!r}: an audit job takes no resource")
+            jobs.append(_audit_job(name, given, problems))
+            continue
+        audit_only = sorted(k for k in given if k in AUDIT_KEYS)
+        if audit_only:
+            problems.append(f"jobs.{name}: {', '.join(audit_only)} apply to audit jobs only")
         webhook_only = sorted(k for k in given if k in WEBHOOK_KEYS)
         if webhook_only:
             problems.append(f"jobs.{name}: {', '.join(webhook_only)} apply to webhook jobs only")
@@ -132,8 +140,57 @@ def resolve_jobs(
         if period <= 0:
             problems.append(f"jobs.{name}.period_ms: must be positive, got {period}")
         jobs.append(JobSettings(name, kind, "", "0", (), action, period))
-    resolved = [j if j.kind == "webhook" else _with_sink(j, tables, v["sink"]["url"], problems) for j in jobs]
+    resolved = [
+        j if j.kind in ("webhook", "audit") else _with_sink(j, tables, v["sink"]["url"], problems)
+        for j in jobs
+    ]
+    _check_audits(resolved, v["rpc"]["lake"], problems)
     return tuple(_with_api_projector(resolved, v, seen, problems))
+
+
+AUDIT_KEYS = ("audits", "every_ms", "window")
+
+
+def _audit_job(name: str, given: Mapping[str, Any], problems: list[str]) -> JobSettings:
+    """An audit job from its table (its audited job is checked once every job is resolved)."""
+    where = f"jobs.{name}"
+    for key in sorted(given):
+        if key not in ("kind", "audits", "lake", "every_ms", "window"):
+            problems.append(f"{where}.{key}: does not apply to an audit job")
+    every, window = given.get("every_ms", 10_000), given.get("window", 64)
+    for key, value in (("every_ms", every), ("window", window)):
+        if value < 1:
+            problems.append(f"{where}.{key}: must be at least 1, got {value}")
+    lake = given.get("lake", "")
+    if lake:
+        from ingestion.lake.store import check_lake_url
+
+        problem = check_lake_url(lake)
+        if problem:
+            problems.append(f"{where}.lake: {problem}")
+    return JobSettings(
+        name, "audit", "", "0", (), period_ms=every, lake_url=lake, audits=given.get("audits", ""),
+        audit_window=window,
+    )  # fmt: skip
+
+
+def _check_audits(jobs: list[JobSettings], rpc_lake: str, problems: list[str]) -> None:
+    """Each audit job names an rpc or lake job of these jobs, and has a lake to read."""
+    by_name = {j.name: j for j in jobs}
+    for job in jobs:
+        if job.kind != "audit":
+            continue
+        audited = by_name.get(job.audits)
+        if audited is None or audited.kind not in ("rpc", "lake"):
+            what = "no job of this configuration" if audited is None else f"a {audited.kind} job"
+            problems.append(
+                f"jobs.{job.name}.audits: must name an rpc or lake job of this configuration, "
+                f"got {job.audits!r} ({what})"
+            )
+        elif not (job.lake_url or (audited.lake_url if audited.kind == "lake" else rpc_lake)):
+            problems.append(
+                f"jobs.{job.name}.lake: {job.audits} is an rpc job: give the lake to audit against"
+            )
 
 
 API_PROJECTOR_ACTION = "ingestion.api.projector:project"  # (built from the settings by the node)

@@ -59,6 +59,13 @@ def sample_toml() -> str:
         '# kind = "scheduled"',
         '# action = "ingestion.jobs:heartbeat"',
         "# period_ms = 60000",
+        "#",
+        "# [jobs.transfers-audit]  # transfers' store against the lake, behind its watermark",
+        '# kind = "audit"',
+        '# audits = "transfers"',
+        '# lake = "s3://BUCKET/PREFIX"  # (default: the audited job\'s lake, or rpc.lake)',
+        "# every_ms = 10000",
+        "# window = 64",
         "",
     ]
     return "\n".join(lines)

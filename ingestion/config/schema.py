@@ -358,13 +358,14 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 # job name, for the jobs' resolution to match with their tables.
 JOB_SECRETS = "_job_secrets"
 
-JOB_KINDS = ("horizon", "rpc", "lake", "scheduled", "webhook")
+JOB_KINDS = ("horizon", "rpc", "lake", "scheduled", "webhook", "audit")
 # A [jobs.NAME] table: key -> (type, help). Missing keys take the [horizon] (or [rpc]) settings.
 JOB_SCHEMA: dict[str, tuple[type | str, str]] = {
     "kind": (
         str,
         "horizon (ingest a Horizon collection), rpc (Stellar RPC contract events), lake (the same "
-        "events from a data lake) or scheduled (run an action periodically); default: node.source",
+        "events from a data lake), scheduled (run an action periodically), webhook or audit (check "
+        "another job's store against the lake behind its watermark); default: node.source",
     ),
     "resource": (str, "the Horizon collection (default: horizon.resource)"),
     "start_cursor": (
@@ -374,12 +375,19 @@ JOB_SCHEMA: dict[str, tuple[type | str, str]] = {
     ),
     "horizon": ("list[str]", "Horizon base URLs for this job (default: horizon.urls)"),
     "rpc": ("list[str]", "rpc: Stellar RPC URLs for this job (default: rpc.urls)"),
-    "lake": (str, "lake: the data lake of this job (default: lake.url)"),
+    "lake": (
+        str,
+        "lake: the data lake of this job (default: lake.url); audit: the lake to check against "
+        "(default: the audited job's lake, or rpc.lake)",
+    ),
     "event_type": (str, "rpc, lake: contract, system or empty (default: rpc.event_type)"),
     "contract_ids": ("list[str]", "rpc, lake: contract ids to follow (default: rpc.contract_ids)"),
     "topics": ("list[str]", "rpc, lake: topics, each SEG[,SEG...] (default: rpc.topics)"),
     "action": (str, "scheduled: the action to run, module:function (async (run, term) -> dict)"),
     "period_ms": (int, "scheduled: ms between the end of a run and the start of the next"),
+    "audits": (str, "audit: the rpc or lake job whose store is checked against the lake"),
+    "every_ms": (int, "audit: ms between the end of a step and the start of the next (default 10000)"),
+    "window": (int, "audit: ledgers checked per step, at most (default 64)"),
     "sink": (str, "where this job's records and cursor go (default: sink.url)"),
     "network": (
         str,

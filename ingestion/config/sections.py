@@ -87,6 +87,10 @@ class JobSettings:
     last_ledger: int = 0
     # horizon, rpc, lake: the network's passphrase ("": the one its first term records)
     network: str = ""
+    # audit (ingestion/audit/job.py): the audited job (an rpc or lake job of this configuration)
+    # and the ledgers checked per step; its lake is lake_url, its pace period_ms
+    audits: str = ""
+    audit_window: int = 0
 
     @property
     def watching(self) -> bool:

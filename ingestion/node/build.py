@@ -87,6 +87,13 @@ def _raw_source(settings: Settings, job: JobSettings, store: LeaseStore | None) 
         if store is None:
             raise ValueError("a webhook job's source needs its lease store")
         return build_webhook_source(settings, job, store)
+    if job.kind == "audit":  # ingestion/audit/job.py: the lake against another job's store
+        from ingestion.audit.job import AuditJob, build_audit_step
+
+        step = build_audit_step(
+            settings, job, store if store is not None else build_store(settings, job.name)
+        )
+        return AuditJob(step, period=job.period_ms / 1000, processes=settings.lake.decode_processes)
     if job.kind == "scheduled":
         if job.action == API_PROJECTOR_ACTION:  # the events API's projector: built from the settings
             from ingestion.api.projector import projector_action
@@ -161,6 +168,8 @@ def _job_summary(job: JobSettings) -> dict[str, Any]:
     if job.kind == "webhook" and job.webhook is not None:
         hook = job.webhook
         return {"job": job.name, "kind": job.kind, "from": hook.source_job, "url": redact_url(hook.url)}
+    if job.kind == "audit":
+        return {"job": job.name, "kind": job.kind, "audits": job.audits, "lake": job.lake_url or None}
     return {"job": job.name, "kind": job.kind, "action": job.action}
 
 

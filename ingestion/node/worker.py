@@ -416,6 +416,16 @@ def _webhook_figures(runs: Sequence[JobRun]) -> dict[str, Callable[[], dict[str,
     return {r.store.job: figures(r.source) for r in runs if isinstance(r.source, WebhookSource)}
 
 
+def audit_stats(runs: Sequence[JobRun]) -> dict[str, Any]:
+    """job -> the stats of each audit job among ``runs`` (ingestion/audit/job.py: their metrics)."""
+    from ingestion.audit.job import AuditStep
+
+    return {
+        r.store.job: step.stats for r in runs
+        if isinstance(step := getattr(r.source, "action", None), AuditStep)
+    }  # fmt: skip
+
+
 def _able(handle: JobsHandle, job: str) -> frozenset[str] | None:
     """The other nodes able to lead ``job`` as its source watch sees them (None: no watch)."""
     hosted = handle.handles.get(job)
@@ -487,6 +497,11 @@ async def _start_endpoints(
         readers = {job: store.events_info for job, store in stores.items()}
         hooks = {r.store.job: r.source.stats for r in runs if isinstance(r.source, WebhookSource)}
         collectors: list[Collector] = [WebhookCollector(hooks)] if hooks else []
+        audits = audit_stats(runs)
+        if audits:
+            from ingestion.audit.metrics import AuditCollector
+
+            collectors.append(AuditCollector(audits))
         collectors += api_collectors
         if backfills is not None and backfills.hosted:
             from ingestion.backfill.metrics import BackfillCollector

@@ -52,6 +52,9 @@ def test_every_redis_key_and_metric_is_listed() -> None:
     assert labels["ingestion_consumer_group_lag_entries"] == ["ingestion_job", "group"]
     # the webhook jobs' own collector (deploy/prometheus and deploy/grafana query these)
     assert labels["ingestion_webhook_delivered_total"] == ["ingestion_job"]
+    # the audit jobs' (ingestion/audit/metrics.py; deploy/prometheus alerts on the findings)
+    assert labels["ingestion_audit_ledger"] == ["ingestion_job"]
+    assert labels["ingestion_audit_findings_total"] == ["ingestion_job", "kind"]
     assert labels["ingestion_webhook_attempts_total"] == ["ingestion_job", "outcome"]
     assert labels["ingestion_webhook_dead_letters_total"] == ["ingestion_job"]
     assert labels["ingestion_webhook_lag_seconds"] == ["ingestion_job"]

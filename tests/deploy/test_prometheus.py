@@ -23,6 +23,7 @@ REQUIRED = {
     "IngestionDecodeErrors",  # issue 49: records committed with decodeError
     "IngestionApiErrors",  # issue 48: the events API failing its requests (-32603)
     "IngestionApiSlow",  # issue 48: getEvents' p99 far over its target
+    "IngestionAuditFindings",  # issue 49: an audit job found the store unlike the lake
 }
 
 
