@@ -88,6 +88,7 @@ class AuditStep:
     window: int
     stats: AuditStats = attrs.Factory(AuditStats)
     decoders: Any = None  # the term's decode workers (AuditJob), else each step opens its own
+    watch: Any = None  # the audited job's watch list (a WatchSource, built by the node), or None
 
     async def __call__(self, run: int, term: TermContext) -> dict[str, Any]:
         keys = audit_keys(self.name)
@@ -153,10 +154,8 @@ class AuditStep:
         from ingestion.audit.store import PostgresRows, RedisRows
         from ingestion.events.stage import rule_for
         from ingestion.events.watch import WatchUnavailable
-        from ingestion.node.build import watch_source
-
         job = self.audited
-        watch = watch_source(self.settings, job, self.store)
+        watch = self.watch
         _rule, changes = rule_for(job.kind, job.resource, names=watch is not None)
         rules = Rules(job.rpc_filters(), decode=job.decode and changes, names=watch is not None)
         rows: PostgresRows | RedisRows
@@ -233,8 +232,9 @@ class AuditJob(ScheduledJob):
                 step.stats.ledger = None  # the gauge is the leader's: the next leader says
 
 
-def build_audit_step(settings: Any, job: Any, store: LeaseStore) -> AuditStep:
-    """The step of the audit job ``job`` (its audited job, its lake) on ``store``.
+def build_audit_step(settings: Any, job: Any, store: LeaseStore, watch: Any = None) -> AuditStep:
+    """The step of the audit job ``job`` (its audited job, its lake, ``watch`` its watch list) on
+    ``store``.
 
     Raises:
         ValueError: the audited job is not one of the configuration, or the lake URL is not one.
@@ -246,4 +246,4 @@ def build_audit_step(settings: Any, job: Any, store: LeaseStore) -> AuditStep:
         raise ValueError(f"the audited job {job.audits!r} is not in this configuration")
     url = job.lake_url or (audited.lake_url if audited.kind == "lake" else settings.rpc.lake)
     lake = open_lake(url, settings.lake.endpoint_url)
-    return AuditStep(job.name, settings, audited, store, lake, job.audit_window)
+    return AuditStep(job.name, settings, audited, store, lake, job.audit_window, watch=watch)

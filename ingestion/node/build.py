@@ -90,9 +90,10 @@ def _raw_source(settings: Settings, job: JobSettings, store: LeaseStore | None) 
     if job.kind == "audit":  # ingestion/audit/job.py: the lake against another job's store
         from ingestion.audit.job import AuditJob, build_audit_step
 
-        step = build_audit_step(
-            settings, job, store if store is not None else build_store(settings, job.name)
-        )
+        store = store if store is not None else build_store(settings, job.name)
+        audited = next((j for j in settings.jobs if j.name == job.audits), None)
+        watch = watch_source(settings, audited, store) if audited is not None else None
+        step = build_audit_step(settings, job, store, watch)
         return AuditJob(step, period=job.period_ms / 1000, processes=settings.lake.decode_processes)
     if job.kind == "scheduled":
         if job.action == API_PROJECTOR_ACTION:  # the events API's projector: built from the settings

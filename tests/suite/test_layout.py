@@ -94,7 +94,7 @@ ALLOWED: dict[str, set[str]] = {
     "api": {"runtime", "shared", "rpc-wire", "events", "config", "postgres", "api"},
     "node": {
         "runtime", *SOURCES, "config", "postgres", "serve", "webhook", "webhook-rules", "events", "backfill",
-        "api", "node",
+        "api", "audit", "node",
     },
     # (the console shows webhook jobs' endpoints and asks their leaders, through webhook.admin)
     "serve": {"runtime", "shared", "entry", "webhook", "serve"},
