@@ -129,9 +129,11 @@ class NetworkGuard:
         async with self.inner.stream(cursor) as batches, trio.open_nursery() as nursery:
             nursery.start_soon(self._forward, batches, send, handed)
             nursery.start_soon(self._watch, current_term.get(), judge, handed, ledger_of(cursor))
-            with receive:
+            try:
                 yield receive
-            nursery.cancel_scope.cancel()
+            finally:  # (the forwarder stopped before the channel closes: never a BrokenResourceError)
+                nursery.cancel_scope.cancel()
+                receive.close()
 
     async def _connect(self) -> None:
         """On connect (each term, once): the reset mark, the passphrases, the kept hash."""
@@ -167,7 +169,10 @@ class NetworkGuard:
                     batch = attrs.evolve(batch, committed=trio.Event())
                 assert batch.committed is not None
                 handed.append((ledger_of(batch.cursor), batch.committed))
-                await send.send(batch)
+                try:
+                    await send.send(batch)
+                except trio.BrokenResourceError:
+                    return  # the term's reader has gone (its term is ending): nothing to forward to
 
     async def _watch(
         self, term: TermContext, judge: ResetJudge, handed: deque[tuple[int | None, trio.Event]],
