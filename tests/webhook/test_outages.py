@@ -66,14 +66,15 @@ async def test_the_receiver_catches_up_within_seconds_of_each_fault_with_the_def
             await wait_until(lambda: hook_leader(cluster.client, hook) is not None, 20, what="a deliverer")
             await receiver.wait_for(50, 30)
 
-            victim = hook_leader(cluster.client, hook)  # the deliverer SIGKILLed
-            assert victim is not None
+            victim = await wait_until(lambda: hook_leader(cluster.client, hook), 20, what="a deliverer")
+            # (that deliverer SIGKILLed)
             await cluster.kill(victim)
             took["sigkill"] = await catch_up(cluster, receiver, job)
             await cluster.start_node(victim, extra=extra)
 
-            victim = hook_leader(cluster.client, hook)  # the deliverer paused past its TTL
-            assert victim is not None
+            # the deliverer paused past its TTL (the restarted node may be taking its share back
+            # this moment: a lease handed back is free for an instant)
+            victim = await wait_until(lambda: hook_leader(cluster.client, hook), 20, what="a deliverer")
             cluster.signal(victim, signal.SIGSTOP)
             await wait_until(lambda: hook_leader(cluster.client, hook) not in (None, victim), 20,
                              what="a deliverer instead of the paused one")  # fmt: skip
