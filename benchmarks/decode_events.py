@@ -1,4 +1,4 @@
-"""Microseconds per event of :func:`ingestion.events.decoded.decode_event_text` (not a test).
+"""Microseconds per event of :func:`ingestion.decode.decoded.decode_event_text` (not a test).
 
 ``python -m benchmarks.decode_events``: a typical SAC transfer event (4 topics, an i128 amount)
 with warm caches, the same with a new amount every event (the value's cache misses, as in a real
@@ -15,8 +15,8 @@ from collections.abc import Callable
 import orjson
 from stellar_sdk import Keypair, scval, xdr
 
-from ingestion.events import decoded
-from ingestion.events.decoded import decode_event_text
+from ingestion.decode import decoded
+from ingestion.decode.decoded import decode_event_text
 from ingestion.lake.events import ledger_events
 from ingestion.testing import recorded
 

@@ -23,8 +23,8 @@ from typing import Any
 
 from benchmarks import rpc
 from benchmarks.lake import pubnet_objects
-from ingestion.events.decoded import decode_event_text
-from ingestion.events.payments import payment_record_text
+from ingestion.decode.decoded import decode_event_text
+from ingestion.decode.payments import payment_record_text
 from ingestion.lake.events import object_events
 from ingestion.testing import recorded
 from ingestion.testing.local_redis import LocalRedis

@@ -38,12 +38,13 @@ import trio
 from benchmarks.procs import memory_kib
 from benchmarks.rpc import RpcSimulator, _cursor
 from ingestion.common.strkey import encode_account
-from ingestion.events import watch, watch_redis
-from ingestion.events.decoded import decode_event_text
+from ingestion.decode.decoded import decode_event_text
 from ingestion.rpc.protocol import Cursor
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.processes import NodeProcess
 from ingestion.verify import fetch_lake_events, fetch_rpc_events
+from ingestion.watchlist import edits as watch_redis
+from ingestion.watchlist import lists as watch
 
 
 def _addresses(record: Any) -> tuple[str, ...]:

@@ -29,9 +29,9 @@ import redis
 import trio
 
 from ingestion.common.strkey import encode_account
-from ingestion.events.watch import EMPTY, FileWatch, WatchList
-from ingestion.events.watch_redis import RedisWatch, watch_keys
 from ingestion.testing.local_redis import LocalRedis
+from ingestion.watchlist.edits import RedisWatch, watch_keys
+from ingestion.watchlist.lists import EMPTY, FileWatch, WatchList
 
 JOB = "bench-watch"
 

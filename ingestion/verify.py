@@ -238,7 +238,7 @@ def _derived_right(body: Any, expected: Any) -> bool:
     want = {k: expected[k] for k in DERIVED if k in expected}
     if want or not have:
         return have == want
-    from ingestion.events.stage import rule_for
+    from ingestion.decode.stage import rule_for
 
     kind = "rpc" if "contractId" in expected and "ledger" in expected else "horizon"
     rule, _ = rule_for(kind)
@@ -560,7 +560,7 @@ async def as_committed(job: Any, source: list[SourceRecord], watch: Any = None) 
 
     A list edited while the job ran (``watch_set``, ``watch_file``) is checked as it stands now:
     records committed under an earlier version of it show as differences."""
-    from ingestion.events.stage import rule_for
+    from ingestion.decode.stage import rule_for
 
     rule, changes = rule_for(job.kind, getattr(job, "resource", ""))
     decode = changes and getattr(job, "decode", True)

@@ -204,7 +204,7 @@ def json_format(record: str) -> bytes:
     Raises:
         RpcError: INTERNAL_ERROR, a stored ScVal that does not decode.
     """
-    from ingestion.events.scval import ScValError, from_base64
+    from ingestion.decode.scval import ScValError, from_base64
 
     cut = record.find(',"topic":')
     if cut < 0:

@@ -3,9 +3,9 @@ decode workers, :meth:`ingestion.lake.decoding.Decoders.run`).
 
 A lake job's records are the lake's events (:func:`ingestion.lake.events.object_events`: ids and
 JSON exactly as Stellar RPC serves them) that match the job's ``getEvents`` filters, each passed
-through the job's rule (:func:`ingestion.events.decoded.decode_event_text`: decoded fields added,
+through the job's rule (:func:`ingestion.decode.decoded.decode_event_text`: decoded fields added,
 and the addresses it names) and kept when the job's watch list names one of them: the same pure
-rules the node's events stage applies (:mod:`ingestion.events.stage`), applied here to the source
+rules the node's events stage applies (:mod:`ingestion.decode.stage`), applied here to the source
 read again, not to anything the node wrote. An RPC job's records are the same events (the lake is
 RPC's history), so the same expectation holds for it.
 """
@@ -42,7 +42,7 @@ def object_expectation(
         LakeFormatError: the object cannot be read.
     """
     if rules.decode or rules.names:
-        from ingestion.events.decoded import decode_event_text
+        from ingestion.decode.decoded import decode_event_text
     held: list[int] = []
     out: list[Expected] = []
     for ledger in object_events(data):

@@ -3,7 +3,7 @@
 :func:`rpc_expectation` pages ``getEvents`` from ``first`` with the job's filters (a deliberately
 plain client, like ``verify``'s: not the node's follower) until the RPC has scanned through
 ``last``, and turns each event into the job's record as the node does: its JSON as the RPC source
-commits it (``ingestion/rpc/core.py``), then the job's rule (decoding, the addresses for its watch
+commits it (``ingestion/rpc/follower.py``), then the job's rule (decoding, the addresses for its watch
 list). Ledgers outside the RPC's window (older than it keeps, or past its latest) cannot be
 audited from it: :class:`~ingestion.audit.runner.AuditError` says so (the lake can).
 """
@@ -32,7 +32,7 @@ async def rpc_expectation(url: str, rules: Rules, first: int, last: int) -> list
             those ledgers.
     """
     if rules.decode or rules.names:
-        from ingestion.events.decoded import decode_event_text
+        from ingestion.decode.decoded import decode_event_text
     filters = [f.to_json() for f in rules.filters]
     out: list[Expected] = []
     scanned: Cursor | None = None

@@ -152,8 +152,8 @@ class AuditStep:
         from ingestion.audit.expect import Rules
         from ingestion.audit.runner import AuditError, audit_lake
         from ingestion.audit.store import PostgresRows, RedisRows
-        from ingestion.events.stage import rule_for
-        from ingestion.events.watch import WatchUnavailable
+        from ingestion.decode.stage import rule_for
+        from ingestion.watchlist.lists import WatchUnavailable
         job = self.audited
         watch = self.watch
         _rule, changes = rule_for(job.kind, job.resource, names=watch is not None)

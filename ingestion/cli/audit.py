@@ -116,9 +116,9 @@ def _audit(ns: argparse.Namespace, settings: Any, job: Any, lake: Any, processes
     from ingestion.audit.from_rpc import rpc_expectation
     from ingestion.audit.runner import AuditError, audit_lake, audit_windows
     from ingestion.audit.store import PostgresRows, RedisRows
-    from ingestion.events.stage import rule_for
-    from ingestion.events.watch import WatchUnavailable
+    from ingestion.decode.stage import rule_for
     from ingestion.node.build import watch_source
+    from ingestion.watchlist.lists import WatchUnavailable
 
     client = None
     store: PostgresRows | RedisRows

@@ -321,15 +321,16 @@ def redis_section() -> Iterator[str]:
     yield f"| {cell(code(instance_key('ID')))} | {cell('string, PX expiry')} | {cell(CLAIM_MEANING)} |"
     from ingestion.audit.job import audit_keys
     from ingestion.backfill.plan import backfill_key
-    from ingestion.events.watch_redis import watch_keys
+    from ingestion.watchlist.edits import watch_keys
     from ingestion.webhook.source import webhook_keys
 
     watched = watch_keys("J")
     app = {**webhook_keys("J"), "watch": watched["watch"], "watch:version": watched["version"],
            "watch:editing": watched["editing"], "backfill": backfill_key("J"), **audit_keys("J")}  # fmt: skip
     yield ""
-    yield ("The application's own, for job `J` (`ingestion/webhook/source.py`, `ingestion/events/watch.py`, "
-           "`ingestion/backfill/plan.py`, `ingestion/audit/job.py`):")  # fmt: skip
+    yield ("The application's own, for job `J` (`ingestion/webhook/source.py`, "
+           "`ingestion/watchlist/edits.py`, `ingestion/backfill/plan.py`, "
+           "`ingestion/audit/job.py`):")  # fmt: skip
     yield ""
     yield from _key_table(app, APP_KEY_MEANINGS)
 

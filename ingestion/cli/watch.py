@@ -11,7 +11,7 @@ keeps each node's latest status, and prints:
 
 A node is shown as connecting until it first answers or a connection to it first fails; one that
 goes away is shown as down and reconnected with backoff; when it comes back its fresh status is
-shown. :class:`ClusterView` is the I/O-free core (messages in, lines out); the trio part
+shown. :class:`WatchScreen` is the I/O-free core (messages in, lines out); the trio part
 only moves messages.
 """
 
@@ -73,14 +73,14 @@ class NodeView:
 
 
 @attrs.define
-class ClusterView:
+class WatchScreen:
     """The cluster as the watcher sees it. Every method returns the lines to print."""
 
     nodes: dict[str, NodeView]
     _shape: str = ""
 
     @classmethod
-    def of(cls, urls: Sequence[str]) -> ClusterView:
+    def of(cls, urls: Sequence[str]) -> WatchScreen:
         return cls({u: NodeView(u) for u in urls})
 
     def connected(self, url: str) -> list[str]:
@@ -254,7 +254,7 @@ def _only_connection_errors(group: BaseExceptionGroup[Any]) -> bool:
 
 
 async def follow(
-    url: str, view: ClusterView, emit: Callable[[list[str]], None], *,
+    url: str, view: WatchScreen, emit: Callable[[list[str]], None], *,
     retry_base: float = RETRY_BASE, retry_cap: float = RETRY_CAP,
 ) -> None:  # fmt: skip
     """Follow one node forever: connect, feed its messages to ``view``, reconnect with backoff."""
@@ -296,10 +296,10 @@ async def watch(
     *,
     table: bool = False,
     duration: float = math.inf,
-    task_status: trio.TaskStatus[ClusterView] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[WatchScreen] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Watch ``urls`` until cancelled (or for ``duration`` seconds), writing to ``out``."""
-    view = ClusterView.of(urls)
+    view = WatchScreen.of(urls)
 
     def emit(lines: list[str]) -> None:
         if not table:

@@ -6,7 +6,7 @@ reloads the set when it moved: an edit applies from the next batch on, with no r
 Addresses are checked (strkey, checksum) before anything is written: a bad one is named and
 nothing of that command is written. Large lists go in from a file (``--file``, one address a
 line, ``#`` comments), in short commands (Redis goes on serving the nodes' leases between them),
-and the version moves once, after the last (:func:`ingestion.events.watch_redis.add`). An edit cut off
+and the version moves once, after the last (:func:`ingestion.watchlist.edits.add`). An edit cut off
 midway (Redis lost, Ctrl-C) has told no node: run it again, which completes it.
 
 A job that neither the configuration nor Redis knows is refused (one line naming the known
@@ -54,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _addresses(ns: argparse.Namespace) -> list[str]:
-    from ingestion.events.addresses import address_problem
+    from ingestion.watchlist.addresses import address_problem
 
     given = [(a, "argument") for a in ns.addresses]
     if ns.file is not None:
@@ -77,7 +77,7 @@ def _addresses(ns: argparse.Namespace) -> list[str]:
 
 def main(argv: Sequence[str]) -> int:
     from ingestion.config import load
-    from ingestion.events import watch_redis
+    from ingestion.watchlist import edits as watch_redis
 
     ns = parser().parse_args(list(argv))
     if ns.action is None:

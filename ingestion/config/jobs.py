@@ -234,7 +234,7 @@ def _with_network(job: JobSettings, given: Mapping[str, Any], network: Mapping[s
 def _with_events(job: JobSettings, given: Mapping[str, Any], problems: list[str]) -> JobSettings:
     """The job with its decoding and watch-list settings, the inline list's addresses checked (a
     file's are checked when the node loads it: it may change while the node runs)."""
-    from ingestion.events.addresses import address_problem
+    from ingestion.watchlist.addresses import address_problem
 
     where = f"jobs.{job.name}"
     watch = tuple(a.strip() for a in given.get("watch", ()))

@@ -18,7 +18,7 @@ I/O:
 
 - :mod:`ingestion.horizon.exchange`: what every request shares (rate pacing, page requests,
   failures, logging the follower's decisions).
-- :mod:`ingestion.horizon.watch`: reading roots, the staleness watcher.
+- :mod:`ingestion.horizon.roots`: reading roots, the staleness watcher.
 - :mod:`ingestion.horizon.overlapped`: the overlapped catch-up.
 - :mod:`ingestion.horizon.streaming`: following the SSE stream.
 - :mod:`ingestion.horizon.source`: :class:`~ingestion.horizon.source.HorizonSource`, composing them.

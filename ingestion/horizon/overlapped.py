@@ -16,7 +16,7 @@ from ingestion.horizon.exchange import Requester, failed, get_page, malformed
 from ingestion.horizon.failures import Failure
 from ingestion.horizon.follower import HorizonFollower, PageRequest
 from ingestion.horizon.health import RootInfo
-from ingestion.horizon.watch import read_root
+from ingestion.horizon.roots import read_root
 
 log = structlog.get_logger()
 

@@ -8,7 +8,7 @@ stream, across reconnects, retries and failover between several Horizon URLs. Ev
 every wait, and logs. It composes the I/O modules beside it: :mod:`~ingestion.horizon.exchange`
 (what every request shares: rate pacing, failures, logging the follower's decisions),
 :mod:`~ingestion.horizon.overlapped` (overlapped catch-up), :mod:`~ingestion.horizon.streaming`
-(following the stream) and :mod:`~ingestion.horizon.watch` (roots and staleness); the probe, the
+(following the stream) and :mod:`~ingestion.horizon.roots` (roots and staleness); the probe, the
 ``now`` lookup, the pump, sequential paging and the history check are here.
 
 Shape of ``stream(cursor)``: one pump task owns the follower and the HTTP client and sends
@@ -59,8 +59,8 @@ from ingestion.horizon.follower import HorizonFollower, Mode, PageRequest
 from ingestion.horizon.health import RatePacer, RootInfo, cursor_ledger, history_gap
 from ingestion.horizon.overlapped import overlapped
 from ingestion.horizon.resources import MAX_PAGE_LIMIT, STREAM_LIMIT, check_resource, split_resource
+from ingestion.horizon.roots import Switch, network_looks, watch_staleness
 from ingestion.horizon.streaming import follow_stream
-from ingestion.horizon.watch import Switch, network_looks, watch_staleness
 
 log = structlog.get_logger()
 

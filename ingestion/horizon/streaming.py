@@ -20,7 +20,7 @@ from ingestion.horizon.failures import Failure
 from ingestion.horizon.follower import HorizonFollower, StreamRequest, StreamSignal
 from ingestion.horizon.health import RatePacer
 from ingestion.horizon.pages import Malformed
-from ingestion.horizon.watch import Switch
+from ingestion.horizon.roots import Switch
 
 log = structlog.get_logger()
 

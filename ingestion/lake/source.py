@@ -3,7 +3,7 @@
 :class:`LakeSource` reads one object after another (:mod:`~ingestion.lake.store`: a directory or S3),
 decodes each in a worker process (:mod:`~ingestion.lake.decoding`, running
 :func:`~ingestion.lake.events.object_events`: zstd, XDR, the events with RPC's ids) and leaves
-every decision to the I/O-free :class:`~ingestion.lake.core.LakeFollower`. The ids, filters and
+every decision to the I/O-free :class:`~ingestion.lake.follower.LakeFollower`. The ids, filters and
 cursors are RPC's, so a lake job's stream is what an RPC job with the same filters would have
 written, event for event (see ``events.py`` for the one divergence, ledgers before protocol 23).
 
@@ -31,9 +31,9 @@ from ingestion.common.gaps import record_history_gap
 from ingestion.common.http import describe
 from ingestion.common.network import SourceLook
 from ingestion.common.retry import RetryPolicy
-from ingestion.lake.core import LakeFollower
 from ingestion.lake.decoding import DecoderDied, Decoders, open_decoders
 from ingestion.lake.events import LakeFormatError, LedgerEvents
+from ingestion.lake.follower import LakeFollower
 from ingestion.lake.keys import LakeSchema, ManifestError
 from ingestion.lake.store import LocalLake, S3Lake, open_lake
 from ingestion.rpc.protocol import Cursor, EventFilter, checked_filters

@@ -40,7 +40,7 @@ def build_source(
     settings: Settings, job: JobSettings | None = None, store: LeaseStore | None = None
 ) -> Source:
     """The source of ``job`` (default: the node's first job), behind the events stage when the job
-    decodes its records or watches a list (:mod:`ingestion.events.stage`); ``store`` (the job's)
+    decodes its records or watches a list (:mod:`ingestion.decode.stage`); ``store`` (the job's)
     lets the source write fenced audit entries (a skipped history gap) and holds the Redis the
     watch list of ``watch_set`` is read from.
 
@@ -55,7 +55,7 @@ def build_source(
         source = BoundedSource(source, job.last_ledger, store, job.name)
     if job.kind not in ("horizon", "rpc", "lake"):
         return source
-    from ingestion.events.stage import rule_for, stage_for
+    from ingestion.decode.stage import rule_for, stage_for
 
     watch = watch_source(settings, job, store)
     rule, changes = rule_for(job.kind, job.resource, names=watch is not None)
@@ -63,12 +63,13 @@ def build_source(
 
 
 def watch_source(settings: Settings, job: JobSettings, store: LeaseStore | None = None) -> Any:
-    """The job's watch list (:class:`ingestion.events.watch.WatchSource`), or None.
+    """The job's watch list (:class:`ingestion.watchlist.lists.WatchSource`), or None.
 
     Raises:
         ValueError: an address of the list (or of its file) is not one.
     """
-    from ingestion.events import watch, watch_redis
+    from ingestion.watchlist import edits as watch_redis
+    from ingestion.watchlist import lists as watch
 
     if job.watch:
         return watch.InlineWatch(job.watch)

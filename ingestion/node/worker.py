@@ -39,7 +39,7 @@ from actors.supervisor import JobRun, JobsHandle, NodeSpec, run_jobs
 from ingestion.backfill.runner import BackfillRunner
 from ingestion.common.gaps import history_gap_listener
 from ingestion.config import ConfigError, JobSettings, Settings, redact_url
-from ingestion.events.stage import decode_error_listener
+from ingestion.decode.stage import decode_error_listener
 from ingestion.node import stop_signals
 from ingestion.node.build import _job_summary, build_sink, build_source, build_store
 from ingestion.node.claim import NodeClaim

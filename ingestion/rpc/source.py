@@ -2,7 +2,7 @@
 
 :class:`RpcSource` follows contract events (``getEvents``) for a set of filters from a cursor, across
 retries and failover between several RPC URLs. Every decision is made by the I/O-free
-:class:`~ingestion.rpc.core.RpcFollower`; this module sends the requests, bounds every wait, logs,
+:class:`~ingestion.rpc.follower.RpcFollower`; this module sends the requests, bounds every wait, logs,
 and writes the audit entry of a skipped history gap.
 
 Shape of ``stream(cursor)``: a pump task owns the follower and the HTTP client and sends each
@@ -41,7 +41,7 @@ from ingestion.common.gaps import record_history_gap
 from ingestion.common.http import describe, source_urls, ssl_context
 from ingestion.common.network import SourceLook
 from ingestion.common.retry import RetryPolicy, parse_retry_after
-from ingestion.rpc.core import Note, Outcome, RpcFollower, parse_answer, read_events, request_body
+from ingestion.rpc.follower import Note, Outcome, RpcFollower, parse_answer, read_events, request_body
 from ingestion.rpc.protocol import Cursor, EventFilter, checked_filters
 
 log = structlog.get_logger()

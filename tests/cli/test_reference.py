@@ -33,7 +33,7 @@ def test_log_events_are_found_in_every_form_a_node_logs_them() -> None:
     events = reference.log_events()
     assert events["became-leader"]["levels"] == {"info"}  # self.log.info(...) in an actor
     assert "actors/cursor_writer.py" in events["fencing-token-rejected"]["where"]
-    assert "ingestion/rpc/core.py" in events["rpc-stale"]["where"]  # a pure core's Note(...)
+    assert "ingestion/rpc/follower.py" in events["rpc-stale"]["where"]  # a pure core's Note(...)
     assert {"url", "to_url"} <= events["rpc-stale"]["fields"]
     assert events["history-gap"]["levels"] == {"warning", "error"}
     assert "replication" not in events  # pipe.info("replication") is a Redis command, not a log

@@ -221,7 +221,7 @@ async def test_transfers_prints_one_line_per_transfer_and_skips_what_moves_nothi
 ) -> None:
     """``--transfers``: each record's transfer view (the events stage's, from a real payment
     record) as a tab-separated line; records that move nothing are skipped and not counted."""
-    from ingestion.events.payments import payment_record_text
+    from ingestion.decode.payments import payment_record_text
 
     g1 = "GC5LF63GRVIT5ZXXCXLPI3RX2YXKJQFZVBSAO6AUELN3YIMSWPD6Z6FH"
     g2 = "GAFK7XFZHMLSNV7OJTBO7BAIZA66X6QIBV5RMZZYXK4Q7ZSO52J5C3WQ"
@@ -255,7 +255,7 @@ async def test_transfers_of_a_webhook_jobs_dead_letters_are_those_of_the_records
 ) -> None:
     """A dead letter keeps the record it names under ``record`` (with ``webhook_id``, the
     attempts, ...): ``--transfers`` on the webhook job's stream shows that record's transfer."""
-    from ingestion.events.payments import payment_record_text
+    from ingestion.decode.payments import payment_record_text
     from ingestion.webhook.records import Stored
     from ingestion.webhook.source import Unit, _commit_batch
 

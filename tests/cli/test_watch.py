@@ -13,7 +13,7 @@ import trio
 from actors.observe import NodeObserver
 from actors.source import SyntheticSource
 from actors.supervisor import NodeHandle, NodeSpec, run_node
-from ingestion.cli.watch import ClusterView, describe_event, normalise_url, watch
+from ingestion.cli.watch import WatchScreen, describe_event, normalise_url, watch
 from ingestion.serve.status import serve_status
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.tcp_proxy import TcpProxy
@@ -107,7 +107,7 @@ async def test_watch_shows_the_leader_the_standby_a_failover_and_a_node_coming_b
 
 
 def test_view_flags_two_nodes_that_both_claim_to_lead() -> None:
-    view = ClusterView.of(["ws://x/", "ws://y/"])
+    view = WatchScreen.of(["ws://x/", "ws://y/"])
     for url, node, token in (("ws://x/", "x", 1), ("ws://y/", "y", 2)):
         view.connected(url)
         view.message(url, {"type": "status", "node": node, "role": "leader", "token": token})
@@ -118,7 +118,7 @@ def test_view_flags_two_nodes_that_both_claim_to_lead() -> None:
 
 def test_a_node_not_yet_answered_is_connecting_not_down() -> None:
     """Live nodes used to show as down until watch had connected to them."""
-    view = ClusterView.of(["ws://x/", "ws://y/"])
+    view = WatchScreen.of(["ws://x/", "ws://y/"])
     assert view.summary() == "cluster  leader: none | standby: none | connecting: ws://x/, ws://y/"
     assert "DOWN" not in view.table() and "connecting" in view.table()
     view.connected("ws://x/")
@@ -128,7 +128,7 @@ def test_a_node_not_yet_answered_is_connecting_not_down() -> None:
     assert "connection refused" in view.table() and "DOWN" in view.table()
     view.disconnected("ws://x/", "connection reset")  # lost after answering: down, not connecting
     assert view.summary().endswith("| down: ws://y/, x")
-    several = ClusterView.of(["ws://x/", "ws://y/"])
+    several = WatchScreen.of(["ws://x/", "ws://y/"])
     several.connected("ws://x/")
     for job in ("j1", "j2"):
         several.message("ws://x/", {"type": "status", "node": "x", "job": job, "role": "leader"})
@@ -164,7 +164,7 @@ def test_watch_cli_needs_a_url_and_exits_cleanly_after_duration() -> None:
 
 
 def test_view_of_nodes_hosting_several_jobs_says_who_leads_which() -> None:
-    view = ClusterView.of(["ws://a", "ws://b"])
+    view = WatchScreen.of(["ws://a", "ws://b"])
     for url, node in (("ws://a", "a"), ("ws://b", "b")):
         view.connected(url)
         for job in ("j1", "j2", "j3"):
@@ -182,7 +182,7 @@ def test_view_of_nodes_hosting_several_jobs_says_who_leads_which() -> None:
 
 def test_the_table_shows_each_leader_s_completeness_watermark_and_a_gap_that_holds_it() -> None:
     """Issue 49: ``complete``, the ledger the leader's status says, ``!`` when a gap holds it."""
-    view = ClusterView.of(["ws://x/", "ws://y/"])
+    view = WatchScreen.of(["ws://x/", "ws://y/"])
     for url in ("ws://x/", "ws://y/"):
         view.connected(url)
     view.message("ws://x/", {"type": "status", "node": "x", "role": "leader", "token": 1,

@@ -19,7 +19,6 @@ from stellar_sdk import xdr
 
 from actors.source import SourceFatalError, Watermark
 from ingestion.lake import decoding
-from ingestion.lake.core import LakeFollower
 from ingestion.lake.decoding import DECODE_ATTEMPTS, PARENT_WATCH, open_decoders
 from ingestion.lake.events import (
     LakeFormatError,
@@ -30,6 +29,7 @@ from ingestion.lake.events import (
     object_events,
     read_batch,
 )
+from ingestion.lake.follower import LakeFollower
 from ingestion.lake.keys import LakeSchema, ManifestError, parse_name
 from ingestion.lake.source import LakeSource
 from ingestion.lake.store import LocalLake, check_lake_url

@@ -11,7 +11,7 @@ import pytest
 from ingestion.cli.run import _flags_layer
 from ingestion.cli.run import parser as _run_parser
 from ingestion.config import ConfigError, Settings, load
-from ingestion.events.stage import EventsStage
+from ingestion.decode.stage import EventsStage
 from ingestion.rpc.protocol import EventFilter, segment_from_text
 
 CONTRACT = "CDLZFC3SYJYDZT7K67VZ75HPJVIEUVNIXF47ZG2FB2RMQQVU2HHGCYSC"

@@ -116,7 +116,7 @@ async def test_a_cursor_out_of_retention_stops_the_job_with_history_gap_writing_
 
 async def test_a_bad_filter_exits_2_before_the_node_starts(job: str) -> None:
     """Filters are checked as the server would, before start: one line naming the setting, exit 2
-    (a -32602 from the server itself is fatal too: tests/rpc/test_core.py)."""
+    (a -32602 from the server itself is fatal too: tests/rpc/test_follower.py)."""
     async with open_cluster(job, ttl_ms=TTL_MS, rpc=True) as c:
         args = [
             sys.executable, "-m", "ingestion", "--redis", c.redis_url, "--job", job,

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from ingestion.common.retry import RetryPolicy
-from ingestion.lake.core import LakeFollower
-from ingestion.rpc.core import Phase, RpcFollower
+from ingestion.lake.follower import LakeFollower
+from ingestion.rpc.follower import Phase, RpcFollower
 from ingestion.rpc.protocol import MAX_LEDGER, Cursor
 
 

@@ -8,12 +8,12 @@ import redis
 import structlog
 
 from actors.lease_store import job_keys
-from ingestion.events.stage import rule_for, stage_for
-from ingestion.events.watch import InlineWatch
+from ingestion.decode.stage import rule_for, stage_for
 from ingestion.rpc.protocol import Cursor
 from ingestion.simulator import SimulatorConfig, open_simulator
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import wait_until
+from ingestion.watchlist.lists import InlineWatch
 from tests.support.rpc_nodes import at_tip, cursor, node, source, until_at_tip
 
 NOBODY = "GAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAWHF"  # a valid account no event names

@@ -40,7 +40,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "simulator": ("ingestion.simulator",),
     # decoded events, the transfer view and watch lists: pure rules over what the sources commit,
     # and the stage that applies them to a job's batches
-    "events": ("ingestion.events",),
+    "events": ("ingestion.decode", "ingestion.watchlist"),
     "config": ("ingestion.config",),
     "postgres": ("ingestion.postgres",),
     # backfill in parallel ranges: a plan in Redis, each range a runtime job whose source is the
@@ -180,16 +180,16 @@ def test_imports_follow_the_one_way_rules() -> None:
     [
         ("actors.elector", "ingestion.config", False),
         ("ingestion.rpc.source", "ingestion.horizon.follower", False),
-        ("ingestion.horizon.source", "ingestion.rpc.core", False),
+        ("ingestion.horizon.source", "ingestion.rpc.follower", False),
         ("ingestion.horizon.follower", "ingestion.node", False),
         ("ingestion.simulator.app", "ingestion.horizon.source", False),
         ("ingestion.common.retry", "ingestion.horizon.follower", False),
         ("ingestion.simulator.rpc", "ingestion.rpc.protocol", True),
-        ("ingestion.rpc.core", "ingestion.common.retry", True),
+        ("ingestion.rpc.follower", "ingestion.common.retry", True),
         ("ingestion.node", "ingestion.rpc.source", True),
         ("ingestion.lake.source", "ingestion.rpc.protocol", True),
         ("ingestion.lake.source", "ingestion.rpc.source", False),
-        ("ingestion.rpc.core", "ingestion.lake.core", False),
+        ("ingestion.rpc.follower", "ingestion.lake.follower", False),
         ("ingestion.simulator.lake", "ingestion.lake.keys", True),
         ("ingestion.simulator.lake", "ingestion.lake.events", False),
         ("ingestion.lake.keys", "ingestion.rpc.protocol", False),
@@ -445,8 +445,8 @@ def test_no_lua_inline_in_python() -> None:
 
 
 # Where a StrKey checksum is computed: the one encoder, and the watch list's bulk validator
-# (ingestion/events/addresses.py: a million entries checked at once, far faster than one by one).
-STRKEY_CHECKSUMS = {"ingestion/common/strkey.py", "ingestion/events/addresses.py"}
+# (ingestion/watchlist/addresses.py: a million entries checked at once, far faster than one by one).
+STRKEY_CHECKSUMS = {"ingestion/common/strkey.py", "ingestion/watchlist/addresses.py"}
 
 
 def test_strkeys_are_encoded_in_one_module() -> None:

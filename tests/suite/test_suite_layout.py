@@ -2,7 +2,7 @@
 
 - Every test module lives in an area directory, one level below ``tests/`` (``tests/election/``,
   ``tests/redis/``, ``tests/rpc/``, ...; these tests in ``tests/suite/``): none directly under
-  ``tests/``. A module drops its area's prefix (``tests/rpc/test_core.py``, not ``test_rpc_core.py``);
+  ``tests/``. A module drops its area's prefix (``tests/rpc/test_follower.py``, not ``test_rpc_core.py``);
   every directory has an ``__init__.py``, so same-named modules of two areas do not clash.
 - What several test modules share, besides fixtures, lives in the one helper package
   ``tests/support/`` (``tests/support/nodes.py``, ..., ``tests/support/native/``) or in the testing

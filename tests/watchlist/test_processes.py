@@ -18,7 +18,7 @@ import trio
 
 from ingestion.common.strkey import encode_account
 from ingestion.config import load
-from ingestion.events.decoded import decode_event_text
+from ingestion.decode.decoded import decode_event_text
 from ingestion.node.build import watch_source
 from ingestion.rpc.protocol import Cursor
 from ingestion.testing.cluster import Cluster, open_cluster

@@ -17,8 +17,8 @@ import redis
 import structlog
 import trio
 
-from ingestion.events.addresses import Skipped, check_address, shaped_entries
-from ingestion.events.watch import EMPTY, WatchList, WatchStatistics, WatchUnavailable
+from ingestion.watchlist.addresses import Skipped, check_address, shaped_entries
+from ingestion.watchlist.lists import EMPTY, WatchList, WatchStatistics, WatchUnavailable
 
 log = structlog.get_logger()
 

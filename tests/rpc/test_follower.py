@@ -9,7 +9,7 @@ import pytest
 
 from actors.source import Watermark
 from ingestion.common.retry import RetryPolicy
-from ingestion.rpc.core import Phase, RpcFollower, parse_answer, read_events
+from ingestion.rpc.follower import Phase, RpcFollower, parse_answer, read_events
 from ingestion.rpc.protocol import (
     INVALID_PARAMS,
     INVALID_REQUEST,

@@ -2,7 +2,7 @@
 
 A wallet wants one shape for every movement of a token, whichever contract emitted it and under
 which protocol: ``{"kind", "from", "to", "amount", "asset", "to_muxed_id"}``. This module reads it
-off an event's SEP-51 JSON topics and value (:mod:`ingestion.events.scval`), by the rules of SEP-41
+off an event's SEP-51 JSON topics and value (:mod:`ingestion.decode.scval`), by the rules of SEP-41
 (the token interface), the Stellar Asset Contract (SAC) before protocol 23, and CAP-67 (the unified
 events of protocol 23, which the data lake also backfills into older ledgers):
 

@@ -19,17 +19,17 @@ from stellar_sdk.strkey import StrKey
 from structlog.testing import capture_logs
 
 from actors.lease_store import connect
-from ingestion.events import addresses
-from ingestion.events.addresses import (
+from ingestion.testing.local_redis import LocalRedis
+from ingestion.watchlist import addresses
+from ingestion.watchlist.addresses import (
     InvalidAddress,
     account_of_muxed,
     address_problem,
     is_address,
     valid_entries,
 )
-from ingestion.events.watch import FileWatch, InlineWatch, WatchFileError, WatchList, WatchUnavailable
-from ingestion.events.watch_redis import EDIT_CHUNK, RedisWatch, add, members_count, remove, watch_keys
-from ingestion.testing.local_redis import LocalRedis
+from ingestion.watchlist.edits import EDIT_CHUNK, RedisWatch, add, members_count, remove, watch_keys
+from ingestion.watchlist.lists import FileWatch, InlineWatch, WatchFileError, WatchList, WatchUnavailable
 
 # Seeded, not os.urandom: parametrized ids hold addresses, and every xdist worker must collect the
 # same ones

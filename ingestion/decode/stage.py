@@ -1,8 +1,8 @@
 """The stage between a job's source and its commits: each record decoded (contract events' ScVals,
 the transfer view) and, for a job with a watch list, kept only when it names a watched address.
 
-A thin shell over the pure rules (:mod:`ingestion.events.decoded` for events,
-:mod:`ingestion.events.payments` for Horizon records, :mod:`ingestion.events.watch`): it wraps the
+A thin shell over the pure rules (:mod:`ingestion.decode.decoded` for events,
+:mod:`ingestion.decode.payments` for Horizon records, :mod:`ingestion.watchlist.lists`): it wraps the
 job's source and hands each batch on changed, so that the sources, the Ingestor and the sinks know
 nothing of it.
 
@@ -27,7 +27,7 @@ import structlog
 import trio
 
 from actors.source import Batch, Record, Source
-from ingestion.events.watch import WatchUnavailable
+from ingestion.watchlist.lists import WatchUnavailable
 
 log = structlog.get_logger()
 UNAVAILABLE_RETRY = 1.0  # seconds between attempts to load a watch list that cannot be read
@@ -43,7 +43,7 @@ decode_error_listener: contextvars.ContextVar[Callable[[int], None] | None] = co
 )
 
 
-# What the stage needs of ingestion.events.watch's WatchList and WatchSource (no more: the tests
+# What the stage needs of ingestion.watchlist.lists's WatchList and WatchSource (no more: the tests
 # feed it lists of their own)
 class WatchList(Protocol):
     def matches(self, addresses: tuple[str, ...]) -> bool: ...
@@ -145,11 +145,11 @@ def rule_for(kind: str, resource: str = "", names: bool = True) -> tuple[Rule | 
     record is kept as sent and only its addresses are read (for a watch list). With ``names``
     false (no watch list) a rule may leave the addresses out where finding them costs."""
     if kind in ("rpc", "lake"):
-        from ingestion.events.decoded import decode_event_text
+        from ingestion.decode.decoded import decode_event_text
 
         return decode_event_text, True
     if kind == "horizon":
-        from ingestion.events.payments import payment_record_text
+        from ingestion.decode.payments import payment_record_text
 
         # payments only (/payments, /accounts/G.../payments, ...): an /operations job, the default,
         # keeps its records as sent (the view would cost its catch-up a third for a few records)

@@ -8,8 +8,8 @@ import trio
 import trio.testing
 
 from actors.source import Batch, Record, SyntheticSource
-from ingestion.events.stage import UNAVAILABLE_RETRY, EventsStage, stage_for
-from ingestion.events.watch import WatchUnavailable
+from ingestion.decode.stage import UNAVAILABLE_RETRY, EventsStage, stage_for
+from ingestion.watchlist.lists import WatchUnavailable
 
 
 def _tagged(text: str) -> tuple[str, tuple[str, ...]]:
@@ -147,7 +147,7 @@ async def test_a_batch_waits_for_a_list_that_cannot_be_loaded_and_is_never_commi
 
 
 def test_which_records_a_job_s_decoding_changes() -> None:
-    from ingestion.events.stage import rule_for
+    from ingestion.decode.stage import rule_for
 
     assert rule_for("rpc")[1] and rule_for("lake")[1]
     assert rule_for("horizon", "/payments")[1]

@@ -33,8 +33,8 @@ from typing import NamedTuple
 import msgspec
 import orjson
 
-from ingestion.events.scval import CACHE_LIMIT, DecodeCache, ScValError, decode, i128_of
-from ingestion.events.transfers import Movement, amount_of, movement, muxed_address, muxed_u64
+from ingestion.decode.scval import CACHE_LIMIT, DecodeCache, ScValError, decode, i128_of
+from ingestion.decode.transfers import Movement, amount_of, movement, muxed_address, muxed_u64
 
 
 class _Fields(msgspec.Struct, kw_only=True):

@@ -15,8 +15,8 @@ import trio
 from actors.lease_store import job_keys
 from actors.observe import NodeObserver
 from actors.source import Batch, SyntheticSource, Watermark
-from ingestion.events.decoded import decode_event_text
-from ingestion.events.stage import EventsStage, decode_error_listener
+from ingestion.decode.decoded import decode_event_text
+from ingestion.decode.stage import EventsStage, decode_error_listener
 from ingestion.node.worker import _count_decode_errors
 from ingestion.serve.metrics import NodeMetrics
 from ingestion.testing.local_redis import LocalRedis

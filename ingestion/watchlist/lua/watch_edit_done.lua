@@ -1,5 +1,5 @@
 -- watch_edit_done: the end of an operator's edit of a watch list held in Redis
--- (ingestion/events/watch.py): the version counter moves when the edit changed a member, or when
+-- (ingestion/watchlist/lists.py): the version counter moves when the edit changed a member, or when
 -- it found the edit-in-progress marker set (an edit before it was cut off, or one running beside
 -- it), so every node reloads; then the marker is cleared.
 --

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from stellar_sdk import MuxedAccount, scval, xdr
 
-from ingestion.events.decoded import decode_event_text
+from ingestion.decode.decoded import decode_event_text
 from ingestion.lake.events import ledger_events
 from tests.support.lakes import REAL_LEDGERS, every_real_ledger, real_ledger
 

@@ -11,10 +11,10 @@ import pytest
 from stellar_sdk import Keypair, MuxedAccount, scval, xdr
 
 from actors.source import Batch, Record, SyntheticSource
-from ingestion.events.decoded import decode_event_text
-from ingestion.events.stage import EventsStage
-from ingestion.events.transfers import transfer_view
-from ingestion.events.watch import WatchList
+from ingestion.decode.decoded import decode_event_text
+from ingestion.decode.stage import EventsStage
+from ingestion.decode.transfers import transfer_view
+from ingestion.watchlist.lists import WatchList
 
 ALICE = Keypair.from_raw_ed25519_seed(b"\1" * 32).public_key
 BOB = Keypair.from_raw_ed25519_seed(b"\2" * 32).public_key

@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 import pytest
 
-from ingestion.events.payments import payment_record_text, stroops
-from ingestion.events.watch import WatchList
+from ingestion.decode.payments import payment_record_text, stroops
 from ingestion.testing import recorded
+from ingestion.watchlist.lists import WatchList
 
 PAGES = (
     "aurora-rs_stellar-horizon-rs/pubnet_payments_asc_200__all_payments.json",

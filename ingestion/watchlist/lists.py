@@ -14,13 +14,13 @@ stage asks :meth:`WatchList.matches` with the addresses a record names). A list 
   ``M`` address (muxed) also matches when its underlying ``G`` account is watched: decoding one
   costs a few µs, and muxed addresses are rare, so the decoding is kept in a small bounded cache.
 
-Entries are strkeys, checked in full (:mod:`ingestion.events.addresses`), so a mistyped character
+Entries are strkeys, checked in full (:mod:`ingestion.watchlist.addresses`), so a mistyped character
 is refused instead of silently watching nothing.
 
 Three sources (:class:`WatchSource`): a list in the job's config (:class:`InlineWatch`), a file
 (:class:`FileWatch`, reloaded when its (mtime_ns, size, inode) changes) and a Redis set
 (:class:`RedisWatch`, ``ingestion:{JOB}:watch``, reloaded when its version counter moves). The
-Redis source and the operator's edits to the set live in :mod:`ingestion.events.watch_redis`.
+Redis source and the operator's edits to the set live in :mod:`ingestion.watchlist.edits`.
 """
 
 
@@ -38,7 +38,7 @@ import attrs
 import structlog
 import trio
 
-from ingestion.events.addresses import (
+from ingestion.watchlist.addresses import (
     InvalidAddress,
     account_of_muxed,
     address_problem,

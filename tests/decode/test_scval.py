@@ -12,8 +12,8 @@ import pytest
 from stellar_sdk import StrKey, scval, xdr
 
 from ingestion.common.strkey import base32, strkey
-from ingestion.events import scval as decoder
-from ingestion.events.scval import ScValError, decode, from_base64, from_bytes, i128_of
+from ingestion.decode import scval as decoder
+from ingestion.decode.scval import ScValError, decode, from_base64, from_bytes, i128_of
 
 T = xdr.SCValType
 SEED = 20_251_204
