@@ -165,13 +165,15 @@ async def measure(url: str, commits: int, interval: float, count: int) -> dict[s
     await trio.Path(out).unlink()
     lags = sorted((t - at) * 1000 for eid, at in committed.items() for t in received.get(eid, []))
     missing = sum(count - len(received.get(eid, [])) for eid in committed)
+    short = [i for i, eid in enumerate(committed) if len(received.get(eid, [])) < count]
     none, subscribed = latency["none"], latency["subscribed"]
     return {
         "subscribers": count,
         "commits_per_phase": commits,
         "interval_s": interval,
         "committed_to_subscriber_ms": {"p50": percentile(lags, 50), "p99": percentile(lags, 99),
-                                       "max": lags[-1], "deliveries": len(lags), "missing": missing},
+                                       "max": lags[-1], "deliveries": len(lags), "missing": missing,
+                                       "first_commit_short": short[0] if short else None},
         "commit_ms_none": {"p50": percentile(none, 50), "p99": percentile(none, 99)},
         "commit_ms_subscribed": {"p50": percentile(subscribed, 50), "p99": percentile(subscribed, 99)},
         "commit_p50_ratio": percentile(subscribed, 50) / percentile(none, 50),
