@@ -67,9 +67,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # the testing kit: local servers, the cluster harness, fault proxies (tests, benchmarks, demo)
     "testing": ("ingestion.testing",),
     # the command line (``simulate``'s too: the simulator imports nothing of it); ``demo`` runs a
-    # cluster, so it may use the testing kit
+    # cluster, so it may use the testing kit (its output and its checks too; demo_api does not)
     "cli": ("ingestion.cli",),
-    "demo": ("ingestion.cli.demo",),
+    "demo": ("ingestion.cli.demo", "ingestion.cli.demo_show", "ingestion.cli.demo_verify"),
     # the package itself (its version) and ``python -m ingestion``
     "entry": ("ingestion.__init__", "ingestion.__main__"),
 }
