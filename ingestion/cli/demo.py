@@ -276,9 +276,10 @@ class Demo:
         assert self.hook_result is not None and self.cluster.receiver is not None
         terms = len({e.fields.get("token") for e in self.log.of("became-leader", job=self.hook_job_name)})
         state = "each once, in order" if self.hook_result.ok else "FAILED"
-        repeated = self.cluster.receiver.duplicates
+        again = self.cluster.receiver.duplicates
+        posts = "1 POST" if again == 1 else f"{again} POSTs"
         return (f"webhook {self.hook_result.count} records over {terms} deliverer terms: {state} "
-                f"({repeated} POSTs repeated after a failover, none stored twice)")  # fmt: skip
+                f"({posts} repeated after a failover, none stored twice)")  # fmt: skip
 
     async def _verify(self) -> bool:
         c = self.cluster
