@@ -1,10 +1,12 @@
 """The chaos campaign: a real cluster on loopback, random faults from every layer, then the judge.
 
-What runs (all children of this process, on 127.0.0.1): a Redis Sentinel deployment (a primary,
-two replicas, three sentinels), a throwaway PostgreSQL when Debian's server is installed, the
-simulator (Horizon and Stellar RPC), a webhook receiver that verifies every signature with the
-official ``standardwebhooks`` package, and three node processes sharing the five jobs of
-:mod:`chaos.jobs`.
+What runs (all children of this process, on 127.0.0.1), one cluster of the testing kit
+(:func:`~ingestion.testing.cluster.open_cluster`, which starts and restarts every node): a Redis
+Sentinel deployment (a primary, two replicas, three sentinels), a throwaway PostgreSQL when
+Debian's server is installed, the simulator (Horizon and Stellar RPC), a webhook receiver that
+verifies every signature with the official ``standardwebhooks`` package, and three node processes
+sharing the five jobs of :mod:`chaos.jobs` (each node in a group of its own for partitions, the
+last one's wall clock faked).
 
 The faults come in rounds (:mod:`chaos.faults`): one to four at once, from any layers, each
 started at a random moment of the round's first 1.5 s; a round ends when the last of its faults is
@@ -19,37 +21,29 @@ JSON.
 from __future__ import annotations
 
 import random
-import signal
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import attrs
 import httpx
 import trio
 
-from actors.lease_store import connect, job_keys
+from actors.lease_store import connect
 from chaos.faults import KINDS, Faults, Kind, control
-from chaos.jobs import HOOK, OPS, PG, RPC, SECRET, TICK, config_text
+from chaos.jobs import HOOK, OPS, PG, SECRET, specs
 from chaos.judge import ALLOWANCE, judge
 from chaos.polls import Polls
 from chaos.report import Report
 from ingestion.testing import partition
-from ingestion.testing.cluster import Child, ClockFake, EventLog, faketime_available, spawn
-from ingestion.testing.launch import (
-    LISTENING,
-    joined,
-    kill_remaining,
-    node_command,
-    simulator_command,
-    terminate,
-)
+from ingestion.testing.children import Child
+from ingestion.testing.cluster import Cluster, EventLog, faketime_available, open_cluster
+from ingestion.testing.cluster_config import NodeFaults
+from ingestion.testing.launch import joined
 from ingestion.testing.local_postgres import LocalPostgres, server_bin
-from ingestion.testing.receiver import Receiver, serve_receiver
+from ingestion.testing.receiver import Receiver
 from ingestion.testing.redis_ha import SentinelGroup
 
-GID_BASE = 61_000  # node i runs under group GID_BASE + i (partitions tell them apart by it)
 WARM_UP = 90.0  # seconds for every job's first commit
 SETTLE = 60.0  # seconds for delivery to catch up at the end
 
@@ -84,19 +78,11 @@ class Campaign:
         self.report = Report(options.seed, options.seconds, self.bound)
         self.dir = Path(tempfile.mkdtemp(prefix="ingestion-chaos-"))
         self.redis = SentinelGroup(directory=self.dir / "redis")
-        self.pg: LocalPostgres | None = None
         self.receiver = Receiver(SECRET)
-        self.links: partition.Links | None = None
-        self.children: dict[str, Child] = {}
-        self.every: list[Child] = []
+        self.c: Cluster | None = None  # the kit's cluster, once it runs
         self.impaired: set[str] = set()  # nodes dead, paused, cut off or restarting
-        self.horizon = self.rpc = ""
-        self.hook_port = 0
         self.t0 = 0.0
         self.jobs: list[str] = []
-        self.nursery: trio.Nursery | None = None
-        self.config_path = self.dir / "chaos.toml"
-        self.clock_file = self.dir / "faketime"  # the last node's wall-clock offset (libfaketime)
         self.polls = Polls(self.redis, None, (), self.now, PG)  # made anew once the jobs are known
         self.faults = Faults(self)
 
@@ -105,37 +91,46 @@ class Campaign:
     def now(self) -> float:
         return trio.current_time() - self.t0
 
-    # -- the cluster ----------------------------------------------------------------------------
+    # -- the cluster (the kit's: what the faults and the judge reach through it) -------------------
 
-    def config(self) -> Path:
-        path = self.dir / "chaos.toml"
-        path.write_text(config_text(self.rpc, self.hook_port, self.pg.url if self.pg is not None else None))
-        return path
+    @property
+    def cluster(self) -> Cluster:
+        assert self.c is not None, "the cluster is not running"
+        return self.c
+
+    @property
+    def pg(self) -> LocalPostgres | None:
+        return self.c.postgres if self.c is not None else None
+
+    @property
+    def links(self) -> partition.Links | None:
+        return self.cluster.links
+
+    @property
+    def children(self) -> dict[str, Child]:
+        return self.cluster.children
+
+    @property
+    def horizon(self) -> str:
+        return self.cluster.horizon
+
+    @property
+    def rpc(self) -> str:
+        return self.cluster.rpc
+
+    @property
+    def clock_file(self) -> Path:
+        return self.cluster.clock_file
 
     def node_gid(self, name: str) -> int | None:
-        return GID_BASE + int(name.removeprefix("n")) if self.links is not None else None
+        return self.cluster.node_gid(name)
 
     async def start_node(self, name: str) -> None:
-        """Start node ``name``; it stays impaired until it has joined (led or stood by)."""
-        assert self.nursery is not None
+        """Start node ``name`` (again); it stays impaired until it has joined (led or stood by)."""
         self.impaired.add(name)
         since = trio.current_time()
-        env = {"INGESTION_HORIZON_HANDOVER_AFTER_MS": str(self.o.handover_ms)}
-        if self.o.build:
-            env["PYTHONPATH"] = self.o.build
-        if name == f"n{self.o.nodes}" and "clock-jump" not in self.report.skipped_kinds:
-            env.update(ClockFake(timestamp_file=str(self.clock_file)).env())
-        args = node_command(
-            name, jobs=self.jobs, redis_url=self.redis.url, horizon=self.horizon, ttl_ms=self.o.ttl_ms,
-            extra=["--config", str(self.config_path)],
-        )  # fmt: skip
-        # (python -m imports from its working directory first: the build's, when there is one)
-        child = await spawn(
-            self.nursery, name, args, self.log, env, group=self.node_gid(name), cwd=self.o.build
-        )
-        self.children[name] = child
-        self.every.append(child)
-        self.nursery.start_soon(self._joined, name, since, child)
+        child = await self.cluster.start_node(name, wait=False)
+        self.cluster.nursery.start_soon(self._joined, name, since, child)
 
     async def _joined(self, name: str, since: float, child: Child) -> None:
         with trio.move_on_after(60):
@@ -146,43 +141,32 @@ class Campaign:
             if self.children.get(name) is child and child.alive:
                 self.impaired.discard(name)
 
-    async def _start_everything(self, nursery: trio.Nursery) -> None:
-        self.nursery = nursery
-        await trio.to_thread.run_sync(self.redis.start)
-        self.say(f"chaos: Redis under Sentinel: {self.redis.url}")
-        if server_bin() is not None:
-            self.pg = await trio.to_thread.run_sync(LocalPostgres().start)
-            self.say(f"chaos: PostgreSQL on 127.0.0.1:{self.pg.port}")
-        else:
+    def _arming(self) -> tuple[bool, NodeFaults]:
+        """Whether to run PostgreSQL, and the faults to arm on the nodes: what the machine can
+        do (the rest is reported skipped)."""
+        postgres = server_bin() is not None
+        if not postgres:
             for k in KINDS:
                 if k.layer == "postgres":
                     self.report.skipped_kinds[k.name] = "PostgreSQL is not installed"
+        clock: frozenset[str] = frozenset()
         if faketime_available():
-            self.clock_file.write_text("+0s\n")
+            clock = frozenset({f"n{self.o.nodes}"})  # the last node's wall clock jumps
         else:
             self.report.skipped_kinds["clock-jump"] = "libfaketime is not installed"
         why = partition.available()
-        if why is None:
-            self.links = partition.Links()
-            ports = [s.port for s in self.redis.servers + self.redis.sentinels]
-            for i in range(1, self.o.nodes + 1):
-                await self.links.route(nursery, GID_BASE + i, ports)
-        else:
+        if why is not None:
             self.report.skipped_kinds["node-partition"] = why
-        since = trio.current_time()
-        sim = await spawn(nursery, "simulator", simulator_command(
-            ledger_interval=0.2, ops_per_ledger=6, history_ledgers=20, rpc=True, cache_records=200_000,
-        ), self.log)  # fmt: skip
-        self.every.append(sim)
-        self.children["simulator"] = sim
-        with trio.fail_after(30):
-            while not (up := self.log.of(LISTENING, "simulator", since=since)):
-                await self.log.changed()
-        self.horizon, self.rpc = str(up[0].fields["url"]), str(up[0].fields["rpc_url"])
-        self.hook_port = await nursery.start(serve_receiver, self.receiver)
-        self.jobs = [OPS, RPC, TICK, HOOK] + ([PG] if self.pg is not None else [])
-        self.config_path = self.config()
-        self.polls = Polls(self.redis, self.pg, self.jobs, self.now, PG)
+        return postgres, NodeFaults(partition=why is None, clock=clock)
+
+    async def _start_nodes(self) -> None:
+        c = self.cluster
+        self.say(f"chaos: Redis under Sentinel: {self.redis.url}")
+        if c.postgres is not None:
+            self.say(f"chaos: PostgreSQL on 127.0.0.1:{c.postgres.port}")
+        c.node_env["INGESTION_HORIZON_HANDOVER_AFTER_MS"] = str(self.o.handover_ms)
+        self.jobs = [spec.name for spec in c.jobs]
+        self.polls = Polls(self.redis, c.postgres, self.jobs, self.now, PG)
         for i in range(1, self.o.nodes + 1):
             await self.start_node(f"n{i}")
 
@@ -193,24 +177,22 @@ class Campaign:
         )
 
     async def run(self) -> Report:
+        postgres, faults = self._arming()
         try:
-            async with trio.open_nursery() as nursery:
+            async with open_cluster(
+                jobs=specs(postgres), ttl_ms=self.o.ttl_ms, log=self.log, sentinel=self.redis,
+                postgres=postgres, receiver=self.receiver, faults=faults, build=self.o.build,
+                ledger_interval=0.2, ops_per_ledger=6, history_ledgers=20, rpc=True,
+                cache_records=200_000,
+            ) as self.c, trio.open_nursery() as nursery:  # fmt: skip
                 try:
                     await self._campaign(nursery)
                 finally:
                     with trio.CancelScope(shield=True), trio.move_on_after(20):
-                        await self._stop_nodes()
+                        await self.cluster.stop_nodes(grace=15)
                     nursery.cancel_scope.cancel()
         finally:
-            for c in self.every:
-                if c.paused:
-                    c.send(signal.SIGCONT)
-            kill_remaining(c.process for c in self.every)
-            if self.links is not None:
-                self.links.close()
-            self.redis.stop()
-            if self.pg is not None:
-                self.pg.cleanup()
+            self.c = None
         return self.report
 
     async def _campaign(self, nursery: trio.Nursery) -> None:
@@ -218,7 +200,7 @@ class Campaign:
             self.log.echo = lambda e: self.say(
                 f"{self.now():8.2f} {e.node:>9} {e.event} {e.fields.get('job', '')}"
             )
-        await self._start_everything(nursery)
+        await self._start_nodes()
         self.t0 = trio.current_time()
         nursery.start_soon(self.polls.run)
         await self.polls.until(
@@ -264,31 +246,16 @@ class Campaign:
         await self.recovered(self.now())
         judged_until = self.now()
         client = connect(self.redis.url, timeout=5.0)
-
-        def caught_up() -> bool:
-            last: Any = client.xrevrange(job_keys(OPS)["events"], count=1)
-            position = client.hget(job_keys(HOOK)["cursor"], "cursor")
-            return bool(last) and position == last[0][1]["paging_token"]
-
         with trio.move_on_after(SETTLE) as settling:
-            while not await trio.to_thread.run_sync(caught_up):
+            while not await trio.to_thread.run_sync(self.cluster.delivered_all, HOOK, OPS):
                 await self.polls.polled()
         if settling.cancelled_caught:
             self.report.violations.append(
                 f"{HOOK}: delivery did not reach the last record of {OPS} within {SETTLE:.0f} s of the end"
             )
-        await self._stop_nodes()
+        await self.cluster.stop_nodes(grace=15)
         self.say(f"chaos: {len(self.report.faults)} faults injected; stopped; judging")
         try:
             await judge(self, begin, min(end, judged_until), client)
         finally:
             client.close()
-
-    async def _stop_nodes(self) -> None:
-        nodes = [c for n, c in self.children.items() if n != "simulator"]
-        for c in nodes:
-            if c.paused:
-                c.send(signal.SIGCONT)
-        await terminate([c.process for c in nodes], grace=15)
-
-    # -- the judge ------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The campaign's five jobs and the config file the nodes share (rendered once, here):
+"""The campaign's five jobs, as the kit's :class:`~ingestion.testing.cluster_config.Job` specs (the
+cluster renders the nodes' one config file from them):
 
 - ``chaos-ops``: Horizon ``/operations`` into its Redis stream;
 - ``chaos-rpc``: the simulator's Stellar RPC contract events into a Redis stream;
@@ -10,24 +11,14 @@
 
 from __future__ import annotations
 
+from ingestion.testing.cluster_config import POSTGRES, SECRET, Job
+
 OPS, RPC, PG, TICK, HOOK = "chaos-ops", "chaos-rpc", "chaos-pg", "chaos-tick", "chaos-hook"
 HORIZON_JOBS = frozenset({OPS, PG, HOOK})  # HOOK delivers OPS: what holds OPS up holds it up
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+__all__ = ["HOOK", "HORIZON_JOBS", "OPS", "PG", "RPC", "SECRET", "TICK", "specs"]
 
 
-def config_text(rpc: str, hook_port: int, pg_url: str | None) -> str:
-    """The nodes' config file: the jobs on the simulator's RPC at ``rpc``, the receiver on
-    ``hook_port``, and the Postgres job when there is a server at ``pg_url``."""
-    text = (
-        f'[jobs.{OPS}]\nkind = "horizon"\nresource = "/operations"\nstart_cursor = "0"\n'
-        f'[jobs.{RPC}]\nkind = "rpc"\nrpc = ["{rpc}"]\nstart_cursor = "0"\n'
-        f'[jobs.{TICK}]\nkind = "scheduled"\naction = "ingestion.jobs:heartbeat"\nperiod_ms = 500\n'
-        f'[jobs.{HOOK}]\nkind = "webhook"\nfrom = "{OPS}"\nurl = "http://127.0.0.1:{hook_port}/in"\n'
-        f'secret = "{SECRET}"\nstart = "first"\ntimeout_ms = 800\nconnect_timeout_ms = 500\n'
-        'retry_schedule = ["50ms", "100ms", "200ms", "400ms", "500ms"]\non_exhausted = "block"\n'
-    )
-    if pg_url is not None:
-        text += (
-            f'[jobs.{PG}]\nkind = "horizon"\nresource = "/payments"\nstart_cursor = "0"\nsink = "{pg_url}"\n'
-        )
-    return text
+def specs(postgres: bool) -> list[Job]:
+    """The jobs, the Postgres one when the cluster runs a PostgreSQL server."""
+    jobs = [Job.horizon(OPS), Job.rpc(RPC), Job.scheduled(TICK), Job.webhook(HOOK, OPS)]
+    return jobs + ([Job.horizon(PG, "/payments", sink=POSTGRES)] if postgres else [])

@@ -15,6 +15,7 @@ import trio
 from actors.lease_store import job_keys
 from chaos import check
 from chaos.jobs import HOOK, OPS, PG, RPC, TICK
+from ingestion.testing.cluster_config import check_delivery
 from ingestion.testing.receiver import Receiver
 from ingestion.verify import (
     SourceRecord,
@@ -139,30 +140,7 @@ def verify_hook(client: Any, receiver: Receiver) -> Verification:
     source = [f["paging_token"] for _id, f in client.xrange(job_keys(OPS)["events"])]
     position = client.hget(job_keys(HOOK)["cursor"], "cursor")
     delivered = [str(rec.get("paging_token")) for rec in receiver.records()]
-    problems = []
-    upto = source[: source.index(position) + 1] if position in source else []
-    if position is not None and position not in source:
-        problems.append(f"the delivery position {position} is not a record of {OPS}")
-    if delivered[: len(upto)] != upto:
-        first = next(
-            (i for i, (a, b) in enumerate(zip(delivered, upto, strict=False)) if a != b),
-            min(len(delivered), len(upto)),
-        )
-        problems.append(
-            f"the receiver's records differ from {OPS}'s at {first}: "
-            f"{delivered[first : first + 3]} where the stream has {upto[first : first + 3]} "
-            f"({len(delivered)} delivered, {len(upto)} up to the position)"
-        )
-    rest = delivered[len(upto) :]
-    if rest != source[len(upto) : len(upto) + len(rest)]:
-        problems.append(f"past the position, the receiver has {rest[:3]}, not the stream's next records")
-    return Verification(
-        count=len(delivered),
-        first=delivered[0] if delivered else None,
-        last=delivered[-1] if delivered else None,
-        tokens=(),
-        problems=tuple(problems),
-    )
+    return check_delivery(source, position, delivered)
 
 
 def span(stretch: check.Stretch | None) -> list[float] | None:

@@ -6,7 +6,7 @@ data lake (the ledgers the RPC no longer keeps) and the RPC (the rest)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -77,6 +77,25 @@ async def compare(rpc: str, api: str, start: int) -> Compared:
         api_held=(int(health["oldestLedger"]), int(health["latestLedger"])),
         first_id=str(events[0]["id"]) if events else "-",
     )
+
+
+async def show(pg_url: str, job: str, rpc: str, api: str, node: str, say: Callable[[str], None]) -> bool:
+    """The events API at ``api`` (on ``node``) against the RPC, from the first ledger ``job``
+    holds (the RPC's oldest when the job began: past its window by now); True when the API
+    answered from there."""
+    start = await first_row_ledger(pg_url, job)
+    if start is None:
+        say(f"{job} holds no events")
+        return False
+    say(f"{api} on {node} (stellar-rpc's JSON-RPC, every node serves it): {job}'s events from PostgreSQL")
+    try:
+        compared = await compare(rpc, api, start)
+    except (OSError, ValueError, KeyError, RuntimeError, httpx.HTTPError) as exc:
+        say(f"failed: {exc}")
+        return False
+    for line in compared.lines():
+        say(line)
+    return compared.api_events > 0 and compared.api_held[0] <= start
 
 
 def first_ledger(entries: Sequence[StreamEntry]) -> int | None:

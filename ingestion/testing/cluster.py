@@ -1,8 +1,8 @@
 """A failover test harness with real processes: redis-server, the Horizon simulator and N nodes.
 
-Everything runs on 127.0.0.1. Each child's stdout is read continuously by a trio task; every JSON log
-line becomes a :class:`LogLine` stamped with the harness's monotonic receive time, so timings are
-measured on one clock, whatever the nodes' own (possibly faked) wall clocks say. Faults: signals
+Everything runs on 127.0.0.1. Each child's JSON log lines are read into one
+:class:`~ingestion.testing.children.EventLog`, stamped with the harness's monotonic receive time.
+Faults: signals
 (SIGKILL, SIGSTOP/SIGCONT, SIGTERM), a :class:`~tests.tcp_proxy.TcpProxy` between a node and Redis,
 and Redis restarts. :meth:`Cluster.verify` checks the events stream against the simulator's own
 records with :mod:`ingestion.verify`.
@@ -12,230 +12,64 @@ Every child is killed when :func:`open_cluster` exits, however it exits.
 
 from __future__ import annotations
 
-import os
+import shutil
 import signal
-import subprocess
-from collections.abc import AsyncIterator, Callable, Sequence
+import tempfile
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
-import attrs
 import redis
 import trio
 
 from actors.lease_store import connect, job_keys
+from ingestion.testing.children import (
+    NOISE,
+    Child,
+    ClockFake,
+    EventLog,
+    faketime_available,
+    spawn,
+)
+from ingestion.testing.cluster_config import NO_FAULTS, Endpoints, Job, NodeFaults, check_delivery, render
 from ingestion.testing.launch import (
     LISTENING,
     LogLine,
-    child_env,
     joined,
     kill_remaining,
-    log_line,
     node_command,
     simulator_command,
     terminate,
 )
-from ingestion.testing.local_redis import LocalRedis
-from ingestion.testing.wait import output_lines, wait_until
+from ingestion.testing.local_postgres import LocalPostgres
+from ingestion.testing.local_redis import LocalRedis, free_port
+from ingestion.testing.partition import Links
+from ingestion.testing.wait import wait_until
 from ingestion.verify import Verification, verify_job, verify_rpc_job
 
+if TYPE_CHECKING:  # (the receiver needs the receiver extra: a cluster without one runs without it)
+    from ingestion.testing.receiver import Receiver
+
+# (the children's pieces, as the tests have always imported them from here)
+__all__ = ["ClockFake", "Cluster", "EventLog", "faketime_available", "open_cluster", "spawn"]
+
 CLEANUP_TIMEOUT = 10.0  # seconds for the whole teardown
-FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+GID_BASE = 61_000  # with partitions, the n-th node started runs under group GID_BASE + n
 
 
-class EventLog:
-    """Every process's log lines, in the order the harness read them."""
-
-    def __init__(self) -> None:
-        self.lines: list[LogLine] = []
-        self.raw: list[tuple[str, str]] = []  # (process, line) for lines that are not JSON
-        self._changed = trio.Event()
-        self.echo: Callable[[LogLine], None] | None = None
-
-    def add(self, line: LogLine) -> None:
-        self.lines.append(line)
-        if self.echo is not None:
-            self.echo(line)
-        self._changed.set()
-        self._changed = trio.Event()
-
-    def of(
-        self, event: str, node: str | None = None, *, since: float | None = None, **fields: Any
-    ) -> list[LogLine]:
-        return [
-            e
-            for e in self.lines
-            if e.event == event
-            and (node is None or e.node == node)
-            and (since is None or e.at >= since)
-            and all(e.fields.get(k) == v for k, v in fields.items())
-        ]
-
-    async def wait_for(
-        self,
-        event: str,
-        node: str | None = None,
-        *,
-        since: float | None = None,
-        count: int = 1,
-        within: float = 10.0,
-        **fields: Any,
-    ) -> LogLine:
-        """The ``count``-th matching line, waiting for it (at most ``timeout`` seconds)."""
-        try:
-            with trio.fail_after(within):
-                while True:
-                    found = self.of(event, node, since=since, **fields)
-                    if len(found) >= count:
-                        return found[count - 1]
-                    await self._changed.wait()
-        except trio.TooSlowError:
-            raise AssertionError(
-                f"no {event!r} from {node or 'any node'} {fields or ''} within {within}s; "
-                f"log tail:\n{self.tail()}"
-            ) from None
-
-    async def changed(self) -> None:
-        await self._changed.wait()
-
-    def tail(self, n: int = 40) -> str:
-        lines = [
-            f"  {e.at:10.3f} {e.node:>8} {e.event} "
-            + " ".join(f"{k}={v}" for k, v in e.fields.items() if k not in _NOISE)
-            for e in self.lines[-n:]
-        ]
-        raw = [f"  [raw {p}] {text}" for p, text in self.raw[-10:]]
-        return "\n".join(lines + raw)
-
-
-_NOISE = frozenset({"timestamp", "level", "node", "job", "event"})
-
-
-@attrs.define
-class Child:
-    """One child process and what the harness knows about it.
-
-    A node is two processes (ingestion/node/parent.py): the parent, which the harness started, and
-    the worker it forked, which holds the leases (``worker_pid``, from its ``node-starting``
-    line). :meth:`send` aims each signal where it keeps its meaning.
-    """
-
-    name: str
-    process: trio.Process
-    started_at: float
-    paused: bool = False
-    worker_pid: int | None = None  # a node's worker, once it logged node-starting
+class RedisDeployment(Protocol):
+    """A Redis deployment the cluster starts and stops (:class:`~ingestion.testing.redis_ha.
+    SentinelGroup`): blocking calls, run in a thread."""
 
     @property
-    def alive(self) -> bool:
-        return self.process.returncode is None
+    def url(self) -> str: ...
 
-    def send(self, sig: signal.Signals) -> None:
-        """SIGSTOP/SIGCONT pause and resume a node's worker (the parent stays: a paused worker
-        is not dead); SIGKILL kills the parent, then the worker (a host crash: nobody is left to
-        release the lease, the TTL path); any other signal goes to the parent, which forwards
-        SIGTERM and SIGINT to the worker."""
-        if not self.alive:
-            return
-        if sig in (signal.SIGSTOP, signal.SIGCONT):
-            # (a child that is not a node has no worker: the process itself)
-            _signal_pid(self.worker_pid or self.process.pid, sig)
-            self.paused = sig is signal.SIGSTOP
-            return
-        self.process.send_signal(sig)
-        if sig is signal.SIGKILL and self.worker_pid is not None:
-            _signal_pid(self.worker_pid, sig)  # the kernel would too (PR_SET_PDEATHSIG)
+    def start(self) -> Any: ...
 
-    def kill_worker(self) -> None:
-        """SIGKILL the node's worker only (a process crash): its parent releases its leases."""
-        assert self.worker_pid is not None, f"{self.name}: no node-starting line yet"
-        _signal_pid(self.worker_pid, signal.SIGKILL)
+    def stop(self) -> None: ...
 
-
-def _signal_pid(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass  # already gone
-
-
-async def spawn(
-    nursery: trio.Nursery,
-    name: str,
-    args: Sequence[str],
-    log: EventLog,
-    env: dict[str, str] | None = None,
-    *,
-    group: int | None = None,
-    cwd: str | None = None,
-) -> Child:
-    """Start ``args`` as the child ``name`` (:func:`~ingestion.testing.launch.child_env` plus
-    ``env``), its output read into ``log`` by a task in ``nursery`` until it exits. ``group``: the
-    child's group id (root only), by which a packet filter can tell its connections apart; ``cwd``
-    its working directory (``python -m`` imports from there first)."""
-    process = await trio.lowlevel.open_process(
-        list(args),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=child_env(env),
-        group=group,
-        cwd=cwd,
-    )
-    child = Child(name, process, trio.current_time())
-    nursery.start_soon(_read_lines, child, log)
-    return child
-
-
-async def _read_lines(child: Child, log: EventLog) -> None:
-    stream = child.process.stdout
-    assert stream is not None
-    async for raw in output_lines(stream):
-        line = _record(child.name, raw, trio.current_time(), log)  # no checkpoint since it arrived
-        if line is not None and line.event == "node-starting" and "pid" in line.fields:
-            child.worker_pid = int(line.fields["pid"])
-    await child.process.wait()
-    log.add(LogLine(trio.current_time(), child.name, "process-exited",
-                    {"returncode": child.process.returncode, "pid": child.process.pid}))  # fmt: skip
-
-
-def _record(name: str, raw: bytes, at: float, log: EventLog) -> LogLine | None:
-    line = log_line(name, raw, at)
-    if line is not None:
-        log.add(line)
-    elif text := raw.decode(errors="replace").strip():
-        log.raw.append((name, text))
-    return line
-
-
-@attrs.frozen
-class ClockFake:
-    """Run a node under libfaketime. ``spec`` is FAKETIME (e.g. ``"+3d"``, ``"@2030-01-01 00:00:00
-    x2"``); with ``timestamp_file`` the spec is re-read from that file every second, so a test can
-    make the wall clock jump while the node runs. ``fake_monotonic=False`` (the realistic case) sets
-    DONT_FAKE_MONOTONIC=1: the wall clock lies, the monotonic clock does not.
-    """
-
-    spec: str = ""
-    timestamp_file: str | None = None
-    fake_monotonic: bool = False
-
-    def env(self) -> dict[str, str]:
-        env = {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME_DONT_RESET": "1"}
-        if self.timestamp_file:
-            env["FAKETIME_TIMESTAMP_FILE"] = self.timestamp_file
-            # Re-read at most every second: FAKETIME_NO_CACHE=1 reads the file on every clock call,
-            # which slows the process so much that a lease round trip outlives the ingest deadline.
-            env["FAKETIME_CACHE_DURATION"] = "1"
-        else:
-            env["FAKETIME"] = self.spec
-        if not self.fake_monotonic:
-            env["DONT_FAKE_MONOTONIC"] = "1"
-        return env
-
-
-def faketime_available() -> bool:
-    return os.path.exists(FAKETIME_LIB)
+    def ports(self) -> list[int]: ...
 
 
 class Cluster:
@@ -249,6 +83,16 @@ class Cluster:
         ttl_ms: int,
         log: EventLog,
         redis_url: str | None = None,
+        *,
+        directory: Path | None = None,
+        jobs: Sequence[Job] = (),
+        postgres: LocalPostgres | None = None,
+        receiver: Receiver | None = None,
+        faults: NodeFaults = NO_FAULTS,
+        sentinel: RedisDeployment | None = None,
+        build: str | None = None,
+        console: bool = False,
+        api_job: str | None = None,
     ) -> None:
         self.nursery = nursery
         self._redis = redis_server
@@ -262,7 +106,56 @@ class Cluster:
         self.children: dict[str, Child] = {}
         self.history: list[Child] = []  # every child ever started, for cleanup
         self.client = connect(self.redis_url, timeout=2.0)
-        self.node_env: dict[str, str] = {}  # extra environment a test gives its nodes
+        self.node_env: dict[str, str] = {}  # extra environment every node gets
+        self.directory = directory or Path(tempfile.mkdtemp(prefix="ingestion-cluster-"))
+        self.jobs = tuple(jobs)
+        self.postgres = postgres
+        self.receiver = receiver
+        self.receiver_url = ""
+        self.faults = faults
+        self.sentinel = sentinel
+        self.build = build  # run the nodes from this copy of the code (PYTHONPATH and cwd)
+        self.console = console  # each node serves the console (and /metrics) on a port of its own
+        self.api_job = api_job  # each node serves this job's events API on a port of its own
+        self.ports: dict[str, tuple[int, int]] = {}  # node -> (console, events API)
+        self.config_path: Path | None = None  # the nodes' config, rendered once from ``jobs``
+        self.links: Links | None = None  # with faults.partition
+        self.gids: dict[str, int] = {}
+        self.clock_file = self.directory / "faketime"  # the faked nodes' wall-clock offset
+
+    async def arm(self) -> None:
+        """Once the simulator serves: the receiver served, partitions routed, the faked clocks at
+        +0 s, and the config rendered from the jobs (every node reads that one file)."""
+        if self.receiver is not None:
+            from ingestion.testing.receiver import serve_receiver  # (the receiver extra: see above)
+
+            port = await self.nursery.start(serve_receiver, self.receiver)
+            self.receiver_url = f"http://127.0.0.1:{port}/in"
+        if self.faults.partition:
+            self.links = Links()
+        if self.faults.clock:
+            self.clock_file.write_text("+0s\n")
+        if self.jobs:
+            self.config_path = self.directory / "cluster.toml"
+            secret = self.receiver.secret if self.receiver is not None else None
+            at = Endpoints(self.horizon, self.rpc, self.postgres.url if self.postgres else None,
+                           self.receiver_url or None, secret)  # fmt: skip
+            self.config_path.write_text(render(self.jobs, at, api_job=self.api_job))
+
+    def node_gid(self, name: str) -> int | None:
+        """The group node ``name`` runs under (None: no partitions)."""
+        if self.links is None:
+            return None
+        return self.gids.setdefault(name, GID_BASE + len(self.gids) + 1)
+
+    def redis_ports(self) -> list[int]:
+        return self.sentinel.ports() if self.sentinel is not None else [self.redis.port]
+
+    def console_url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports[name][0]}/"
+
+    def api_url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports[name][1]}/"
 
     @property
     def redis(self) -> LocalRedis:
@@ -272,8 +165,11 @@ class Cluster:
 
     # -- processes ------------------------------------------------------------------------------
 
-    async def _spawn(self, name: str, args: Sequence[str], env: dict[str, str] | None = None) -> Child:
-        child = await spawn(self.nursery, name, args, self.log, env)
+    async def _spawn(
+        self, name: str, args: Sequence[str], env: dict[str, str] | None = None,
+        group: int | None = None, cwd: str | None = None,
+    ) -> Child:  # fmt: skip
+        child = await spawn(self.nursery, name, args, self.log, env, group=group, cwd=cwd)
         self.children[name] = child
         self.history.append(child)
         return child
@@ -286,6 +182,7 @@ class Cluster:
         history_ledgers: int = 10,
         response_delay_ms: int = 0,
         rpc: bool = False,
+        cache_records: int | None = None,
         extra: Sequence[str] = (),
     ) -> str:
         await self._spawn(
@@ -295,7 +192,7 @@ class Cluster:
                 ops_per_ledger=ops_per_ledger,
                 history_ledgers=history_ledgers,
                 response_delay_ms=response_delay_ms,
-                cache_records=max(60_000, 4 * ops_per_ledger * history_ledgers),
+                cache_records=cache_records or max(60_000, 4 * ops_per_ledger * history_ledgers),
                 rpc=rpc,
                 extra=extra,
             ),
@@ -309,6 +206,14 @@ class Cluster:
         self, name: str, *, redis_url: str | None = None, horizon: str | None = None,
         extra: Sequence[str] = (),
     ) -> list[str]:  # fmt: skip
+        served = []
+        if name in self.ports and self.console:
+            served = ["--metrics-port", str(self.ports[name][0])]
+        if self.config_path is not None:  # every job a table of the one config file
+            return node_command(
+                name, jobs=[], redis_url=redis_url or self.redis_url, horizon=None, ttl_ms=self.ttl_ms,
+                extra=["--config", str(self.config_path), *served, *extra],
+            )  # fmt: skip
         # --horizon only for a Horizon job: the node refuses a flag no hosted job uses.
         source = extra[list(extra).index("--source") + 1] if "--source" in extra else "horizon"
         return node_command(
@@ -317,7 +222,7 @@ class Cluster:
             redis_url=redis_url or self.redis_url,
             horizon=(horizon or self.horizon) if source == "horizon" else None,
             ttl_ms=self.ttl_ms,
-            extra=extra,
+            extra=[*served, *extra],
         )
 
     async def start_node(
@@ -331,12 +236,28 @@ class Cluster:
         extra: Sequence[str] = (),
         wait: bool = True,
     ) -> Child:
-        """Start node ``name``; with ``wait``, return once it has joined (led or stood by)."""
+        """Start node ``name`` (again: under the same ports, group and faults); with ``wait``,
+        return once it has joined (led or stood by)."""
         since = trio.current_time()
+        if (self.console or self.api_job) and name not in self.ports:
+            self.ports[name] = (free_port(), free_port())
+        armed = dict(self.node_env)
+        if self.api_job is not None:
+            armed["INGESTION_API_PORT"] = str(self.ports[name][1])
+        if self.build is not None:
+            armed["PYTHONPATH"] = self.build
+        if name in self.faults.clock:
+            armed.update(ClockFake(timestamp_file=str(self.clock_file)).env())
+        gid = self.node_gid(name)
+        if gid is not None and self.links is not None and gid not in self.links.proxies:
+            await self.links.route(self.nursery, gid, self.redis_ports())
         child = await self._spawn(
             name,
             self.node_args(name, redis_url=redis_url, horizon=horizon, extra=extra),
-            {**(clock.env() if clock else {}), **(env or {})},
+            {**armed, **(clock.env() if clock else {}), **(env or {})},
+            # (python -m imports from its working directory first: the build's, when there is one)
+            group=gid,
+            cwd=self.build,
         )
         if wait:
             await self.joined(name, since=since)
@@ -459,58 +380,112 @@ class Cluster:
         (with ``lake``: its lake's events from ``start_ledger`` up to RPC's oldest ledger first)."""
         return await verify_rpc_job(self.redis_url, job or self.job, self.rpc, filters, start_ledger, lake)
 
+    def verify_delivery(self, hook: str, source: str) -> Verification:
+        """What the receiver holds against job ``source``'s stream, which webhook job ``hook``
+        delivers: each record once, in the stream's order, up to the hook's position exactly
+        (blocking: run it in a thread while the nodes run)."""
+        assert self.receiver is not None, "this cluster runs no receiver"
+        entries: Any = self.client.xrange(job_keys(source)["events"])
+        stream = [str(f["paging_token"]) for _id, f in entries]
+        position: Any = self.client.hget(job_keys(hook)["cursor"], "cursor")
+        delivered = [str(record.get("paging_token")) for record in self.receiver.records()]
+        return check_delivery(stream, position, delivered)
+
+    def delivered_all(self, hook: str, source: str) -> bool:
+        """``hook``'s position is at ``source``'s last record now (blocking)."""
+        last: Any = self.client.xrevrange(job_keys(source)["events"], count=1)
+        position = self.client.hget(job_keys(hook)["cursor"], "cursor")
+        return bool(last) and position == last[0][1]["paging_token"]
+
     def leaders(self) -> list[LogLine]:
         return self.log.of("became-leader")
 
     # -- teardown -------------------------------------------------------------------------------
 
-    async def stop_all(self) -> None:
-        """SIGTERM every node still running (SIGCONT first if paused), then SIGKILL stragglers."""
+    async def stop_nodes(self, grace: float = 5.0) -> None:
+        """SIGTERM every node still running (SIGCONT first if paused); wait up to ``grace``."""
         nodes = [c for c in self.history if c.alive and c.name != "simulator"]
         for c in nodes:
             if c.paused:
                 c.send(signal.SIGCONT)
-        await terminate([c.process for c in nodes], grace=5)
+        await terminate([c.process for c in nodes], grace=grace)
+
+    async def stop_all(self) -> None:
+        """:meth:`stop_nodes`, then SIGKILL stragglers."""
+        await self.stop_nodes()
         kill_remaining(c.process for c in self.history)
 
 
 @asynccontextmanager
 async def open_cluster(
-    job: str,
+    job: str | None = None,
     *,
+    jobs: Sequence[Job] = (),
     ttl_ms: int = 1500,
     persistence: bool = False,
     ledger_interval: float = 0.1,
     ops_per_ledger: int = 10,
     echo: bool = False,
+    log: EventLog | None = None,
     redis_url: str | None = None,
     redis_env: dict[str, str] | None = None,
+    sentinel: RedisDeployment | None = None,
+    postgres: bool = False,
+    receiver: Receiver | None = None,
+    faults: NodeFaults = NO_FAULTS,
+    build: str | None = None,
+    console: bool = False,
+    api_job: str | None = None,
     history_ledgers: int = 10,
     response_delay_ms: int = 0,
     rpc: bool = False,
+    cache_records: int | None = None,
     simulator_extra: Sequence[str] = (),
 ) -> AsyncIterator[Cluster]:
-    """Start redis-server and the simulator; yield a :class:`Cluster` to start nodes in.
+    """Start Redis, the simulator and what the parameters ask for; yield a :class:`Cluster` to
+    start nodes in.
 
-    With ``redis_url`` (e.g. a Sentinel deployment's URL) no redis-server is started: the nodes
-    and the harness use that URL. On exit, however it happens, every child is stopped (SIGKILL if
-    it does not stop by itself) and the redis-server it started is killed.
+    ``job``: the job of the nodes' flags (``--job``), which :meth:`Cluster.verify` and the other
+    one-job helpers read; with ``jobs`` instead, the nodes read every job from one config file
+    rendered from them (``job`` then names the first by default). Redis: a redis-server of its own,
+    or ``sentinel`` (a Sentinel deployment the cluster starts and stops), or an external
+    ``redis_url``. ``postgres``: a throwaway PostgreSQL (a job's ``sink = POSTGRES``);
+    ``receiver``: the example webhook receiver, served here (a webhook job's default endpoint);
+    ``faults``: armed on the nodes as they start; ``build``: the nodes run that copy of the code;
+    ``console``/``api_job``: each node serves the console, the events API, on ports of its own.
+    ``log``: the log to read the children into (its ``echo`` shows lines as they come).
+    On exit, however it happens, every child is stopped (SIGKILL if it does not stop by itself)
+    and every server it started is stopped.
     """
-    log = EventLog()
+    first = job or (jobs[0].name if jobs else None)
+    assert first is not None, "open_cluster needs a job or jobs"
+    log = log if log is not None else EventLog()
     if echo:
         log.echo = lambda e: print(f"{e.at:9.3f} {e.node:>9} {e.event} {_fields(e)}", flush=True)
-    server = None if redis_url else LocalRedis(persistence=persistence, env=redis_env)
-    if server is not None:
-        await trio.to_thread.run_sync(server.start)
+    directory = Path(tempfile.mkdtemp(prefix="ingestion-cluster-"))
+    server = None if redis_url or sentinel else LocalRedis(persistence=persistence, env=redis_env)
+    pg: LocalPostgres | None = None
     try:
+        if server is not None:
+            await trio.to_thread.run_sync(server.start)
+        if sentinel is not None:
+            await trio.to_thread.run_sync(sentinel.start)
+            redis_url = sentinel.url
+        if postgres:
+            pg = await trio.to_thread.run_sync(LocalPostgres().start)
         async with trio.open_nursery() as nursery:
-            cluster = Cluster(nursery, server, job, ttl_ms, log, redis_url)
+            cluster = Cluster(
+                nursery, server, first, ttl_ms, log, redis_url, directory=directory, jobs=jobs,
+                postgres=pg, receiver=receiver, faults=faults, sentinel=sentinel, build=build,
+                console=console, api_job=api_job,
+            )  # fmt: skip
             try:
                 await cluster.start_simulator(
                     ledger_interval=ledger_interval, ops_per_ledger=ops_per_ledger,
                     history_ledgers=history_ledgers, response_delay_ms=response_delay_ms,
-                    rpc=rpc, extra=simulator_extra,
+                    rpc=rpc, cache_records=cache_records, extra=simulator_extra,
                 )  # fmt: skip
+                await cluster.arm()
                 yield cluster
             except BaseException:
                 # pytest shows a failed test's captured output: the cluster's last words
@@ -521,14 +496,21 @@ async def open_cluster(
                     await cluster.stop_all()
                 kill_remaining(c.process for c in cluster.history)
                 cluster.client.close()
+                if cluster.links is not None:
+                    cluster.links.close()
                 nursery.cancel_scope.cancel()
     finally:
         if server is not None:
             server.kill()
+        if sentinel is not None:
+            sentinel.stop()
+        if pg is not None:
+            pg.cleanup()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _fields(e: LogLine) -> str:
-    return " ".join(f"{k}={v}" for k, v in e.fields.items() if k not in _NOISE)
+    return " ".join(f"{k}={v}" for k, v in e.fields.items() if k not in NOISE)
 
 
 def figure(name: str, **values: Any) -> None:

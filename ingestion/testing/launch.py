@@ -4,9 +4,9 @@ The command line of a node (``python -m ingestion``) and of the simulator (``pyt
 simulate``), the environment they run in, a child's JSON log line read as a :class:`LogLine`, when a
 child is ready (the simulator's ``simulator-listening``, a node's first ``became-leader`` or
 ``standby``), and stopping (SIGTERM, a grace period, then SIGKILL). The trio harness
-(:mod:`ingestion.testing.cluster`), the thread-driven one of the benchmarks
-(:mod:`ingestion.testing.processes`) and ``ingestion demo`` all call these, so none of them spells a
-child's command line on its own.
+(:mod:`ingestion.testing.cluster`, which the demo and the chaos campaign run on) and the
+thread-driven one of the benchmarks (:mod:`ingestion.testing.processes`) call these, so none of
+them spells a child's command line on its own.
 """
 
 from __future__ import annotations

@@ -137,6 +137,10 @@ class SentinelGroup:
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
         return f"redis+sentinel://{hosts}/{SERVICE}"
 
+    def ports(self) -> list[int]:
+        """Every port a client may connect to: the servers' and the sentinels'."""
+        return [s.port for s in self.servers + self.sentinels]
+
     def primary_port(self) -> int:
         """The primary as the sentinels name it now."""
         for s in self.sentinels:
