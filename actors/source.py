@@ -158,6 +158,12 @@ class HeldOffSource(Protocol):
         check that cannot tell (Redis or the source not answering) answers None."""
         ...
 
+    async def look_between_campaigns(self) -> None:
+        """Runs beside the Elector for the node's life (the supervisor starts it): the checks
+        ``hold_off`` asks for but does not wait on, so that a campaign need not wait on a slow
+        source once it has been found fine."""
+        ...
+
 
 class TermFenced(Exception):
     """A fenced write of the source's own was refused: the term's token is no longer current.

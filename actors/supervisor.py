@@ -197,6 +197,8 @@ async def run_node(
             )  # fmt: skip
             await nursery.start(watch.run)
         handle.watch = watch
+        if isinstance(source, HeldOffSource):
+            nursery.start_soon(source.look_between_campaigns)
         elector = Elector(
             store,
             spec.node,

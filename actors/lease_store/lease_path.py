@@ -12,7 +12,8 @@ fall due together, makes a few calls a second instead of 200 (each a thread hop:
 could not keep up on a loaded machine). Each renewal keeps its own bound (the caller's): a send
 cut short (its sender's bound, or its term's end) leaves what it took to the next sender, and a
 renewal run twice only extends the lease it holds twice. On a Redis Cluster each renewal is its
-own call (a job's keys are in its own slot).
+own call (a job's keys are in its own slot). The queue and its sender:
+:mod:`actors.lease_store.pipelined`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-import attrs
 import redis
 import trio
+
+from actors.lease_store.pipelined import Ask, Pipelined, one_per_run
 
 LEASE_THREADS = 40  # the lease path's own threads (acquire, renew, release, commit), per trio run
 _LEASE_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("lease_limiter")
@@ -38,23 +40,13 @@ def lease_limiter() -> trio.CapacityLimiter:
         return limiter
 
 
-@attrs.define(eq=False)
-class _Renewal:
-    keys: list[str]
-    args: list[Any]
-    done: trio.Event = attrs.Factory(trio.Event)
-    answer: Any = None
-    error: BaseException | None = None
-
-
 class Renewals:
     """The renewals of one node (one client), sent together (see the module doc)."""
 
     def __init__(self, client: Any, script: Any) -> None:
         self._client = client
         self._script = script  # the renew script (redis-py's Script: its sha and text)
-        self._queued: list[_Renewal] = []
-        self._under_way: trio.Event | None = None  # set when the send under way has ended
+        self._sender = Pipelined(self._send)
         self.sent = 0  # pipelines sent (for tests)
 
     async def renew(self, keys: list[str], args: list[Any]) -> Any:
@@ -63,55 +55,34 @@ class Renewals:
         Raises:
             redis.RedisError, OSError: the send failed, or this renewal did.
         """
-        me = _Renewal(keys, args)
-        self._queued.append(me)
+        return await self._sender.call((keys, args))
+
+    async def _send(self, taken: list[Ask]) -> None:
         try:
-            while not me.done.is_set():
-                under_way = self._under_way
-                if under_way is None:
-                    await self._send()
-                else:
-                    await under_way.wait()
-        finally:
-            if me in self._queued:
-                self._queued.remove(me)
-        if me.error is not None:
-            raise me.error
-        return me.answer
+            requests = [ask.request for ask in taken]
+            answers = await trio.to_thread.run_sync(
+                self._pipeline, requests, abandon_on_cancel=True, limiter=lease_limiter()
+            )
+        except (redis.RedisError, OSError) as exc:
+            for ask in taken:
+                ask.settle(error=exc)
+            return
+        self.sent += 1
+        for ask, answer in zip(taken, answers, strict=True):
+            if isinstance(answer, Exception):
+                ask.settle(error=answer)
+            else:
+                ask.settle(answer)
 
-    async def _send(self) -> None:
-        ended = self._under_way = trio.Event()
-        taken, self._queued = self._queued, []
-        try:
-            try:
-                answers = await trio.to_thread.run_sync(
-                    self._pipeline, taken, abandon_on_cancel=True, limiter=lease_limiter()
-                )
-            except (redis.RedisError, OSError) as exc:
-                for r in taken:
-                    r.error = exc
-                    r.done.set()
-                return
-            self.sent += 1
-            for r, answer in zip(taken, answers, strict=True):
-                if isinstance(answer, Exception):
-                    r.error = answer
-                else:
-                    r.answer = answer
-                r.done.set()
-        finally:
-            self._queued[:0] = [r for r in taken if not r.done.is_set()]  # (cut short: the next send's)
-            self._under_way = None
-            ended.set()
+    def _pipeline(self, renewals: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """In a worker thread: the renewals (keys, args) in one pipeline (the script loaded first if
+        the server does not have it: a restarted one); their answers, an exception for each that
+        failed."""
 
-    def _pipeline(self, renewals: list[_Renewal]) -> list[Any]:
-        """In a worker thread: the renewals in one pipeline (the script loaded first if the server
-        does not have it: a restarted one); their answers, an exception for each that failed."""
-
-        def run(some: list[_Renewal]) -> list[Any]:
+        def run(some: list[tuple[list[str], list[Any]]]) -> list[Any]:
             pipe = self._client.pipeline(transaction=False)
-            for r in some:
-                pipe.evalsha(self._script.sha, len(r.keys), *r.keys, *r.args)
+            for keys, args in some:
+                pipe.evalsha(self._script.sha, len(keys), *keys, *args)
             return list(pipe.execute(raise_on_error=False))
 
         answers = run(renewals)
@@ -128,11 +99,4 @@ _shared: weakref.WeakKeyDictionary[Any, dict[Any, Renewals]] = weakref.WeakKeyDi
 
 def renewals(client: Any, script: Any) -> Renewals:
     """The renewals shared by every lease on ``client`` in this trio run (one per node)."""
-    token = trio.lowlevel.current_trio_token()
-    per_run = _shared.setdefault(client, {})
-    found = per_run.get(token)
-    if found is None:
-        for stale in [t for t in per_run if t is not token]:
-            del per_run[stale]  # (a client outlived an earlier trio run: tests)
-        found = per_run[token] = Renewals(client, script)
-    return found
+    return one_per_run(_shared, client, lambda: Renewals(client, script))

@@ -30,6 +30,8 @@ import trio
 from redis.cluster import RedisCluster
 from redis.sentinel import SentinelConnectionPool
 
+from actors.lease_store.pipelined import one_per_run
+
 BLOCK = 0.25  # seconds: the longest read, so the longest a newly waiting stream waits to be named
 THREADS = 4  # the reads' own threads: one reading, and room for reads abandoned by a cancel
 CLUSTER_THREADS = 32  # on a cluster: slots read at once
@@ -158,11 +160,4 @@ _shared: weakref.WeakKeyDictionary[Any, dict[Any, StreamWaits]] = weakref.WeakKe
 
 def stream_waits(client: Any, call_timeout: float) -> StreamWaits:
     """The waits shared by every caller on ``client`` in this trio run (one per node)."""
-    token = trio.lowlevel.current_trio_token()
-    per_run = _shared.setdefault(client, {})
-    waits = per_run.get(token)
-    if waits is None:
-        for stale in [t for t in per_run if t is not token]:
-            del per_run[stale]  # (a client outlived an earlier trio run: tests)
-        waits = per_run[token] = StreamWaits(client, call_timeout)
-    return waits
+    return one_per_run(_shared, client, lambda: StreamWaits(client, call_timeout))

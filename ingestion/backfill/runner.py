@@ -22,11 +22,11 @@ from __future__ import annotations
 import datetime
 import functools
 import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
-import psycopg
 import redis
 import trio
 
@@ -38,6 +38,14 @@ from ingestion.config.sections import JobSettings
 
 STOP_WAIT = 3.0  # seconds a node's shutdown waits for its ranges to release their leases
 POLLS_PER_INTERVAL = 4
+
+
+def _store_errors() -> tuple[type[Exception], ...]:
+    """What a failed read of a plan's progress raises: Redis's errors, PostgreSQL's once loaded."""
+    # psycopg is not imported here: start-up time (~0.1 s) for the nodes that have no PostgreSQL
+    # sink; a node that never loaded it (read_progress does for one) cannot see its errors.
+    psycopg = sys.modules.get("psycopg")
+    return (redis.RedisError, OSError, *((psycopg.Error,) if psycopg is not None else ()))
 
 
 def range_job(job: JobSettings, first: int, last: int) -> JobSettings:
@@ -167,7 +175,7 @@ class BackfillRunner:
                 self.progress[job.name] = await trio.to_thread.run_sync(
                     read_progress, store.client, plan, job.sink, self.schema, abandon_on_cancel=True
                 )
-            except (redis.RedisError, OSError, psycopg.Error) as exc:
+            except _store_errors() as exc:
                 self.log.debug("backfill-progress-unreadable", parent_job=job.name, error=str(exc))
 
     def _forget_progress(self, job: str) -> None:

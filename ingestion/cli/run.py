@@ -196,7 +196,6 @@ def main(argv: Sequence[str]) -> int:
     settings = load_settings(ns)
     check_source_flags(ns, settings)
     from ingestion.node.preflight import check_sources, preflight
-    from ingestion.node.worker import start_node
 
     check_sources(settings)
     if (status := asked()) is not None:
@@ -206,6 +205,7 @@ def main(argv: Sequence[str]) -> int:
     if (status := run_unless_asked(lambda: preflight(settings))) is not None:
         return status
     from ingestion.node import parent
+    from ingestion.node.worker import start_node  # (after the checks: a stop during them ends sooner)
 
     if (status := asked()) is not None:
         return status

@@ -15,7 +15,11 @@ token (``fenced_hset``, as the source and sink identities of :mod:`ingestion.nod
 
 Before each campaign (:meth:`NetworkGuard.hold_off`, asked by the Elector) the node holds the job
 off while the reset mark is set (``campaign-held-off reason=network-reset``) or while a URL
-answers with another passphrase (``reason=wrong-network``, the line naming both). On connect (the
+answers with another passphrase (``reason=wrong-network``, the line naming both). The URLs are
+asked before a campaign only until a look finds them on the job's network; from then on a
+campaign never waits for them: a look at most every :data:`HOLD_LOOK_TTL` runs between campaigns
+(:meth:`NetworkGuard.look_between_campaigns`), and only a wrong answer it finds holds the next
+one off (a graceful hand-over waited for a slow root: 1,001 ms against its 1 s bound). On connect (the
 start of each term, before anything is written) the guard asks again, records the passphrase
 when none is, and compares the kept hash with the source's; then, while the term runs, every
 ``network.check_ms``: a URL on another network ends the term (the next campaign holds off); a
@@ -48,7 +52,7 @@ from ingestion.common.network import (
 
 # The cursor hash's fields the guard keeps (and ``ingestion cursor reset`` clears, but ``network``).
 FIELDS = ("network", "network_reset", "network_ledger", "network_ledger_hash")
-# How long a look that found the source on the job's network spares a standby's campaigns the next.
+# How long a look that found the source on the job's network stands before campaigns ask for another.
 HOLD_LOOK_TTL = 30.0
 
 log = structlog.get_logger()
@@ -67,7 +71,7 @@ class NetworkGuard:
 
     def __init__(
         self, inner: Any, store: LeaseStore, job: str, network: str, *, check_interval: float,
-        reset_after: float,
+        reset_after: float, look_ttl: float = HOLD_LOOK_TTL,
     ) -> None:  # fmt: skip
         self.inner = inner
         self.store = store
@@ -75,9 +79,12 @@ class NetworkGuard:
         self.network = network  # the job's setting ("": the recorded one)
         self.check_interval = check_interval
         self.reset_after = reset_after
+        self.look_ttl = look_ttl
         self._key = job_keys(job)["cursor"]
         self._connected: int | None = None  # the token of the term that connected last
-        self._fine_until = -1.0  # hold_off: a look found the source fine until then
+        # The newest look's (expected passphrase, when it began, its verdict: None, right)
+        self._found: tuple[str, float, Verdict | None] | None = None
+        self._look_wanted = trio.Event()  # set: look_between_campaigns looks (then a new one)
         self._expected = ""  # the passphrase this term follows
         self._ledger: int | None = None  # the kept ledger and its hash (this term's view)
         self._hash: str | None = None
@@ -99,7 +106,9 @@ class NetworkGuard:
         return wrong_network(self.job, expected, looks, configured=bool(self.network))
 
     async def hold_off(self) -> tuple[str, str] | None:
-        """For the Elector, before each campaign (see :class:`actors.source.HeldOffSource`)."""
+        """For the Elector, before each campaign (see :class:`actors.source.HeldOffSource`).
+        Once a look found the source right, the campaign goes at once: a stale look is asked of
+        :meth:`look_between_campaigns`, not waited for."""
         try:
             fields = await self._fields()
         except RedisUnavailable:
@@ -107,13 +116,35 @@ class NetworkGuard:
         if fields["network_reset"]:
             return "network-reset", f"{fields['network_reset']}; {what_to_do(self.job)}"
         expected = self.network or fields["network"] or ""
-        if not expected or trio.current_time() < self._fine_until:
+        if not expected:
             return None
+        found = self._found
+        if found is not None and found[0] == expected and found[2] is None:
+            if trio.current_time() >= found[1] + self.look_ttl:
+                self._look_wanted.set()
+            return None
+        verdict = await self._look(expected)  # none found right yet: this campaign waits for it
+        return None if verdict is None else (verdict.reason, verdict.detail)
+
+    async def look_between_campaigns(self) -> None:
+        """Beside the Elector, for the node's life: the looks :meth:`hold_off` asks for once the
+        source has been found right; a wrong answer holds off the next campaign."""
+        while True:
+            await self._look_wanted.wait()
+            if self._found is not None:
+                await self._look(self._found[0])
+            self._look_wanted = trio.Event()  # (asked again while it looked: that look was fresh)
+
+    async def _look(self, expected: str) -> Verdict | None:
+        began = trio.current_time()
         verdict = self._wrong(expected, await self._looks(None))
-        if verdict is None:
-            self._fine_until = trio.current_time() + HOLD_LOOK_TTL
-            return None
-        return verdict.reason, verdict.detail
+        self._judged(expected, began, verdict)
+        return verdict
+
+    def _judged(self, expected: str, began: float, verdict: Verdict | None) -> None:
+        """Keep a look's verdict unless a look that began later has given one already."""
+        if self._found is None or began >= self._found[1]:
+            self._found = (expected, began, verdict)
 
     async def resolve_start(self, cursor: str) -> str:
         await self._connect()
@@ -146,11 +177,12 @@ class NetworkGuard:
         ledger_text = fields["network_ledger"]
         self._ledger = int(ledger_text) if ledger_text and ledger_text.isdigit() else None
         self._hash = fields["network_ledger_hash"] or None
+        began = trio.current_time()
         looks = await self._looks(self._ledger)
         self._expected = self.network or fields["network"] or first_passphrase(looks) or ""
         verdict = self._wrong(self._expected, looks)
+        self._judged(self._expected, began, verdict)
         if verdict is not None:
-            self._fine_until = -1.0
             raise SourceHeldOff(f"wrong-network: {verdict.detail}")
         if self._expected and not fields["network"]:
             await self._write(term.node, term.token, {"network": self._expected})
@@ -184,10 +216,11 @@ class NetworkGuard:
             while handed and handed[0][1].is_set():
                 committed = handed.popleft()[0] or committed
             moved = committed is not None and committed != self._ledger
+            began = trio.current_time()
             looks = await self._looks(committed if moved else self._ledger)
             verdict = self._wrong(self._expected, looks)
+            self._judged(self._expected, began, verdict)
             if verdict is not None:
-                self._fine_until = -1.0
                 raise SourceHeldOff(f"wrong-network: {verdict.detail}")
             ledger, kept = (committed, None) if moved else (self._ledger, self._hash)
             reset = judge.judge(trio.current_time(), ledger, kept, looks)

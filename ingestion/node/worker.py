@@ -17,12 +17,11 @@ import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 import structlog
 import trio
-from prometheus_client.registry import Collector
 from redis.exceptions import RedisClusterException
 
 from actors.clock import BootClock
@@ -49,6 +48,9 @@ from ingestion.node.network import guarded
 from ingestion.node.preflight import PREFLIGHT_TIMEOUT, StartupError
 from ingestion.node.sd_notify import notify
 from ingestion.serve.presence import keep_present
+
+if TYPE_CHECKING:  # (prometheus_client is loaded with the metrics port only: start-up time)
+    from prometheus_client.registry import Collector
 
 
 def start_node(settings: Settings, lease_pipe: int | None = None) -> int:

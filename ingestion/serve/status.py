@@ -32,11 +32,13 @@ from __future__ import annotations
 import functools
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
-from trio_websocket import ConnectionClosed, WebSocketRequest, serve_websocket
+
+if TYPE_CHECKING:
+    from trio_websocket import WebSocketRequest
 
 from actors.observe import NodeObserver, RateMeter
 
@@ -156,6 +158,8 @@ async def _send(ws: Any, message: dict[str, Any]) -> None:
 async def _serve_client(
     hub: StatusHub, request: WebSocketRequest, interval: float, log: Any
 ) -> None:
+    from trio_websocket import ConnectionClosed  # (loaded with the server: start-up time, below)
+
     ws = await request.accept()
     send, receive = trio.open_memory_channel[dict[str, Any]](QUEUE_SIZE)
     with trio.CancelScope() as scope:
@@ -201,6 +205,10 @@ async def serve_status(
     Raises:
         OSError: the address cannot be bound.
     """
+    # Here, not at the top: every node imports this module (StatusHub), and trio_websocket costs
+    # start-up time (~40 ms) to the nodes that serve no status port.
+    from trio_websocket import serve_websocket
+
     observers = [observer] if isinstance(observer, NodeObserver) else list(observer)
     hub = StatusHub(observers)
     unsubscribers = [o.subscribe(functools.partial(hub.on_event, o)) for o in observers]

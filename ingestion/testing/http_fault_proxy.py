@@ -6,6 +6,9 @@ does), ``no-stream`` (plain GETs relayed, pages included; an SSE request gets it
 head and then nothing, as from a proxy that buffers streams: held until the mode changes or the
 client leaves, then closed; a stream open when the mode is set ends). One request per
 connection (``Connection: close``), enough for the nodes' httpx clients.
+
+``root_delay`` (seconds, any mode) holds each ``GET /`` that long before relaying it: a slow root,
+as a loaded Horizon's; ``roots`` counts the ``GET /`` requests that have arrived.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ class HttpFaultProxy:
         self.mode = "forward"
         self.failed = 0  # requests answered 503 in root-only mode
         self.held = 0  # streams held silent in no-stream mode
+        self.root_delay = 0.0
+        self.roots = 0
         self._changed = trio.Event()
 
     def set_mode(self, mode: str) -> None:
@@ -60,6 +65,9 @@ class HttpFaultProxy:
                     head += chunk
                 method, target, _ = head.split(b"\r\n", 1)[0].decode().split(" ", 2)
                 path = target.split("?", 1)[0]
+                if path == "/":
+                    self.roots += 1
+                    await trio.sleep(self.root_delay)
                 if self.mode == "root-only" and path != "/":
                     self.failed += 1
                     await self._answer(stream, 503, STALE_HISTORY)

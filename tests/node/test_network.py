@@ -14,11 +14,13 @@ import trio
 from actors.lease_store import job_keys
 from ingestion.cli.cursor import main as cursor_main
 from ingestion.common.network import NETWORKS
+from ingestion.horizon.source import HorizonSource
 from ingestion.node.network import NetworkGuard
 from ingestion.rpc.protocol import Cursor
 from ingestion.rpc.source import RpcSource
 from ingestion.simulator import SimulatorConfig, open_simulator
 from ingestion.simulator.records import NETWORK_PASSPHRASE
+from ingestion.testing.http_fault_proxy import HttpFaultProxy
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import wait_until
 from tests.support.nodes import FAST_TIMING, Recorder, lease_store, start_node
@@ -28,11 +30,20 @@ CONFIG = SimulatorConfig(
 )
 CHECK, RESET_AFTER = 0.1, 0.3  # seconds: network.check_ms, network.reset_after_ms
 LEDGER_CLOSE = 2.0  # seconds: a fast network's ledger close (pubnet's: 5 to 6 s)
+SLOW_ROOT = 2.0  # seconds a slow Horizon takes to answer its root
+HANDED_OVER = 1.0  # seconds: a graceful hand-over's bound (docs/FAILOVER.md)
 
 
 def guarded(url: str, store: Any, job: str, network: str = "") -> NetworkGuard:
     rpc = RpcSource((url,), retry_base=0.02, retry_cap=0.2, request_timeout=5)
     return NetworkGuard(rpc, store, job, network, check_interval=CHECK, reset_after=RESET_AFTER)
+
+
+def horizon_guard(url: str, store: Any, job: str, network: str = "", look_ttl: float = 30.0) -> NetworkGuard:
+    horizon = HorizonSource((url,), retry_base=0.02, retry_cap=0.2)
+    return NetworkGuard(
+        horizon, store, job, network, check_interval=CHECK, reset_after=RESET_AFTER, look_ttl=look_ttl
+    )
 
 
 def fields(client: redis.Redis, job: str) -> dict[str, str]:
@@ -85,6 +96,78 @@ async def test_the_network_recorded_by_the_first_term_pins_the_job(
     assert held.fields["reason"] == "wrong-network" and "recorded by its first term" in held.fields["error"]
     assert NETWORK_PASSPHRASE in held.fields["error"] and not rec.of("became-leader")
     assert ids(redis_client, job) == committed
+
+
+async def test_a_takeover_never_waits_for_a_slow_root_once_the_source_was_found_right(
+    redis_server: LocalRedis, job: str
+) -> None:
+    """A standby asks its source's network only before its first campaign: a look at a root that
+    answers in 2 s, due at every campaign here (``look_ttl`` 0), runs between campaigns, and a
+    graceful hand-over to that standby takes what it takes without one (CI once saw 1,001 ms
+    against the 1 s bound when the look was due)."""
+    rec = Recorder()
+    async with open_simulator(CONFIG) as sim, trio.open_nursery() as nursery:
+        proxy: HttpFaultProxy = await nursery.start(HttpFaultProxy(sim.url).serve)
+        proxy.root_delay = SLOW_ROOT
+        with lease_store(redis_server.url, job) as store_a, lease_store(redis_server.url, job) as store_b:
+            source_a = horizon_guard(sim.url, store_a, job, NETWORK_PASSPHRASE)
+            slow = f"http://127.0.0.1:{proxy.port}"
+            source_b = horizon_guard(slow, store_b, job, NETWORK_PASSPHRASE, look_ttl=0.0)
+            a = await start_node(nursery, rec, redis_server.url, job, "a", source_a, store=store_a)
+            await rec.wait_for("became-leader", "a")
+            b = await start_node(nursery, rec, redis_server.url, job, "b", source_b, store=store_b)
+            await rec.wait_for("standby", "b", within=SLOW_ROOT + 5)  # its first look: waited for
+            looked = proxy.roots
+            # b's next campaign asks for a look: the hand-over comes while it is under way
+            await wait_until(lambda: proxy.roots > looked, 2 * FAST_TIMING.ttl + 5, what="b's next look")
+            await a.shutdown()
+            stopped = await rec.wait_for("stopped", "a", within=5)
+            taken = await rec.wait_for("became-leader", "b", within=SLOW_ROOT + 5)
+            took = taken.at - stopped.at
+            print(f"\nhand-over beside a slow root: {took * 1000:.0f} ms")
+            await b.shutdown()
+            await rec.wait_for("stopped", "b", within=SLOW_ROOT + 5)
+        nursery.cancel_scope.cancel()
+    assert took < HANDED_OVER, f"the takeover waited {took:.3f} s for the source's root"
+
+
+async def test_a_look_between_campaigns_that_finds_another_network_holds_the_standby_off(
+    redis_server: LocalRedis, job: str
+) -> None:
+    """The look no campaign waits for still guards: a standby that found its source right, whose
+    source then answers on another network, holds the job off at its next campaign
+    (``wrong-network``) and does not take it over when the leader leaves."""
+    other = attrs.evolve(CONFIG, network_passphrase="Other Network ; December 2026")
+    rec = Recorder()
+    async with (
+        open_simulator(CONFIG) as sim,
+        open_simulator(other) as elsewhere,
+        trio.open_nursery() as nursery,
+    ):
+        proxy: HttpFaultProxy = await nursery.start(HttpFaultProxy(sim.url).serve)
+        # (b's calls may wait a second: a Redis call of b's that timed out would let it campaign)
+        with (
+            lease_store(redis_server.url, job) as store_a,
+            lease_store(redis_server.url, job, timeout=1.0) as store_b,
+        ):
+            source_a = horizon_guard(sim.url, store_a, job)
+            source_b = horizon_guard(f"http://127.0.0.1:{proxy.port}", store_b, job, look_ttl=0.0)
+            a = await start_node(nursery, rec, redis_server.url, job, "a", source_a, store=store_a)
+            await rec.wait_for("became-leader", "a")
+            b = await start_node(nursery, rec, redis_server.url, job, "b", source_b, store=store_b)
+            await rec.wait_for("standby", "b")
+            proxy.upstream = elsewhere.url  # b's source is on another network from now on
+            held = await rec.wait_for("campaign-held-off", "b", within=3 * FAST_TIMING.ttl + 5,
+                                      reason="wrong-network")  # fmt: skip
+            await a.shutdown()
+            await rec.wait_for("stopped", "a", within=5)
+            looked = proxy.roots  # b's look after a has gone: answered, and b still held off
+            await wait_until(lambda: proxy.roots >= looked + 2, 3 * FAST_TIMING.ttl + 5, what="b's looks")
+            await b.shutdown()
+            await rec.wait_for("stopped", "b", within=5)
+        nursery.cancel_scope.cancel()
+    assert "Other Network ; December 2026" in held.fields["error"]
+    assert not rec.of("became-leader", "b"), "a term began on another network"
 
 
 async def test_a_reset_is_detected_within_a_ledger_close_and_the_cursor_command_moves_the_job_on(
