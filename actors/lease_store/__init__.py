@@ -3,7 +3,8 @@
 It owns the key layout, the Lua scripts that make every election step and every commit atomic,
 and the bridge from trio to redis-py. A newcomer finds:
 
-- ``keys``: the key layout (one job's keys under one cluster hash tag; the node registry).
+- ``keys``: the key layout (one job's keys under one cluster hash tag; the node registry): the
+  runtime's half of the keyspace, the application's being ``ingestion/common/keyspace.py``.
 - ``lua/``: one script per atomic operation, each headed by its KEYS, ARGV and answer;
   ``scripts`` reads them once.
 - ``connect``: the URL forms (plain, TLS, Sentinel, Cluster), the bounded never-retrying client,
@@ -41,11 +42,14 @@ from actors.lease_store.connect import (
 from actors.lease_store.keys import (
     AUDIT_MAXLEN,
     DEPLOYMENT_KEY,
+    KEY_PATTERN,
     NODE_FORGET_MS,
     NODE_HOSTS_KEY,
     NODE_REGISTRY_KEY,
     discover_jobs,
+    job_key,
     job_keys,
+    job_of_key,
     parse_lease_value,
 )
 from actors.lease_store.notices import HANDED_OVER, NODE_EXITING, ReleaseNotices
@@ -74,6 +78,7 @@ __all__ = [
     "DEPLOYMENT_KEY",
     "FOLLOW_PRIMARY_EVERY",
     "HANDED_OVER",
+    "KEY_PATTERN",
     "NODE_EXITING",
     "NODE_FORGET_MS",
     "NODE_HOSTS_KEY",
@@ -110,7 +115,9 @@ __all__ = [
     "examine_redis",
     "is_cluster_url",
     "is_sentinel_url",
+    "job_key",
     "job_keys",
+    "job_of_key",
     "parse_cluster_url",
     "parse_lease_value",
     "parse_sentinel_url",

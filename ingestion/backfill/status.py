@@ -17,10 +17,10 @@ from ingestion.backfill.plan import (
     RANGE_MARK,
     Plan,
     Progress,
-    backfill_key,
     ledger_of_cursor,
     range_states,
 )
+from ingestion.common.keyspace import backfill_key
 
 
 def _text(value: Any) -> str:

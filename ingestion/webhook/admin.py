@@ -23,9 +23,9 @@ import redis
 from redis.client import NEVER_DECODE
 
 from actors.cursor_order import InvalidPagingToken, token_key
-from actors.lease_store import AUDIT_MAXLEN, job_keys, parse_lease_value
+from actors.lease_store import AUDIT_MAXLEN, job_keys, job_of_key, parse_lease_value
+from ingestion.common.keyspace import webhook_keys
 from ingestion.webhook.requests import stream_id_key
-from ingestion.webhook.source import webhook_keys
 
 LEDGER_LIMIT = 2**32  # a bound below this is a ledger sequence; a record id (TOID) is far above
 DROP_PAGE = 1000  # dead letters dropped by one script call (one short atomic step each)
@@ -154,8 +154,8 @@ def discover(client: redis.Redis) -> dict[str, tuple[str, str]]:
     ``endpoint`` hash (its leaders write it), as ``job -> (source job, endpoint)``; the endpoint is
     its origin only (``https://host:port/...``: a path may hold a token), as the leader wrote it."""
     found: dict[str, tuple[str, str]] = {}
-    for key in client.scan_iter(match="ingestion:{*}:endpoint", count=1000):
-        name = _text(key)[len("ingestion:{") : -len("}:endpoint")]
+    for key in client.scan_iter(match=webhook_keys("*")["endpoint"], count=1000):
+        name = job_of_key(_text(key)) or ""
         source, origin = client.hmget(key, ["from", "origin"])  # type: ignore[misc]
         found[name] = (_text(source) if source else "", f"{_text(origin)}/..." if origin else "-")
     return dict(sorted(found.items()))

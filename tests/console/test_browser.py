@@ -20,12 +20,11 @@ import pytest
 import trio
 
 from actors.lease_store import job_keys
-from ingestion.serve.presence import PRESENCE_CHANNEL
+from ingestion.common.keyspace import PRESENCE_CHANNEL, webhook_keys
 from ingestion.testing.cluster import open_cluster
 from ingestion.testing.local_redis import free_port
 from ingestion.testing.receiver import Fault, Receiver, serve_receiver
 from ingestion.testing.wait import wait_until
-from ingestion.webhook.source import webhook_keys
 from tests.support.browser import Browser, open_browser
 
 pytestmark = pytest.mark.slow

@@ -15,10 +15,11 @@ import redis
 import trio
 
 from actors.lease_store import LeaseStore, RedisUnavailable, discover_jobs, job_keys, parse_lease_value
+from ingestion.common.keyspace import PRESENCE_CHANNEL, PRESENCE_KEY, webhook_keys
 from ingestion.common.redact import redact
 from ingestion.serve.completeness_section import watermark_of
 from ingestion.serve.console.view import MAX_JOBS, ClusterView, why_leaderless
-from ingestion.serve.presence import PRESENCE_CHANNEL, PRESENCE_KEY, parse_entry, parse_message
+from ingestion.serve.presence import parse_entry, parse_message
 
 AUDIT_ON_PAGE = 50  # audit entries a job's page shows
 REJECTIONS_ON_PAGE = 20
@@ -210,7 +211,7 @@ class ClusterReader:
         """One job's detail, read from Redis in one round trip; None when Redis holds nothing of
         it and no node reports it."""
         keys = job_keys(name)
-        hook = _webhook_keys(name)
+        hook = webhook_keys(name)
 
         def read() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
@@ -312,12 +313,6 @@ class ClusterReader:
             rid = await self._store.run(lambda: admin.request_pause(client, job, action == "pause", by=by))
             what = action
         return 202, f"asked the leader of {job} to {what} (request {rid}); the audit shows it when done"
-
-
-def _webhook_keys(job: str) -> dict[str, str]:
-    from ingestion.webhook.source import webhook_keys
-
-    return webhook_keys(job)
 
 
 def _dead_letter(entry_id: str, fields: Mapping[str, str], replayed: bool) -> dict[str, Any]:
