@@ -10,6 +10,8 @@ and the bridge from trio to redis-py. A newcomer finds:
 - ``connect``: the URL forms (plain, TLS, Sentinel, Cluster), the bounded never-retrying client,
   and failures in an operator's words.
 - ``results``: what the calls return, and :class:`RedisUnavailable` (outcome unknown).
+- ``state``: the one reader of a job's state (:class:`StateQuery`, :func:`read_states`): the
+  commands on a pipeline, the replies parsed into a :class:`JobState`.
 - ``store``: :class:`LeaseStore`, one job's lease, token and cursor operations.
 - ``registry``: :class:`NodeRegistry`, the live nodes (for balancing, never for safety).
 - ``notices``: :class:`ReleaseNotices`, the subscription that wakes standbys on a release.
@@ -69,6 +71,7 @@ from actors.lease_store.results import (
     StateLost,
     StreamInfo,
 )
+from actors.lease_store.state import StateQuery, parse_states, read_states
 from actors.lease_store.store import FOLLOW_PRIMARY_EVERY, LeaseStore
 from actors.lease_store.waits import StreamWaits, stream_waits
 
@@ -104,6 +107,7 @@ __all__ = [
     "ReplicationUnconfirmed",
     "SentinelTarget",
     "StateLost",
+    "StateQuery",
     "StreamInfo",
     "StreamWaits",
     "batch",
@@ -121,6 +125,8 @@ __all__ = [
     "parse_cluster_url",
     "parse_lease_value",
     "parse_sentinel_url",
+    "parse_states",
+    "read_states",
     "sentinel_services",
     "stream_waits",
 ]
