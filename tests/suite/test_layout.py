@@ -489,6 +489,24 @@ def test_key_names_are_spelled_in_the_keyspace_modules_only() -> None:
     assert offenders == [], "ask actors/lease_store/keys.py or ingestion/common/keyspace.py for these keys"
 
 
+def lua_keys_spelled(script: str) -> list[int]:
+    """The lines of a Lua script whose code (comments aside) spells a key: a script takes its keys
+    as KEYS[] (and its channels as ARGV[]), so that the caller's keyspace names them."""
+    return [n for n, line in enumerate(script.splitlines(), 1) if KEY_SHAPE.search(line.split("--")[0])]
+
+
+def test_lua_scripts_take_their_keys_as_arguments() -> None:
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for folder in ("actors", "ingestion")
+        for path in sorted((ROOT / folder).rglob("*.lua"))
+        for line in lua_keys_spelled(path.read_text())
+    ]
+    assert offenders == []
+    planted = "-- KEYS[1] the lease (ingestion:{J}:lease)\nreturn redis.call('GET', 'ingestion:{j}:lease')\n"
+    assert lua_keys_spelled(planted) == [2]
+
+
 def test_the_keyspace_rule_finds_a_key_spelled_out() -> None:
     planted = (
         '"""A module naming ``ingestion:{J}:lease`` in its docstring (prose: allowed)."""\n'
