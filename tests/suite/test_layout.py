@@ -489,6 +489,21 @@ def test_key_names_are_spelled_in_the_keyspace_modules_only() -> None:
     assert offenders == [], "ask actors/lease_store/keys.py or ingestion/common/keyspace.py for these keys"
 
 
+def test_a_lease_is_parsed_by_the_lease_store_only() -> None:
+    """One reader of a job's state (``actors/lease_store/state.py``): nothing outside the lease
+    store parses a lease's ``token|node`` (``parse_lease_value``); it asks ``read_states``,
+    ``StateQuery`` or ``LeaseStore.state``."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for folder in ("actors", "ingestion", "benchmarks", "chaos")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if not str(path.relative_to(ROOT)).startswith("actors/lease_store/")
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Name) and node.id == "parse_lease_value"
+    ]
+    assert offenders == []
+
+
 def lua_keys_spelled(script: str) -> list[int]:
     """The lines of a Lua script whose code (comments aside) spells a key: a script takes its keys
     as KEYS[] (and its channels as ARGV[]), so that the caller's keyspace names them."""
