@@ -34,7 +34,8 @@ from actors.lease_store import job_keys
 from benchmarks import audit
 from benchmarks.lake import PUBNET
 from benchmarks.procs import machine_cpu_seconds, pin_tree, tree_cpu_seconds
-from ingestion.backfill.plan import Plan, backfill_key
+from ingestion.backfill.plan import Plan
+from ingestion.common.keyspace import backfill_key
 from ingestion.testing import recorded
 from ingestion.testing.lakes import resequencer, write_ledgers
 from ingestion.testing.processes import NodeProcess

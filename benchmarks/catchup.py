@@ -19,6 +19,7 @@ from typing import Any
 
 import redis
 
+from actors.lease_store import job_keys
 from benchmarks.procs import memory_kib, wait_for_entries
 from ingestion.testing.processes import NodeProcess, Simulator
 
@@ -41,7 +42,7 @@ def _reference(kind: str, url: str, count: int, limit: float) -> dict[str, float
 
 def _node_run(sim_url: str, redis_url: str, count: int, job: str, limit: float) -> dict[str, Any]:
     client = redis.Redis.from_url(redis_url)
-    events = f"ingestion:{{{job}}}:events"
+    events = job_keys(job)["events"]
     node = NodeProcess.start(f"catchup-{job}", redis_url=redis_url, horizon=sim_url, ttl_ms=5000, job=job)
     try:
         leader = node.event("became-leader", timeout=30)
@@ -58,7 +59,7 @@ def _node_run(sim_url: str, redis_url: str, count: int, job: str, limit: float) 
         }
     finally:
         node.stop()
-        client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease")))
+        client.delete(*(job_keys(job)[k] for k in ("events", "cursor", "lease")))
         client.close()
 
 

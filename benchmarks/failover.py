@@ -20,6 +20,7 @@ from typing import Any
 
 import redis
 
+from actors.lease_store import job_keys
 from benchmarks.procs import percentile
 from ingestion.testing.processes import NodeProcess, Simulator
 
@@ -28,7 +29,7 @@ NODES = 3
 
 
 def _leader(client: redis.Redis, job: str) -> tuple[int, str] | None:
-    value = client.get(f"ingestion:{{{job}}}:lease")
+    value = client.get(job_keys(job)["lease"])
     if value is None:
         return None
     token, _, node = value.decode().partition("|")
@@ -52,7 +53,7 @@ def _first_commit_after(
 
 def _wait_leader_committing(client: redis.Redis, job: str, timeout: float) -> tuple[int, str]:
     """The current leader, once it holds the lease and has committed under its token."""
-    events = f"ingestion:{{{job}}}:events"
+    events = job_keys(job)["events"]
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         lead = _leader(client, job)
@@ -76,7 +77,7 @@ def _trials(
     log: Any,
     failures: list[str],
 ) -> list[float]:
-    events = f"ingestion:{{{job}}}:events"
+    events = job_keys(job)["events"]
     ttl = ttl_ms / 1000
     renew = ttl / 5
     out: list[float] = []
@@ -152,7 +153,7 @@ def run(redis_url: str, *, ttls_ms: tuple[int, ...], trials: int, log: Any = pri
             finally:
                 for node in nodes.values():
                     node.stop()
-                client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease")))
+                client.delete(*(job_keys(job)[k] for k in ("events", "cursor", "lease")))
     finally:
         sim.stop()
         client.close()

@@ -22,6 +22,7 @@ from typing import Any
 
 import redis
 
+from actors.lease_store import job_keys
 from benchmarks.procs import memory_kib, percentile
 from ingestion.testing.processes import NodeProcess, Simulator
 
@@ -36,7 +37,7 @@ def _holders(client: redis.Redis, prefix: str, count: int) -> dict[str, str | No
     pipe = client.pipeline(transaction=False)
     names = [f"{prefix}{i:02d}" for i in range(count)]
     for name in names:
-        pipe.get(f"ingestion:{{{name}}}:lease")
+        pipe.get(job_keys(name)["lease"])
     return {
         name: (value.decode().partition("|")[2] if value else None)
         for name, value in zip(names, pipe.execute(), strict=True)

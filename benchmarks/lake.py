@@ -40,6 +40,7 @@ import redis
 import trio
 import zstandard
 
+from actors.lease_store import job_keys
 from benchmarks.procs import memory_kib
 from benchmarks.rpc import RpcSimulator, _cursor, _page_everything
 from ingestion.lake.decoding import open_decoders
@@ -227,7 +228,7 @@ def backfill(
             done = str(Cursor.through(latest))
             for count in processes:
                 job = f"bench-lake-{count}"
-                keys = [f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token", "audit")]
+                keys = [job_keys(job)[k] for k in ("events", "cursor", "lease", "token", "audit")]
                 client.delete(*keys)
                 node = NodeProcess.start(
                     f"lake-{count}", redis_url=redis_url, horizon=None, ttl_ms=5000, job=job,

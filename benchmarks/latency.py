@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import redis
 
+from actors.lease_store import job_keys
 from benchmarks.procs import percentile
 from ingestion.testing.processes import NodeProcess, Simulator
 
@@ -51,7 +52,7 @@ def run(redis_url: str, *, trials: int, log: Any = print) -> dict[str, Any]:
     sim = Simulator.start(history_ledgers=10, ops_per_ledger=OPS_PER_LEDGER)
     client = redis.Redis.from_url(redis_url)
     job = "latency"
-    events = f"ingestion:{{{job}}}:events"
+    events = job_keys(job)["events"]
     node = NodeProcess.start(
         "latency-node", redis_url=redis_url, horizon=sim.url, ttl_ms=5000,
         start_cursor="now", job=job,
@@ -74,7 +75,7 @@ def run(redis_url: str, *, trials: int, log: Any = print) -> dict[str, Any]:
     finally:
         node.stop()
         sim.stop()
-        client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease")))
+        client.delete(*(job_keys(job)[k] for k in ("events", "cursor", "lease")))
         client.close()
     out = {
         "trials": trials,

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 import trio
 
-from actors.lease_store import job_keys, parse_lease_value
+from actors.lease_store import job_keys, read_states
 from benchmarks.procs import percentile
 from ingestion.testing.cluster import Cluster, open_cluster
 from ingestion.testing.http_fault_proxy import HttpFaultProxy
@@ -50,8 +50,7 @@ def bound_ms(ttl_ms: int = TTL_MS, handover_ms: int = HANDOVER_MS) -> float:
 
 
 def _holder(c: Cluster, job: str) -> str | None:
-    value = c.client.get(job_keys(job)["lease"])
-    return parse_lease_value(value)[1] if value else None
+    return read_states(c.client, [job])[0].leader
 
 
 def _redis_ms(c: Cluster) -> int:

@@ -31,7 +31,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
-from actors.lease_store import LeaseStore, connect, job_keys, parse_lease_value
+from actors.lease_store import LeaseStore, connect, read_states
 from actors.source import SyntheticSource
 from ingestion.common.asgi import Receive, Scope, Send, read_body, respond, serve_lifespan
 from ingestion.testing.local_redis import LocalRedis
@@ -98,10 +98,7 @@ def _start(node: str, jobs: list[str], url: str, config: Path) -> NodeProcess:
 
 
 def _holders(client: Any, jobs: list[str]) -> Counter[str | None]:
-    pipe = client.pipeline(transaction=False)
-    for j in jobs:
-        pipe.get(job_keys(j)["lease"])
-    return Counter(parse_lease_value(v)[1] if v else None for v in pipe.execute())
+    return Counter(state.leader for state in read_states(client, jobs))
 
 
 def _p(values: list[float], q: float) -> float:

@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 
+from actors.lease_store import job_keys
 from ingestion.testing.processes import NodeProcess, Simulator, stop_process
 
 OPS_PER_LEDGER = 100
@@ -27,7 +28,7 @@ def _ingest(
     sim_url: str, redis_url: str, count: int, job: str, max_len: int, limit: float, *, reader: bool = False
 ) -> dict[str, Any]:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    events = f"ingestion:{{{job}}}:events"
+    events = job_keys(job)["events"]
     before = int(client.info("memory")["used_memory"])
     tail = None
     if reader:
@@ -67,7 +68,7 @@ def _ingest(
         sample = client.xrange(events, count=1000)
         record_bytes = sum(len(f["record"].encode()) for _, f in sample) / max(1, len(sample))
     finally:
-        client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token",
+        client.delete(*(job_keys(job)[k] for k in ("events", "cursor", "lease", "token",
                                                             "audit", "leader")))  # fmt: skip
         client.close()
     return {

@@ -37,6 +37,7 @@ from typing import Any
 
 import redis
 
+from actors.lease_store import job_keys
 from benchmarks import catchup, rpc, standby
 from benchmarks.procs import cpu_line, cpu_snapshot, cpu_usage, memory_kib, redis_pid, wait_for_entries
 from ingestion.testing.processes import NodeProcess, Simulator
@@ -112,8 +113,8 @@ def _horizon_node(
 ) -> dict[str, Any]:
     client = redis.Redis.from_url(redis_url)
     rpid = redis_pid(client)
-    events = f"ingestion:{{{job}}}:events"
-    client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token")))
+    events = job_keys(job)["events"]
+    client.delete(*(job_keys(job)[k] for k in ("events", "cursor", "lease", "token")))
     node = NodeProcess.start(f"per-record-{job}", redis_url=redis_url, horizon=sim.url, ttl_ms=5000, job=job)
     spy = None
     try:
@@ -136,7 +137,7 @@ def _horizon_node(
             spy.proc.kill()
             spy.proc.wait()
         node.stop()
-        client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token")))
+        client.delete(*(job_keys(job)[k] for k in ("events", "cursor", "lease", "token")))
         client.close()
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import redis
 import trio
 
+from actors.lease_store import job_keys
 from benchmarks.failover import _first_commit_after, _wait_leader_committing
 from benchmarks.procs import percentile
 from ingestion.testing.cluster import LogLine
@@ -64,7 +65,7 @@ def run_ttl(
     client: redis.Redis, sim: Simulator, redis_url: str, ttl_ms: int, trials: int, log: Any
 ) -> dict[str, Any]:
     job = f"process-crash-{ttl_ms}"
-    events = f"ingestion:{{{job}}}:events"
+    events = job_keys(job)["events"]
     renew = ttl_ms / 5000
     lead: list[float] = []
     commit: list[float] = []
@@ -139,7 +140,7 @@ BALANCED_RESOURCES = ("/operations", "/payments", "/effects", "/transactions", "
 def _balanced_holders(client: redis.Redis, names: list[str]) -> dict[str, tuple[int, str] | None]:
     pipe = client.pipeline(transaction=False)
     for name in names:
-        pipe.get(f"ingestion:{{{name}}}:lease")
+        pipe.get(job_keys(name)["lease"])
     out: dict[str, tuple[int, str] | None] = {}
     for name, value in zip(names, pipe.execute(), strict=True):
         token, _, node = value.decode().partition("|") if value else ("", "", "")
@@ -164,7 +165,7 @@ def _wait_settled(client: redis.Redis, names: list[str], nodes: list[str], ttl: 
 def _granted_ms(client: redis.Redis, job: str, since_ms: int, held: tuple[int, str]) -> float:
     """When (Redis's clock, ms) ``job`` was granted after ``since_ms`` under a token above the one
     ``held``: its audit entry's id."""
-    for entry_id, fields in client.xrange(f"ingestion:{{{job}}}:audit", min=str(since_ms)):
+    for entry_id, fields in client.xrange(job_keys(job)["audit"], min=str(since_ms)):
         if fields[b"event"] == b"became-leader" and int(fields[b"token"]) > held[0]:
             return float(entry_id.decode().partition("-")[0])
     raise RuntimeError(f"{job}: no grant after {since_ms} in the audit")

@@ -30,6 +30,7 @@ import attrs
 import httpx
 import redis
 
+from actors.lease_store import job_keys
 from benchmarks.procs import cpu_line, cpu_snapshot, cpu_usage, memory_kib, percentile, redis_pid
 from ingestion.rpc.protocol import Cursor
 from ingestion.testing.launch import simulator_command
@@ -86,7 +87,7 @@ def _page_everything(sim: RpcSimulator, http: httpx.Client, start: int, limit: i
 
 
 def _cursor(client: redis.Redis, job: str) -> str | None:
-    value = client.hget(f"ingestion:{{{job}}}:cursor", "cursor")
+    value = client.hget(job_keys(job)["cursor"], "cursor")
     return None if value is None else value.decode()
 
 
@@ -195,7 +196,7 @@ def _node_catch_up(
     ``became-leader`` to its committed cursor reaching ``done``; with ``decode`` off, the job's
     ``decode = false`` (a config file of one job table)."""
     job = f"bench-rpc-{limit}" + ("" if decode else "-raw")
-    client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token")))
+    client.delete(*(job_keys(job)[k] for k in ("events", "cursor", "lease", "token")))
     before = sim.requests(http)
     config = Path(tempfile.mkdtemp(prefix="bench-rpc-")) / "config.toml"
     config.write_text(f'[jobs."{job}"]\nkind = "rpc"\ndecode = {"true" if decode else "false"}\n')
@@ -225,8 +226,8 @@ def _node_catch_up(
         peak = memory_kib(pid)["VmHWM"]
     finally:
         node.stop()
-    stored = client.xlen(f"ingestion:{{{job}}}:events")
-    client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token")))
+    stored = client.xlen(job_keys(job)["events"])
+    client.delete(*(job_keys(job)[k] for k in ("events", "cursor", "lease", "token")))
     if stored != events:
         raise RuntimeError(f"limit {limit}: {stored} events committed, expected {events}")
     run = {
@@ -244,7 +245,7 @@ def tip_latency(redis_url: str, *, ledgers: int, interval: float, log: Any) -> d
     )
     client = redis.Redis.from_url(redis_url)
     job = "bench-rpc-tip"
-    client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token")))
+    client.delete(*(job_keys(job)[k] for k in ("events", "cursor", "lease", "token")))
     node = NodeProcess.start(
         "rpc-tip", redis_url=redis_url, horizon=None, ttl_ms=5000, job=job,
         start_cursor="now", extra=["--source", "rpc", "--rpc", sim.rpc],
@@ -279,7 +280,7 @@ def tip_latency(redis_url: str, *, ledgers: int, interval: float, log: Any) -> d
     finally:
         node.stop()
         sim.stop()
-        client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token")))
+        client.delete(*(job_keys(job)[k] for k in ("events", "cursor", "lease", "token")))
         client.close()
     out = {
         "interval_s": interval,

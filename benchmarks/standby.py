@@ -24,6 +24,7 @@ from typing import Any
 
 import redis
 
+from actors.lease_store import job_keys
 from benchmarks.procs import cpu_seconds, memory_kib
 from ingestion.testing.processes import NodeProcess, Simulator
 
@@ -101,8 +102,8 @@ def run(
     sim = Simulator.start(history_ledgers=10, ops_per_ledger=1) if horizon is None else None
     client = redis.Redis.from_url(redis_url)
     job = "standby"
-    lease = f"ingestion:{{{job}}}:lease"
-    client.set(f"ingestion:{{{job}}}:token", 1)
+    lease = job_keys(job)["lease"]
+    client.set(job_keys(job)["token"], 1)
     client.set(lease, "1|harness-leader", px=60_000)  # through start-up; ttl_ms once measuring
     nodes: list[NodeProcess] = []
     mon: _Monitor | None = None
@@ -142,8 +143,8 @@ def run(
             node.stop()
         if sim is not None:
             sim.stop()
-        client.delete(lease, f"ingestion:{{{job}}}:token", f"ingestion:{{{job}}}:leader")
-        client.delete(f"ingestion:{{{job}}}:health")
+        client.delete(lease, job_keys(job)["token"], job_keys(job)["leader"])
+        client.delete(job_keys(job)["health"])
         client.close()
     by_command = {
         name: after[name] - before.get(name, 0)

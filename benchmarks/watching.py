@@ -35,8 +35,10 @@ import httpx
 import redis
 import trio
 
+from actors.lease_store import job_keys
 from benchmarks.procs import memory_kib
 from benchmarks.rpc import RpcSimulator, _cursor
+from ingestion.common.keyspace import watch_keys
 from ingestion.common.strkey import encode_account
 from ingestion.decode.decoded import decode_event_text
 from ingestion.rpc.protocol import Cursor
@@ -67,7 +69,7 @@ def _expected(events: list[Any], listed: watch.WatchList) -> list[str]:
 
 
 def _committed(client: redis.Redis, job: str) -> list[str]:
-    entries: Any = client.xrange(f"ingestion:{{{job}}}:events")
+    entries: Any = client.xrange(job_keys(job)["events"])
     return [f[b"paging_token"].decode() for _, f in entries]
 
 
@@ -113,7 +115,7 @@ def run(redis_url: str, *, count: int = 1_000_000, real: int = 20, live: int = 2
 
         # -- the lake backfill, watch_file
         job = "bench-watch-lake"
-        client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token", "audit")))
+        client.delete(*(job_keys(job)[k] for k in ("events", "cursor", "lease", "token", "audit")))
         config = _config(work / "lake.toml", job, {
             "kind": "lake", "lake": str(lake), "start_cursor": str(first), "watch_file": str(listing),
         })  # fmt: skip
@@ -142,8 +144,8 @@ def run(redis_url: str, *, count: int = 1_000_000, real: int = 20, live: int = 2
 
         # -- the live RPC job, watch_set
         job = "bench-watch-rpc"
-        client.delete(*(f"ingestion:{{{job}}}:{k}" for k in ("events", "cursor", "lease", "token", "audit")))
-        client.delete(*watch_redis.watch_keys(job).values())
+        client.delete(*(job_keys(job)[k] for k in ("events", "cursor", "lease", "token", "audit")))
+        client.delete(*watch_keys(job).values())
         decoded = redis.Redis.from_url(redis_url, decode_responses=True)
         loaded = time.monotonic()
         members = sorted(listed.addresses)
@@ -178,7 +180,7 @@ def run(redis_url: str, *, count: int = 1_000_000, real: int = 20, live: int = 2
             "list_load_s": reloaded.fields.get("seconds"), "worker_peak_rss_mib": round(peak / 1024, 1),
         }  # fmt: skip
         log(f"  rpc: {out['rpc']}")
-        client.delete(*watch_redis.watch_keys(job).values())
+        client.delete(*watch_keys(job).values())
         decoded.close()
     finally:
         sim.stop()

@@ -28,9 +28,10 @@ from typing import Any
 import redis
 import trio
 
+from ingestion.common.keyspace import watch_keys
 from ingestion.common.strkey import encode_account
 from ingestion.testing.local_redis import LocalRedis
-from ingestion.watchlist.edits import RedisWatch, watch_keys
+from ingestion.watchlist.edits import RedisWatch
 from ingestion.watchlist.lists import EMPTY, FileWatch, WatchList
 
 JOB = "bench-watch"

@@ -24,7 +24,7 @@ import structlog
 import trio
 
 from actors.lease import LeaseTiming
-from actors.lease_store import LeaseStore, connect
+from actors.lease_store import LeaseStore, connect, job_keys
 from actors.observe import NodeObserver
 from actors.source import SyntheticSource
 from actors.supervisor import NodeSpec, run_node
@@ -155,8 +155,8 @@ def standby_cost(url: str, jobs: int = 10, seconds: float = 30.0, ttl_ms: int = 
             '[jobs.src]\nkind = "scheduled"\naction = "ingestion.jobs:heartbeat"\nperiod_ms = 1000\n' + tables
         )
         for n in names:
-            client.set(f"ingestion:{{{n}}}:token", 1)
-            client.set(f"ingestion:{{{n}}}:lease", "1|harness-leader", px=60_000)
+            client.set(job_keys(n)["token"], 1)
+            client.set(job_keys(n)["lease"], "1|harness-leader", px=60_000)
         node = subprocess.Popen(
             [sys.executable, "-m", "ingestion", "--config", str(config), "--node-id", "standby",
              "--redis", url, "--log-format", "json"],
@@ -171,13 +171,13 @@ def standby_cost(url: str, jobs: int = 10, seconds: float = 30.0, ttl_ms: int = 
             started = time.monotonic()
             while time.monotonic() < started + seconds:
                 for n in names:
-                    client.pexpire(f"ingestion:{{{n}}}:lease", ttl_ms)
+                    client.pexpire(job_keys(n)["lease"], ttl_ms)
                 time.sleep(ttl_ms / 5000)
             mon.counting = False
             elapsed = time.monotonic() - started
             assert node.poll() is None, "the standby node exited"
             for n in names:
-                assert client.get(f"ingestion:{{{n}}}:lease") == b"1|harness-leader", "a standby took a lease"
+                assert client.get(job_keys(n)["lease"]) == b"1|harness-leader", "a standby took a lease"
         finally:
             mon.stop()
             node.terminate()

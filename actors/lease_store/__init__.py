@@ -3,12 +3,15 @@
 It owns the key layout, the Lua scripts that make every election step and every commit atomic,
 and the bridge from trio to redis-py. A newcomer finds:
 
-- ``keys``: the key layout (one job's keys under one cluster hash tag; the node registry).
+- ``keys``: the key layout (one job's keys under one cluster hash tag; the node registry): the
+  runtime's half of the keyspace, the application's being ``ingestion/common/keyspace.py``.
 - ``lua/``: one script per atomic operation, each headed by its KEYS, ARGV and answer;
   ``scripts`` reads them once.
 - ``connect``: the URL forms (plain, TLS, Sentinel, Cluster), the bounded never-retrying client,
   and failures in an operator's words.
 - ``results``: what the calls return, and :class:`RedisUnavailable` (outcome unknown).
+- ``state``: the one reader of a job's state (:class:`StateQuery`, :func:`read_states`): the
+  commands on a pipeline, the replies parsed into a :class:`JobState`.
 - ``store``: :class:`LeaseStore`, one job's lease, token and cursor operations.
 - ``registry``: :class:`NodeRegistry`, the live nodes (for balancing, never for safety).
 - ``notices``: :class:`ReleaseNotices`, the subscription that wakes standbys on a release.
@@ -41,11 +44,14 @@ from actors.lease_store.connect import (
 from actors.lease_store.keys import (
     AUDIT_MAXLEN,
     DEPLOYMENT_KEY,
+    KEY_PATTERN,
     NODE_FORGET_MS,
     NODE_HOSTS_KEY,
     NODE_REGISTRY_KEY,
     discover_jobs,
+    job_key,
     job_keys,
+    job_of_key,
     parse_lease_value,
 )
 from actors.lease_store.notices import HANDED_OVER, NODE_EXITING, ReleaseNotices
@@ -65,6 +71,7 @@ from actors.lease_store.results import (
     StateLost,
     StreamInfo,
 )
+from actors.lease_store.state import StateQuery, parse_states, read_states
 from actors.lease_store.store import FOLLOW_PRIMARY_EVERY, LeaseStore
 from actors.lease_store.waits import StreamWaits, stream_waits
 
@@ -74,6 +81,7 @@ __all__ = [
     "DEPLOYMENT_KEY",
     "FOLLOW_PRIMARY_EVERY",
     "HANDED_OVER",
+    "KEY_PATTERN",
     "NODE_EXITING",
     "NODE_FORGET_MS",
     "NODE_HOSTS_KEY",
@@ -99,6 +107,7 @@ __all__ = [
     "ReplicationUnconfirmed",
     "SentinelTarget",
     "StateLost",
+    "StateQuery",
     "StreamInfo",
     "StreamWaits",
     "batch",
@@ -110,10 +119,14 @@ __all__ = [
     "examine_redis",
     "is_cluster_url",
     "is_sentinel_url",
+    "job_key",
     "job_keys",
+    "job_of_key",
     "parse_cluster_url",
     "parse_lease_value",
     "parse_sentinel_url",
+    "parse_states",
+    "read_states",
     "sentinel_services",
     "stream_waits",
 ]

@@ -15,6 +15,8 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel
 
+from actors.lease_store.keys import KEY_PATTERN
+
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 # The client's pool bound. redis-py 8 bounds it at 100 by default, and a node holds a connection
 # per standby job (its release-notice subscription) beside those its calls use (bounded by their
@@ -298,7 +300,7 @@ def classify_redis_error(exc: BaseException) -> str:
     ):
         return "authentication failed (check the user and password in redis.url)"
     if any(isinstance(e, redis.exceptions.NoPermissionError) for e in chain) or "NOPERM" in text:
-        return "permission denied by the Redis ACL (the user needs the ingestion:* keys and scripting)"
+        return f"permission denied by the Redis ACL (the user needs the {KEY_PATTERN} keys and scripting)"
     if any(isinstance(e, ssl.SSLError) for e in chain) or "SSL" in text:
         return "TLS handshake failed (check rediss://, redis.tls_ca_file and the server certificate)"
     if any(isinstance(e, ConnectionRefusedError) for e in chain) or "refused" in text.lower():
@@ -508,7 +510,7 @@ def _mistake(exc: redis.RedisError, url: str, client: Any, timeout: float) -> st
         return f"authentication failed ({text.strip()}): fix the user and password in redis.url"
     if isinstance(exc, redis.exceptions.NoPermissionError) or "NOPERM" in text:
         return (
-            f"permission denied by the Redis ACL ({text.strip()}): the user needs the ingestion:* "
+            f"permission denied by the Redis ACL ({text.strip()}): the user needs the {KEY_PATTERN} "
             "keys, &* channels and scripting (see the Redis ACL section of docs/OPERATIONS.md)"
         )
     # A server that is not Redis may close, answer garbage, or wait for more (an HTTP server

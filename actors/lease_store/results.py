@@ -130,18 +130,22 @@ class LeaderInfo:
 
 @attrs.frozen
 class JobState:
-    """A read-only snapshot for ``inspect`` and the tests."""
+    """A job's state read now (:mod:`actors.lease_store.state`, ``LeaseStore.state``): for
+    ``inspect``, the console, the testing kit and the tests."""
 
     job: str
-    leader: str | None
-    token: int
+    leader: str | None  # the lease's holder (None: no lease)
+    token: int  # the fencing-token counter (0: never elected)
     lease_ttl_ms_left: int | None
     cursor: str | None
     cursor_token: int | None
-    events: int
-    audit: list[dict[str, str]]
+    events: int  # the events stream's length
+    audit: list[dict[str, str]]  # the newest audit entries asked for, oldest first, each with its ``id``
     complete_through: int | None = None  # the completeness watermark (a ledger), None: none yet
     complete_held: str = ""  # why a known gap holds it there for good ('' when none does)
+    lease_token: int | None = None  # the holder's token (the lease's; None: no lease)
+    # the cursor hash whole: the commit's fields above, and whatever the application keeps there
+    cursor_fields: dict[str, str] = attrs.field(factory=dict, repr=False)
 
 
 @attrs.frozen

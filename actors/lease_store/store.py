@@ -57,6 +57,7 @@ from actors.lease_store.results import (
     StateLost,
     StreamInfo,
 )
+from actors.lease_store.state import StateQuery
 from actors.source import Record, Watermark
 
 T = TypeVar("T")
@@ -602,30 +603,18 @@ class LeaseStore:
         return await self._call(read)
 
     async def state(self, audit_count: int = 10) -> JobState:
-        k = self.keys
+        """The job's state now, with its newest ``audit_count`` audit entries (the one reader:
+        :class:`~actors.lease_store.state.StateQuery`).
+
+        Raises:
+            RedisUnavailable: it failed or timed out.
+        """
+        query = StateQuery(self.job, audit_count)
 
         def read() -> JobState:
             pipe = self.client.pipeline(transaction=False)
-            pipe.get(k["lease"])
-            pipe.pttl(k["lease"])
-            pipe.get(k["token"])
-            pipe.hgetall(k["cursor"])
-            pipe.xlen(k["events"])
-            pipe.xrevrange(k["audit"], count=audit_count)
-            lease, ttl, token, cursor, events, audit = pipe.execute()
-            leader = parse_lease_value(lease)[1] if lease else None
-            return JobState(
-                job=self.job,
-                leader=leader,
-                token=int(token or 0),
-                lease_ttl_ms_left=int(ttl) if lease and int(ttl) >= 0 else None,
-                cursor=cursor.get("cursor"),
-                cursor_token=int(cursor["token"]) if "token" in cursor else None,
-                complete_through=int(cursor["complete_through"]) if "complete_through" in cursor else None,
-                complete_held=cursor.get("complete_held", ""),
-                events=int(events),
-                audit=[{"id": entry_id, **fields} for entry_id, fields in reversed(audit)],
-            )
+            query.queue(pipe)
+            return query.parse(pipe.execute())
 
         return await self._call(read)
 

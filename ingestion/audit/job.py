@@ -36,16 +36,12 @@ from actors.lease_store import LeaseStore, RedisUnavailable, job_keys
 from actors.scheduled import ScheduledJob
 from actors.source import Batch, TermContext
 from ingestion.audit.compare import KINDS, Report
+from ingestion.common.keyspace import audit_keys
 from ingestion.rpc.protocol import Cursor, InvalidCursor
 
 FINDINGS_MAXLEN = 10_000  # entries kept in an audit job's findings stream (approximately)
 FINDINGS_PER_STEP = 100  # findings recorded one by one per step (all are counted)
 log = structlog.get_logger("ingestion.audit")
-
-
-def audit_keys(name: str) -> dict[str, str]:
-    """The audit job's own keys (under its hash tag): its progress hash and its findings stream."""
-    return {"audited": f"ingestion:{{{name}}}:audited", "findings": f"ingestion:{{{name}}}:findings"}
 
 
 @attrs.define

@@ -127,14 +127,13 @@ class RedisRows:
 
     def find_jobs(self) -> list[str]:
         """The job and its backfill ranges whose events stream exists."""
-        from actors.lease_store import job_keys
+        from actors.lease_store import job_keys, job_of_key
 
         escaped = re.sub(r"([*?\[\]\\])", r"\\\1", self.job)
         names = [self.job] if self.client.exists(job_keys(self.job)["events"]) else []
         key: Any
-        for key in self.client.scan_iter(match=f"ingestion:{{{escaped}{RANGE_MARK}*}}:events", count=1000):
-            text = key.decode() if isinstance(key, bytes) else str(key)
-            names.append(text[len("ingestion:{") : -len("}:events")])
+        for key in self.client.scan_iter(match=job_keys(f"{escaped}{RANGE_MARK}*")["events"], count=1000):
+            names.append(job_of_key(key) or "")
         self.jobs = range_jobs(self.job, names)
         return self.jobs
 

@@ -22,7 +22,7 @@ import trio
 
 from actors.lease_store import LeaseStore, RedisUnavailable
 from actors.source import Batch, Source, TermFenced, current_term
-from ingestion.backfill.plan import backfill_key
+from ingestion.common.keyspace import backfill_key
 from ingestion.rpc.protocol import Cursor, InvalidCursor
 
 log = structlog.get_logger()

@@ -28,11 +28,6 @@ RANGE_MARK = "~"
 STATES = ("running", "done", "cancelled")
 
 
-def backfill_key(job: str) -> str:
-    """The plan's hash (``job`` a job) or a range's end (``job`` a range job)."""
-    return f"ingestion:{{{job}}}:backfill"
-
-
 def range_name(job: str, first: int, last: int) -> str:
     return f"{job}{RANGE_MARK}{first}-{last}"
 

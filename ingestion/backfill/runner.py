@@ -32,8 +32,9 @@ import trio
 
 from actors.lease_store import LeaseStore, NodeRegistry, RedisUnavailable
 from actors.supervisor import JobRun, JobsHandle, run_jobs
-from ingestion.backfill.plan import Plan, backfill_key, range_name
+from ingestion.backfill.plan import Plan, range_name
 from ingestion.backfill.status import Snapshot, read_progress, settle
+from ingestion.common.keyspace import backfill_key
 from ingestion.config.sections import JobSettings
 
 STOP_WAIT = 3.0  # seconds a node's shutdown waits for its ranges to release their leases

@@ -11,16 +11,16 @@ from typing import Any
 import attrs
 import redis
 
-from actors.lease_store import discover_jobs, job_keys, parse_lease_value
+from actors.lease_store import discover_jobs, job_keys, read_states
 from ingestion.backfill import scripts
 from ingestion.backfill.plan import (
     RANGE_MARK,
     Plan,
     Progress,
-    backfill_key,
     ledger_of_cursor,
     range_states,
 )
+from ingestion.common.keyspace import backfill_key
 
 
 def _text(value: Any) -> str:
@@ -118,17 +118,11 @@ def read_progress(client: redis.Redis, plan: Plan, sink_url: str, schema: str = 
         redis.RedisError, OSError: Redis cannot be read; psycopg.Error: PostgreSQL cannot.
     """
     names = plan.names
-    leaders, done, cursors = [], [], []
-    lengths = []
-    for name in names:  # (one key each, each in its own slot on a cluster)
-        keys = job_keys(name)
-        lease = client.get(keys["lease"])
-        leaders.append(parse_lease_value(_text(lease))[1] if lease else "")
-        done.append(bool(client.hexists(backfill_key(name), "done")))
-        if not sink_url:
-            cursor = client.hget(keys["cursor"], "cursor")
-            cursors.append(_text(cursor) if cursor is not None else None)
-            lengths.append(int(client.xlen(keys["events"])))  # type: ignore[arg-type]
+    states = read_states(client, names)  # (each range in its own slot on a cluster: one pipeline still)
+    leaders = [state.leader or "" for state in states]
+    done = [bool(client.hexists(backfill_key(name), "done")) for name in names]
+    cursors: list[str | None] = [state.cursor for state in states]
+    lengths = [state.events for state in states]
     if sink_url:
         cursors, lengths = _postgres(sink_url, schema, names)
     return Snapshot(range_states(plan, cursors, done, leaders), sum(lengths), tuple(lengths))

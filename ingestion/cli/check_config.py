@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ingestion.cli import run
+from ingestion.common.keyspace import watch_keys
 
 
 def parser() -> argparse.ArgumentParser:
@@ -70,7 +71,7 @@ def watch_list(job: Any) -> str | None:
     if job.watch_file:
         return f"the watch file {job.watch_file} (reloaded when it changes)"
     if job.watch_set:
-        return f"the Redis set ingestion:{{{job.name}}}:watch (edited with ingestion watchlist)"
+        return f"the Redis set {watch_keys(job.name)['watch']} (edited with ingestion watchlist)"
     return None
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from actors.lease_store import job_keys, parse_lease_value
+from actors.lease_store import job_keys, read_states
 from actors.lease_store.store import handover_request
 from ingestion.cli.known import in_redis, unknown_job
 from ingestion.cli.usage import OneLineParser, UsageError, setting_help
@@ -52,13 +52,13 @@ def main(argv: Sequence[str]) -> int:
     client = settings.redis.connect()
     keys = job_keys(ns.job)
     try:
-        value = client.get(keys["lease"])
-        if value is None:
+        held = read_states(client, [ns.job])[0]
+        if held.lease_token is None:
             if not in_redis(client, ns.job):
                 raise unknown_job("handover", ns.job, [j.name for j in settings.jobs], client)
             print(f"ingestion: handover: {ns.job} has no leader to hand over", file=sys.stderr)
             return 1
-        token, leader = _holder(value)
+        token, leader = held.lease_token, held.leader
         by = default_asker()
         asked: dict[Any, Any] = handover_request(token, by)
         client.hset(keys["leader"], mapping=asked)
@@ -67,12 +67,10 @@ def main(argv: Sequence[str]) -> int:
             return 0
         end = time.monotonic() + ns.wait
         while time.monotonic() < end:
-            now = client.get(keys["lease"])
-            if now is not None:
-                new_token, new_leader = _holder(now)
-                if new_token > token and new_leader != leader:
-                    print(f"{new_leader} leads {ns.job} (term {new_token})")
-                    return 0
+            now = read_states(client, [ns.job])[0]
+            if now.lease_token is not None and now.lease_token > token and now.leader != leader:
+                print(f"{now.leader} leads {ns.job} (term {now.lease_token})")
+                return 0
             time.sleep(0.05)
         print(f"ingestion: handover: no other node led {ns.job} within {ns.wait:g} s", file=sys.stderr)
         return 1
@@ -81,7 +79,3 @@ def main(argv: Sequence[str]) -> int:
         return 1
     finally:
         client.close()
-
-
-def _holder(value: Any) -> tuple[int, str]:
-    return parse_lease_value(value.decode() if isinstance(value, bytes) else str(value))

@@ -98,6 +98,15 @@ def _with_sink(state: JobState, sink: dict[str, Any]) -> JobState:
                         complete_held=sink.get("complete_held") or "")  # fmt: skip
 
 
+def state_doc(state: JobState) -> dict[str, Any]:
+    """The job's state as ``--json`` prints it (without the cursor's token, the lease's token and
+    the cursor hash whole, which the state also holds)."""
+    doc = attrs.asdict(state)
+    for field in ("cursor_token", "lease_token", "cursor_fields"):
+        doc.pop(field)
+    return doc
+
+
 def ledger_of(paging_token: str) -> int | None:
     try:
         return toid_parts(token_key(paging_token)[0])[0]
@@ -258,8 +267,7 @@ async def inspect_all(
     if as_json:
         docs = []
         for state, stream in states:
-            doc = attrs.asdict(state)
-            doc.pop("cursor_token")
+            doc = state_doc(state)
             doc.pop("audit")
             doc["lag"] = lags[state.job]
             doc["stream"] = None if state.job in sinks else stream_doc(stream)
@@ -359,8 +367,7 @@ async def inspect_job(
         state = _with_sink(state, sink)
     lag = await job_lag(state.cursor, settings.horizon.resource, horizon, rpc)
     if as_json:
-        doc = attrs.asdict(state)
-        doc.pop("cursor_token")
+        doc = state_doc(state)
         doc["audit"] = [audit_doc(entry) for entry in state.audit]
         doc["lag"] = lag
         doc["stream"] = None if sink is not None else stream_doc(stream)

@@ -5,8 +5,8 @@ Every table is read from where the thing is defined, so the reference cannot dri
 - commands and flags from the argparse parsers (:func:`ingestion.cli.parser_of`);
 - settings from the settings schema (:data:`ingestion.config.schema.SCHEMA`, ``JOB_SCHEMA`` and
   ``FLAGS``);
-- Redis keys from :func:`actors.lease_store.keys.job_keys` and the registry key (only their
-  meanings are written here, and a key without one is an error);
+- Redis keys from the keyspace's table (:func:`ingestion.common.keyspace.keyspace`: the runtime's
+  keys and the application's, with their meanings; a key without one is an error);
 - log events by reading the source of ``actors/`` and ``ingestion/`` (``ast``, no import): every
   ``<logger>.<level>("event-name", field=...)`` call whose receiver is a logger (its expression
   names a ``log``), and every pure core's ``Note(level, "event-name", {...})`` that its shell logs;
@@ -31,122 +31,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 REFRESH = "python -m ingestion.cli.reference > docs/REFERENCE.md"
-
-# What each of a job's Redis keys is for (the keys themselves come from ``job_keys``).
-KEY_MEANINGS: dict[str, tuple[str, str]] = {
-    "lease": ("string, PX expiry", "`token|node` of the holder; gone once expired or released"),
-    "token": (
-        "integer",
-        "the fencing-token counter; only increases (floored at the committed cursor's token if lost)",
-    ),
-    "cursor": (
-        "hash",
-        "`cursor`, `token`, `node` of the last commit (events stream sink only), with "
-        "`complete_through` (the completeness watermark, a ledger: it only rises) and "
-        "`complete_held` (why a history gap holds it for good) when the source says; `source`: what "
-        "the job follows; `sink`: where it commits (`redis`, or `postgres database DB schema S`); "
-        "`network`: its passphrase (set, or recorded by its first term); `network_ledger`, "
-        "`network_ledger_hash`: its last committed ledger and that ledger's hash at the source; "
-        "`network_reset`: a detected reset (the job is held off until `ingestion cursor reset`)",
-    ),
-    "events": (
-        "stream",
-        "one entry per source record: `paging_token`, `token`, `node`, `record` (CONSUMING.md); a "
-        "webhook job's: its dead letters, never trimmed by `events.max_len` (WEBHOOKS.md)",
-    ),
-    "audit": (
-        "stream",
-        "the last 10,000 or so of: `became-leader` (`previous_node`, `previous_token`, `takeover_ms`; "
-        "`rolled_back_from` after a rollback), `released` (`reason` when said: `handed-over`, "
-        "`node-exiting`: its worker died, `term-failed`: its term raised), and `history-gap` "
-        "(`cursor`, `cursor_ledger`, "
-        '`elder_ledger`, `horizon` or `rpc`; only with `on_history_gap = "skip"`), `handover-requested` '
-        "(`by`: an operator's hand-over, written by the leader that took it) and `operator-request` "
-        "(`action`, `by`, `request`, `result`: a webhook request its leader carried out), "
-        "`dead-letters-dropped` (`by`, `dropped`, `replayed`, `before`, `first`, `last`: written by "
-        "`webhooks drop-dead-letters`), `network-reset` (`detail`, `ledger`, `hash`: a reset its "
-        "leader detected) and `cursor-reset` (`by`, `from`, `to`, `token`, `why`: written by "
-        "`ingestion cursor reset`)",
-    ),
-    "leader": (
-        "hash", "the last holder, its token and its lease's end (Redis time): gives `takeover_ms`; "
-        "`handover_token`, `handover_by`: an operator's hand-over request, taken by that term's next "
-        "renewal and dropped by any other",
-    ),
-    "released": ("pub/sub channel", "release notices that wake the standbys"),
-    "health": ("hash", "node -> Redis time (ms) its source last answered (source-aware leadership)"),
-    "rejections": (
-        "stream", "the last 100 or so fencing rejections of the job (the fields of "
-        "`fencing-token-rejected` and `node`), kept by the refused node for the console",
-    ),
-}  # fmt: skip
-CLAIM_MEANING = (
-    "the running node process of node id `ID` (`ingestion/node/claim.py`): `INSTANCE|COUNTER|TTL_MS|PID|"
-    "PID_START|PID_SPACE|HOST`, set before the node campaigns with a PX of the lease TTL, renewed every "
-    "TTL/2 (the counter grows), deleted on a clean exit; a node that finds it renewed by another "
-    "instance refuses to start (exit 2, OPERATIONS.md)"
-)
-REGISTRY_MEANING = ("sorted set", "the live nodes, scored with the Redis time of their last heartbeat")
-HOSTS_MEANING = (
-    "hash", "node -> the jobs it hosts, one name a line: written with a balancing node's heartbeat, "
-    "removed when it leaves; a node never hands a lease back for balance to a live node that does "
-    "not host the job (a node absent here counts as hosting every job)",
-)
-DEPLOYMENT_MEANING = (
-    "string", "the deployment's own id (`id:` and 32 hex digits), set once by the first node that "
-    "asks (SET NX) and replicated with the data: the election domain a PostgreSQL job's fence "
-    "records (POSTGRES.md)",
-)
-# Keys of the application's own job features, beside the lease store's (same hash tag)
-APP_KEY_MEANINGS: dict[str, tuple[str, str]] = {
-    "audited": (
-        "hash", "an audit job's progress (RELIABILITY.md, \"The audit job\"): `audited_through` (the "
-        "last ledger it checked against the lake), `audits` (the audited job), `token`; written fenced",
-    ),
-    "findings": (
-        "stream", "an audit job's findings, the last 10,000 or so: `event` (`audit-finding`), `node`, "
-        "`token`, `audits`, `first`, `last` (the window), `kind` (missing, extra, duplicated, "
-        "differing), `id`, `detail`; written fenced",
-    ),
-    "endpoint": (
-        "hash", "a webhook job's endpoint state: disabled (410 Gone, `disabled_at_redis_ms`), "
-        "`paused`, the failing record, attempts; the requests' marks (`controls_done`, `replays_done`) and "
-        "outcomes (`last_request`, `last_replay`); `from` and the endpoint's `origin`; "
-        "`dead_letters_dropped`, `dropped_at_ms`, `dropped_by`, `dropped_before` (WEBHOOKS.md)",
-    ),
-    "requests": (
-        "stream", "a webhook job's operator requests (replay, enable, pause, resume, with `by`), carried "
-        "out by its leader",
-    ),
-    "attempts": (
-        "stream", "a webhook job's recent delivery attempts (the last 200 or so; every failed one, a "
-        "delivered one at most once a second): `record`, `outcome`, `status`, `latency_ms`, `error`, "
-        "`answer`, `replay`",
-    ),
-    "replayed": (
-        "hash", "a webhook job's dead letters replayed: record id -> when (Unix ms); a dead letter "
-        "not in it is held (its source record kept from retention) until replayed or dropped",
-    ),
-    "watch": (
-        "set", "a job's watch list when `watch_set = true`: addresses; edited with `ingestion watchlist` "
-        "(CONSUMING.md)",
-    ),
-    "watch:version": (
-        "integer", "moved after every edit that changed the watch set: the leader reloads the set when "
-        "it moves",
-    ),
-    "watch:editing": (
-        "string", "set while `ingestion watchlist add|remove` edits the watch set (in short commands); "
-        "left by an edit that was cut off, so that the next edit moves the version",
-    ),
-    "backfill": (
-        "hash", "an rpc or lake job's backfill plan (BACKFILL.md): `first`, `last`, `ranges`, `state` "
-        "(`running`, `done` once every range is done, `cancelled`), `created_at`, `created_by` (and "
-        "`finished_at`, `cancelled_at`, `resumed_at`, `resumed_by`), written and moved only by "
-        "`ingestion/backfill/lua/`; for a range job `J~FIRST-LAST`, its end: `done` (its last cursor), "
-        "`node`, `token`, `at`, written fenced by the range's leader",
-    ),
-}  # fmt: skip
 
 LEVELS = ("debug", "info", "warning", "error", "exception", "critical")
 EVENT_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
@@ -285,62 +169,24 @@ def settings_section() -> Iterator[str]:
 
 
 def redis_section() -> Iterator[str]:
-    from actors.lease_store.keys import DEPLOYMENT_KEY, NODE_HOSTS_KEY, NODE_REGISTRY_KEY, job_keys
+    from ingestion.common.keyspace import keyspace
 
-    keys = job_keys("J")
-    unexplained = sorted(set(keys) - set(KEY_MEANINGS))
-    if unexplained:
-        raise SystemExit(f"ingestion.cli.reference: give these Redis keys a meaning: {unexplained}")
+    try:
+        rows = keyspace()
+    except ValueError as exc:
+        raise SystemExit(f"ingestion.cli.reference: {exc}") from exc
     yield "## Redis keys"
     yield ""
     yield (
-        "For job `J` (every key of a job carries the hash tag `{J}`, so a job lives in one Redis "
-        "Cluster slot), from `actors/lease_store/keys.py`:"
+        "Every key, for job `J` and node id `ID` (every key of a job carries the hash tag `{J}`, so a "
+        "job lives in one Redis Cluster slot): the runtime's from `actors/lease_store/keys.py`, the "
+        "application's from `ingestion/common/keyspace.py`, where the meanings below are written too."
     )
     yield ""
-    yield from _key_table(keys, KEY_MEANINGS)
-    kind, meaning = REGISTRY_MEANING
-    yield f"| {cell(code(NODE_REGISTRY_KEY))} | {cell(kind)} | {cell(meaning)} |"
-    kind, meaning = HOSTS_MEANING
-    yield f"| {cell(code(NODE_HOSTS_KEY))} | {cell(kind)} | {cell(meaning)} |"
-    kind, meaning = DEPLOYMENT_MEANING
-    yield f"| {cell(code(DEPLOYMENT_KEY))} | {cell(kind)} | {cell(meaning)} |"
-    from ingestion.serve.presence import PRESENCE_CHANNEL, PRESENCE_KEY
-
-    for key, kind, meaning in (
-        (PRESENCE_KEY, "hash", "node -> `at_ms|JSON`: its last presence report (what it hosts, leads and "
-         "sees, at Redis time at_ms; every 2 s or a lease TTL while it leads a job, every TTL (at "
-         "most 10 s) while it leads none, and at once after an election event; "
-         "removed when it stops gracefully): the console's picture of the cluster"),
-        (PRESENCE_CHANNEL, "pub/sub channel", "`node|at_ms|JSON`, each presence report as it is written "
-         "(an empty report: the node left); the console follows it"),
-    ):
-        yield f"| {cell(code(key))} | {cell(kind)} | {cell(meaning)} |"
-    from ingestion.node.claim import instance_key
-
-    yield f"| {cell(code(instance_key('ID')))} | {cell('string, PX expiry')} | {cell(CLAIM_MEANING)} |"
-    from ingestion.audit.job import audit_keys
-    from ingestion.backfill.plan import backfill_key
-    from ingestion.watchlist.edits import watch_keys
-    from ingestion.webhook.source import webhook_keys
-
-    watched = watch_keys("J")
-    app = {**webhook_keys("J"), "watch": watched["watch"], "watch:version": watched["version"],
-           "watch:editing": watched["editing"], "backfill": backfill_key("J"), **audit_keys("J")}  # fmt: skip
-    yield ""
-    yield ("The application's own, for job `J` (`ingestion/webhook/source.py`, "
-           "`ingestion/watchlist/edits.py`, `ingestion/backfill/plan.py`, "
-           "`ingestion/audit/job.py`):")  # fmt: skip
-    yield ""
-    yield from _key_table(app, APP_KEY_MEANINGS)
-
-
-def _key_table(keys: dict[str, str], meanings: dict[str, tuple[str, str]]) -> Iterator[str]:
-    yield "| key | type | meaning |"
-    yield "| --- | --- | --- |"
-    for name, key in keys.items():
-        kind, meaning = meanings[name]
-        yield f"| {cell(code(key))} | {cell(kind)} | {cell(meaning)} |"
+    yield "| key | type | kept by | meaning |"
+    yield "| --- | --- | --- | --- |"
+    for row in rows:
+        yield f"| {cell(code(row.key))} | {cell(row.kind)} | {cell(row.part)} | {cell(row.meaning)} |"
 
 
 # Log events

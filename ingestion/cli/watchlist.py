@@ -28,12 +28,13 @@ import redis
 
 from ingestion.cli.known import require_job
 from ingestion.cli.usage import OneLineParser, UsageError, setting_help
+from ingestion.common.keyspace import watch_keys
 
 
 def parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog="ingestion watchlist",
-        description="Edit a job's watch list, the Redis set ingestion:{JOB}:watch (a job with "
+        description=f"Edit a job's watch list, the Redis set {watch_keys('JOB')['watch']} (a job with "
         "watch_set = true): applied from the job's next batch, without a restart.",
     )
     p.add_argument("--config", type=Path, help="TOML file (default: ./config.toml if present)")
@@ -105,7 +106,7 @@ def main(argv: Sequence[str]) -> int:
         elif ns.action == "count":
             print(watch_redis.members_count(client, ns.job))
         else:
-            for member in sorted(client.sscan_iter(watch_redis.watch_keys(ns.job)["watch"], count=10_000)):
+            for member in sorted(client.sscan_iter(watch_keys(ns.job)["watch"], count=10_000)):
                 print(member.decode() if isinstance(member, bytes) else member)
     except (redis.RedisError, OSError) as exc:
         part = "; the edit may be part done, and no node was told: run it again" if addresses else ""

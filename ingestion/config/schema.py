@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ingestion.common.keyspace import watch_keys
+
 # The schema: section -> key -> (type, default, help). Types: int, float, str, list[str], bool.
 SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
     "node": {
@@ -408,7 +410,7 @@ JOB_SCHEMA: dict[str, tuple[type | str, str]] = {
     "watch_file": (str, "horizon, rpc, lake: a watch list file, one address a line, reloaded on change"),
     "watch_set": (
         bool,
-        "horizon, rpc, lake: the watch list is the Redis set ingestion:{JOB}:watch, edited with "
+        f"horizon, rpc, lake: the watch list is the Redis set {watch_keys('JOB')['watch']}, edited with "
         "`ingestion watchlist` while the job runs",
     ),
     # webhook jobs (docs/WEBHOOKS.md)

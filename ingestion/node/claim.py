@@ -38,9 +38,9 @@ import trio
 from redis.exceptions import ClusterDownError, RedisClusterException
 
 from actors.lease_store.connect import describe_redis_error
+from ingestion.common.keyspace import instance_key
 from ingestion.node.preflight import StartupError
 
-KEY_FORMAT = "ingestion:node:{{{node}}}:instance"
 RENEW_FRACTION = 2  # renewed every TTL / 2 (half its PX left: an idle node's one call a TTL/2)
 RELEASE_TIMEOUT = 0.5  # seconds, the delete on a clean exit
 RETRY_CAP = 2.0  # seconds, the longest wait between questions to a Redis that does not answer
@@ -51,10 +51,6 @@ _LUA = files(__package__) / "lua"
 RENEW = (_LUA / "claim_renew.lua").read_text(encoding="utf-8")
 TAKE_OVER = (_LUA / "claim_take_over.lua").read_text(encoding="utf-8")
 RELEASE = (_LUA / "claim_release.lua").read_text(encoding="utf-8")
-
-
-def instance_key(node: str) -> str:
-    return KEY_FORMAT.format(node=node)
 
 
 def _read(path: str) -> str:

@@ -1,23 +1,14 @@
 """A job's completeness watermark on its console page (issue 49; docs/RELIABILITY.md, "The
 completeness watermark"): the ledger through which every record of its source is committed, and
 why a known gap holds it there for good. Read with the job's cursor (the same hash, the same
-round trip). Pure: the cursor hash in, fields and HTML out, every value escaped."""
+round trip: the job's state, ``actors/lease_store/state.py``). Pure: the job's fields in, HTML
+out, every value escaped."""
 
 from __future__ import annotations
 
 import html
 from collections.abc import Mapping
 from typing import Any
-
-
-def watermark_of(cursor: Mapping[str, str]) -> dict[str, Any]:
-    """The job's detail fields from its cursor hash: ``complete_through`` (a ledger, None when
-    none is committed) and ``complete_held`` ('' when no gap holds it)."""
-    through = cursor.get("complete_through")
-    return {
-        "complete_through": int(through) if through and through.isdigit() else None,
-        "complete_held": cursor.get("complete_held", ""),
-    }
 
 
 def completeness_section(job: Mapping[str, Any]) -> str:

@@ -36,10 +36,9 @@ import trio
 from actors.lease_store import NODE_FORGET_MS, LeaseStore, RedisUnavailable
 from actors.observe import NodeObserver
 from ingestion import __version__
+from ingestion.common.keyspace import PRESENCE_CHANNEL, PRESENCE_KEY
 from ingestion.serve.status import StatusHub
 
-PRESENCE_KEY = "ingestion:presence"  # hash: node -> "at_ms|JSON report" (at_ms: Redis's clock)
-PRESENCE_CHANNEL = "ingestion:presence:changes"  # pub/sub: "node|at_ms|JSON report" ("" report: left)
 PRESENCE_EVERY = 2.0  # seconds between a leading node's reports (or the lease TTL, when shorter)
 STANDBY_EVERY_CAP = 10.0  # seconds: a node that leads nothing reports every lease TTL, at most this
 DEBOUNCE = 0.1  # seconds: election events closer than this share one report

@@ -17,6 +17,7 @@ import redis
 import structlog
 import trio
 
+from ingestion.common.keyspace import watch_keys
 from ingestion.watchlist.addresses import Skipped, check_address, shaped_entries
 from ingestion.watchlist.lists import EMPTY, WatchList, WatchStatistics, WatchUnavailable
 
@@ -29,14 +30,6 @@ EDIT_ROUND = 50  # such commands per round trip of an edit
 # The end of an edit: the version counter moved (the nodes then read the set again), the marker
 # cleared (``lua/watch_edit_done.lua``).
 _EDIT_DONE = (files(__package__) / "lua" / "watch_edit_done.lua").read_text(encoding="utf-8")
-
-
-def watch_keys(job: str) -> dict[str, str]:
-    """The job's watch set, its version counter and the marker of an edit in progress, beside its
-    lease store's keys (same hash tag, so one cluster slot, so one script may edit two of them)."""
-    prefix = f"ingestion:{{{job}}}"
-    watch = f"{prefix}:watch"
-    return {"watch": watch, "version": f"{watch}:version", "editing": f"{watch}:editing"}
 
 
 def _text(member: str | bytes) -> str:

@@ -23,9 +23,9 @@ import redis
 from redis.client import NEVER_DECODE
 
 from actors.cursor_order import InvalidPagingToken, token_key
-from actors.lease_store import AUDIT_MAXLEN, job_keys, parse_lease_value
+from actors.lease_store import AUDIT_MAXLEN, job_keys, job_of_key, read_states
+from ingestion.common.keyspace import webhook_keys
 from ingestion.webhook.requests import stream_id_key
-from ingestion.webhook.source import webhook_keys
 
 LEDGER_LIMIT = 2**32  # a bound below this is a ledger sequence; a record id (TOID) is far above
 DROP_PAGE = 1000  # dead letters dropped by one script call (one short atomic step each)
@@ -154,8 +154,8 @@ def discover(client: redis.Redis) -> dict[str, tuple[str, str]]:
     ``endpoint`` hash (its leaders write it), as ``job -> (source job, endpoint)``; the endpoint is
     its origin only (``https://host:port/...``: a path may hold a token), as the leader wrote it."""
     found: dict[str, tuple[str, str]] = {}
-    for key in client.scan_iter(match="ingestion:{*}:endpoint", count=1000):
-        name = _text(key)[len("ingestion:{") : -len("}:endpoint")]
+    for key in client.scan_iter(match=webhook_keys("*")["endpoint"], count=1000):
+        name = job_of_key(_text(key)) or ""
         source, origin = client.hmget(key, ["from", "origin"])  # type: ignore[misc]
         found[name] = (_text(source) if source else "", f"{_text(origin)}/..." if origin else "-")
     return dict(sorted(found.items()))
@@ -169,12 +169,10 @@ def endpoint_state(client: redis.Redis, job: str) -> dict[str, str]:
 
 def status(client: redis.Redis, job: str, source_job: str, url: str) -> dict[str, Any]:
     """One webhook job as ``webhooks status`` shows it (secrets never included)."""
-    keys, own = webhook_keys(job), job_keys(job)
+    keys = webhook_keys(job)
     endpoint = endpoint_state(client, job)
-    cursor = client.hget(own["cursor"], "cursor")
-    lease = client.get(own["lease"])
-    leader = parse_lease_value(_text(lease))[1] if lease else None
-    dead = int(client.xlen(own["events"]))  # type: ignore[arg-type]
+    now = read_states(client, [job])[0]  # its position, leader and dead letters (its events stream)
+    cursor, leader, dead = now.cursor or None, now.leader, now.events
     replayed = int(client.hlen(keys["replayed"]))  # type: ignore[arg-type]
     dropped_at = int(endpoint.get("dropped_at_ms") or 0)
     last_drop = (
@@ -187,13 +185,13 @@ def status(client: redis.Redis, job: str, source_job: str, url: str) -> dict[str
         else None
     )
     undelivered, lag = (
-        _undelivered(client, source_job, _text(cursor) if cursor else None) if source_job else (None, None)
+        _undelivered(client, source_job, cursor) if source_job else (None, None)
     )
     state = endpoint.get("state", "ok" if leader else "idle")
     return {
         "job": job, "from": source_job or None, "url": url, "leader": leader,
         "state": "paused" if endpoint.get("paused") == "1" and state != "disabled" else state,
-        "position": _text(cursor) if cursor else None,
+        "position": cursor,
         "undelivered": undelivered, "lag_seconds": lag,
         "failing_record": endpoint.get("failing_record") if endpoint.get("state") == "failing" else None,
         "attempts": int(endpoint.get("attempts", "0") or 0),

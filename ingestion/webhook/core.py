@@ -304,9 +304,3 @@ class Window:
 
     def __len__(self) -> int:
         return len(self.order)
-
-
-def webhook_keys(job: str) -> dict[str, str]:
-    """The webhook job's own keys beside its lease store's (same hash tag, same cluster slot)."""
-    prefix = f"ingestion:{{{job}}}"
-    return {name: f"{prefix}:{name}" for name in ("endpoint", "requests", "replayed", "attempts")}

@@ -31,6 +31,7 @@ import trio
 
 from actors.lease_store import LeaseStore, RedisUnavailable, batch
 from actors.sink import SinkUnavailable
+from ingestion.common.keyspace import dead_letter_keys
 from ingestion.webhook.records import RecordStore
 
 HOLD_EVERY = 1.0  # seconds between looks at the retention floor (a call only when it moves)
@@ -59,11 +60,6 @@ class Holder(Protocol):
     def log(self) -> Any: ...
     @property
     def max_dead_letters(self) -> int: ...
-
-
-def dead_letter_keys(job: str) -> tuple[str, str]:
-    """The webhook job's dead letters (its events stream) and the ids of those replayed."""
-    return f"ingestion:{{{job}}}:events", f"ingestion:{{{job}}}:replayed"
 
 
 @attrs.define

@@ -25,7 +25,8 @@ from actors.cursor_order import token_key
 from actors.lease_store import CommitRejected, RedisUnavailable, batch
 from actors.sink import SinkUnavailable
 from actors.source import Record, TermContext, TermFenced
-from ingestion.webhook.core import DELIVERED, GONE, RetrySchedule, judge, outcome_label, webhook_keys
+from ingestion.common.keyspace import webhook_keys
+from ingestion.webhook.core import DELIVERED, GONE, RetrySchedule, judge, outcome_label
 from ingestion.webhook.records import Stored
 
 if TYPE_CHECKING:

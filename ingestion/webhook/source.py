@@ -41,6 +41,7 @@ from actors.lease_store import CommitRejected, LeaseStore, RedisUnavailable
 from actors.sink import SinkUnavailable
 from actors.source import Batch, Record, TermContext, TermFenced, current_term
 from ingestion.common.http import describe, ssl_context
+from ingestion.common.keyspace import webhook_keys
 from ingestion.common.redact import redact
 from ingestion.common.retry import parse_retry_after
 from ingestion.webhook.core import (
@@ -58,7 +59,6 @@ from ingestion.webhook.core import (
     outcome_label,
     post_body,
     sign,
-    webhook_keys,
 )
 from ingestion.webhook.dead_letters import DeadLetterHold
 from ingestion.webhook.records import RecordStore, Stored

@@ -20,9 +20,9 @@ from actors.lease_store import connect, job_keys
 from actors.observe import NodeObserver
 from actors.supervisor import JobRun, run_jobs
 from ingestion.audit.compare import StoredRow, compare, differences
-from ingestion.backfill.plan import backfill_key
 from ingestion.backfill.runner import range_job
 from ingestion.cli import main as cli
+from ingestion.common.keyspace import backfill_key
 from ingestion.config import load
 from ingestion.node.build import build_sink, build_source, build_store
 from ingestion.node.worker import node_spec

@@ -18,8 +18,9 @@ from actors.lease_store import Acquired, connect, job_keys
 from actors.observe import NodeObserver
 from actors.source import TermContext
 from actors.supervisor import JobRun, run_jobs
-from ingestion.audit.job import AuditStep, audit_keys
+from ingestion.audit.job import AuditStep
 from ingestion.audit.metrics import AuditCollector
+from ingestion.common.keyspace import audit_keys
 from ingestion.config import ConfigError, load
 from ingestion.node.build import build_sink, build_source, build_store
 from ingestion.node.worker import _job_source, audit_stats, node_spec

@@ -16,7 +16,8 @@ import pytest
 import trio
 
 from actors.lease_store import job_keys
-from ingestion.backfill.plan import Plan, backfill_key
+from ingestion.backfill.plan import Plan
+from ingestion.common.keyspace import backfill_key
 from ingestion.postgres.connection import connect
 from ingestion.postgres.readers import check_job, job_state
 from ingestion.rpc.protocol import Cursor

@@ -11,8 +11,9 @@ import pytest
 import redis
 
 from actors.lease_store import NODE_REGISTRY_KEY, connect, job_keys
-from ingestion.backfill.plan import Plan, backfill_key
+from ingestion.backfill.plan import Plan
 from ingestion.backfill.status import listed_jobs, read_plan, settle, write_plan
+from ingestion.common.keyspace import backfill_key
 from ingestion.testing.local_redis import LocalRedis
 from tests.support.cli import one_line, run
 from tests.support.lakes import backfill_config as config

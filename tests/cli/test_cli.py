@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from actors.lease_store import connect
+from actors.lease_store import connect, job_keys
 from ingestion import __version__
 from ingestion.cli import COMMANDS
 from ingestion.cli.run import parser as _run_parser
@@ -441,7 +441,7 @@ def test_a_node_configured_for_another_source_refuses_the_job(
     redis_server: LocalRedis, job: str, fields: dict[str, str], says: str
 ) -> None:
     client: redis.Redis = connect(redis_server.url, timeout=2.0)
-    client.hset(f"ingestion:{{{job}}}:cursor", mapping=fields)
+    client.hset(job_keys(job)["cursor"], mapping=fields)
     client.close()
     done = run("--redis", redis_server.url, "--job", job, "--source", "rpc", "--rpc",
                f"http://127.0.0.1:{closed_port()}", "--log-format", "json")  # fmt: skip
@@ -487,7 +487,7 @@ async def node_until(client: redis.Redis, job: str, args: list[str], records: in
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
         ))  # fmt: skip
         with trio.fail_after(within):
-            while client.xlen(f"ingestion:{{{job}}}:events") < records:  # noqa: ASYNC110 (another process)
+            while client.xlen(job_keys(job)["events"]) < records:  # noqa: ASYNC110 (another process)
                 await trio.sleep(0.1)
         node.send_signal(signal.SIGTERM)
 
@@ -503,7 +503,7 @@ async def test_the_first_term_records_the_source_and_verify_checks_the_stream(
 
     config = SimulatorConfig(ledger_interval=None, history_ledgers=5, ops_per_ledger=3)
     client: redis.Redis = connect(redis_server.url, timeout=2.0)
-    key = f"ingestion:{{{job}}}:cursor"
+    key = job_keys(job)["cursor"]
     async with open_simulator(config) as sim:
         args = ["--redis", redis_server.url, "--job", job, "--horizon", sim.url, "--start-cursor", "0",
                 "--lease-ttl-ms", "1000", "--log-format", "json"]  # fmt: skip
@@ -514,8 +514,8 @@ async def test_the_first_term_records_the_source_and_verify_checks_the_stream(
         done = await trio.to_thread.run_sync(functools.partial(run, *verify))
         assert done.returncode == 0, done.stdout + done.stderr
         assert "exactly once, in order: OK" in done.stdout
-        first = client.xrange(f"ingestion:{{{job}}}:events", count=1)[0][1]
-        client.xadd(f"ingestion:{{{job}}}:events", first)  # a duplicate, as a broken writer would
+        first = client.xrange(job_keys(job)["events"], count=1)[0][1]
+        client.xadd(job_keys(job)["events"], first)  # a duplicate, as a broken writer would
         done = await trio.to_thread.run_sync(functools.partial(run, *verify))
         assert done.returncode == 1 and "FAILED" in done.stdout, done.stdout + done.stderr
     client.close()
@@ -538,7 +538,7 @@ async def test_verify_an_rpc_job_run_from_flags_needs_only_the_rpc_url(
                 "--topic", "sym:transfer,*,**", "--start-cursor", "0", "--lease-ttl-ms", "1000",
                 "--log-format", "json"]  # fmt: skip
         await node_until(client, job, args, 5, within=30)
-        assert str(client.hget(f"ingestion:{{{job}}}:cursor", "source")).startswith("rpc [")
+        assert str(client.hget(job_keys(job)["cursor"], "source")).startswith("rpc [")
         verify = ["verify", "--redis", redis_server.url, "--job", job, "--rpc", sim.rpc_url]
         done = await trio.to_thread.run_sync(functools.partial(run, *verify))
         assert done.returncode == 0, done.stdout + done.stderr
@@ -600,9 +600,9 @@ def test_verify_never_prints_the_token_of_a_sources_url(redis_server: LocalRedis
     """A provider's key in the Horizon URL (``https://KEY@host``, ``?token=``) stays out of what
     ``verify`` prints when the source cannot be read (its error text names the URL too)."""
     client: redis.Redis = connect(redis_server.url, timeout=2.0)
-    client.hset(f"ingestion:{{{job}}}:cursor", mapping={"cursor": "12", "source": "horizon /operations"})
+    client.hset(job_keys(job)["cursor"], mapping={"cursor": "12", "source": "horizon /operations"})
     entry = {"paging_token": "12", "token": "1", "node": "n1", "record": "{}"}  # as a commit writes it
-    client.xadd(f"ingestion:{{{job}}}:events", entry)  # type: ignore[arg-type]
+    client.xadd(job_keys(job)["events"], entry)  # type: ignore[arg-type]
     horizon = f"http://KEY123@127.0.0.1:{closed_port()}/?token=KEY123"
     done = run("verify", "--redis", redis_server.url, "--job", job, "--horizon", horizon)
     assert done.returncode == 1 and "cannot read http://***@127.0.0.1:" in done.stderr, done.stderr

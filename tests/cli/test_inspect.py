@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import trio
 
-from actors.lease_store import Acquired, LeaseStore, connect
+from actors.lease_store import Acquired, LeaseStore, connect, job_keys
 from actors.source import Record
 from ingestion.common.paging import toid_parts, token_key
 from ingestion.simulator.server import SimulatorConfig, open_simulator
@@ -34,7 +34,7 @@ async def test_inspect_json_of_an_empty_job_has_the_contract_keys(
     redis_server: LocalRedis, job: str
 ) -> None:
     client = connect(redis_server.url, timeout=2.0)
-    client.set(f"ingestion:{{{job}}}:token", 0)  # a job that exists, with nothing committed yet
+    client.set(job_keys(job)["token"], 0)  # a job that exists, with nothing committed yet
     client.close()
     done = await run_inspect("--redis", redis_server.url, "--job", job, "--json")
     assert done.returncode == 0, done.stderr
@@ -57,7 +57,7 @@ def documented_fields() -> set[str]:
 
 async def test_every_field_of_inspect_json_is_documented(redis_server: LocalRedis, job: str) -> None:
     client = connect(redis_server.url, timeout=2.0)
-    client.set(f"ingestion:{{{job}}}:token", 0)
+    client.set(job_keys(job)["token"], 0)
     client.close()
     one = json.loads((await run_inspect("--redis", redis_server.url, "--job", job, "--json")).stdout)
     every = json.loads((await run_inspect("--redis", redis_server.url, "--json")).stdout)
@@ -125,7 +125,7 @@ async def test_inspect_reports_an_unreachable_horizon_as_unknown_lag(
     from tests.support.ports import closed_port
 
     client = connect(redis_server.url, timeout=2.0)
-    client.set(f"ingestion:{{{job}}}:token", 0)  # a job that exists
+    client.set(job_keys(job)["token"], 0)  # a job that exists
     client.close()
     done = await run_inspect("--redis", redis_server.url, "--job", job, "--json",
                              "--horizon", f"http://127.0.0.1:{closed_port()}")  # fmt: skip

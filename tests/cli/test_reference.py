@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ingestion.cli import reference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,10 +43,17 @@ def test_log_events_are_found_in_every_form_a_node_logs_them() -> None:
 
 def test_every_redis_key_and_metric_is_listed() -> None:
     from actors.lease_store.keys import NODE_REGISTRY_KEY, job_keys
+    from ingestion.common import keyspace
 
     text = reference.render()
-    for key in [*job_keys("J").values(), NODE_REGISTRY_KEY]:
-        assert f"`{key}`" in text
+    everything = [*job_keys("J").values(), NODE_REGISTRY_KEY, *keyspace.webhook_keys("J").values(),
+                  *keyspace.watch_keys("J").values(), keyspace.backfill_key("J"),
+                  *keyspace.audit_keys("J").values(), keyspace.PRESENCE_KEY, keyspace.PRESENCE_CHANNEL,
+                  keyspace.instance_key("ID")]  # fmt: skip
+    rows = [line for line in text.splitlines() if line.startswith("| `ingestion:")]
+    for key in everything:  # each in the one table, once
+        assert len([row for row in rows if row.startswith(f"| `{key}` |")]) == 1, key
+    assert len(rows) == len(everything) + 2  # (and the runtime's node hosts and deployment keys)
     names = {name for name, _, _, _ in reference.metric_families()}
     assert {"ingestion_leader", "ingestion_commits_total", "ingestion_commit_latency_seconds",
             "ingestion_redis_up", "ingestion_consumer_group_lag_entries"} <= names  # fmt: skip
@@ -59,3 +68,11 @@ def test_every_redis_key_and_metric_is_listed() -> None:
     assert labels["ingestion_webhook_dead_letters_total"] == ["ingestion_job"]
     assert labels["ingestion_webhook_lag_seconds"] == ["ingestion_job"]
     assert labels["ingestion_webhook_endpoint_state"] == ["ingestion_job", "state"]
+
+
+def test_a_key_without_a_meaning_stops_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ingestion.common import keyspace
+
+    monkeypatch.delitem(keyspace.APP_KEY_MEANINGS, "requests")
+    with pytest.raises(SystemExit, match="requests"):
+        reference.render()

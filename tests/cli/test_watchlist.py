@@ -12,9 +12,9 @@ import redis
 import trio
 
 from actors.lease_store import job_keys
+from ingestion.common.keyspace import watch_keys
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import child_env
-from ingestion.watchlist.edits import watch_keys
 
 G1 = "GC5LF63GRVIT5ZXXCXLPI3RX2YXKJQFZVBSAO6AUELN3YIMSWPD6Z6FH"
 G2 = "GAFK7XFZHMLSNV7OJTBO7BAIZA66X6QIBV5RMZZYXK4Q7ZSO52J5C3WQ"

@@ -19,13 +19,12 @@ import httpx
 import pytest
 import trio
 
-from actors.lease_store import job_keys
-from ingestion.serve.presence import PRESENCE_CHANNEL
+from actors.lease_store import job_keys, read_states
+from ingestion.common.keyspace import PRESENCE_CHANNEL, webhook_keys
 from ingestion.testing.cluster import open_cluster
 from ingestion.testing.local_redis import free_port
 from ingestion.testing.receiver import Fault, Receiver, serve_receiver
 from ingestion.testing.wait import wait_until
-from ingestion.webhook.source import webhook_keys
 from tests.support.browser import Browser, open_browser
 
 pytestmark = pytest.mark.slow
@@ -183,7 +182,7 @@ async def test_a_leaderless_job_says_why_and_a_dead_letter_is_replayed_from_the_
             assert "alice" in row and "via a" in row, row
 
             # hand the Horizon job over from its page: another node leads it, the audit says who asked
-            before = c.client.get(job_keys(job)["lease"]).partition("|")[2]
+            before = read_states(c.client, [job])[0].leader
             await browser.call(lambda p: p.goto(f"{a}/console/job/{job}"))
             await browser.call(lambda p: p.click('button[data-action="handover"]'))
             await browser.call(lambda p: p.wait_for_function(f"{text_of('#result')}.includes('202')"))

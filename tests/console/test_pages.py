@@ -13,11 +13,11 @@ import trio
 
 from actors.lease_store import LeaseStore, job_keys
 from actors.observe import NodeObserver
+from ingestion.common.keyspace import PRESENCE_KEY, webhook_keys
 from ingestion.serve.console import job_sections
-from ingestion.serve.presence import PRESENCE_KEY, keep_present, parse_entry
+from ingestion.serve.presence import keep_present, parse_entry
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import wait_until
-from ingestion.webhook.source import webhook_keys
 from tests.support.console_http import console
 
 TOKEN = "s3cret-console-token"

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 import trio
 
-from actors.lease_store import job_keys, parse_lease_value
+from actors.lease_store import read_states
 from ingestion.testing.cluster import ALLOWANCE, Cluster, figure, open_cluster
 from tests.support.many_jobs import NODES, RESOURCES, holders, job_flags, job_names, verify_all
 from tests.support.redis_cluster import redis_cluster
@@ -61,9 +61,8 @@ async def test_six_jobs_spread_over_three_nodes_and_hold_still(job: str, redis_u
         assert Counter(placed.values()) == Counter({n: 2 for n in NODES})
         # The balance is read from Redis; the log lines of the last takeovers may still be on their
         # way through the pipes: the quiet window starts once every holder's line has arrived.
-        for name in job_names(c.job):
-            token, holder = parse_lease_value(c.client.get(job_keys(name)["lease"]))
-            await c.log.wait_for("became-leader", holder, job=name, token=token)
+        for state in read_states(c.client, job_names(c.job)):
+            await c.log.wait_for("became-leader", state.leader, job=state.job, token=state.lease_token)
         quiet_from = trio.current_time()
         await trio.sleep(5)
         now = holders(c)

@@ -27,7 +27,7 @@ import pytest
 import redis
 import trio
 
-from actors.lease_store import job_keys, parse_lease_value
+from actors.lease_store import job_keys, read_states
 from ingestion.testing.cluster import Cluster, figure, open_cluster
 from ingestion.testing.http_fault_proxy import HttpFaultProxy
 from ingestion.testing.tcp_proxy import TcpProxy
@@ -49,8 +49,7 @@ BOUND = HANDOVER + TTL + ALLOWANCE
 
 
 def holder(c: Cluster, job: str) -> str | None:
-    value = c.client.get(job_keys(job)["lease"])
-    return parse_lease_value(value)[1] if value else None
+    return read_states(c.client, [job])[0].leader
 
 
 def events(c: Cluster, job: str) -> int:

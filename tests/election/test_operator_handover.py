@@ -13,7 +13,7 @@ import pytest
 import redis
 import trio
 
-from actors.lease_store import LeaseStore, Renewal, job_keys, parse_lease_value
+from actors.lease_store import LeaseStore, Renewal, job_keys, read_states
 from actors.source import SyntheticSource
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.wait import wait_until
@@ -134,8 +134,7 @@ async def test_a_handover_in_a_balanced_cluster_goes_to_a_node_at_its_share_at_o
         await c.start_node("b", extra=extra)
 
         def holder(name: str) -> str | None:
-            value = c.client.get(job_keys(name)["lease"])
-            return parse_lease_value(value)[1] if value else None
+            return read_states(c.client, [name])[0].leader
 
         await wait_until(lambda: {holder(job), holder(other_job)} == {"a", "b"}, 20, what="one job each")
         await trio.sleep(2 * ttl)  # settled

@@ -8,7 +8,7 @@ from typing import Any
 import redis
 import trio
 
-from actors.lease_store import CommitRejected, LeaseStore, job_keys
+from actors.lease_store import CommitRejected, LeaseStore, job_key, job_keys
 from actors.scheduled import ScheduledJob
 from actors.source import SyntheticSource, TermContext
 from ingestion.testing.local_redis import LocalRedis
@@ -20,7 +20,7 @@ async def test_a_periodic_job_runs_each_run_once_across_a_handoff_with_fenced_si
     redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
 ) -> None:
     keys = job_keys(job)
-    state_key = f"ingestion:{{{job}}}:retention"
+    state_key = job_key(job, "retention")
     effects = open_store(redis_server.url, job)
     executed: list[tuple[int, int]] = []
 
@@ -60,7 +60,7 @@ async def test_a_stale_leaders_side_effect_is_rejected(
     redis_server: LocalRedis, redis_client: redis.Redis, job: str, open_store: OpenStore
 ) -> None:
     store: LeaseStore = open_store(redis_server.url, job, timeout=1.0)
-    state_key = f"ingestion:{{{job}}}:state"
+    state_key = job_key(job, "state")
     await store.acquire("a", 5000)
     assert await store.fenced_hset("a", 1, state_key, {"v": "1"}) is None
     redis_client.delete(store.keys["lease"])

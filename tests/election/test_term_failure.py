@@ -98,12 +98,12 @@ async def test_an_exception_in_one_jobs_term_ends_that_term_and_spares_the_node_
                 functools.partial(run_jobs, runs, structlog.get_logger())
             )
             await rec.wait_for("became-leader", failing, count=3, within=20)  # two failed terms, then a third
-            before = {name: redis_client.xlen(f"ingestion:{{{name}}}:events") for name in others}
+            before = {name: redis_client.xlen(job_keys(name)["events"]) for name in others}
             await wait_until(
-                lambda: all(redis_client.xlen(f"ingestion:{{{n}}}:events") > before[n] + 20 for n in others),
+                lambda: all(redis_client.xlen(job_keys(n)["events"]) > before[n] + 20 for n in others),
                 10, what="the other jobs going on",
             )  # fmt: skip
-            await wait_until(lambda: redis_client.xlen(f"ingestion:{{{failing}}}:events") > 30, 10,
+            await wait_until(lambda: redis_client.xlen(job_keys(failing)["events"]) > 30, 10,
                              what="the failed job going on once its terms stop failing")  # fmt: skip
             await handle.shutdown()
     failed = [e for e in logs if e["event"] == "term-failed"]
@@ -168,7 +168,7 @@ async def test_a_job_whose_actors_fail_outside_a_term_is_restarted_alone(
                 functools.partial(run_jobs, runs, structlog.get_logger())
             )
             await rec.wait_for("became-leader", failing, count=2, within=20)
-            await wait_until(lambda: redis_client.xlen(f"ingestion:{{{failing}}}:events") > 30, 10,
+            await wait_until(lambda: redis_client.xlen(job_keys(failing)["events"]) > 30, 10,
                              what="the restarted job going on")  # fmt: skip
             assert handle.handles[failing].observer.snapshot().role == "leader"
             await handle.shutdown()

@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 import trio
 
-from actors.lease_store import job_keys, parse_lease_value
+from actors.lease_store import job_keys, read_states
 from ingestion.testing.cluster import Cluster, figure, open_cluster
 from tests.support.many_jobs import NODES, RESOURCES, holders, job_flags, job_names, verify_all
 
@@ -46,9 +46,8 @@ async def wait_balanced(c: Cluster, nodes: tuple[str, ...], within: float) -> di
 async def settled(c: Cluster) -> dict[str, str | None]:
     """Every node at its share, and every holder's ``became-leader`` line arrived."""
     await wait_balanced(c, NODES, within=30)
-    for name in job_names(c.job):
-        token, holder = parse_lease_value(c.client.get(job_keys(name)["lease"]))
-        await c.log.wait_for("became-leader", holder, job=name, token=token)
+    for state in read_states(c.client, job_names(c.job)):
+        await c.log.wait_for("became-leader", state.leader, job=state.job, token=state.lease_token)
     await trio.sleep(c.ttl_ms / 1000)  # the balancer's ticks see the same picture everywhere
     now = holders(c)
     assert Counter(now.values()) == Counter({n: 2 for n in NODES}), now
@@ -63,8 +62,8 @@ async def test_a_killed_worker_s_jobs_are_taken_at_once_by_standbys_at_their_sha
         for kill in range(KILLS):
             placed = await settled(c)
             victim = NODES[kill % len(NODES)]
-            orphaned = {name: parse_lease_value(c.client.get(job_keys(name)["lease"]))[0]
-                        for name, holder in placed.items() if holder == victim}  # fmt: skip
+            orphaned = {state.job: state.lease_token for state in read_states(
+                c.client, [name for name, holder in placed.items() if holder == victim])}  # fmt: skip
             assert len(orphaned) == 2
             killed_at = c.kill_worker(victim)
             died = await c.log.wait_for("worker-died", victim, since=killed_at, within=5)

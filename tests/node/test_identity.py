@@ -14,7 +14,7 @@ import structlog
 import trio
 
 from actors.ingestor import Ingestor
-from actors.lease_store import Acquired, LeaseStore
+from actors.lease_store import Acquired, LeaseStore, job_keys
 from actors.messages import (
     CommitCursor,
     CursorCommitted,
@@ -200,7 +200,7 @@ async def test_a_postgres_node_stops_a_job_whose_records_are_in_redis(
 
 def seed(redis_server: LocalRedis, job: str, fields: dict[str, str]) -> None:
     client: redis.Redis = redis.Redis.from_url(redis_server.url, decode_responses=True)
-    client.hset(f"ingestion:{{{job}}}:cursor", mapping=fields)
+    client.hset(job_keys(job)["cursor"], mapping=fields)
     client.close()
 
 

@@ -14,7 +14,8 @@ import redis
 import structlog
 import trio
 
-from ingestion.node.claim import Holder, NodeClaim, instance_key, pid_space, process_start
+from ingestion.common.keyspace import instance_key
+from ingestion.node.claim import Holder, NodeClaim, pid_space, process_start
 from ingestion.node.preflight import StartupError
 from ingestion.testing.cluster import open_cluster
 from ingestion.testing.launch import node_command

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 
-from actors.lease_store import Acquired, CommitRejected, Committed, LeaseStore, connect
+from actors.lease_store import Acquired, CommitRejected, Committed, LeaseStore, connect, job_key
 from actors.source import Record
 from ingestion.testing.local_redis import LocalRedis
 
@@ -165,7 +165,7 @@ async def test_fenced_hset_refuses_the_current_token_once_its_lease_is_gone(
 ) -> None:
     """The token is still the counter (nobody took over yet), but the lease expired: the holder
     may not write, or a successor's first write could interleave with its last."""
-    target = f"ingestion:{{{store.job}}}:state"
+    target = job_key(store.job, "state")
     assert isinstance(await store.acquire("a", 60_000), Acquired)
     assert await store.fenced_hset("a", 1, target, {"v": "1"}) is None
     redis_client.delete(store.keys["lease"])  # expired
@@ -176,7 +176,7 @@ async def test_fenced_hset_refuses_the_current_token_once_its_lease_is_gone(
 async def test_fenced_hset_refuses_another_node_under_the_holders_token(
     store: LeaseStore, redis_client: redis.Redis
 ) -> None:
-    target = f"ingestion:{{{store.job}}}:state"
+    target = job_key(store.job, "state")
     assert isinstance(await store.acquire("a", 60_000), Acquired)
     assert await store.fenced_hset("b", 1, target, {"v": "b"}) == CommitRejected(1, "lease-lost", 1, None)
     assert redis_client.exists(target) == 0

@@ -10,6 +10,7 @@ docs/ARCHITECTURE.md draws the same picture and names every module.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import tomllib
@@ -89,7 +90,7 @@ ALLOWED: dict[str, set[str]] = {
     "events": {"runtime", "shared", "rpc-wire", "events"},
     "webhook": {"runtime", "shared", "postgres", "webhook-rules", "webhook"},
     "postgres": {"runtime", "shared", "config", "postgres"},
-    "backfill": {"runtime", "rpc-wire", "lake-wire", "config", "postgres", "backfill"},
+    "backfill": {"runtime", "shared", "rpc-wire", "lake-wire", "config", "postgres", "backfill"},
     "actions": {"runtime"},
     "api": {"runtime", "shared", "rpc-wire", "events", "config", "postgres", "api"},
     "node": {
@@ -457,6 +458,99 @@ def test_no_lua_inline_in_python() -> None:
     holding = {str(p.relative_to(ROOT)) for f in folders for p in (ROOT / f).rglob("*.py") if _holds_lua(p)}
     assert sorted(holding - INLINE_LUA) == []
     assert sorted(INLINE_LUA - holding) == [], "moved to .lua files: drop them from INLINE_LUA"
+
+
+# The keyspace (issue 47): the runtime's key names in one module, the application's in another;
+# every other module asks them (``job_keys(job)["cursor"]``, ``watch_keys(job)["watch"]``, ...).
+KEYSPACE_MODULES = {"actors/lease_store/keys.py", "ingestion/common/keyspace.py"}
+# A key spelled out: ``ingestion:`` followed by ``{`` (a job's hash tag), ``*`` (a SCAN or ACL
+# pattern) or a letter (a named key), in a string literal or an f-string's literal part. Messages
+# ("ingestion: verify: ...") have a space there; docstrings are prose and may name keys.
+KEY_SHAPE = re.compile(r"ingestion:[{*a-z]")
+
+
+def spelled_keys(source: str) -> list[int]:
+    """The lines of ``source`` that spell a key (a literal of :data:`KEY_SHAPE`), or build a job's
+    key by name with the runtime's ``job_key`` (which only the keyspace's modules call)."""
+    tree = ast.parse(source)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+    }  # fmt: skip
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            if KEY_SHAPE.search(node.value):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+            if name == "job_key":
+                lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_key_names_are_spelled_in_the_keyspace_modules_only() -> None:
+    folders = ("actors", "ingestion", "benchmarks", "chaos")
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for folder in folders
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if str(path.relative_to(ROOT)) not in KEYSPACE_MODULES
+        for line in spelled_keys(path.read_text())
+    ]
+    assert offenders == [], "ask actors/lease_store/keys.py or ingestion/common/keyspace.py for these keys"
+
+
+def test_a_lease_is_parsed_by_the_lease_store_only() -> None:
+    """One reader of a job's state (``actors/lease_store/state.py``): nothing outside the lease
+    store parses a lease's ``token|node`` (``parse_lease_value``); it asks ``read_states``,
+    ``StateQuery`` or ``LeaseStore.state``."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for folder in ("actors", "ingestion", "benchmarks", "chaos")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if not str(path.relative_to(ROOT)).startswith("actors/lease_store/")
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Name) and node.id == "parse_lease_value"
+    ]
+    assert offenders == []
+
+
+def lua_keys_spelled(script: str) -> list[int]:
+    """The lines of a Lua script whose code (comments aside) spells a key: a script takes its keys
+    as KEYS[] (and its channels as ARGV[]), so that the caller's keyspace names them."""
+    return [n for n, line in enumerate(script.splitlines(), 1) if KEY_SHAPE.search(line.split("--")[0])]
+
+
+def test_lua_scripts_take_their_keys_as_arguments() -> None:
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for folder in ("actors", "ingestion")
+        for path in sorted((ROOT / folder).rglob("*.lua"))
+        for line in lua_keys_spelled(path.read_text())
+    ]
+    assert offenders == []
+    planted = "-- KEYS[1] the lease (ingestion:{J}:lease)\nreturn redis.call('GET', 'ingestion:{j}:lease')\n"
+    assert lua_keys_spelled(planted) == [2]
+
+
+def test_the_keyspace_rule_finds_a_key_spelled_out() -> None:
+    planted = (
+        '"""A module naming ``ingestion:{J}:lease`` in its docstring (prose: allowed)."""\n'
+        'def events(job):\n'
+        '    """Its stream, ``ingestion:{JOB}:events``."""\n'
+        '    return f"ingestion:{{{job}}}:events"\n'  # line 4: a job's key
+        'PRESENCE = "ingestion:presence"\n'  # line 5: a named key
+        'PATTERN = "ingestion:{*}:endpoint"\n'  # line 6: a pattern
+        'ACL = "~ingestion:*"\n'  # line 7
+        'ERROR = f"ingestion: verify: {1}"\n'  # a message: allowed
+        'WATCH = job_key("j", "watch")\n'  # line 9: a key built by name
+        'NAME = f"ingestion:{1}"\n'  # (PostgreSQL's application name: not a key shape)
+    )
+    assert spelled_keys(planted) == [4, 5, 6, 7, 9]
 
 
 # Where a StrKey checksum is computed: the one encoder, and the watch list's bulk validator

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from actors.lease_store import job_keys, parse_lease_value
+from actors.lease_store import read_states
 from ingestion.testing.cluster import Cluster
 from ingestion.verify import verify_job
 
@@ -22,11 +22,7 @@ def job_flags(base: str) -> list[str]:
 
 
 def holders(c: Cluster) -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for name in job_names(c.job):
-        value = c.client.get(job_keys(name)["lease"])
-        out[name] = parse_lease_value(value)[1] if value else None
-    return out
+    return {state.job: state.leader for state in read_states(c.client, job_names(c.job))}
 
 
 async def verify_all(c: Cluster) -> None:

@@ -9,7 +9,7 @@ import redis
 import structlog
 import trio
 
-from actors.lease_store import LeaseStore, job_keys
+from actors.lease_store import LeaseStore, job_keys, read_states
 from actors.source import SyntheticSource
 from actors.supervisor import NodeHandle
 from ingestion.testing.receiver import Receiver, serve_receiver
@@ -64,8 +64,7 @@ def seqs(receiver: Receiver) -> list[int]:
 
 def hook_leader(client: redis.Redis, hook: str) -> str | None:
     """The node that leads the webhook job ``hook`` now (None: nobody)."""
-    value = client.get(job_keys(hook)["lease"])
-    return value.partition("|")[2] if value else None
+    return read_states(client, [hook])[0].leader
 
 
 async def delivering(

@@ -19,6 +19,7 @@ from stellar_sdk.strkey import StrKey
 from structlog.testing import capture_logs
 
 from actors.lease_store import connect
+from ingestion.common.keyspace import watch_keys
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.watchlist import addresses
 from ingestion.watchlist.addresses import (
@@ -28,7 +29,7 @@ from ingestion.watchlist.addresses import (
     is_address,
     valid_entries,
 )
-from ingestion.watchlist.edits import EDIT_CHUNK, RedisWatch, add, members_count, remove, watch_keys
+from ingestion.watchlist.edits import EDIT_CHUNK, RedisWatch, add, members_count, remove
 from ingestion.watchlist.lists import FileWatch, InlineWatch, WatchFileError, WatchList, WatchUnavailable
 
 # Seeded, not os.urandom: parametrized ids hold addresses, and every xdist worker must collect the

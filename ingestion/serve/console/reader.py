@@ -14,11 +14,11 @@ import attrs
 import redis
 import trio
 
-from actors.lease_store import LeaseStore, RedisUnavailable, discover_jobs, job_keys, parse_lease_value
+from actors.lease_store import LeaseStore, RedisUnavailable, StateQuery, discover_jobs, job_keys, read_states
+from ingestion.common.keyspace import PRESENCE_CHANNEL, PRESENCE_KEY, webhook_keys
 from ingestion.common.redact import redact
-from ingestion.serve.completeness_section import watermark_of
 from ingestion.serve.console.view import MAX_JOBS, ClusterView, why_leaderless
-from ingestion.serve.presence import PRESENCE_CHANNEL, PRESENCE_KEY, parse_entry, parse_message
+from ingestion.serve.presence import parse_entry, parse_message
 
 AUDIT_ON_PAGE = 50  # audit entries a job's page shows
 REJECTIONS_ON_PAGE = 20
@@ -187,22 +187,11 @@ class ClusterReader:
         names = sorted(set(await self._store.run(self.discover, self.client)) - reported)[:MAX_JOBS]
 
         def read() -> dict[str, dict[str, Any]]:  # every such job's lease, in one round trip
-            pipe = self.client.pipeline(transaction=False)
-            for name in names:
-                keys = job_keys(name)
-                pipe.get(keys["lease"])
-                pipe.pttl(keys["lease"])
-                pipe.hget(keys["cursor"], "cursor")
-            answers = pipe.execute() if names else []
-            found = {}
-            for i, name in enumerate(names):
-                lease, ttl, cursor = answers[3 * i : 3 * i + 3]
-                token, leader = parse_lease_value(lease) if lease else (None, "")
-                left = int(ttl) if lease and int(ttl) >= 0 else None
-                found[name] = {
-                    "leader": leader, "token": token, "cursor": cursor or "", "lease_ttl_ms_left": left,
-                }  # fmt: skip
-            return found
+            return {
+                s.job: {"leader": s.leader or "", "token": s.lease_token, "cursor": s.cursor or "",
+                        "lease_ttl_ms_left": s.lease_ttl_ms_left}
+                for s in read_states(self.client, names)
+            }  # fmt: skip
 
         self.view.unreported = await self._store.run(read)
 
@@ -210,16 +199,13 @@ class ClusterReader:
         """One job's detail, read from Redis in one round trip; None when Redis holds nothing of
         it and no node reports it."""
         keys = job_keys(name)
-        hook = _webhook_keys(name)
+        hook = webhook_keys(name)
+        query = StateQuery(name, AUDIT_ON_PAGE)
 
         def read() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             pipe.exists(*keys.values(), *hook.values())
-            pipe.get(keys["lease"])
-            pipe.pttl(keys["lease"])
-            pipe.hgetall(keys["cursor"])
-            pipe.xlen(keys["events"])
-            pipe.xrevrange(keys["audit"], count=AUDIT_ON_PAGE)
+            query.queue(pipe)  # (the job's state, read as every reader reads it)
             pipe.xrevrange(keys["rejections"], count=REJECTIONS_ON_PAGE)
             pipe.hgetall(keys["health"])
             pipe.hgetall(hook["endpoint"])
@@ -228,13 +214,14 @@ class ClusterReader:
             pipe.time()
             return pipe.execute()  # type: ignore[no-any-return]
 
-        (exists, lease, ttl, cursor, records, audit, rejections, health, endpoint, attempts, replayed,
-         (now_s, now_us)) = await self._store.run(read)  # fmt: skip
+        replies = await self._store.run(read)
+        exists, seen = replies[0], query.parse(replies[1 : 1 + query.replies])
+        rejections, health, endpoint, attempts, replayed, (now_s, now_us) = replies[1 + query.replies :]
         reported = next((j for j in self.view.state(trio.current_time())["jobs"] if j["job"] == name), None)
         if not exists and reported is None:
             return None
         redis_now = int(now_s) * 1000 + int(now_us) // 1000
-        token, leader = parse_lease_value(lease) if lease else (None, "")
+        leader = seen.leader or ""
         kind = (reported or {}).get("kind") or self.configured.get(name, "")
         backfill = None
         if kind in ("rpc", "lake"):
@@ -255,7 +242,7 @@ class ClusterReader:
             state = endpoint.get("state", "ok" if leader else "idle")
             webhook = {
                 "state": "paused" if endpoint.get("paused") == "1" and state != "disabled" else state,
-                "position": cursor.get("cursor", ""), "dead_letters": int(records),
+                "position": seen.cursor or "", "dead_letters": seen.events,
                 "dead_letters_replayed": int(replayed), "failing_record": endpoint.get("failing_record", ""),
                 "last_status": endpoint.get("last_status", ""), "last_error": endpoint.get("last_error", ""),
                 "last_request": json_object(endpoint.get("last_request")),
@@ -265,18 +252,19 @@ class ClusterReader:
                 "dead": [_dead_letter(i, f, f.get("paging_token") in done) for i, f in dead],
             }  # fmt: skip
         return {
-            "job": name, "kind": kind, "leader": leader or "", "token": token,
-            "lease_ttl_ms_left": int(ttl) if lease and int(ttl) >= 0 else None,
+            "job": name, "kind": kind, "leader": leader, "token": seen.lease_token,
+            "lease_ttl_ms_left": seen.lease_ttl_ms_left,
             "leader_since_ms": (reported or {}).get("leader_since_ms"),
-            "cursor": cursor.get("cursor", ""), "records": int(records), **watermark_of(cursor),
+            "cursor": seen.cursor or "", "records": seen.events,
+            "complete_through": seen.complete_through, "complete_held": seen.complete_held,
             "rate": (reported or {}).get("rate"), "lag_seconds": (reported or {}).get("lag_seconds"),
             "hosts": (reported or {}).get("hosts", []),
-            "why": "" if lease else why_leaderless((reported or {}).get("hosts", [])),
+            "why": "" if seen.leader is not None else why_leaderless((reported or {}).get("hosts", [])),
             "healthy": sorted(n for n, ms in health.items()
                               if not n.startswith("failing:") and f"failing:{n}" not in health
                               and str(ms).isdigit() and redis_now - int(ms) <= 60_000),
             # (redacted again: an entry written before audit entries were, names a URL whole)
-            "audit": [{"at_ms": _since_ms(i), **_redacted(f)} for i, f in audit],
+            "audit": [{"at_ms": _since_ms(e["id"]), **_redacted(e, but="id")} for e in reversed(seen.audit)],
             "rejections": [{"at_ms": _since_ms(i), **_redacted(f)} for i, f in rejections],
             "webhook": webhook, "backfill": backfill,
         }  # fmt: skip
@@ -314,12 +302,6 @@ class ClusterReader:
         return 202, f"asked the leader of {job} to {what} (request {rid}); the audit shows it when done"
 
 
-def _webhook_keys(job: str) -> dict[str, str]:
-    from ingestion.webhook.source import webhook_keys
-
-    return webhook_keys(job)
-
-
 def _dead_letter(entry_id: str, fields: Mapping[str, str], replayed: bool) -> dict[str, Any]:
     try:
         letter = json.loads(fields.get("record", "{}"))
@@ -343,8 +325,8 @@ def json_object(raw: str | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _redacted(fields: Mapping[str, str]) -> dict[str, str]:
-    return {k: redact(v) for k, v in fields.items()}
+def _redacted(fields: Mapping[str, str], but: str = "") -> dict[str, str]:
+    return {k: redact(v) for k, v in fields.items() if k != but}
 
 
 def _since_ms(entry_id: str) -> int | None:
