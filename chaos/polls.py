@@ -9,7 +9,7 @@ from typing import Any
 
 import trio
 
-from actors.lease_store import job_keys
+from actors.lease_store import read_states
 from chaos import check
 from ingestion.testing.local_postgres import LocalPostgres
 from ingestion.testing.redis_ha import SentinelGroup
@@ -61,18 +61,12 @@ class Polls:
             nonlocal pg_conn
             out: list[check.Sample] = []
             try:
-                pipe = primary_client().pipeline(transaction=False)
-                for job in self.jobs:
-                    pipe.get(job_keys(job)["lease"])
-                    pipe.hget(job_keys(job)["cursor"], "cursor")
-                raw = pipe.execute()
+                states = {s.job: s for s in read_states(primary_client(), self.jobs)}
             except Exception:
                 return out
-            holders = {job: raw[2 * i] for i, job in enumerate(self.jobs)}
+            holders = {job: states[job].leader for job in self.jobs}
             for job in redis_jobs:
-                cursor = raw[2 * self.jobs.index(job) + 1]
-                holder = holders[job]
-                out.append(check.Sample(at, job, str(holder).partition("|")[2] if holder else None, cursor))
+                out.append(check.Sample(at, job, holders[job], states[job].cursor))
             if self.pg is not None:
                 try:
                     if pg_conn is None:
@@ -83,9 +77,7 @@ class Polls:
                     row = pg_conn.execute(
                         "SELECT cursor FROM ingestion.cursors WHERE job = %s", (self.pg_job,)
                     ).fetchone()
-                    holder = holders[self.pg_job]
-                    name = str(holder).partition("|")[2] if holder else None
-                    out.append(check.Sample(at, self.pg_job, name, row[0] if row else None))
+                    out.append(check.Sample(at, self.pg_job, holders[self.pg_job], row[0] if row else None))
                 except Exception:
                     if pg_conn is not None:
                         pg_conn.close()

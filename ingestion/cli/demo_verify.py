@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import attrs
 import trio
 
-from actors.lease_store import job_keys
+from actors.lease_store import read_states
 from ingestion.cli import demo_api
 from ingestion.postgres.connection import connect as pg_connect
 from ingestion.testing.cluster import Cluster
@@ -22,15 +22,7 @@ from ingestion.verify import Verification, check_stream, fetch_source, read_post
 def placement(c: Cluster, hook: str | None) -> dict[str, tuple[str | None, int]]:
     """job -> (lease holder, records) read now (a webhook job ``hook``'s: the receiver's; a job
     into PostgreSQL: its rows); blocking, so run it in a thread."""
-    pipe = c.client.pipeline(transaction=False)
-    for spec in c.jobs:
-        pipe.get(job_keys(spec.name)["lease"])
-        pipe.xlen(job_keys(spec.name)["events"])
-    raw = pipe.execute()
-    out = {}
-    for i, spec in enumerate(c.jobs):
-        lease, events = raw[2 * i], raw[2 * i + 1]
-        out[spec.name] = (str(lease).partition("|")[2] if lease else None, int(events))
+    out = {s.job: (s.leader, s.events) for s in read_states(c.client, [spec.name for spec in c.jobs])}
     if hook is not None and c.receiver is not None:
         out[hook] = (out[hook][0], c.receiver.stored)
     if c.postgres is not None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import redis
 import trio
 
-from actors.lease_store import connect, job_keys
+from actors.lease_store import connect, job_keys, read_states
 from ingestion.testing.children import (
     NOISE,
     Child,
@@ -311,18 +311,13 @@ class Cluster:
 
     def state(self) -> dict[str, Any]:
         """Lease holder, token counter, cursor hash and stream length, read now."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.get(self.keys["lease"])
-        pipe.get(self.keys["token"])
-        pipe.hgetall(self.keys["cursor"])
-        pipe.xlen(self.keys["events"])
-        lease, token, cursor, events = pipe.execute()
+        (s,) = read_states(self.client, [self.job])
         return {
-            "lease": lease,
-            "token": int(token) if token is not None else None,
-            "cursor": cursor.get("cursor"),
-            "cursor_token": int(cursor["token"]) if "token" in cursor else None,
-            "events": int(events),
+            "lease": f"{s.lease_token}|{s.leader}" if s.leader is not None else None,
+            "token": s.token or None,
+            "cursor": s.cursor,
+            "cursor_token": s.cursor_token,
+            "events": s.events,
         }
 
     def events_added(self) -> int:
