@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import httpx
 import redis
 import trio
 
 from actors.lease_store import connect, job_keys
 from ingestion.cli.usage import OneLineParser, UsageError, flags_layer, setting_help
+from ingestion.common.http import SourceUnreadable
 from ingestion.common.redact import redact
 from ingestion.verify import verify_configured_job
 
@@ -183,7 +183,10 @@ def _verify_and_say(
     except store_error as exc:
         print(f"ingestion: verify: {describe_store(exc)}", file=sys.stderr)
         return 1
-    except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
+    except SourceUnreadable as exc:  # (what went wrong, said by the source's package)
+        print(redact(f"ingestion: verify: cannot read {url}: {exc}"), file=sys.stderr)
+        return 1
+    except (RuntimeError, KeyError, ValueError) as exc:
         print(redact(f"ingestion: verify: cannot read {url}: {type(exc).__name__}: {exc}"), file=sys.stderr)
         return 1
     print(f"job {job.name} ({job.kind}, {redact(url)}): {result.summary()}")

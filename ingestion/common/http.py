@@ -40,6 +40,12 @@ def source_urls(value: Sequence[str] | str, what: str) -> tuple[str, ...]:
     return urls
 
 
+class SourceUnreadable(RuntimeError):
+    """A tool's read of a source (``verify``, ``inspect``: not a job's) got no usable answer: a
+    transport error, no answer in time, an error status or a JSON-RPC error, or not the document
+    asked for. The message says which in one line, any URL's credentials masked."""
+
+
 def describe(exc: BaseException) -> str:
     """An exception for a log line, a status or an audit entry: its type, and its message when it
     has one, with any URL's credentials masked (an HTTP error names the URL it was for)."""

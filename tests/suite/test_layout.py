@@ -391,6 +391,29 @@ def test_the_simulator_imports_nothing_from_the_command_line() -> None:
     assert offenders == []
 
 
+# Who speaks HTTP (imports httpx): the sources' packages, where one place knows each wire (its
+# envelope, its bounded requests, its URL checks), the webhook's delivery (its endpoints' wire) and
+# the testing kit. ``verify`` and ``inspect`` read a source through its package (issue 47); these
+# still speak to one themselves (the list only shrinks: a module that no longer does fails, to be
+# removed). The audit may not import the RPC source (its layer), the demo is the harness's.
+HTTP_SPEAKERS = (
+    "ingestion/common/http.py", "ingestion/horizon/", "ingestion/rpc/source.py", "ingestion/webhook/",
+    "ingestion/testing/",
+)  # fmt: skip
+HTTP_STILL_SPOKEN = {"ingestion/audit/from_rpc.py", "ingestion/cli/demo.py", "ingestion/cli/demo_api.py"}
+
+
+def test_only_the_source_packages_speak_http_to_a_source() -> None:
+    speaking = {
+        str(path.relative_to(ROOT))
+        for path in project_modules()
+        if any(target.split(".")[0] == "httpx" for _line, target in _all_imports(path))
+    }
+    assert "ingestion/verify.py" not in speaking and "ingestion/cli/inspect.py" not in speaking
+    assert sorted(p for p in speaking - HTTP_STILL_SPOKEN if not p.startswith(HTTP_SPEAKERS)) == []
+    assert sorted(HTTP_STILL_SPOKEN - speaking) == [], "no longer speaks HTTP: drop it from the list"
+
+
 # Sizes (issue 47). A module over its limit is split along its seams; these are the ones still to
 # split, each still over it (the list only shrinks: an entry under its limit fails, to be removed).
 MAX_SOURCE_LINES = 700
