@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ingestion.cli.run import _flags_layer
 from ingestion.cli.run import parser as _run_parser
+from ingestion.cli.usage import settings_of_flags
 from ingestion.config import ConfigError, Settings, load
 from ingestion.decode.stage import EventsStage
 from ingestion.rpc.protocol import EventFilter, segment_from_text
@@ -18,7 +18,7 @@ CONTRACT = "CDLZFC3SYJYDZT7K67VZ75HPJVIEUVNIXF47ZG2FB2RMQQVU2HHGCYSC"
 
 
 def settings_from(argv: list[str]) -> Settings:
-    return load(None, {}, _flags_layer(_run_parser().parse_args(argv)))
+    return load(None, {}, settings_of_flags(_run_parser().parse_args(argv)))
 
 
 def test_flags_make_one_rpc_job_with_one_filter() -> None:
