@@ -95,11 +95,7 @@ def resolve_jobs(
             if "start_cursor" in given:
                 _check_start_cursor(start, f"jobs.{name}.start_cursor", problems)
             if "horizon" in given:
-                for url in urls:
-                    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
-                        problems.append(f"jobs.{name}.horizon: not an http(s) URL: {url!r}")
-                if not urls:
-                    problems.append(f"jobs.{name}.horizon: at least one Horizon URL is needed")
+                check_urls(urls, f"jobs.{name}.horizon", "Horizon", problems)
             job = _with_events(JobSettings(name, kind, resource, start, urls), given, problems)
             jobs.append(_with_network(job, given, v["network"]))
             continue
