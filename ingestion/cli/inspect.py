@@ -128,11 +128,8 @@ async def source_lag(horizon: str, resource: str, cursor: str | None) -> dict[st
     except trio.TooSlowError:
         lag["error"] = f"no answer from Horizon within {HORIZON_TIMEOUT:g} s"
         return lag
-    except SourceUnreadable as exc:
-        lag["error"] = str(exc)
-        return lag
-    except (ValueError, AttributeError) as exc:
-        lag["error"] = f"{type(exc).__name__}: {exc}"
+    except (SourceUnreadable, ValueError, AttributeError) as exc:
+        lag["error"] = _said(exc)
         return lag
     head_ledger, cursor_ledger = ledger_of(str(lag["head"])), ledger_of(cursor)
     if head_ledger is not None and cursor_ledger is not None:
@@ -167,17 +164,19 @@ async def rpc_lag(rpc: str, cursor: str | None) -> dict[str, Any]:
     except trio.TooSlowError:
         lag["error"] = f"no answer from the RPC within {HORIZON_TIMEOUT:g} s"
         return lag
-    except SourceUnreadable as exc:
-        lag["error"] = str(exc)
-        return lag
-    except (ValueError, LookupError, TypeError, InvalidCursor) as exc:
-        lag["error"] = f"{type(exc).__name__}: {exc}"
+    except (SourceUnreadable, ValueError, LookupError, TypeError, InvalidCursor) as exc:
+        lag["error"] = _said(exc)
         return lag
     following = page["events"][0] if page["events"] else None
     newest = float(page["latestLedgerCloseTime"])
     oldest = record_time(json.dumps(following)) if following is not None else None
     lag["seconds"] = 0.0 if oldest is None else max(0.0, newest - oldest)
     return lag
+
+
+def _said(exc: Exception) -> str:
+    """What went wrong asking the source, in one line (a source's package says its own)."""
+    return str(exc) if isinstance(exc, SourceUnreadable) else f"{type(exc).__name__}: {exc}"
 
 
 def _is_rpc_cursor(cursor: str | None) -> bool:
