@@ -38,6 +38,7 @@ from actors.lease_store import (
     parse_cluster_url,
     parse_sentinel_url,
 )
+from ingestion.common.http import is_http_url
 from ingestion.common.redact import redact
 from ingestion.config.schema import LOG_LEVELS
 from ingestion.config.sections import JobSettings
@@ -60,7 +61,7 @@ def check_urls(urls: Sequence[str], where: str, what: str, problems: list[str]) 
     if not urls:
         problems.append(f"{where}: at least one {what} URL is needed")
     for url in urls:
-        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+        if not is_http_url(url):  # (the sources' own check: what passes here, they take)
             problems.append(f"{where}: not an http(s) URL: {url!r}")
 
 

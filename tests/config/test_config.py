@@ -69,6 +69,27 @@ def test_each_commands_flags_set_the_settings_the_one_table_names(command: str) 
     assert len(argv) >= 10 if command != "inspect" else len(argv) >= 6
 
 
+@pytest.mark.parametrize(
+    "url", ["http://h:8000/x", "https://h", "ftp://h", "http://user@", "http:///x", "http://h:abc", "http://[::1"]
+)
+def test_the_config_takes_the_source_urls_the_sources_take(url: str) -> None:
+    """One URL check (``common.http.is_http_url``): a URL the configuration accepts is one the
+    sources take, and one they refuse is a configuration error, not a traceback at start."""
+    from ingestion.common.http import source_urls
+
+    try:
+        source_urls(url, "Horizon")
+        taken = True
+    except ValueError:
+        taken = False
+    try:
+        Settings.from_mapping({"horizon": {"urls": [url]}})
+        accepted = True
+    except ConfigError:
+        accepted = False
+    assert accepted == taken
+
+
 def test_precedence_is_defaults_then_file_then_environment_then_flags(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text('[lease]\nttl_ms = 6000\n[node]\njob = "from-file"\nid = "file-node"\n')
