@@ -19,7 +19,10 @@ Three questions, answered from evidence the nodes cannot fake:
 :func:`verify_job` gathers the evidence from Redis and Horizon and runs it;
 :func:`read_postgres_evidence` reads a PostgreSQL job's rows and fence history instead;
 :func:`verify_configured_job` checks a configured job against its source. The command line,
-``ingestion verify``, is :mod:`ingestion.cli.verify`.
+``ingestion verify``, is :mod:`ingestion.cli.verify`. The sources are read through their own
+packages (:class:`~ingestion.horizon.exchange.Reader`, :class:`~ingestion.rpc.source.RpcReader`,
+the lake's store), which alone know each wire: what is asked, and the order it is checked in, is
+this module's.
 """
 
 from __future__ import annotations
@@ -31,12 +34,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-import httpx
 import redis
 import trio
 
 from actors.lease_store import connect, job_keys
 from ingestion.common.paging import token_key
+from ingestion.horizon.exchange import Reader
+from ingestion.rpc.source import RpcReader
 
 PAGE_LIMIT = 200  # Horizon's largest page
 HTTP_TIMEOUT = 10.0  # seconds, each page request
@@ -300,20 +304,18 @@ async def fetch_source(
     ``through`` (``None``: fetch nothing) or comes back empty.
 
     Raises:
-        httpx.HTTPError: Horizon could not be read.
+        SourceUnreadable: Horizon could not be read.
+        ValueError: ``horizon`` is not a Horizon URL.
     """
     if through is None:
         return []
     goal = token_key(through)
     out: list[SourceRecord] = []
     cursor = start_cursor
-    async with httpx.AsyncClient(base_url=horizon.rstrip("/"), timeout=HTTP_TIMEOUT) as http:
+    reader = Reader(horizon, connect_timeout=HTTP_TIMEOUT, read_timeout=HTTP_TIMEOUT)
+    async with reader.client() as http:
         while True:
-            response = await http.get(
-                resource, params={"order": "asc", "limit": PAGE_LIMIT, "cursor": cursor}
-            )
-            response.raise_for_status()
-            records = response.json()["_embedded"]["records"]
+            records = await reader.records(http, resource, order="asc", limit=str(PAGE_LIMIT), cursor=cursor)
             if not records:
                 return out
             for record in records:
@@ -334,7 +336,7 @@ async def verify_job(
 
     Raises:
         redis.RedisError: Redis could not be read.
-        httpx.HTTPError: Horizon could not be read.
+        SourceUnreadable: Horizon could not be read.
     """
     entries, grants, trimmed = await read_evidence(redis_url, job)
     through = entries[-1].paging_token if entries else None
@@ -384,34 +386,22 @@ async def fetch_rpc_events(
     ``through``; paged with the RPC's own cursors (a deliberately plain client: not the node's).
 
     Raises:
-        httpx.HTTPError, RuntimeError: the RPC could not be read, or answered an error.
+        SourceUnreadable: the RPC could not be read, or answered an error.
+        ValueError: ``rpc`` is not an RPC URL.
     """
     if through is None:
         return []
     goal = token_key(through)
     out: list[SourceRecord] = []
-
-    async def call(http: httpx.AsyncClient, params: dict[str, Any]) -> dict[str, Any]:
-        body = {"jsonrpc": "2.0", "id": 1, "method": "getEvents", "params": params}
-        response = await http.post(rpc, json=body)
-        response.raise_for_status()
-        doc = response.json()
-        if "error" in doc:
-            raise RuntimeError(f"getEvents: {doc['error']}")
-        result: dict[str, Any] = doc["result"]
-        return result
-
-    async with httpx.AsyncClient(timeout=HTTP_TIMEOUT) as http:
+    reader = RpcReader(rpc, connect_timeout=HTTP_TIMEOUT, request_timeout=HTTP_TIMEOUT)
+    async with reader.client() as http:
         if start_ledger is None:
-            health = await http.post(rpc, json={"jsonrpc": "2.0", "id": 1, "method": "getLatestLedger"})
-            health.raise_for_status()
-            probe = await call(http, {"startLedger": health.json()["result"]["sequence"], "filters": []})
-            start_ledger = int(probe["oldestLedger"])
+            start_ledger, _latest = await reader.ledger_range(http)
         params: dict[str, Any] = {
             "startLedger": start_ledger, "filters": list(filters), "pagination": {"limit": 10_000},
         }  # fmt: skip
         while True:
-            result = await call(http, params)
+            result = await reader.call(http, "getEvents", params)
             for event in result["events"]:
                 out.append(SourceRecord(event["id"], event))
             if out and token_key(out[-1].paging_token) >= goal:
@@ -460,16 +450,14 @@ async def fetch_lake_events(
 
 
 async def rpc_ledger_range(rpc: str) -> tuple[int, int]:
-    """The oldest and latest ledgers a Stellar RPC keeps (from a getEvents answer)."""
-    async with httpx.AsyncClient(timeout=HTTP_TIMEOUT) as http:
-        latest = await http.post(rpc, json={"jsonrpc": "2.0", "id": 1, "method": "getLatestLedger"})
-        latest.raise_for_status()
-        params = {"startLedger": latest.json()["result"]["sequence"], "filters": []}
-        body = {"jsonrpc": "2.0", "id": 1, "method": "getEvents", "params": params}
-        answer = await http.post(rpc, json=body)
-        answer.raise_for_status()
-        result = answer.json()["result"]
-        return int(result["oldestLedger"]), int(result["latestLedger"])
+    """The oldest and latest ledgers a Stellar RPC keeps (from a getEvents answer).
+
+    Raises:
+        SourceUnreadable: the RPC could not be read, or answered an error.
+    """
+    reader = RpcReader(rpc, connect_timeout=HTTP_TIMEOUT, request_timeout=HTTP_TIMEOUT)
+    async with reader.client() as http:
+        return await reader.ledger_range(http)
 
 
 async def verify_rpc_job(
@@ -501,12 +489,9 @@ async def verify_rpc_job(
 
 async def _before(horizon: str, resource: str, paging_token: str) -> str:
     """The paging token of the record just before ``paging_token`` in ``resource`` ("0": none)."""
-    async with httpx.AsyncClient(base_url=horizon.rstrip("/"), timeout=HTTP_TIMEOUT) as http:
-        response = await http.get(
-            resource, params={"order": "desc", "limit": 1, "cursor": paging_token}
-        )
-        response.raise_for_status()
-        records = response.json()["_embedded"]["records"]
+    reader = Reader(horizon, connect_timeout=HTTP_TIMEOUT, read_timeout=HTTP_TIMEOUT)
+    async with reader.client() as http:
+        records = await reader.records(http, resource, order="desc", limit="1", cursor=paging_token)
     return str(records[0]["paging_token"]) if records else "0"
 
 
@@ -539,8 +524,8 @@ async def verify_configured_job(settings: Any, job: Any, source_url: str, watch:
     entry on: the source's records before it are not the job's.
 
     Raises:
-        redis.RedisError, psycopg.Error, httpx.HTTPError, RuntimeError: Redis, PostgreSQL or the
-            source could not be read.
+        redis.RedisError, psycopg.Error, RuntimeError (SourceUnreadable among them): Redis,
+            PostgreSQL or the source could not be read.
     """
     if job.sink:
         entries, trimmed, fence_problems, terms = await read_postgres_evidence(
@@ -583,20 +568,20 @@ async def _check_against_source(
     through = entries[-1].paging_token if entries else None
     start = job.start_cursor
     if job.kind == "rpc":
-        from ingestion.rpc.protocol import Cursor
+        from ingestion.rpc.protocol import Cursor, parse_start
 
         filters = [f.to_json() for f in job.rpc_filters()]
-        if start == "0":
-            ledger = None
-        elif start.isdigit():
-            ledger = int(start)
+        # 0: the oldest ledger the RPC keeps; a ledger: from there; now or an event id: from the
+        # stream's first entry (the records before it are not the job's)
+        position = None if start == "now" else parse_start(start, "an RPC")
+        ledger = None
+        if isinstance(position, int):
+            ledger = position or None
         elif entries:
             ledger = Cursor.parse(entries[0].paging_token).ledger
-        else:
-            ledger = None
         events = await fetch_rpc_events(source_url, filters, ledger, through=through)
         source = await as_committed(job, events, watch)
-        if start != "0" and not start.isdigit() and entries:
+        if not isinstance(position, int) and entries:
             first = token_key(entries[0].paging_token)
             source = [r for r in source if token_key(r.paging_token) >= first]
             trimmed = 0

@@ -1,7 +1,8 @@
 """The audit's expectation from Stellar RPC instead of the lake, inside the RPC's window.
 
 :func:`rpc_expectation` pages ``getEvents`` from ``first`` with the job's filters (a deliberately
-plain client, like ``verify``'s: not the node's follower) until the RPC has scanned through
+plain client, like ``verify``'s: not the node's follower, though its calls are the RPC package's
+own, :class:`~ingestion.rpc.source.RpcReader`) until the RPC has scanned through
 ``last``, and turns each event into the job's record as the node does: its JSON as the RPC source
 commits it (``ingestion/rpc/follower.py``), then the job's rule (decoding, the addresses for its watch
 list). Ledgers outside the RPC's window (older than it keeps, or past its latest) cannot be
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import orjson
 
 from ingestion.audit.expect import Expected, Rules
 from ingestion.audit.runner import AuditError
+from ingestion.common.http import SourceUnreadable
 from ingestion.rpc.protocol import Cursor
+from ingestion.rpc.source import RpcReader
 
 PAGE = 10_000  # events a getEvents page asks for (RPC's own maximum)
 TIMEOUT = 30.0  # seconds, each call
@@ -37,9 +39,16 @@ async def rpc_expectation(url: str, rules: Rules, first: int, last: int) -> list
     out: list[Expected] = []
     scanned: Cursor | None = None
     params: dict[str, Any] = {"startLedger": first, "filters": filters, "pagination": {"limit": PAGE}}
-    async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+    try:
+        reader = RpcReader(url, request_timeout=TIMEOUT)
+    except ValueError as exc:
+        raise AuditError(str(exc)) from exc
+    async with reader.client() as http:
         while True:
-            result = await _call(http, url, params)
+            try:
+                result = await reader.call(http, "getEvents", params)
+            except SourceUnreadable as exc:
+                raise AuditError(f"the RPC {url}: {exc}") from exc  # (no answer, or an error one)
             oldest, latest = int(result.get("oldestLedger", 0)), int(result["latestLedger"])
             if first < oldest or last > latest:
                 raise AuditError(
@@ -63,17 +72,3 @@ async def rpc_expectation(url: str, rules: Rules, first: int, last: int) -> list
                 raise AuditError(f"the RPC {url} did not move on from its cursor {cursor}")
             scanned = cursor
             params = {"filters": filters, "pagination": {"cursor": result["cursor"], "limit": PAGE}}
-
-
-async def _call(http: httpx.AsyncClient, url: str, params: dict[str, Any]) -> dict[str, Any]:
-    body = {"jsonrpc": "2.0", "id": 1, "method": "getEvents", "params": params}
-    try:
-        response = await http.post(url, json=body)
-        response.raise_for_status()
-        doc = response.json()
-    except (httpx.HTTPError, ValueError) as exc:
-        raise AuditError(f"the RPC {url} cannot be read: {type(exc).__name__}: {exc}") from exc
-    if "error" in doc:
-        raise AuditError(f"the RPC {url} answered getEvents with an error: {doc['error']}")
-    result: dict[str, Any] = doc["result"]
-    return result

@@ -217,17 +217,17 @@ async def _lake_problem(job: Any, settings: Any, first: int, last: int) -> str |
 
 
 async def _rpc_problem(job: Any, first: int, last: int) -> str | None:
-    import httpx
+    from ingestion.common.http import SourceUnreadable
+    from ingestion.rpc.source import RpcReader
 
     url = job.rpc_urls[0]
     try:
-        async with httpx.AsyncClient(timeout=10) as http:
-            answer = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "getHealth"})
-            answer.raise_for_status()
-            result = answer.json()["result"]
-    except (httpx.HTTPError, KeyError, ValueError) as exc:
+        reader = RpcReader(url, request_timeout=10)
+        async with reader.client() as http:
+            result = await reader.call(http, "getHealth")
+        oldest, newest = int(result["oldestLedger"]), int(result["latestLedger"])
+    except (SourceUnreadable, LookupError, TypeError, ValueError) as exc:
         raise OSError(redact(f"Stellar RPC {url}: getHealth: {exc}")) from exc
-    oldest, newest = int(result["oldestLedger"]), int(result["latestLedger"])
     if first < oldest or last > newest:
         return (
             f"ledgers {first}..{last} are beyond Stellar RPC's reach (it keeps ledgers "

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ingestion.cli import run
+from ingestion.cli.usage import settings_of_flags
 from ingestion.common.keyspace import watch_keys
 
 
@@ -40,7 +41,7 @@ def main(argv: Sequence[str]) -> int:
 
     check_sources(settings)
     rows = resolved_with_sources(
-        settings, file_layer(ns.config), from_environment(os.environ), run._flags_layer(ns)
+        settings, file_layer(ns.config), from_environment(os.environ), settings_of_flags(ns)
     )
     rows = [(name, _shown(name, v, redact_url), src) for name, v, src in rows]
     jobs = [

@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import httpx
 import redis
 import trio
 
@@ -55,10 +54,14 @@ from actors.lease_store import JobState, LeaseStore, RedisUnavailable, StreamInf
 from actors.lease_store.connect import describe_redis_error
 from actors.observe import record_time
 from ingestion.cli import completeness
-from ingestion.cli.usage import flags_layer
+from ingestion.cli.usage import settings_of_flags
+from ingestion.common.http import SourceUnreadable
 from ingestion.common.paging import InvalidPagingToken, toid_parts, token_key
 from ingestion.common.redact import redact
 from ingestion.config import Settings, load, redact_url
+from ingestion.horizon.exchange import Reader
+from ingestion.rpc.protocol import Cursor, InvalidCursor, is_event_id
+from ingestion.rpc.source import RpcReader
 
 HORIZON_TIMEOUT = 5.0  # seconds, the whole lag query
 POSTGRES_TIMEOUT = 5.0  # seconds, reading one job's state in a PostgreSQL sink
@@ -114,48 +117,38 @@ def ledger_of(paging_token: str) -> int | None:
         return None
 
 
-async def _edge_record(
-    client: httpx.AsyncClient, url: str, params: dict[str, str]
-) -> dict[str, Any] | None:
-    response = await client.get(url, params=params, headers={"Accept": "application/hal+json"})
-    response.raise_for_status()
-    records = response.json().get("_embedded", {}).get("records", [])
-    return records[0] if records else None
-
-
 async def source_lag(horizon: str, resource: str, cursor: str | None) -> dict[str, Any]:
     """How far ``cursor`` is behind the newest record of ``resource`` on ``horizon``."""
     lag: dict[str, Any] = {"horizon": horizon, "head": None, "ledgers": None, "seconds": None,
                            "error": None}  # fmt: skip
-    url = horizon.rstrip("/") + resource
     try:
         with trio.fail_after(HORIZON_TIMEOUT):
-            async with httpx.AsyncClient(timeout=HORIZON_TIMEOUT, follow_redirects=True) as client:
-                head = await _edge_record(client, url, {"order": "desc", "limit": "1"})
-                if head is None:
+            reader = Reader(horizon, connect_timeout=HORIZON_TIMEOUT, read_timeout=HORIZON_TIMEOUT)
+            async with reader.client() as client:
+                newest = await reader.records(client, resource, order="desc", limit="1")
+                if not newest:
                     lag.update(ledgers=0, seconds=0.0)
                     return lag
+                head = newest[0]
                 lag["head"] = head.get("paging_token")
                 if cursor is None:
                     return lag
-                following = await _edge_record(
-                    client, url, {"order": "asc", "limit": "1", "cursor": cursor}
-                )
+                following = await reader.records(client, resource, order="asc", limit="1", cursor=cursor)
     except trio.TooSlowError:
         lag["error"] = f"no answer from Horizon within {HORIZON_TIMEOUT:g} s"
         return lag
-    except (httpx.HTTPError, ValueError, AttributeError) as exc:
-        lag["error"] = f"{type(exc).__name__}: {exc}"
+    except (SourceUnreadable, ValueError, AttributeError) as exc:
+        lag["error"] = _said(exc)
         return lag
     head_ledger, cursor_ledger = ledger_of(str(lag["head"])), ledger_of(cursor)
     if head_ledger is not None and cursor_ledger is not None:
         lag["ledgers"] = max(0, head_ledger - cursor_ledger)
-    if following is None:
+    if not following:
         lag["seconds"] = 0.0
     else:
-        newest, oldest = record_time(json.dumps(head)), record_time(json.dumps(following))
-        if newest is not None and oldest is not None:
-            lag["seconds"] = max(0.0, newest - oldest)
+        latest, oldest = record_time(json.dumps(head)), record_time(json.dumps(following[0]))
+        if latest is not None and oldest is not None:
+            lag["seconds"] = max(0.0, latest - oldest)
     return lag
 
 
@@ -163,38 +156,25 @@ async def rpc_lag(rpc: str, cursor: str | None) -> dict[str, Any]:
     """How far an RPC job's ``cursor`` is behind the latest ledger of the Stellar RPC at ``rpc``:
     ``head`` is that ledger's scanned-through cursor, ``ledgers`` the difference in ledgers,
     ``seconds`` the latest ledger's close time minus the first uncommitted event's."""
-    from ingestion.rpc.protocol import Cursor, InvalidCursor
-
     lag: dict[str, Any] = {"rpc": rpc, "head": None, "ledgers": None, "seconds": None, "error": None}
-
-    async def call(client: httpx.AsyncClient, method: str, params: Any = None) -> Any:
-        body: dict[str, Any] = {"jsonrpc": "2.0", "id": 1, "method": method}
-        if params is not None:
-            body["params"] = params
-        response = await client.post(rpc, json=body)
-        response.raise_for_status()
-        doc = response.json()
-        if "error" in doc:
-            raise ValueError(f"{method}: {doc['error'].get('message')}")
-        return doc["result"]
-
     try:
         with trio.fail_after(HORIZON_TIMEOUT):
-            async with httpx.AsyncClient(timeout=HORIZON_TIMEOUT, follow_redirects=True) as client:
-                latest = await call(client, "getLatestLedger")
+            reader = RpcReader(rpc, connect_timeout=HORIZON_TIMEOUT, request_timeout=HORIZON_TIMEOUT)
+            async with reader.client() as client:
+                latest = await reader.call(client, "getLatestLedger")
                 lag["head"] = str(Cursor.through(int(latest["sequence"])))
                 if cursor is None:
                     return lag
                 position = Cursor.parse(cursor)
                 lag["ledgers"] = max(0, int(latest["sequence"]) - position.ledger)
-                page = await call(client, "getEvents", {
+                page = await reader.call(client, "getEvents", {
                     "filters": [], "pagination": {"cursor": cursor, "limit": 1},
                 })  # fmt: skip
     except trio.TooSlowError:
         lag["error"] = f"no answer from the RPC within {HORIZON_TIMEOUT:g} s"
         return lag
-    except (httpx.HTTPError, ValueError, LookupError, TypeError, InvalidCursor) as exc:
-        lag["error"] = f"{type(exc).__name__}: {exc}"
+    except (SourceUnreadable, ValueError, LookupError, TypeError, InvalidCursor) as exc:
+        lag["error"] = _said(exc)
         return lag
     following = page["events"][0] if page["events"] else None
     newest = float(page["latestLedgerCloseTime"])
@@ -203,9 +183,12 @@ async def rpc_lag(rpc: str, cursor: str | None) -> dict[str, Any]:
     return lag
 
 
-def _is_rpc_cursor(cursor: str | None) -> bool:
-    from ingestion.rpc.protocol import is_event_id
+def _said(exc: Exception) -> str:
+    """What went wrong asking the source, in one line (a source's package says its own)."""
+    return str(exc) if isinstance(exc, SourceUnreadable) else f"{type(exc).__name__}: {exc}"
 
+
+def _is_rpc_cursor(cursor: str | None) -> bool:
     return cursor is not None and len(cursor) == 30 and is_event_id(cursor)
 
 
@@ -624,12 +607,8 @@ def main(argv: Sequence[str]) -> int:
         from ingestion.cli.usage import UsageError
 
         raise UsageError(f"inspect: --audit: must be at least 1, got {ns.audit}")
-    flags = flags_layer({
-        ("redis", "url"): ns.redis,
-        ("sink", "url"): ns.sink,
-        ("node", "job"): ns.job,
-        ("horizon", "resource"): ns.resource,
-    })
+    # --horizon and --rpc: where to ask for the lag, not the jobs' URLs
+    flags = settings_of_flags(ns, besides={("horizon", "urls"), ("rpc", "urls")})
     settings = load(ns.config, os.environ, flags)
     if ns.job is None:
         return trio.run(inspect_all, settings, ns.json, ns.horizon, ns.rpc)

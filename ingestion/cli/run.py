@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ingestion.cli.usage import OneLineParser, UsageError, flags_layer, setting_help
+from ingestion.cli.usage import OneLineParser, UsageError, setting_help, settings_of_flags
 
 
 def parser() -> argparse.ArgumentParser:
@@ -114,36 +114,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _flags_layer(ns: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    pairs = {
-        ("node", "id"): ns.node_id,
-        ("node", "job"): ns.job,
-        ("horizon", "urls"): ns.horizon,
-        ("horizon", "resource"): ns.resource,
-        ("horizon", "start_cursor"): ns.start_cursor,
-        ("rpc", "start_cursor"): ns.start_cursor,
-        ("node", "source"): getattr(ns, "source", None),
-        ("rpc", "urls"): getattr(ns, "rpc", None),
-        ("rpc", "contract_ids"): getattr(ns, "contract_id", None),
-        ("rpc", "event_type"): getattr(ns, "event_type", None),
-        ("rpc", "topics"): getattr(ns, "topic", None),
-        ("lake", "url"): getattr(ns, "lake", None),
-        ("redis", "url"): ns.redis,
-        ("lease", "ttl_ms"): ns.lease_ttl_ms,
-        ("events", "max_len"): getattr(ns, "events_max_len", None),
-        ("sink", "url"): getattr(ns, "sink", None),
-        ("observe", "metrics_port"): getattr(ns, "metrics_port", None),
-        ("observe", "status_port"): getattr(ns, "status_port", None),
-        ("log", "level"): getattr(ns, "log_level", None),
-        ("log", "format"): getattr(ns, "log_format", None),
-    }
-    return flags_layer(pairs)
-
-
 def load_settings(ns: argparse.Namespace) -> Any:
     from ingestion.config import load
 
-    return load(ns.config, os.environ, _flags_layer(ns))
+    return load(ns.config, os.environ, settings_of_flags(ns))
 
 
 # Flags that only mean something for one kind of job: given while no hosted job is of that kind,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, NoReturn
 
 
@@ -67,6 +67,24 @@ def setting_help(text: str, *settings: tuple[str, str]) -> str:
         shown = "none"
     envs = " or ".join(env_name(s, k) for s, k in settings)
     return f"{text} (default: {shown}; env {envs}; setting {section}.{key})".replace("%", "%%")
+
+
+def settings_of_flags(
+    ns: argparse.Namespace, *, besides: Collection[tuple[str, str]] = ()
+) -> dict[str, dict[str, Any]]:
+    """The settings layer of a command's flags, read off the one table of the settings' flags
+    (:data:`ingestion.config.schema.FLAGS`): each setting whose flag the command has and was given
+    (a single ``--job`` as a list of one). ``besides``: settings whose flag means something else to
+    this command (``verify --horizon URL``: the Horizon to compare with, not the jobs' URLs)."""
+    from ingestion.config.schema import FLAGS
+
+    given: dict[tuple[str, str], Any] = {}
+    for setting, flag in FLAGS.items():
+        if setting in besides:
+            continue
+        value = getattr(ns, flag.removeprefix("--").replace("-", "_"), None)
+        given[setting] = [value] if setting == ("node", "job") and isinstance(value, str) else value
+    return flags_layer(given)
 
 
 def flags_layer(flags: Mapping[tuple[str, str], Any]) -> dict[str, dict[str, Any]]:

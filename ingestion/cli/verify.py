@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import httpx
 import redis
 import trio
 
 from actors.lease_store import connect, job_keys
-from ingestion.cli.usage import OneLineParser, UsageError, flags_layer, setting_help
+from ingestion.cli.usage import OneLineParser, UsageError, setting_help, settings_of_flags
+from ingestion.common.http import SourceUnreadable
 from ingestion.common.redact import redact
 from ingestion.verify import verify_configured_job
 
@@ -70,18 +70,8 @@ def main(argv: Sequence[str]) -> int:
     from ingestion.config import load, redact_url
 
     ns = parser().parse_args(list(argv))
-    flags = flags_layer({
-        ("redis", "url"): ns.redis,
-        ("sink", "url"): ns.sink,
-        ("node", "job"): [ns.job] if ns.job else None,
-        ("node", "source"): ns.source,
-        ("horizon", "resource"): ns.resource,
-        ("horizon", "start_cursor"): ns.start_cursor,
-        ("rpc", "start_cursor"): ns.start_cursor,
-        ("rpc", "topics"): ns.topic,
-        ("rpc", "contract_ids"): ns.contract_id,
-        ("rpc", "event_type"): ns.event_type,
-    })
+    # --horizon and --rpc: the source to compare with, not the jobs' URLs
+    flags = settings_of_flags(ns, besides={("horizon", "urls"), ("rpc", "urls")})
     settings = load(Path(ns.config) if ns.config else None, os.environ, flags)
     job: Any = settings.jobs[0]
     asked_horizon = ns.source or ns.horizon or ns.resource
@@ -183,7 +173,10 @@ def _verify_and_say(
     except store_error as exc:
         print(f"ingestion: verify: {describe_store(exc)}", file=sys.stderr)
         return 1
-    except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
+    except SourceUnreadable as exc:  # (what went wrong, said by the source's package)
+        print(redact(f"ingestion: verify: cannot read {url}: {exc}"), file=sys.stderr)
+        return 1
+    except (RuntimeError, KeyError, ValueError) as exc:
         print(redact(f"ingestion: verify: cannot read {url}: {type(exc).__name__}: {exc}"), file=sys.stderr)
         return 1
     print(f"job {job.name} ({job.kind}, {redact(url)}): {result.summary()}")

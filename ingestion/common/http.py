@@ -22,6 +22,16 @@ def ssl_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+def is_http_url(url: str) -> bool:
+    """Whether ``url`` is an http:// or https:// URL with a host, as httpx reads it: the one check
+    of a source's (or a webhook endpoint's) URL, the sources' and the configuration's alike."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:  # a port that is not a number, a broken IPv6 host, ...
+        return False
+    return parsed.scheme in ("http", "https") and bool(parsed.host)
+
+
 def source_urls(value: Sequence[str] | str, what: str) -> tuple[str, ...]:
     """A source's URLs (one string, or several tried in order), each http:// or https:// with a
     host.
@@ -34,10 +44,15 @@ def source_urls(value: Sequence[str] | str, what: str) -> tuple[str, ...]:
     if not urls:
         raise ValueError(f"at least one {what} URL is needed")
     for url in urls:
-        parsed = httpx.URL(url)
-        if parsed.scheme not in ("http", "https") or not parsed.host:
+        if not is_http_url(url):
             raise ValueError(f"{what} URL {url!r} must be an http:// or https:// URL with a host")
     return urls
+
+
+class SourceUnreadable(RuntimeError):
+    """A tool's read of a source (``verify``, ``inspect``: not a job's) got no usable answer: a
+    transport error, no answer in time, an error status or a JSON-RPC error, or not the document
+    asked for. The message says which in one line, any URL's credentials masked."""
 
 
 def describe(exc: BaseException) -> str:

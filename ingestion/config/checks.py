@@ -38,6 +38,7 @@ from actors.lease_store import (
     parse_cluster_url,
     parse_sentinel_url,
 )
+from ingestion.common.http import is_http_url
 from ingestion.common.redact import redact
 from ingestion.config.schema import LOG_LEVELS
 from ingestion.config.sections import JobSettings
@@ -60,15 +61,19 @@ def check_urls(urls: Sequence[str], where: str, what: str, problems: list[str]) 
     if not urls:
         problems.append(f"{where}: at least one {what} URL is needed")
     for url in urls:
-        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+        if not is_http_url(url):  # (the sources' own check: what passes here, they take)
             problems.append(f"{where}: not an http(s) URL: {url!r}")
 
 
 def check_rpc_start_cursor(start: str, where: str, problems: list[str]) -> None:
-    from ingestion.rpc.protocol import is_event_id
+    from ingestion.rpc.protocol import parse_start
 
-    if start in ("now", "0") or (start.isdigit() and 0 < int(start) < 1 << 31) or is_event_id(start):
+    try:
+        parse_start(start, "an RPC")  # the followers' own reading: 0, a ledger or an event id
         return
+    except ValueError:
+        if start == "now":
+            return
     problem = (
         f"{where}: must be now, 0, a ledger number or an event id (<19 digits>-<10 digits>), "
         f"got {start!r}"
@@ -315,11 +320,7 @@ def check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
         problems.append("redis.tls_cert_file: a client certificate needs both tls_cert_file and tls_key_file")
     if scheme in ("redis", "rediss") and not urlsplit(redis_["url"]).hostname:
         problems.append(f"redis.url: no host in {redact_url(redis_['url'])!r}")
-    if not horizon["urls"]:
-        problems.append("horizon.urls: at least one Horizon URL is needed")
-    for url in horizon["urls"]:
-        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
-            problems.append(f"horizon.urls: not an http(s) URL: {url!r}")
+    check_urls(horizon["urls"], "horizon.urls", "Horizon", problems)
     if not horizon["resource"].startswith("/"):
         problems.append(f"horizon.resource: must be a path such as /operations, got {horizon['resource']!r}")
     start = horizon["start_cursor"]

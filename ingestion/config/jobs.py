@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 import attrs
 
+from ingestion.common.http import is_http_url
 from ingestion.config.checks import (
     check_rpc_filter,
     check_rpc_start_cursor,
@@ -95,11 +95,7 @@ def resolve_jobs(
             if "start_cursor" in given:
                 _check_start_cursor(start, f"jobs.{name}.start_cursor", problems)
             if "horizon" in given:
-                for url in urls:
-                    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
-                        problems.append(f"jobs.{name}.horizon: not an http(s) URL: {url!r}")
-                if not urls:
-                    problems.append(f"jobs.{name}.horizon: at least one Horizon URL is needed")
+                check_urls(urls, f"jobs.{name}.horizon", "Horizon", problems)
             job = _with_events(JobSettings(name, kind, resource, start, urls), given, problems)
             jobs.append(_with_network(job, given, v["network"]))
             continue
@@ -294,8 +290,7 @@ def _webhook_job(
     if source_kind == "webhook":
         problems.append(f"{where}.from: {source!r} is a webhook job; deliver the job it delivers instead")
     url = given.get("url", "")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    if not is_http_url(url):
         problems.append(f"{where}.url: must be an http(s) URL, got {url!r}")
     secret = env_secret if env_secret is not None else given.get("secret", "")
     if "secret_file" in given and env_secret is None:

@@ -4,26 +4,30 @@ Rate pacing (:func:`pace` before a request, :func:`answered` after it), a bounde
 (:func:`bounded_get`, a page's :func:`get_page`), what a failed answer means (:func:`failure_of`,
 :func:`read_bounded`), and logging the follower's decisions on a failure or malformed data
 (:func:`failed`, :func:`malformed`). What the source must provide is :class:`Requester`, which
-:class:`~ingestion.horizon.source.HorizonSource` is.
+:class:`~ingestion.horizon.source.HorizonSource` is; :class:`Reader` is the one of a tool that
+reads a Horizon once (``verify``, ``inspect``), with the same bounded, paced requests.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
+import attrs
 import httpx
 import structlog
 import trio
 
 from actors.health import SourceHealth
-from ingestion.common.http import describe
+from ingestion.common.http import SourceUnreadable, describe, source_urls, ssl_context
 from ingestion.common.retry import parse_retry_after
 from ingestion.horizon.failures import Failure, problem_detail
 from ingestion.horizon.follower import HorizonFollower, PageRequest, Retry, StreamRequest
 from ingestion.horizon.health import RatePacer, parse_rate_headers
 from ingestion.horizon.pages import Malformed
+from ingestion.horizon.resources import split_resource
 
 log = structlog.get_logger()
 
@@ -46,6 +50,57 @@ class Requester(Protocol):
 
     @property
     def health(self) -> SourceHealth: ...
+
+
+def _horizon_url(value: str) -> str:
+    return source_urls(value, "Horizon")[0].rstrip("/")
+
+
+@attrs.define
+class Reader:
+    """The :class:`Requester` of a tool that reads a Horizon once (``verify``, ``inspect``), not a
+    job's source: its URL checked as a source's are, its requests bounded and paced as theirs are
+    (:func:`bounded_get`), with pacers of its own and a health nobody reads.
+
+    Args:
+        url: the Horizon's base URL.
+        connect_timeout, read_timeout: seconds; a page request takes connect + 2 x read at most.
+
+    Raises:
+        ValueError: ``url`` is not an http:// or https:// URL with a host.
+    """
+
+    url: str = attrs.field(converter=_horizon_url)
+    connect_timeout: float = 5.0
+    read_timeout: float = 10.0
+    pacers: dict[str, RatePacer] = attrs.field(factory=dict)
+    health: SourceHealth = attrs.field(factory=SourceHealth)
+
+    def client(self) -> httpx.AsyncClient:
+        timeout = httpx.Timeout(self.read_timeout, connect=self.connect_timeout)
+        return httpx.AsyncClient(timeout=timeout, follow_redirects=True, verify=ssl_context())
+
+    async def records(self, client: httpx.AsyncClient, resource: str, **params: str) -> list[Any]:
+        """One page of ``resource`` (a collection path, with its query parameters) asked with
+        ``params`` (``order``, ``limit``, ``cursor``): its records, parsed, in the page's order.
+
+        Raises:
+            SourceUnreadable: no page: a transport error, no answer in time, a status other than
+                200 (with Horizon's problem detail), or not a page.
+        """
+        path, extra = split_resource(resource)
+        response, failure = await bounded_get(self, client, self.url, self.url + path, {**extra, **params})
+        if response is None:
+            failure = failure or Failure(None, "no response")
+            status = "" if failure.status is None else f"HTTP {failure.status}: "
+            raise SourceUnreadable(status + failure.error)
+        try:
+            records = json.loads(response.content)["_embedded"]["records"]
+        except (ValueError, LookupError, TypeError) as exc:
+            raise SourceUnreadable(f"not a page: {describe(exc)}") from exc
+        if not isinstance(records, list):
+            raise SourceUnreadable("not a page: _embedded.records is not a list")
+        return records
 
 
 async def pace(source: Requester, base: str) -> RatePacer:

@@ -3,10 +3,12 @@ action), its lease store and its sink (the Redis events stream, or PostgreSQL)."
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis
+import structlog
 
 from actors.lease_store import (
     LeaseStore,
@@ -83,11 +85,9 @@ def watch_source(settings: Settings, job: JobSettings, store: LeaseStore | None 
 
 def _raw_source(settings: Settings, job: JobSettings, store: LeaseStore | None) -> Source:
     if job.kind == "webhook":
-        from ingestion.webhook.build import build_webhook_source
-
         if store is None:
             raise ValueError("a webhook job's source needs its lease store")
-        return build_webhook_source(settings, job, store)
+        return _webhook_source(settings, job, store)
     if job.kind == "audit":  # ingestion/audit/job.py: the lake against another job's store
         from ingestion.audit.job import AuditJob, build_audit_step
 
@@ -151,6 +151,48 @@ def _raw_source(settings: Settings, job: JobSettings, store: LeaseStore | None) 
         stale_after_ledgers=h.stale_after_ledgers,
         on_history_gap=h.on_history_gap,
         audit=None if store is None else audit_writer(store),
+    )
+
+
+def _webhook_source(settings: Settings, job: JobSettings, store: LeaseStore) -> Source:
+    """A webhook job's source (ingestion/webhook/source.py): where the delivered job's records are
+    read (its Redis events stream, or its PostgreSQL sink), the endpoint's client rules, the
+    secret; ``store`` is the webhook job's own lease store."""
+    from ingestion.common.http import ssl_context
+    from ingestion.webhook.core import RetrySchedule, parse_secrets
+    from ingestion.webhook.records import PostgresRecords, RecordStore, StreamRecords, holder_group
+    from ingestion.webhook.source import WebhookSource
+
+    hook = job.webhook
+    if hook is None:
+        raise ValueError(f"job {job.name!r} is not a webhook job")
+    records: RecordStore
+    if hook.source_job and job.source_sink:
+        records = PostgresRecords(
+            job.source_sink, settings.sink.schema, hook.source_job, timeout=max(store.call_timeout, 1.0)
+        )
+    else:
+        source_store = LeaseStore(store.client, hook.source_job, call_timeout=store.call_timeout)
+        records = StreamRecords(source_store, holder_group(job.name))
+    verify = ssl.create_default_context(cafile=hook.ca_file) if hook.ca_file else ssl_context()
+    return WebhookSource(
+        job=job.name,
+        from_job=hook.source_job,
+        from_kind=hook.source_kind,
+        records=records,
+        store=store,
+        url=hook.url,
+        keys=parse_secrets(hook.secret),
+        schedule=RetrySchedule.parse(hook.retry_schedule, max_age=hook.max_age_ms / 1000),
+        log=structlog.get_logger().bind(node=settings.node.id, job=job.name),
+        probe_max=hook.retry_probe_max_ms / 1000,
+        on_exhausted=hook.on_exhausted,
+        max_dead_letters=hook.max_dead_letters,
+        batch=hook.batch,
+        concurrency=hook.concurrency,
+        connect_timeout=hook.connect_timeout_ms / 1000,
+        timeout=hook.timeout_ms / 1000,
+        verify=verify,
     )
 
 

@@ -38,7 +38,7 @@ import trio
 from actors.health import SourceHealth
 from actors.source import Batch, Source, SourceFatalError
 from ingestion.common.gaps import record_history_gap
-from ingestion.common.http import describe, source_urls, ssl_context
+from ingestion.common.http import SourceUnreadable, describe, source_urls, ssl_context
 from ingestion.common.network import SourceLook
 from ingestion.common.retry import RetryPolicy, parse_retry_after
 from ingestion.rpc.follower import Note, Outcome, RpcFollower, parse_answer, read_events, request_body
@@ -52,6 +52,100 @@ _MAX_ERROR_BODY = 4096
 
 def _urls(value: Sequence[str] | str) -> tuple[str, ...]:
     return source_urls(value, "RPC")
+
+
+def _one_url(value: str) -> str:
+    return _urls(value)[0]
+
+
+def _client(connect_timeout: float, request_timeout: float) -> httpx.AsyncClient:
+    timeout = httpx.Timeout(request_timeout, connect=connect_timeout)
+    return httpx.AsyncClient(timeout=timeout, follow_redirects=True, verify=ssl_context())
+
+
+async def post(
+    client: httpx.AsyncClient, url: str, body: bytes, bound: float
+) -> tuple[httpx.Response, bytes]:
+    """POST a JSON-RPC body; the whole exchange bounded by ``bound`` seconds, the answer's body by
+    its size (64 MiB; an error's is cut at 4 KiB).
+
+    Raises:
+        httpx.HTTPError, trio.TooSlowError: no answer.
+    """
+    with trio.fail_after(bound):
+        headers = {"content-type": "application/json"}
+        async with client.stream("POST", url, content=body, headers=headers) as response:
+            chunks: list[bytes] = []
+            size = 0
+            limit = _MAX_BODY if response.status_code == 200 else _MAX_ERROR_BODY
+            async for chunk in response.aiter_bytes():
+                chunks.append(chunk)
+                size += len(chunk)
+                if size >= limit:
+                    if response.status_code == 200:
+                        raise httpx.DecodingError(f"answer larger than {limit} bytes")
+                    break
+            return response, b"".join(chunks)
+
+
+@attrs.frozen
+class RpcReader:
+    """A tool that reads a Stellar RPC once (``verify``, ``inspect``, ``backfill``), not a job's
+    source: its URL checked as a source's are, each call's exchange bounded (:func:`post`) as
+    theirs are.
+
+    Args:
+        url: the RPC's URL.
+        connect_timeout, request_timeout: seconds; a call takes connect + request at most.
+
+    Raises:
+        ValueError: ``url`` is not an http:// or https:// URL with a host.
+    """
+
+    url: str = attrs.field(converter=_one_url)
+    connect_timeout: float = 5.0
+    request_timeout: float = 10.0
+
+    def client(self) -> httpx.AsyncClient:
+        return _client(self.connect_timeout, self.request_timeout)
+
+    async def call(self, client: httpx.AsyncClient, method: str, params: Any = None) -> Any:
+        """``method``'s result.
+
+        Raises:
+            SourceUnreadable: no answer (a transport error, none in time), a status other than
+                200, a JSON-RPC error, or not a JSON-RPC answer.
+        """
+        bound = self.connect_timeout + self.request_timeout
+        try:
+            response, content = await post(client, self.url, request_body(method, 1, params), bound)
+        except httpx.HTTPError as exc:
+            raise SourceUnreadable(describe(exc)) from exc
+        except trio.TooSlowError as exc:
+            raise SourceUnreadable(f"{method}: no answer within {bound:g} s") from exc
+        if response.status_code != 200:
+            detail = content.decode("utf-8", "replace").strip() or response.reason_phrase
+            raise SourceUnreadable(f"{method}: HTTP {response.status_code}: {detail[:200]}")
+        try:
+            result, error = parse_answer(content)
+        except ValueError as exc:
+            raise SourceUnreadable(f"{method}: {describe(exc)}") from exc
+        if error is not None:
+            raise SourceUnreadable(f"{method}: RPC error {error[0]}: {error[1]}")
+        return result
+
+    async def ledger_range(self, client: httpx.AsyncClient) -> tuple[int, int]:
+        """The oldest and latest ledgers the RPC keeps (``getEvents`` from the latest ledger).
+
+        Raises:
+            SourceUnreadable: as :meth:`call`, or an answer without those ledgers.
+        """
+        latest = await self.call(client, "getLatestLedger")
+        try:
+            result = await self.call(client, "getEvents", {"startLedger": latest["sequence"], "filters": []})
+            return int(result["oldestLedger"]), int(result["latestLedger"])
+        except (LookupError, TypeError, ValueError) as exc:
+            raise SourceUnreadable(f"getEvents: an answer without its ledger range: {describe(exc)}") from exc
 
 
 @attrs.frozen
@@ -138,8 +232,7 @@ class RpcSource:
             raise SourceFatalError(str(exc)) from exc
 
     def _client(self) -> httpx.AsyncClient:
-        timeout = httpx.Timeout(self.request_timeout, connect=self.connect_timeout)
-        return httpx.AsyncClient(timeout=timeout, follow_redirects=True, verify=ssl_context())
+        return _client(self.connect_timeout, self.request_timeout)
 
     async def _call(
         self, client: httpx.AsyncClient, url: str, body: bytes
@@ -149,21 +242,7 @@ class RpcSource:
         Raises:
             httpx.HTTPError, trio.TooSlowError: no answer.
         """
-        with trio.fail_after(self.connect_timeout + self.request_timeout):
-            async with client.stream(
-                "POST", url, content=body, headers={"content-type": "application/json"}
-            ) as response:
-                chunks: list[bytes] = []
-                size = 0
-                limit = _MAX_BODY if response.status_code == 200 else _MAX_ERROR_BODY
-                async for chunk in response.aiter_bytes():
-                    chunks.append(chunk)
-                    size += len(chunk)
-                    if size >= limit:
-                        if response.status_code == 200:
-                            raise httpx.DecodingError(f"answer larger than {limit} bytes")
-                        break
-                return response, b"".join(chunks)
+        return await post(client, url, body, self.connect_timeout + self.request_timeout)
 
     async def probe(self) -> bool:
         """Ask for the job's own resource at each URL in turn until one answers: the latest

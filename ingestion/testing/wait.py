@@ -11,11 +11,12 @@ watched through ``/proc``: :func:`alive`, :func:`children`.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import trio
 
@@ -24,25 +25,45 @@ T = TypeVar("T")
 POLL_EVERY = 0.02
 
 
-async def wait_until(predicate: Callable[[], T], within: float, *, what: str, every: float = POLL_EVERY) -> T:
+@overload
+async def wait_until(
+    predicate: Callable[[], Awaitable[T]], within: float, *, what: str, every: float = POLL_EVERY
+) -> T: ...
+
+
+@overload
+async def wait_until(
+    predicate: Callable[[], T], within: float, *, what: str, every: float = POLL_EVERY
+) -> T: ...
+
+
+async def wait_until(
+    predicate: Callable[[], Any], within: float, *, what: str, every: float = POLL_EVERY
+) -> Any:
     """Call ``predicate`` every ``every`` seconds until it returns something true, and return that.
 
     Args:
-        predicate: a cheap synchronous check (a Redis read, a counter, a list of log lines); it is
-            called once more at the deadline, so a condition met while the test slept still counts.
+        predicate: a cheap check (a Redis read, a counter, a list of log lines), or an async one
+            (a request: its awaitable is awaited); it is called once more at the deadline, so a
+            condition met while the test slept still counts.
         within: seconds to wait, at most.
         what: the condition in words, for the failure message.
 
     Raises:
         AssertionError: ``predicate`` was still false ``within`` seconds later, naming ``what``.
     """
+
+    async def check() -> Any:
+        value = predicate()
+        return await value if inspect.isawaitable(value) else value
+
     with trio.move_on_after(within):
         while True:
-            value = predicate()
+            value = await check()
             if value:
                 return value
             await trio.sleep(every)
-    value = predicate()
+    value = await check()
     if value:
         return value
     raise AssertionError(f"waited {within} s for {what}, in vain")

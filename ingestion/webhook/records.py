@@ -95,6 +95,11 @@ def _entry_before(entry_id: str) -> str:
     return f"{ms - 1}-{2**53 - 2}" if ms else "0-0"
 
 
+def holder_group(job: str) -> str:
+    """The consumer group a webhook job keeps on its source job's stream (retention floor)."""
+    return f"webhook:{job}"
+
+
 class StreamRecords:
     """The source job's Redis events stream (``ingestion:{JOB}:events``): entries
     ``paging_token``, ``token``, ``node``, ``record`` in commit order.

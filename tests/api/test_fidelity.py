@@ -7,7 +7,7 @@ The store is filled as a node fills it: the live job's batches are the RPC sourc
 (:class:`~ingestion.rpc.source.RpcSource` from the RPC's oldest ledger to its tip), committed by
 the PostgreSQL sink; the ledgers before the window are a backfill range's rows (the events the
 lake's ledgers hold: the simulator's event log, which its lake writes too); the projector then
-projects both."""
+projects both (``tests/support/api_fidelity.py``, the store the js-stellar-sdk tests use too)."""
 
 from __future__ import annotations
 
@@ -17,80 +17,23 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import structlog
 import trio
-from stellar_sdk import SorobanServer, scval
+from stellar_sdk import SorobanServer
 from stellar_sdk.exceptions import SorobanRpcErrorResponse
 from stellar_sdk.soroban_rpc import EventFilter, EventFilterType
 
-from actors.lease_store import Committed
-from actors.source import Record, TermContext
-from ingestion.api.core import ApiRules
-from ingestion.api.projector import projector_action
-from ingestion.api.reader import StoreReader
-from ingestion.api.server import ApiApp, serve_api
-from ingestion.postgres.sink import PostgresSink
-from ingestion.rpc.protocol import INVALID_REQUEST, Cursor
-from ingestion.rpc.source import RpcSource
-from ingestion.simulator import Simulator, SimulatorConfig, open_simulator
-from ingestion.simulator.chain import Chain
-from ingestion.simulator.records import NETWORK_PASSPHRASE
-from ingestion.simulator.rpc_events import EventLog, all_events
+from ingestion.rpc.protocol import INVALID_REQUEST
+from ingestion.simulator import Simulator
+from ingestion.simulator.rpc_events import all_events
 from ingestion.testing.local_postgres import LocalPostgres
-
-CONFIG = SimulatorConfig(
-    rpc_port=0, ledger_interval=None, history_ledgers=70, retention_ledgers=30, ops_per_ledger=12, seed=5
-)
-TRANSFER = str(scval.to_symbol("transfer").to_xdr())
-APPROVE = str(scval.to_symbol("approve").to_xdr())
-PING = str(scval.to_symbol("ping").to_xdr())
-COUNTER = str(scval.to_symbol("counter").to_xdr())
-
-
-async def ingest(sim: Simulator, url: str, view: str) -> None:
-    """The live job from the RPC's oldest ledger to its tip, and a range before the window."""
-    oldest, latest = sim.chain.latest - CONFIG.retention_ledgers + 1, sim.chain.latest
-    live = PostgresSink(url, view, call_timeout=5)
-    await live.open_term("a", 1)
-    cursor: str | None = None
-    source = RpcSource((sim.rpc_url,), retry_base=0.02, retry_cap=0.2, request_timeout=5)
-    with trio.fail_after(30):
-        async with source.stream("0") as batches:
-            async for batch in batches:
-                done = await live.commit("a", 1, cursor, batch.records, batch.through)
-                assert isinstance(done, Committed), done
-                cursor = done.cursor
-                if Cursor.parse(cursor) >= Cursor.through(latest):
-                    break
-    first = sim.chain.spec.first_ledger
-    history = PostgresSink(url, f"{view}~{first}-{oldest - 1}", call_timeout=5)
-    await history.open_term("a", 1)
-    older = all_events(whole_history(sim), first, oldest - 1)
-    records = [Record(e.id, e.body.decode()) for e in older]
-    done = await history.commit("a", 1, None, records, str(Cursor.through(oldest - 1)))
-    assert isinstance(done, Committed)
-    await projector_action(url, "ingestion", view, run_seconds=0)(1, TermContext("p", 1))
-    live.close()
-    history.close()
-
-
-def whole_history(sim: Simulator) -> EventLog:
-    """The simulated chain's events from its first ledger on, those before the RPC's retention
-    included (what its lake's ledgers hold: the same chain, rebuilt without a retention)."""
-    return EventLog(Chain(sim.chain.spec, history_ledgers=sim.chain.latest - sim.chain.spec.first_ledger + 1))
+from tests.support.api_fidelity import APPROVE, CONFIG, COUNTER, PING, TRANSFER, rpc_and_api, whole_history
 
 
 @pytest.fixture
 async def both(pg: LocalPostgres, job: str) -> AsyncIterator[tuple[Simulator, str]]:
     """A simulator and the API over a view of its events (the test's own job name)."""
-    async with open_simulator(CONFIG) as sim:
-        await ingest(sim, pg.url, job)
-        rules = ApiRules(passphrase=NETWORK_PASSPHRASE)
-        app = ApiApp(StoreReader(pg.url, "ingestion", job), rules)
-        async with trio.open_nursery() as nursery:
-            port = await nursery.start(serve_api, app, "127.0.0.1", 0, structlog.get_logger())
-            yield sim, f"http://127.0.0.1:{port}/"
-            nursery.cancel_scope.cancel()
+    async with rpc_and_api(pg.url, job) as served:
+        yield served
 
 
 def filters_matrix(sim: Simulator) -> list[list[EventFilter]]:

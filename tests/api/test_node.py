@@ -14,6 +14,7 @@ from ingestion.simulator import SimulatorConfig, open_simulator
 from ingestion.testing.local_postgres import LocalPostgres
 from ingestion.testing.local_redis import LocalRedis, free_port
 from ingestion.testing.processes import NodeProcess
+from ingestion.testing.wait import wait_until
 
 CONFIG = SimulatorConfig(rpc_port=0, ledger_interval=None, history_ledgers=20, ops_per_ledger=10, seed=3)
 
@@ -51,7 +52,7 @@ async def test_a_node_hosts_the_projector_and_serves_its_jobs_events(
                     latest.update(await ask("getHealth"))
                     return latest.get("result", {}).get("latestLedger", 0) >= ledger
 
-                await _until(lambda: at(sim.chain.latest), 30, "the API serving the RPC's tip")
+                await wait_until(lambda: at(sim.chain.latest), 30, what="the API at the tip", every=0.05)
                 oldest = latest["result"]["oldestLedger"]
                 page = (await ask("getEvents", {"startLedger": oldest, "pagination": {"limit": 10000}}))[
                     "result"
@@ -59,7 +60,7 @@ async def test_a_node_hosts_the_projector_and_serves_its_jobs_events(
                 want = [e["id"] for e in sim.rpc_events() if e["ledger"] >= oldest]
                 assert [e["id"] for e in page["events"]] == want and want
                 closed = sim.close_ledger()
-                await _until(lambda: at(closed), 10, "the newly closed ledger served")
+                await wait_until(lambda: at(closed), 10, what="the newly closed ledger served", every=0.05)
                 after = {"pagination": {"cursor": page["cursor"], "limit": 10000}}
                 fresh = (await ask("getEvents", after))["result"]["events"]
                 assert [e["id"] for e in fresh] == [
@@ -79,11 +80,3 @@ async def test_a_node_hosts_the_projector_and_serves_its_jobs_events(
             assert led.fields["job"] == projector
         finally:
             await trio.to_thread.run_sync(node.stop)
-
-
-async def _until(check: Any, within: float, what: str) -> None:
-    with trio.fail_after(within):
-        while True:
-            if await check():
-                return
-            await trio.sleep(0.05)

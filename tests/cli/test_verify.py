@@ -17,6 +17,7 @@ import redis
 import trio
 
 from actors.lease_store import job_keys
+from ingestion.common.http import SourceUnreadable
 from ingestion.simulator import SimulatorConfig, open_simulator
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.verify import (
@@ -26,6 +27,7 @@ from ingestion.verify import (
     Verification,
     check_stream,
     fetch_rpc_events,
+    fetch_source,
     verify_rpc_job,
 )
 
@@ -288,3 +290,17 @@ async def test_verify_rpc_job_reports_what_is_wrong_with_the_stream_in_redis(
     else:
         assert not result.ok
         assert any(re.search(pattern, p) for p in result.problems), result.problems
+
+
+async def test_a_source_that_refuses_is_said_in_one_line_by_its_package() -> None:
+    """``verify`` reads Horizon and RPC through their packages (``Reader``, ``RpcReader``): a
+    refusal comes back as :class:`SourceUnreadable` with what the source said (its status and
+    problem detail, its JSON-RPC error), a URL that is none as the sources' own URL check says."""
+    async with open_simulator(RPC_CONFIG) as sim:
+        with trio.fail_after(30):
+            with pytest.raises(SourceUnreadable, match=r"^HTTP 400: Bad Request .* invalid_field=account_id"):
+                await fetch_source(sim.url, "/accounts/GNOBODY/payments", through="1")
+            with pytest.raises(SourceUnreadable, match=r"^getEvents: RPC error -32602: "):
+                await fetch_rpc_events(sim.rpc_url, [{"type": "nonsense"}], 1, through="1")
+    with pytest.raises(ValueError, match="must be an http:// or https:// URL with a host"):
+        await fetch_source("ftp://h", through="1")

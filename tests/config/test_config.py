@@ -41,6 +41,55 @@ def test_every_documented_flag_exists() -> None:
     assert set(FLAGS.values()) <= known
 
 
+@pytest.mark.parametrize("command", ["run", "verify", "inspect"])
+def test_each_commands_flags_set_the_settings_the_one_table_names(command: str) -> None:
+    """One flag-to-setting map, :data:`FLAGS`, for every command: each flag of the table that the
+    command has sets the settings the table names for it; ``verify``'s and ``inspect``'s
+    ``--horizon`` and ``--rpc`` (the source to ask) set none."""
+    from ingestion.cli import parser_of
+    from ingestion.cli.usage import settings_of_flags
+
+    parser = parser_of(command)
+    assert parser is not None
+    actions = {opt: action for action in parser._actions for opt in action.option_strings}
+    argv: list[str] = []
+    for flag in sorted(set(FLAGS.values()) & set(actions)):
+        action = actions[flag]
+        value = str(next(iter(action.choices))) if action.choices else "7" if action.type is int else "v"
+        argv += [flag, value]
+    ns = parser.parse_args(argv)
+    layer = settings_of_flags(ns, besides={("horizon", "urls"), ("rpc", "urls")} if command != "run" else ())
+    expected: dict[str, dict[str, object]] = {}
+    for (section, key), flag in FLAGS.items():
+        if flag in actions and not (command != "run" and key == "urls"):
+            given = getattr(ns, actions[flag].dest)
+            single_job = key == "job" and isinstance(given, str)
+            expected.setdefault(section, {})[key] = [given] if single_job else given
+    assert layer == expected
+    assert len(argv) >= 10 if command != "inspect" else len(argv) >= 6
+
+
+@pytest.mark.parametrize(
+    "url", ["http://h:8000/x", "https://h", "ftp://h", "http://user@", "http:///x", "http://h:abc", "http://[::1"]
+)
+def test_the_config_takes_the_source_urls_the_sources_take(url: str) -> None:
+    """One URL check (``common.http.is_http_url``): a URL the configuration accepts is one the
+    sources take, and one they refuse is a configuration error, not a traceback at start."""
+    from ingestion.common.http import source_urls
+
+    try:
+        source_urls(url, "Horizon")
+        taken = True
+    except ValueError:
+        taken = False
+    try:
+        Settings.from_mapping({"horizon": {"urls": [url]}})
+        accepted = True
+    except ConfigError:
+        accepted = False
+    assert accepted == taken
+
+
 def test_precedence_is_defaults_then_file_then_environment_then_flags(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text('[lease]\nttl_ms = 6000\n[node]\njob = "from-file"\nid = "file-node"\n')

@@ -243,3 +243,38 @@ async def test_the_audit_shows_what_each_operator_asked_and_what_came_of_it(
     endpoint = page.split('<table id="endpoint">')[1].split("</table>")[0]
     assert "3-0 resume: done (no change)" in endpoint and "timed out" not in endpoint
     assert "&quot;" not in endpoint
+
+
+async def test_an_action_whose_client_left_mid_body_is_not_carried_out(
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str
+) -> None:
+    """The action's body is read by the one ASGI body reader (``ingestion.common.asgi.read_body``):
+    a client gone before its body was whole (``http.disconnect``) asked nothing, even when what
+    came so far is a whole action (the reader of its own took it as the body and acted on it)."""
+    from ingestion.serve.console.app import serve_console
+
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    await LeaseStore(client, job).acquire("n2", 5000)
+    whole = json.dumps({"action": "handover", "job": job}).encode()
+    headers = [(b"content-type", b"application/json"), (b"authorization", f"Bearer {TOKEN}".encode())]
+    scope = {"type": "http", "method": "POST", "path": "/console/action", "client": ("127.0.0.1", 1),
+             "headers": headers}  # fmt: skip
+    async with console(client, {}, token=TOKEN) as (reader, _http):
+        for messages in (
+            [{"type": "http.request", "body": whole, "more_body": True}, {"type": "http.disconnect"}],
+            [{"type": "http.request", "body": b" " * 5000 + whole, "more_body": False}],
+        ):
+            sent: list[dict[str, Any]] = []
+            inbox = iter(messages)
+
+            async def receive() -> dict[str, Any]:
+                return next(inbox)  # noqa: B023 (called within this round)
+
+            async def send(message: dict[str, Any]) -> None:
+                sent.append(message)  # noqa: B023
+
+            await serve_console(reader, scope, receive, send)
+            statuses = [m["status"] for m in sent if m["type"] == "http.response.start"]
+            assert statuses == ([] if len(messages) == 2 else [413]), statuses
+        assert not redis_client.hexists(job_keys(job)["leader"], "handover_token")
+    client.close()

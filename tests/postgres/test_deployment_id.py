@@ -29,11 +29,11 @@ from tests.support.nodes import lease_store
 
 
 def settings_for(job: str, redis_url: str, sink_url: str) -> Any:
-    from ingestion.cli.run import _flags_layer
     from ingestion.cli.run import parser as run_parser
+    from ingestion.cli.usage import settings_of_flags
     from ingestion.config import load
 
-    return load(None, {}, _flags_layer(run_parser().parse_args(
+    return load(None, {}, settings_of_flags(run_parser().parse_args(
         ["--job", job, "--redis", redis_url, "--sink", sink_url, "--horizon", "http://127.0.0.1:1"]
     )))  # fmt: skip
 

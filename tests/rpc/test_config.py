@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from ingestion.cli.run import _flags_layer
 from ingestion.cli.run import parser as _run_parser
+from ingestion.cli.usage import settings_of_flags
 from ingestion.config import ConfigError, Settings, load
 from ingestion.decode.stage import EventsStage
-from ingestion.rpc.protocol import EventFilter, segment_from_text
+from ingestion.rpc.protocol import EventFilter, parse_start, segment_from_text
 
 CONTRACT = "CDLZFC3SYJYDZT7K67VZ75HPJVIEUVNIXF47ZG2FB2RMQQVU2HHGCYSC"
 
 
 def settings_from(argv: list[str]) -> Settings:
-    return load(None, {}, _flags_layer(_run_parser().parse_args(argv)))
+    return load(None, {}, settings_of_flags(_run_parser().parse_args(argv)))
 
 
 def test_flags_make_one_rpc_job_with_one_filter() -> None:
@@ -69,6 +69,28 @@ def test_bad_filters_and_settings_are_configuration_errors(argv: list[str], prob
     with pytest.raises(ConfigError) as err:
         settings_from(["--source", "rpc", *argv])
     assert any(p.startswith(problem) for p in err.value.problems), err.value.problems
+
+
+@pytest.mark.parametrize(
+    "start",
+    ["now", "0", "1", "2147483647", "2147483648", " 5 ", "\u00b2", "-1", "0000000000000004096-0000000001",
+     "4096-1-1", "abc"],
+)  # fmt: skip
+def test_the_config_takes_the_start_cursors_the_followers_read(start: str) -> None:
+    """A start cursor is read one way (``parse_start``, the RPC and lake followers'): the config
+    accepts what they read and refuses, as a configuration error, what they cannot."""
+    try:
+        parse_start(start, "an RPC")
+        readable = True
+    except ValueError:
+        readable = start == "now"
+    try:
+        rpc = {"urls": ["http://127.0.0.1:9"], "start_cursor": start}
+        Settings.from_mapping({"node": {"source": "rpc"}, "rpc": rpc})
+        accepted = True
+    except ConfigError:
+        accepted = False
+    assert accepted == readable
 
 
 def test_topics_from_the_environment_are_separated_by_semicolons() -> None:

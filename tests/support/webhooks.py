@@ -14,9 +14,8 @@ from actors.source import SyntheticSource
 from actors.supervisor import NodeHandle
 from ingestion.testing.receiver import Receiver, serve_receiver
 from ingestion.testing.wait import wait_until
-from ingestion.webhook.build import holder_group
 from ingestion.webhook.core import RetrySchedule, parse_secrets
-from ingestion.webhook.records import StreamRecords
+from ingestion.webhook.records import StreamRecords, holder_group
 from ingestion.webhook.source import WebhookSource
 from tests.support.nodes import OpenStore, Recorder, start_node
 

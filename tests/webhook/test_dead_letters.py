@@ -25,9 +25,8 @@ from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.receiver import Fault, Receiver, serve_receiver
 from ingestion.testing.tcp_proxy import TcpProxy
 from ingestion.testing.wait import wait_until
-from ingestion.webhook.build import holder_group
 from ingestion.webhook.core import parse_secrets
-from ingestion.webhook.records import Stored, StreamRecords
+from ingestion.webhook.records import Stored, StreamRecords, holder_group
 from ingestion.webhook.source import Unit, WebhookSource, _commit_batch
 from tests.support.nodes import OpenStore, Recorder, start_node
 from tests.support.webhooks import FAST, SECRET, commit_source_records, webhook

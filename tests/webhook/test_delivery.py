@@ -20,8 +20,8 @@ from ingestion.testing.local_postgres import LocalPostgres
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.receiver import Fault, Receiver, serve_receiver
 from ingestion.testing.wait import wait_until
-from ingestion.webhook.build import holder_group
 from ingestion.webhook.core import RetrySchedule, parse_secrets
+from ingestion.webhook.records import holder_group
 from ingestion.webhook.source import WebhookSource
 from tests.support.nodes import OpenStore, Recorder, start_node
 from tests.support.webhooks import FAST, SECRET, at_position, commit_source_records, seqs, webhook

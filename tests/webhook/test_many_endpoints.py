@@ -14,8 +14,7 @@ from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.receiver import Receiver, serve_receiver
 from ingestion.testing.wait import wait_until
 from ingestion.webhook.admin import request_pause
-from ingestion.webhook.build import holder_group
-from ingestion.webhook.records import Stored, StreamRecords
+from ingestion.webhook.records import Stored, StreamRecords, holder_group
 from tests.support.nodes import OpenStore, Recorder, start_node
 from tests.support.webhooks import SECRET, commit_source_records, webhook
 

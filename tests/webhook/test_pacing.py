@@ -16,12 +16,13 @@ from structlog.testing import capture_logs
 from actors.lease_store import LeaseStore
 from ingestion.config import ConfigError
 from ingestion.config.layers import load
+from ingestion.node.build import build_source
 from ingestion.testing.cluster import figure
 from ingestion.testing.local_redis import LocalRedis
 from ingestion.testing.receiver import Fault, Receiver, serve_receiver
 from ingestion.testing.wait import wait_until
-from ingestion.webhook.build import build_webhook_source
 from ingestion.webhook.core import DEFAULT_SCHEDULE, PROBE_MAX, RetryPacing, RetrySchedule
+from ingestion.webhook.source import WebhookSource
 from tests.support.nodes import OpenStore, Recorder, start_node
 from tests.support.webhooks import SECRET, commit_source_records, webhook
 
@@ -138,7 +139,8 @@ def hook_config(tmp_path: Path, lines: str) -> Path:
                                                  ("retry_probe_max_ms = 120000\n", 120.0)])  # fmt: skip
 def test_the_probe_cap_is_a_setting_of_the_job(tmp_path: Path, lines: str, expected: float) -> None:
     settings = load(hook_config(tmp_path, lines), {}, {})
-    source = build_webhook_source(settings, settings.jobs[1], LeaseStore(redis.Redis(), "hook"))
+    source = build_source(settings, settings.jobs[1], LeaseStore(redis.Redis(), "hook"))
+    assert isinstance(source, WebhookSource)
     assert source.probe_max == expected
 
 

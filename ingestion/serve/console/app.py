@@ -11,7 +11,7 @@ from typing import Any
 import trio
 
 from actors.lease_store import RedisUnavailable
-from ingestion.common.asgi import Receive, Scope, Send
+from ingestion.common.asgi import BodyTooLarge, Disconnected, Receive, Scope, Send, read_body
 from ingestion.serve.api_section import api_section
 from ingestion.serve.console.pages import job_page, job_sections, overview
 from ingestion.serve.console.reader import ClusterReader
@@ -126,15 +126,13 @@ async def _action(reader: ClusterReader, scope: Scope, receive: Receive, send: S
     if scheme.lower() != "bearer" or not reader.authorized(offered.strip()):
         await _answer(send, 401, "the console token is missing or wrong")
         return
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if len(body) > MAX_BODY:
-            await _answer(send, 413, "request too large")
-            return
-        if not message.get("more_body"):
-            break
+    try:
+        body = await read_body(receive, MAX_BODY)
+    except BodyTooLarge:
+        await _answer(send, 413, "request too large")
+        return
+    except Disconnected:
+        return  # the client left mid-request: what came is not the action it sent
     try:
         asked = json.loads(body)
         action, job = str(asked["action"]), str(asked["job"])
