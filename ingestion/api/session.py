@@ -23,6 +23,8 @@ from psycopg import pq
 Row = tuple[bytes | None, ...]
 _PLACEHOLDER = re.compile(r"%[s%]")
 _OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
+PREPARE_AFTER = 2  # a statement's sends before it is prepared
+PREPARED_MAX = 100  # prepared statements per session at most
 
 
 def numbered(sql: str) -> bytes:
@@ -62,6 +64,8 @@ class Session:
         self._pg = conn.pgconn
         self._pg.nonblocking = 1
         self._commands: dict[str, bytes] = {}
+        self._seen: dict[str, int] = {}  # statement -> times sent unprepared
+        self._prepared: dict[str, bytes] = {}  # statement -> its prepared statement's name
         self._busy = False  # a statement sent whose results were not all read
 
     @property
@@ -72,21 +76,42 @@ class Session:
         )
 
     async def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        """The rows of one statement (``%s`` placeholders).
+        """The rows of one statement (``%s`` placeholders). A statement sent a second time is
+        prepared on the server (:data:`PREPARE_AFTER`; at most :data:`PREPARED_MAX` per session,
+        as psycopg does): it is parsed once, not per request.
 
         Raises:
             psycopg.Error: the server's error for the statement (the session stays usable), or
                 ``OperationalError``: the connection failed (it does not).
         """
-        command = self._commands.get(sql)
-        if command is None:
-            if len(self._commands) > 256:
-                self._commands.clear()
-            command = self._commands[sql] = numbered(sql)
+        pg = self._pg
+        values = [text_param(p) for p in params]
+        name = self._prepared.get(sql)
+        if name is None:
+            command = self._commands.get(sql)
+            if command is None:
+                if len(self._commands) > PREPARED_MAX:
+                    self._commands.clear()
+                    self._seen.clear()
+                command = self._commands[sql] = numbered(sql)
+            seen = self._seen[sql] = self._seen.get(sql, 0) + 1
+            if seen < PREPARE_AFTER or len(self._prepared) >= PREPARED_MAX:
+                self._busy = True
+                pg.send_query_params(command, values)
+                return _rows(await self._results())
+            name = b"ingestion_api_%d" % len(self._prepared)
+            self._busy = True
+            pg.send_prepare(name, command)
+            _rows(await self._results())
+            self._prepared[sql] = name
+        self._busy = True
+        pg.send_query_prepared(name, values)
+        return _rows(await self._results())
+
+    async def _results(self) -> list[pq.abc.PGresult]:
+        """The results of the statement sent (all read: the session is idle again)."""
         pg = self._pg
         fd = pg.socket
-        self._busy = True
-        pg.send_query_params(command, [text_param(p) for p in params])
         while pg.flush():
             await trio.lowlevel.wait_writable(fd)
         results: list[pq.abc.PGresult] = []
@@ -100,14 +125,7 @@ class Session:
                 break
             results.append(result)
         self._busy = False
-        for result in results:
-            if result.status not in _OK:
-                raise psycopg.errors.error_from_result(result)
-        if not results:
-            return []
-        last = results[-1]
-        width = last.nfields
-        return [tuple(last.get_value(r, c) for c in range(width)) for r in range(last.ntuples)]
+        return results
 
     def close(self) -> None:
         if not self.conn.closed:
@@ -116,3 +134,15 @@ class Session:
             except (psycopg.OperationalError, RuntimeError):
                 pass  # no socket any more, or not in trio
         self.conn.close()
+
+
+def _rows(results: list[pq.abc.PGresult]) -> list[Row]:
+    """The last result's rows; the server's error, if one answered, raised."""
+    for result in results:
+        if result.status not in _OK:
+            raise psycopg.errors.error_from_result(result)
+    if not results:
+        return []
+    last = results[-1]
+    width = last.nfields
+    return [tuple(last.get_value(r, c) for c in range(width)) for r in range(last.ntuples)]
