@@ -5,21 +5,30 @@ connection, which answers it as it always did (``/metrics``, a chunked body, 404
 from __future__ import annotations
 
 import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
 import pytest
+import structlog
 import trio
 
 from ingestion.api.front import lean_request
 from ingestion.api.reader import StoreReader
-from ingestion.api.server import ApiApp
+from ingestion.api.server import ApiApp, serve_api
 from ingestion.testing.local_postgres import LocalPostgres
 from tests.api.conftest import EVENTS
-from tests.api.test_server import served
 
 PAGE = orjson.dumps({"jsonrpc": "2.0", "id": 3, "method": "getEvents",
                      "params": {"startLedger": 1, "pagination": {"limit": 5}}})  # fmt: skip
+
+
+@asynccontextmanager
+async def served(app: ApiApp) -> AsyncIterator[int]:
+    async with trio.open_nursery() as nursery:
+        yield await nursery.start(serve_api, app, "127.0.0.1", 0, structlog.get_logger())
+        nursery.cancel_scope.cancel()
 
 
 def post(body: bytes, *headers: bytes) -> bytes:
@@ -80,8 +89,7 @@ async def test_posts_go_out_in_one_write_each_and_the_rest_to_hypercorn(
 
     monkeypatch.setattr(trio.SocketStream, "send_all", counted)
     want = [e.id for e in EVENTS[:5]]
-    async with served(app) as url:
-        port = int(url.rstrip("/").rsplit(":", 1)[1])
+    async with served(app) as port:
         answers = await trio.to_thread.run_sync(exchange, port, post(PAGE) * 3, 3)  # pipelined
         assert [s for s, _ in answers] == [200] * 3
         assert all([e["id"] for e in orjson.loads(b)["result"]["events"]] == want for _, b in answers)
