@@ -153,7 +153,11 @@ async def serve_connection(
                 buffer += data
             body = bytes(buffer[end + 4 : need])
             del buffer[:need]
-            await stream.send_all(response(await answer(body)))
+            try:
+                answered = await answer(body)
+            except Exception:  # (``answer`` answers every fault: a bug costs one connection, not the port)
+                return
+            await stream.send_all(response(answered))
             if close:
                 return
     except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, OSError):

@@ -113,3 +113,24 @@ async def test_posts_go_out_in_one_write_each_and_the_rest_to_hypercorn(
         lost = b"GET /x HTTP/1.1\r\nHost: api\r\n\r\n"
         assert [s for s, _ in await trio.to_thread.run_sync(exchange, port, lost, 1)] == [404]
     assert app.metrics.requests[("getEvents", "ok")] == 6
+
+
+class Faulty(ApiApp):
+    async def answer(self, body: bytes) -> bytes:
+        if body == b"boom":
+            raise RuntimeError("a bug")
+        return await super().answer(body)
+
+
+async def test_a_fault_in_an_answer_costs_its_connection_not_the_port(pg: LocalPostgres, view: str) -> None:
+    app = Faulty(StoreReader(pg.url, "ingestion", view))
+
+    def faulty(port: int) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(post(b"boom"))
+            return sock.recv(100)
+
+    async with served(app) as port:
+        assert await trio.to_thread.run_sync(faulty, port) == b""  # closed, unanswered
+        answers = await trio.to_thread.run_sync(exchange, port, post(PAGE), 1)
+        assert answers[0][0] == 200 and orjson.loads(answers[0][1])["result"]["events"]
