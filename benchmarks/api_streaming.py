@@ -56,6 +56,7 @@ async def subscribers(port: int, count: int, out: Path) -> None:
     """``count`` subscriptions from the newest event; each event id's receipt times written to
     ``out`` as JSON when SIGTERM comes. Prints ``ready`` once every subscription has caught up."""
     received: dict[str, list[float]] = {}
+    closed: list[str] = []  # the server's closes before the harness's SIGTERM (none expected)
     caught_up = 0
     ready = trio.Event()
 
@@ -82,20 +83,21 @@ async def subscribers(port: int, count: int, out: Path) -> None:
     with trio.open_signal_receiver(signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             for _ in range(count):
-                nursery.start_soon(_quietly, one)
+                nursery.start_soon(_closes_noted, one, closed)
             await ready.wait()
             print("ready", flush=True)
             async for _ in signals:
                 nursery.cancel_scope.cancel()
                 break
-    await trio.Path(out).write_text(json.dumps(received))
+    await trio.Path(out).write_text(json.dumps({"received": received, "closed": closed}))
 
 
-async def _quietly(fn: Any) -> None:
+async def _closes_noted(fn: Any, closed: list[str]) -> None:
     try:
         await fn()
-    except ConnectionClosed:
-        pass
+    except ConnectionClosed as exc:
+        why = exc.reason
+        closed.append("no reason" if why is None else f"{why.code} {why.reason or ''}".strip())
 
 
 # -- the node ------------------------------------------------------------------------------------
@@ -161,21 +163,25 @@ async def measure(url: str, commits: int, interval: float, count: int) -> dict[s
         stats = streams.stats
         nursery.cancel_scope.cancel()
     sink.close()
-    received: dict[str, list[float]] = json.loads(await trio.Path(out).read_text())
+    written = json.loads(await trio.Path(out).read_text())
+    received: dict[str, list[float]] = written["received"]
     await trio.Path(out).unlink()
     lags = sorted((t - at) * 1000 for eid, at in committed.items() for t in received.get(eid, []))
     missing = sum(count - len(received.get(eid, [])) for eid in committed)
+    short = [i for i, eid in enumerate(committed) if len(received.get(eid, [])) < count]
     none, subscribed = latency["none"], latency["subscribed"]
     return {
         "subscribers": count,
         "commits_per_phase": commits,
         "interval_s": interval,
         "committed_to_subscriber_ms": {"p50": percentile(lags, 50), "p99": percentile(lags, 99),
-                                       "max": lags[-1], "deliveries": len(lags), "missing": missing},
+                                       "max": lags[-1], "deliveries": len(lags), "missing": missing,
+                                       "first_commit_short": short[0] if short else None},
         "commit_ms_none": {"p50": percentile(none, 50), "p99": percentile(none, 99)},
         "commit_ms_subscribed": {"p50": percentile(subscribed, 50), "p99": percentile(subscribed, 99)},
         "commit_p50_ratio": percentile(subscribed, 50) / percentile(none, 50),
         "notifications_sent": stats.notifications,
+        "closed_by_server": written["closed"],
         "cut": dict(stats.cut),
     }  # fmt: skip
 

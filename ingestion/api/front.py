@@ -8,12 +8,15 @@ The lean path takes only the plainest request: ``POST / HTTP/1.1`` with a ``Host
 header names must be tokens. Anything else (another method or path, HTTP/1.0, a chunked body, a
 body over the limit, a head over :data:`MAX_HEAD` bytes, a malformed head) goes to hypercorn with
 every byte read so far replayed (:class:`Replayed`), so it answers exactly as it always did.
-Between requests a connection may idle ``keep_alive`` seconds; once a request began, each read
-waits ``read_timeout`` at most.
+Between requests a connection may idle ``keep_alive`` seconds; a request begun must come whole
+within ``request_within`` (:data:`~ingestion.common.asgi.BODY_WITHIN`, as a body must for the
+app behind hypercorn). Neither has a per-read timeout (a quiet subscriber sends nothing after its
+request: hypercorn's connections have none either).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -125,18 +128,22 @@ async def serve_connection(
     body_limit: int,
     *,
     keep_alive: float = 30.0,
-    read_timeout: float = 10.0,
+    request_within: float = 10.0,
 ) -> None:
     """One client connection: lean requests answered here (``answer`` None: none is), then
-    hypercorn's (if any)."""
+    hypercorn's (if any). Between requests it may idle ``keep_alive`` seconds; a request begun must
+    come whole (head and body) within ``request_within`` seconds."""
     buffer = bytearray()
+    deadline = math.inf  # when the request begun must be whole
     try:
         while True:
             end = buffer.find(b"\r\n\r\n")
             while end < 0:
                 if len(buffer) > MAX_HEAD:
                     return await handoff(Replayed(stream, bytes(buffer)))
-                data = await _receive(stream, read_timeout if buffer else keep_alive)
+                if buffer:
+                    deadline = min(deadline, trio.current_time() + request_within)
+                data = await _receive(stream, deadline if buffer else trio.current_time() + keep_alive)
                 if not data:
                     return
                 buffer += data
@@ -146,13 +153,15 @@ async def serve_connection(
                 return await handoff(Replayed(stream, bytes(buffer)))
             length, close = lean
             need = end + 4 + length
+            deadline = min(deadline, trio.current_time() + request_within)
             while len(buffer) < need:
-                data = await _receive(stream, read_timeout)
+                data = await _receive(stream, deadline)
                 if not data:
                     return
                 buffer += data
             body = bytes(buffer[end + 4 : need])
             del buffer[:need]
+            deadline = math.inf
             try:
                 answered = await answer(body)
             except Exception:  # (``answer`` answers every fault: a bug costs one connection, not the port)
@@ -166,8 +175,8 @@ async def serve_connection(
         await stream.aclose()
 
 
-async def _receive(stream: trio.SocketStream, seconds: float) -> bytes:
-    with trio.fail_after(seconds):
+async def _receive(stream: trio.SocketStream, deadline: float) -> bytes:
+    with trio.fail_at(deadline):
         return bytes(await stream.receive_some(RECEIVE))
 
 

@@ -44,6 +44,7 @@ from ingestion.api.query import Plan, Window, events_result, plan
 from ingestion.api.reader import StoreReader
 from ingestion.api.streaming import StreamCollector, Streams
 from ingestion.common.asgi import (
+    BODY_WITHIN,
     BodyTooLarge,
     Disconnected,
     Receive,
@@ -241,6 +242,27 @@ class ApiApp:
         return window
 
 
+def server_config(host: str, port: int) -> HypercornConfig:
+    """hypercorn's settings for the API's port.
+
+    No per-read timeout (hypercorn's ``read_timeout``): a subscriber over ``/ws`` or ``GET /events``
+    sends nothing after its request, so any bound on the wait for its next bytes cuts every quiet
+    subscriber at that bound (10 s, as it was, cut every subscription 10 s after it began). What a
+    read timeout guarded is bounded otherwise: a connection that has not sent a whole request line
+    and headers is closed after ``keep_alive_timeout`` (hypercorn's idle timer runs until a request
+    begins), and a request's body must come whole within :data:`~ingestion.common.asgi.BODY_WITHIN`.
+    """
+    config = HypercornConfig()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = None
+    config.keep_alive_timeout = 30
+    config.read_timeout = None
+    config.graceful_timeout = 1
+    config.h11_max_incomplete_size = MAX_HEAD  # request line and headers
+    return config
+
+
 async def serve_api(
     app: Any,
     host: str,
@@ -257,14 +279,7 @@ async def serve_api(
     Raises:
         OSError: the address cannot be bound.
     """
-    config = HypercornConfig()
-    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    config.accesslog = None
-    config.errorlog = None
-    config.keep_alive_timeout = 30
-    config.read_timeout = 10
-    config.graceful_timeout = 1
-    config.h11_max_incomplete_size = MAX_HEAD  # request line and headers
+    config = server_config(host, port)
     async with trio.open_nursery() as nursery:
         streams = getattr(app, "streams", None)
         if streams is not None:
@@ -282,7 +297,7 @@ async def serve_api(
             handoff=hypercorn_handoff(app, config),
             body_limit=app.body_limit if lean else -1,
             keep_alive=config.keep_alive_timeout,
-            read_timeout=config.read_timeout,
+            request_within=BODY_WITHIN,
         )
         nursery.start_soon(trio.serve_listeners, handler, listeners)
         log.info("api-listening", host=host, port=bound_port, view=getattr(app.reader, "view", None))

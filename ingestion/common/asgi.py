@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+import trio
+
 Message = MutableMapping[str, Any]
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -30,23 +32,30 @@ class BodyTooLarge(Exception):
     """A request's body is longer than the app takes (answer 413 without reading the rest)."""
 
 
-async def read_body(receive: Receive, limit: int | None = None) -> bytes:
+BODY_WITHIN = 10.0
+"""Seconds a request's body may take to come whole (servers without a per-read timeout rely on it)."""
+
+
+async def read_body(receive: Receive, limit: int | None = None, within: float = BODY_WITHIN) -> bytes:
     """A request's whole body, however many ``http.request`` messages it came in.
 
     Raises:
-        Disconnected: the client left mid-request: what came is not the body it sent.
+        Disconnected: the client left mid-request, or its body did not come whole within
+            ``within`` seconds: what came is not the body it sent.
         BodyTooLarge: more than ``limit`` bytes came (None: no limit); the rest is not read.
     """
     body = b""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise Disconnected("the client went away before its request was whole")
-        body += message.get("body", b"")
-        if limit is not None and len(body) > limit:
-            raise BodyTooLarge(f"a body over {limit} bytes")
-        if not message.get("more_body"):
-            return body
+    with trio.move_on_after(within):
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise Disconnected("the client went away before its request was whole")
+            body += message.get("body", b"")
+            if limit is not None and len(body) > limit:
+                raise BodyTooLarge(f"a body over {limit} bytes")
+            if not message.get("more_body"):
+                return body
+    raise Disconnected(f"the request's body did not come whole within {within:g} s")
 
 
 async def respond(

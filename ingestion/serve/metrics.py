@@ -438,7 +438,8 @@ async def serve_metrics(
     ``console`` serves the operator console on the same port.
 
     ``port`` 0 picks a free port. Calls ``task_status.started(port)`` with the bound port once the
-    socket listens. Every connection is bounded by hypercorn's keep-alive and read timeouts.
+    socket listens. A connection is bounded by hypercorn's keep-alive timeout until its request is
+    whole; the console's live view then streams for as long as the browser stays.
 
     Raises:
         OSError: the address cannot be bound.
@@ -450,8 +451,8 @@ async def serve_metrics(
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
     config.errorlog = None  # our own log line below; hypercorn's would go to stderr unstructured
-    config.keep_alive_timeout = 5
-    config.read_timeout = 10
+    config.keep_alive_timeout = 5  # also bounds a connection that has not sent a whole request yet
+    config.read_timeout = None  # the console's live view (SSE) is a request that sends nothing more
     config.graceful_timeout = 1
 
     try:

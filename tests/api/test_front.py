@@ -4,7 +4,9 @@ connection, which answers it as it always did (``/metrics``, a chunked body, 404
 
 from __future__ import annotations
 
+import functools
 import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,7 +16,7 @@ import pytest
 import structlog
 import trio
 
-from ingestion.api.front import lean_request
+from ingestion.api.front import lean_request, serve_connection
 from ingestion.api.reader import StoreReader
 from ingestion.api.server import ApiApp, serve_api
 from ingestion.testing.local_postgres import LocalPostgres
@@ -134,3 +136,32 @@ async def test_a_fault_in_an_answer_costs_its_connection_not_the_port(pg: LocalP
         assert await trio.to_thread.run_sync(faulty, port) == b""  # closed, unanswered
         answers = await trio.to_thread.run_sync(exchange, port, post(PAGE), 1)
         assert answers[0][0] == 200 and orjson.loads(answers[0][1])["result"]["events"]
+
+
+async def test_a_lean_request_must_come_whole_within_its_bound() -> None:
+    async def answer(body: bytes) -> bytes:
+        return body
+
+    async def handoff(stream: trio.abc.HalfCloseableStream) -> None:
+        await stream.aclose()
+
+    handler = functools.partial(
+        serve_connection, answer=answer, handoff=handoff, body_limit=100, keep_alive=30, request_within=0.5
+    )
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+
+    def dribble() -> tuple[list[tuple[int, bytes]], bytes, float]:
+        answered = exchange(port, post(b"[1]"), 1)  # a whole one is answered, as it is
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(post(b"0123456789")[:-7])  # the head, 3 of 10 bytes of body, then nothing
+            began = time.monotonic()
+            got = sock.recv(100)  # (until the server closes)
+            return answered, got, time.monotonic() - began
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, handler, listeners)
+        answered, got, took = await trio.to_thread.run_sync(dribble)
+        nursery.cancel_scope.cancel()
+    assert answered == [(200, b"[1]")]
+    assert got == b"" and took < 5, took  # closed at its bound (0.5 s), unanswered

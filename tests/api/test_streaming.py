@@ -294,3 +294,49 @@ async def test_the_sse_twin_streams_history_then_live_with_each_cursor_as_the_ev
                         break
     committer.close()
     assert [i for _, ids_ in got for i in ids_] == [event_id(2), event_id(3), event_id(4)]
+
+
+@pytest.mark.slow
+async def test_quiet_subscribers_over_ws_and_sse_are_still_served_after_twelve_seconds(
+    pg: LocalPostgres,
+) -> None:
+    """A subscriber sends nothing after its request. The API's server once bounded each read from a
+    client by 10 s, so every subscription was closed 10 s after it began (100 subscribers received
+    nothing after their 10th second: found by ``benchmarks.api_streaming`` at 200 commits)."""
+    job = "stream-quiet"
+    committer = Committer(pg.url, job)
+    await committer.commit([event(2)])
+    async with served(pg.url, job) as (base, streams), httpx.AsyncClient(timeout=30) as http:
+        await projected(streams, event_id(2))
+        ws_got: list[dict[str, Any]] = []
+        sse_ids: list[str] = []
+
+        async def over_sse() -> None:
+            async with http.stream("GET", f"{base}/events", params={"startLedger": "2"}) as response:
+                buffered = b""
+                async for chunk in response.aiter_raw():
+                    buffered += chunk
+                    *whole, buffered = buffered.split(b"\n\n")
+                    for block in whole:
+                        lines = [line for line in block.decode().split("\n") if ": " in line]
+                        fields = dict(line.split(": ", 1) for line in lines)
+                        if fields.get("event") == "events":
+                            sse_ids.extend(e["id"] for e in orjson.loads(fields["data"])["params"]["events"])
+                    if event_id(3) in sse_ids:
+                        return
+
+        with trio.fail_after(25):
+            async with (
+                open_websocket_url(base.replace("http://", "ws://") + "/ws") as ws,
+                trio.open_nursery() as nursery,
+            ):
+                await subscribe(ws, {"startLedger": 2})
+                nursery.start_soon(over_sse)
+                await notifications(ws, 1, ws_got)
+                await wait_until(lambda: sse_ids == [event_id(2)], 10, what="the SSE client got history")
+                await trio.sleep(12)  # quiet, both: longer than the old 10 s bound
+                await committer.commit([event(3)])
+                await notifications(ws, 2, ws_got)
+    committer.close()
+    assert ids(ws_got) == [event_id(2), event_id(3)]
+    assert sse_ids == [event_id(2), event_id(3)]

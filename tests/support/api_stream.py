@@ -10,7 +10,6 @@ from typing import Any
 
 import orjson
 import trio
-from hypercorn.config import Config
 from hypercorn.trio import serve
 from stellar_sdk import scval
 from trio_websocket import WebSocketConnection
@@ -20,6 +19,7 @@ from actors.source import Record, TermContext
 from ingestion.api.feed import LiveFeed
 from ingestion.api.projector import projector_action
 from ingestion.api.reader import StoreReader
+from ingestion.api.server import server_config
 from ingestion.api.stream_reads import StreamReads
 from ingestion.api.streaming import Streams, app
 from ingestion.api.subscription import Limits
@@ -90,9 +90,7 @@ async def served(
     reads = StreamReads(reader)
     feed = LiveFeed(reads, url)
     streams = kind(feed, reads, limits or Limits(), max_subscribers)
-    config = Config()
-    config.bind = ["127.0.0.1:0"]
-    config.accesslog = None
+    config = server_config("127.0.0.1", 0)  # the API's own settings: its timeouts are under test
     config.errorlog = "-"
     async with trio.open_nursery() as nursery:
         if projector:
