@@ -24,7 +24,7 @@ Every arm carries its filter's whole condition, so the union is exactly the matc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import orjson
@@ -170,27 +170,56 @@ def _topic_condition(topic: Sequence[str]) -> tuple[str, tuple[Any, ...]]:
 # -- the answer ---------------------------------------------------------------------------------
 
 
-def page_cursor(plan: Plan, ids: Sequence[str]) -> str:
+class Page(NamedTuple):
+    """A plan's events as the answer sends them: how many, the last one's id, their JSON texts
+    joined by commas."""
+
+    size: int
+    last_id: str | None
+    events: bytes
+
+
+EMPTY = Page(0, None, b"")
+
+
+def rendered_sql(sql: str) -> str:
+    """The page of ``sql`` (``SELECT id, record``, in id order) as one row rendered by PostgreSQL:
+    the count, the last id and the records joined by commas (the page's ``events`` of
+    ``xdrFormat: base64`` as they are sent: Python splices them, never parses them)."""
+    return (
+        "SELECT count(*), max(page.id), coalesce(string_agg(page.record, ',' ORDER BY page.id), '') "
+        f"FROM ({sql}) AS page"
+    )
+
+
+def page_of(rows: Sequence[tuple[str, str]], xdr_format: str) -> Page:
+    """The page of ``(id, record)`` rows in ``xdr_format`` (``json``: rendered here)."""
+    render = json_format if xdr_format == "json" else _as_is
+    return Page(len(rows), rows[-1][0] if rows else None, b",".join([render(record) for _, record in rows]))
+
+
+def page_cursor(plan: Plan, count: int, last_id: str | None) -> str:
     """The answer's cursor: the last event's id on a full page, else scanned through ``end - 1``."""
-    if ids and len(ids) >= plan.limit:
-        return ids[-1]
+    if last_id is not None and count >= plan.limit:
+        return last_id
     return str(Cursor.through(plan.end_ledger - 1))
 
 
-def events_result(plan: Plan, rows: Sequence[tuple[str, str]], window: Window) -> bytes:
-    """The JSON ``result`` of ``getEvents`` (``rows``: ``(id, record)`` in id order)."""
-    render = json_format if plan.xdr_format == "json" else _as_is
-    events = b",".join([render(record) for _, record in rows])
+def events_result(plan: Plan, page: Page | Sequence[tuple[str, str]], window: Window) -> bytes:
+    """The JSON ``result`` of ``getEvents`` (``page``: rendered, or ``(id, record)`` rows in id
+    order, rendered here in the plan's format)."""
+    if not isinstance(page, Page):
+        page = page_of(page, plan.xdr_format)
     tail = orjson.dumps(
         {
-            "cursor": page_cursor(plan, [i for i, _ in rows]),
+            "cursor": page_cursor(plan, page.size, page.last_id),
             "latestLedger": window.latest,
             "oldestLedger": window.oldest,
             "latestLedgerCloseTime": str(window.latest_close),
             "oldestLedgerCloseTime": str(window.oldest_close),
         }
     )
-    return b'{"events":[' + events + b"]," + tail[1:]
+    return b'{"events":[' + page.events + b"]," + tail[1:]
 
 
 def _as_is(record: str) -> bytes:

@@ -1,24 +1,25 @@
 """The events API's reads of the store (:mod:`ingestion.api.store`), read-only, from trio.
 
-Each read runs psycopg's synchronous connection in a worker thread of the reader's own (at most
-``connections`` at once: what bounds a flood), bounded twice: by the server (the connection's
-``statement_timeout``: a query that runs longer is cancelled there and the request answers
--32001) and by the caller (``trio.fail_after``). Connections are reused while they work; a failed
-one is dropped and the next read connects afresh, so the API answers again as soon as PostgreSQL
-does. Sessions are read-only (``default_transaction_read_only``): the API cannot write.
+Each read runs on a connection of the reader's own (at most ``connections`` at once: what bounds
+a flood), driven on trio's event loop (:class:`~ingestion.api.session.Session`: no worker thread;
+connecting alone takes one), bounded twice: by the server (the connection's ``statement_timeout``:
+a query that runs longer is cancelled there and the request answers -32001) and by the caller
+(``trio.fail_after``). Connections are reused while they work; a failed one is dropped and the next
+read connects afresh, so the API answers again as soon as PostgreSQL does. Sessions are read-only
+(``default_transaction_read_only``): the API cannot write.
 
-A ``getEvents`` request is one read (:meth:`StoreReader.page`: one thread hop, one connection): the
-window, the plan made for it, the page. The window is read at most once per ``window_ttl``
-(:data:`WINDOW_TTL`, 10 ms): a read that began less than that before a request serves it too, so an
-event projected is visible to every request that begins ``window_ttl`` after its commit (well within
-the freshness target of 100 ms), and a busy API runs the window's statement a few dozen times a
-second rather than once per request.
+A ``getEvents`` request is one read (:meth:`StoreReader.page`: one connection): the window, the
+plan made for it, the page, which PostgreSQL renders (:func:`~ingestion.api.query.rendered_sql`:
+the events' JSON joined in one value, for ``xdrFormat: base64``). The window is read at most once
+per ``window_ttl`` (:data:`WINDOW_TTL`, 10 ms): a read that began less than that before a request
+serves it too, so an event projected is visible to every request that begins ``window_ttl`` after
+its commit (well within the freshness target of 100 ms), and a busy API runs the window's
+statement a few dozen times a second rather than once per request.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import orjson
@@ -26,7 +27,8 @@ import psycopg
 import trio
 
 from ingestion.api.core import too_slow, unavailable
-from ingestion.api.query import Plan, Window
+from ingestion.api.query import EMPTY, Page, Plan, Window, page_of, rendered_sql
+from ingestion.api.session import Session
 from ingestion.api.store import close_time_of, view_latest, view_oldest, within_watermark
 from ingestion.postgres.connection import describe
 from ingestion.postgres.sql import quoted
@@ -34,7 +36,6 @@ from ingestion.rpc.protocol import Cursor, RpcError
 
 T = TypeVar("T")
 WINDOW_TTL = 0.01  # seconds a window read also serves the requests after it
-Rows = list[tuple[str, str]]
 
 
 class StoreReader:
@@ -42,7 +43,7 @@ class StoreReader:
 
     Args:
         statement_timeout: seconds a statement may run on the server.
-        connections: reads at once at most (each on its own connection and thread).
+        connections: reads at once at most (each on its own connection).
         window_ttl: seconds a window read serves later ``getEvents`` requests too (0: each reads it).
     """
 
@@ -65,8 +66,7 @@ class StoreReader:
         self.window_ttl = window_ttl
         self._cached: tuple[float, Window] | None = None  # (when its read began, the window)
         self._limiter = trio.CapacityLimiter(connections)
-        self._idle: list[psycopg.Connection[Any]] = []
-        self._lock = threading.Lock()
+        self._idle: list[Session] = []
         self._close_times: dict[str, int] = {}  # id bound -> close time (the newest event below it)
         q = quoted(schema)
         # One statement, so one snapshot: the progress rows, each with the oldest event and the
@@ -90,11 +90,15 @@ class StoreReader:
         if plan.sql is None:
             return []
         sql = plan.sql
-        return await self._run(lambda conn: [(str(i), str(r)) for i, r in conn.execute(sql, plan.params)])  # type: ignore[arg-type]
 
-    async def page(self, make_plan: Callable[[Window | None], Plan]) -> tuple[Window, Plan, Rows]:
+        async def read(session: Session) -> list[tuple[str, str]]:
+            return [(_text(i), _text(r)) for i, r in await session.query(sql, plan.params)]
+
+        return await self._run(read)
+
+    async def page(self, make_plan: Callable[[Window | None], Plan]) -> tuple[Window, Plan, Page]:
         """The window (read at most once per ``window_ttl``), the plan ``make_plan`` makes of it,
-        and the plan's rows: one thread hop and one connection.
+        and the plan's page: one connection, no thread.
 
         Raises:
             RpcError: what ``make_plan`` raised (the connection is kept), or the store's errors.
@@ -103,74 +107,57 @@ class StoreReader:
         cached = self._cached
         known = cached[1] if cached is not None and began - cached[0] < self.window_ttl else None
 
-        def read(conn: psycopg.Connection[Any]) -> tuple[Window | None, Plan | RpcError, Rows]:
-            window = known if known is not None else self._window(conn)
+        async def read(session: Session) -> tuple[Window | None, Plan | RpcError, Page]:
+            window = known if known is not None else await self._window(session)
             try:
                 p = make_plan(window)
             except RpcError as refused:
-                return window, refused, []  # a refused request is no fault of the connection's
+                return window, refused, EMPTY  # a refused request is no fault of the connection's
             if p.sql is None:
-                return window, p, []
-            return window, p, [(str(i), str(r)) for i, r in conn.execute(p.sql, p.params)]  # type: ignore[arg-type]
+                return window, p, EMPTY
+            if p.xdr_format == "json":  # (rendered here: SEP-51 JSON of the ScVals)
+                rows = await session.query(p.sql, p.params)
+                return window, p, page_of([(_text(i), _text(r)) for i, r in rows], p.xdr_format)
+            ((count, last, events),) = await session.query(rendered_sql(p.sql), p.params)
+            return window, p, Page(int(_text(count)), None if last is None else last.decode(), events or b"")
 
-        window, p, rows = await self._run(read)
+        window, p, page = await self._run(read)
         if known is None and window is not None and (self._cached is None or self._cached[0] < began):
             self._cached = (began, window)
         if isinstance(p, RpcError):
             raise p
         assert window is not None  # (make_plan refuses a missing window)
-        return window, p, rows
+        return window, p, page
 
-    def _window(self, conn: psycopg.Connection[Any]) -> Window | None:
+    async def _window(self, session: Session) -> Window | None:
         try:  # one statement: the progress rows, each with the oldest event
-            rows = conn.execute(self._window_sql, (self.view, self.view, self.view)).fetchall()  # type: ignore[arg-type]
+            rows = await session.query(self._window_sql, (self.view, self.view, self.view))
         except psycopg.errors.UndefinedTable:
             return None  # no projector has run yet
-        progress = [(str(s), int(q), t) for s, q, t, _, _ in rows]
-        latest = within_watermark(view_latest(self.view, progress), rows[0][4] if rows else None)
+        progress = [(_text(s), int(_text(q)), None if t is None else t.decode()) for s, q, t, _, _ in rows]
+        watermark = _text(rows[0][4]) if rows and rows[0][4] is not None else None
+        latest = within_watermark(view_latest(self.view, progress), watermark)
         if latest is None or rows[0][3] is None:
             return None
-        oldest_record = str(rows[0][3])
+        oldest_record = _text(rows[0][3])
         oldest = view_oldest(self.view, progress, int(orjson.loads(oldest_record)["ledger"]))
         if latest < oldest:
             return None
         bound = str(Cursor(latest + 1))
         latest_close = self._close_times.get(bound)
         if latest_close is None:
-            newest = conn.execute(self._newest_sql, (self.view, bound)).fetchone()  # type: ignore[arg-type]
-            latest_close = close_time_of(str(newest[0])) if newest else 0
+            newest = await session.query(self._newest_sql, (self.view, bound))
+            latest_close = close_time_of(_text(newest[0][0])) if newest else 0
             if len(self._close_times) > 1000:
                 self._close_times.clear()
             self._close_times[bound] = latest_close
         return Window(oldest, latest, close_time_of(oldest_record), latest_close)
 
-    async def _run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
-        def call() -> T:
-            conn, reused = self._take()
-            try:
-                out = fn(conn)
-            except psycopg.OperationalError:
-                conn.close()
-                if not reused:
-                    raise
-                # A kept connection that broke (PostgreSQL restarted, a failover): the others
-                # are as stale; a read is safe to run again, once, on a fresh connection.
-                self.close()
-                conn = self._connect()
-                try:
-                    out = fn(conn)
-                except BaseException:
-                    conn.close()
-                    raise
-            except BaseException:
-                conn.close()
-                raise
-            self._give(conn)
-            return out
-
+    async def _run(self, fn: Callable[[Session], Awaitable[T]]) -> T:
         try:
             with trio.fail_after(self.statement_timeout + self.connect_timeout + 1):
-                return await trio.to_thread.run_sync(call, abandon_on_cancel=True, limiter=self._limiter)
+                async with self._limiter:
+                    return await self._call(fn)
         except trio.TooSlowError:
             raise too_slow() from None
         except psycopg.errors.QueryCanceled:
@@ -178,22 +165,59 @@ class StoreReader:
         except (psycopg.Error, OSError) as exc:
             raise unavailable(describe(exc, self.url).removeprefix("sink.url ")) from None
 
-    def _take(self) -> tuple[psycopg.Connection[Any], bool]:
-        """A kept connection (True) or a new one (False)."""
-        with self._lock:
-            while self._idle:
-                conn = self._idle.pop()
-                if not (conn.closed or conn.broken):
-                    return conn, True
-        return self._connect(), False
+    async def _call(self, fn: Callable[[Session], Awaitable[T]]) -> T:
+        session, reused = await self._take()
+        try:
+            out = await fn(session)
+        except psycopg.OperationalError:
+            if session.usable:  # the server's error for the statement (QueryCanceled)
+                self._idle.append(session)
+                raise
+            session.close()
+            if not reused:
+                raise
+            # A kept connection that broke (PostgreSQL restarted, a failover): the others are as
+            # stale; a read is safe to run again, once, on a fresh connection.
+            self.close()
+            session = await self._connect()
+            try:
+                out = await fn(session)
+            except BaseException:
+                self._keep_or_close(session)
+                raise
+        except BaseException:  # (cancelled mid-read: the session is busy, so closed)
+            self._keep_or_close(session)
+            raise
+        self._idle.append(session)
+        return out
 
-    def _connect(self) -> psycopg.Connection[Any]:
+    def _keep_or_close(self, session: Session) -> None:
+        if session.usable:
+            self._idle.append(session)
+        else:
+            session.close()
+
+    async def _take(self) -> tuple[Session, bool]:
+        """A kept session (True) or a new one (False)."""
+        while self._idle:
+            session = self._idle.pop()
+            if session.usable:
+                return session, True
+            session.close()
+        return await self._connect(), False
+
+    async def _connect(self) -> Session:
+        conn = await trio.to_thread.run_sync(self._connect_sync, abandon_on_cancel=True)
+        return Session(conn)
+
+    def _connect_sync(self) -> psycopg.Connection[Any]:
         ms = max(100, round(self.statement_timeout * 1000))
         return psycopg.connect(
             self.url,
             autocommit=True,
             connect_timeout=max(1, round(self.connect_timeout)),
             application_name="ingestion-api",
+            client_encoding="utf8",
             options=f"-c statement_timeout={ms} -c default_transaction_read_only=on",
             keepalives=1,
             keepalives_idle=1,
@@ -202,13 +226,12 @@ class StoreReader:
             tcp_user_timeout=ms + 2000,
         )
 
-    def _give(self, conn: psycopg.Connection[Any]) -> None:
-        with self._lock:
-            self._idle.append(conn)
-
     def close(self) -> None:
         """Close the idle connections (those in use close as their reads end)."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+        idle, self._idle = self._idle, []
+        for session in idle:
+            session.close()
+
+
+def _text(value: bytes | None) -> str:
+    return "" if value is None else value.decode()

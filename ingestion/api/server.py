@@ -1,5 +1,6 @@
-"""The events API's HTTP shell: an ASGI app (JSON-RPC at ``POST /``) served by hypercorn on trio,
-its metrics, and :func:`serve_api`, which a node (``[api] port``) and ``ingestion api`` both run.
+"""The events API's HTTP shell: an ASGI app (JSON-RPC at ``POST /``), its metrics, and
+:func:`serve_api`, which a node (``[api] port``) and ``ingestion api`` both run: ``POST /`` answered
+by a lean loop (:mod:`ingestion.api.front`), every other request by hypercorn on trio.
 
 What a request may cost is bounded whatever it asks: its body (``[api] max_body_bytes``: more is
 answered 413 unread), its work on the server (the reader's ``statement_timeout``: -32001), the
@@ -24,7 +25,6 @@ from typing import Any
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -39,10 +39,12 @@ from ingestion.api.core import (
     parse_call,
     result_body,
 )
+from ingestion.api.front import MAX_HEAD, hypercorn_handoff, serve_connection
 from ingestion.api.query import Plan, Window, events_result, plan
 from ingestion.api.reader import StoreReader
 from ingestion.api.streaming import StreamCollector, Streams
 from ingestion.common.asgi import (
+    BODY_WITHIN,
     BodyTooLarge,
     Disconnected,
     Receive,
@@ -225,9 +227,9 @@ class ApiApp:
                     raise RpcError(-32600, "startLedger must be within the ledger range: 0 - 0")
                 return plan(request, window, reader.schema, reader.view, rules.default_limit)
 
-            window, p, rows = await reader.page(make_plan)
+            window, p, page = await reader.page(make_plan)
             self.metrics.oldest, self.metrics.latest = window.oldest, window.latest
-            return events_result(p, rows, window)
+            return events_result(p, page, window)
         window = await self._window()
         if method == "getHealth":
             return health_result(window)
@@ -257,7 +259,7 @@ def server_config(host: str, port: int) -> HypercornConfig:
     config.keep_alive_timeout = 30
     config.read_timeout = None
     config.graceful_timeout = 1
-    config.h11_max_incomplete_size = 16 * 1024  # request line and headers
+    config.h11_max_incomplete_size = MAX_HEAD  # request line and headers
     return config
 
 
@@ -270,7 +272,9 @@ async def serve_api(
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``host:port`` until cancelled (``port`` 0: a free one); calls
-    ``task_status.started(port)`` with the bound port once the socket listens.
+    ``task_status.started(port)`` with the bound port once the socket listens. ``POST /`` is
+    answered by the lean loop of :mod:`ingestion.api.front`, every other request by hypercorn
+    (bound as hypercorn binds: its config's sockets).
 
     Raises:
         OSError: the address cannot be bound.
@@ -280,7 +284,21 @@ async def serve_api(
         streams = getattr(app, "streams", None)
         if streams is not None:
             await nursery.start(streams.feed.run)  # subscriptions' live feed, before the port opens
-        binds: list[str] = await nursery.start(functools.partial(serve, app, config, mode="asgi"))  # type: ignore[arg-type]
-        bound_port = int(binds[0].rsplit(":", 1)[-1])
+        sockets = config.create_sockets().insecure_sockets
+        listeners = []
+        for sock in sockets:
+            sock.listen(config.backlog)
+            listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+        bound_port = int(sockets[0].getsockname()[1])
+        lean = isinstance(app, ApiApp)  # (any other ASGI app: hypercorn's whole)
+        handler = functools.partial(
+            serve_connection,
+            answer=app.answer if lean else None,
+            handoff=hypercorn_handoff(app, config),
+            body_limit=app.body_limit if lean else -1,
+            keep_alive=config.keep_alive_timeout,
+            request_within=BODY_WITHIN,
+        )
+        nursery.start_soon(trio.serve_listeners, handler, listeners)
         log.info("api-listening", host=host, port=bound_port, view=getattr(app.reader, "view", None))
         task_status.started(bound_port)

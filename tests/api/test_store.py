@@ -4,15 +4,17 @@ held to stellar-rpc's rules computed over the same events."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
-import psycopg
 import pytest
 
 from actors.source import TermContext
 from ingestion.api import store
 from ingestion.api.projector import FencedProjector, projector_action, projector_job_name
-from ingestion.api.query import Window, events_result, events_sql, plan
+from ingestion.api.query import Plan, Window, events_result, events_sql, plan
 from ingestion.api.reader import StoreReader
+from ingestion.api.session import Session
 from ingestion.postgres.connection import connect
 from ingestion.postgres.fence import FenceRejected
 from ingestion.rpc.protocol import INVALID_REQUEST, Cursor, EventFilter, GetEventsRequest, RpcError
@@ -118,6 +120,8 @@ async def test_pages_follow_stellar_rpcs_rules_across_the_whole_window(
         assert [i for i, _ in rows] == want_ids
         answer = orjson.loads(events_result(p, rows, window))
         assert answer["cursor"] == want_cursor
+        _, _, rendered = await reader.page(lambda _, p=p: p)  # type: ignore[misc]  # (PostgreSQL's: the same bytes)
+        assert events_result(p, rendered, window) == events_result(p, rows, window)
         assert [e["id"] for e in answer["events"]] == want_ids
         pages += 1
         if len(rows) < 7:
@@ -127,11 +131,40 @@ async def test_pages_follow_stellar_rpcs_rules_across_the_whole_window(
     reader.close()
 
 
+async def test_a_page_is_read_on_the_event_loop_with_no_thread(
+    pg: LocalPostgres, view: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trio
+
+    reader = StoreReader(pg.url, "ingestion", view, window_ttl=0)
+    assert await reader.window() is not None  # (connecting takes a thread: it is rare)
+    hops: list[object] = []
+    run_sync = trio.to_thread.run_sync
+
+    async def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(fn)
+        return await run_sync(fn, *args, **kwargs)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+    pages: list[Any] = []
+    for fmt in ("base64", "json"):
+        request = GetEventsRequest(start_ledger=1, limit=5, xdr_format=fmt)
+
+        def planned(window: Window | None, request: GetEventsRequest = request) -> Plan:
+            assert window is not None
+            return plan(request, window, "ingestion", view)
+
+        pages.append((await reader.page(planned))[2])
+    assert hops == []  # the window, the plan's page: no thread hop
+    assert [(page.size, page.last_id) for page in pages] == [(5, EVENTS[4].id)] * 2
+    reader.close()
+
+
 async def test_a_read_only_reader_cannot_write(pg: LocalPostgres, view: str) -> None:
     reader = StoreReader(pg.url, "ingestion", view)
 
-    def write(conn: psycopg.Connection) -> None:  # type: ignore[type-arg]
-        conn.execute("DELETE FROM ingestion.api_events")
+    async def write(session: Session) -> None:
+        await session.query("DELETE FROM ingestion.api_events")
 
     with pytest.raises(RpcError, match="read-only"):
         await reader._run(write)
