@@ -94,3 +94,19 @@ def flags_layer(flags: Mapping[tuple[str, str], Any]) -> dict[str, dict[str, Any
         if value is not None:
             layer.setdefault(section, {})[key] = value
     return layer
+
+
+def quiet_logs() -> None:
+    """For a one-shot command that reads sources through their packages: their log lines (a rate
+    limit waited out, a page size reduced) go to stderr, warnings and above, never into the
+    command's own output on stdout. Left alone when logging is configured already (a node, a test)."""
+    import logging
+    import sys
+
+    import structlog
+
+    if not structlog.is_configured():
+        structlog.configure(
+            wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+            logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        )

@@ -11,7 +11,7 @@ import redis
 import trio
 
 from actors.lease_store import connect, job_keys
-from ingestion.cli.usage import OneLineParser, UsageError, setting_help, settings_of_flags
+from ingestion.cli.usage import OneLineParser, UsageError, quiet_logs, setting_help, settings_of_flags
 from ingestion.common.http import SourceUnreadable
 from ingestion.common.redact import redact
 from ingestion.verify import verify_configured_job
@@ -70,6 +70,7 @@ def main(argv: Sequence[str]) -> int:
     from ingestion.config import load, redact_url
 
     ns = parser().parse_args(list(argv))
+    quiet_logs()
     # --horizon and --rpc: the source to compare with, not the jobs' URLs
     flags = settings_of_flags(ns, besides={("horizon", "urls"), ("rpc", "urls")})
     settings = load(Path(ns.config) if ns.config else None, os.environ, flags)

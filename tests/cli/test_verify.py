@@ -304,3 +304,22 @@ async def test_a_source_that_refuses_is_said_in_one_line_by_its_package() -> Non
                 await fetch_rpc_events(sim.rpc_url, [{"type": "nonsense"}], 1, through="1")
     with pytest.raises(ValueError, match="must be an http:// or https:// URL with a host"):
         await fetch_source("ftp://h", through="1")
+
+
+def test_a_one_shot_commands_source_logs_go_to_stderr_warnings_only() -> None:
+    """verify reads its source through the source packages, which log (a rate limit waited out at
+    debug, a page size reduced at warning): none of it may land in the command's stdout."""
+    import subprocess
+    import sys
+
+    code = (
+        "import structlog\n"
+        "from ingestion.cli.usage import quiet_logs\n"
+        "quiet_logs()\n"
+        "structlog.get_logger().debug('horizon-rate-paced', delay=1.0)\n"
+        "structlog.get_logger().warning('horizon-page-limit-reduced', limit=100)\n"
+        "print('job j: ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout == "job j: ok\n"
+    assert "horizon-page-limit-reduced" in done.stderr and "horizon-rate-paced" not in done.stderr
