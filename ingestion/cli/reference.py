@@ -46,7 +46,8 @@ KEY_MEANINGS: dict[str, tuple[str, str]] = {
         "`complete_held` (why a history gap holds it for good) when the source says; `source`: what "
         "the job follows; `sink`: where it commits (`redis`, or `postgres database DB schema S`); "
         "`network`: its passphrase (set, or recorded by its first term); `network_ledger`, "
-        "`network_ledger_hash`: its last committed ledger and that ledger's hash at the source; "
+        "`network_ledger_hash`, `network_ledger_closed_at`: its last committed ledger, that ledger's "
+        "hash at the source and its close time; "
         "`network_reset`: a detected reset (the job is held off until `ingestion cursor reset`)",
     ),
     "events": (

@@ -27,12 +27,15 @@ CONFIG = SimulatorConfig(
     ledger_interval=None, history_ledgers=10, first_ledger=2, ops_per_ledger=5, rpc_port=0
 )
 CHECK, RESET_AFTER = 0.1, 0.3  # seconds: network.check_ms, network.reset_after_ms
+DEFAULT_RESET_AFTER = 60.0  # seconds: network.reset_after_ms's default
 LEDGER_CLOSE = 2.0  # seconds: a fast network's ledger close (pubnet's: 5 to 6 s)
 
 
-def guarded(url: str, store: Any, job: str, network: str = "") -> NetworkGuard:
+def guarded(
+    url: str, store: Any, job: str, network: str = "", reset_after: float = RESET_AFTER
+) -> NetworkGuard:
     rpc = RpcSource((url,), retry_base=0.02, retry_cap=0.2, request_timeout=5)
-    return NetworkGuard(rpc, store, job, network, check_interval=CHECK, reset_after=RESET_AFTER)
+    return NetworkGuard(rpc, store, job, network, check_interval=CHECK, reset_after=reset_after)
 
 
 def fields(client: redis.Redis, job: str) -> dict[str, str]:
@@ -93,7 +96,9 @@ async def test_a_reset_is_detected_within_a_ledger_close_and_the_cursor_command_
     rec = Recorder()
     async with open_simulator(CONFIG) as sim, trio.open_nursery() as nursery:
         with lease_store(redis_server.url, job) as store:
-            source = guarded(sim.rpc_url, store, job)
+            # the default bound: the reset is told from the new chain's ledgers, which closed
+            # after the job's last one, not from how long the source stays below it
+            source = guarded(sim.rpc_url, store, job, reset_after=DEFAULT_RESET_AFTER)
             a = await start_node(nursery, rec, redis_server.url, job, "a", source, store=store)
             old_tip = sim.chain.latest
             await wait_until(lambda: fields(redis_client, job).get("network_ledger") == str(old_tip), 15,
@@ -101,6 +106,7 @@ async def test_a_reset_is_detected_within_a_ledger_close_and_the_cursor_command_
             old = [e["id"] for e in sim.rpc_events()]
             assert ids(redis_client, job) == old
             kept = fields(redis_client, job)["network_ledger_hash"]
+            assert fields(redis_client, job)["network_ledger_closed_at"] == str(sim.chain.closed_at(old_tip))
             reset_at = trio.current_time()
             sim.reset_network()
             await wait_until(lambda: fields(redis_client, job).get("network_reset"), LEDGER_CLOSE,

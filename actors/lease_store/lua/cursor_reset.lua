@@ -27,8 +27,8 @@ if ARGV[2] == '' then
 else
   redis.call('HSET', KEYS[3], 'cursor', ARGV[2])
 end
-redis.call('HDEL', KEYS[3], 'network_reset', 'network_ledger', 'network_ledger_hash', 'complete_through',
-  'complete_held')
+redis.call('HDEL', KEYS[3], 'network_reset', 'network_ledger', 'network_ledger_hash',
+  'network_ledger_closed_at', 'complete_through', 'complete_held')
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'event', 'cursor-reset', 'by', ARGV[1],
   'from', before, 'to', ARGV[2], 'token', tostring(token), 'why', ARGV[5])
 return {1, before, token}
