@@ -66,8 +66,8 @@ KEY_MEANINGS: dict[str, tuple[str, str]] = {
         "(`action`, `by`, `request`, `result`: a webhook request its leader carried out), "
         "`dead-letters-dropped` (`by`, `dropped`, `replayed`, `before`, `first`, `last`: written by "
         "`webhooks drop-dead-letters`), `network-reset` (`detail`, `ledger`, `hash`: a reset its "
-        "leader detected) and `cursor-reset` (`by`, `from`, `to`, `token`, `why`: written by "
-        "`ingestion cursor reset`)",
+        "leader detected) and `cursor-reset` (`by`, `from`, `to`, `token`, `why`, `seam`: where the "
+        "job's rows before it end, `entry ID` or `seq N`: written by `ingestion cursor reset`)",
     ),
     "leader": (
         "hash", "the last holder, its token and its lease's end (Redis time): gives `takeover_ms`; "

@@ -5,14 +5,18 @@ ledger close and nothing after it is committed, and ``ingestion cursor reset`` m
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 import redis
 import trio
 
 from actors.lease_store import job_keys
+from ingestion.cli.audit import main as audit_main
 from ingestion.cli.cursor import main as cursor_main
+from ingestion.cli.usage import UsageError
 from ingestion.common.network import NETWORKS
 from ingestion.node.network import NetworkGuard
 from ingestion.rpc.protocol import Cursor
@@ -91,8 +95,9 @@ async def test_the_network_recorded_by_the_first_term_pins_the_job(
 
 
 async def test_a_reset_is_detected_within_a_ledger_close_and_the_cursor_command_moves_the_job_on(
-    redis_server: LocalRedis, redis_client: redis.Redis, job: str
-) -> None:
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
     rec = Recorder()
     async with open_simulator(CONFIG) as sim, trio.open_nursery() as nursery:
         with lease_store(redis_server.url, job) as store:
@@ -130,7 +135,21 @@ async def test_a_reset_is_detected_within_a_ledger_close_and_the_cursor_command_
                              5 * FAST_TIMING.ttl + 15, what="the job on the new chain's tip")  # fmt: skip
             new = [e["id"] for e in sim.rpc_events()]
             await a.shutdown()
+            # the audit across the reset names its seam: the old chain's rows are not findings
+            config = tmp_path / "config.toml"
+            config.write_text(
+                f'[node]\nid = "n1"\nsource = "rpc"\n\n[redis]\nurl = "{redis_server.url}"\n\n'
+                f'[rpc]\nurls = ["{sim.rpc_url}"]\n\n[jobs."{job}"]\nkind = "rpc"\nstart_cursor = "0"\n'
+                'decode = false\n'  # (the node above commits the RPC's events as sent)
+            )
+            capsys.readouterr()
+            code = await trio.to_thread.run_sync(audit_main, [
+                job, "--config", str(config), "--from", "1", "--to", str(new_tip), "--rpc", sim.rpc_url,
+            ])  # fmt: skip
+            out = capsys.readouterr().out
     assert ids(redis_client, job) == old + new  # the seam: the old chain's, then the new one's
+    assert code == 0 and ": equal" in out, out
+    assert "seam: cursor reset" in out and f"{len(old)} rows committed before it" in out, out
     after = fields(redis_client, job)
     assert "network_reset" not in after and after["network"] == NETWORK_PASSPHRASE
     audit = [f for _id, f in redis_client.xrange(job_keys(job)["audit"])]
@@ -139,6 +158,8 @@ async def test_a_reset_is_detected_within_a_ledger_close_and_the_cursor_command_
     assert detected["hash"] == kept
     assert moved["from"] == str(Cursor.through(old_tip)) and moved["to"] == ""
     assert moved["by"].startswith("cli ") and int(moved["token"]) > 1
+    last_old = redis_client.xrange(job_keys(job)["events"])[len(old) - 1][0]
+    assert moved["seam"] == f"entry {last_old}"  # where the old chain's rows end
 
 
 def test_the_cursor_command_is_refused_while_the_job_is_led_or_its_cursor_moved(
@@ -157,7 +178,8 @@ def test_the_cursor_command_is_refused_while_the_job_is_led_or_its_cursor_moved(
     assert cursor_main([*flags, "--from", "100"]) == 0
     assert fields(redis_client, job) == {"cursor": "200"} and redis_client.get(keys["token"]) == "8"
     redis_client.hset(keys["cursor"], "sink", "postgres database d schema s")
-    assert cursor_main(flags) == 1  # its cursor is in PostgreSQL
+    with pytest.raises(UsageError, match="give --sink URL"):  # its cursor is in PostgreSQL: where?
+        cursor_main(flags)
 
 
 def test_the_cursor_command_clears_the_completeness_watermark_of_the_ledgers_it_leaves(
