@@ -93,7 +93,10 @@ async def look_for_quiet(
         roots: dict[str, RootInfo | None] = {}
         await read_root(source, client, base, roots)
         root = roots[base]
-        if root is None or completeness.quiet(cursor, root.history_latest_ledger) is None:
+        if root is None:
+            continue
+        completeness.latest = max(completeness.latest or 0, root.history_latest_ledger)
+        if completeness.quiet(cursor, root.history_latest_ledger) is None:
             continue
         response, _failure = await get_page(source, client, follower.look_request())
         try:
@@ -108,7 +111,7 @@ async def look_for_quiet(
         latest = _latest_ledger_header(response, root.history_latest_ledger)
         through = completeness.quiet(cursor, latest)
         if through is not None:  # (no checkpoint since the check: nothing can be handed on before it)
-            completeness.latest = latest
+            completeness.latest = max(completeness.latest or 0, latest)
             completeness.looked_through(latest)
             await out.send(Batch((), through=through))
 
