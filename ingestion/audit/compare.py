@@ -64,6 +64,7 @@ class Tally:
     expected: int
     stored: int
     findings: tuple[Finding, ...]
+    aside: int = 0  # rows set aside by a seam (ingestion/audit/seams.py), not compared
 
 
 def compare(expected: Mapping[str, str], stored: Iterable[StoredRow]) -> Tally:
@@ -135,6 +136,7 @@ class Report:
     findings: tuple[Finding, ...]
     jobs: tuple[str, ...] = ()  # the store's jobs read: the job's and its backfill ranges'
     source: str = "the lake"  # where the expectation came from
+    seams: tuple[str, ...] = ()  # a cursor reset's seam, described (ingestion/audit/seams.py)
 
     @property
     def equal(self) -> bool:
@@ -149,24 +151,29 @@ class Report:
             f"from {self.source}, {self.stored} rows in the store ({len(self.jobs)} jobs: "
             f"{', '.join(self.jobs) or 'none'})"
         )
+        seams = "".join(f"\n  {s}" for s in self.seams)
         if self.equal:
-            return f"{head}: equal"
+            return f"{head}: equal{seams}"
         counts = ", ".join(f"{n} {k}" for k, n in self.counts().items() if n)
-        return f"{head}: NOT equal: {counts}\n  " + "\n  ".join(map(str, self.findings))
+        return f"{head}: NOT equal: {counts}{seams}\n  " + "\n  ".join(map(str, self.findings))
 
     def to_json(self) -> dict[str, Any]:
         return {
             "job": self.job, "first_ledger": self.first, "last_ledger": self.last,
             "source": self.source, "expected": self.expected, "stored": self.stored, "jobs": list(self.jobs),
             "equal": self.equal, "counts": self.counts(), "findings": [f.to_json() for f in self.findings],
+            "seams": list(self.seams),
         }  # fmt: skip
 
 
 def merge(
-    job: str, first: int, last: int, tallies: Sequence[Tally], jobs: Sequence[str], source: str = "the lake"
+    job: str, first: int, last: int, tallies: Sequence[Tally], jobs: Sequence[str], source: str = "the lake",
+    seam: Any = None, start: str = "",
 ) -> Report:
-    """One report of the windows' tallies (their findings in id order: windows ascend)."""
+    """One report of the windows' tallies (their findings in id order: windows ascend); ``seam``
+    (a :class:`~ingestion.audit.seams.Seam`) described with the rows it set aside."""
+    seams = () if seam is None else (seam.describe(start, sum(t.aside for t in tallies)),)
     return Report(
         job, first, last, sum(t.expected for t in tallies), sum(t.stored for t in tallies),
-        tuple(f for t in tallies for f in t.findings), tuple(jobs), source,
+        tuple(f for t in tallies for f in t.findings), tuple(jobs), source, seams,
     )  # fmt: skip

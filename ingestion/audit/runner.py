@@ -22,10 +22,12 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
+import attrs
 import trio
 
 from ingestion.audit.compare import Report, StoredRow, Tally, compare, merge
 from ingestion.audit.expect import Expected, Rules, object_expectation, uncovered, windows
+from ingestion.audit.seams import Seam, split
 from ingestion.lake.decoding import DecoderDied, Decoders, open_decoders
 from ingestion.lake.events import LakeFormatError
 from ingestion.lake.keys import LakeSchema, ManifestError
@@ -66,13 +68,16 @@ async def audit_lake(
     store_errors: tuple[type[Exception], ...] = (),
     on_window: Callable[[int, int, Tally], None] | None = None,
     decoders: Decoders | None = None,
+    seam: Seam | None = None,
+    start: str = "",
 ) -> Report:
     """``store``'s rows of ledgers ``first..last`` against the records ``rules`` (and ``watched``,
     the job's watch list) keep of ``lake``'s events (see the module docstring). ``in_flight``: lake
     objects read and decoding at once (0: twice ``processes``, at least 2). ``store_errors``: what
     the store's reads raise when it cannot be read. ``on_window(first, last, tally)`` after each
     window. ``decoders``: workers the caller keeps open (the audit job's, for its term); None:
-    ``processes`` of them for this audit.
+    ``processes`` of them for this audit. ``seam``: the job's last cursor reset (its rows before
+    it set aside, :mod:`ingestion.audit.seams`), ``start`` its ``start_cursor``.
 
     Raises:
         AuditError: the lake (a missing or unreadable object, no manifest) or the store cannot
@@ -89,12 +94,13 @@ async def audit_lake(
         expect = functools.partial(_lake_window, lake, schema, decoders, rules, flight)
         return await audit_windows(
             expect, store, job, first, last, watched=watched, window=window, store_errors=store_errors,
-            on_window=on_window,
+            on_window=on_window, seam=seam, start=start,
         )  # fmt: skip
     async with open_decoders(processes) as opened:
         return await audit_lake(
             lake, rules, store, job, first, last, watched=watched, processes=processes, window=window,
             in_flight=in_flight, store_errors=store_errors, on_window=on_window, decoders=opened,
+            seam=seam, start=start,
         )  # fmt: skip
 
 
@@ -110,6 +116,8 @@ async def audit_windows(
     store_errors: tuple[type[Exception], ...] = (),
     on_window: Callable[[int, int, Tally], None] | None = None,
     source: str = "the lake",
+    seam: Seam | None = None,
+    start: str = "",
 ) -> Report:
     """``store``'s rows of ledgers ``first..last`` against what ``expect(first, last)`` (the
     lake's or an RPC's expectation) says the job keeps before ``watched``, window by window, each
@@ -126,11 +134,12 @@ async def audit_windows(
     for a, b in windows(first, last, window):
         expected, stored = await _side_by_side(expect, store, store_errors, a, b)
         kept = {i: text for i, text, names in expected if watched is None or watched.matches(names)}
-        tally = await trio.to_thread.run_sync(compare, kept, stored)
+        kept, stored, aside = split(seam, job, start, kept, stored)
+        tally = attrs.evolve(await trio.to_thread.run_sync(compare, kept, stored), aside=aside)
         tallies.append(tally)
         if on_window is not None:
             on_window(a, b, tally)
-    return merge(job, first, last, tallies, jobs, source)
+    return merge(job, first, last, tallies, jobs, source, seam, start)
 
 
 async def _side_by_side(

@@ -4,7 +4,10 @@
 JOB (an rpc or lake job of the configuration) must hold for ledgers ``A..B``, its filters and
 watch list applied, and compares it by id and content with what the store holds there: the job's
 rows and its backfill ranges' (``JOB~FIRST-LAST``), in PostgreSQL (its ``sink``) or in Redis
-streams. Every missing, extra, duplicated and differing record is named.
+streams. Every missing, extra, duplicated and differing record is named. After an operator's
+``ingestion cursor reset`` (a network reset) the job's rows before the move are of the chain
+before: the move's ``cursor-reset`` entry in the job's audit stream names the seam, and the
+report names it too instead of counting those rows as findings (:mod:`ingestion.audit.seams`).
 
 Exit 0: equal; 1: not equal (the findings listed), or the lake or the store could not be read
 (one line); 2: usage (one line, nothing read).
@@ -140,6 +143,7 @@ def _audit(ns: argparse.Namespace, settings: Any, job: Any, lake: Any, processes
             f"audit: no job {job.name!r} in {where}: nothing was ever committed for it or its "
             "backfills (check the job, --sink, --redis and sink.schema)"
         )
+    seam = _seam(client, settings, job.name)
     watch = watch_source(settings, job)
     _rule, changes = rule_for(job.kind, job.resource, names=watch is not None)
     rules = Rules(job.rpc_filters(), decode=job.decode and changes, names=watch is not None)
@@ -152,11 +156,11 @@ def _audit(ns: argparse.Namespace, settings: Any, job: Any, lake: Any, processes
             expect = functools.partial(rpc_expectation, ns.rpc, rules)
             return await audit_windows(
                 expect, store, job.name, ns.first, ns.last, watched=watched, window=ns.window,
-                store_errors=errors, source=f"the RPC {redact(ns.rpc)}",
+                store_errors=errors, source=f"the RPC {redact(ns.rpc)}", seam=seam, start=job.start_cursor,
             )  # fmt: skip
         return await audit_lake(
             lake, rules, store, job.name, ns.first, ns.last, watched=watched, processes=processes,
-            window=ns.window, store_errors=errors,
+            window=ns.window, store_errors=errors, seam=seam, start=job.start_cursor,
         )  # fmt: skip
 
     started = time.monotonic()
@@ -181,3 +185,30 @@ def _audit(ns: argparse.Namespace, settings: Any, job: Any, lake: Any, processes
         of = redact(str(lake) if lake is not None else ns.rpc)
         print(f"{ledgers} ledgers of {of} in {seconds:.1f} s ({rate}) against {where}")
     return 0 if report.equal else 1
+
+
+def _seam(client: Any, settings: Any, job: str) -> Any:
+    """The job's last cursor reset, from its audit stream in Redis (None: none, or Redis cannot be
+    read: then said on stderr, and the rows of a chain before a reset, if any, count as findings)."""
+    import redis
+
+    from actors.lease_store import job_keys
+    from ingestion.audit.seams import latest_seam
+
+    own = client is None
+    try:
+        client = client or settings.redis.connect()
+        entries: Any = client.xrange(job_keys(job)["audit"])
+        text = [(_str(i), {_str(k): _str(v) for k, v in f.items()}) for i, f in entries]
+        return latest_seam(text)
+    except (redis.RedisError, OSError) as exc:
+        print(redact(f"ingestion: audit: the job's audit stream in Redis cannot be read ({exc}): "
+                     "a cursor reset's seam, if any, is not known"), file=sys.stderr)  # fmt: skip
+        return None
+    finally:
+        if own and client is not None:
+            client.close()
+
+
+def _str(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -30,7 +30,7 @@ import redis
 
 from actors.lease_store import job_keys
 from actors.lease_store.keys import AUDIT_MAXLEN
-from actors.lease_store.scripts import CURSOR_RESET
+from actors.lease_store.scripts import CURSOR_RESERVE, CURSOR_RESET, CURSOR_RESET_SINK
 from ingestion.cli.known import in_redis, unknown_job
 from ingestion.cli.usage import OneLineParser, UsageError, setting_help
 
@@ -51,6 +51,9 @@ def parser() -> Any:
                    help="refuse unless the job's cursor is this one (default: whatever it is)")  # fmt: skip
     p.add_argument("--config", type=Path, help="TOML file (default: ./config.toml if present)")
     p.add_argument("--redis", metavar="URL", help=setting_help("the nodes' Redis", ("redis", "url")))
+    p.add_argument(
+        "--sink", metavar="URL", help=setting_help("a PostgreSQL sink: the job's cursor", ("sink", "url"))
+    )
     return p
 
 
@@ -68,6 +71,8 @@ def main(argv: Sequence[str]) -> int:
         except InvalidPagingToken as exc:
             raise UsageError(f"cursor: {flag}: not a paging token or event id: {value!r}") from exc
     flags: dict[str, dict[str, Any]] = {"redis": {"url": ns.redis}} if ns.redis else {}
+    if ns.sink:
+        flags["sink"] = {"url": ns.sink}
     settings = load(ns.config, os.environ, flags)
     client = settings.redis.connect()
     keys = job_keys(ns.job)
@@ -76,14 +81,12 @@ def main(argv: Sequence[str]) -> int:
             raise unknown_job("cursor", ns.job, [j.name for j in settings.jobs], client)
         fields: Any = client.hmget(keys["cursor"], ["sink", "network_reset"])
         sink, mark = (v.decode() if isinstance(v, bytes) else v for v in fields)
-        if sink and sink != "redis":
-            print(f"ingestion: cursor: {ns.job} commits to {sink}: its cursor is there, not in Redis; "
-                  "this command does not move it", file=sys.stderr)  # fmt: skip
-            return 1
         by = default_asker()
+        if sink and sink != "redis":
+            return _reset_in_sink(client, settings, ns, sink, to, by, mark or "")
         script = client.register_script(CURSOR_RESET)
         answer = script(
-            keys=[keys["token"], keys["lease"], keys["cursor"], keys["audit"]],
+            keys=[keys["token"], keys["lease"], keys["cursor"], keys["audit"], keys["events"]],
             args=[by, to, ns.expected, AUDIT_MAXLEN, mark or ""],
         )
         ok, before, detail = (v.decode() if isinstance(v, bytes) else v for v in answer)
@@ -102,3 +105,45 @@ def main(argv: Sequence[str]) -> int:
         return 1
     finally:
         client.close()
+
+
+def _reset_in_sink(client: Any, settings: Any, ns: Any, sink: str, to: str, by: str, mark: str) -> int:
+    """The move of a job whose cursor a PostgreSQL sink keeps (see the module docstring)."""
+    import psycopg
+
+    from ingestion.common.redact import redact
+    from ingestion.postgres.reset import reset_cursor
+
+    job = next((j for j in settings.jobs if j.name == ns.job), None)
+    url = (job.sink if job is not None else "") or settings.sink.url
+    if not url:
+        raise UsageError(f"cursor: {ns.job} commits to {sink}: give --sink URL (or the job's sink setting)")
+    keys = job_keys(ns.job)
+    ok, *rest = (v.decode() if isinstance(v, bytes) else v for v in client.register_script(CURSOR_RESERVE)(
+        keys=[keys["token"], keys["lease"]], args=[]
+    ))  # fmt: skip
+    if not int(ok):
+        print(f"ingestion: cursor: {ns.job}: refused: a node leads it (lease {rest[1]}): no reset was "
+              "detected; stop its nodes first", file=sys.stderr)  # fmt: skip
+        return 1
+    token = int(rest[0])
+    try:
+        done = reset_cursor(url, settings.sink.schema, ns.job, token, by, to, ns.expected)
+    except psycopg.Error as exc:
+        print(redact(f"ingestion: cursor: the sink {url} cannot be read: {exc}"), file=sys.stderr)
+        return 1
+    if not done.moved:
+        why = {
+            "stale-token": f"a term began since (the sink's fence is at token {done.detail})",
+            "cursor-moved": f"its cursor is {done.detail or 'none'}, not {ns.expected}",
+        }.get(done.refused, done.refused)
+        print(f"ingestion: cursor: {ns.job}: refused: {why}", file=sys.stderr)
+        return 1
+    seam = f"seq {done.last_seq}" if done.last_seq else ""
+    client.register_script(CURSOR_RESET_SINK)(
+        keys=[keys["cursor"], keys["audit"]],
+        args=[by, done.before or "", to, token, AUDIT_MAXLEN, mark, seam],
+    )
+    print(f"moved {ns.job} from {done.before or 'none'} to {to or 'its start_cursor'} in {sink} (token "
+          f"{token}); the audit records {by!r}")  # fmt: skip
+    return 0

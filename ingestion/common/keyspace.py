@@ -82,7 +82,8 @@ JOB_KEY_MEANINGS: dict[str, tuple[str, str]] = {
         "`complete_held` (why a history gap holds it for good) when the source says; `source`: what "
         "the job follows; `sink`: where it commits (`redis`, or `postgres database DB schema S`); "
         "`network`: its passphrase (set, or recorded by its first term); `network_ledger`, "
-        "`network_ledger_hash`: its last committed ledger and that ledger's hash at the source; "
+        "`network_ledger_hash`, `network_ledger_closed_at`: its last committed ledger, that ledger's "
+        "hash at the source and its close time; "
         "`network_reset`: a detected reset (the job is held off until `ingestion cursor reset`)",
     ),
     "events": (
@@ -101,8 +102,8 @@ JOB_KEY_MEANINGS: dict[str, tuple[str, str]] = {
         "(`action`, `by`, `request`, `result`: a webhook request its leader carried out), "
         "`dead-letters-dropped` (`by`, `dropped`, `replayed`, `before`, `first`, `last`: written by "
         "`webhooks drop-dead-letters`), `network-reset` (`detail`, `ledger`, `hash`: a reset its "
-        "leader detected) and `cursor-reset` (`by`, `from`, `to`, `token`, `why`: written by "
-        "`ingestion cursor reset`)",
+        "leader detected) and `cursor-reset` (`by`, `from`, `to`, `token`, `why`, `seam`: where the "
+        "job's rows before it end, `entry ID` or `seq N`: written by `ingestion cursor reset`)",
     ),
     "leader": (
         "hash", "the last holder, its token and its lease's end (Redis time): gives `takeover_ms`; "

@@ -10,10 +10,20 @@ Two questions, asked of every URL of a job's source on connect and then every ``
   the job is never followed there (:func:`wrong_network`).
 - **Is it still the chain the job committed from?** A network of the same passphrase can restart
   from ledger 1 (testnet and futurenet are reset every few months). The job keeps the hash of its
-  last committed ledger ``L`` beside its cursor; the chain is another when a URL holds ``L`` with
-  another hash, or when every URL's latest ledger stays below ``L`` for longer than
-  ``network.reset_after_ms`` (a lagging node catches up within that bound; a reset chain does not)
-  (:class:`ResetJudge`). A URL that does not answer says nothing either way.
+  last committed ledger ``L`` and its close time beside its cursor; the chain is another, at the
+  first look that shows it (:class:`ResetJudge`):
+
+  - when a URL holds ``L`` with another hash;
+  - when a URL's latest ledger is below ``L`` but closed after ``L`` did. On one chain ledger
+    numbers and close times rise together (the close time is the network's, agreed by consensus,
+    not a clock of ours), so a ledger below ``L`` that closed later is on another chain; a
+    replica merely lagging behind (a Horizon or an RPC behind a load balancer) serves ledgers
+    that closed before ``L`` and is never taken for a reset by this rule;
+  - when every URL's latest ledger stays below ``L`` for longer than ``network.reset_after_ms``
+    (the bound for what the close times cannot tell: a source that does not say them, or a
+    ``L`` kept without one; a lagging replica catches up within it, a reset chain does not).
+
+  A URL that does not answer says nothing either way.
 """
 
 from __future__ import annotations
@@ -58,6 +68,10 @@ class SourceLook:
     passphrase: str | None
     latest: int | None = None  # its latest ledger (None: not asked, or not known)
     hash_at: str | None = None  # the hash of the ledger asked about (None: not held, not asked)
+    # Close times (Unix seconds, the network's) of its latest ledger and of the ledger asked about
+    # (None: not said).
+    latest_closed_at: int | None = None
+    closed_at: int | None = None
 
 
 @attrs.frozen
@@ -103,10 +117,12 @@ class ResetJudge:
     _below_since: float | None = None
 
     def judge(
-        self, now: float, ledger: int | None, recorded_hash: str | None, looks: Sequence[SourceLook]
+        self, now: float, ledger: int | None, recorded_hash: str | None, looks: Sequence[SourceLook],
+        recorded_closed_at: int | None = None,
     ) -> Verdict | None:
-        """``ledger``: the job's last committed ledger; ``recorded_hash``: the hash kept for it;
-        ``looks``: each URL's latest ledger and its hash of ``ledger``."""
+        """``ledger``: the job's last committed ledger; ``recorded_hash``, ``recorded_closed_at``:
+        the hash and close time kept for it; ``looks``: each URL's latest ledger (and its close
+        time) and its hash of ``ledger``."""
         if ledger is None:
             self._below_since = None
             return None
@@ -117,6 +133,16 @@ class ResetJudge:
                     "network-reset",
                     f"{look.url} holds ledger {ledger} with hash {look.hash_at}, the job committed "
                     f"it with hash {recorded_hash}: the network was reset",
+                )
+            if (
+                look.latest is not None and look.latest < ledger and recorded_closed_at is not None
+                and look.latest_closed_at is not None and look.latest_closed_at > recorded_closed_at
+            ):  # fmt: skip
+                return Verdict(
+                    "network-reset",
+                    f"{look.url}'s latest ledger {look.latest} closed at {look.latest_closed_at}, after "
+                    f"the job's last committed ledger {ledger} (closed at {recorded_closed_at}): a lower "
+                    "ledger of the same chain cannot close later, the network was reset",
                 )
         if not answered:
             return None  # nobody answered: nothing is known (the source's own retries say so)

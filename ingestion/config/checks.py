@@ -354,7 +354,7 @@ def check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
         problems.append(
             f"horizon.not_found_give_up_ms: must be 0 or positive, got {horizon['not_found_give_up_ms']}"
         )
-    for key in ("stale_check_ms", "stale_after_ledgers"):
+    for key in ("stale_check_ms", "stale_after_ledgers", "complete_check_ms"):
         if horizon[key] < 0:
             problems.append(f"horizon.{key}: must be 0 or positive, got {horizon[key]}")
     if horizon["on_history_gap"] not in ("stop", "skip"):

@@ -143,6 +143,13 @@ SCHEMA: dict[str, dict[str, tuple[type | str, Any, str]]] = {
             "stop (log history-gap, write nothing, exit 1) or skip (record the gap in the audit "
             "stream and resume from the oldest retained ledger)",
         ),
+        "complete_check_ms": (
+            int,
+            5000,
+            "ms between a Horizon job's completeness looks while its stream hands nothing on (the "
+            "root and one record after its position: a quiet job's complete_through follows "
+            "Horizon's ledgers); 0: never (the watermark moves with records only)",
+        ),
     },
     "rpc": {
         "urls": (

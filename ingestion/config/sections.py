@@ -169,6 +169,7 @@ class HorizonSettings:
     stale_check_ms: int
     stale_after_ledgers: int
     on_history_gap: str
+    complete_check_ms: int
 
 
 @attrs.frozen

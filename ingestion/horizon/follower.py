@@ -187,6 +187,12 @@ class HorizonFollower:
             request = StreamRequest(base, url, self.cursor, self._extra)
         return Attempt(request, self.take_delay())
 
+    def look_request(self) -> PageRequest:
+        """One record after the cursor (``limit=1``) at the URL in use: whether anything is
+        pending there (the completeness look, ``ingestion/horizon/roots.py``)."""
+        base = self.base_url
+        return PageRequest(base, base + self.path, self.cursor, 1, self._extra)
+
     def take_delay(self) -> float:
         """The wait decided by the latest outcome (consumed: the next call returns 0)."""
         delay, self._delay = self._delay, 0.0

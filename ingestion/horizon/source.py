@@ -8,8 +8,10 @@ stream, across reconnects, retries and failover between several Horizon URLs. Ev
 every wait, and logs. It composes the I/O modules beside it: :mod:`~ingestion.horizon.exchange`
 (what every request shares: rate pacing, failures, logging the follower's decisions),
 :mod:`~ingestion.horizon.overlapped` (overlapped catch-up), :mod:`~ingestion.horizon.streaming`
-(following the stream) and :mod:`~ingestion.horizon.roots` (roots and staleness); the probe, the
-``now`` lookup, the pump, sequential paging and the history check are here.
+(following the stream) and :mod:`~ingestion.horizon.roots` (roots, staleness and the completeness
+look); the probe, the ``now`` lookup, the pump, sequential paging and the history check are here.
+Each batch handed on carries the job's completeness watermark
+(:mod:`~ingestion.horizon.completeness`).
 
 Shape of ``stream(cursor)``: one pump task owns the follower and the HTTP client and sends
 :class:`Batch` values into a small buffer, so the next page is fetched while the consumer commits
@@ -31,13 +33,14 @@ import trio
 from httpx_sse import SSEError, aconnect_sse
 
 from actors.health import SourceHealth
-from actors.source import Batch, SourceFatalError
+from actors.source import Batch, SourceFatalError, Watermark
 from ingestion.common.gaps import record_history_gap
 from ingestion.common.http import describe, source_urls, ssl_context
 from ingestion.common.network import SourceLook
 from ingestion.common.paging import InvalidPagingToken, token_key
 from ingestion.common.retry import RetryPolicy
 from ingestion.horizon.catchup import overlappable
+from ingestion.horizon.completeness import Completeness
 from ingestion.horizon.exchange import (
     MAX_ERROR_BODY,
     answered,
@@ -59,7 +62,7 @@ from ingestion.horizon.follower import HorizonFollower, Mode, PageRequest
 from ingestion.horizon.health import RatePacer, RootInfo, cursor_ledger, history_gap
 from ingestion.horizon.overlapped import overlapped
 from ingestion.horizon.resources import MAX_PAGE_LIMIT, STREAM_LIMIT, check_resource, split_resource
-from ingestion.horizon.roots import Switch, network_looks, watch_staleness
+from ingestion.horizon.roots import Switch, look_for_quiet, network_looks, watch_staleness
 from ingestion.horizon.streaming import follow_stream
 
 log = structlog.get_logger()
@@ -128,6 +131,9 @@ class HorizonSource:
         stale_after_ledgers: the URL in use is stale when its ``history_latest_ledger`` is more
             than this many ledgers behind its ``core_latest_ledger`` or another URL's; the
             source then moves to the freshest URL and logs ``horizon-stale``.
+        complete_check_interval: seconds between completeness looks while the stream hands
+            nothing on (the root and one record after the position: a quiet job's watermark
+            follows Horizon's ledgers); 0: never (the watermark moves with records only).
         audit: ``await audit(event, fields)`` appends an entry to the job's audit trail under the
             current term and returns False when the term's token is no longer current.
 
@@ -166,6 +172,7 @@ class HorizonSource:
     audit: Callable[[str, dict[str, str]], Awaitable[bool]] | None = None
     stale_check_interval: float = 30.0
     stale_after_ledgers: int = 10
+    complete_check_interval: float = 5.0
     # One rate pacer per Horizon base URL, shared by every request of the source (exchange.pace).
     pacers: dict[str, RatePacer] = attrs.field(factory=dict, init=False, eq=False, repr=False)
 
@@ -305,6 +312,7 @@ class HorizonSource:
             mode=follower.mode.value,
         )
         fatal: list[SourceFatalError] = []
+        completeness = Completeness(self.resource, received=follower.cursor)
         send, receive = trio.open_memory_channel[Batch](self.prefetch)
         timeout = httpx.Timeout(
             connect=self.connect_timeout,
@@ -318,18 +326,20 @@ class HorizonSource:
             ) as client,
             trio.open_nursery() as nursery,
         ):
-            nursery.start_soon(self._pump, client, follower, send, fatal)
+            nursery.start_soon(self._pump, client, follower, send, fatal, completeness)
             with receive:
                 async for batch in receive:
                     # Pages already waiting go out as one batch (one commit): while catching up,
                     # fewer and larger commits leave more of the one thread to everything else.
-                    records = list(batch.records)
-                    while len(records) < self.commit_max_records:
+                    batches = [batch]
+                    count = len(batch.records)
+                    while count < self.commit_max_records:
                         try:
-                            records.extend(receive.receive_nowait().records)
+                            batches.append(receive.receive_nowait())
                         except (trio.WouldBlock, trio.EndOfChannel):
                             break
-                    yield Batch(tuple(records)) if len(records) > len(batch.records) else batch
+                        count += len(batches[-1].records)
+                    yield _merged(batches, completeness)
         if fatal:
             raise fatal[0]
 
@@ -341,6 +351,7 @@ class HorizonSource:
         follower: HorizonFollower,
         out: trio.MemorySendChannel[Batch],
         fatal: list[SourceFatalError],
+        completeness: Completeness,
     ) -> None:
         with out:
             try:
@@ -349,7 +360,7 @@ class HorizonSource:
                     self.parallel_requests > 1
                     and follower.mode is Mode.CATCH_UP
                     and overlappable(self.resource)
-                    and await self._check_history(client, follower)  # never a silent gap
+                    and await self._check_history(client, follower, completeness)  # never a silent gap
                 ):
                     checked = follower.base_url
                     follower = await overlapped(self, client, follower, out)
@@ -358,6 +369,11 @@ class HorizonSource:
                     switch = Switch()
                     if len(self.urls) > 1 and self.stale_check_interval > 0:
                         nursery.start_soon(watch_staleness, self, client, follower, switch)
+                    if self.complete_check_interval > 0:
+                        nursery.start_soon(
+                            look_for_quiet, self, client, follower, completeness, out,
+                            self.complete_check_interval,
+                        )  # fmt: skip
                     while True:
                         if switch.to is not None:
                             follower.switch_url(switch.to)
@@ -365,7 +381,7 @@ class HorizonSource:
                         if follower.base_url != checked:
                             # Each term start and each switch of URL: is our cursor still in
                             # this Horizon's history?
-                            if not await self._check_history(client, follower):
+                            if not await self._check_history(client, follower, completeness):
                                 await trio.sleep(follower.take_delay())
                                 continue
                             checked = follower.base_url
@@ -442,11 +458,14 @@ class HorizonSource:
 
     # -- history retention
 
-    async def _check_history(self, client: httpx.AsyncClient, follower: HorizonFollower) -> bool:
+    async def _check_history(
+        self, client: httpx.AsyncClient, follower: HorizonFollower, completeness: Completeness
+    ) -> bool:
         """Compare the cursor with the Horizon's ``history_elder_ledger`` (from ``/``).
 
-        Returns True to go on (no gap, or a gap skipped), False when ``/`` could not be read (the
-        follower has scheduled a retry, maybe on another URL).
+        Returns True to go on (no gap, or a gap skipped: ``completeness`` then holds the
+        watermark before it), False when ``/`` could not be read (the follower has scheduled a
+        retry, maybe on another URL).
 
         Raises:
             SourceFatalError: a history gap and ``on_history_gap`` is ``"stop"``.
@@ -492,6 +511,10 @@ class HorizonSource:
         if problem is not None:
             failed(self, follower, Failure(None, problem), url)
             return False
+        completeness.hold(
+            follower.cursor, gap.resume_cursor,
+            f"history gap: ledgers before {gap.elder_ledger} are gone from {base}",
+        )  # fmt: skip
         follower.skip_to(gap.resume_cursor)
         return True
 
@@ -508,6 +531,21 @@ class _PageAhead:
     done: trio.Event = attrs.Factory(trio.Event)
     response: httpx.Response | None = None
     failure: Failure | None = None
+
+
+def _merged(batches: list[Batch], completeness: Completeness) -> Batch:
+    """Consecutive batches as one, with the watermark once it is committed: the records in
+    order, the last batch's read-through cursor (an earlier one is passed by the records after
+    it)."""
+    last = batches[-1]
+    records = last.records if len(batches) == 1 else tuple(r for b in batches for r in b.records)
+    taken = next((b.records[-1].paging_token for b in reversed(batches) if b.records), None)
+    if taken is not None:
+        completeness.received = taken
+    mark: Watermark | None = completeness.mark(last.cursor)
+    if len(batches) == 1 and mark == last.watermark:
+        return last
+    return Batch(records, through=last.through, watermark=mark)
 
 
 def _leaves(group: BaseExceptionGroup[SourceFatalError]) -> list[SourceFatalError]:

@@ -150,6 +150,7 @@ def _raw_source(settings: Settings, job: JobSettings, store: LeaseStore | None) 
         stale_check_interval=h.stale_check_ms / 1000,
         stale_after_ledgers=h.stale_after_ledgers,
         on_history_gap=h.on_history_gap,
+        complete_check_interval=h.complete_check_ms / 1000,
         audit=None if store is None else audit_writer(store),
     )
 

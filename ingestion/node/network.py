@@ -7,8 +7,9 @@ token (``fenced_hset``, as the source and sink identities of :mod:`ingestion.nod
 
 - ``network``: the job's passphrase: its ``network`` setting, else the first answering URL's,
   recorded by the job's first term before its first commit.
-- ``network_ledger``, ``network_ledger_hash``: the job's last committed ledger as the guard last
-  saw it, and that ledger's hash at the source.
+- ``network_ledger``, ``network_ledger_hash``, ``network_ledger_closed_at``: the job's last
+  committed ledger as the guard last saw it, that ledger's hash at the source and its close time
+  (Unix seconds, when the source says it).
 - ``network_reset``: one line, set when a reset was detected; while it is set no node leads the
   job. ``ingestion cursor reset JOB --to ...`` clears it (and the ledger fields) and moves the
   cursor, fenced and audited (docs/OPERATIONS.md, "A network reset").
@@ -23,9 +24,10 @@ one off (a graceful hand-over waited for a slow root: 1,001 ms against its 1 s b
 start of each term, before anything is written) the guard asks again, records the passphrase
 when none is, and compares the kept hash with the source's; then, while the term runs, every
 ``network.check_ms``: a URL on another network ends the term (the next campaign holds off); a
-reset (the kept ledger's hash differs, or every URL's latest ledger stays below the committed one
-for ``network.reset_after_ms``) is marked, logged (``network-reset``, with what to do) and ends the
-term: nothing after it is committed.
+reset (the kept ledger's hash differs, a URL's latest ledger lies below the kept one but closed
+after it, or every URL's latest ledger stays below the committed one for
+``network.reset_after_ms``: :class:`~ingestion.common.network.ResetJudge`) is marked, logged
+(``network-reset``, with what to do) and ends the term: nothing after it is committed.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from ingestion.common.network import (
 )
 
 # The cursor hash's fields the guard keeps (and ``ingestion cursor reset`` clears, but ``network``).
-FIELDS = ("network", "network_reset", "network_ledger", "network_ledger_hash")
+FIELDS = ("network", "network_reset", "network_ledger", "network_ledger_hash", "network_ledger_closed_at")
 # How long a look that found the source on the job's network stands before campaigns ask for another.
 HOLD_LOOK_TTL = 30.0
 
@@ -86,8 +88,9 @@ class NetworkGuard:
         self._found: tuple[str, float, Verdict | None] | None = None
         self._look_wanted = trio.Event()  # set: look_between_campaigns looks (then a new one)
         self._expected = ""  # the passphrase this term follows
-        self._ledger: int | None = None  # the kept ledger and its hash (this term's view)
+        self._ledger: int | None = None  # the kept ledger, its hash and close time (this term's view)
         self._hash: str | None = None
+        self._closed_at: int | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -177,6 +180,8 @@ class NetworkGuard:
         ledger_text = fields["network_ledger"]
         self._ledger = int(ledger_text) if ledger_text and ledger_text.isdigit() else None
         self._hash = fields["network_ledger_hash"] or None
+        closed_text = fields["network_ledger_closed_at"]
+        self._closed_at = int(closed_text) if closed_text and closed_text.isdigit() else None
         began = trio.current_time()
         looks = await self._looks(self._ledger)
         self._expected = self.network or fields["network"] or first_passphrase(looks) or ""
@@ -186,8 +191,10 @@ class NetworkGuard:
             raise SourceHeldOff(f"wrong-network: {verdict.detail}")
         if self._expected and not fields["network"]:
             await self._write(term.node, term.token, {"network": self._expected})
-        reset = ResetJudge(self.reset_after).judge(trio.current_time(), self._ledger, self._hash, looks)
-        if reset is not None:  # (the hash rule: the bound has not run yet)
+        reset = ResetJudge(self.reset_after).judge(
+            trio.current_time(), self._ledger, self._hash, looks, self._closed_at
+        )
+        if reset is not None:  # (the hash and close-time rules: the bound has not run yet)
             await self._mark_reset(reset, term)
         self._connected = term.token
 
@@ -222,16 +229,21 @@ class NetworkGuard:
             self._judged(self._expected, began, verdict)
             if verdict is not None:
                 raise SourceHeldOff(f"wrong-network: {verdict.detail}")
-            ledger, kept = (committed, None) if moved else (self._ledger, self._hash)
-            reset = judge.judge(trio.current_time(), ledger, kept, looks)
+            if moved:
+                ledger, kept, closed = committed, None, None
+            else:
+                ledger, kept, closed = self._ledger, self._hash, self._closed_at
+            reset = judge.judge(trio.current_time(), ledger, kept, looks, closed)
             if reset is not None:
                 await self._mark_reset(reset, term)
-            held = next((look.hash_at for look in looks if look.hash_at), None) if moved else None
-            if moved and held is not None:
+            holder = next((look for look in looks if look.hash_at), None) if moved else None
+            if moved and holder is not None and holder.hash_at is not None:
+                at = holder.closed_at
                 await self._write(term.node, term.token, {
-                    "network_ledger": str(committed), "network_ledger_hash": held,
+                    "network_ledger": str(committed), "network_ledger_hash": holder.hash_at,
+                    "network_ledger_closed_at": "" if at is None else str(at),
                 })  # fmt: skip
-                self._ledger, self._hash = committed, held
+                self._ledger, self._hash, self._closed_at = committed, holder.hash_at, at
 
     async def _mark_reset(self, reset: Verdict, term: TermContext) -> None:
         """Keep the reset in the cursor hash and the job's audit (fenced), say it, end the term."""

@@ -275,31 +275,34 @@ class RpcSource:
 
     async def network_looks(self, ledger: int | None) -> list[SourceLook]:
         """What each URL says of its network (ingestion/node/network.py asks): ``getNetwork``'s
-        passphrase, ``getLatestLedger``'s sequence and, for ``ledger`` (when it holds it), its hash
-        (the latest's ``id``, else ``getLedgers``'). A URL that does not answer says nothing
-        (None); each request bounded by the connect and request timeouts."""
+        passphrase, ``getLatestLedger``'s sequence (and ``closeTime``) and, for ``ledger`` (when it
+        holds it), its hash and close time (the latest's ``id``, else ``getLedgers``'). A URL
+        that does not answer says nothing (None); each request bounded by the connect and request timeouts."""
         looks = []
         async with self._client() as client:
             for url in self.urls:
-                passphrase, latest, held = None, None, None
+                passphrase, latest, held, top_closed, closed = None, None, None, None, None
                 try:
                     network = await self._result(client, url, "getNetwork")
                     passphrase = network.get("passphrase") if isinstance(network, dict) else None
                     top = await self._result(client, url, "getLatestLedger")
                     latest = top.get("sequence") if isinstance(top, dict) else None
+                    top_closed = _seconds(top.get("closeTime")) if isinstance(top, dict) else None
                     if isinstance(latest, int) and ledger is not None and ledger == latest:
-                        held = top.get("id")
+                        held, closed = top.get("id"), top_closed
                     elif isinstance(latest, int) and ledger is not None and ledger < latest:
                         params = {"startLedger": ledger, "pagination": {"limit": 1}}
                         page = await self._result(client, url, "getLedgers", params)
                         found = page.get("ledgers") if isinstance(page, dict) else None
                         if isinstance(found, list) and found and isinstance(found[0], dict):
-                            held = found[0].get("hash") if found[0].get("sequence") == ledger else None
+                            if found[0].get("sequence") == ledger:
+                                held, closed = found[0].get("hash"), _seconds(found[0].get("ledgerCloseTime"))
                 except (httpx.HTTPError, trio.TooSlowError, ValueError):
                     pass
                 looks.append(SourceLook(
                     url, passphrase if isinstance(passphrase, str) else None,
                     latest if isinstance(latest, int) else None, held if isinstance(held, str) else None,
+                    top_closed, closed,
                 ))  # fmt: skip
         return looks
 
@@ -553,3 +556,12 @@ def _needed_ledger(position: str) -> int:
 
 def _log(note: Note) -> None:
     getattr(log, note.level)(note.event, **note.fields)
+
+
+def _seconds(value: Any) -> int | None:
+    """A close time as Stellar RPC says it (Unix seconds, a string or a number); None otherwise."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    return int(value) if isinstance(value, str) and value.isdigit() else None

@@ -13,7 +13,7 @@ from typing import Any
 
 def completeness_section(job: Mapping[str, Any]) -> str:
     """One line: complete through which ledger, and why it is held; empty for a job whose
-    source says nothing of it (a Horizon or webhook job, or nothing committed yet)."""
+    source says nothing of it (a webhook job, or nothing committed yet)."""
     through = job.get("complete_through")
     if through is None:
         return ""

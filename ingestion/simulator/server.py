@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -193,11 +194,14 @@ class Simulator:
 
     def reset_network(self, seed: int | None = None) -> int:
         """A network reset (as testnet's and futurenet's): the chain starts again at ledger 1,
-        with the same passphrase and new hashes (``seed``, default the current one + 1); returns
-        its latest ledger (1). Open streams end at their timeout; a lake is not reset."""
+        with the same passphrase and new hashes (``seed``, default the current one + 1), its first
+        ledger closing now (after the old chain's last); returns its latest ledger (1). Open
+        streams end at their timeout; a lake is not reset."""
+        old = self.chain
         spec = attrs.evolve(
-            self.chain.spec, seed=self.chain.spec.seed + 1 if seed is None else seed, first_ledger=1
-        )
+            old.spec, seed=old.spec.seed + 1 if seed is None else seed, first_ledger=1,
+            genesis_time=max(int(time.time()), old.closed_at(old.latest) + 1),
+        )  # fmt: skip
         config = self.config
         self.chain = _build_without_gc(
             lambda: Chain(spec, 1, config.cache_records, retention_ledgers=config.retention_ledgers)

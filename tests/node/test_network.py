@@ -5,14 +5,18 @@ ledger close and nothing after it is committed, and ``ingestion cursor reset`` m
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 import redis
 import trio
 
 from actors.lease_store import job_keys
+from ingestion.cli.audit import main as audit_main
 from ingestion.cli.cursor import main as cursor_main
+from ingestion.cli.usage import UsageError
 from ingestion.common.network import NETWORKS
 from ingestion.horizon.source import HorizonSource
 from ingestion.node.network import NetworkGuard
@@ -29,14 +33,17 @@ CONFIG = SimulatorConfig(
     ledger_interval=None, history_ledgers=10, first_ledger=2, ops_per_ledger=5, rpc_port=0
 )
 CHECK, RESET_AFTER = 0.1, 0.3  # seconds: network.check_ms, network.reset_after_ms
+DEFAULT_RESET_AFTER = 60.0  # seconds: network.reset_after_ms's default
 LEDGER_CLOSE = 2.0  # seconds: a fast network's ledger close (pubnet's: 5 to 6 s)
 SLOW_ROOT = 2.0  # seconds a slow Horizon takes to answer its root
 HANDED_OVER = 1.0  # seconds: a graceful hand-over's bound (docs/FAILOVER.md)
 
 
-def guarded(url: str, store: Any, job: str, network: str = "") -> NetworkGuard:
+def guarded(
+    url: str, store: Any, job: str, network: str = "", reset_after: float = RESET_AFTER
+) -> NetworkGuard:
     rpc = RpcSource((url,), retry_base=0.02, retry_cap=0.2, request_timeout=5)
-    return NetworkGuard(rpc, store, job, network, check_interval=CHECK, reset_after=RESET_AFTER)
+    return NetworkGuard(rpc, store, job, network, check_interval=CHECK, reset_after=reset_after)
 
 
 def horizon_guard(url: str, store: Any, job: str, network: str = "", look_ttl: float = 30.0) -> NetworkGuard:
@@ -171,12 +178,15 @@ async def test_a_look_between_campaigns_that_finds_another_network_holds_the_sta
 
 
 async def test_a_reset_is_detected_within_a_ledger_close_and_the_cursor_command_moves_the_job_on(
-    redis_server: LocalRedis, redis_client: redis.Redis, job: str
-) -> None:
+    redis_server: LocalRedis, redis_client: redis.Redis, job: str, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
     rec = Recorder()
     async with open_simulator(CONFIG) as sim, trio.open_nursery() as nursery:
         with lease_store(redis_server.url, job) as store:
-            source = guarded(sim.rpc_url, store, job)
+            # the default bound: the reset is told from the new chain's ledgers, which closed
+            # after the job's last one, not from how long the source stays below it
+            source = guarded(sim.rpc_url, store, job, reset_after=DEFAULT_RESET_AFTER)
             a = await start_node(nursery, rec, redis_server.url, job, "a", source, store=store)
             old_tip = sim.chain.latest
             await wait_until(lambda: fields(redis_client, job).get("network_ledger") == str(old_tip), 15,
@@ -184,6 +194,7 @@ async def test_a_reset_is_detected_within_a_ledger_close_and_the_cursor_command_
             old = [e["id"] for e in sim.rpc_events()]
             assert ids(redis_client, job) == old
             kept = fields(redis_client, job)["network_ledger_hash"]
+            assert fields(redis_client, job)["network_ledger_closed_at"] == str(sim.chain.closed_at(old_tip))
             reset_at = trio.current_time()
             sim.reset_network()
             await wait_until(lambda: fields(redis_client, job).get("network_reset"), LEDGER_CLOSE,
@@ -207,7 +218,21 @@ async def test_a_reset_is_detected_within_a_ledger_close_and_the_cursor_command_
                              5 * FAST_TIMING.ttl + 15, what="the job on the new chain's tip")  # fmt: skip
             new = [e["id"] for e in sim.rpc_events()]
             await a.shutdown()
+            # the audit across the reset names its seam: the old chain's rows are not findings
+            config = tmp_path / "config.toml"
+            config.write_text(
+                f'[node]\nid = "n1"\nsource = "rpc"\n\n[redis]\nurl = "{redis_server.url}"\n\n'
+                f'[rpc]\nurls = ["{sim.rpc_url}"]\n\n[jobs."{job}"]\nkind = "rpc"\nstart_cursor = "0"\n'
+                'decode = false\n'  # (the node above commits the RPC's events as sent)
+            )
+            capsys.readouterr()
+            code = await trio.to_thread.run_sync(audit_main, [
+                job, "--config", str(config), "--from", "1", "--to", str(new_tip), "--rpc", sim.rpc_url,
+            ])  # fmt: skip
+            out = capsys.readouterr().out
     assert ids(redis_client, job) == old + new  # the seam: the old chain's, then the new one's
+    assert code == 0 and ": equal" in out, out
+    assert "seam: cursor reset" in out and f"{len(old)} rows committed before it" in out, out
     after = fields(redis_client, job)
     assert "network_reset" not in after and after["network"] == NETWORK_PASSPHRASE
     audit = [f for _id, f in redis_client.xrange(job_keys(job)["audit"])]
@@ -216,6 +241,8 @@ async def test_a_reset_is_detected_within_a_ledger_close_and_the_cursor_command_
     assert detected["hash"] == kept
     assert moved["from"] == str(Cursor.through(old_tip)) and moved["to"] == ""
     assert moved["by"].startswith("cli ") and int(moved["token"]) > 1
+    last_old = redis_client.xrange(job_keys(job)["events"])[len(old) - 1][0]
+    assert moved["seam"] == f"entry {last_old}"  # where the old chain's rows end
 
 
 def test_the_cursor_command_is_refused_while_the_job_is_led_or_its_cursor_moved(
@@ -234,7 +261,8 @@ def test_the_cursor_command_is_refused_while_the_job_is_led_or_its_cursor_moved(
     assert cursor_main([*flags, "--from", "100"]) == 0
     assert fields(redis_client, job) == {"cursor": "200"} and redis_client.get(keys["token"]) == "8"
     redis_client.hset(keys["cursor"], "sink", "postgres database d schema s")
-    assert cursor_main(flags) == 1  # its cursor is in PostgreSQL
+    with pytest.raises(UsageError, match="give --sink URL"):  # its cursor is in PostgreSQL: where?
+        cursor_main(flags)
 
 
 def test_the_cursor_command_clears_the_completeness_watermark_of_the_ledgers_it_leaves(

@@ -71,6 +71,25 @@ def test_every_url_below_the_committed_ledger_is_a_reset_only_after_the_bound() 
     assert judge.judge(99.0, 100, "aa", [SourceLook("http://a", None)]) is None
 
 
+def test_a_url_below_the_committed_ledger_whose_latest_closed_after_it_is_a_reset_at_once() -> None:
+    judge = ResetJudge(reset_after=60.0)
+    # ledger 100 committed, closed at t = 5000: a chain at ledger 3 closed at 5001 is another one
+    reset = [SourceLook("http://a", TESTNET, latest=3, latest_closed_at=5001)]
+    verdict = judge.judge(0.0, 100, "aa", reset, 5000)
+    assert verdict is not None and verdict.reason == "network-reset"
+    assert "http://a" in verdict.detail and "ledger 3 closed at 5001" in verdict.detail
+    # a replica lagging behind a load balancer serves ledgers that closed before: only the bound
+    lagging = [SourceLook("http://a", TESTNET, latest=97, latest_closed_at=4985)]
+    judge = ResetJudge(reset_after=60.0)
+    assert judge.judge(0.0, 100, "aa", lagging, 5000) is None
+    assert judge.judge(59.9, 100, "aa", lagging, 5000) is None
+    assert judge.judge(60.0, 100, "aa", lagging, 5000) is not None
+    # no close time kept for the committed ledger, or none said: only the bound
+    judge = ResetJudge(reset_after=60.0)
+    assert judge.judge(0.0, 100, "aa", reset, None) is None
+    assert judge.judge(1.0, 100, "aa", [SourceLook("http://a", TESTNET, latest=3)], 5000) is None
+
+
 def test_a_job_takes_its_network_from_its_table_or_the_network_section() -> None:
     from ingestion.config import ConfigError, Settings
 

@@ -1,6 +1,6 @@
 -- cursor_reset: an operator moves a job's cursor (after a network reset), fenced and audited.
 --
--- KEYS[1] token    KEYS[2] lease    KEYS[3] cursor    KEYS[4] audit
+-- KEYS[1] token    KEYS[2] lease    KEYS[3] cursor    KEYS[4] audit    KEYS[5] events
 -- ARGV[1] who asks (for the audit)
 -- ARGV[2] the new cursor ('' : none, the job starts again at its start_cursor)
 -- ARGV[3] the cursor the operator saw ('' : whatever it is now)
@@ -13,7 +13,8 @@
 -- stale), the cursor is set (or removed), the network fields of a reset are cleared (the
 -- passphrase is kept), so is the completeness watermark (it describes the ledgers before the
 -- move: a new chain's start its old value would claim as complete), and the audit records who,
--- from and to.
+-- from and to, and the seam: the last entry of the job's events stream before the move
+-- ('entry ID', '' when it has none), where the rows of the chain before end for `audit`.
 -- Returns {1, the cursor before ('' for none), the new counter} or {0, reason, detail}, reason one
 -- of job-led (detail: the lease's value) or cursor-moved (detail: the cursor now).
 
@@ -27,8 +28,11 @@ if ARGV[2] == '' then
 else
   redis.call('HSET', KEYS[3], 'cursor', ARGV[2])
 end
-redis.call('HDEL', KEYS[3], 'network_reset', 'network_ledger', 'network_ledger_hash', 'complete_through',
-  'complete_held')
+redis.call('HDEL', KEYS[3], 'network_reset', 'network_ledger', 'network_ledger_hash',
+  'network_ledger_closed_at', 'complete_through', 'complete_held')
+local last = redis.call('XREVRANGE', KEYS[5], '+', '-', 'COUNT', 1)
+local seam = ''
+if #last > 0 then seam = 'entry ' .. last[1][1] end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[4], '*', 'event', 'cursor-reset', 'by', ARGV[1],
-  'from', before, 'to', ARGV[2], 'token', tostring(token), 'why', ARGV[5])
+  'from', before, 'to', ARGV[2], 'token', tostring(token), 'why', ARGV[5], 'seam', seam)
 return {1, before, token}
