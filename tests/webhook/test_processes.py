@@ -239,7 +239,10 @@ async def test_a_node_whose_wall_clock_is_an_hour_off_signs_with_redis_clock(
         port = await outer.start(serve_receiver, receiver)
         config = hook_config(tmp_path / "config.toml", port, job)
         extra = ["--config", str(config), "--job", hook]
-        async with open_cluster(job, ttl_ms=TTL_MS, ops_per_ledger=5, history_ledgers=5) as cluster:
+        # A TTL of 5 s, so Redis's answers may take 500 ms (the auto bound): libfaketime slows every clock
+        # call of the node, and with 150 ms (TTL 1.5 s) a loaded CI machine had every renewal and
+        # commit of it time out for 20 s, so it never delivered; this test is about the signature.
+        async with open_cluster(job, ttl_ms=5000, ops_per_ledger=5, history_ledgers=5) as cluster:
             await cluster.start_node("n1", clock=ClockFake("-1h"), extra=extra)
             await delivered_more(receiver, 20)
             skews = cluster.log.of("wall-clock-skew", "n1", job=hook)
