@@ -39,9 +39,6 @@ from actors.source import Batch, TermContext
 from ingestion.audit.compare import KINDS, Report
 from ingestion.common.keyspace import audit_keys
 from ingestion.decode.stage import rule_for
-from ingestion.postgres import sql
-from ingestion.postgres.connection import connect
-from ingestion.postgres.readers import job_state
 from ingestion.rpc.protocol import Cursor, InvalidCursor
 from ingestion.watchlist.lists import WatchUnavailable
 
@@ -180,6 +177,10 @@ class AuditStep:
 
         job = self.audited
         if job.sink:
+            from ingestion.postgres import sql  # lazy: node start-up (~5 ms, with the two below)
+            from ingestion.postgres.connection import connect  # lazy: node start-up (see above)
+            from ingestion.postgres.readers import job_state  # lazy: node start-up (see above)
+
             state = job_state(job.sink, self.settings.sink.schema, job.name)
             with connect(job.sink, 5.0, "ingestion-audit") as conn:
                 q = sql.quoted(self.settings.sink.schema)

@@ -44,7 +44,6 @@ from ingestion.node import stop_signals
 from ingestion.node.build import _job_summary, build_sink, build_source, build_store
 from ingestion.node.claim import NodeClaim
 from ingestion.node.identity import _identified, check_identities
-from ingestion.node.lease_reports import lease_reporter
 from ingestion.node.logs import configure_logging, node_logger
 from ingestion.node.network import guarded
 from ingestion.node.preflight import PREFLIGHT_TIMEOUT, StartupError
@@ -271,6 +270,8 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
     stores = {j.name: build_store(settings, j.name, client) for j in settings.jobs}
     sinks = {j.name: build_sink(settings, j, stores[j.name]) for j in settings.jobs}
     if lease_pipe is not None:
+        from ingestion.node.lease_reports import lease_reporter  # lazy: start-up (~1 ms): parent only
+
         for store in stores.values():
             store.on_lease = lease_reporter(lease_pipe, log)
     observers = {j.name: NodeObserver(settings.node.id, j.name) for j in settings.jobs}
@@ -298,6 +299,8 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
         """A backfill's range job (ingestion/backfill/), built like a configured one."""
         store = build_store(settings, job.name, client)
         if lease_pipe is not None:
+            from ingestion.node.lease_reports import lease_reporter  # lazy: start-up (~1 ms): parent only
+
             store.on_lease = lease_reporter(lease_pipe, log)
         return JobRun(
             store, _job_source(settings, job, store),

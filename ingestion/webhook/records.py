@@ -20,7 +20,6 @@ from actors.cursor_order import token_key
 from actors.lease_store import LeaseStore, RedisUnavailable, stream_waits
 from actors.sink import SinkUnavailable
 from actors.source import Record
-from ingestion.postgres import sql
 
 T = TypeVar("T")
 SCAN_PAGE = 1000  # entries read per step when scanning for a position
@@ -221,6 +220,8 @@ class PostgresRecords:
     order). One connection, in a worker thread, every call bounded by ``timeout``."""
 
     def __init__(self, url: str, schema: str, job: str, timeout: float = 2.0, poll: float = 0.02) -> None:
+        from ingestion.postgres import sql  # lazy: node start-up (~2 ms): PostgreSQL-backed jobs only
+
         self.url, self.job, self.timeout, self.poll = url, job, timeout, poll
         self.table = f"{sql.quoted(schema)}.events"
         self._conn: Any = None
