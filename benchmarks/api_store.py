@@ -55,6 +55,7 @@ from typing import Any
 import attrs
 import psycopg
 
+from ingestion.api import store
 from ingestion.common.strkey import encode_contract
 from ingestion.postgres.connection import connect, ensure_schema
 from ingestion.rpc.protocol import Cursor
@@ -368,8 +369,6 @@ def load(url: str, shape: Shape, workers: int = 2, log: Any = print) -> dict[str
 def api_store_key(schema: str = "ingestion") -> str:
     """A digest of the API store's DDL and projection code: a cached projection made by other code
     is made again."""
-    from ingestion.api import store
-
     parts = [*store.create_statements(schema)]
     parts += [inspect.getsource(f) for f in (store.project_record, store.served_record, store.segment_key)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
@@ -404,8 +403,6 @@ def check_projection(url: str, shape: Shape, sample: int = 2000) -> int:
     Raises:
         AssertionError: a row differs.
     """
-    from ingestion.api import store
-
     q = f'"{shape.schema}"'
     picks = sorted(random.Random(shape.seed).sample(range(1, shape.events + 1), min(sample, shape.events)))
     with psycopg.connect(url, autocommit=True) as conn:
@@ -427,8 +424,6 @@ def project(url: str, shape: Shape, sessions: int = 4, log: Any = print) -> dict
     """Build the events API's store (``ingestion/api/store.py``: its tables, every event of the
     job projected as its projector would, its indexes, the job's progress) over the loaded
     events, replacing any earlier one. Returns timings (seconds)."""
-    from ingestion.api import store
-
     started = time.monotonic()
     statements = store.create_statements(shape.schema)
     s = f'"{shape.schema}"'

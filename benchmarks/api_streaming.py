@@ -42,6 +42,7 @@ from ingestion.api.reader import StoreReader
 from ingestion.api.server import ApiApp, serve_api
 from ingestion.api.stream_reads import StreamReads
 from ingestion.api.streaming import Streams
+from ingestion.postgres.sink import PostgresSink
 from ingestion.rpc.protocol import Cursor
 from ingestion.testing.api_events import make_events, records
 from ingestion.testing.local_postgres import LocalPostgres
@@ -104,8 +105,6 @@ async def _closes_noted(fn: Any, closed: list[str]) -> None:
 
 
 async def measure(url: str, commits: int, interval: float, count: int) -> dict[str, Any]:
-    from ingestion.postgres.sink import PostgresSink
-
     events = make_events(1, 40 * 3 * commits)
     by_ledger: dict[int, list[Any]] = {}
     for e in events:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from stellar_sdk import xdr
 
 from actors.lease_store import job_keys
 from benchmarks import audit
@@ -36,6 +37,7 @@ from benchmarks.lake import PUBNET
 from benchmarks.procs import machine_cpu_seconds, pin_tree, tree_cpu_seconds
 from ingestion.backfill.plan import Plan
 from ingestion.common.keyspace import backfill_key
+from ingestion.lake.events import ledger_events
 from ingestion.testing import recorded
 from ingestion.testing.lakes import resequencer, write_ledgers
 from ingestion.testing.processes import NodeProcess
@@ -46,10 +48,6 @@ TTL_MS = 3000
 
 def write_lake(root: Path, ledgers: int) -> int:
     """The lake (one ledger an object); its events."""
-    from stellar_sdk import xdr
-
-    from ingestion.lake.events import ledger_events
-
     raws = [gzip.decompress((recorded.LAKE / name).read_bytes()) for name in PUBNET]
     patch = [resequencer(raw) for raw in raws]
     per_template = [len(ledger_events(xdr.LedgerCloseMeta.from_xdr_bytes(raw)).events) for raw in raws]

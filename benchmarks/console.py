@@ -81,6 +81,7 @@ def _browser_load_ms(url: str, rounds: int) -> list[float] | None:
     if shutil.which(CHROMIUM) is None:
         return None
     try:
+        # lazy: optional dependency (playwright, a test extra)
         from playwright.sync_api import sync_playwright
     except ImportError:
         return None

@@ -39,10 +39,12 @@ import httpx
 import redis
 import trio
 import zstandard
+from stellar_sdk import xdr
 
 from actors.lease_store import job_keys
 from benchmarks.procs import memory_kib
 from benchmarks.rpc import RpcSimulator, _cursor, _page_everything
+from ingestion.lake import events
 from ingestion.lake.decoding import open_decoders
 from ingestion.rpc.protocol import Cursor
 from ingestion.testing import recorded
@@ -58,8 +60,6 @@ PUBNET = (
 
 def pubnet_objects() -> list[bytes] | None:
     """The real ledgers as one-ledger lake objects; None when the recordings are absent."""
-    from stellar_sdk import xdr
-
     if not recorded.LAKE.is_dir():
         return None
     out = []
@@ -134,8 +134,6 @@ def partial_vs_full(objects: list[bytes], rounds: int) -> dict[str, Any]:
     whole way (stellar-sdk's decode, then the events), alternating, ``rounds`` times over the
     same objects; the two results compared. CPU seconds (``process_time``: what another process
     on the machine takes is not counted) and wall seconds of each."""
-    from ingestion.lake import events
-
     events.compile_walks()
     load = os.getloadavg()[0]
     cpu = {"full": 0.0, "partial": 0.0}

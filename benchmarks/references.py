@@ -15,10 +15,11 @@ import sys
 import time
 from typing import Any
 
+import httpx
+from stellar_sdk import Server
+
 
 def paged(url: str, count: int, deadline: float) -> int:
-    import httpx
-
     n = 0
     cursor = "0"
     with httpx.Client(timeout=30) as client:
@@ -34,8 +35,6 @@ def paged(url: str, count: int, deadline: float) -> int:
 
 
 def sdk(url: str, count: int, deadline: float) -> int:
-    from stellar_sdk import Server
-
     n = 0
     server = Server(horizon_url=url)
     # limit(200): a real Horizon closes a stream after `limit` events (10 by default).
@@ -47,8 +46,6 @@ def sdk(url: str, count: int, deadline: float) -> int:
 
 
 def sse_warm(url: str, count: int, deadline: float) -> int:
-    import httpx
-
     n = 0
     try:
         n = _read_sse(httpx, url, count, deadline)

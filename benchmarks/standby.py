@@ -17,6 +17,7 @@ The standbys' Horizon is a simulator that answers (an idle standby's source prob
 from __future__ import annotations
 
 import collections
+import hashlib
 import shlex
 import threading
 import time
@@ -24,7 +25,7 @@ from typing import Any
 
 import redis
 
-from actors.lease_store import job_keys
+from actors.lease_store import job_keys, scripts
 from benchmarks.procs import cpu_seconds, memory_kib
 from ingestion.testing.processes import NodeProcess, Simulator
 
@@ -83,10 +84,6 @@ class _Monitor:
 
 
 def _script_names() -> dict[str, str]:
-    import hashlib
-
-    from actors.lease_store import scripts
-
     out = {}
     for name in dir(scripts):
         text = getattr(scripts, name)

@@ -27,6 +27,7 @@ from typing import Any
 
 import redis
 import trio
+from stellar_sdk import MuxedAccount
 
 from ingestion.common.keyspace import watch_keys
 from ingestion.common.strkey import encode_account
@@ -78,7 +79,6 @@ def child_hold(path: str) -> dict[str, Any]:
     after = memory_mib()
     watched = list(watch.addresses)[:50_000]
     strangers = _random_accounts(150_000)
-    from stellar_sdk import MuxedAccount  # (the benchmark only: an M address of a watched account)
 
     muxed = MuxedAccount(watched[0], 7).account_muxed
     n = 50_000

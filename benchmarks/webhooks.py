@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import redis as redis_py
 import structlog
 import trio
 
@@ -28,7 +33,9 @@ from actors.lease_store import LeaseStore, connect, job_keys
 from actors.observe import NodeObserver
 from actors.source import SyntheticSource
 from actors.supervisor import NodeSpec, run_node
+from benchmarks.standby import _Monitor, _script_names
 from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.processes import NodeProcess, Simulator
 from ingestion.testing.receiver import Receiver, serve_receiver
 from ingestion.webhook.core import RetrySchedule, parse_secrets, sign
 from ingestion.webhook.records import StreamRecords
@@ -134,14 +141,6 @@ def standby_cost(url: str, jobs: int = 10, seconds: float = 30.0, ttl_ms: int = 
     """Redis commands per second a standby node hosting ``jobs`` webhook jobs sends, per job: the
     harness holds every lease (renewing them as a leader would) and counts, with ``MONITOR``,
     what the node sends."""
-    import os
-    import subprocess
-    import tempfile
-
-    import redis as redis_py
-
-    from benchmarks.standby import _Monitor, _script_names
-
     client = redis_py.Redis.from_url(url)
     names = [f"hook{i}" for i in range(jobs)]
     with tempfile.TemporaryDirectory() as tmp:
@@ -195,11 +194,6 @@ async def close_to_received(url: str, receiver: Receiver, port: int, trials: int
     """Ledger close -> received: a node process follows the simulator's stream (from ``now``)
     and, as a second job of the same node, delivers its records to the in-process receiver; the
     harness closes one ledger at a time and notes when the receiver has all of its records."""
-    import random
-    import tempfile
-
-    from ingestion.testing.processes import NodeProcess, Simulator
-
     ops = 20
     sim = await trio.to_thread.run_sync(lambda: Simulator.start(history_ledgers=10, ops_per_ledger=ops))
     with tempfile.TemporaryDirectory() as tmp:
@@ -264,9 +258,6 @@ def _p(values: list[float], q: float) -> float:
 def _receiver_process() -> tuple[Any, int]:
     """The example receiver in a process of its own (the deliverer and the bare client each get
     the other core), and its port."""
-    import os
-    import subprocess
-
     proc = subprocess.Popen(
         # (--db :memory:: the benchmark measures the sender, not the receiver's disk)
         [sys.executable, "-m", "ingestion.testing.receiver", "--port", "0", "--db", ":memory:"],

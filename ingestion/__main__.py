@@ -5,15 +5,16 @@ without a traceback, like one at any later moment of start-up. SIGINT and SIGTER
 before anything else runs, so that none is lost in between (``ingestion/node/stop_signals.py``).
 """
 
+import os
 import sys
 
 
 def entry() -> int:
     try:
-        from ingestion.node import stop_signals
+        from ingestion.node import stop_signals  # lazy: inside the try: a Ctrl-C while it loads exits 130
 
         stop_signals.hold()  # first of all (it imports only the standard signal module)
-        from ingestion.cli import main
+        from ingestion.cli import main  # lazy: once the signals are held
 
         status = main()
         sys.stdout.flush()
@@ -24,8 +25,6 @@ def entry() -> int:
         # The reader went away (`ingestion check-config | head`): what was left to print has no
         # reader. Not a traceback; stdout is pointed at /dev/null so that the interpreter's own
         # final flush does not fail again. 141: killed by SIGPIPE, as a shell pipeline expects.
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
 

@@ -3,9 +3,10 @@ client, and what a failure means in an operator's words."""
 
 from __future__ import annotations
 
+import socket
 import ssl
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import attrs
 import redis
@@ -348,8 +349,6 @@ def redacted_endpoint(client: redis.Redis) -> tuple[str, str | None]:
 def _resp_probe(host: str, port: int, timeout: float) -> str | None:
     """What answers at ``host:port`` when it is not Redis: a short description, or None when it
     speaks RESP (or cannot be reached: an outage)."""
-    import socket
-
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
             sock.settimeout(timeout)
@@ -518,8 +517,6 @@ def _mistake(exc: redis.RedisError, url: str, client: Any, timeout: float) -> st
     if isinstance(exc, redis.ConnectionError | redis.TimeoutError) and (
         classify_redis_error(exc) != "connection refused"
     ):
-        from urllib.parse import urlsplit
-
         parts = urlsplit(url)
         if parts.scheme == "redis" and parts.hostname:
             return _resp_probe(parts.hostname, parts.port or 6379, timeout)

@@ -24,6 +24,9 @@ from email.utils import formatdate
 from typing import Any
 
 import trio
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.utils import wrap_app
 
 MAX_HEAD = 16 * 1024  # request line and headers (hypercorn's h11_max_incomplete_size)
 RECEIVE = 65536
@@ -183,10 +186,6 @@ async def _receive(stream: trio.SocketStream, deadline: float) -> bytes:
 def hypercorn_handoff(app: Any, config: Any) -> Handoff:
     """What takes a connection over: hypercorn's own connection server (the one its ``serve``
     runs per connection) over ``app``."""
-    from hypercorn.trio.tcp_server import TCPServer
-    from hypercorn.trio.worker_context import WorkerContext
-    from hypercorn.utils import wrap_app
-
     wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
     context = WorkerContext(None)
 

@@ -30,6 +30,7 @@ import attrs
 import orjson
 
 from ingestion.api.store import SEGMENTS, segment_key
+from ingestion.decode.scval import ScValError, from_base64
 from ingestion.postgres.sql import quoted
 from ingestion.rpc.protocol import (
     EVENT_TYPES,
@@ -233,8 +234,6 @@ def json_format(record: str) -> bytes:
     Raises:
         RpcError: INTERNAL_ERROR, a stored ScVal that does not decode.
     """
-    from ingestion.decode.scval import ScValError, from_base64
-
     cut = record.find(',"topic":')
     if cut < 0:
         cut = record.find(',"value":')

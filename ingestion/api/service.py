@@ -15,6 +15,7 @@ from ingestion.api.server import ApiApp, serve_api
 from ingestion.api.stream_reads import StreamReads
 from ingestion.api.streaming import Streams
 from ingestion.api.subscription import Limits
+from ingestion.postgres.readers import configured_sink
 from ingestion.rpc.protocol import Caps
 
 
@@ -24,8 +25,6 @@ class ApiStartError(Exception):
 
 def read_url_of(settings: Any) -> str:
     """Where the API reads: ``api.read_url``, else the served job's sink."""
-    from ingestion.postgres.readers import configured_sink
-
     return str(settings.api.read_url or configured_sink(settings, settings.api.job))
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from datetime import datetime
 from typing import NamedTuple
 
 import orjson
@@ -232,7 +233,5 @@ def view_oldest(view: str, progress: Sequence[tuple[str, int, str | None]], firs
 
 def close_time_of(record: str) -> int:
     """An event's ledger close time as Unix seconds (from its ``ledgerClosedAt``)."""
-    from datetime import datetime
-
     text = orjson.loads(record).get("ledgerClosedAt", "")
     return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()) if text else 0

@@ -35,7 +35,7 @@ from ingestion.api import stream_protocol as wire
 from ingestion.api.feed import LiveFeed
 from ingestion.api.stream_reads import HistoryPage, StoredEvent, StreamReads
 from ingestion.api.subscription import Limits, ReadHistory, StreamEvent, Subscription
-from ingestion.common.asgi import Receive, Scope, Send, respond
+from ingestion.common.asgi import Receive, Scope, Send, respond, serve_lifespan
 from ingestion.rpc.protocol import INVALID_REQUEST, RANGE_MESSAGE, Cursor, EventFilter, RpcError
 
 log = structlog.get_logger("ingestion.api")
@@ -378,8 +378,6 @@ def app(streams: Streams, fallback: Callable[[Scope, Receive, Send], Awaitable[N
         elif scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
         elif scope["type"] == "lifespan":
-            from ingestion.common.asgi import serve_lifespan
-
             await serve_lifespan(receive, send)
 
     return asgi

@@ -42,6 +42,7 @@ def object_expectation(
         LakeFormatError: the object cannot be read.
     """
     if rules.decode or rules.names:
+        # lazy: only rules that decode or name addresses use the decoder
         from ingestion.decode.decoded import decode_event_text
     held: list[int] = []
     out: list[Expected] = []

@@ -34,6 +34,7 @@ async def rpc_expectation(url: str, rules: Rules, first: int, last: int) -> list
             those ledgers.
     """
     if rules.decode or rules.names:
+        # lazy: only rules that decode or name addresses use the decoder
         from ingestion.decode.decoded import decode_event_text
     filters = [f.to_json() for f in rules.filters]
     out: list[Expected] = []

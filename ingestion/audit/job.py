@@ -29,6 +29,7 @@ from typing import Any
 
 import attrs
 import psycopg
+import redis
 import structlog
 import trio
 
@@ -37,7 +38,9 @@ from actors.scheduled import ScheduledJob
 from actors.source import Batch, TermContext
 from ingestion.audit.compare import KINDS, Report
 from ingestion.common.keyspace import audit_keys
+from ingestion.decode.stage import rule_for
 from ingestion.rpc.protocol import Cursor, InvalidCursor
+from ingestion.watchlist.lists import WatchUnavailable
 
 FINDINGS_MAXLEN = 10_000  # entries kept in an audit job's findings stream (approximately)
 FINDINGS_PER_STEP = 100  # findings recorded one by one per step (all are counted)
@@ -143,13 +146,9 @@ class AuditStep:
 
     async def _audit(self, first: int, last: int) -> Report | str:
         """The report of ledgers ``first..last``, or why it could not be made."""
-        import redis
-
-        from ingestion.audit.expect import Rules
-        from ingestion.audit.runner import AuditError, audit_lake
-        from ingestion.audit.store import PostgresRows, RedisRows
-        from ingestion.decode.stage import rule_for
-        from ingestion.watchlist.lists import WatchUnavailable
+        from ingestion.audit.expect import Rules  # lazy: node start-up (~10 ms)
+        from ingestion.audit.runner import AuditError, audit_lake  # lazy: node start-up (~40 ms)
+        from ingestion.audit.store import PostgresRows, RedisRows  # lazy: node start-up (~3 ms)
         job = self.audited
         watch = self.watch
         _rule, changes = rule_for(job.kind, job.resource, names=watch is not None)
@@ -174,13 +173,13 @@ class AuditStep:
 
     def _bound_and_first(self) -> tuple[int | None, int | None]:
         """The audited job's bound and the ledger of its first stored row (blocking)."""
-        from ingestion.audit.store import ledger_of
+        from ingestion.audit.store import ledger_of  # lazy: node start-up (~3 ms)
 
         job = self.audited
         if job.sink:
-            from ingestion.postgres import sql
-            from ingestion.postgres.connection import connect
-            from ingestion.postgres.readers import job_state
+            from ingestion.postgres import sql  # lazy: node start-up (~5 ms, with the two below)
+            from ingestion.postgres.connection import connect  # lazy: node start-up (see above)
+            from ingestion.postgres.readers import job_state  # lazy: node start-up (see above)
 
             state = job_state(job.sink, self.settings.sink.schema, job.name)
             with connect(job.sink, 5.0, "ingestion-audit") as conn:
@@ -213,7 +212,7 @@ class AuditJob(ScheduledJob):
 
     @trio.as_safe_channel
     async def stream(self, cursor: str) -> AsyncGenerator[Batch, None]:
-        from ingestion.lake.decoding import open_decoders
+        from ingestion.lake.decoding import open_decoders  # lazy: node start-up (trio_parallel, ~25 ms)
 
         step = self.action
         assert isinstance(step, AuditStep)
@@ -235,7 +234,7 @@ def build_audit_step(settings: Any, job: Any, store: LeaseStore, watch: Any = No
     Raises:
         ValueError: the audited job is not one of the configuration, or the lake URL is not one.
     """
-    from ingestion.lake.store import open_lake
+    from ingestion.lake.store import open_lake  # lazy: node start-up (lake.store, ~8 ms)
 
     audited = next((j for j in settings.jobs if j.name == job.audits), None)
     if audited is None:

@@ -19,8 +19,11 @@ from typing import Any
 import attrs
 import redis
 
+from actors.lease_store import job_keys, job_of_key
 from ingestion.audit.compare import StoredRow
 from ingestion.backfill.plan import RANGE_MARK
+from ingestion.postgres import sql
+from ingestion.postgres.connection import connect
 from ingestion.rpc.protocol import Cursor, InvalidCursor
 
 PAGE = 5000  # rows a Redis stream read (XRANGE COUNT) or a PostgreSQL fetch takes
@@ -60,9 +63,6 @@ class PostgresRows:
 
     def find_jobs(self) -> list[str]:
         """The job and its backfill ranges that the sink knows (a cursor, a fence or a row)."""
-        from ingestion.postgres import sql
-        from ingestion.postgres.connection import connect
-
         q = sql.quoted(self.schema)
         prefix = self.job + RANGE_MARK
         with connect(self.url, self.timeout, "ingestion-audit") as conn:
@@ -95,9 +95,6 @@ class PostgresRows:
             out.append(StoredRow(str(j), f"seq {seq}", str(token), str(record)))
 
     def _open(self, first: int) -> None:
-        from ingestion.postgres import sql
-        from ingestion.postgres.connection import connect
-
         low, high = str(Cursor(first)), str(Cursor.through(self.span_last))
         self._conn = connect(self.url, STREAM_TIMEOUT, "ingestion-audit")
         self._cursor = self._conn.cursor(name="ingestion_audit", withhold=True)
@@ -127,8 +124,6 @@ class RedisRows:
 
     def find_jobs(self) -> list[str]:
         """The job and its backfill ranges whose events stream exists."""
-        from actors.lease_store import job_keys, job_of_key
-
         escaped = re.sub(r"([*?\[\]\\])", r"\\\1", self.job)
         names = [self.job] if self.client.exists(job_keys(self.job)["events"]) else []
         key: Any
@@ -145,8 +140,6 @@ class RedisRows:
         return [row for ledger in range(first, last + 1) for row in self._by_ledger.pop(ledger, [])]
 
     def _read(self) -> dict[int, list[StoredRow]]:
-        from actors.lease_store import job_keys
-
         out: dict[int, list[StoredRow]] = {}
         for name in self.jobs:
             key, start = job_keys(name)["events"], "-"

@@ -173,7 +173,7 @@ def ledger_of_cursor(cursor: str | None) -> int | None:
     cursor, the one before for an event id inside a ledger (its ledger is not complete yet), a
     plain ledger number as the ledger before it (a start cursor: nothing of it read). None: no
     cursor."""
-    from ingestion.rpc.protocol import Cursor, InvalidCursor
+    from ingestion.rpc.protocol import Cursor, InvalidCursor  # lazy: start-up (rpc.protocol, ~5 ms)
 
     if not cursor or cursor == "0" or cursor == "now":
         return None

@@ -22,6 +22,7 @@ from importlib import import_module
 from typing import Any, NamedTuple
 
 from ingestion.cli.usage import UsageError
+from ingestion.node import stop_signals
 
 
 class Command(NamedTuple):
@@ -117,8 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    from ingestion.config import ConfigError
-    from ingestion.node import stop_signals
+    from ingestion.config import ConfigError  # lazy: CLI start-up (ingestion.config, ~300 ms): not for --help
 
     try:
         if command != "run":

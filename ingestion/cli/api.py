@@ -16,12 +16,12 @@ from pathlib import Path
 import structlog
 import trio
 
-from ingestion.cli.usage import flags_layer, setting_help
+from ingestion.cli.usage import OneLineParser, UsageError, flags_layer, setting_help
+from ingestion.config import load
+from ingestion.node.logs import configure_logging
 
 
 def parser() -> argparse.ArgumentParser:
-    from ingestion.cli.usage import OneLineParser
-
     p = OneLineParser(
         prog="ingestion api",
         description="Serve the events API (stellar-rpc's getEvents over every event held) on its own: "
@@ -38,10 +38,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> int:
-    from ingestion.api.service import ApiStartError, build_app, serve_settings
-    from ingestion.cli.usage import UsageError
-    from ingestion.config import load
-    from ingestion.node.logs import configure_logging
+    from ingestion.api.service import ApiStartError, build_app, serve_settings  # lazy: CLI start-up (~300 ms)
 
     args = parser().parse_args(list(argv))
     given = {("api", "job"): args.job, ("api", "port"): args.port, ("api", "read_url"): args.read_url}

@@ -27,10 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import redis
+import trio
 
+from actors.lease_store import NODE_REGISTRY_KEY
 from ingestion.backfill.plan import Plan, Progress
 from ingestion.cli.usage import OneLineParser, UsageError, setting_help
 from ingestion.common.redact import redact
+from ingestion.config import load
 
 REFRESH = 1.0  # seconds between progress reads
 PLAIN_EVERY = 10.0  # seconds between progress lines when not on a terminal
@@ -60,8 +63,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> int:
-    from ingestion.config import load
-
     ns = parser().parse_args(list(argv))
     flags: dict[str, dict[str, Any]] = {"redis": {"url": ns.redis}} if ns.redis else {}
     settings = load(ns.config, os.environ, flags)
@@ -95,8 +96,8 @@ def main(argv: Sequence[str]) -> int:
 
 def _plan(ns: argparse.Namespace, client: redis.Redis, job: Any, settings: Any) -> Plan:
     """Check the span and write the plan (or find the same one: it resumes)."""
-    from ingestion.backfill import checks
-    from ingestion.backfill.status import committed_span, write_plan
+    from ingestion.backfill import checks  # lazy: CLI start-up (~2 ms)
+    from ingestion.backfill.status import committed_span, write_plan  # lazy: CLI start-up (~5 ms)
 
     if ns.first is None:
         raise UsageError("backfill: give --from LEDGER (and --to LEDGER), or --status / --cancel")
@@ -156,7 +157,7 @@ def _now() -> str:
 def _settled(client: redis.Redis, plan: Plan, job: Any, schema: str) -> str:
     """``plan``'s state, settled ``done`` in Redis first when every range is done (as the nodes do
     within a quarter of a lease TTL): what the operator sees is what the cluster holds."""
-    from ingestion.backfill.status import read_progress, settle
+    from ingestion.backfill.status import read_progress, settle  # lazy: CLI start-up (~5 ms)
 
     if plan.state != "running":
         return plan.state
@@ -166,26 +167,20 @@ def _settled(client: redis.Redis, plan: Plan, job: Any, schema: str) -> str:
 
 
 def _live_nodes(client: redis.Redis) -> int:
-    from actors.lease_store import NODE_REGISTRY_KEY
-
     now_ms = int(client.time()[0]) * 1000  # type: ignore[index]
     return int(client.zcount(NODE_REGISTRY_KEY, now_ms - 10_000, "+inf"))  # type: ignore[arg-type]
 
 
 def _reach_problem(job: Any, settings: Any, first: int, last: int) -> str | None:
     """Whether the source holds the span: a lake's objects, or Stellar RPC's retention window."""
-    import trio
-
     if job.kind == "lake":
         return trio.run(_lake_problem, job, settings, first, last)
     return trio.run(_rpc_problem, job, first, last)
 
 
 async def _lake_problem(job: Any, settings: Any, first: int, last: int) -> str | None:
-    import trio
-
-    from ingestion.backfill import checks
-    from ingestion.lake.store import LocalLake, open_lake
+    from ingestion.backfill import checks  # lazy: CLI start-up (~2 ms)
+    from ingestion.lake.store import LocalLake, open_lake  # lazy: CLI start-up (lake.store, ~8 ms)
 
     lake = open_lake(job.lake_url, settings.lake.endpoint_url)
     schema = await lake.schema()
@@ -217,8 +212,8 @@ async def _lake_problem(job: Any, settings: Any, first: int, last: int) -> str |
 
 
 async def _rpc_problem(job: Any, first: int, last: int) -> str | None:
-    from ingestion.common.http import SourceUnreadable
-    from ingestion.rpc.source import RpcReader
+    from ingestion.common.http import SourceUnreadable  # lazy: CLI start-up (httpx, ~20 ms)
+    from ingestion.rpc.source import RpcReader  # lazy: CLI start-up (httpx, ~20 ms)
 
     url = job.rpc_urls[0]
     try:
@@ -239,7 +234,7 @@ async def _rpc_problem(job: Any, first: int, last: int) -> str | None:
 def _cancel(client: redis.Redis, job: Any, schema: str) -> int:
     """Stop the job's running backfill (atomically: only a plan still running is cancelled) and
     say what that did."""
-    from ingestion.backfill.status import read_plan, read_progress, settle
+    from ingestion.backfill.status import read_plan, read_progress, settle  # lazy: CLI start-up (~5 ms)
 
     plan = read_plan(client, job.name)
     if plan is None:
@@ -268,7 +263,7 @@ def _cancel(client: redis.Redis, job: Any, schema: str) -> int:
 
 
 def _status(client: redis.Redis, job: Any, schema: str) -> int:
-    from ingestion.backfill.status import read_plan, read_progress
+    from ingestion.backfill.status import read_plan, read_progress  # lazy: CLI start-up (~5 ms)
 
     plan = read_plan(client, job.name)
     if plan is None:
@@ -309,9 +304,9 @@ def _summary(p: Progress) -> str:
 def _follow(client: redis.Redis, plan: Plan, job: Any, schema: str) -> int:
     """Progress until every range is done (then the plan is settled ``done``): a bar on a
     terminal, a line every few seconds otherwise. Ctrl-C leaves the backfill running."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # lazy: CLI start-up (tqdm, ~10 ms): only the progress bar
 
-    from ingestion.backfill.status import read_plan, read_progress, settle
+    from ingestion.backfill.status import read_plan, read_progress, settle  # lazy: CLI start-up (~5 ms)
 
     tty = sys.stderr.isatty()
     bar = tqdm(total=plan.last - plan.first + 1, unit="ledger", disable=not tty, dynamic_ncols=True,

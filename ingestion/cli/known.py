@@ -29,7 +29,7 @@ def known_jobs(configured: list[str], client: Any) -> list[str]:
     Raises:
         redis.RedisError: Redis cannot be read.
     """
-    from ingestion.backfill.status import listed_jobs
+    from ingestion.backfill.status import listed_jobs  # lazy: CLI start-up (~5 ms)
 
     found = listed_jobs(client)
     pipe = client.pipeline(transaction=False)

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ingestion.cli.usage import OneLineParser, UsageError, setting_help, settings_of_flags
+from ingestion.config import load
+from ingestion.node.stop_signals import asked, hold, run_unless_asked
 
 
 def parser() -> argparse.ArgumentParser:
@@ -115,8 +117,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def load_settings(ns: argparse.Namespace) -> Any:
-    from ingestion.config import load
-
     return load(ns.config, os.environ, settings_of_flags(ns))
 
 
@@ -163,13 +163,11 @@ def check_source_flags(ns: argparse.Namespace, settings: Any) -> None:
 def main(argv: Sequence[str]) -> int:
     # SIGINT and SIGTERM are held (ingestion/node/stop_signals.py): one that came during a step ends
     # start-up after it, with 128 + N; the node (and its parent) take them once they can.
-    from ingestion.node.stop_signals import asked, hold, run_unless_asked
-
     hold()  # (already, under python -m ingestion; not when main() is called from Python)
     ns = parser().parse_args(argv)
     settings = load_settings(ns)
     check_source_flags(ns, settings)
-    from ingestion.node.preflight import check_sources, preflight
+    from ingestion.node.preflight import check_sources, preflight  # lazy: CLI start-up (~200 ms)
 
     check_sources(settings)
     if (status := asked()) is not None:
@@ -178,8 +176,8 @@ def main(argv: Sequence[str]) -> int:
     # a stop signal meanwhile ends start-up at once (docs/OPERATIONS.md: within 2 s).
     if (status := run_unless_asked(lambda: preflight(settings))) is not None:
         return status
-    from ingestion.node import parent
-    from ingestion.node.worker import start_node  # (after the checks: a stop during them ends sooner)
+    from ingestion.node import parent  # lazy: CLI start-up (it imports the node's build)
+    from ingestion.node.worker import start_node  # lazy: CLI start-up (~500 ms)
 
     if (status := asked()) is not None:
         return status

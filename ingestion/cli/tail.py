@@ -46,6 +46,7 @@ import orjson
 import redis
 
 from actors.lease_store import describe_redis_error, job_keys
+from ingestion.cli.usage import OneLineParser
 from ingestion.config import Settings, load, redact_url
 
 BLOCK_MS = 1000  # each blocking read waits at most this long before it is re-issued
@@ -212,8 +213,8 @@ class PostgresTail:
     """The reading loop for a job whose sink is PostgreSQL (blocking, a foreground command)."""
 
     def __init__(self, url: str, schema: str, job: str, out: TextIO, transfers: bool = False) -> None:
-        from ingestion.postgres.connection import redact
-        from ingestion.postgres.readers import EventsFollower
+        from ingestion.postgres.connection import redact  # lazy: CLI start-up (psycopg, ~140 ms)
+        from ingestion.postgres.readers import EventsFollower  # lazy: CLI start-up (psycopg, ~140 ms)
 
         self.follower = EventsFollower(url, schema, job, timeout=5.0)
         self.url = url
@@ -224,10 +225,10 @@ class PostgresTail:
         self.printed = 0
 
     def run(self, ns: argparse.Namespace) -> int:
-        import psycopg
+        import psycopg  # lazy: CLI start-up (~140 ms)
 
-        from ingestion.postgres.connection import describe
-        from ingestion.postgres.readers import job_known, job_state
+        from ingestion.postgres.connection import describe  # lazy: CLI start-up (psycopg, ~140 ms)
+        from ingestion.postgres.readers import job_known, job_state  # lazy: CLI start-up (psycopg, ~140 ms)
 
         if ns.group:
             raise TailError(
@@ -252,9 +253,9 @@ class PostgresTail:
         return 0
 
     def _follow(self, after: int, count: int | None) -> None:
-        import psycopg
+        import psycopg  # lazy: CLI start-up (~140 ms)
 
-        from ingestion.postgres.connection import describe
+        from ingestion.postgres.connection import describe  # lazy: CLI start-up (psycopg, ~140 ms)
 
         lost_since: float | None = None
         while count is None or self.printed < count:
@@ -284,8 +285,6 @@ class PostgresTail:
 
 
 def parser() -> argparse.ArgumentParser:
-    from ingestion.cli.usage import OneLineParser
-
     p = OneLineParser(
         prog="ingestion tail",
         description="Print a job's events stream, one record (Horizon's JSON) per line.",
@@ -325,7 +324,7 @@ def run(ns: argparse.Namespace, settings: Settings, out: TextIO) -> int:
         raise TailError(f"--count: must be positive, got {ns.count}", 2)
     if ns.consumer != "tail" and not ns.group:
         raise TailError("--consumer: only with --group", 2)
-    from ingestion.postgres.readers import configured_sink
+    from ingestion.postgres.readers import configured_sink  # lazy: CLI start-up (psycopg, ~140 ms)
 
     sink = configured_sink(settings, settings.node.job)
     if sink:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import sys
 from collections.abc import Collection, Mapping
 from typing import Any, NoReturn
 
@@ -58,7 +59,7 @@ def env_name(section: str, key: str) -> str:
 
 def setting_help(text: str, *settings: tuple[str, str]) -> str:
     """``text`` followed by the setting's default and environment variable (the schema's)."""
-    from ingestion.config import SCHEMA
+    from ingestion.config import SCHEMA  # lazy: CLI start-up: not for --help (~300 ms)
 
     section, key = settings[0]
     default = SCHEMA[section][key][1]
@@ -76,7 +77,7 @@ def settings_of_flags(
     (:data:`ingestion.config.schema.FLAGS`): each setting whose flag the command has and was given
     (a single ``--job`` as a list of one). ``besides``: settings whose flag means something else to
     this command (``verify --horizon URL``: the Horizon to compare with, not the jobs' URLs)."""
-    from ingestion.config.schema import FLAGS
+    from ingestion.config.schema import FLAGS  # lazy: CLI start-up: not for --help (~300 ms)
 
     given: dict[tuple[str, str], Any] = {}
     for setting, flag in FLAGS.items():
@@ -100,10 +101,9 @@ def quiet_logs() -> None:
     """For a one-shot command that reads sources through their packages: their log lines (a rate
     limit waited out, a page size reduced) go to stderr, warnings and above, never into the
     command's own output on stdout. Left alone when logging is configured already (a node, a test)."""
-    import logging
-    import sys
+    import logging  # lazy: CLI start-up (logging, ~5 ms): not for --help
 
-    import structlog
+    import structlog  # lazy: CLI start-up (structlog, ~30 ms): not for --help
 
     if not structlog.is_configured():
         structlog.configure(

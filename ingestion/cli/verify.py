@@ -4,16 +4,21 @@ Redis or PostgreSQL could not be read; 2: usage."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import redis
 import trio
 
-from actors.lease_store import connect, job_keys
+from actors.lease_store import connect, describe_redis_error, job_keys
 from ingestion.cli.usage import OneLineParser, UsageError, quiet_logs, setting_help, settings_of_flags
 from ingestion.common.http import SourceUnreadable
 from ingestion.common.redact import redact
+from ingestion.config import load, redact_url
 from ingestion.verify import verify_configured_job
 
 
@@ -64,11 +69,6 @@ def main(argv: Sequence[str]) -> int:
     Raises:
         ConfigError, UsageError: a bad setting or flag (the CLI prints it and exits 2).
     """
-    import os
-    from pathlib import Path
-
-    from ingestion.config import load, redact_url
-
     ns = parser().parse_args(list(argv))
     quiet_logs()
     # --horizon and --rpc: the source to compare with, not the jobs' URLs
@@ -90,7 +90,6 @@ def main(argv: Sequence[str]) -> int:
     url = (ns.rpc or job.rpc_urls[0]) if job.kind == "rpc" else (ns.horizon or job.horizon_urls[0])
     if job.sink:
         return _verify_postgres_job(settings, job, url)
-    from actors.lease_store import describe_redis_error
 
     where = redact_url(settings.redis.url)
 
@@ -128,9 +127,7 @@ def _recorded_rpc_filters(settings: Any, job: str) -> tuple[Any, ...] | None:
     """The filters of ``job`` when Redis records that it follows Stellar RPC (``rpc [...]`` or
     ``rpc (every event)``), else None (not recorded, another source, Redis unreadable: the
     configuration stands, and verify says what it finds)."""
-    import json
-
-    from ingestion.rpc.protocol import EventFilter, RpcError
+    from ingestion.rpc.protocol import EventFilter, RpcError  # lazy: CLI start-up (rpc.protocol, ~5 ms)
 
     try:
         client = connect(settings.redis.url, timeout=5.0)
@@ -163,9 +160,7 @@ def _verify_and_say(
     """``verify`` of a job whose store ``known()`` has checked knows it (else it raises
     UsageError): the summary, exit 0 or 1; the store (``store_error``, said by
     ``describe_store``) or the source unreadable: one line, exit 1."""
-    import sys
-
-    from ingestion.node.build import watch_source
+    from ingestion.node.build import watch_source  # lazy: CLI start-up (~170 ms)
 
     try:
         known()
@@ -188,10 +183,10 @@ def _verify_postgres_job(settings: Any, job: Any, url: str) -> int:
     """``verify`` of a job whose sink is PostgreSQL: its rows there against the source, judged
     by the fence history. Exit 0, 1 (a problem, or PostgreSQL or the source unreadable), or
     :class:`~ingestion.cli.usage.UsageError` (2) for a job PostgreSQL knows nothing of."""
-    import psycopg
+    import psycopg  # lazy: CLI start-up (~140 ms)
 
-    from ingestion.postgres.connection import describe, redact
-    from ingestion.postgres.readers import job_known, job_state
+    from ingestion.postgres.connection import describe, redact  # lazy: CLI start-up (psycopg, ~140 ms)
+    from ingestion.postgres.readers import job_known, job_state  # lazy: CLI start-up (psycopg, ~140 ms)
 
     schema = settings.sink.schema
 

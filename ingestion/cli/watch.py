@@ -30,6 +30,7 @@ import attrs
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
+from ingestion.cli.usage import OneLineParser
 from ingestion.common.redact import redact
 
 CONNECT_TIMEOUT = 2.0
@@ -333,8 +334,6 @@ async def _main(urls: list[str], table: bool, duration: float) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    from ingestion.cli.usage import OneLineParser
-
     p = OneLineParser(
         prog="ingestion watch",
         description="Show several nodes' status sockets (--status-port) as one live cluster view.",

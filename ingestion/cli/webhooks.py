@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import redis
 
 from ingestion.cli.usage import OneLineParser, UsageError, setting_help
+from ingestion.config import load, redact_url
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,8 +61,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> int:
-    from ingestion.config import load
-    from ingestion.webhook import admin
+    from ingestion.webhook import admin  # lazy: CLI start-up (~150 ms)
 
     ns = parser().parse_args(list(argv))
     if ns.action is None:
@@ -155,13 +155,11 @@ def _unknown(action: str, job: str, known: dict[str, Any]) -> NoReturn:
 
 
 def _redacted(url: str) -> str:
-    from ingestion.config import redact_url
-
     return str(redact_url(url))
 
 
 def _print_status(shown: list[dict[str, Any]], as_json: bool, where: str) -> None:
-    from ingestion.webhook.admin import outcome_text
+    from ingestion.webhook.admin import outcome_text  # lazy: CLI start-up (~150 ms)
 
     if as_json:
         print(json.dumps(shown, indent=2))

@@ -39,6 +39,7 @@ from actors.lease_store import (
     parse_sentinel_url,
 )
 from ingestion.common.http import is_http_url
+from ingestion.common.paging import InvalidPagingToken, token_key
 from ingestion.common.redact import redact
 from ingestion.config.schema import LOG_LEVELS
 from ingestion.config.sections import JobSettings
@@ -66,7 +67,7 @@ def check_urls(urls: Sequence[str], where: str, what: str, problems: list[str]) 
 
 
 def check_rpc_start_cursor(start: str, where: str, problems: list[str]) -> None:
-    from ingestion.rpc.protocol import parse_start
+    from ingestion.rpc.protocol import parse_start  # lazy: CLI start-up (rpc.protocol, ~5 ms)
 
     try:
         parse_start(start, "an RPC")  # the followers' own reading: 0, a ledger or an event id
@@ -85,7 +86,7 @@ def check_rpc_start_cursor(start: str, where: str, problems: list[str]) -> None:
 def check_rpc_filter(job: JobSettings, where: str, problems: list[str]) -> None:
     """The getEvents filter limits and segments, checked here as the server would (exit 2
     instead of a node that starts and is then refused with -32602)."""
-    from ingestion.rpc.protocol import filters_problem
+    from ingestion.rpc.protocol import filters_problem  # lazy: CLI start-up (rpc.protocol, ~5 ms)
 
     if job.event_type not in ("", "contract", "system"):
         problems.append(f"{where}.event_type: must be contract, system or empty, got {job.event_type!r}")
@@ -325,8 +326,6 @@ def check_values(v: dict[str, dict[str, Any]], problems: list[str]) -> None:
         problems.append(f"horizon.resource: must be a path such as /operations, got {horizon['resource']!r}")
     start = horizon["start_cursor"]
     if start not in ("now", "0"):
-        from ingestion.common.paging import InvalidPagingToken, token_key
-
         try:
             token_key(start)
         except InvalidPagingToken:
@@ -423,7 +422,7 @@ def _check_rpc_section(v: dict[str, dict[str, Any]], problems: list[str]) -> Non
     if rpc["on_history_gap"] not in ("stop", "skip", "lake"):
         problems.append(f"rpc.on_history_gap: must be stop, skip or lake, got {rpc['on_history_gap']!r}")
     elif rpc["on_history_gap"] == "lake":
-        from ingestion.lake.store import check_lake_url
+        from ingestion.lake.store import check_lake_url  # lazy: CLI start-up (lake.store, ~8 ms)
 
         problem = check_lake_url(rpc["lake"])
         if problem:

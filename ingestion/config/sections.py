@@ -104,6 +104,7 @@ class JobSettings:
         Raises:
             ValueError: a topic segment that is not a valid ScVal or wildcard.
         """
+        # lazy: CLI start-up (rpc.protocol, ~5 ms)
         from ingestion.rpc.protocol import EventFilter, topic_from_text
 
         if not (self.event_type or self.contract_ids or self.topics):

@@ -145,10 +145,12 @@ def rule_for(kind: str, resource: str = "", names: bool = True) -> tuple[Rule | 
     record is kept as sent and only its addresses are read (for a watch list). With ``names``
     false (no watch list) a rule may leave the addresses out where finding them costs."""
     if kind in ("rpc", "lake"):
+        # lazy: node start-up (~25 ms): rpc and lake jobs only
         from ingestion.decode.decoded import decode_event_text
 
         return decode_event_text, True
     if kind == "horizon":
+        # lazy: node start-up (~1 ms): Horizon payments only
         from ingestion.decode.payments import payment_record_text
 
         # payments only (/payments, /accounts/G.../payments, ...): an /operations job, the default,

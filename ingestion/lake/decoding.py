@@ -41,7 +41,7 @@ import structlog
 import trio
 import trio_parallel
 
-from ingestion.lake.events import LedgerEvents, object_events
+from ingestion.lake.events import LedgerEvents, compile_walks, object_events
 
 _STOP_WAIT = 5.0  # seconds the exit waits for idle workers to stop before killing them
 PARENT_WATCH = 1.0  # seconds between a worker's looks at whether its node is still its parent
@@ -151,6 +151,5 @@ def _worker_start(parent: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
-    from ingestion.lake.events import compile_walks
 
     compile_walks()  # the first decode should not pay for importing stellar-sdk and compiling

@@ -57,7 +57,9 @@ from typing import Any, NamedTuple
 
 import attrs
 import orjson
+import zstandard
 
+from ingestion.lake.skip import TooLong, UnknownArm, shape_of, skippers
 from ingestion.rpc.protocol import OP_MASK, TX_MASK, Cursor, event_head
 
 MAX_OBJECT_BYTES = 1 << 31  # a decompressed batch larger than this is refused, not read
@@ -105,8 +107,6 @@ def decompress(data: bytes) -> bytes:
     Raises:
         LakeFormatError: not zstd, or larger than :data:`MAX_OBJECT_BYTES`.
     """
-    import zstandard
-
     try:
         with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)) as reader:
             out = reader.read(MAX_OBJECT_BYTES + 1)
@@ -131,7 +131,7 @@ def read_batch(raw: bytes) -> tuple[int, int, list[Any]]:
         LakeFormatError: not a batch, trailing bytes, an unknown union arm (a newer XDR), or
             ledgers that do not run from start to end.
     """
-    from stellar_sdk import xdr
+    from stellar_sdk import xdr  # lazy: start-up time (stellar_sdk, ~700 ms)
 
     try:
         batch = xdr.LedgerCloseMetaBatch.from_xdr_bytes(raw)
@@ -162,7 +162,7 @@ def ledger_events(meta: Any) -> LedgerEvents:
     Raises:
         LakeFormatError: a TransactionMeta or event version this reader does not know.
     """
-    from stellar_sdk import xdr
+    from stellar_sdk import xdr  # lazy: start-up time (stellar_sdk, ~700 ms)
 
     body = _body(meta)
     header = body.ledger_header.header
@@ -249,7 +249,7 @@ def _contract_id(contract_id: bytes | None) -> str:
 
 @functools.lru_cache(maxsize=4096)  # a ledger's events name few contracts (fees: the XLM contract)
 def _strkey(contract_id: bytes) -> str:
-    from stellar_sdk.strkey import StrKey
+    from stellar_sdk.strkey import StrKey  # lazy: start-up time (stellar_sdk, ~700 ms)
 
     return str(StrKey.encode_contract(contract_id))
 
@@ -354,8 +354,6 @@ def _skips() -> dict[str, Any] | None:
     None when they cannot be: stellar-sdk's source is not installed, a construct the compiler does
     not know, or a layout other than the one assumed (a newer stellar-sdk). Then
     :func:`object_events` decodes whole, slower but right (a test holds the walks compilable)."""
-    from ingestion.lake.skip import shape_of, skippers
-
     try:
         for name, expected in _LAYOUTS.items():
             got = _layout(shape_of(name))
@@ -381,8 +379,6 @@ def batch_events(raw: bytes) -> list[LedgerEvents]:
         LakeFormatError: not a batch, trailing bytes, an unknown union arm or version (a newer
             XDR), or ledgers that do not run from start to end.
     """
-    from ingestion.lake.skip import TooLong, UnknownArm
-
     skips = _skips()
     if skips is None:
         raise RuntimeError("the XDR walks did not compile with the installed stellar-sdk")
@@ -410,8 +406,6 @@ def batch_events(raw: bytes) -> list[LedgerEvents]:
 
 
 def _array(raw: bytes, at: int) -> tuple[int, int]:
-    from ingestion.lake.skip import TooLong
-
     (count,) = _U32(raw, at)
     if count > len(raw) - at - 4:
         raise TooLong(f"array of {count} past the end")
@@ -512,8 +506,6 @@ def _transaction_meta(
 def _event(skips: dict[str, Any], raw: bytes, at: int) -> tuple[_Parts | None, int]:
     """The ``ContractEvent`` at ``at``: its parts (None for a type RPC does not serve) and the
     offset after it."""
-    from ingestion.lake.skip import UnknownArm
-
     at = skips["ExtensionPoint"](raw, at)
     (has_contract,) = _U32(raw, at)
     at += 4

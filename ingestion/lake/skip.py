@@ -110,7 +110,7 @@ Shape = Fixed | Bytes | Enum | Ref | Opt | Array | Union
 
 
 def _xdr() -> Any:
-    from stellar_sdk import xdr
+    from stellar_sdk import xdr  # lazy: start-up time (stellar_sdk, ~700 ms)
 
     return xdr
 

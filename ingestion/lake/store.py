@@ -175,7 +175,7 @@ class S3Lake:
         return self._clients[0]
 
     def _get(self, key: str) -> bytes | None:
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError  # lazy: only s3:// lakes load botocore
 
         try:
             answer = self._client().get_object(Bucket=self.bucket, Key=self.prefix + key)
@@ -190,7 +190,7 @@ class S3Lake:
     def _names(self, folder: str, *, first_page: bool = False) -> list[str]:
         """The entries of ``folder`` (partitions with their ``/``); ``first_page``: the first
         1,000 only, enough for the newest (S3 lists in key order, newest first)."""
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError  # lazy: only s3:// lakes load botocore
 
         out: list[str] = []
         start = len(self.prefix + folder)
@@ -239,9 +239,9 @@ class S3Lake:
 
 def _s3_client(endpoint_url: str | None) -> Any:
     """A boto3 S3 client: signed when the AWS credential chain finds credentials, else anonymous."""
-    import boto3
-    from botocore import UNSIGNED
-    from botocore.config import Config
+    import boto3  # lazy: start-up time (boto3, ~130 ms): only s3:// lakes
+    from botocore import UNSIGNED  # lazy: only s3:// lakes load botocore
+    from botocore.config import Config  # lazy: only s3:// lakes load botocore
 
     session = boto3.session.Session()
     signed = session.get_credentials() is not None

@@ -48,6 +48,7 @@ def source_identity(job: JobSettings) -> str:
         filters = [f.to_json() for f in job.rpc_filters()]
         which = "(every event)" if not filters else json.dumps(filters, separators=(",", ":"), sort_keys=True)
         if job.kind == "lake":
+            # lazy: node start-up (lake.store, ~8 ms): lake jobs only
             from ingestion.lake.store import lake_identity
 
             return f"lake {lake_identity(job.lake_url)} {which}"
@@ -62,7 +63,7 @@ def _cursor_kind(cursor: str | None) -> str | None:
     an RPC event id or a Horizon paging token."""
     if cursor is None or cursor in ("0", "now"):
         return None
-    from ingestion.rpc.protocol import is_event_id
+    from ingestion.rpc.protocol import is_event_id  # lazy: node start-up (rpc.protocol, ~5 ms)
 
     # An RPC event id is always <19 digits>-<10 digits>; a Horizon effect's token is not padded.
     return "rpc" if len(cursor) == 30 and is_event_id(cursor) else "horizon"
@@ -97,6 +98,7 @@ def sink_identity(job: JobSettings, schema: str) -> str:
     (:func:`ingestion.postgres.connection.database_name`)."""
     if not job.sink:
         return "redis"
+    # lazy: node start-up (~3 ms): PostgreSQL sinks only
     from ingestion.postgres.connection import database_name
 
     return f"postgres database {database_name(job.sink)} schema {schema}"

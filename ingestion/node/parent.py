@@ -47,6 +47,9 @@ from redis.exceptions import RedisClusterException
 from actors.lease_store import NODE_EXITING, LeaseStore, NodeRegistry, RedisUnavailable, scripts
 from ingestion.config import Settings
 from ingestion.node import stop_signals
+from ingestion.node.build import build_store
+from ingestion.node.lease_reports import HeldLeases
+from ingestion.node.logs import configure_logging, node_logger
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 RELEASE_RETRY = 0.05  # seconds between attempts at a release Redis did not answer
@@ -159,10 +162,6 @@ def run_parent(settings: Settings, worker: int, pipe: int) -> int:
 
 async def supervise(settings: Settings, worker: int, pipe: int) -> int:
     """Watch ``worker`` until it exits; release what it still held; the parent's exit status."""
-    from ingestion.node.build import build_store
-    from ingestion.node.lease_reports import HeldLeases
-    from ingestion.node.logs import configure_logging, node_logger
-
     configure_logging(settings.log.level, settings.log.format)
     log = node_logger(settings.node.id, ",".join(settings.node.jobs))
     client: redis.Redis | None = None

@@ -27,6 +27,7 @@ def check_sinks(settings: Settings, timeout: float = PREFLIGHT_TIMEOUT) -> None:
             ``sink.schema`` (a table with other columns). A server that does not answer is an
             outage, not a configuration error: each term tries again.
     """
+    # lazy: node start-up (~3 ms): PostgreSQL sinks only
     from ingestion.postgres.connection import sink_problem
 
     for url in sorted({j.sink for j in settings.jobs if j.sink}):

@@ -36,6 +36,7 @@ from actors.observe import NodeObserver
 from actors.source import Source
 from actors.supervisor import JobRun, JobsHandle, NodeSpec, run_jobs
 from ingestion.backfill.runner import BackfillRunner
+from ingestion.backfill.status import backfill_doc, listed_jobs
 from ingestion.common.gaps import history_gap_listener
 from ingestion.config import ConfigError, JobSettings, Settings, redact_url
 from ingestion.decode.stage import decode_error_listener
@@ -48,6 +49,7 @@ from ingestion.node.network import guarded
 from ingestion.node.preflight import PREFLIGHT_TIMEOUT, StartupError
 from ingestion.node.sd_notify import notify
 from ingestion.serve.presence import keep_present
+from ingestion.serve.status import serve_status
 
 if TYPE_CHECKING:  # (prometheus_client is loaded with the metrics port only: start-up time)
     from prometheus_client.registry import Collector
@@ -268,7 +270,7 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
     stores = {j.name: build_store(settings, j.name, client) for j in settings.jobs}
     sinks = {j.name: build_sink(settings, j, stores[j.name]) for j in settings.jobs}
     if lease_pipe is not None:
-        from ingestion.node.lease_reports import lease_reporter
+        from ingestion.node.lease_reports import lease_reporter  # lazy: start-up (~1 ms): parent only
 
         for store in stores.values():
             store.on_lease = lease_reporter(lease_pipe, log)
@@ -297,7 +299,7 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
         """A backfill's range job (ingestion/backfill/), built like a configured one."""
         store = build_store(settings, job.name, client)
         if lease_pipe is not None:
-            from ingestion.node.lease_reports import lease_reporter
+            from ingestion.node.lease_reports import lease_reporter  # lazy: start-up (~1 ms): parent only
 
             store.on_lease = lease_reporter(lease_pipe, log)
         return JobRun(
@@ -404,7 +406,7 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
 
 def _webhook_figures(runs: Sequence[JobRun]) -> dict[str, Callable[[], dict[str, Any]]]:
     """A webhook job's delivery figures for its presence report (the console shows them)."""
-    from ingestion.webhook.source import WebhookSource
+    from ingestion.webhook.source import WebhookSource  # lazy: node start-up (~15 ms): webhook jobs only
 
     def figures(source: WebhookSource) -> Callable[[], dict[str, Any]]:
         def now() -> dict[str, Any]:
@@ -420,7 +422,7 @@ def _webhook_figures(runs: Sequence[JobRun]) -> dict[str, Callable[[], dict[str,
 
 def audit_stats(runs: Sequence[JobRun]) -> dict[str, Any]:
     """job -> the stats of each audit job among ``runs`` (ingestion/audit/job.py: their metrics)."""
-    from ingestion.audit.job import AuditStep
+    from ingestion.audit.job import AuditStep  # lazy: node start-up (~40 ms)
 
     return {
         r.store.job: step.stats for r in runs
@@ -482,7 +484,7 @@ async def _start_endpoints(
     api_collectors: list[Collector] = []
     api_view: Callable[[], dict[str, Any] | None] = _no_api
     if settings.api.port:
-        from ingestion.api.service import ApiStartError, build_app, serve_settings
+        from ingestion.api.service import ApiStartError, build_app, serve_settings  # lazy: start-up (~170 ms)
 
         try:
             app = build_app(settings, log)
@@ -492,25 +494,24 @@ async def _start_endpoints(
         api_collectors.append(app.metrics)
         api_view = app.console_view
     if o.metrics_port:
-        from ingestion.serve.metrics import serve_metrics
-        from ingestion.webhook.metrics import WebhookCollector
-        from ingestion.webhook.source import WebhookSource
+        from ingestion.serve.metrics import serve_metrics  # lazy: node start-up (hypercorn, ~180 ms)
+        from ingestion.webhook.metrics import WebhookCollector  # lazy: node start-up (~40 ms)
+        from ingestion.webhook.source import WebhookSource  # lazy: node start-up (~15 ms)
 
         readers = {job: store.events_info for job, store in stores.items()}
         hooks = {r.store.job: r.source.stats for r in runs if isinstance(r.source, WebhookSource)}
         collectors: list[Collector] = [WebhookCollector(hooks)] if hooks else []
         audits = audit_stats(runs)
         if audits:
-            from ingestion.audit.metrics import AuditCollector
+            from ingestion.audit.metrics import AuditCollector  # lazy: node start-up: audit jobs only
 
             collectors.append(AuditCollector(audits))
         collectors += api_collectors
         if backfills is not None and backfills.hosted:
-            from ingestion.backfill.metrics import BackfillCollector
+            from ingestion.backfill.metrics import BackfillCollector  # lazy: node start-up: backfills only
 
             collectors.append(BackfillCollector(lambda: backfills.progress, settings.node.id))
-        from ingestion.backfill.status import backfill_doc, listed_jobs
-        from ingestion.serve.console import ClusterReader
+        from ingestion.serve.console import ClusterReader  # lazy: node start-up (~80 ms)
 
         sinks = {j.name: j.sink for j in settings.jobs}
         console = ClusterReader(
@@ -528,6 +529,4 @@ async def _start_endpoints(
             observers, log,
         )  # fmt: skip
     if o.status_port:
-        from ingestion.serve.status import serve_status
-
         await _bind(nursery, "status_port", o.listen_host, o.status_port, serve_status, observers, log)

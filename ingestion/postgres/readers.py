@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 
+from actors.cursor_order import token_key
 from ingestion.postgres import sql
 from ingestion.postgres.connection import connect
 
@@ -61,8 +62,6 @@ def check_job(url: str, schema: str, job: str, timeout: float = 30.0) -> tuple[l
     """Verify a job's rows: exactly once, in order (paging tokens strictly rising along ``seq``),
     ``seq`` without gaps, tokens never decreasing and never below the fence history. Returns
     (problems, rows checked)."""
-    from actors.cursor_order import token_key
-
     q = sql.quoted(schema)
     with connect(url, timeout, "ingestion-verify") as conn:
         rows = conn.execute(

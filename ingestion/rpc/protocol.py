@@ -196,7 +196,7 @@ def decode_scval(text: str) -> bytes:
     Raises:
         ValueError: not base64, or not one complete ScVal.
     """
-    from stellar_sdk import xdr
+    from stellar_sdk import xdr  # lazy: start-up time (stellar_sdk, ~700 ms)
 
     try:
         raw = base64.b64decode(text, validate=True)
@@ -228,7 +228,7 @@ def segment_from_text(text: str) -> str:
         return text
     kind, colon, value = text.partition(":")
     if colon and kind in _TYPED:
-        from stellar_sdk import scval
+        from stellar_sdk import scval  # lazy: start-up time (stellar_sdk, ~700 ms)
 
         try:
             if kind == "sym":
@@ -367,7 +367,7 @@ def topic_matches(topic: Sequence[str], event_topics: Sequence[str]) -> bool:
 
 
 def is_contract_id(text: str) -> bool:
-    from stellar_sdk.strkey import StrKey
+    from stellar_sdk.strkey import StrKey  # lazy: start-up time (stellar_sdk, ~700 ms)
 
     try:
         return bool(StrKey.is_valid_contract(text))

@@ -158,7 +158,8 @@ async def _send(ws: Any, message: dict[str, Any]) -> None:
 async def _serve_client(
     hub: StatusHub, request: WebSocketRequest, interval: float, log: Any
 ) -> None:
-    from trio_websocket import ConnectionClosed  # (loaded with the server: start-up time, below)
+    # lazy: node start-up (trio_websocket, ~40 ms: see serve_status)
+    from trio_websocket import ConnectionClosed
 
     ws = await request.accept()
     send, receive = trio.open_memory_channel[dict[str, Any]](QUEUE_SIZE)
@@ -207,7 +208,7 @@ async def serve_status(
     """
     # Here, not at the top: every node imports this module (StatusHub), and trio_websocket costs
     # start-up time (~40 ms) to the nodes that serve no status port.
-    from trio_websocket import serve_websocket
+    from trio_websocket import serve_websocket  # lazy: start-up time (see above)
 
     observers = [observer] if isinstance(observer, NodeObserver) else list(observer)
     hub = StatusHub(observers)

@@ -111,7 +111,7 @@ def scval_of(spec: ScSpec) -> Any:
 
 @functools.cache
 def _encoders() -> dict[str, Any]:
-    from stellar_sdk import scval  # imported on first use: the Horizon side never needs it
+    from stellar_sdk import scval  # lazy: stellar_sdk (~700 ms): the Horizon side never needs it
 
     return {
         "symbol": scval.to_symbol,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -237,8 +238,6 @@ class Simulator:
         Raises:
             ValueError: not a collection path.
         """
-        import json
-
         query = resolve(resource, self.chain)
         if not isinstance(query, CollectionQuery):
             raise ValueError(f"not a Horizon collection path: {resource!r}")

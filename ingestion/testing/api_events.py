@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 import orjson
+from stellar_sdk import scval
 
 from actors.source import Record
 from ingestion.rpc.protocol import Cursor, EventFilter, event_head, matches
@@ -35,8 +37,6 @@ class Event(NamedTuple):
 
 
 def _sc(kind: str, value: Any) -> str:
-    from stellar_sdk import scval
-
     encoders: dict[str, Any] = {
         "sym": scval.to_symbol,
         "addr": scval.to_address,
@@ -89,8 +89,6 @@ def make_events(first: int, last: int, seed: int = 7) -> list[Event]:
 
 
 def _rfc3339(seconds: int) -> str:
-    from datetime import UTC, datetime
-
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import zstandard
+from stellar_sdk import xdr
 
 from ingestion.lake.keys import LakeSchema
 
@@ -17,8 +18,6 @@ from ingestion.lake.keys import LakeSchema
 def resequencer(raw: bytes) -> Callable[[int], bytes]:
     """For the XDR of a ``LedgerCloseMeta``: a function giving the same ledger's XDR claiming to
     be ledger ``seq``."""
-    from stellar_sdk import xdr
-
     meta = xdr.LedgerCloseMeta.from_xdr_bytes(raw)
     body = meta.v0 or meta.v1 or meta.v2
     assert body is not None

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import psycopg
 
 from ingestion.testing.local_redis import OwnPort, PortInUse
 
@@ -114,8 +115,6 @@ class LocalPostgres(OwnPort):
         return self
 
     def _start_once(self, bindir: Path, timeout: float) -> None:
-        import psycopg
-
         args = [
             str(bindir / "postgres"), "-D", str(self.data), "-p", str(self.port),
             "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.directory}",
@@ -151,8 +150,6 @@ class LocalPostgres(OwnPort):
 
     def psql(self, sql: str) -> None:
         """Run ``sql`` as the superuser (set-up in tests: roles, grants)."""
-        import psycopg
-
         with psycopg.connect(self.url, autocommit=True) as conn:
             conn.execute(sql)  # type: ignore[arg-type]
 

@@ -23,13 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import psycopg
 
 from ingestion.testing.local_postgres import LocalPostgres, PostgresServerMissing, server_bin
 
 
 def _query(url: str, sql: str) -> Any:
-    import psycopg
-
     with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
         row = conn.execute(sql).fetchone()  # type: ignore[arg-type]
     return row[0] if row else None

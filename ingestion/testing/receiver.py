@@ -28,9 +28,13 @@ sender's timeout, or drop the connection without an answer.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
+import os
+import signal
 import sqlite3
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -279,11 +283,6 @@ def main(argv: list[str] | None = None) -> int:
     (its secret from ``WEBHOOK_SECRET``, its records and fence in FILE) until interrupted; prints
     ``{"event": "receiver-listening", "port", "db", "fence"}`` once it listens, and answers
     ``GET /_receiver/stats``."""
-    import argparse
-    import os
-    import signal
-    import sys
-
     parser = argparse.ArgumentParser(prog="python -m ingestion.testing.receiver", description=main.__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)

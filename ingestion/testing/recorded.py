@@ -41,7 +41,7 @@ def _skip(where: Path) -> None:
     current = os.environ.get("PYTEST_CURRENT_TEST", "")
     if current:
         excused.add(current.rsplit(" (", 1)[0])
-    import pytest  # (the kit is shipped code: pytest only when a test skips)
+    import pytest  # lazy: optional dependency (pytest: only when a test skips)
 
     pytest.skip(f"{SKIP_REASON}: {where}")
 
@@ -59,7 +59,7 @@ def __getattr__(name: str) -> Any:
     """``needed``: the mark for tests (or ``pytestmark`` of modules) that read the recordings (made
     when first asked for, so that importing the kit does not import pytest)."""
     if name == "needed":
-        import pytest
+        import pytest  # lazy: optional dependency (pytest: only when a test skips)
 
         return pytest.mark.skipif(not present(), reason=f"{SKIP_REASON}: {HORIZON}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -220,7 +220,7 @@ class PostgresRecords:
     order). One connection, in a worker thread, every call bounded by ``timeout``."""
 
     def __init__(self, url: str, schema: str, job: str, timeout: float = 2.0, poll: float = 0.02) -> None:
-        from ingestion.postgres import sql
+        from ingestion.postgres import sql  # lazy: node start-up (~2 ms): PostgreSQL-backed jobs only
 
         self.url, self.job, self.timeout, self.poll = url, job, timeout, poll
         self.table = f"{sql.quoted(schema)}.events"
@@ -228,7 +228,7 @@ class PostgresRecords:
         self._limiter = trio.CapacityLimiter(1)
 
     async def _run(self, fn: Callable[[Any], T]) -> T:
-        from ingestion.postgres.connection import connect
+        from ingestion.postgres.connection import connect  # lazy: CLI start-up (psycopg, ~140 ms)
 
         def call() -> T:
             if self._conn is None or self._conn.closed or self._conn.broken:
@@ -242,7 +242,7 @@ class PostgresRecords:
         except trio.TooSlowError as exc:
             raise SinkUnavailable(f"postgres: no answer within {self.timeout * 1000:.0f} ms") from exc
         except Exception as exc:  # psycopg's errors: an outage of the source job's sink
-            import psycopg
+            import psycopg  # lazy: CLI start-up (~140 ms)
 
             if isinstance(exc, psycopg.Error):
                 self._conn = None

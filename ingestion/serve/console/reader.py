@@ -19,6 +19,7 @@ from ingestion.common.keyspace import PRESENCE_CHANNEL, PRESENCE_KEY, webhook_ke
 from ingestion.common.redact import redact
 from ingestion.serve.console.view import MAX_JOBS, ClusterView, why_leaderless
 from ingestion.serve.presence import parse_entry, parse_message
+from ingestion.webhook import admin
 
 AUDIT_ON_PAGE = 50  # audit entries a job's page shows
 REJECTIONS_ON_PAGE = 20
@@ -277,8 +278,6 @@ class ClusterReader:
 
     async def act(self, action: str, job: str, by: str) -> tuple[int, str]:
         """Ask for ``action`` on ``job`` as ``by``: (HTTP status, what happened)."""
-        from ingestion.webhook import admin
-
         if action not in ACTIONS:
             return 400, f"unknown action {action!r}: one of {', '.join(ACTIONS)}"
         detail = await self.job(job)
