@@ -242,7 +242,7 @@ def _derived_right(body: Any, expected: Any) -> bool:
     want = {k: expected[k] for k in DERIVED if k in expected}
     if want or not have:
         return have == want
-    from ingestion.decode.stage import rule_for
+    from ingestion.decode.stage import rule_for  # lazy: start-up (that check only)
 
     kind = "rpc" if "contractId" in expected and "ledger" in expected else "horizon"
     rule, _ = rule_for(kind)
@@ -423,9 +423,9 @@ async def fetch_lake_events(
         RuntimeError: the lake has no manifest or lacks one of those ledgers.
         ingestion.lake.events.LakeFormatError: an object that cannot be read.
     """
-    from ingestion.lake.events import object_events
-    from ingestion.lake.store import LocalLake
-    from ingestion.rpc.protocol import EventFilter, matches
+    from ingestion.lake.events import object_events  # lazy: start-up (that check only)
+    from ingestion.lake.store import LocalLake  # lazy: start-up (that check only)
+    from ingestion.rpc.protocol import EventFilter, matches  # lazy: start-up (that check only)
 
     parsed = [EventFilter.from_json(f) for f in filters]
     store = LocalLake.from_url(lake)
@@ -505,6 +505,7 @@ async def read_postgres_evidence(
     Raises:
         psycopg.Error: PostgreSQL could not be read.
     """
+    # lazy: start-up (that check only)
     from ingestion.postgres.readers import check_job, job_state, read_all_events
 
     rows = await trio.to_thread.run_sync(read_all_events, url, schema, job)
@@ -545,7 +546,7 @@ async def as_committed(job: Any, source: list[SourceRecord], watch: Any = None) 
 
     A list edited while the job ran (``watch_set``, ``watch_file``) is checked as it stands now:
     records committed under an earlier version of it show as differences."""
-    from ingestion.decode.stage import rule_for
+    from ingestion.decode.stage import rule_for  # lazy: start-up (that check only)
 
     rule, changes = rule_for(job.kind, getattr(job, "resource", ""))
     decode = changes and getattr(job, "decode", True)
@@ -568,7 +569,7 @@ async def _check_against_source(
     through = entries[-1].paging_token if entries else None
     start = job.start_cursor
     if job.kind == "rpc":
-        from ingestion.rpc.protocol import Cursor, parse_start
+        from ingestion.rpc.protocol import Cursor, parse_start  # lazy: start-up (that check only)
 
         filters = [f.to_json() for f in job.rpc_filters()]
         # 0: the oldest ledger the RPC keeps; a ledger: from there; now or an event id: from the

@@ -74,7 +74,7 @@ def main(argv: Sequence[str]) -> int:
     Raises:
         ConfigError, UsageError: a bad setting or flag (the CLI prints it and exits 2).
     """
-    from ingestion.config import load
+    from ingestion.config import load  # lazy: CLI start-up
 
     ns = parser().parse_args(list(argv))
     flags = flags_layer({("redis", "url"): ns.redis, ("sink", "url"): ns.sink})
@@ -101,7 +101,7 @@ def main(argv: Sequence[str]) -> int:
         raise UsageError(
             f"audit: job {job.name} is an rpc job: give --lake URL (or set rpc.lake), or --rpc URL"
         )
-    from ingestion.lake.store import check_lake_url, open_lake
+    from ingestion.lake.store import check_lake_url, open_lake  # lazy: CLI start-up
 
     problem = check_lake_url(lake_url)
     if problem:
@@ -111,17 +111,17 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _audit(ns: argparse.Namespace, settings: Any, job: Any, lake: Any, processes: int) -> int:
-    import psycopg
-    import redis
-    import trio
+    import psycopg  # lazy: CLI start-up
+    import redis  # lazy: CLI start-up
+    import trio  # lazy: CLI start-up
 
-    from ingestion.audit.expect import Rules
-    from ingestion.audit.from_rpc import rpc_expectation
-    from ingestion.audit.runner import AuditError, audit_lake, audit_windows
-    from ingestion.audit.store import PostgresRows, RedisRows
-    from ingestion.decode.stage import rule_for
-    from ingestion.node.build import watch_source
-    from ingestion.watchlist.lists import WatchUnavailable
+    from ingestion.audit.expect import Rules  # lazy: CLI start-up
+    from ingestion.audit.from_rpc import rpc_expectation  # lazy: CLI start-up
+    from ingestion.audit.runner import AuditError, audit_lake, audit_windows  # lazy: CLI start-up
+    from ingestion.audit.store import PostgresRows, RedisRows  # lazy: CLI start-up
+    from ingestion.decode.stage import rule_for  # lazy: CLI start-up
+    from ingestion.node.build import watch_source  # lazy: CLI start-up
+    from ingestion.watchlist.lists import WatchUnavailable  # lazy: CLI start-up
 
     client = None
     store: PostgresRows | RedisRows
@@ -190,10 +190,10 @@ def _audit(ns: argparse.Namespace, settings: Any, job: Any, lake: Any, processes
 def _seam(client: Any, settings: Any, job: str) -> Any:
     """The job's last cursor reset, from its audit stream in Redis (None: none, or Redis cannot be
     read: then said on stderr, and the rows of a chain before a reset, if any, count as findings)."""
-    import redis
+    import redis  # lazy: CLI start-up
 
-    from actors.lease_store import job_keys
-    from ingestion.audit.seams import latest_seam
+    from actors.lease_store import job_keys  # lazy: CLI start-up
+    from ingestion.audit.seams import latest_seam  # lazy: CLI start-up
 
     own = client is None
     try:

@@ -58,9 +58,9 @@ def parser() -> Any:
 
 
 def main(argv: Sequence[str]) -> int:
-    from ingestion.common.paging import InvalidPagingToken, token_key
-    from ingestion.config import load
-    from ingestion.webhook.admin import default_asker
+    from ingestion.common.paging import InvalidPagingToken, token_key  # lazy: CLI start-up
+    from ingestion.config import load  # lazy: CLI start-up
+    from ingestion.webhook.admin import default_asker  # lazy: CLI start-up
 
     ns = parser().parse_args(list(argv))
     to = "" if ns.to == "start" else ns.to
@@ -109,10 +109,10 @@ def main(argv: Sequence[str]) -> int:
 
 def _reset_in_sink(client: Any, settings: Any, ns: Any, sink: str, to: str, by: str, mark: str) -> int:
     """The move of a job whose cursor a PostgreSQL sink keeps (see the module docstring)."""
-    import psycopg
+    import psycopg  # lazy: CLI start-up
 
-    from ingestion.common.redact import redact
-    from ingestion.postgres.reset import reset_cursor
+    from ingestion.common.redact import redact  # lazy: CLI start-up
+    from ingestion.postgres.reset import reset_cursor  # lazy: CLI start-up
 
     job = next((j for j in settings.jobs if j.name == ns.job), None)
     url = (job.sink if job is not None else "") or settings.sink.url

@@ -173,7 +173,7 @@ class Demo:
                      "the webhook job is skipped")  # fmt: skip
         receiver = None
         if self.webhook:
-            from ingestion.testing.receiver import Receiver  # (the receiver extra: checked above)
+            from ingestion.testing.receiver import Receiver  # lazy: the receiver extra (checked above)
 
             receiver = Receiver(SECRET)
         with tempfile.TemporaryDirectory(prefix="ingestion-demo-") as lake_dir:
@@ -327,7 +327,7 @@ class Demo:
 
 
 def parser() -> argparse.ArgumentParser:
-    from ingestion.cli.usage import OneLineParser
+    from ingestion.cli.usage import OneLineParser  # lazy: CLI start-up
 
     p = OneLineParser(
         prog="ingestion demo",

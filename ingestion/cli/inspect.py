@@ -77,10 +77,10 @@ async def postgres_state(url: str, schema: str, job: str) -> dict[str, Any]:
     Raises:
         SinkUnreadable: PostgreSQL did not answer in time or refused.
     """
-    import psycopg
+    import psycopg  # lazy: CLI start-up
 
-    from ingestion.postgres.connection import describe, redact
-    from ingestion.postgres.readers import job_state
+    from ingestion.postgres.connection import describe, redact  # lazy: CLI start-up
+    from ingestion.postgres.readers import job_state  # lazy: CLI start-up
 
     try:
         with trio.fail_after(POSTGRES_TIMEOUT + 1):
@@ -220,8 +220,8 @@ async def inspect_all(
 ) -> int:
     """Every job in Redis: a table (job, leader, token, lease left, cursor, events, lag), or a JSON
     list of the objects ``inspect --job`` prints (without their audit)."""
-    from ingestion.backfill.status import listed_jobs
-    from ingestion.postgres.readers import configured_sink
+    from ingestion.backfill.status import listed_jobs  # lazy: CLI start-up
+    from ingestion.postgres.readers import configured_sink  # lazy: CLI start-up
 
     client = _connect(settings, "cannot read the jobs")
     if client is None:
@@ -311,7 +311,7 @@ async def inspect_job(
     horizon: str | None = None,
     rpc: str | None = None,
 ) -> int:
-    from ingestion.postgres.readers import configured_sink, job_known
+    from ingestion.postgres.readers import configured_sink, job_known  # lazy: CLI start-up
 
     job = settings.node.job
     sink_url = configured_sink(settings, job)
@@ -325,7 +325,7 @@ async def inspect_job(
         if sink_url:
             sink = await postgres_state(sink_url, settings.sink.schema, job)
         if not in_redis and not (sink is not None and job_known(sink)):
-            from ingestion.cli.known import known_jobs
+            from ingestion.cli.known import known_jobs  # lazy: CLI start-up
 
             where = redact_url(settings.redis.url) + (f" or in {sink['url']}" if sink else "")
             names = await store.run(known_jobs, [], client)
@@ -373,10 +373,10 @@ async def _decode_errors(store: LeaseStore, sink_url: str | None, schema: str) -
     """The job's newest records committed with a decodeError (:mod:`ingestion.cli.completeness`)."""
     if not sink_url:
         return await completeness.redis_decode_errors(store)
-    import psycopg
+    import psycopg  # lazy: CLI start-up
 
-    from ingestion.postgres.connection import describe
-    from ingestion.postgres.connection import redact as blanked
+    from ingestion.postgres.connection import describe  # lazy: CLI start-up
+    from ingestion.postgres.connection import redact as blanked  # lazy: CLI start-up
 
     try:
         with trio.fail_after(POSTGRES_TIMEOUT + 1):
@@ -393,9 +393,9 @@ async def _decode_errors(store: LeaseStore, sink_url: str | None, schema: str) -
 
 async def _backfill(client: Any, job: str, sink_url: str, schema: str) -> dict[str, Any] | None:
     """The job's backfill (docs/BACKFILL.md), None when it has none."""
-    import psycopg
+    import psycopg  # lazy: CLI start-up
 
-    from ingestion.backfill.status import backfill_doc
+    from ingestion.backfill.status import backfill_doc  # lazy: CLI start-up
 
     try:
         return await trio.to_thread.run_sync(backfill_doc, client, job, sink_url, schema)
@@ -570,7 +570,7 @@ def render_table(
 
 
 def parser() -> argparse.ArgumentParser:
-    from ingestion.cli.usage import OneLineParser, setting_help
+    from ingestion.cli.usage import OneLineParser, setting_help  # lazy: CLI start-up
 
     p = OneLineParser(
         prog="ingestion inspect",
@@ -604,7 +604,7 @@ def main(argv: Sequence[str]) -> int:
     """
     ns = parser().parse_args(list(argv))
     if ns.audit < 1:
-        from ingestion.cli.usage import UsageError
+        from ingestion.cli.usage import UsageError  # lazy: CLI start-up
 
         raise UsageError(f"inspect: --audit: must be at least 1, got {ns.audit}")
     # --horizon and --rpc: where to ask for the lag, not the jobs' URLs

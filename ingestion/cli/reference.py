@@ -90,7 +90,7 @@ def flag_rows(parser: argparse.ArgumentParser) -> Iterator[str]:
 
 
 def commands_section() -> Iterator[str]:
-    from ingestion.cli import COMMANDS, parser_of, top_help
+    from ingestion.cli import COMMANDS, parser_of, top_help  # lazy: CLI start-up
 
     yield "## Commands"
     yield ""
@@ -125,8 +125,8 @@ def commands_section() -> Iterator[str]:
 
 
 def settings_section() -> Iterator[str]:
-    from ingestion.cli.usage import env_name
-    from ingestion.config.schema import FLAGS, JOB_SCHEMA, SCHEMA
+    from ingestion.cli.usage import env_name  # lazy: CLI start-up
+    from ingestion.config.schema import FLAGS, JOB_SCHEMA, SCHEMA  # lazy: CLI start-up
 
     yield "## Settings"
     yield ""
@@ -169,7 +169,7 @@ def settings_section() -> Iterator[str]:
 
 
 def redis_section() -> Iterator[str]:
-    from ingestion.common.keyspace import keyspace
+    from ingestion.common.keyspace import keyspace  # lazy: CLI start-up
 
     try:
         rows = keyspace()
@@ -273,16 +273,16 @@ def logs_section() -> Iterator[str]:
 
 def metric_families() -> list[tuple[str, str, list[str], str]]:
     """``(exposed name, type, labels, help)`` of every ``ingestion_*`` metric a node serves."""
-    import trio
+    import trio  # lazy: CLI start-up
 
-    from actors.lease_store import GroupInfo, StreamInfo
-    from actors.observe import NodeObserver
-    from ingestion.backfill.metrics import BackfillCollector
-    from ingestion.backfill.plan import Plan, range_states
-    from ingestion.backfill.status import Snapshot
-    from ingestion.serve.metrics import NodeMetrics
-    from ingestion.webhook.metrics import WebhookCollector
-    from ingestion.webhook.source import WebhookStats
+    from actors.lease_store import GroupInfo, StreamInfo  # lazy: CLI start-up
+    from actors.observe import NodeObserver  # lazy: CLI start-up
+    from ingestion.backfill.metrics import BackfillCollector  # lazy: CLI start-up
+    from ingestion.backfill.plan import Plan, range_states  # lazy: CLI start-up
+    from ingestion.backfill.status import Snapshot  # lazy: CLI start-up
+    from ingestion.serve.metrics import NodeMetrics  # lazy: CLI start-up
+    from ingestion.webhook.metrics import WebhookCollector  # lazy: CLI start-up
+    from ingestion.webhook.source import WebhookStats  # lazy: CLI start-up
 
     observer = NodeObserver(
         node="n", job="J", role="leader", token=1, ingest_deadline=1.0, source_lag_seconds=0.0,
@@ -294,19 +294,19 @@ def metric_families() -> list[tuple[str, str, list[str], str]]:
 
     metrics = NodeMetrics(observer, clock=lambda: 0.0, stream_info={"J": stream}, ttl=1.0)
     metrics.registry.register(WebhookCollector({"J": WebhookStats(state="ok", dead_letters_held=0)}))
-    from ingestion.audit.job import AuditStats
-    from ingestion.audit.metrics import AuditCollector
+    from ingestion.audit.job import AuditStats  # lazy: CLI start-up
+    from ingestion.audit.metrics import AuditCollector  # lazy: CLI start-up
 
     metrics.registry.register(AuditCollector({"J": AuditStats(ledger=1)}))  # the audit jobs'
     plan = Plan("J", 1, 100, 2)
     progress = range_states(plan, ["10", None], [False, False], ["n", ""])
     metrics.registry.register(BackfillCollector(lambda: {"J": Snapshot(progress, 10)}, "n"))
-    from ingestion.api.server import ApiMetrics
+    from ingestion.api.server import ApiMetrics  # lazy: CLI start-up
 
     api = ApiMetrics()
     api.observe("getEvents", "ok", 0.001)
     api.oldest, api.latest = 1, 2
-    from ingestion.api.streaming import StreamCollector, StreamStats
+    from ingestion.api.streaming import StreamCollector, StreamStats  # lazy: CLI start-up
 
     api.streams = StreamCollector(StreamStats())  # the subscriptions' (docs/API.md, "Streaming")
     metrics.registry.register(api)

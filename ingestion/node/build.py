@@ -26,7 +26,7 @@ def _rpc_history(settings: Settings, job: JobSettings) -> Any:
     with the job's filters; None otherwise."""
     if settings.rpc.on_history_gap != "lake":
         return None
-    from ingestion.lake.source import LakeSource
+    from ingestion.lake.source import LakeSource  # lazy: start-up (this kind's jobs only)
 
     return LakeSource(
         settings.rpc.lake,
@@ -52,12 +52,12 @@ def build_source(
     job = job or settings.jobs[0]
     source = _raw_source(settings, job, store)
     if job.last_ledger and store is not None:  # a backfill's range (ingestion/backfill/)
-        from ingestion.backfill.bounded import BoundedSource
+        from ingestion.backfill.bounded import BoundedSource  # lazy: start-up (this kind's jobs only)
 
         source = BoundedSource(source, job.last_ledger, store, job.name)
     if job.kind not in ("horizon", "rpc", "lake"):
         return source
-    from ingestion.decode.stage import rule_for, stage_for
+    from ingestion.decode.stage import rule_for, stage_for  # lazy: start-up (this kind's jobs only)
 
     watch = watch_source(settings, job, store)
     rule, changes = rule_for(job.kind, job.resource, names=watch is not None)
@@ -70,8 +70,8 @@ def watch_source(settings: Settings, job: JobSettings, store: LeaseStore | None 
     Raises:
         ValueError: an address of the list (or of its file) is not one.
     """
-    from ingestion.watchlist import edits as watch_redis
-    from ingestion.watchlist import lists as watch
+    from ingestion.watchlist import edits as watch_redis  # lazy: start-up (this kind's jobs only)
+    from ingestion.watchlist import lists as watch  # lazy: start-up (this kind's jobs only)
 
     if job.watch:
         return watch.InlineWatch(job.watch)
@@ -89,7 +89,7 @@ def _raw_source(settings: Settings, job: JobSettings, store: LeaseStore | None) 
             raise ValueError("a webhook job's source needs its lease store")
         return _webhook_source(settings, job, store)
     if job.kind == "audit":  # ingestion/audit/job.py: the lake against another job's store
-        from ingestion.audit.job import AuditJob, build_audit_step
+        from ingestion.audit.job import AuditJob, build_audit_step  # lazy: start-up (this kind's jobs only)
 
         store = store if store is not None else build_store(settings, job.name)
         audited = next((j for j in settings.jobs if j.name == job.audits), None)
@@ -98,7 +98,7 @@ def _raw_source(settings: Settings, job: JobSettings, store: LeaseStore | None) 
         return AuditJob(step, period=job.period_ms / 1000, processes=settings.lake.decode_processes)
     if job.kind == "scheduled":
         if job.action == API_PROJECTOR_ACTION:  # the events API's projector: built from the settings
-            from ingestion.api.projector import projector_action
+            from ingestion.api.projector import projector_action  # lazy: start-up (this kind's jobs only)
 
             view = projector_action(job.sink, settings.sink.schema, settings.api.job)
             return ScheduledJob(view, period=job.period_ms / 1000)
@@ -107,7 +107,7 @@ def _raw_source(settings: Settings, job: JobSettings, store: LeaseStore | None) 
             raise ValueError(f"cannot import the action {job.action!r}")
         return ScheduledJob(action, period=job.period_ms / 1000)
     if job.kind == "lake":
-        from ingestion.lake.source import LakeSource
+        from ingestion.lake.source import LakeSource  # lazy: start-up (this kind's jobs only)
 
         return LakeSource(
             job.lake_url,
@@ -118,7 +118,7 @@ def _raw_source(settings: Settings, job: JobSettings, store: LeaseStore | None) 
             decode_processes=settings.lake.decode_processes,
         )
     if job.kind == "rpc":
-        from ingestion.rpc.source import RpcSource
+        from ingestion.rpc.source import RpcSource  # lazy: start-up (this kind's jobs only)
 
         r = settings.rpc
         return RpcSource(
@@ -159,10 +159,12 @@ def _webhook_source(settings: Settings, job: JobSettings, store: LeaseStore) -> 
     """A webhook job's source (ingestion/webhook/source.py): where the delivered job's records are
     read (its Redis events stream, or its PostgreSQL sink), the endpoint's client rules, the
     secret; ``store`` is the webhook job's own lease store."""
-    from ingestion.common.http import ssl_context
-    from ingestion.webhook.core import RetrySchedule, parse_secrets
+    from ingestion.common.http import ssl_context  # lazy: start-up (this kind's jobs only)
+    from ingestion.webhook.core import RetrySchedule, parse_secrets  # lazy: start-up (this kind's jobs only)
+
+    # lazy: start-up (this kind's jobs only)
     from ingestion.webhook.records import PostgresRecords, RecordStore, StreamRecords, holder_group
-    from ingestion.webhook.source import WebhookSource
+    from ingestion.webhook.source import WebhookSource  # lazy: start-up (this kind's jobs only)
 
     hook = job.webhook
     if hook is None:
@@ -249,7 +251,7 @@ def build_sink(settings: Settings, job: JobSettings, store: LeaseStore) -> Sink 
     id, ``LeaseStore.deployment_id``)."""
     if not job.sink:
         return None
-    from ingestion.postgres.sink import PostgresSink
+    from ingestion.postgres.sink import PostgresSink  # lazy: start-up (this kind's jobs only)
 
     return PostgresSink(
         job.sink, job.name, schema=settings.sink.schema, call_timeout=store.call_timeout,

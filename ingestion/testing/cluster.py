@@ -127,7 +127,7 @@ class Cluster:
         """Once the simulator serves: the receiver served, partitions routed, the faked clocks at
         +0 s, and the config rendered from the jobs (every node reads that one file)."""
         if self.receiver is not None:
-            from ingestion.testing.receiver import serve_receiver  # (the receiver extra: see above)
+            from ingestion.testing.receiver import serve_receiver  # lazy: the receiver extra (see above)
 
             port = await self.nursery.start(serve_receiver, self.receiver)
             self.receiver_url = f"http://127.0.0.1:{port}/in"
