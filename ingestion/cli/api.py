@@ -41,6 +41,7 @@ def main(argv: Sequence[str]) -> int:
     from ingestion.api.service import ApiStartError, build_app, serve_settings
     from ingestion.cli.usage import UsageError
     from ingestion.config import load
+    from ingestion.node.heap import settle
     from ingestion.node.logs import configure_logging
 
     args = parser().parse_args(list(argv))
@@ -59,6 +60,7 @@ def main(argv: Sequence[str]) -> int:
         with trio.open_signal_receiver(2, 15) as signals:  # SIGINT, SIGTERM
             async with trio.open_nursery() as nursery:
                 await nursery.start(serve_settings, app, settings, log)
+                settle(log)  # serving: the start-up heap is frozen (ingestion/node/heap.py)
                 async for _ in signals:
                     log.info("api-stopping")
                     nursery.cancel_scope.cancel("signalled")
