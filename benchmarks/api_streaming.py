@@ -63,6 +63,7 @@ async def subscribers(port: int, count: int, out: Path) -> None:
     closed: list[str] = []  # the server's closes before the harness's SIGTERM (none expected)
     caught_up = 0
     ready = trio.Event()
+    pauses: list[float] = []  # this process's own full collections (the harness's, not the node's)
 
     async def one() -> None:
         nonlocal caught_up
@@ -89,11 +90,12 @@ async def subscribers(port: int, count: int, out: Path) -> None:
             for _ in range(count):
                 nursery.start_soon(_closes_noted, one, closed)
             await ready.wait()
+            gc.callbacks.append(_full_collections(pauses))
             print("ready", flush=True)
             async for _ in signals:
                 nursery.cancel_scope.cancel()
                 break
-    await trio.Path(out).write_text(json.dumps({"received": received, "closed": closed}))
+    await trio.Path(out).write_text(json.dumps({"received": received, "closed": closed, "pauses": pauses}))
 
 
 async def _closes_noted(fn: Any, closed: list[str]) -> None:
@@ -193,6 +195,8 @@ async def measure(
         "commit_p50_ratio": percentile(subscribed, 50) / percentile(none, 50),
         "notifications_sent": stats.notifications,
         "node_full_collections": {"count": len(pauses), "max_ms": max(pauses, default=0.0)},
+        "subscribers_full_collections": {"count": len(written["pauses"]),
+                                         "max_ms": max(written["pauses"], default=0.0)},
         "closed_by_server": written["closed"],
         "cut": dict(stats.cut),
     }  # fmt: skip
