@@ -2,14 +2,14 @@
 young generation larger.
 
 Why. CPython's cyclic collector stops the process for a full collection (generation 2) that
-walks every tracked object: a node's modules, settings and connections are some 70,000 of them,
-10 to 25 ms a walk on this project's 2-core machine, more with a bigger heap. The node's one trio
+walks every tracked object: a node's modules, settings and connections are some 76,000 of them,
+12 to 20 ms a walk on this project's 2-core machine, more with a bigger heap. The node's one trio
 loop runs its commits, its lease renewals and its subscribers' sends: every task waits out the
 walk. And full collections came often: with the default young threshold (700 allocations) a
 fan-out to 100 subscribers (a few hundred objects alive per send while it is in flight) promotes
 its in-flight objects to the old generation every few commits; they die there and call the next
 full walk. ``python -m benchmarks.api_streaming`` (docs/BENCHMARKS.md, "Events API
-subscriptions") measured pauses of 37 to 63 ms eight times in a 30-second run, and those were the
+subscriptions") measured pauses of 37 to 89 ms, 7 or 8 a 40-second run, and those were the
 tail of committed -> subscriber.
 
 What. :func:`settle`, once the process serves (its imports done, its listeners and jobs started):
