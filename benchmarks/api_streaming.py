@@ -11,14 +11,17 @@ counted as the node's; both read ``time.monotonic()``, one clock for the machine
 Three phases of ``--commits`` commits each: none subscribed, ``--subscribers`` subscribed (from
 the newest event), none again. Commit latency is ``PostgresSink.commit``'s round trip (the
 CursorWriter's own call), with 100 subscribers against none (both none phases pooled); committed ->
-subscriber is from a commit's return to each subscriber's receipt of its last event.
+subscriber is from a commit's return to each subscriber's receipt of its last event. The node
+settles its heap once it serves, as a node does (``ingestion/node/heap.py``); ``--unsettled``
+leaves CPython's collector as it was before, for a side-by-side run.
 
-    python -m benchmarks.api_streaming [--commits N] [--interval S] [--subscribers N]
+    python -m benchmarks.api_streaming [--commits N] [--interval S] [--subscribers N] [--unsettled]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -42,6 +45,7 @@ from ingestion.api.reader import StoreReader
 from ingestion.api.server import ApiApp, serve_api
 from ingestion.api.stream_reads import StreamReads
 from ingestion.api.streaming import Streams
+from ingestion.node.heap import settle
 from ingestion.postgres.sink import PostgresSink
 from ingestion.rpc.protocol import Cursor
 from ingestion.testing.api_events import make_events, records
@@ -60,6 +64,7 @@ async def subscribers(port: int, count: int, out: Path) -> None:
     closed: list[str] = []  # the server's closes before the harness's SIGTERM (none expected)
     caught_up = 0
     ready = trio.Event()
+    pauses: list[float] = []  # this process's own full collections (the harness's, not the node's)
 
     async def one() -> None:
         nonlocal caught_up
@@ -86,11 +91,12 @@ async def subscribers(port: int, count: int, out: Path) -> None:
             for _ in range(count):
                 nursery.start_soon(_closes_noted, one, closed)
             await ready.wait()
+            gc.callbacks.append(_full_collections(pauses))
             print("ready", flush=True)
             async for _ in signals:
                 nursery.cancel_scope.cancel()
                 break
-    await trio.Path(out).write_text(json.dumps({"received": received, "closed": closed}))
+    await trio.Path(out).write_text(json.dumps({"received": received, "closed": closed, "pauses": pauses}))
 
 
 async def _closes_noted(fn: Any, closed: list[str]) -> None:
@@ -104,7 +110,9 @@ async def _closes_noted(fn: Any, closed: list[str]) -> None:
 # -- the node ------------------------------------------------------------------------------------
 
 
-async def measure(url: str, commits: int, interval: float, count: int) -> dict[str, Any]:
+async def measure(
+    url: str, commits: int, interval: float, count: int, settled: bool = True
+) -> dict[str, Any]:
     events = make_events(1, 40 * 3 * commits)
     by_ledger: dict[int, list[Any]] = {}
     for e in events:
@@ -138,10 +146,14 @@ async def measure(url: str, commits: int, interval: float, count: int) -> dict[s
                 committed[batch[-1].id] = returned
             await trio.sleep(interval)
 
+    pauses: list[float] = []  # the node's full collections (generation 2) once it serves, ms each
     out = Path(f"/tmp/ingestion-bench-streaming-{os.getpid()}.json")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(projector_action(url, "ingestion", VIEW, run_seconds=3600), 1, TermContext("p", 1))
         port = await nursery.start(serve_api, app, "127.0.0.1", 0, structlog.get_logger())
+        if settled:
+            settle()  # as a node does once it serves (ingestion/node/heap.py)
+        gc.callbacks.append(_full_collections(pauses))
         await commit_phase(20, None)  # warm-up: connections, the projector's first runs
         await commit_phase(commits, "none")
         clients = subprocess.Popen(  # noqa: ASYNC220 (its pipe is read in a thread)
@@ -171,6 +183,7 @@ async def measure(url: str, commits: int, interval: float, count: int) -> dict[s
     none, subscribed = latency["none"], latency["subscribed"]
     return {
         "subscribers": count,
+        "heap_settled": settled,
         "commits_per_phase": commits,
         "interval_s": interval,
         "committed_to_subscriber_ms": {"p50": percentile(lags, 50), "p99": percentile(lags, 99),
@@ -180,9 +193,27 @@ async def measure(url: str, commits: int, interval: float, count: int) -> dict[s
         "commit_ms_subscribed": {"p50": percentile(subscribed, 50), "p99": percentile(subscribed, 99)},
         "commit_p50_ratio": percentile(subscribed, 50) / percentile(none, 50),
         "notifications_sent": stats.notifications,
+        "node_full_collections": {"count": len(pauses), "max_ms": max(pauses, default=0.0)},
+        "subscribers_full_collections": {"count": len(written["pauses"]),
+                                         "max_ms": max(written["pauses"], default=0.0)},
         "closed_by_server": written["closed"],
         "cut": dict(stats.cut),
     }  # fmt: skip
+
+
+def _full_collections(pauses: list[float]) -> Any:
+    """A ``gc.callbacks`` entry that notes each full collection's pause (ms) in ``pauses``."""
+    began = [0.0]
+
+    def noted(phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            pauses.append((time.perf_counter() - began[0]) * 1000)
+
+    return noted
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=0.05, help="seconds between commits")
     p.add_argument("--subscribers", type=int, default=100)
     p.add_argument("--no-fsync", dest="durable", action="store_false")
+    p.add_argument(
+        "--unsettled",
+        dest="settled",
+        action="store_false",
+        help="leave the garbage collector as CPython sets it (no ingestion/node/heap.py)",
+    )
     p.add_argument("--clients", type=int, help=argparse.SUPPRESS)  # the subscribers' process
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -200,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     pg = LocalPostgres(durable=args.durable).start()
     try:
-        result = trio.run(measure, pg.url, args.commits, args.interval, args.subscribers)
+        result = trio.run(measure, pg.url, args.commits, args.interval, args.subscribers, args.settled)
     finally:
         pg.cleanup()
     print(json.dumps(result, indent=1))

@@ -34,11 +34,14 @@ PAST_ALL = "9999999999999999999-9999999999"  # after every event
 
 @attrs.define
 class StoredEvent:
-    """A projected event: its id and its record as ``xdrFormat: base64`` serves it."""
+    """A projected event: its id and its record as ``xdrFormat: base64`` serves it. The live
+    feed hands the same objects to every subscriber: what is parsed or rendered once is kept here
+    for the others."""
 
     id: str
     text: str
     _fields: dict[str, Any] | None = None
+    _json: bytes | None = None
 
     def matches(self, filters: Sequence[EventFilter]) -> bool:
         """stellar-rpc's ``Matches`` over the record's type, contract and topic."""
@@ -50,8 +53,17 @@ class StoredEvent:
         return matches(filters, str(r.get("type", "")), str(r.get("contractId", "")), r.get("topic") or [])
 
     def render(self, xdr_format: str) -> bytes:
-        """The event's JSON as ``getEvents`` sends it in ``xdr_format``."""
-        return json_format(self.text) if xdr_format == "json" else self.text.encode()
+        """The event's JSON as ``getEvents`` sends it in ``xdr_format``; ``json`` (its ScVals
+        decoded, some 50 us an event) rendered once however many subscribers send it.
+
+        Raises:
+            RpcError: INTERNAL_ERROR, a stored ScVal that does not decode (asked again, it raises again).
+        """
+        if xdr_format != "json":
+            return self.text.encode()
+        if self._json is None:
+            self._json = json_format(self.text)
+        return self._json
 
 
 @attrs.frozen

@@ -39,6 +39,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str]) -> int:
     from ingestion.api.service import ApiStartError, build_app, serve_settings  # lazy: CLI start-up (~300 ms)
+    from ingestion.node.heap import settle  # lazy: CLI start-up
 
     args = parser().parse_args(list(argv))
     given = {("api", "job"): args.job, ("api", "port"): args.port, ("api", "read_url"): args.read_url}
@@ -56,6 +57,7 @@ def main(argv: Sequence[str]) -> int:
         with trio.open_signal_receiver(2, 15) as signals:  # SIGINT, SIGTERM
             async with trio.open_nursery() as nursery:
                 await nursery.start(serve_settings, app, settings, log)
+                settle(log)  # serving: the start-up heap is frozen (ingestion/node/heap.py)
                 async for _ in signals:
                     log.info("api-stopping")
                     nursery.cancel_scope.cancel("signalled")

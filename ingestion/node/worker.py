@@ -40,7 +40,7 @@ from ingestion.backfill.status import backfill_doc, listed_jobs
 from ingestion.common.gaps import history_gap_listener
 from ingestion.config import ConfigError, JobSettings, Settings, redact_url
 from ingestion.decode.stage import decode_error_listener
-from ingestion.node import stop_signals
+from ingestion.node import heap, stop_signals
 from ingestion.node.build import _job_summary, build_sink, build_source, build_store
 from ingestion.node.claim import NodeClaim
 from ingestion.node.identity import _identified, check_identities
@@ -367,6 +367,7 @@ async def run_node_process(settings: Settings, lease_pipe: int | None = None) ->
                     if backfills.hosted:
                         await nursery.start(backfills.run)
                     _tell_service_manager(log, "READY=1")
+                    heap.settle(log)  # serving: the start-up heap is frozen (ingestion/node/heap.py)
 
                     async def stop_on_claim_lost() -> None:
                         nonlocal claim_lost

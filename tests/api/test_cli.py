@@ -55,6 +55,7 @@ async def test_the_api_runs_on_its_own_and_stops_cleanly(
         out, _ = process.communicate(timeout=10)
     assert process.returncode == 0, out.decode()
     assert b"api-listening" in out and b"Traceback" not in out
+    assert b"process-heap-settled" in out  # serving, its start-up heap frozen (ingestion/node/heap.py)
 
 
 def test_a_port_is_needed(tmp_path: Path) -> None:

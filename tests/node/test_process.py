@@ -104,6 +104,8 @@ async def test_one_process_hosts_several_jobs_and_a_job_that_fails_stops_alone(
     for e in lines:
         if e["event"] in ("became-leader", "lost-leadership", "lease-released", "job-stopped"):
             assert e["job"] in names.values() and e["node"] == "n1", e
+    settled = [e for e in lines if e["event"] == "process-heap-settled"]  # (ingestion/node/heap.py)
+    assert len(settled) == 1 and settled[0]["frozen"] > 10_000, settled
     released = {e["job"] for e in lines if e["event"] == "lost-leadership" and e["reason"] == "shutdown"}
     assert released == set(names.values()) - {names["broken"]}
     runs = [json.loads(f["record"]) for _id, f in client.xrange(job_keys(names["tick"])["events"])]
