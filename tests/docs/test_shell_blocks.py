@@ -393,6 +393,17 @@ def test_sources_rpc_job(private_redis: LocalRedis, tmp_path: Path) -> None:
         runner.stop_all()
 
 
+def _rpc_healthy(port: int) -> bool:
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "getHealth"}).encode()
+    headers = {"content-type": "application/json"}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/", data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=2) as answer:
+            return json.loads(answer.read()).get("result", {}).get("status") == "healthy"
+    except (OSError, ValueError):
+        return False
+
+
 @pytest.mark.slow
 def test_backfill_two_spans_run_to_done(private_redis: LocalRedis, tmp_path: Path) -> None:
     """BACKFILL.md's walk as typed: its TOML as config.toml, the simulator and two nodes, then two
@@ -410,6 +421,10 @@ def test_backfill_two_spans_run_to_done(private_redis: LocalRedis, tmp_path: Pat
         eventually(lambda: "simulator-listening" in simulator.text(), 20, "the simulator")
         nodes = [runner.start(_only(n1), "n1"), runner.start(_only(n2), "n2")]
         eventually(lambda: any('"became-leader"' in n.text() for n in nodes), 30, "a node leads hist")
+        # The simulated RPC's history closed in the past: it says healthy once it has closed a live
+        # ledger (--ledger-interval 1), as a real RPC always has; backfill asks getHealth first, and
+        # on an idle machine the nodes could lead within that first second.
+        eventually(lambda: _rpc_healthy(runner.port(8001)), 10, "the simulated RPC healthy")
         done = runner.run(_only(first), timeout=120)
         assert done.returncode == 0, done.stderr
         assert "backfill of hist done: ledgers 50000000..50000039" in done.stdout, done.stdout
