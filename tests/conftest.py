@@ -23,6 +23,7 @@ from actors.lease_store import LeaseStore, connect
 from ingestion.testing import recorded
 from ingestion.testing.local_postgres import LocalPostgres
 from ingestion.testing.local_redis import LocalRedis
+from ingestion.testing.pg_replica import StreamingReplica
 from ingestion.testing.redis_ha import SentinelGroup
 from tests.support.nodes import lease_store
 
@@ -109,6 +110,16 @@ def pg() -> Iterator[LocalPostgres]:
     """A PostgreSQL server (Debian's, run as the ``postgres`` user when root) for the module's
     tests; each test uses jobs of its own."""
     server = LocalPostgres().start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture
+def replica(pg: LocalPostgres) -> Iterator[StreamingReplica]:
+    """A streaming replica of the module's ``pg`` (``pg_basebackup``), the test's own."""
+    server = StreamingReplica.start(pg)
     try:
         yield server
     finally:

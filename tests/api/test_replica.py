@@ -4,12 +4,10 @@ committed meanwhile."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import orjson
-import pytest
 import structlog
 import trio
 
@@ -32,15 +30,6 @@ EVENTS = make_events(1, 200)
 
 def _ledger(event_id: str) -> int:
     return Cursor.parse(event_id).ledger
-
-
-@pytest.fixture
-def replica(pg: LocalPostgres) -> Iterator[StreamingReplica]:
-    server = StreamingReplica.start(pg)
-    try:
-        yield server
-    finally:
-        server.cleanup()
 
 
 async def _commit_and_project(url: str, sink: PostgresSink, previous: str | None, through: int) -> str:

@@ -3,22 +3,11 @@ local PostgreSQL, made by ``pg_basebackup``, whose replay a test can hold back."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import psycopg
 import pytest
 
 from ingestion.testing.local_postgres import LocalPostgres
 from ingestion.testing.pg_replica import StreamingReplica
-
-
-@pytest.fixture
-def replica(pg: LocalPostgres) -> Iterator[StreamingReplica]:
-    server = StreamingReplica.start(pg)
-    try:
-        yield server
-    finally:
-        server.cleanup()
 
 
 def _count(url: str) -> int:
