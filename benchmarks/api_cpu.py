@@ -15,51 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
-import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks import api_store
-from benchmarks.api_scale import Client, cpu_seconds, probes, uptime
+from benchmarks.api_scale import Client, cpu_seconds, probes, start_api, uptime
 from benchmarks.api_store import Shape
-from ingestion.testing.local_redis import free_port
-
-
-def start(
-    url: str, shape: Shape, source: Path, log_path: Path, env: dict[str, str] | None = None
-) -> tuple[subprocess.Popen[bytes], int]:
-    """``ingestion api`` from the tree at ``source`` (its first on ``PYTHONPATH``), with ``env``
-    added to the environment."""
-    port = free_port()
-    config = Path(tempfile.mkdtemp(prefix="api-cpu-")) / "config.toml"
-    config.write_text(
-        f'[api]\njob = "{shape.job}"\nport = {port}\nlisten_host = "127.0.0.1"\nread_url = "{url}"\n'
-        f'max_limit = 10000\n\n[sink]\nurl = "{url}"\nschema = "{shape.schema}"\n\n[log]\nlevel = "warning"\n'
-    )
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "ingestion", "api", "--config", str(config)],
-            stdout=log, stderr=log, env={**os.environ, "PYTHONPATH": str(source), **(env or {})}, cwd=source,
-        )  # fmt: skip
-    end = time.monotonic() + 60
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"ingestion api exited {process.returncode}: {log_path.read_text()[-2000:]}")
-        try:
-            client = Client(port)
-            client.result("getHealth")
-            client.close()
-            return process, port
-        except (OSError, RuntimeError):
-            if time.monotonic() > end:
-                process.kill()
-                raise
-            time.sleep(0.1)
 
 
 def chunk(port: int, requests: list[dict[str, Any]], clients: int) -> None:
@@ -97,7 +61,7 @@ def measure(
     apis: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
     try:
         for name, source in builds.items():
-            apis[name] = start(pg.url, shape, source, logs / f"{name}.log", (envs or {}).get(name))
+            apis[name] = start_api(pg.url, shape, logs / f"{name}.log", source, (envs or {}).get(name))
         health = Client(next(iter(apis.values()))[1]).result("getHealth")
         kinds = probes(shape, int(health["oldestLedger"]), int(health["latestLedger"]), 100)
         mixed = [p.params for group in zip(*kinds.values(), strict=True) for p in group]

@@ -134,19 +134,23 @@ class Client:
         self.conn.close()
 
 
-def start_api(url: str, shape: Shape, log_path: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """``ingestion api`` reading ``url``, on a free port, once it answers ``getHealth``."""
+def start_api(
+    url: str, shape: Shape, log_path: Path, source: Path | None = None, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], int]:
+    """``ingestion api`` reading ``url``, on a free port, once it answers ``getHealth``; from the
+    tree at ``source`` (first on ``PYTHONPATH``: another build, side by side) with ``env`` added."""
     port = free_port()
     config = Path(tempfile.mkdtemp(prefix="api-scale-")) / "config.toml"
     config.write_text(
         f'[api]\njob = "{shape.job}"\nport = {port}\nlisten_host = "127.0.0.1"\nread_url = "{url}"\n'
         f'max_limit = 10000\n\n[sink]\nurl = "{url}"\nschema = "{shape.schema}"\n\n[log]\nlevel = "warning"\n'
     )
-    log = log_path.open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ingestion", "api", "--config", str(config)], stdout=log, stderr=log
-    )
-    log.close()
+    environment = {**os.environ, **({"PYTHONPATH": str(source)} if source else {}), **(env or {})}
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ingestion", "api", "--config", str(config)],
+            stdout=log, stderr=log, env=environment, cwd=source,
+        )  # fmt: skip
     end = time.monotonic() + 60
     while True:
         if process.poll() is not None:
