@@ -54,7 +54,7 @@ from actors.lease_store import JobState, LeaseStore, RedisUnavailable, StreamInf
 from actors.lease_store.connect import describe_redis_error
 from actors.observe import record_time
 from ingestion.cli import completeness
-from ingestion.cli.usage import settings_of_flags
+from ingestion.cli.usage import quiet_logs, settings_of_flags
 from ingestion.common.http import SourceUnreadable
 from ingestion.common.paging import InvalidPagingToken, toid_parts, token_key
 from ingestion.common.redact import redact
@@ -607,6 +607,7 @@ def main(argv: Sequence[str]) -> int:
         from ingestion.cli.usage import UsageError  # lazy: CLI start-up
 
         raise UsageError(f"inspect: --audit: must be at least 1, got {ns.audit}")
+    quiet_logs()  # the lag is read through the source packages, which log: never into --json's stdout
     # --horizon and --rpc: where to ask for the lag, not the jobs' URLs
     flags = settings_of_flags(ns, besides={("horizon", "urls"), ("rpc", "urls")})
     settings = load(ns.config, os.environ, flags)
